@@ -1,0 +1,136 @@
+"""Launch real MLX ring ranks on 127.0.0.1 for tests, and wait on conditions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from watchdog import record
+
+REPO = Path(__file__).resolve().parent.parent
+RANK_PROG = Path(__file__).resolve().parent / "rank_prog.py"
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float, interval: float = 0.05,
+             what: str = "condition") -> T:
+    """Poll `condition` until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_ports(count: int) -> list[int]:
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def base_env(record_dir: Path | str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["MLX_WATCHDOG_DIR"] = str(record_dir)
+    env.update(extra)
+    return env
+
+
+class RingJob:
+    """`size` ranks of tests/rank_prog.py in MODE, each its own process."""
+
+    def __init__(self, workdir: Path, record_dir: Path | str, size: int = 3, mode: str = "loop",
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.record_dir = Path(record_dir)
+        self.size = size
+        self.mode = mode
+        self.args = args
+        self.extra_env = env or {}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> RingJob:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        hostfile = self.workdir / f"hosts-{id(self)}.json"
+        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(self.size)]))
+        for rank in range(self.size):
+            env = base_env(self.record_dir, MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank),
+                           **self.extra_env)
+            log = open(self.workdir / f"rank{rank}-{id(self)}.log", "wb")  # noqa: SIM115
+            self.procs.append(subprocess.Popen(
+                [sys.executable, str(RANK_PROG), self.mode, *self.args], env=env,
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir))
+            log.close()
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def log(self, rank: int) -> str:
+        return (self.workdir / f"rank{rank}-{id(self)}.log").read_text(errors="replace")
+
+    def records(self) -> dict[int, record.Record]:
+        """The readable records of this job's live processes, by rank."""
+        out = {}
+        for p in self.procs:
+            try:
+                rec = record.read_path(str(self.record_dir / f"{p.pid}{record.SUFFIX}"))
+            except record.RecordError:
+                continue
+            out[rec.rank] = rec
+        return out
+
+    def wait_running(self, timeout: float = 60, collectives: int = 3) -> dict[int, record.Record]:
+        """Wait until every rank has a record and has issued some collectives."""
+        def ready() -> dict[int, record.Record] | None:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise AssertionError(f"rank pid {p.pid} exited early ({p.returncode}):\n"
+                                         + self.log(self.procs.index(p)))
+            recs = self.records()
+            if len(recs) == self.size and all(r.collectives >= collectives
+                                              for r in recs.values()):
+                return recs
+            return None
+        return wait_for(ready, timeout, what=f"{self.size} ranks running")
+
+    def signal(self, rank: int, signum: int) -> None:
+        os.kill(self.procs[rank].pid, signum)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __enter__(self) -> RingJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

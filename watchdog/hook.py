@@ -1,0 +1,531 @@
+"""The rank side: instruments MLX and publishes the rank's record.
+
+`install()` wraps the collectives and every blocking wait of `mlx.core` and
+opens this process's record; `uninstall()` puts every original back. The hot
+path (one wrapper call per collective or wait) takes a lock, updates a few
+integers and writes them into the mapped record. Nothing here ever raises into
+the user's program: a failure is reported once on stderr and the rank goes on
+uninstrumented. Imports only the standard library and psutil.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import functools
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import record
+from .record import OP_CODE, RecordWriter
+from .states import Phase
+
+DEFAULT_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
+
+WAITS = {  # where each blocking call lives: "core" is mlx.core, "array" is mlx.core.array
+    "eval": "core",
+    "synchronize": "core",
+    "item": "array",
+    "tolist": "array",
+    "__bool__": "array",
+    "__int__": "array",
+    "__float__": "array",
+}
+COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
+               "recv_like")
+
+
+def _warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"mlx-watchdog: {message}\n")
+    except Exception:  # noqa: BLE001, S110 - stderr itself is gone; nothing left to tell
+        pass
+
+
+def record_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    return env.get("MLX_WATCHDOG_DIR") or DEFAULT_DIR
+
+
+def job_id(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """A job id that every rank of one launch derives alike, with no configuration.
+
+    The hostfile (ring, jaccl) or the coordinator address is the same text on
+    every node of a launch, wherever the launcher wrote it.
+    """
+    if env.get("MLX_WATCHDOG_JOB"):
+        return env["MLX_WATCHDOG_JOB"]
+    material = ""
+    hostfile = env.get("MLX_HOSTFILE")
+    if hostfile:
+        try:
+            with open(hostfile, "rb") as f:
+                material = f.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            material = hostfile
+    for key in ("MLX_JACCL_COORDINATOR", "MLX_IBV_DEVICES", "MLX_WORLD_SIZE"):
+        material += f"|{env.get(key, '')}"
+    if not material.strip("|"):
+        return f"pid{os.getpid()}"  # not a distributed launch: a job of one
+    return "j" + hashlib.sha256(material.encode()).hexdigest()[:11]
+
+
+def _env_rank_size(env: dict[str, str] | os._Environ[str]) -> tuple[int, int]:
+    rank = int(env["MLX_RANK"]) if env.get("MLX_RANK", "").isdigit() else -1
+    size = 0
+    hostfile = env.get("MLX_HOSTFILE")
+    if hostfile:
+        try:
+            with open(hostfile) as f:
+                hosts = json.load(f)
+            size = len(hosts) if isinstance(hosts, list) else 0
+        except (OSError, ValueError):
+            size = 0
+    return rank, size
+
+
+def _guess_backend(env: dict[str, str] | os._Environ[str]) -> str:
+    if env.get("MLX_IBV_DEVICES") or env.get("MLX_JACCL_COORDINATOR"):
+        return "jaccl"
+    if env.get("MLX_HOSTFILE"):
+        return "ring"
+    return ""
+
+
+def dump_signal_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """MLX_WATCHDOG_DUMP_SIGNAL: a number or a name (SIGUSR2, USR2); 0 for none."""
+    raw = env.get("MLX_WATCHDOG_DUMP_SIGNAL", "SIGUSR2").strip().upper()
+    if raw.isdigit():
+        return int(raw)
+    name = raw if raw.startswith("SIG") else "SIG" + raw
+    return int(getattr(signal, name, 0))
+
+
+class Heartbeat:
+    """This process's counters and phase, mirrored into its record.
+
+    A Heartbeat whose record could not be opened still works: every method is
+    a no-op, so user code that calls `hb.step()` or `hb.idle()` runs the same.
+    """
+
+    def __init__(self, writer: RecordWriter | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self._writer = writer
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.collectives = 0
+        self.waits_entered = 0
+        self.waits_completed = 0
+        self.steps = 0
+        self._wait_depth = 0
+        self._init_depth = 0
+        self._idle_depth = 0
+        self.phase = Phase.RUNNING
+        self._op = 0
+        now = clock()
+        self._phase_since = now
+        self._wait_since = 0
+        self._last_progress = now
+        self._last_wait = 0
+        self._max_wait = 0
+        self._expects: list[tuple[float, int, str]] = []
+        if writer is not None:
+            self._guarded(self._publish)
+
+    @property
+    def active(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def path(self) -> str | None:
+        return self._writer.path if self._writer is not None else None
+
+    # -- the hot path --------------------------------------------------------
+
+    def _publish(self) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        writer.begin()
+        writer.write_hot(self.collectives, self.waits_entered, self.waits_completed,
+                         self.steps, self.phase, self._op, self._phase_since,
+                         self._wait_since, self._last_progress, self._last_wait, self._max_wait)
+        writer.end()
+
+    def _set_phase(self, now: int) -> None:
+        if self._idle_depth:
+            phase = Phase.IDLE
+        elif self._init_depth:
+            phase = Phase.INIT
+        elif self._wait_depth:
+            phase = Phase.WAIT
+        else:
+            phase = Phase.RUNNING
+        if phase != self.phase:
+            self.phase = phase
+            self._phase_since = now
+
+    def enter_wait(self, op: int) -> int:
+        """A blocking call starts; returns its start time for `exit_wait`."""
+        if self._writer is None:
+            return 0
+        try:
+            now = self._clock()
+            with self._lock:
+                self.waits_entered += 1
+                self._wait_depth += 1
+                if op == INIT_OP:
+                    self._init_depth += 1
+                if self._wait_depth == 1:
+                    self._wait_since = now
+                    self._op = op
+                self._set_phase(now)
+                self._publish()
+            return now
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            self._fail(err)
+            return 0
+
+    def exit_wait(self, started: int, op: int) -> None:
+        """The blocking call returned (or raised): that is progress."""
+        if self._writer is None or not started:
+            return
+        try:
+            now = self._clock()
+            with self._lock:
+                self.waits_completed += 1
+                self._wait_depth = max(0, self._wait_depth - 1)
+                if op == INIT_OP:
+                    self._init_depth = max(0, self._init_depth - 1)
+                else:
+                    self._last_wait = now - started
+                    if self._last_wait > self._max_wait:
+                        self._max_wait = self._last_wait
+                self._last_progress = now
+                # Another thread may still wait: progress restarts its clock,
+                # which can only delay a verdict, never hasten one.
+                self._wait_since = now if self._wait_depth else 0
+                if not self._wait_depth:
+                    self._op = 0
+                self._set_phase(now)
+                self._publish()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    def collective(self, op: int, out: Any) -> None:
+        """A collective was issued: count it and add it to the flight recorder."""
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            nbytes = out.nbytes
+            dtype = _DTYPE_CODES.get(out.dtype, 0)
+            now = self._clock()
+            with self._lock:
+                self.collectives += 1
+                writer.begin()
+                writer.write_entry(self.collectives, now, nbytes, op, dtype)
+                writer.write_hot(self.collectives, self.waits_entered, self.waits_completed,
+                                 self.steps, self.phase, self._op, self._phase_since,
+                                 self._wait_since, self._last_progress, self._last_wait,
+                                 self._max_wait)
+                writer.end()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    # -- the user's API ------------------------------------------------------
+
+    def step(self) -> None:
+        """One unit of user progress (a training step, a generated token)."""
+        if self._writer is None:
+            return
+        try:
+            with self._lock:
+                self.steps += 1
+                self._publish()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Declared idle (e.g. waiting for requests): never judged a stall."""
+        self._change(lambda: setattr(self, "_idle_depth", self._idle_depth + 1))
+        try:
+            yield
+        finally:
+            self._change(lambda: setattr(self, "_idle_depth", max(0, self._idle_depth - 1)))
+
+    @contextlib.contextmanager
+    def expect(self, seconds: float, reason: str = "") -> Iterator[None]:
+        """This stretch may take up to `seconds`: waits inside get that deadline."""
+        self._change(lambda: self._push_expect(float(seconds), reason))
+        try:
+            yield
+        finally:
+            self._change(self._pop_expect)
+
+    def _push_expect(self, seconds: float, reason: str) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"expect() needs seconds >= 0, got {seconds}")
+        self._expects.append((seconds, self._clock(), reason))
+
+    def _pop_expect(self) -> None:
+        if self._expects:
+            self._expects.pop()
+
+    def _change(self, change: Callable[[], None]) -> None:
+        if self._writer is None:
+            return
+        try:
+            with self._lock:
+                change()
+                now = self._clock()
+                self._set_phase(now)
+                writer = self._writer
+                seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
+                writer.begin()
+                writer.write_expect(seconds, since, reason)
+                writer.end()
+                self._publish()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    # -- identity and lifetime -----------------------------------------------
+
+    def set_group(self, rank: int, world_size: int, backend: str | None) -> None:
+        if self._writer is None:
+            return
+        try:
+            with self._lock:
+                self._writer.set_identity(rank=rank, world_size=world_size, backend=backend)
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    def _guarded(self, action: Callable[[], None]) -> None:
+        try:
+            with self._lock:
+                action()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    def _fail(self, err: BaseException) -> None:
+        writer, self._writer = self._writer, None
+        _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close(record.STATUS_ERROR, remove=False)
+
+    def close(self, status: int = record.STATUS_CLOSED) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close(status)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's record is not ours to write or remove."""
+        self._writer = None
+        self._lock = threading.Lock()
+
+
+INIT_OP = OP_CODE["init"]
+_DTYPE_CODES: dict[Any, int] = {}
+
+_current: Heartbeat | None = None
+_patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
+_dump_file: Any = None
+_dump_signum = 0
+_install_lock = threading.Lock()
+
+
+def _wrap_wait(hb: Heartbeat, original: Any, op: int) -> Any:
+    @functools.wraps(original)
+    def wait(*args: Any, **kwargs: Any) -> Any:
+        started = hb.enter_wait(op)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            hb.exit_wait(started, op)
+
+    return wait
+
+
+def _wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        hb.collective(op, out)
+        return out
+
+    return collective
+
+
+def _wrap_init(hb: Heartbeat, original: Any) -> Any:
+    @functools.wraps(original)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        started = hb.enter_wait(INIT_OP)
+        try:
+            group = original(*args, **kwargs)
+        finally:
+            hb.exit_wait(started, INIT_OP)
+        try:
+            backend = kwargs.get("backend", args[1] if len(args) > 1 else "any")
+            if backend == "any":
+                backend = _guess_backend(os.environ) if group.size() > 1 else "single"
+            hb.set_group(group.rank(), group.size(), str(backend))
+        except Exception as err:  # noqa: BLE001
+            _warn(f"could not read the group ({err!r})")
+        return group
+
+    return init
+
+
+def _patch(owner: Any, name: str, wrapper: Any) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, wrapper)
+    _patches.append((owner, name, original, wrapper))
+
+
+def _instrument(hb: Heartbeat, mx: Any) -> None:
+    for name in record.DTYPES[1:]:
+        dtype = getattr(mx, name, None)
+        if dtype is not None:
+            _DTYPE_CODES[dtype] = record.DTYPE_CODE[name]
+    for name, where in WAITS.items():
+        owner = mx if where == "core" else mx.array
+        op = OP_CODE[name.strip("_")]
+        _patch(owner, name, _wrap_wait(hb, getattr(owner, name), op))
+    dist = mx.distributed
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            _patch(dist, name, _wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
+    _patch(dist, "init", _wrap_init(hb, dist.init))
+
+
+def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
+    import psutil
+
+    me = psutil.Process()
+    rank, size = _env_rank_size(os.environ)
+    fields: dict[str, Any] = dict(
+        pid=me.pid, start_time=me.create_time(), uid=os.getuid(), host=socket.gethostname(),
+        job=job, rank=rank, world_size=size, backend=_guess_backend(os.environ),
+        dump_signal=dump_signal)
+    try:
+        return RecordWriter(path, **fields)
+    except FileExistsError:
+        os.unlink(path)  # a stale record of an earlier process with our pid
+        return RecordWriter(path, **fields)
+
+
+def _register_dump(signum: int, path: str) -> int:
+    """faulthandler on `signum`, writing every thread's stack next to the record."""
+    global _dump_file, _dump_signum
+    if not signum:
+        return 0
+    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+        _warn(f"signal {signum} already has a handler; stack dumps are off "
+              "(set MLX_WATCHDOG_DUMP_SIGNAL to a free signal, or 0)")
+        return 0
+    _dump_file = open(path, "a")  # noqa: SIM115 - lives as long as the handler
+    faulthandler.register(signum, file=_dump_file, all_threads=True, chain=False)
+    _dump_signum = signum
+    return signum
+
+
+def _close_dump() -> None:
+    """Unregister the dump handler; remove its file unless it holds a dump."""
+    global _dump_file, _dump_signum
+    file, _dump_file = _dump_file, None
+    signum, _dump_signum = _dump_signum, 0
+    if signum:
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(signum)
+    if file is not None:
+        with contextlib.suppress(Exception):
+            file.close()
+            if os.path.getsize(file.name) == 0:
+                os.unlink(file.name)
+
+
+def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
+    """Instrument mlx and open this process's record. Idempotent; never raises.
+
+    With the directory missing or unwritable, warns once on stderr and returns
+    a Heartbeat that does nothing, leaving mlx unpatched.
+    """
+    global _current
+    with _install_lock:
+        if _current is not None:
+            return _current
+        hb: Heartbeat | None = None
+        try:
+            import mlx.core as mx
+
+            directory = directory or record_dir()
+            if not os.path.isdir(directory):
+                raise OSError(f"record directory {directory} does not exist")
+            base = os.path.join(directory, str(os.getpid()))
+            try:
+                signum = _register_dump(dump_signal_from_env(), base + ".stacks")
+                hb = Heartbeat(_open_record(base + record.SUFFIX, job or job_id(), signum))
+                _instrument(hb, mx)
+            except BaseException:
+                _restore()
+                if hb is not None:
+                    hb.close()
+                _close_dump()
+                raise
+        except Exception as err:  # noqa: BLE001 - fail soft: the rank runs uninstrumented
+            _warn(f"not instrumenting this process: {err}")
+            _current = Heartbeat(None)
+            return _current
+        _current = hb
+        atexit.register(_close_at_exit)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        return hb
+
+
+def _restore() -> None:
+    while _patches:
+        owner, name, original, wrapper = _patches.pop()
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, original)
+        else:
+            _warn(f"{name} was re-patched by someone else; leaving it in place")
+
+
+def uninstall() -> None:
+    """Restore every patched function and close and remove the record."""
+    global _current
+    with _install_lock:
+        hb, _current = _current, None
+        _restore()
+        _close_dump()
+        if hb is not None:
+            hb.close()
+
+
+def current() -> Heartbeat | None:
+    return _current
+
+
+def _close_at_exit() -> None:
+    hb = _current
+    if hb is not None:
+        hb.close(record.STATUS_ERROR if hasattr(sys, "last_value") else record.STATUS_CLOSED)
+    _close_dump()
+
+
+def _after_fork_in_child() -> None:
+    global _dump_file, _dump_signum
+    if _current is not None:
+        _current._forget_after_fork()
+    _dump_file, _dump_signum = None, 0

@@ -1,0 +1,332 @@
+"""The rank record: one fixed-size binary file per rank process.
+
+This module owns every byte of the record; `docs/record-format.md` mirrors
+this docstring. The rank maps the file with `mmap` and is its only writer;
+the daemon and the CLI read it with `pread` and never write.
+
+All integers are little-endian. Offsets are in bytes. Size: 4096.
+
+    region    offset  struct  field
+    identity       0  8s      magic  b"MLXWDREC"
+                   8  H       version (RECORD_VERSION)
+                  10  H       reserved (0)
+                  12  I       record size (4096)
+                  16  q       pid
+                  24  d       process start time (psutil create_time, epoch s)
+                  32  I       uid of the writer
+                  36  i       rank (-1 until known)
+                  40  i       world size (0 until known)
+                  44  i       dump signal number (0: none)
+                  48  I       status: 0 open, 1 closed cleanly, 2 closed on error
+                  52  I       reserved (0)
+                  56  64s     host (UTF-8, NUL padded)
+                 120  64s     job id
+                 184  16s     backend ("ring", "jaccl", ...)
+    seq          200  Q       sequence counter: odd while the writer is writing
+    hot          208  Q       collectives issued
+                 216  Q       waits entered
+                 224  Q       waits completed (progress)
+                 232  Q       user steps (hb.step)
+                 240  I       phase (states.Phase)
+                 244  I       op waited on (index into OPS)
+                 248  Q       phase since (CLOCK_MONOTONIC ns)
+                 256  Q       current wait started (monotonic ns, 0: none)
+                 264  Q       last progress (monotonic ns)
+                 272  Q       duration of the last completed wait (ns)
+                 280  Q       longest completed wait, init excluded (ns)
+    expect       288  d       expect window seconds (0: none)
+                 296  Q       expect window started (monotonic ns)
+                 304  48s     expect reason
+    flight       512  64 entries of 32 bytes, entry i = collective number % 64:
+                   +0 Q       collective number (1-based; 0: empty slot)
+                   +8 Q       issued at (monotonic ns)
+                  +16 Q       bytes
+                  +24 H       op (index into OPS)
+                  +26 H       dtype (index into DTYPES)
+                  +28 I       reserved (0)
+
+Consistency: the writer makes `seq` odd, writes, then makes it even. A reader
+copies the whole record, re-reads `seq`, and accepts the copy only when both
+reads agree and are even; otherwise it retries and gives up after a bound with
+`RecordBusy`. Monotonic times are CLOCK_MONOTONIC, shared by every process of
+the host, so the daemon can subtract them from its own clock.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+from .states import Phase
+
+MAGIC = b"MLXWDREC"
+RECORD_VERSION = 1
+RECORD_SIZE = 4096
+SUFFIX = ".rec"
+FLIGHT_SLOTS = 64
+
+OPS = (
+    "",
+    "eval",
+    "synchronize",
+    "item",
+    "tolist",
+    "bool",
+    "int",
+    "float",
+    "init",
+    "all_sum",
+    "all_gather",
+    "all_max",
+    "all_min",
+    "sum_scatter",
+    "send",
+    "recv",
+    "recv_like",
+)
+OP_CODE = {name: code for code, name in enumerate(OPS)}
+
+DTYPES = (
+    "",
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "bfloat16",
+    "complex64",
+)
+DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
+
+STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR = 0, 1, 2
+
+IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
+SEQ = struct.Struct("<Q")
+HOT = struct.Struct("<QQQQIIQQQQQ")
+EXPECT = struct.Struct("<dQ48s")
+ENTRY = struct.Struct("<QQQHHI")
+
+IDENTITY_OFFSET = 0
+SEQ_OFFSET = 200
+HOT_OFFSET = 208
+EXPECT_OFFSET = 288
+FLIGHT_OFFSET = 512
+STATUS_OFFSET = 48
+
+assert IDENTITY.size == SEQ_OFFSET
+assert HOT_OFFSET + HOT.size == EXPECT_OFFSET
+assert EXPECT_OFFSET + EXPECT.size <= FLIGHT_OFFSET
+assert FLIGHT_OFFSET + FLIGHT_SLOTS * ENTRY.size <= RECORD_SIZE
+
+READ_ATTEMPTS = 200
+
+
+class RecordError(Exception):
+    """A file in the record directory that is not a usable record."""
+
+
+class RecordBusy(RecordError):
+    """The writer kept the record mid-write for every read attempt."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    number: int
+    op: str
+    dtype: str
+    nbytes: int
+    issued_ns: int
+
+
+@dataclass(frozen=True)
+class Record:
+    pid: int
+    start_time: float
+    uid: int
+    rank: int
+    world_size: int
+    dump_signal: int
+    status: int
+    host: str
+    job: str
+    backend: str
+    seq: int
+    collectives: int
+    waits_entered: int
+    waits_completed: int
+    steps: int
+    phase: Phase
+    op: str
+    phase_since_ns: int
+    wait_since_ns: int
+    last_progress_ns: int
+    last_wait_ns: int
+    max_wait_ns: int
+    expect_seconds: float
+    expect_since_ns: int
+    expect_reason: str
+    flight: tuple[Collective, ...]  # oldest first
+
+    @property
+    def closed(self) -> bool:
+        return self.status != STATUS_OPEN
+
+
+def _text(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _field(text: str, size: int) -> bytes:
+    """Encode to at most `size` bytes without splitting a UTF-8 sequence."""
+    return text.encode("utf-8")[:size].decode("utf-8", "ignore").encode("utf-8")
+
+
+def _name(table: tuple[str, ...], code: int) -> str:
+    return table[code] if 0 <= code < len(table) else f"?{code}"
+
+
+def decode(buf: bytes) -> Record:
+    """Decode one consistent copy of a record, or raise `RecordError`."""
+    if len(buf) != RECORD_SIZE:
+        raise RecordError(f"size {len(buf)}, expected {RECORD_SIZE}")
+    (magic, version, _, size, pid, start_time, uid, rank, world_size, dump_signal,
+     status, _, host, job, backend) = IDENTITY.unpack_from(buf, IDENTITY_OFFSET)
+    if magic != MAGIC:
+        raise RecordError("not an mlx-watchdog record (bad magic)")
+    if version != RECORD_VERSION:
+        raise RecordError(f"record version {version}; this build reads {RECORD_VERSION}")
+    if size != RECORD_SIZE:
+        raise RecordError(f"record says size {size}, expected {RECORD_SIZE}")
+    if pid <= 0:
+        raise RecordError(f"corrupt record (pid {pid})")
+    (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
+    (collectives, entered, completed, steps, phase, op, phase_since, wait_since,
+     last_progress, last_wait, max_wait) = HOT.unpack_from(buf, HOT_OFFSET)
+    if phase not in Phase._value2member_map_:
+        raise RecordError(f"corrupt record (phase {phase})")
+    expect_seconds, expect_since, expect_reason = EXPECT.unpack_from(buf, EXPECT_OFFSET)
+    if not expect_seconds >= 0.0:  # also rejects NaN
+        raise RecordError("corrupt record (expect window)")
+    entries = []
+    for slot in range(FLIGHT_SLOTS):
+        number, issued, nbytes, op_code, dtype, _ = ENTRY.unpack_from(
+            buf, FLIGHT_OFFSET + slot * ENTRY.size)
+        if number:
+            entries.append(Collective(number, _name(OPS, op_code), _name(DTYPES, dtype),
+                                      nbytes, issued))
+    entries.sort(key=lambda c: c.number)
+    return Record(
+        pid=pid, start_time=start_time, uid=uid, rank=rank, world_size=world_size,
+        dump_signal=dump_signal, status=status, host=_text(host), job=_text(job),
+        backend=_text(backend), seq=seq, collectives=collectives, waits_entered=entered,
+        waits_completed=completed, steps=steps, phase=Phase(phase), op=_name(OPS, op),
+        phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=last_progress,
+        last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
+        expect_since_ns=expect_since, expect_reason=_text(expect_reason),
+        flight=tuple(entries),
+    )
+
+
+def read_fd(fd: int, attempts: int = READ_ATTEMPTS) -> Record:
+    """Read a consistent snapshot from an open record file."""
+    for attempt in range(attempts):
+        buf = os.pread(fd, RECORD_SIZE, 0)
+        if len(buf) != RECORD_SIZE:
+            raise RecordError(f"truncated record ({len(buf)} bytes)")
+        (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
+        if seq % 2 == 0 and os.pread(fd, SEQ.size, SEQ_OFFSET) == buf[SEQ_OFFSET:HOT_OFFSET]:
+            return decode(buf)
+        if attempt > 10:
+            time.sleep(0.0005)
+    raise RecordBusy(f"record stayed mid-write for {attempts} reads")
+
+
+def read_path(path: str) -> Record:
+    """Open without following links, check it is a regular file, and read it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        raise RecordError(f"cannot open: {err.strerror}") from err
+    try:
+        return read_fd(fd)
+    finally:
+        os.close(fd)
+
+
+class RecordWriter:
+    """The rank's side: creates the file, maps it, publishes under the seqlock."""
+
+    def __init__(self, path: str, *, pid: int, start_time: float, uid: int, host: str,
+                 job: str, rank: int, world_size: int, backend: str, dump_signal: int) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.ftruncate(fd, RECORD_SIZE)
+            self._map = mmap.mmap(fd, RECORD_SIZE, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        self.path = path
+        self.seq = 0
+        self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
+                              backend=backend, dump_signal=dump_signal)
+        self.set_identity(rank=rank, world_size=world_size)
+
+    def set_identity(self, *, rank: int, world_size: int, backend: str | None = None,
+                     job: str | None = None) -> None:
+        ident = self._identity
+        if backend is not None:
+            ident["backend"] = backend
+        if job is not None:
+            ident["job"] = job
+        self.begin()
+        IDENTITY.pack_into(
+            self._map, IDENTITY_OFFSET, MAGIC, RECORD_VERSION, 0, RECORD_SIZE, ident["pid"],
+            ident["start_time"], ident["uid"], rank, world_size, ident["dump_signal"],
+            STATUS_OPEN, 0, _field(str(ident["host"]), 64), _field(str(ident["job"]), 64),
+            _field(str(ident["backend"]), 16))
+        self.end()
+
+    # The seqlock. `begin` and `end` bracket every write.
+    def begin(self) -> None:
+        self.seq += 1
+        SEQ.pack_into(self._map, SEQ_OFFSET, self.seq)
+
+    def end(self) -> None:
+        self.seq += 1
+        SEQ.pack_into(self._map, SEQ_OFFSET, self.seq)
+
+    def write_hot(self, *values: int) -> None:
+        """Write the hot region (HOT's fields in order) between begin and end."""
+        HOT.pack_into(self._map, HOT_OFFSET, *values)
+
+    def write_entry(self, number: int, issued_ns: int, nbytes: int, op: int, dtype: int) -> None:
+        ENTRY.pack_into(self._map, FLIGHT_OFFSET + (number % FLIGHT_SLOTS) * ENTRY.size,
+                        number, issued_ns, nbytes, op, dtype, 0)
+
+    def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
+        EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, _field(reason, 48))
+
+    def close(self, status: int, *, remove: bool = True) -> None:
+        """Mark the record closed, unmap it and (by default) remove the file."""
+        self.begin()
+        struct.pack_into("<I", self._map, STATUS_OFFSET, status)
+        self.end()
+        self._map.close()
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
