@@ -1,0 +1,181 @@
+"""The daemon's settings: defaults, the TOML file, command-line overrides, checks.
+
+Every key of the TOML file is also a command-line option of `run` (dashes for
+underscores). A bad value raises `ConfigError` with one sentence naming the
+key; the CLI turns it into a one-line error and exit 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .detector import Rules
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_RECORD_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
+DEFAULT_STATE_DIR = "/var/db/mlx-watchdog" if sys.platform == "darwin" else "/var/lib/mlx-watchdog"
+DEFAULT_PORT = 9753
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    dir: str = DEFAULT_RECORD_DIR
+    state_dir: str = DEFAULT_STATE_DIR
+    interval: float = 1.0
+    deadline: float | None = None  # None: "auto"
+    auto_factor: float = 4.0
+    auto_floor: float = 60.0
+    auto_min_waits: int = 20
+    auto_fallback: float = 600.0
+    init_deadline: float = 600.0
+    blocked_deadline: float = 900.0
+    spin_ratio: float = 0.5
+    confirm: int = 2
+    mode: str = "enforce"
+    kill_scope: str = "job"
+    grace: float = 10.0
+    kill_timeout: float = 10.0
+    evidence_timeout: float = 10.0
+    wired_threshold: int = 1 << 30
+    settle: float = 30.0
+    retention: float = 60.0
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    peer_timeout: float = 1.0
+    secret: str | None = None
+
+    def rules(self) -> Rules:
+        return Rules(deadline=self.deadline, auto_factor=self.auto_factor,
+                     auto_floor=self.auto_floor, auto_min_waits=self.auto_min_waits,
+                     auto_fallback=self.auto_fallback, init_deadline=self.init_deadline,
+                     blocked_deadline=self.blocked_deadline, spin_ratio=self.spin_ratio,
+                     confirm=self.confirm)
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+KEYS = {f.name for f in dataclasses.fields(Settings)}
+POSITIVE = ("interval", "auto_factor", "auto_floor", "auto_fallback", "init_deadline",
+            "blocked_deadline", "grace", "kill_timeout", "evidence_timeout", "settle",
+            "peer_timeout")
+NON_NEGATIVE = ("retention",)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen must be HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT}), "
+                          f"got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _number(key: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return number
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key == "deadline":
+        if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+            return None
+        number = _number(key, value, float)
+        if number <= 0:
+            raise ConfigError(f"deadline must be 'auto' or a number of seconds > 0, got {value!r}")
+        return number
+    if key in ("dir", "state_dir", "listen", "mode", "kill_scope"):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
+        return value
+    if key == "secret":
+        if value is not None and (not isinstance(value, str) or len(value) < 16):
+            raise ConfigError("secret must be a string of at least 16 characters")
+        return value
+    if key == "peers":
+        if isinstance(value, str):
+            value = [p for p in value.replace(",", " ").split() if p]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+            raise ConfigError(f"peers must be a list of HOST:PORT strings, got {value!r}")
+        for peer in value:
+            parse_listen(peer)
+        return tuple(value)
+    if key in ("auto_min_waits", "confirm", "wired_threshold"):
+        number = _number(key, value, float)
+        if number != int(number):
+            raise ConfigError(f"{key} must be a whole number, got {value!r}")
+        return int(number)
+    return _number(key, value, float)
+
+
+def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+    """Defaults, then the file, then the command line (None means not given)."""
+    values: dict[str, Any] = {}
+    for source in (file_values, {k: v for k, v in overrides.items() if v is not None}):
+        for key, value in source.items():
+            key = key.replace("-", "_")
+            if key not in KEYS:
+                raise ConfigError(f"unknown setting {key!r}")
+            values[key] = _coerce(key, value)
+    settings = Settings(**values)
+    _check(settings)
+    return settings
+
+
+def _check(s: Settings) -> None:
+    for key in POSITIVE:
+        if getattr(s, key) <= 0:
+            raise ConfigError(f"{key} must be > 0, got {getattr(s, key)!r}")
+    for key in NON_NEGATIVE:
+        if getattr(s, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {getattr(s, key)!r}")
+    if not 0 < s.spin_ratio <= 1:
+        raise ConfigError(f"spin_ratio must be in (0, 1], got {s.spin_ratio!r}")
+    if s.confirm < 1:
+        raise ConfigError(f"confirm must be at least 1 (no single sample kills), got {s.confirm}")
+    if s.auto_min_waits < 0 or s.wired_threshold < 0:
+        raise ConfigError("auto_min_waits and wired_threshold must be >= 0")
+    if s.mode not in ("enforce", "observe"):
+        raise ConfigError(f"mode must be 'enforce' or 'observe', got {s.mode!r}")
+    if s.kill_scope not in ("job", "rank"):
+        raise ConfigError(f"kill_scope must be 'job' or 'rank', got {s.kill_scope!r}")
+    parse_listen(s.listen)
+
+
+def load_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+    section = data.get("watchdog", data)  # keys at the top, or under [watchdog]
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: [watchdog] must be a table")
+    return section
+
+
+def load(path: str | None, overrides: dict[str, Any]) -> Settings:
+    return build(load_file(path) if path else {}, overrides)

@@ -1,0 +1,414 @@
+"""The per-node loop: scan records, check identities, sample, judge, act, publish.
+
+Each tick reads every record in the directory, samples the process behind
+each one, asks the detector for a verdict, and hands a hung job to the
+enforcer (on a worker thread, so the loop keeps scanning while the ladder
+runs). The loop never dies: any error is logged, counted and the next tick
+comes. What it knows is published as one immutable snapshot (a dict) for the
+metrics endpoint, `/status` and `status.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__, journal, record
+from .config import Settings
+from .detector import Detector, Verdict
+from .enforcer import SENT, Enforcer, Signaller, Target
+from .probes import Probe, ProbeError, probe, same_process
+from .record import Record, RecordError
+from .states import State
+from .view import rank_json
+
+log = logging.getLogger(__name__)
+
+MAX_FILES_PER_SCAN = 4096  # a directory filling with junk costs a bounded scan
+SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
+
+
+def read_record(path: str) -> tuple[Record | None, str, os.stat_result | None]:
+    """One file of the record directory: its record, or why it is not usable."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, "", None
+    if not stat.S_ISREG(st.st_mode):
+        return None, "not a regular file", st
+    if st.st_size != record.RECORD_SIZE:
+        return None, f"size {st.st_size}, not {record.RECORD_SIZE}", st
+    try:
+        rec = record.read_path(path)
+    except RecordError as err:
+        return None, str(err), st
+    if rec.uid != st.st_uid:
+        return None, f"record claims uid {rec.uid} but the file is owned by uid {st.st_uid}", st
+    return rec, "", st
+
+
+def read_dir(directory: str, limit: int = MAX_FILES_PER_SCAN
+             ) -> Iterator[tuple[str, Record | None, str, os.stat_result | None]]:
+    """Every `*.rec` in the directory (at most `limit`): (path, record or None, why, stat)."""
+    try:
+        names = sorted(e.name for e in os.scandir(directory) if e.name.endswith(record.SUFFIX))
+    except OSError as err:
+        log.error("cannot list %s: %s", directory, err)
+        return
+    for name in names[:limit]:
+        path = os.path.join(directory, name)
+        rec, why, st = read_record(path)
+        if rec is not None or why:
+            yield path, rec, why, st
+
+
+@dataclass
+class Rank:
+    path: str
+    record: Record
+    state: State = State.RUNNING
+    verdict: Verdict | None = None
+    reason: str = ""
+    escalating: bool = False
+    gone_at: float | None = None  # monotonic seconds when it reached a final state
+
+    @property
+    def key(self) -> tuple[int, float]:
+        return (self.record.pid, self.record.start_time)
+
+    def target(self) -> Target:
+        rec = self.record
+        stacks = self.path[: -len(record.SUFFIX)] + ".stacks"
+        return Target(rec.pid, rec.start_time, rec.uid, rec.job, rec.rank, rec.dump_signal,
+                      stacks)
+
+
+@dataclass
+class Counters:
+    stalls: dict[str, int] = field(default_factory=lambda: {"stalled": 0, "blocked": 0})
+    kills: dict[str, int] = field(default_factory=lambda: {"SIGTERM": 0, "SIGKILL": 0})
+    job_kills: dict[str, int] = field(default_factory=dict)
+    invalid_records: int = 0
+    probe_errors: int = 0
+    loop_errors: int = 0
+    scan_buckets: list[int] = field(default_factory=lambda: [0] * (len(SCAN_BUCKETS) + 1))
+    scan_sum: float = 0.0
+    scan_count: int = 0
+
+
+class Daemon:
+    def __init__(self, settings: Settings, probe_: Probe | None = None,
+                 signaller: Signaller | None = None, *, clock_ns: Any = time.monotonic_ns,
+                 wall: Any = time.time) -> None:
+        self.settings = settings
+        self.probe = probe_ or probe()
+        self.signaller = signaller or Signaller(self.probe)
+        self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall)
+        self.detector = Detector(settings.rules())
+        self.clock_ns = clock_ns
+        self.wall = wall
+        self.host = socket.gethostname()
+        self.ranks: dict[tuple[int, float], Rank] = {}
+        self.invalid: dict[str, str] = {}  # path -> why, for the files invalid right now
+        self._invalid_seen: set[tuple[str, int, int]] = set()
+        self.counters = Counters()
+        self.pending: dict[Future[dict[str, Any]], list[tuple[int, float]]] = {}
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
+        self.wired: int | None = None
+        self.baseline: int | None = None
+        self.last_scan_wall = 0.0
+        self.last_scan_mono = 0.0
+        self.started = wall()
+        self.snapshot: dict[str, Any] = {}
+        self.stop_event = threading.Event()
+
+    # -- one tick --------------------------------------------------------------
+
+    def _report_invalid(self, path: str, why: str, st: os.stat_result | None) -> None:
+        self.invalid[path] = why
+        seen = (path, st.st_mtime_ns if st else 0, st.st_size if st else 0)
+        if seen not in self._invalid_seen:
+            if len(self._invalid_seen) > 10 * MAX_FILES_PER_SCAN:
+                self._invalid_seen.clear()  # bounded memory under a flood of junk
+            self._invalid_seen.add(seen)
+            self.counters.invalid_records += 1
+            log.warning("skipping %r: %s", path, why)
+
+    def scan(self) -> None:
+        started = time.monotonic()
+        now_ns = self.clock_ns()
+        now = now_ns / 1e9
+        self._collect_finished()
+        self.invalid = {}
+        seen: set[tuple[int, float]] = set()
+        due: dict[str, list[Rank]] = {}
+        for path, rec, why, st in read_dir(self.settings.dir):
+            if rec is None:
+                self._report_invalid(path, why, st)
+                continue
+            key = (rec.pid, rec.start_time)
+            rank = self.ranks.get(key)
+            if rank is not None and rank.state in FINAL:
+                seen.add(key)
+                continue
+            try:
+                sample = self.probe.sample(rec.pid)
+            except ProbeError as err:
+                self.counters.probe_errors += 1
+                log.warning("probe failed for pid %s: %s", rec.pid, err)
+                if rank is not None:
+                    seen.add(key)
+                continue
+            if sample is None:
+                seen.add(key)
+                self._gone(rank or self._add(path, rec), now, crashed=not rec.closed)
+                continue
+            if not same_process(sample, rec.start_time, rec.uid):
+                self._report_invalid(path, f"stale or forged: pid {rec.pid} is now another "
+                                           "process (start time or owner differ)", None)
+                continue
+            seen.add(key)
+            rank = rank or self._add(path, rec)
+            rank.record, rank.path = rec, path
+            verdict = self.detector.observe(rec, sample, now_ns)
+            rank.verdict, rank.reason = verdict, verdict.reason
+            if not rank.escalating:
+                rank.state = verdict.state
+            if verdict.act and not rank.escalating:
+                due.setdefault(rec.job, []).append(rank)
+        for key, rank in self.ranks.items():
+            if key not in seen and rank.state not in FINAL:
+                self._gone(rank, now, crashed=False)  # its record was removed: a clean exit
+        self._expire(now)
+        self._sample_wired()
+        for job, ranks in due.items():
+            self._escalate(job, ranks)
+        self._observe_scan(time.monotonic() - started)
+        self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
+        self.publish()
+
+    def _add(self, path: str, rec: Record) -> Rank:
+        rank = Rank(path, rec)
+        self.ranks[rank.key] = rank
+        log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
+                 rec.world_size, rec.backend or "?")
+        return rank
+
+    def _gone(self, rank: Rank, now: float, crashed: bool) -> None:
+        if rank.state in FINAL or rank.escalating:
+            return
+        rank.state, rank.gone_at = State.EXITED, now
+        rank.reason = ("exited without closing its record (crash or signal)" if crashed
+                       else "exited")
+        log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
+                 rank.record.rank, rank.reason)
+
+    def _expire(self, now: float) -> None:
+        """Forget ranks that have been final for `retention`; remove their records."""
+        for key, rank in list(self.ranks.items()):
+            if rank.gone_at is None or now - rank.gone_at < self.settings.retention:
+                continue
+            del self.ranks[key]
+            self.detector.forget(key)
+            self._remove_record(rank)
+
+    def _remove_record(self, rank: Rank) -> None:
+        """Delete a dead rank's leftover record, if the file is still that rank's."""
+        try:
+            rec = record.read_path(rank.path)
+        except RecordError:
+            return
+        if (rec.pid, rec.start_time) == rank.key:
+            for path in (rank.path, rank.path[: -len(record.SUFFIX)] + ".stacks"):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    log.warning("cannot remove %s: %s", path, err)
+
+    def _sample_wired(self) -> None:
+        try:
+            self.wired = self.probe.wired_bytes()
+        except ProbeError as err:
+            self.counters.probe_errors += 1
+            log.warning("wired memory probe failed: %s", err)
+            return
+        live = any(r.state not in FINAL for r in self.ranks.values())
+        if self.wired is not None and (self.baseline is None or (not live and not self.pending)):
+            self.baseline = self.wired  # the node at rest: what a kill must return to
+
+    # -- acting ----------------------------------------------------------------
+
+    def _escalate(self, job: str, due: list[Rank]) -> None:
+        local = [r for r in self.ranks.values()
+                 if r.record.job == job and r.state not in FINAL and not r.escalating]
+        targets = local if self.settings.kill_scope == "job" else due
+        stopped = [r for r in local if r.state == State.STOPPED]
+        worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
+        verdict = "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
+        self.counters.stalls[verdict] += 1
+        incident: dict[str, Any] = {
+            "id": time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall()))
+            + "-" + uuid.uuid4().hex[:6],
+            "time": self.wall(),
+            "host": self.host,
+            "job": job,
+            "verdict": verdict,
+            "mode": self.settings.mode,
+            "kill_scope": self.settings.kill_scope,
+            "reason": worst.reason,
+            "ranks": [self._incident_rank(r) for r in targets],
+            "pids": [r.record.pid for r in targets],
+            "seconds_without_progress": max(
+                (r.verdict.seconds_since_progress for r in due if r.verdict), default=0.0),
+            "busiest_thread_cpu": max(
+                (r.verdict.busiest_cpu for r in due if r.verdict), default=0.0),
+            "flight_recorder_tail": {str(r.record.rank): [
+                {"number": c.number, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes}
+                for c in r.record.flight[-8:]] for r in due},
+            "culprit": ({"host": self.host, "rank": stopped[0].record.rank,
+                         "pid": stopped[0].record.pid, "state": "stopped",
+                         "reason": "stopped (SIGSTOP or traced) while its peers wait"}
+                        if stopped else None),
+        }
+        log.error("job %s: %s; %s %s ranks %s", job, worst.reason,
+                  "ending" if self.settings.mode == "enforce" else "observing",
+                  len(targets), sorted(r.record.rank for r in targets))
+        for rank in targets:
+            rank.escalating = True
+        keys = [r.key for r in targets]
+        others = [r for r in self.ranks.values() if r.key not in keys]
+
+        def others_live() -> bool:
+            return any(r.state not in FINAL for r in others)
+
+        future = self.executor.submit(self.enforcer.handle, incident,
+                                      [r.target() for r in targets], self.baseline, others_live)
+        self.pending[future] = keys
+
+    def _incident_rank(self, rank: Rank) -> dict[str, Any]:
+        v = rank.verdict
+        return {"pid": rank.record.pid, "rank": rank.record.rank, "state": rank.state.value,
+                "phase": rank.record.phase.label, "op": rank.record.op,
+                "seconds_in_wait": round(v.seconds_in_wait, 3) if v else None,
+                "busiest_thread_cpu": round(v.busiest_cpu, 3) if v else None,
+                "progress": rank.record.waits_completed,
+                "collectives": rank.record.collectives}
+
+    def _collect_finished(self) -> None:
+        now = self.clock_ns() / 1e9
+        for future in [f for f in self.pending if f.done()]:
+            keys = self.pending.pop(future)
+            try:
+                incident = future.result()
+            except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
+                log.exception("escalation failed")
+                for key in keys:
+                    if key in self.ranks:
+                        self.ranks[key].escalating = False
+                continue
+            for sig in incident.get("signals", []):
+                if sig["result"] == SENT and sig["signal"] in self.counters.kills:
+                    self.counters.kills[sig["signal"]] += 1
+            for key in keys:
+                rank = self.ranks.get(key)
+                if rank is None:
+                    continue
+                outcome = incident["outcome"].get(str(rank.record.pid))
+                rank.escalating = False
+                if outcome == "killed":
+                    rank.state, rank.gone_at = State.KILLED, now
+                    rank.reason = f"ended by the watchdog (incident {incident['id']})"
+                    self.counters.job_kills[rank.record.job] = (
+                        self.counters.job_kills.get(rank.record.job, 0) + 1)
+                    self._remove_record(rank)
+                elif outcome == "unkillable":
+                    rank.state, rank.gone_at = State.UNKILLABLE, None
+                    rank.reason = "survived SIGKILL; node flagged for reboot"
+
+    # -- publishing ------------------------------------------------------------
+
+    def _observe_scan(self, seconds: float) -> None:
+        c = self.counters
+        c.scan_sum += seconds
+        c.scan_count += 1
+        for i, bound in enumerate(SCAN_BUCKETS):
+            if seconds <= bound:
+                c.scan_buckets[i] += 1
+                break
+        else:
+            c.scan_buckets[-1] += 1
+
+    def publish(self) -> None:
+        ranks = [rank_json(r.record, r.state, r.verdict, reason=r.reason)
+                 for r in sorted(self.ranks.values(),
+                                 key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
+        c = self.counters
+        flag = journal.reboot_flag(self.settings.state_dir)
+        self.snapshot = {
+            "host": self.host,
+            "daemon_pid": os.getpid(),
+            "version": __version__,
+            "mode": self.settings.mode,
+            "interval": self.settings.interval,
+            "time": self.last_scan_wall,
+            "started": self.started,
+            "wired_bytes": self.wired,
+            "wired_baseline_bytes": self.baseline,
+            "reboot_required": flag is not None,
+            "reboot": flag,
+            "ranks": ranks,
+            "invalid_records": dict(self.invalid),
+            "counters": {
+                "stalls": dict(c.stalls), "kills": dict(c.kills),
+                "job_kills": dict(c.job_kills), "invalid_records": c.invalid_records,
+                "probe_errors": c.probe_errors, "loop_errors": c.loop_errors,
+                "scan_buckets": list(c.scan_buckets), "scan_sum": c.scan_sum,
+                "scan_count": c.scan_count,
+            },
+            "scan_bucket_bounds": list(SCAN_BUCKETS),
+        }
+        try:
+            journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
+                                      self.snapshot)
+        except OSError as err:
+            log.warning("cannot write status.json: %s", err)
+
+    def healthy(self) -> bool:
+        """The loop completed a scan recently (used by /healthz and the systemd ping)."""
+        return (self.last_scan_mono > 0
+                and time.monotonic() - self.last_scan_mono < 3 * self.settings.interval + 5)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run(self) -> None:
+        from .notify import notify
+
+        notify("READY=1")
+        log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
+                 self.settings.dir, self.settings.interval, self.settings.mode,
+                 self.settings.deadline or "auto", self.settings.kill_scope)
+        while not self.stop_event.is_set():
+            began = time.monotonic()
+            try:
+                self.scan()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive any one scan
+                self.counters.loop_errors += 1
+                log.exception("scan failed; continuing")
+            if self.healthy():
+                notify("WATCHDOG=1")
+            self.stop_event.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
+        notify("STOPPING=1")
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        log.info("stopped")

@@ -1,0 +1,82 @@
+"""`mlx-watchdog inspect PID`: one rank's record and threads, in depth."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .detector import NS, busiest_ratio
+from .probes import ProbeError, probe, same_process
+from .record import Record
+from .view import current_op
+
+
+def _thread_cpu(rec: Record, pause: float = 0.5) -> list[dict[str, Any]]:
+    """Each thread's share of a core over `pause` seconds, busiest first."""
+    p = probe()
+    try:
+        first = p.sample(rec.pid)
+        time.sleep(pause)
+        second = p.sample(rec.pid)
+    except ProbeError:
+        return []
+    if not same_process(first, rec.start_time, rec.uid) or second is None or first is None:
+        return []
+    before = dict(first.threads)
+    rows = [{"id": tid, "cpu_seconds": round(cpu, 3),
+             "cpu_ratio": round(busiest_ratio(before, {tid: cpu}, pause), 3)}
+            for tid, cpu in second.threads]
+    return sorted(rows, key=lambda r: -r["cpu_ratio"])
+
+
+def describe(rec: Record) -> dict[str, Any]:
+    now = time.monotonic_ns()
+    return {
+        "pid": rec.pid, "host": rec.host, "job": rec.job, "rank": rec.rank,
+        "world_size": rec.world_size, "backend": rec.backend, "uid": rec.uid,
+        "phase": rec.phase.label, "seconds_in_phase": round((now - rec.phase_since_ns) / NS, 3),
+        "current_op": current_op(rec),
+        "seconds_in_wait": round((now - rec.wait_since_ns) / NS, 3) if rec.wait_since_ns else None,
+        "seconds_since_progress": round((now - rec.last_progress_ns) / NS, 3),
+        "counters": {"collectives": rec.collectives, "waits_entered": rec.waits_entered,
+                     "waits_completed": rec.waits_completed, "steps": rec.steps},
+        "last_wait_seconds": rec.last_wait_ns / NS, "longest_wait_seconds": rec.max_wait_ns / NS,
+        "expect": ({"seconds": rec.expect_seconds, "reason": rec.expect_reason,
+                    "seconds_left": round(rec.expect_seconds
+                                          - (now - rec.expect_since_ns) / NS, 3)}
+                   if rec.expect_seconds > 0 else None),
+        "dump_signal": rec.dump_signal,
+        "threads": _thread_cpu(rec),
+        "flight_recorder": [{"number": c.number, "op": c.op, "dtype": c.dtype,
+                             "bytes": c.nbytes, "seconds_ago": round((now - c.issued_ns) / NS, 3)}
+                            for c in rec.flight],
+    }
+
+
+def render_text(info: dict[str, Any]) -> str:
+    c = info["counters"]
+    lines = [
+        f"pid {info['pid']} on {info['host']}: job {info['job']} rank "
+        f"{info['rank']}/{info['world_size']} ({info['backend'] or '?'})",
+        f"phase {info['phase']} for {info['seconds_in_phase']:.1f}s"
+        + (f", waiting in {info['current_op']} for {info['seconds_in_wait']:.1f}s"
+           if info["seconds_in_wait"] is not None else ""),
+        f"progress {c['waits_completed']} waits ({c['waits_entered']} entered), "
+        f"{c['collectives']} collectives, {c['steps']} steps; last progress "
+        f"{info['seconds_since_progress']:.1f}s ago; longest wait "
+        f"{info['longest_wait_seconds']:.3f}s",
+    ]
+    if info["expect"]:
+        e = info["expect"]
+        lines.append(f"expect window: {e['seconds']:g}s ({e['reason']}), "
+                     f"{e['seconds_left']:.1f}s left")
+    lines.append("threads (busiest first):")
+    for t in info["threads"][:8]:
+        lines.append(f"  {t['id']:>8}  {t['cpu_ratio'] * 100:5.1f}% of a core  "
+                     f"{t['cpu_seconds']:.2f}s total")
+    lines.append(f"flight recorder (last {min(16, len(info['flight_recorder']))} of "
+                 f"{len(info['flight_recorder'])}):")
+    for f in info["flight_recorder"][-16:]:
+        lines.append(f"  #{f['number']:<8} {f['op']:<12} {f['dtype']:<9} {f['bytes']:>10} B  "
+                     f"{f['seconds_ago']:.2f}s ago")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""The daemon's two directories, created safely and refused when unsafe.
+
+The record directory is shared by every user's ranks, like /tmp: owned by
+root (or by the daemon's user), world-writable only with the sticky bit, so a
+rank can publish its record but not replace another user's. The state
+directory holds the journal and the reboot flag: nobody else may write there.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .config import ConfigError
+
+
+class UnsafeDirectory(ConfigError):
+    """A directory whose ownership or mode would let others tamper with it."""
+
+
+def _owner_ok(st: os.stat_result) -> bool:
+    return st.st_uid in (0, os.geteuid())
+
+
+def check_record_dir(path: str) -> None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"record directory {path} is not a directory (or is a symlink)")
+    if not _owner_ok(st):
+        raise UnsafeDirectory(f"record directory {path} is owned by uid {st.st_uid}, "
+                              "not root or the daemon's user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectory(f"record directory {path} is writable by others without the "
+                              f"sticky bit (mode {stat.S_IMODE(st.st_mode):o}); "
+                              f"run: chmod 1777 {path}")
+
+
+def check_state_dir(path: str) -> None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"state directory {path} is not a directory (or is a symlink)")
+    if not _owner_ok(st):
+        raise UnsafeDirectory(f"state directory {path} is owned by uid {st.st_uid}, "
+                              "not root or the daemon's user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirectory(f"state directory {path} is writable by others "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}); run: chmod 755 {path}")
+
+
+def prepare(record_dir: str, state_dir: str) -> None:
+    """Create what is missing (record dir 1777, state dir 755), then check both."""
+    for path, mode, check in ((record_dir, 0o1777, check_record_dir),
+                              (state_dir, 0o755, check_state_dir)):
+        try:
+            if not os.path.lexists(path):
+                os.makedirs(path, exist_ok=True)
+                os.chmod(path, mode)  # explicit: makedirs is subject to the umask
+            check(path)
+        except PermissionError as err:
+            raise ConfigError(f"cannot create or use {path}: {err.strerror} "
+                              "(run as root, or pass a directory you own)") from None
+        except OSError as err:
+            raise ConfigError(f"cannot create or use {path}: {err.strerror}") from None

@@ -1,0 +1,97 @@
+"""The daemon's files in the state directory: the incident journal and the reboot flag.
+
+`incidents.jsonl` holds one JSON object per line, each written with a single
+`write` on an O_APPEND descriptor so a reader never sees half a line from a
+live daemon. `reboot-required` is a small JSON file replaced atomically; it
+stays until an operator runs `mlx-watchdog node clear-reboot`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+INCIDENTS = "incidents.jsonl"
+REBOOT_FLAG = "reboot-required"
+STATUS = "status.json"
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def append_incident(state_dir: str, incident: dict[str, Any]) -> None:
+    line = (json.dumps(incident, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(os.path.join(state_dir, INCIDENTS),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_incidents(state_dir: str) -> tuple[list[dict[str, Any]], int]:
+    """All well-formed incidents, oldest first, and how many lines were not."""
+    incidents: list[dict[str, Any]] = []
+    bad = 0
+    try:
+        with open(os.path.join(state_dir, INCIDENTS), "rb") as f:
+            for raw in f:
+                try:
+                    item = json.loads(raw)
+                except ValueError:
+                    bad += 1
+                    continue
+                if isinstance(item, dict):
+                    incidents.append(item)
+                else:
+                    bad += 1
+    except FileNotFoundError:
+        pass
+    return incidents, bad
+
+
+def reboot_flag(state_dir: str) -> dict[str, Any] | None:
+    """The reboot flag's contents, or None when the node is not flagged."""
+    path = os.path.join(state_dir, REBOOT_FLAG)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"reason": "reboot flag present but unreadable", "path": path}
+    return data if isinstance(data, dict) else {"reason": str(data)}
+
+
+def set_reboot_flag(state_dir: str, reason: str, **figures: Any) -> dict[str, Any]:
+    """Flag the node; an existing flag keeps its first reason and gains this one."""
+    flag = reboot_flag(state_dir) or {"reasons": []}
+    flag.setdefault("reasons", [])
+    flag["reasons"].append({"reason": reason, **figures})
+    flag["reason"] = flag["reasons"][0]["reason"]
+    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag)
+    return flag
+
+
+def clear_reboot_flag(state_dir: str) -> bool:
+    try:
+        os.unlink(os.path.join(state_dir, REBOOT_FLAG))
+    except FileNotFoundError:
+        return False
+    return True

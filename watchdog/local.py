@@ -1,0 +1,97 @@
+"""Rank state without a daemon: read the records and sample the processes here.
+
+Used by `status`, `inspect` and `watch` when no daemon publishes verdicts. It
+judges with the same detector as the daemon, over a short sampling window,
+and never signals anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from . import journal
+from .daemon import read_dir
+from .detector import Detector, Rules, Verdict
+from .probes import Probe, ProbeError, probe, same_process
+from .record import Record
+from .states import State
+from .view import rank_json
+
+SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
+
+
+def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
+                 probe_: Probe | None = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(ranks as status JSON, invalid files with the reason) for one directory."""
+    probe_ = probe_ or probe()
+    detector = Detector(rules)
+    found: list[tuple[Record, State, Verdict | None, str]] = []
+    invalid: dict[str, str] = {}
+    live: list[Record] = []
+    for path, rec, why, _ in read_dir(directory):
+        if rec is None:
+            invalid[path] = why
+            continue
+        try:
+            sample = probe_.sample(rec.pid)
+        except ProbeError as err:
+            invalid[path] = str(err)
+            continue
+        if sample is None:
+            found.append((rec, State.EXITED, None, "exited without closing its record"))
+        elif not same_process(sample, rec.start_time, rec.uid):
+            invalid[path] = f"stale: pid {rec.pid} is now another process"
+        else:
+            live.append(rec)
+    verdicts: dict[int, Verdict] = {}
+    for round_ in range(SAMPLES):
+        if round_:
+            time.sleep(pause)
+        for rec in live:
+            try:
+                sample = probe_.sample(rec.pid)
+            except ProbeError:
+                sample = None
+            if sample is not None:
+                verdicts[rec.pid] = detector.observe(_fresh(directory, rec), sample,
+                                                     time.monotonic_ns())
+    for rec in live:
+        verdict = verdicts.get(rec.pid)
+        state = verdict.state if verdict else State.EXITED
+        found.append((_fresh(directory, rec), state, verdict, ""))
+    found.sort(key=lambda f: (f[0].job, f[0].rank, f[0].pid))
+    return [rank_json(r, s, v, reason=why, source="sampled") for r, s, v, why in found], invalid
+
+
+def _fresh(directory: str, rec: Record) -> Record:
+    """The newest copy of a record (it changes while we sample)."""
+    from .daemon import read_record
+
+    newer, _, _ = read_record(os.path.join(directory, f"{rec.pid}.rec"))
+    return newer if newer is not None and newer.start_time == rec.start_time else rec
+
+
+def daemon_status(state_dir: str) -> dict[str, Any] | None:
+    """The running daemon's published snapshot, or None when it is absent or stale."""
+    try:
+        with open(os.path.join(state_dir, journal.STATUS)) as f:
+            snap = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(snap, dict):
+        return None
+    pid, interval, when = snap.get("daemon_pid"), snap.get("interval", 1), snap.get("time", 0)
+    if not isinstance(pid, int) or not isinstance(when, (int, float)):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # it exists, run by root
+    if time.time() - when > 3 * float(interval) + 5:
+        return None
+    return snap

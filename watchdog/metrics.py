@@ -1,0 +1,175 @@
+"""Prometheus metrics and the read-only HTTP endpoint.
+
+`SnapshotCollector` builds every family from the daemon's latest snapshot on
+each scrape, so ranks that go away disappear; nothing is registered at import
+time. `serve()` runs one `ThreadingHTTPServer` with three GET routes:
+`/metrics`, `/status` and `/healthz`. Every other method or path is refused;
+no request can change state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from .states import State
+
+log = logging.getLogger(__name__)
+P = "mlx_watchdog_"
+
+
+class SnapshotCollector:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        ranks = snap.get("ranks", [])
+        labels = ["job", "rank"]
+
+        state = GaugeMetricFamily(P + "rank_state", "1 for the rank's current state",
+                                  labels=[*labels, "state"])
+        per_rank: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "progress": CounterMetricFamily(P + "rank_progress", "Completed waits", labels=labels),
+            "collectives": CounterMetricFamily(P + "rank_collectives", "Collectives issued",
+                                               labels=labels),
+            "steps": CounterMetricFamily(P + "rank_steps", "User steps (hb.step)", labels=labels),
+            "seconds_since_progress": GaugeMetricFamily(
+                P + "rank_seconds_since_progress", "Seconds since a wait last returned",
+                labels=labels),
+            "deadline_seconds": GaugeMetricFamily(
+                P + "rank_deadline_seconds", "Deadline of the rank's current wait",
+                labels=labels),
+            "busiest_thread_cpu": GaugeMetricFamily(
+                P + "rank_busiest_thread_cpu_ratio",
+                "Share of one core used by the rank's busiest thread", labels=labels),
+        }
+        for r in ranks:
+            values = [str(r["job"]), str(r["rank"])]
+            for s in State:
+                state.add_metric([*values, s.value], 1.0 if r["state"] == s.value else 0.0)
+            for key, family in per_rank.items():
+                if r.get(key) is not None:
+                    family.add_metric(values, float(r[key]))
+        yield state
+        yield from per_rank.values()
+
+        counters = snap.get("counters", {})
+        stalls = CounterMetricFamily(P + "stalls", "Hangs acted on, by verdict",
+                                     labels=["verdict"])
+        for verdict, n in counters.get("stalls", {}).items():
+            stalls.add_metric([verdict], n)
+        yield stalls
+        kills = CounterMetricFamily(P + "kills", "Signals sent to end ranks", labels=["signal"])
+        for sig, n in counters.get("kills", {}).items():
+            kills.add_metric([sig], n)
+        yield kills
+        job_kills = CounterMetricFamily(P + "job_kills", "Ranks of a job the watchdog ended",
+                                        labels=["job"])
+        for job, n in counters.get("job_kills", {}).items():
+            job_kills.add_metric([job], n)
+        yield job_kills
+        yield GaugeMetricFamily(P + "node_reboot_required",
+                                "1 when the node must be rebooted (wired memory leak or "
+                                "an unkillable rank)", value=1.0 if snap.get("reboot_required")
+                                else 0.0)
+        if snap.get("wired_bytes") is not None:
+            yield GaugeMetricFamily(P + "wired_memory_bytes", "System wired memory",
+                                    value=float(snap["wired_bytes"]))
+        yield CounterMetricFamily(P + "invalid_records", "Unusable files seen in the record "
+                                  "directory", value=counters.get("invalid_records", 0))
+        yield CounterMetricFamily(P + "probe_errors", "Failed process or memory probes",
+                                  value=counters.get("probe_errors", 0))
+        bounds = snap.get("scan_bucket_bounds", [])
+        if bounds:
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, bounds), "+Inf"], counters["scan_buckets"],
+                                strict=False):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            yield HistogramMetricFamily(P + "scan_duration_seconds", "Time one scan took",
+                                        buckets=buckets, sum_value=counters["scan_sum"])
+        if snap.get("time"):
+            yield GaugeMetricFamily(P + "last_scan_timestamp_seconds",
+                                    "Unix time of the last completed scan", value=snap["time"])
+        info = GaugeMetricFamily(P + "build_info", "mlx-watchdog version", labels=["version"])
+        info.add_metric([str(snap.get("version", ""))], 1.0)
+        yield info
+
+
+def render(snapshot: Callable[[], dict[str, Any]]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "mlx-watchdog"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("http %s: " + format, self.client_address[0], *args)
+
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                self._send(200, render(self.server.snapshot),
+                           "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/status":
+                self._send(200, json.dumps(self.server.snapshot(), default=str).encode(),
+                           "application/json")
+            elif path == "/healthz":
+                ok = self.server.healthy()
+                self._send(200 if ok else 503, b"ok\n" if ok else b"no recent scan\n")
+            else:
+                self._send(404, b"not found\n")
+        except Exception:  # noqa: BLE001 - one bad request must not stop the endpoint
+            log.exception("serving %s failed", path)
+            self._send(500, b"internal error\n")
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def _refuse(self) -> None:
+        self._send(405, b"read-only endpoint\n")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
+                 healthy: Callable[[], bool]) -> None:
+        self.snapshot = snapshot
+        self.healthy = healthy
+        super().__init__(address, _Handler)
+
+
+def serve(address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
+          healthy: Callable[[], bool]) -> ThreadingHTTPServer:
+    """Start the endpoint on a background thread; returns the server (to shut down)."""
+    server = _Server(address, snapshot, healthy)
+    thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    thread.start()
+    return server

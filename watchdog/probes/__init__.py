@@ -1,0 +1,92 @@
+"""How the daemon and the CLI see processes and the machine: one seam per OS.
+
+`probe()` picks the platform once. Everything returns plain data; psutil's
+errors become `ProcessGone` or `ProbeError` here, so callers handle two cases.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+
+import psutil
+
+
+class ProbeError(Exception):
+    """A probe could not read something it should have (e.g. access denied)."""
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int
+    start_time: float  # psutil create_time, epoch seconds: with pid, the identity
+    uid: int  # real uid
+    status: str  # psutil status: "running", "sleeping", "stopped", "tracing-stop", "zombie"...
+    threads: tuple[tuple[int, float], ...]  # (thread id, user+system cpu seconds)
+
+
+STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+GONE_STATUSES = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
+
+
+class Probe:
+    """What every platform offers; subclasses fill in wired memory and evidence."""
+
+    name = "generic"
+
+    def sample(self, pid: int) -> ProcessSample | None:
+        """The process now, or None when it no longer exists (or is a zombie)."""
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                status = proc.status()
+                if status in GONE_STATUSES:
+                    return None
+                start_time = proc.create_time()
+                uid = proc.uids().real
+                try:
+                    threads = tuple((t.id, t.user_time + t.system_time) for t in proc.threads())
+                except psutil.AccessDenied:
+                    threads = ()
+        except psutil.NoSuchProcess:
+            return None
+        except psutil.AccessDenied as err:
+            raise ProbeError(f"access denied reading pid {pid}") from err
+        except OSError as err:  # a thread vanishing mid-read on some kernels
+            raise ProbeError(f"reading pid {pid}: {err}") from err
+        return ProcessSample(pid, start_time, uid, status, threads)
+
+    def wired_bytes(self) -> int | None:
+        return None
+
+    def stack_command(self, pid: int) -> list[str] | None:
+        """A native stack sampler for evidence, or None when none is installed."""
+        return None
+
+
+def same_process(sample: ProcessSample | None, start_time: float, uid: int) -> bool:
+    """The identity rule: same pid (implied), same start time, same owner."""
+    return (sample is not None and abs(sample.start_time - start_time) < 0.01
+            and sample.uid == uid)
+
+
+def _which(*names: str) -> str | None:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def probe() -> Probe:
+    """The probe for this platform."""
+    if sys.platform == "darwin":
+        from .macos import MacProbe
+
+        return MacProbe()
+    if sys.platform.startswith("linux"):
+        from .linux import LinuxProbe
+
+        return LinuxProbe()
+    return Probe()

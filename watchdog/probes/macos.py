@@ -1,0 +1,22 @@
+"""macOS: wired memory from the VM statistics; native stacks from `sample`."""
+
+from __future__ import annotations
+
+import psutil
+
+from . import Probe, ProbeError, _which
+
+
+class MacProbe(Probe):
+    name = "macos"
+
+    def wired_bytes(self) -> int | None:
+        try:
+            return int(psutil.virtual_memory().wired)  # type: ignore[attr-defined]
+        except (OSError, AttributeError) as err:
+            raise ProbeError(f"reading wired memory: {err}") from err
+
+    def stack_command(self, pid: int) -> list[str] | None:
+        sample = _which("sample")
+        # `sample PID 1`: one second of samples of every thread, to stdout.
+        return [sample, str(pid), "1"] if sample else None

@@ -1,0 +1,47 @@
+"""One rank as users see it: the JSON object of `status --json` and `/status`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .detector import Verdict
+from .record import Record
+from .states import Phase, State
+
+
+def current_op(record: Record) -> str:
+    """What the rank waits on: the blocking call, and the last collective issued."""
+    if record.phase not in (Phase.WAIT, Phase.INIT):
+        return ""
+    last = record.flight[-1] if record.flight else None
+    if record.phase == Phase.INIT or last is None:
+        return record.op
+    return f"{record.op} ({last.op} #{last.number})"
+
+
+def rank_json(record: Record, state: State, verdict: Verdict | None, *,
+              reason: str = "", source: str = "daemon") -> dict[str, Any]:
+    return {
+        "pid": record.pid,
+        "host": record.host,
+        "job": record.job,
+        "rank": record.rank,
+        "world_size": record.world_size,
+        "backend": record.backend,
+        "state": state.value,
+        "phase": record.phase.label,
+        "progress": record.waits_completed,
+        "collectives": record.collectives,
+        "steps": record.steps,
+        "seconds_since_progress": round(verdict.seconds_since_progress, 3) if verdict else None,
+        "seconds_in_wait": round(verdict.seconds_in_wait, 3) if verdict else None,
+        "deadline_seconds": round(verdict.deadline, 3) if verdict else None,
+        "busiest_thread_cpu": round(verdict.busiest_cpu, 3) if verdict else None,
+        "current_op": current_op(record),
+        "last_collective": ({"number": record.flight[-1].number, "op": record.flight[-1].op}
+                            if record.flight else None),
+        "expect": ({"seconds": record.expect_seconds, "reason": record.expect_reason}
+                   if record.expect_seconds > 0 else None),
+        "reason": reason or (verdict.reason if verdict else ""),
+        "source": source,
+    }
