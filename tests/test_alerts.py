@@ -58,22 +58,24 @@ def metric_names_in(text: str) -> set[str]:
     return set(METRIC_NAME.findall(text))
 
 
-def _promtool() -> str:
+def promtool_path() -> str:
+    """promtool, or a test failure saying how to install it (never a skip)."""
     path = shutil.which("promtool") or (
         "/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None
     )
     if path is None:
         pytest.fail(
             "promtool not found: install Debian's `prometheus` package "
-            "(apt-get install prometheus) to validate docs/alerts.yml",
+            "(apt-get install prometheus) to validate the alert rules and dashboard queries",
             pytrace=False,
         )
     return path
 
 
-def _run_promtool(*args: str) -> None:
+def run_promtool(*args: str) -> None:
+    """Run promtool from the repository root and require exit status 0."""
     proc = subprocess.run(
-        [_promtool(), *args],
+        [promtool_path(), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -102,11 +104,11 @@ def _rule_blocks() -> dict[str, str]:
 
 
 def test_promtool_check_rules():
-    _run_promtool("check", "rules", str(RULES.relative_to(ROOT)))
+    run_promtool("check", "rules", str(RULES.relative_to(ROOT)))
 
 
 def test_promtool_unit_tests():
-    _run_promtool("test", "rules", str(RULE_TESTS.relative_to(ROOT)))
+    run_promtool("test", "rules", str(RULE_TESTS.relative_to(ROOT)))
 
 
 def test_rules_use_only_exported_metrics():

@@ -7,6 +7,7 @@ itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -56,21 +57,31 @@ def cli() -> None:
 # -- run ------------------------------------------------------------------------
 
 
+def _settings_options(f: Any) -> Any:
+    """One option per setting, so every key of the TOML file is also a flag.
+
+    Values arrive as text and are checked by `config.build`, so a bad value
+    gets the same one-line message from the file or the command line.
+    """
+    from .config import HELP
+
+    for field in reversed(dataclasses.fields(Settings)):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "peers":
+            f = click.option(flag, multiple=True, default=None, help=HELP[field.name])(f)
+        else:
+            default = getattr(Settings(), field.name)
+            shown = "auto" if field.name == "deadline" else default
+            envvar = {"dir": DIR_ENV, "state_dir": STATE_ENV}.get(field.name)
+            f = click.option(flag, field.name, envvar=envvar,
+                             help=f"{HELP[field.name]} [{shown}]")(f)
+    return f
+
+
 @cli.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              envvar="MLX_WATCHDOG_CONFIG", help="TOML file (keys as below, dashes or _).")
-@click.option("--dir", "dir", envvar=DIR_ENV, help="Record directory.")
-@click.option("--state-dir", envvar=STATE_ENV, help="Journal, reboot flag, evidence.")
-@click.option("--interval", type=float, help="Seconds between scans [1].")
-@click.option("--deadline", type=Deadline(), help="Wait deadline in seconds, or auto [auto].")
-@click.option("--mode", type=click.Choice(["enforce", "observe"]), help="[enforce]")
-@click.option("--kill-scope", type=click.Choice(["job", "rank"]), help="[job]")
-@click.option("--listen", help="HOST:PORT of the HTTP endpoint [127.0.0.1:9753].")
-@click.option("--init-deadline", type=float, help="Deadline of mx.distributed.init [600].")
-@click.option("--blocked-deadline", type=float, help="Deadline of a quiet wait [900].")
-@click.option("--grace", type=float, help="Seconds between SIGTERM and SIGKILL [10].")
-@click.option("--kill-timeout", type=float, help="Seconds after SIGKILL before unkillable [10].")
-@click.option("--retention", type=float, help="Seconds a gone rank stays listed [60].")
+              envvar="MLX_WATCHDOG_CONFIG", help="TOML file (keys as the options below).")
+@_settings_options
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_path: str | None, log_level: str, **options: Any) -> None:
@@ -80,6 +91,7 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
     from .daemon import Daemon
     from .metrics import serve
 
+    options["peers"] = options.get("peers") or None
     settings = load(config_path, options)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s mlx-watchdog %(levelname)s %(message)s")
@@ -309,13 +321,12 @@ def _service_options(f: Any) -> Any:
 
 
 def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[str, Any]]:
-    import shutil
+    from . import service
 
     kind = _service_kind(launchd, systemd)
-    exe = shutil.which("mlx-watchdog") or os.path.join(os.path.dirname(sys.executable),
-                                                       "mlx-watchdog")
-    return kind, dict(executable=os.path.abspath(exe), config=config_path,
-                      record_dir=DEFAULT_RECORD_DIR, state_dir=DEFAULT_STATE_DIR)
+    return kind, dict(executable=service.script_path(), config=config_path,
+                      record_dir=service.DEFAULT_RECORD_DIR[kind],
+                      state_dir=service.DEFAULT_STATE_DIR[kind])
 
 
 @service.command("print")
@@ -341,11 +352,20 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     except ServiceError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"wrote {written}")
-    if kind == "launchd":
-        click.echo(f"load it with: sudo launchctl bootstrap system {written}")
-    else:
-        click.echo("load it with: sudo systemctl daemon-reload && "
-                   "sudo systemctl enable --now mlx-watchdog")
+    if path is None and not os.path.exists(config_path):
+        from .config import default_toml
+
+        try:
+            with open(config_path, "x") as f:
+                f.write(default_toml())
+            click.echo(f"wrote {config_path} (every key at its default)")
+        except OSError as err:
+            raise click.ClickException(f"cannot write {config_path}: {err.strerror}") from None
+    from .service import activation_commands
+
+    click.echo("load it with:")
+    for command in activation_commands(kind, written):
+        click.echo(f"  sudo {command}")
 
 
 @cli.command()

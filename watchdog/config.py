@@ -68,6 +68,33 @@ class Settings:
         return parse_listen(self.listen)
 
 
+HELP = {
+    "dir": "record directory the ranks publish into",
+    "state_dir": "journal, reboot flag, evidence and status.json",
+    "interval": "seconds between scans",
+    "deadline": "seconds a wait may last, or 'auto' to learn it per rank",
+    "auto_factor": "auto: the deadline is this many times the longest completed wait",
+    "auto_floor": "auto: never a deadline under this many seconds",
+    "auto_min_waits": "auto: completed waits needed before the learned deadline applies",
+    "auto_fallback": "auto: the deadline until then",
+    "init_deadline": "deadline of mx.distributed.init (connecting to every peer)",
+    "blocked_deadline": "a wait past its deadline with no thread spinning is ended after this",
+    "spin_ratio": "share of one core at which a thread counts as spinning",
+    "confirm": "scans in a row a rank must be due before it is acted on (at least 1)",
+    "mode": "enforce (signal hung ranks) or observe (report only)",
+    "kill_scope": "job (every local rank of a hung job) or rank (only the hung rank)",
+    "grace": "seconds between SIGTERM and SIGKILL",
+    "kill_timeout": "seconds after SIGKILL before a rank is declared unkillable",
+    "evidence_timeout": "seconds, in all, for stack dumps before signalling",
+    "wired_threshold": "bytes above the idle baseline that count as leaked wired memory",
+    "settle": "seconds wired memory gets to come back after a kill",
+    "retention": "seconds an ended rank stays in status and metrics",
+    "listen": "HOST:PORT of the HTTP endpoint (/metrics, /status, /healthz)",
+    "peers": "other nodes' daemons (HOST:PORT), for the cluster view",
+    "peer_timeout": "seconds to wait for each peer",
+    "secret": "shared secret for job fences between nodes (unset: fences off)",
+}
+
 KEYS = {f.name for f in dataclasses.fields(Settings)}
 POSITIVE = ("interval", "auto_factor", "auto_floor", "auto_fallback", "init_deadline",
             "blocked_deadline", "grace", "kill_timeout", "evidence_timeout", "settle",
@@ -179,3 +206,25 @@ def load_file(path: str) -> dict[str, Any]:
 
 def load(path: str | None, overrides: dict[str, Any]) -> Settings:
     return build(load_file(path) if path else {}, overrides)
+
+
+def default_toml() -> str:
+    """A config file listing every key with its default, commented out."""
+    lines = ["# mlx-watchdog configuration: every key is optional; shown with its default.",
+             "# Reference: docs/configuration.md", "[watchdog]"]
+    defaults = Settings()
+    for f in dataclasses.fields(Settings):
+        value = getattr(defaults, f.name)
+        if f.name == "deadline" and value is None:
+            value = "auto"
+        if value is None:
+            text = '""'
+        elif isinstance(value, str):
+            text = f'"{value}"'
+        elif isinstance(value, tuple):
+            text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+        else:
+            text = repr(value)
+        lines.append(f"# {HELP[f.name]}")
+        lines.append(f"# {f.name} = {text}")
+    return "\n".join(lines) + "\n"
