@@ -8,6 +8,9 @@ Modes:
   expect S        init, then every rank waits in a recv nobody sends, inside hb.expect(S)
   recv            rank 0 waits forever on a recv that rank 1 never sends; others idle
   shm MIB         lock a SysV SHM segment of MIB MiB (left behind), then loop
+  rounds N        N checked all_sum rounds with hb.step(), then exit 0 (a clean exit)
+  allops          one checked round of every ring collective (all_sum, all_gather,
+                  all_max, all_min, send/recv, send/recv_like), then idle forever
 """
 
 import sys
@@ -81,6 +84,49 @@ elif MODE == "recv":
     if rank == 0:
         mx.eval(mx.distributed.recv((4,), mx.float32, 1))
     else:
+        while True:
+            time.sleep(1)
+elif MODE == "rounds":
+    import os
+
+    for _ in range(int(ARG)):
+        one_round()
+        hb.step()
+    print(f"record {hb.path} exists={hb.path is not None and os.path.exists(hb.path)}",
+          flush=True)
+    time.sleep(0.5)  # let the peers finish their last collective before we hang up
+elif MODE == "allops":
+    x = mx.ones(6) * (rank + 1)
+    total = size * (size + 1) / 2
+    checks = {
+        "all_sum": (mx.distributed.all_sum(x), [total] * 6),
+        "all_gather": (mx.distributed.all_gather(x),
+                       [float(r + 1) for r in range(size) for _ in range(6)]),
+        "all_max": (mx.distributed.all_max(x), [float(size)] * 6),
+        "all_min": (mx.distributed.all_min(x), [1.0] * 6),
+    }
+    for name, (out, want) in checks.items():
+        mx.eval(out)
+        if out.tolist() != want:
+            print(f"WRONG {name}: {out.tolist()} != {want}", flush=True)
+            sys.exit(3)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    for kind in ("recv", "recv_like"):  # a chain from rank 0, so no rank waits on itself
+        if rank == 0:
+            mx.eval(mx.distributed.send(x, nxt))
+        if kind == "recv":
+            got = mx.distributed.recv((6,), mx.float32, prv)
+        else:
+            got = mx.distributed.recv_like(x, prv)
+        mx.eval(got)
+        if rank != 0:
+            mx.eval(mx.distributed.send(x, nxt))
+        if got.tolist() != [float(prv + 1)] * 6:
+            print(f"WRONG {kind}: {got.tolist()}", flush=True)
+            sys.exit(3)
+    hb.step()
+    print("allops done", flush=True)
+    with hb.idle():
         while True:
             time.sleep(1)
 else:

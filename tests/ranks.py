@@ -134,3 +134,75 @@ class RingJob:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class DaemonProc:
+    """The real daemon (`mlx-watchdog run`) as a subprocess with short timings."""
+
+    def __init__(self, record_dir: Path, state_dir: Path, *args: str, **options: object) -> None:
+        self.record_dir, self.state_dir = Path(record_dir), Path(state_dir)
+        defaults: dict[str, object] = dict(interval=0.25, deadline=2, grace=1, kill_timeout=3,
+                                           evidence_timeout=2, retention=60,
+                                           listen="127.0.0.1:0", blocked_deadline=30)
+        defaults.update(options)
+        self.argv = [sys.executable, "-m", "watchdog.cli", "run", "--dir", str(record_dir),
+                     "--state-dir", str(state_dir), "--log-level", "debug", *args]
+        for key, value in defaults.items():
+            self.argv += [f"--{key.replace('_', '-')}", str(value)]
+        self.log_path = self.state_dir.parent / f"daemon-{id(self)}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> DaemonProc:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        status = self.state_dir / "status.json"
+        if status.exists():
+            status.unlink()
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     env=base_env(self.record_dir), cwd=REPO)
+        log.close()
+        wait_for(lambda: self.alive() and status.exists(), 30, what="daemon's first scan")
+        return self
+
+    def alive(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited:\n{self.log()}")
+        return True
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def status(self) -> dict:
+        for _ in range(20):  # replaced atomically, but be patient with a slow writer
+            try:
+                return json.loads((self.state_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        raise AssertionError("status.json unreadable")
+
+    def ranks(self) -> dict[int, dict]:
+        return {r["pid"]: r for r in self.status()["ranks"]}
+
+    def incidents(self) -> list[dict]:
+        path = self.state_dir / "incidents.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> DaemonProc:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -34,7 +34,7 @@ from .view import rank_json
 log = logging.getLogger(__name__)
 
 MAX_FILES_PER_SCAN = 4096  # a directory filling with junk costs a bounded scan
-SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
 
 
@@ -200,6 +200,8 @@ class Daemon:
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec)
         self.ranks[rank.key] = rank
+        # Present from the job's first sight, so increase() sees its first kills.
+        self.counters.job_kills.setdefault(rec.job, 0)
         log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
                  rec.world_size, rec.backend or "?")
         return rank
@@ -362,7 +364,7 @@ class Daemon:
             "version": __version__,
             "mode": self.settings.mode,
             "interval": self.settings.interval,
-            "time": self.last_scan_wall,
+            "time": self.last_scan_wall or None,
             "started": self.started,
             "wired_bytes": self.wired,
             "wired_baseline_bytes": self.baseline,

@@ -241,12 +241,16 @@ class Enforcer:
                others_live: Callable[[], bool] = lambda: False) -> dict[str, Any]:
         """Run the whole response to one hung job; journal it; return the incident."""
         state_dir = self.settings.state_dir
-        incident["evidence"] = self.capture(incident["id"], targets)
+        incident["signals"] = []
         incident["wired_before"] = self._wired()
         if self.settings.mode == "observe":
+            # Observe signals nothing, not even the stack-dump signal, and does
+            # not ptrace: the thread CPU and flight recorder are the evidence.
+            incident["evidence"] = []
             incident["action"] = "observed (mode observe: nothing signalled)"
             incident["outcome"] = {}
         else:
+            incident["evidence"] = self.capture(incident["id"], targets)
             incident["action"] = "ended"
             outcome = self.end(incident, targets)
             incident["outcome"] = {str(pid): result for pid, result in outcome.items()}

@@ -83,7 +83,7 @@ def daemon_status(state_dir: str) -> dict[str, Any] | None:
         return None
     if not isinstance(snap, dict):
         return None
-    pid, interval, when = snap.get("daemon_pid"), snap.get("interval", 1), snap.get("time", 0)
+    pid, interval, when = snap.get("daemon_pid"), snap.get("interval", 1), snap.get("time") or 0
     if not isinstance(pid, int) or not isinstance(when, (int, float)):
         return None
     try:

@@ -101,9 +101,12 @@ class SnapshotCollector:
                 buckets.append((bound, cumulative))
             yield HistogramMetricFamily(P + "scan_duration_seconds", "Time one scan took",
                                         buckets=buckets, sum_value=counters["scan_sum"])
-        if snap.get("time"):
+        # Until the first scan completes, the start time: a daemon that never
+        # completes one still ages into the "not scanning" alert.
+        last_scan = snap.get("time") or snap.get("started")
+        if last_scan:
             yield GaugeMetricFamily(P + "last_scan_timestamp_seconds",
-                                    "Unix time of the last completed scan", value=snap["time"])
+                                    "Unix time of the last completed scan", value=last_scan)
         info = GaugeMetricFamily(P + "build_info", "mlx-watchdog version", labels=["version"])
         info.add_metric([str(snap.get("version", ""))], 1.0)
         yield info
