@@ -26,7 +26,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import record
-from .record import OP_CODE, RecordWriter
+from .record import (
+    ENTRY_WORDS,
+    FLIGHT_SLOTS,
+    OP_CODE,
+    W_COLLECTIVES,
+    W_COMPLETED,
+    W_ENTERED,
+    W_FLIGHT,
+    W_LAST_PROGRESS,
+    W_LAST_WAIT,
+    W_MAX_WAIT,
+    W_OP,
+    W_PHASE,
+    W_PHASE_SINCE,
+    W_SEQ,
+    W_WAIT_SINCE,
+    RecordWriter,
+)
 from .states import Phase
 
 DEFAULT_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
@@ -109,9 +126,16 @@ def dump_signal_from_env(env: dict[str, str] | os._Environ[str] = os.environ) ->
     return int(getattr(signal, name, 0))
 
 
-class Heartbeat:
-    """This process's counters and phase, mirrored into its record.
+INIT_OP = OP_CODE["init"]
+_RUNNING, _WAIT, _IDLE, _INIT = (int(p) for p in (Phase.RUNNING, Phase.WAIT, Phase.IDLE,
+                                                  Phase.INIT))
 
+
+class Heartbeat:
+    """This process's counters and phase, kept in its mapped record.
+
+    The record's hot words are the only copy of the counters: the hot path
+    updates them in place under a lock, with the sequence word odd meanwhile.
     A Heartbeat whose record could not be opened still works: every method is
     a no-op, so user code that calls `hb.step()` or `hb.idle()` runs the same.
     """
@@ -119,76 +143,81 @@ class Heartbeat:
     def __init__(self, writer: RecordWriter | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self._writer = writer
+        self._words: memoryview | None = writer.words if writer is not None else None
         self._clock = clock
         self._lock = threading.Lock()
-        self.collectives = 0
-        self.waits_entered = 0
-        self.waits_completed = 0
-        self.steps = 0
         self._wait_depth = 0
         self._init_depth = 0
         self._idle_depth = 0
-        self.phase = Phase.RUNNING
-        self._op = 0
-        now = clock()
-        self._phase_since = now
-        self._wait_since = 0
-        self._last_progress = now
-        self._last_wait = 0
-        self._max_wait = 0
         self._expects: list[tuple[float, int, str]] = []
         if writer is not None:
-            self._guarded(self._publish)
+            now = clock()
+            self._update(lambda w: _set_words(w, {record.W_PHASE: _RUNNING,
+                                                  record.W_PHASE_SINCE: now,
+                                                  record.W_LAST_PROGRESS: now}))
 
     @property
     def active(self) -> bool:
-        return self._writer is not None
+        return self._words is not None
 
     @property
     def path(self) -> str | None:
         return self._writer.path if self._writer is not None else None
 
-    # -- the hot path --------------------------------------------------------
+    def _word(self, index: int) -> int:
+        words = self._words
+        return int(words[index]) if words is not None else 0
 
-    def _publish(self) -> None:
-        writer = self._writer
-        if writer is None:
-            return
-        writer.begin()
-        writer.write_hot(self.collectives, self.waits_entered, self.waits_completed,
-                         self.steps, self.phase, self._op, self._phase_since,
-                         self._wait_since, self._last_progress, self._last_wait, self._max_wait)
-        writer.end()
+    @property
+    def collectives(self) -> int:
+        return self._word(record.W_COLLECTIVES)
 
-    def _set_phase(self, now: int) -> None:
+    @property
+    def waits_entered(self) -> int:
+        return self._word(record.W_ENTERED)
+
+    @property
+    def waits_completed(self) -> int:
+        return self._word(record.W_COMPLETED)
+
+    @property
+    def steps(self) -> int:
+        return self._word(record.W_STEPS)
+
+    @property
+    def phase(self) -> Phase:
+        return Phase(self._word(record.W_PHASE) or _RUNNING)
+
+    # -- the hot path: a few word stores under the lock ------------------------
+
+    def _phase_now(self) -> int:
         if self._idle_depth:
-            phase = Phase.IDLE
-        elif self._init_depth:
-            phase = Phase.INIT
-        elif self._wait_depth:
-            phase = Phase.WAIT
-        else:
-            phase = Phase.RUNNING
-        if phase != self.phase:
-            self.phase = phase
-            self._phase_since = now
+            return _IDLE
+        if self._init_depth:
+            return _INIT
+        return _WAIT if self._wait_depth else _RUNNING
 
     def enter_wait(self, op: int) -> int:
         """A blocking call starts; returns its start time for `exit_wait`."""
-        if self._writer is None:
+        w = self._words
+        if w is None:
             return 0
         try:
             now = self._clock()
             with self._lock:
-                self.waits_entered += 1
+                w[W_SEQ] += 1
+                w[W_ENTERED] += 1
                 self._wait_depth += 1
+                if self._wait_depth == 1:
+                    w[W_WAIT_SINCE] = now
+                    w[W_OP] = op
                 if op == INIT_OP:
                     self._init_depth += 1
-                if self._wait_depth == 1:
-                    self._wait_since = now
-                    self._op = op
-                self._set_phase(now)
-                self._publish()
+                phase = self._phase_now()
+                if w[W_PHASE] != phase:
+                    w[W_PHASE] = phase
+                    w[W_PHASE_SINCE] = now
+                w[W_SEQ] += 1
             return now
         except Exception as err:  # noqa: BLE001 - never into the user's program
             self._fail(err)
@@ -196,48 +225,57 @@ class Heartbeat:
 
     def exit_wait(self, started: int, op: int) -> None:
         """The blocking call returned (or raised): that is progress."""
-        if self._writer is None or not started:
+        w = self._words
+        if w is None or not started:
             return
         try:
             now = self._clock()
             with self._lock:
-                self.waits_completed += 1
-                self._wait_depth = max(0, self._wait_depth - 1)
+                w[W_SEQ] += 1
+                w[W_COMPLETED] += 1
+                w[W_LAST_PROGRESS] = now
+                if self._wait_depth > 0:
+                    self._wait_depth -= 1
                 if op == INIT_OP:
                     self._init_depth = max(0, self._init_depth - 1)
                 else:
-                    self._last_wait = now - started
-                    if self._last_wait > self._max_wait:
-                        self._max_wait = self._last_wait
-                self._last_progress = now
-                # Another thread may still wait: progress restarts its clock,
-                # which can only delay a verdict, never hasten one.
-                self._wait_since = now if self._wait_depth else 0
-                if not self._wait_depth:
-                    self._op = 0
-                self._set_phase(now)
-                self._publish()
+                    last = w[W_LAST_WAIT] = now - started
+                    if last > w[W_MAX_WAIT]:
+                        w[W_MAX_WAIT] = last
+                if self._wait_depth:
+                    # Another thread still waits: progress restarts its clock,
+                    # which can only delay a verdict, never hasten one.
+                    w[W_WAIT_SINCE] = now
+                else:
+                    w[W_WAIT_SINCE] = 0
+                    w[W_OP] = 0
+                phase = self._phase_now()
+                if w[W_PHASE] != phase:
+                    w[W_PHASE] = phase
+                    w[W_PHASE_SINCE] = now
+                w[W_SEQ] += 1
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
     def collective(self, op: int, out: Any) -> None:
         """A collective was issued: count it and add it to the flight recorder."""
-        writer = self._writer
-        if writer is None:
+        w = self._words
+        if w is None:
             return
         try:
             nbytes = out.nbytes
-            dtype = _DTYPE_CODES.get(out.dtype, 0)
+            kind = op | _DTYPE_CODES.get(out.dtype, 0) << 16
             now = self._clock()
             with self._lock:
-                self.collectives += 1
-                writer.begin()
-                writer.write_entry(self.collectives, now, nbytes, op, dtype)
-                writer.write_hot(self.collectives, self.waits_entered, self.waits_completed,
-                                 self.steps, self.phase, self._op, self._phase_since,
-                                 self._wait_since, self._last_progress, self._last_wait,
-                                 self._max_wait)
-                writer.end()
+                w[W_SEQ] += 1
+                number = w[W_COLLECTIVES] + 1
+                base = W_FLIGHT + (number % FLIGHT_SLOTS) * ENTRY_WORDS
+                w[base] = number
+                w[base + 1] = now
+                w[base + 2] = nbytes
+                w[base + 3] = kind
+                w[W_COLLECTIVES] = number
+                w[W_SEQ] += 1
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
@@ -245,14 +283,7 @@ class Heartbeat:
 
     def step(self) -> None:
         """One unit of user progress (a training step, a generated token)."""
-        if self._writer is None:
-            return
-        try:
-            with self._lock:
-                self.steps += 1
-                self._publish()
-        except Exception as err:  # noqa: BLE001
-            self._fail(err)
+        self._update(lambda w: _set_words(w, {record.W_STEPS: w[record.W_STEPS] + 1}))
 
     @contextlib.contextmanager
     def idle(self) -> Iterator[None]:
@@ -266,76 +297,85 @@ class Heartbeat:
     @contextlib.contextmanager
     def expect(self, seconds: float, reason: str = "") -> Iterator[None]:
         """This stretch may take up to `seconds`: waits inside get that deadline."""
-        self._change(lambda: self._push_expect(float(seconds), reason))
+        seconds = float(seconds)
+        if not seconds >= 0:
+            raise ValueError(f"expect() needs seconds >= 0, got {seconds}")
+        self._change(lambda: self._expects.append((seconds, self._clock(), reason)))
         try:
             yield
         finally:
             self._change(self._pop_expect)
-
-    def _push_expect(self, seconds: float, reason: str) -> None:
-        if not seconds >= 0:
-            raise ValueError(f"expect() needs seconds >= 0, got {seconds}")
-        self._expects.append((seconds, self._clock(), reason))
 
     def _pop_expect(self) -> None:
         if self._expects:
             self._expects.pop()
 
     def _change(self, change: Callable[[], None]) -> None:
-        if self._writer is None:
+        """Apply a change to the idle depth or expect stack, and publish it."""
+        def publish(w: memoryview) -> None:
+            change()
+            now = self._clock()
+            phase = self._phase_now()
+            if w[record.W_PHASE] != phase:
+                _set_words(w, {record.W_PHASE: phase, record.W_PHASE_SINCE: now})
+            seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
+            assert self._writer is not None
+            self._writer.write_expect(seconds, since, reason)
+
+        self._update(publish)
+
+    def _update(self, apply: Callable[[memoryview], None]) -> None:
+        """Run `apply` on the words under the lock and the seqlock; never raise."""
+        w = self._words
+        if w is None:
             return
         try:
             with self._lock:
-                change()
-                now = self._clock()
-                self._set_phase(now)
-                writer = self._writer
-                seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
-                writer.begin()
-                writer.write_expect(seconds, since, reason)
-                writer.end()
-                self._publish()
+                w[W_SEQ] += 1
+                try:
+                    apply(w)
+                finally:
+                    w[W_SEQ] += 1
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
     # -- identity and lifetime -----------------------------------------------
 
     def set_group(self, rank: int, world_size: int, backend: str | None) -> None:
-        if self._writer is None:
+        writer = self._writer
+        if self._words is None or writer is None:
             return
         try:
             with self._lock:
-                self._writer.set_identity(rank=rank, world_size=world_size, backend=backend)
-        except Exception as err:  # noqa: BLE001
-            self._fail(err)
-
-    def _guarded(self, action: Callable[[], None]) -> None:
-        try:
-            with self._lock:
-                action()
+                writer.set_identity(rank=rank, world_size=world_size, backend=backend)
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
     def _fail(self, err: BaseException) -> None:
-        writer, self._writer = self._writer, None
+        writer, self._writer, self._words = self._writer, None, None
         _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close(record.STATUS_ERROR, remove=False)
 
     def close(self, status: int = record.STATUS_CLOSED) -> None:
-        writer, self._writer = self._writer, None
+        with self._lock:
+            writer, self._writer, self._words = self._writer, None, None
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close(status)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
-        self._writer = None
+        self._writer = self._words = None
         self._lock = threading.Lock()
 
 
-INIT_OP = OP_CODE["init"]
+def _set_words(words: memoryview, values: dict[int, int]) -> None:
+    for index, value in values.items():
+        words[index] = value
+
+
 _DTYPE_CODES: dict[Any, int] = {}
 
 _current: Heartbeat | None = None
@@ -346,22 +386,26 @@ _install_lock = threading.Lock()
 
 
 def _wrap_wait(hb: Heartbeat, original: Any, op: int) -> Any:
+    enter, leave = hb.enter_wait, hb.exit_wait  # bound once: the hot path is short
+
     @functools.wraps(original)
     def wait(*args: Any, **kwargs: Any) -> Any:
-        started = hb.enter_wait(op)
+        started = enter(op)
         try:
             return original(*args, **kwargs)
         finally:
-            hb.exit_wait(started, op)
+            leave(started, op)
 
     return wait
 
 
 def _wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
+    issued = hb.collective
+
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        hb.collective(op, out)
+        issued(op, out)
         return out
 
     return collective

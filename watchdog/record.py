@@ -27,16 +27,16 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
                  216  Q       waits entered
                  224  Q       waits completed (progress)
                  232  Q       user steps (hb.step)
-                 240  I       phase (states.Phase)
-                 244  I       op waited on (index into OPS)
-                 248  Q       phase since (CLOCK_MONOTONIC ns)
-                 256  Q       current wait started (monotonic ns, 0: none)
-                 264  Q       last progress (monotonic ns)
-                 272  Q       duration of the last completed wait (ns)
-                 280  Q       longest completed wait, init excluded (ns)
-    expect       288  d       expect window seconds (0: none)
-                 296  Q       expect window started (monotonic ns)
-                 304  48s     expect reason
+                 240  Q       phase (states.Phase)
+                 248  Q       op waited on (index into OPS)
+                 256  Q       phase since (CLOCK_MONOTONIC ns)
+                 264  Q       current wait started (monotonic ns, 0: none)
+                 272  Q       last progress (monotonic ns)
+                 280  Q       duration of the last completed wait (ns)
+                 288  Q       longest completed wait, init excluded (ns)
+    expect       296  d       expect window seconds (0: none)
+                 304  Q       expect window started (monotonic ns)
+                 312  48s     expect reason
     flight       512  64 entries of 32 bytes, entry i = collective number % 64:
                    +0 Q       collective number (1-based; 0: empty slot)
                    +8 Q       issued at (monotonic ns)
@@ -44,6 +44,10 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
                   +24 H       op (index into OPS)
                   +26 H       dtype (index into DTYPES)
                   +28 I       reserved (0)
+
+The hot region is all 8-byte words, 8-byte aligned, so the rank's hot path
+updates single words through a memoryview (each an atomic aligned store)
+instead of packing whole structs.
 
 Consistency: the writer makes `seq` odd, writes, then makes it even. A reader
 copies the whole record, re-reads `seq`, and accepts the copy only when both
@@ -112,21 +116,28 @@ STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR = 0, 1, 2
 
 IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
-HOT = struct.Struct("<QQQQIIQQQQQ")
+HOT = struct.Struct("<11Q")
 EXPECT = struct.Struct("<dQ48s")
 ENTRY = struct.Struct("<QQQHHI")
 
 IDENTITY_OFFSET = 0
 SEQ_OFFSET = 200
 HOT_OFFSET = 208
-EXPECT_OFFSET = 288
+EXPECT_OFFSET = 296
 FLIGHT_OFFSET = 512
 STATUS_OFFSET = 48
 
 assert IDENTITY.size == SEQ_OFFSET
-assert HOT_OFFSET + HOT.size == EXPECT_OFFSET
+assert HOT_OFFSET + HOT.size == EXPECT_OFFSET and SEQ_OFFSET + SEQ.size == HOT_OFFSET
 assert EXPECT_OFFSET + EXPECT.size <= FLIGHT_OFFSET
 assert FLIGHT_OFFSET + FLIGHT_SLOTS * ENTRY.size <= RECORD_SIZE
+
+# Word indices (offset / 8) of the hot region, for `RecordWriter.words`.
+W_SEQ = SEQ_OFFSET // 8
+(W_COLLECTIVES, W_ENTERED, W_COMPLETED, W_STEPS, W_PHASE, W_OP, W_PHASE_SINCE, W_WAIT_SINCE,
+ W_LAST_PROGRESS, W_LAST_WAIT, W_MAX_WAIT) = range(HOT_OFFSET // 8, HOT_OFFSET // 8 + 11)
+W_FLIGHT = FLIGHT_OFFSET // 8
+ENTRY_WORDS = ENTRY.size // 8
 
 READ_ATTEMPTS = 200
 
@@ -279,7 +290,7 @@ class RecordWriter:
             raise
         os.close(fd)
         self.path = path
-        self.seq = 0
+        self.words = memoryview(self._map).cast("Q")  # the hot path writes words
         self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
                               backend=backend, dump_signal=dump_signal)
         self.set_identity(rank=rank, world_size=world_size)
@@ -301,16 +312,15 @@ class RecordWriter:
 
     # The seqlock. `begin` and `end` bracket every write.
     def begin(self) -> None:
-        self.seq += 1
-        SEQ.pack_into(self._map, SEQ_OFFSET, self.seq)
+        self.words[W_SEQ] += 1
 
     def end(self) -> None:
-        self.seq += 1
-        SEQ.pack_into(self._map, SEQ_OFFSET, self.seq)
+        self.words[W_SEQ] += 1
 
     def write_hot(self, *values: int) -> None:
         """Write the hot region (HOT's fields in order) between begin and end."""
         HOT.pack_into(self._map, HOT_OFFSET, *values)
+
 
     def write_entry(self, number: int, issued_ns: int, nbytes: int, op: int, dtype: int) -> None:
         ENTRY.pack_into(self._map, FLIGHT_OFFSET + (number % FLIGHT_SLOTS) * ENTRY.size,
@@ -324,6 +334,7 @@ class RecordWriter:
         self.begin()
         struct.pack_into("<I", self._map, STATUS_OFFSET, status)
         self.end()
+        self.words.release()
         self._map.close()
         if remove:
             try:
