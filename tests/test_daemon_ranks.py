@@ -110,7 +110,7 @@ def test_expect_extends_the_deadline_then_the_rank_dies(tmp_path, record_dir, st
         assert all(p.poll() is None for p in job.procs), "killed inside the expect window"
         assert {r["deadline_seconds"] for r in daemon.ranks().values()} == {5}
         wait_for(lambda: all_exited(job), 30, what="the ranks ended after the window")
-        inc = daemon.incidents()[-1]
+        inc = wait_for(daemon.incidents, 10, what="the incident")[-1]
         assert min(r["seconds_in_wait"] for r in inc["ranks"]) >= 5
 
 
