@@ -135,7 +135,9 @@ def _coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
         return value
     if key == "secret":
-        if value is not None and (not isinstance(value, str) or len(value) < 16):
+        if value is None or value == "":  # "" is how default_toml() (and TOML) spells unset
+            return None
+        if not isinstance(value, str) or len(value) < 16:
             raise ConfigError("secret must be a string of at least 16 characters")
         return value
     if key == "peers":
@@ -144,7 +146,10 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             raise ConfigError(f"peers must be a list of HOST:PORT strings, got {value!r}")
         for peer in value:
-            parse_listen(peer)
+            try:
+                parse_listen(peer)
+            except ConfigError:
+                raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}") from None
         return tuple(value)
     if key in ("auto_min_waits", "confirm", "wired_threshold"):
         number = _number(key, value, float)
@@ -199,6 +204,10 @@ def load_file(path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     section = data.get("watchdog", data)  # keys at the top, or under [watchdog]
+    outside = sorted(k for k in data if k != "watchdog") if "watchdog" in data else []
+    if outside:
+        raise ConfigError(f"config file {path}: {', '.join(outside)} must go under [watchdog] "
+                          "(or drop the [watchdog] header)")
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: [watchdog] must be a table")
     return section

@@ -12,6 +12,7 @@ Only a wait that does not return is judged. A rank outside a wait, or inside
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from .probes import STOPPED_STATUSES, ProcessSample
@@ -19,6 +20,7 @@ from .record import Record
 from .states import Phase, State
 
 NS = 1_000_000_000
+BUSY_WINDOW = 32
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,11 @@ class Track:
     """What the detector remembers about one rank between ticks."""
 
     cpu: dict[int, float] = field(default_factory=dict)
-    cpu_at_ns: int = 0
+    cpu_at_ns: int | None = None
     wait_key: tuple[int, int] = (0, 0)  # (wait started, waits completed): one wait
-    busy: list[float] = field(default_factory=list)  # busiest-thread ratios in this wait
+    # Busiest-thread ratios over the latest ticks of this wait (bounded: a wait
+    # can last days under observe mode or a stopped peer).
+    busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
     due_ticks: int = 0
     busiest: float = 0.0
 
@@ -88,7 +92,7 @@ def deadline_for(record: Record, rules: Rules) -> float:
     return max(rules.auto_floor, rules.auto_factor * record.max_wait_ns / NS)
 
 
-def _median(values: list[float]) -> float:
+def _median(values: deque[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else 0.0
 
@@ -106,7 +110,8 @@ class Detector:
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
         cpu = dict(sample.threads)
-        if track.cpu_at_ns:
+        measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
+        if track.cpu_at_ns is not None:
             track.busiest = busiest_ratio(track.cpu, cpu, (now_ns - track.cpu_at_ns) / NS)
         track.cpu, track.cpu_at_ns = cpu, now_ns
 
@@ -120,8 +125,9 @@ class Detector:
 
         wait_key = (record.wait_since_ns, record.waits_completed) if waiting else (0, 0)
         if wait_key != track.wait_key:  # a new wait, or none: nothing carried over
-            track.wait_key, track.busy, track.due_ticks = wait_key, [], 0
-        if waiting and track.cpu_at_ns and cpu:
+            track.wait_key, track.due_ticks = wait_key, 0
+            track.busy.clear()
+        if waiting and measured and cpu:
             track.busy.append(track.busiest)
 
         if sample.status in STOPPED_STATUSES:
