@@ -56,10 +56,14 @@ def base_env(record_dir: Path | str, **extra: str) -> dict[str, str]:
 class RingJob:
     """`size` ranks of tests/rank_prog.py in MODE, each its own process."""
 
-    def __init__(self, workdir: Path, record_dir: Path | str, size: int = 3, mode: str = "loop",
-                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, record_dir: Path | str | list[Path], size: int = 3,
+                 mode: str = "loop", args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
+        """`record_dir` may be a list: one directory per rank (one per simulated node)."""
         self.workdir = Path(workdir)
-        self.record_dir = Path(record_dir)
+        dirs = record_dir if isinstance(record_dir, list) else [Path(record_dir)] * size
+        self.record_dirs = [Path(d) for d in dirs]
+        self.record_dir = self.record_dirs[0]
         self.size = size
         self.mode = mode
         self.args = args
@@ -71,8 +75,8 @@ class RingJob:
         hostfile = self.workdir / f"hosts-{id(self)}.json"
         hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(self.size)]))
         for rank in range(self.size):
-            env = base_env(self.record_dir, MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank),
-                           **self.extra_env)
+            env = base_env(self.record_dirs[rank], MLX_HOSTFILE=str(hostfile),
+                           MLX_RANK=str(rank), **self.extra_env)
             log = open(self.workdir / f"rank{rank}-{id(self)}.log", "wb")  # noqa: SIM115
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(RANK_PROG), self.mode, *self.args], env=env,
@@ -90,9 +94,9 @@ class RingJob:
     def records(self) -> dict[int, record.Record]:
         """The readable records of this job's live processes, by rank."""
         out = {}
-        for p in self.procs:
+        for rank, p in enumerate(self.procs):
             try:
-                rec = record.read_path(str(self.record_dir / f"{p.pid}{record.SUFFIX}"))
+                rec = record.read_path(str(self.record_dirs[rank] / f"{p.pid}{record.SUFFIX}"))
             except record.RecordError:
                 continue
             out[rec.rank] = rec
@@ -138,6 +142,15 @@ class RingJob:
 
 class DaemonProc:
     """The real daemon (`mlx-watchdog run`) as a subprocess with short timings."""
+
+    def url(self) -> str:
+        """http://HOST:PORT of the daemon's endpoint, from its startup log line."""
+        import re
+
+        found = wait_for(lambda: re.search(r"serving /metrics /status /healthz on "
+                                           r"(http://[\d.]+:\d+)", self.log()), 15,
+                         what="the daemon's listen address")
+        return found.group(1)
 
     def __init__(self, record_dir: Path, state_dir: Path, *args: str, **options: object) -> None:
         self.record_dir, self.state_dir = Path(record_dir), Path(state_dir)

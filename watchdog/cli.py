@@ -72,7 +72,8 @@ def _settings_options(f: Any) -> Any:
         else:
             default = getattr(Settings(), field.name)
             shown = "auto" if field.name == "deadline" else default
-            envvar = {"dir": DIR_ENV, "state_dir": STATE_ENV}.get(field.name)
+            envvar = {"dir": DIR_ENV, "state_dir": STATE_ENV,
+                      "secret": "MLX_WATCHDOG_SECRET"}.get(field.name)
             f = click.option(flag, field.name, envvar=envvar,
                              help=f"{HELP[field.name]} [{shown}]")(f)
     return f
@@ -98,7 +99,8 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
     dirs.prepare(settings.dir, settings.state_dir)
     daemon = Daemon(settings)
     try:
-        server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy)
+        server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
+                       daemon.fence_request if settings.secret else None)
     except OSError as err:
         raise click.ClickException(f"cannot listen on {settings.listen}: {err.strerror}") from None
     logging.getLogger("watchdog").info("serving /metrics /status /healthz on http://%s:%s",
@@ -366,6 +368,46 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     click.echo("load it with:")
     for command in activation_commands(kind, written):
         click.echo(f"  sudo {command}")
+
+
+@cli.group()
+def cluster() -> None:
+    """Every node's ranks, lined up by job: which rank holds a job up."""
+
+
+@cluster.command("status")
+@click.argument("peers", nargs=-1)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="MLX_WATCHDOG_CONFIG", help="Take the peers from this config file.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds to wait for each node.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: float,
+                   as_json: bool, watch: bool, interval: float) -> None:
+    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung."""
+    from . import cluster as cluster_view
+    from .config import load, parse_listen
+
+    for peer in peers:
+        parse_listen(peer)
+    if not peers:
+        peers = load(config_path, {}).peers if config_path else ()
+    if not peers:
+        raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
+    while True:
+        view = cluster_view.analyze(cluster_view.gather(peers, timeout))
+        if as_json:
+            click.echo(json.dumps(view, indent=1))
+        else:
+            prefix = "\x1b[H\x1b[2J" if watch else ""
+            click.echo(prefix + cluster_view.render_text(view))
+        if not watch:
+            break
+        time.sleep(interval)
+    if any(job["state"] == "hung" for job in view["jobs"]):
+        sys.exit(1)
 
 
 @cli.command()

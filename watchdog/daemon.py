@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__, journal, record
+from . import __version__, cluster, fence, journal, record
 from .config import Settings
 from .detector import Detector, Verdict
 from .enforcer import SENT, Enforcer, Signaller, Target
@@ -131,6 +131,9 @@ class Daemon:
         self.started = wall()
         self.snapshot: dict[str, Any] = {}
         self.stop_event = threading.Event()
+        # The scan and an incoming fence (HTTP thread) both touch the rank table.
+        self.lock = threading.RLock()
+        self.nonces = fence.NonceCache()
 
     # -- one tick --------------------------------------------------------------
 
@@ -145,6 +148,10 @@ class Daemon:
             log.warning("skipping %r: %s", path, why)
 
     def scan(self) -> None:
+        with self.lock:
+            self._scan()
+
+    def _scan(self) -> None:
         started = time.monotonic()
         now_ns = self.clock_ns()
         now = now_ns / 1e9
@@ -214,6 +221,9 @@ class Daemon:
                        else "exited")
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
+        if crashed and rank.record.world_size > 1:
+            self._fence_peers(rank.record.job, f"rank {rank.record.rank} died without "
+                              "closing its record", self._culprit_of(rank, "died"))
 
     def _expire(self, now: float) -> None:
         """Forget ranks that have been final for `retention`; remove their records."""
@@ -252,14 +262,23 @@ class Daemon:
 
     # -- acting ----------------------------------------------------------------
 
-    def _escalate(self, job: str, due: list[Rank]) -> None:
+    def _culprit_of(self, rank: Rank, why: str) -> dict[str, Any]:
+        return {"host": self.host, "rank": rank.record.rank, "pid": rank.record.pid,
+                "state": rank.state.value, "reason": why}
+
+    def _escalate(self, job: str, due: list[Rank], fenced: dict[str, Any] | None = None) -> None:
         local = [r for r in self.ranks.values()
                  if r.record.job == job and r.state not in FINAL and not r.escalating]
-        targets = local if self.settings.kill_scope == "job" else due
+        targets = local if self.settings.kill_scope == "job" or fenced else due
+        if not targets:
+            return
         stopped = [r for r in local if r.state == State.STOPPED]
         worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
-        verdict = "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
-        self.counters.stalls[verdict] += 1
+        if fenced is not None:
+            verdict = "fenced"
+        else:
+            verdict = "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
+            self.counters.stalls[verdict] += 1
         incident: dict[str, Any] = {
             "id": time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall()))
             + "-" + uuid.uuid4().hex[:6],
@@ -269,7 +288,8 @@ class Daemon:
             "verdict": verdict,
             "mode": self.settings.mode,
             "kill_scope": self.settings.kill_scope,
-            "reason": worst.reason,
+            "reason": (f"peer {fenced.get('origin')} fenced the job: {fenced.get('reason')}"
+                       if fenced is not None else worst.reason),
             "ranks": [self._incident_rank(r) for r in targets],
             "pids": [r.record.pid for r in targets],
             "seconds_without_progress": max(
@@ -279,10 +299,9 @@ class Daemon:
             "flight_recorder_tail": {str(r.record.rank): [
                 {"number": c.number, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes}
                 for c in r.record.flight[-8:]] for r in due},
-            "culprit": ({"host": self.host, "rank": stopped[0].record.rank,
-                         "pid": stopped[0].record.pid, "state": "stopped",
-                         "reason": "stopped (SIGSTOP or traced) while its peers wait"}
-                        if stopped else None),
+            "culprit": (fenced.get("culprit") if fenced is not None else
+                        self._culprit_of(stopped[0], "stopped (SIGSTOP or traced) while its "
+                                         "peers wait") if stopped else None),
         }
         log.error("job %s: %s; %s %s ranks %s", job, worst.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
@@ -295,9 +314,61 @@ class Daemon:
         def others_live() -> bool:
             return any(r.state not in FINAL for r in others)
 
+        view = None
+        if self.settings.peers and fenced is None:
+            def view() -> dict[str, Any] | None:
+                return self.cluster_view(job)
+
         future = self.executor.submit(self.enforcer.handle, incident,
-                                      [r.target() for r in targets], self.baseline, others_live)
+                                      [r.target() for r in targets], self.baseline, others_live,
+                                      cluster=view, evidence=fenced is None)
         self.pending[future] = keys
+
+    # -- the cluster: views and fences -------------------------------------------
+
+    def cluster_view(self, job: str) -> dict[str, Any] | None:
+        """This job across every node (peers asked within peer_timeout), or None."""
+        nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+        nodes.append({"peer": "local", "ok": True, "status": self.snapshot})
+        for view in cluster.analyze(nodes)["jobs"]:
+            if view["job"] == job:
+                return {"culprit": view["culprit"], "evidence": view["evidence"],
+                        "unreachable": [n["peer"] for n in nodes if not n["ok"]]}
+        return None
+
+    def _fence_peers(self, job: str, reason: str, culprit: dict[str, Any] | None) -> None:
+        """Tell the peers to end their ranks of `job` (only with a shared secret)."""
+        secret, peers = self.settings.secret, self.settings.peers
+        if not secret or not peers:
+            return
+        log.info("fencing job %s on %s: %s", job, ", ".join(peers), reason)
+
+        def sent(future: Future[list[dict[str, Any]]]) -> None:
+            for answer in future.result():
+                log.info("fence of job %s to %s: %s", job, answer["peer"],
+                         answer.get("answer") if answer["ok"] else answer.get("error"))
+
+        self.executor.submit(fence.send, peers, secret, job, self.host, reason, culprit,
+                             self.settings.peer_timeout).add_done_callback(sent)
+
+    def fence_request(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
+        """An incoming `POST /fence`: authenticate, then end our ranks of that job."""
+        if not self.settings.secret:
+            return 403, {"error": "fences are off (no secret configured)"}
+        try:
+            request = fence.verify(self.settings.secret, headers, body, self.nonces)
+        except fence.FenceRejected as err:
+            log.warning("refused a fence: %s", err)
+            return 401, {"error": str(err)}
+        job = request["job"]
+        with self.lock:
+            ranks = [r for r in self.ranks.values()
+                     if r.record.job == job and r.state not in FINAL and not r.escalating]
+            log.warning("fence from %s: ending %s local ranks of job %s (%s)",
+                        request.get("origin"), len(ranks), job, request.get("reason"))
+            if ranks:
+                self._escalate(job, ranks, fenced=request)
+        return 202, {"job": job, "ending": sorted(r.record.pid for r in ranks)}
 
     def _incident_rank(self, rank: Rank) -> dict[str, Any]:
         v = rank.verdict
@@ -323,6 +394,9 @@ class Daemon:
             for sig in incident.get("signals", []):
                 if sig["result"] == SENT and sig["signal"] in self.counters.kills:
                     self.counters.kills[sig["signal"]] += 1
+            if incident.get("verdict") != "fenced" and "killed" in incident["outcome"].values():
+                self._fence_peers(incident["job"], f"{incident['verdict']}: "
+                                  f"{incident['reason']}", incident.get("culprit"))
             for key in keys:
                 rank = self.ranks.get(key)
                 if rank is None:

@@ -238,11 +238,23 @@ class Enforcer:
 
     def handle(self, incident: dict[str, Any], targets: list[Target],
                baseline: int | None = None,
-               others_live: Callable[[], bool] = lambda: False) -> dict[str, Any]:
-        """Run the whole response to one hung job; journal it; return the incident."""
+               others_live: Callable[[], bool] = lambda: False,
+               cluster: Callable[[], dict[str, Any] | None] | None = None,
+               evidence: bool = True) -> dict[str, Any]:
+        """Run the whole response to one hung job; journal it; return the incident.
+
+        `cluster` asks the peers which rank holds the job up (bounded by the
+        peer timeout); `evidence=False` skips stack dumps (a fenced job is
+        known dead, and its peers wait on its end).
+        """
         state_dir = self.settings.state_dir
         incident["signals"] = []
         incident["wired_before"] = self._wired()
+        if cluster is not None:
+            try:
+                incident["cluster"] = cluster()
+            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
+                incident["cluster"] = {"error": str(err)}
         if self.settings.mode == "observe":
             # Observe signals nothing, not even the stack-dump signal, and does
             # not ptrace: the thread CPU and flight recorder are the evidence.
@@ -250,7 +262,7 @@ class Enforcer:
             incident["action"] = "observed (mode observe: nothing signalled)"
             incident["outcome"] = {}
         else:
-            incident["evidence"] = self.capture(incident["id"], targets)
+            incident["evidence"] = self.capture(incident["id"], targets) if evidence else []
             incident["action"] = "ended"
             outcome = self.end(incident, targets)
             incident["outcome"] = {str(pid): result for pid, result in outcome.items()}

@@ -28,6 +28,8 @@ from .states import State
 
 log = logging.getLogger(__name__)
 P = "mlx_watchdog_"
+MAX_FENCE_BODY = 64 << 10
+FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 
 
 class SnapshotCollector:
@@ -156,23 +158,48 @@ class _Handler(BaseHTTPRequestHandler):
     def _refuse(self) -> None:
         self._send(405, b"read-only endpoint\n")
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
+
+    def do_POST(self) -> None:  # noqa: N802
+        """Only `/fence`, and only when the daemon has a secret; the rest is read-only."""
+        if self.path.split("?", 1)[0] != "/fence" or self.server.fence is None:
+            self._refuse()
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_FENCE_BODY:
+            self._send(413, b"fence body missing or too large\n")
+            return
+        try:
+            code, answer = self.server.fence(self.headers, self.rfile.read(length))
+        except Exception:  # noqa: BLE001
+            log.exception("fence request failed")
+            code, answer = 500, {"error": "internal error"}
+        self._send(code, json.dumps(answer).encode(), "application/json")
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
-                 healthy: Callable[[], bool]) -> None:
+                 healthy: Callable[[], bool], fence: FenceHandler | None) -> None:
         self.snapshot = snapshot
         self.healthy = healthy
+        self.fence = fence
         super().__init__(address, _Handler)
 
 
 def serve(address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
-          healthy: Callable[[], bool]) -> ThreadingHTTPServer:
-    """Start the endpoint on a background thread; returns the server (to shut down)."""
-    server = _Server(address, snapshot, healthy)
+          healthy: Callable[[], bool], fence: FenceHandler | None = None
+          ) -> ThreadingHTTPServer:
+    """Start the endpoint on a background thread; returns the server (to shut down).
+
+    `fence` handles `POST /fence` (headers, body) -> (status, JSON answer);
+    without it every POST is refused.
+    """
+    server = _Server(address, snapshot, healthy, fence)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server

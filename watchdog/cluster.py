@@ -1,0 +1,152 @@
+"""The cluster view: every node's `/status`, grouped by job, with the culprit named.
+
+On a cluster with one rank per Mac, each daemon sees one rank and cannot tell
+a rank waiting on a frozen peer from the frozen peer itself. Lining up all
+ranks of a job does: the waiting ranks sit in the same collective, and the
+culprit is the one that is stopped, gone, elsewhere, or furthest behind.
+`analyze` is pure; `gather` does the HTTP, concurrently, with a timeout each.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+HUNG_STATES = {"stalled", "blocked", "unkillable"}
+WAITING = {"wait", "init"}
+GONE_STATES = {"exited", "killed"}
+MAX_STATUS_BYTES = 16 << 20
+
+
+def fetch(peer: str, timeout: float) -> dict[str, Any]:
+    """One node's `/status`: {"peer", "ok", "status" or "error"}."""
+    try:
+        with urllib.request.urlopen(f"http://{peer}/status", timeout=timeout) as response:
+            status = json.loads(response.read(MAX_STATUS_BYTES))
+        if not isinstance(status, dict) or not isinstance(status.get("ranks"), list):
+            raise ValueError("not an mlx-watchdog /status")
+        return {"peer": peer, "ok": True, "status": status}
+    except Exception as err:  # noqa: BLE001 - an unreachable node is a result
+        return {"peer": peer, "ok": False, "error": str(getattr(err, "reason", err))}
+
+
+def gather(peers: list[str] | tuple[str, ...], timeout: float) -> list[dict[str, Any]]:
+    if not peers:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
+        return list(pool.map(lambda p: fetch(p, timeout), peers))
+
+
+def _last(rank: dict[str, Any]) -> int:
+    last = rank.get("last_collective") or {}
+    number = last.get("number", 0) if isinstance(last, dict) else 0
+    return number if isinstance(number, int) else 0
+
+
+def _where(rank: dict[str, Any]) -> str:
+    last = rank.get("last_collective") or {}
+    return f"{last.get('op', '?')} #{last.get('number', 0)}" if last else "no collective yet"
+
+
+def _culprit(rank: dict[str, Any], reason: str) -> dict[str, Any]:
+    return {"host": rank.get("host"), "node": rank.get("node"), "rank": rank.get("rank"),
+            "pid": rank.get("pid"), "state": rank.get("state"), "reason": reason}
+
+
+def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str]) -> dict[str, Any]:
+    """Healthy or hung, and if hung, which rank holds the job up and why."""
+    ranks = sorted(ranks, key=lambda r: (r.get("rank", -1), r.get("pid", 0)))
+    world = max([r.get("world_size") or 0 for r in ranks] + [len(ranks)])
+    present = {r.get("rank") for r in ranks}
+    missing = [i for i in range(world) if i not in present]
+    waiting = [r for r in ranks if r.get("phase") in WAITING and r.get("state") not in GONE_STATES]
+    hung = any(r.get("state") in HUNG_STATES for r in ranks)
+    troubled = [r for r in ranks if r.get("state") in ({"stopped"} | GONE_STATES)]
+    if waiting and troubled:
+        hung = True
+    view: dict[str, Any] = {"job": job, "world_size": world, "state": "hung" if hung else
+                            "healthy", "ranks": ranks, "missing_ranks": missing,
+                            "culprit": None, "evidence": ""}
+    if not hung:
+        return view
+    names = ",".join(str(r.get("rank")) for r in waiting)
+    wait_note = f"ranks {names} wait in {_where(waiting[0])}" if waiting else "no rank waits"
+    stopped = [r for r in ranks if r.get("state") == "stopped"]
+    gone = [r for r in ranks if r.get("state") in GONE_STATES]
+    outside = [r for r in ranks if r.get("phase") not in WAITING and r not in stopped + gone]
+    if stopped:
+        r = stopped[0]
+        culprit = _culprit(r, f"stopped at {_where(r)} while its peers wait")
+        note = f"rank {r.get('rank')} is stopped at {_where(r)}"
+    elif gone:
+        r = gone[0]
+        culprit = _culprit(r, f"{r.get('state')} at {_where(r)}: {r.get('reason', '')}".strip())
+        note = f"rank {r.get('rank')} is gone ({r.get('state')}) at {_where(r)}"
+    elif missing:
+        culprit = {"host": None, "node": None, "rank": missing[0], "pid": None,
+                   "state": "unknown", "reason": "not reported by any reachable node"
+                   + (f" (unreachable: {', '.join(unreachable)})" if unreachable else "")}
+        note = f"rank {missing[0]} is not reported by any node"
+    elif outside and waiting:
+        r = outside[0]
+        culprit = _culprit(r, f"outside a wait ({r.get('phase')}) at {_where(r)} while its "
+                              "peers wait")
+        note = f"rank {r.get('rank')} is {r.get('phase')} at {_where(r)}"
+    else:
+        r = min(ranks, key=_last)
+        culprit = _culprit(r, f"furthest behind, at {_where(r)}")
+        note = f"rank {r.get('rank')} is furthest behind at {_where(r)}"
+    view["culprit"] = culprit
+    view["evidence"] = f"{wait_note}; {note}"
+    return view
+
+
+def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Group every reachable node's ranks by job and judge each job."""
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    unreachable = [n["peer"] for n in nodes if not n["ok"]]
+    seen: set[tuple[Any, Any]] = set()  # a node listed twice (or itself) counts once
+    for node in nodes:
+        if not node["ok"]:
+            continue
+        for rank in node["status"].get("ranks", []):
+            if not isinstance(rank, dict) or not isinstance(rank.get("job"), str):
+                continue
+            key = (rank.get("host"), rank.get("pid"))
+            if key not in seen:
+                seen.add(key)
+                jobs.setdefault(rank["job"], []).append({**rank, "node": node["peer"]})
+    return {
+        "nodes": [{"peer": n["peer"], "ok": n["ok"], "error": n.get("error"),
+                   "host": n.get("status", {}).get("host"),
+                   "reboot_required": n.get("status", {}).get("reboot_required")}
+                  for n in nodes],
+        "jobs": [judge_job(job, ranks, unreachable) for job, ranks in sorted(jobs.items())],
+    }
+
+
+def render_text(view: dict[str, Any]) -> str:
+    lines = []
+    for node in view["nodes"]:
+        state = (f"ok ({node['host']})" if node["ok"] else f"UNREACHABLE: {node['error']}")
+        flag = "  REBOOT REQUIRED" if node.get("reboot_required") else ""
+        lines.append(f"node {node['peer']}: {state}{flag}")
+    for job in view["jobs"]:
+        lines.append("")
+        lines.append(f"job {job['job']} ({job['world_size']} ranks): {job['state'].upper()}")
+        for r in job["ranks"]:
+            lines.append(f"  rank {r.get('rank')}  {r.get('host')} pid {r.get('pid')}  "
+                         f"{r.get('state')}  {r.get('phase')}  at {_where(r)}  "
+                         f"progress {r.get('progress')}")
+        for missing in job["missing_ranks"]:
+            lines.append(f"  rank {missing}  (not reported)")
+        if job["culprit"]:
+            c = job["culprit"]
+            lines.append(f"  culprit: rank {c['rank']} on {c['host'] or c['node'] or '?'}"
+                         f" (pid {c['pid']}): {c['reason']}")
+            lines.append(f"  evidence: {job['evidence']}")
+    if not view["jobs"]:
+        lines.append("no ranks on any reachable node")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""Job fences between nodes: "job J is dead, end your ranks of it now".
+
+The one request that changes state, so it is off unless a shared secret is
+configured. A fence is a JSON body POSTed to a peer's `/fence`, signed with
+HMAC-SHA256 over "<timestamp>.<body>"; the body carries a random nonce. A
+receiver accepts it only with a valid signature, a timestamp within
+`WINDOW` seconds of its own clock, and a nonce it has not seen in that window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+import urllib.request
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+WINDOW = 30.0  # seconds a fence stays valid; node clocks must agree this well (NTP)
+MAX_BODY = 64 << 10
+SIGNATURE = "X-MLX-Watchdog-Signature"
+TIMESTAMP = "X-MLX-Watchdog-Timestamp"
+
+
+class FenceRejected(Exception):
+    """Why a fence request was refused (the HTTP handler answers 401/400)."""
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), timestamp.encode() + b"." + body,
+                    hashlib.sha256).hexdigest()
+
+
+def make(secret: str, job: str, origin: str, reason: str, culprit: dict[str, Any] | None,
+         now: float | None = None) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one fence request."""
+    now = time.time() if now is None else now
+    body = json.dumps({"job": job, "origin": origin, "reason": reason, "culprit": culprit,
+                       "nonce": os.urandom(16).hex(), "time": now}, sort_keys=True).encode()
+    timestamp = f"{now:.3f}"
+    return body, {"Content-Type": "application/json", TIMESTAMP: timestamp,
+                  SIGNATURE: sign(secret, timestamp, body)}
+
+
+class NonceCache:
+    """Nonces seen within the window; bounded, oldest forgotten first."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def add(self, nonce: str, now: float) -> bool:
+        """False if the nonce was already used (a replay)."""
+        with self._lock:
+            while self._seen and (next(iter(self._seen.values())) < now - 2 * WINDOW
+                                  or len(self._seen) >= self._limit):
+                self._seen.popitem(last=False)
+            if nonce in self._seen:
+                return False
+            self._seen[nonce] = now
+            return True
+
+
+def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
+           now: float | None = None) -> dict[str, Any]:
+    """The fence's content if the request is authentic and fresh; else FenceRejected."""
+    now = time.time() if now is None else now
+    timestamp, signature = headers.get(TIMESTAMP, ""), headers.get(SIGNATURE, "")
+    if not timestamp or not signature:
+        raise FenceRejected("unsigned request")
+    if not hmac.compare_digest(sign(secret, timestamp, body), signature):
+        raise FenceRejected("bad signature")
+    try:
+        sent = float(timestamp)
+    except ValueError:
+        raise FenceRejected("bad timestamp") from None
+    if not abs(now - sent) <= WINDOW:
+        raise FenceRejected(f"stale timestamp ({now - sent:+.1f}s)")
+    try:
+        fence = json.loads(body)
+    except ValueError:
+        raise FenceRejected("body is not JSON") from None
+    if not isinstance(fence, dict) or not isinstance(fence.get("job"), str) \
+            or not isinstance(fence.get("nonce"), str) or not fence["job"]:
+        raise FenceRejected("body lacks job or nonce")
+    if not nonces.add(fence["nonce"], now):
+        raise FenceRejected("replayed nonce")
+    return fence
+
+
+def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://{peer}/fence", data=body, headers=headers,
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return {"peer": peer, "ok": True, "answer": json.loads(response.read(MAX_BODY))}
+    except Exception as err:  # noqa: BLE001 - an unreachable peer is a result
+        return {"peer": peer, "ok": False, "error": str(getattr(err, "reason", err))}
+
+
+def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
+         culprit: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
+    """Fence `job` on every peer, concurrently; each answer or error."""
+    if not peers:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
+        def one(peer: str) -> dict[str, Any]:
+            body, headers = make(secret, job, origin, reason, culprit)  # a nonce per peer
+            return post(peer, body, headers, timeout)
+
+        return list(pool.map(one, peers))
