@@ -120,7 +120,13 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
 # -- status, watch, inspect ---------------------------------------------------------
 
 
-def _ranks(record_dir: str, state_dir: str) -> tuple[list[dict[str, Any]], str]:
+deadline_option = click.option(
+    "--deadline", type=Deadline(), default="auto", show_default=True,
+    help="With no daemon running: the deadline to judge waits by.")
+
+
+def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
+           ) -> tuple[list[dict[str, Any]], str]:
     from .detector import Rules
     from .local import daemon_status, sample_ranks
 
@@ -130,7 +136,8 @@ def _ranks(record_dir: str, state_dir: str) -> tuple[list[dict[str, Any]], str]:
     if not os.path.isdir(record_dir):
         raise click.ClickException(f"record directory {record_dir} does not exist "
                                    f"(set --dir or {DIR_ENV})")
-    ranks, invalid = sample_ranks(record_dir, Rules())
+    rules = Rules(deadline=None if deadline == "auto" else float(deadline))
+    ranks, invalid = sample_ranks(record_dir, rules)
     for path, why in invalid.items():
         click.echo(f"skipped {path}: {why}", err=True)
     return ranks, "sampled"
@@ -165,9 +172,11 @@ def table(ranks: list[dict[str, Any]]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON list, one object per rank.")
 @click.option("--check", is_flag=True, help="Exit 1 if any rank is stalled, blocked or "
               "unkillable.")
-def status(record_dir: str, state_dir: str, as_json: bool, check: bool) -> None:
+@deadline_option
+def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
+           deadline: float | str) -> None:
     """The ranks on this node and their state (works with no daemon running)."""
-    ranks, source = _ranks(record_dir, state_dir)
+    ranks, source = _ranks(record_dir, state_dir, deadline)
     if as_json:
         click.echo(json.dumps(ranks, indent=1))
     elif ranks:
@@ -184,12 +193,14 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool) -> None:
 @state_option
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
-def watch(record_dir: str, state_dir: str, interval: float, count: int | None) -> None:
+@deadline_option
+def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
+          deadline: float | str) -> None:
     """A live view of the ranks, refreshed in place (Ctrl-C to quit)."""
     shown = 0
     try:
         while count is None or shown < count:
-            ranks, source = _ranks(record_dir, state_dir)
+            ranks, source = _ranks(record_dir, state_dir, deadline)
             stamp = datetime.now().strftime("%H:%M:%S")
             body = table(ranks) if ranks else f"no ranks in {record_dir}"
             click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
