@@ -44,7 +44,8 @@ def test_frozen_peer_gets_survivors_killed_and_is_named(tmp_path, record_dir, st
         assert inc["culprit"]["rank"] == 1
         assert sorted(inc["pids"]) == sorted(job.pids)
         assert set(inc["outcome"].values()) == {"killed"}
-        assert inc["busiest_thread_cpu"] >= 0.5
+        # Spinning, not blocked (a busy machine gives it less than a whole core).
+        assert inc["busiest_thread_cpu"] >= 0.1
         assert inc["flight_recorder_tail"]["0"][-1]["op"] == "all_sum"
         sent = [(s["pid"], s["signal"]) for s in inc["signals"] if s["result"] == "sent"]
         for pid in job.pids:
@@ -220,3 +221,18 @@ def test_wired_leak_flags_reboot_which_survives_restart(tmp_path, record_dir, st
         daemon.stop()
         if shmid is not None:
             _shm_remove(shmid)
+
+
+def test_a_crash_is_seen_at_once_not_at_the_next_scan(tmp_path, record_dir, state_dir):
+    # With a 5 s interval, only the exit watcher (pidfd / kqueue) sees it this fast.
+    with DaemonProc(record_dir, state_dir, interval=5, deadline=60) as daemon, \
+            RingJob(tmp_path, record_dir, 2, "idle") as job:
+        wait_for(lambda: len(daemon.ranks()) == 2, 60, what="both ranks watched")
+        time.sleep(0.5)  # let the watcher pick up the new pids
+        pid = job.procs[0].pid
+        job.signal(0, signal.SIGKILL)
+        died = time.monotonic()
+        rank = wait_for(lambda: daemon.ranks()[pid]["state"] == "exited" and daemon.ranks()[pid],
+                        10, interval=0.02, what="the crash in status")
+        assert time.monotonic() - died < 2.5
+        assert "without closing its record" in rank["reason"]

@@ -173,13 +173,28 @@ def test_a_forged_dump_signal_is_never_sent(state_dir: Path) -> None:
 def test_python_dump_that_never_arrives_is_time_boxed(state_dir: Path) -> None:
     stacks = state_dir / "rank.stacks"
     stacks.write_text("")
-    fake = FakeSignaller({801: DIES_ON_TERM})
-    enf, clock = enforcer(state_dir, fake, evidence_timeout=10.0)
-    t = target(801, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
+    fake = FakeSignaller({801: DIES_ON_TERM, 802: DIES_ON_TERM})
+    probe = FakeProbe({801: process_sample(801), 802: process_sample(802)})
+    enf, clock = enforcer(state_dir, fake, probe, evidence_timeout=10.0)
+    targets = [target(pid, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
+               for pid in (801, 802)]
     start = clock.now()
-    assert enf.capture("nodump", [t]) == []
-    assert fake.names() == ["SIGUSR2"]
-    assert clock.now() - start <= 2.0 + 0.1  # at most 2 s per rank, by the fake clock
+    assert enf.capture("nodump", targets) == []
+    assert fake.names() == ["SIGUSR2", "SIGUSR2"]
+    assert clock.now() - start <= 2.0 + 0.2  # 2 s for all ranks together, by the fake clock
+
+
+def test_a_stopped_rank_is_not_asked_for_a_python_dump(state_dir: Path) -> None:
+    """Its handler cannot run until it is resumed: asking would only burn the budget."""
+    stacks = state_dir / "rank.stacks"
+    stacks.write_text("")
+    fake = FakeSignaller({803: DIES_ON_TERM})
+    probe = FakeProbe({803: process_sample(803, status="stopped")})
+    enf, clock = enforcer(state_dir, fake, probe, evidence_timeout=10.0)
+    t = target(803, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
+    start = clock.now()
+    assert enf.capture("stopped", [t]) == []
+    assert fake.sent == [] and clock.now() - start < 0.5
 
 
 # -- wired memory after a kill ---------------------------------------------------------

@@ -107,7 +107,7 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
                                        *server.server_address[:2])
 
     def stop(signum: int, _frame: Any) -> None:
-        daemon.stop_event.set()
+        daemon.stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -27,6 +27,7 @@ from .config import Settings
 from .detector import Detector, Verdict
 from .enforcer import SENT, Enforcer, Signaller, Target
 from .probes import Probe, ProbeError, probe, same_process
+from .probes.exits import ExitWatcher
 from .record import Record, RecordError
 from .states import State
 from .view import rank_json
@@ -134,6 +135,8 @@ class Daemon:
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
         self.nonces = fence.NonceCache()
+        self.wake = threading.Event()  # set by the exit watcher: scan now
+        self.exits = ExitWatcher(self.wake)
 
     # -- one tick --------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class Daemon:
         self.invalid = {}
         seen: set[tuple[int, float]] = set()
         due: dict[str, list[Rank]] = {}
+        load = self.probe.load_per_cpu()
         for path, rec, why, st in read_dir(self.settings.dir):
             if rec is None:
                 self._report_invalid(path, why, st)
@@ -187,7 +191,7 @@ class Daemon:
             seen.add(key)
             rank = rank or self._add(path, rec)
             rank.record, rank.path = rec, path
-            verdict = self.detector.observe(rec, sample, now_ns)
+            verdict = self.detector.observe(rec, sample, now_ns, load)
             rank.verdict, rank.reason = verdict, verdict.reason
             if not rank.escalating:
                 rank.state = verdict.state
@@ -197,6 +201,7 @@ class Daemon:
             if key not in seen and rank.state not in FINAL:
                 self._gone(rank, now, crashed=False)  # its record was removed: a clean exit
         self._expire(now)
+        self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
         self._sample_wired()
         for job, ranks in due.items():
             self._escalate(job, ranks)
@@ -468,9 +473,15 @@ class Daemon:
 
     # -- the loop ----------------------------------------------------------------
 
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler or another thread)."""
+        self.stop_event.set()
+        self.wake.set()
+
     def run(self) -> None:
         from .notify import notify
 
+        self.exits.start()
         notify("READY=1")
         log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
                  self.settings.dir, self.settings.interval, self.settings.mode,
@@ -484,7 +495,10 @@ class Daemon:
                 log.exception("scan failed; continuing")
             if self.healthy():
                 notify("WATCHDOG=1")
-            self.stop_event.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
+            # Sleep out the interval, or less when a watched rank exits.
+            self.wake.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
+            self.wake.clear()
+        self.exits.stop()
         notify("STOPPING=1")
         self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")

@@ -105,8 +105,14 @@ class Detector:
     def forget(self, key: tuple[int, float]) -> None:
         self.tracks.pop(key, None)
 
-    def observe(self, record: Record, sample: ProcessSample, now_ns: int) -> Verdict:
-        """One tick for one live rank whose identity the caller has checked."""
+    def observe(self, record: Record, sample: ProcessSample, now_ns: int,
+                load: float = 1.0) -> Verdict:
+        """One tick for one live rank whose identity the caller has checked.
+
+        `load` is the machine's runnable load per core (at least 1): on an
+        oversubscribed machine a spinning thread gets only 1/load of a core,
+        so the spin threshold is scaled down by it.
+        """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
         cpu = dict(sample.threads)
@@ -146,7 +152,8 @@ class Detector:
         # Past the deadline. A spinning thread over most of the wait means the
         # seeds' hang (a survivor polling a dead or frozen peer); a quiet one may
         # be a wedged GPU or broken group, given a longer deadline of its own.
-        spinning = len(track.busy) >= 2 and _median(track.busy) >= rules.spin_ratio
+        spin_ratio = rules.spin_ratio / max(1.0, load)
+        spinning = len(track.busy) >= 2 and _median(track.busy) >= spin_ratio
         if spinning:
             state, due = State.STALLED, True
             reason = f"{what}, past the {deadline:g}s deadline, one thread spinning"

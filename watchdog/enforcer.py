@@ -15,12 +15,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from . import journal
 from .config import Settings
-from .probes import Probe, ProbeError, same_process
+from .probes import STOPPED_STATUSES, Probe, ProbeError, same_process
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,13 @@ DUMP_SIGNALS = frozenset(
     | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()))
 
 SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -103,49 +111,59 @@ class Enforcer:
     # -- evidence --------------------------------------------------------------
 
     def capture(self, incident_id: str, targets: list[Target]) -> list[str]:
-        """Stack dumps (Python and native) of each target, time-boxed; their files."""
+        """Stack dumps (Python and native) of every target, time-boxed; their files.
+
+        Python dumps are asked of all targets at once, then collected; a
+        stopped rank is not asked (its handler cannot run until resumed).
+        Native samplers run one per target, side by side, in what time is left.
+        """
         folder = os.path.join(self.settings.state_dir, "evidence", incident_id)
         os.makedirs(folder, exist_ok=True)
         until = self.clock() + self.settings.evidence_timeout
-        files = []
-        for target in targets:
-            for path in (self._python_stacks(target, folder, until),
-                         self._native_stacks(target, folder, until)):
-                if path:
-                    files.append(path)
+        files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0))
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
+            native = pool.map(lambda t: self._native_stacks(t, folder, until), targets)
+            files += [path for path in native if path]
         return files
 
-    def _python_stacks(self, target: Target, folder: str, until: float) -> str | None:
-        if target.dump_signal not in DUMP_SIGNALS or not target.stacks_path:
-            return None
+    def _running(self, target: Target) -> bool:
         try:
-            before = os.path.getsize(target.stacks_path)
-        except OSError:
-            before = 0
-        if self.signaller.send(target, target.dump_signal) != SENT:
-            return None
-        limit = min(until, self.clock() + 2.0)
-        size = before
-        while self.clock() < limit:
-            try:
-                size = os.path.getsize(target.stacks_path)
-            except OSError:
-                size = before
-            if size > before:
-                self.sleep(0.1)  # let faulthandler finish writing every thread
+            sample = self.probe.sample(target.pid)
+        except ProbeError:
+            return False
+        return (same_process(sample, target.start_time, target.uid)
+                and sample is not None and sample.status not in STOPPED_STATUSES)
+
+    def _python_stacks(self, targets: list[Target], folder: str, until: float) -> list[str]:
+        asked: dict[Target, int] = {}  # target -> size of its dump file before asking
+        for target in targets:
+            if target.dump_signal not in DUMP_SIGNALS or not target.stacks_path:
+                continue
+            if not self._running(target):
+                continue
+            before = _size(target.stacks_path)
+            if self.signaller.send(target, target.dump_signal) == SENT:
+                asked[target] = before
+        grown: dict[Target, int] = {}
+        while asked and self.clock() < until:
+            grown = {t: b for t, b in asked.items() if _size(t.stacks_path) > b}
+            if len(grown) == len(asked):
                 break
             self.sleep(0.05)
-        if size <= before:
-            return None
-        out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")
-        try:
-            with open(target.stacks_path, "rb") as src, open(out, "wb") as dst:
-                src.seek(before)
-                shutil.copyfileobj(src, dst)
-        except OSError as err:
-            log.warning("copying stack dump of pid %s failed: %s", target.pid, err)
-            return None
-        return out
+        if grown:
+            self.sleep(0.1)  # let faulthandler finish writing every thread
+        files = []
+        for target, before in grown.items():
+            out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")
+            try:
+                with open(target.stacks_path, "rb") as src, open(out, "wb") as dst:
+                    src.seek(before)
+                    shutil.copyfileobj(src, dst)
+            except OSError as err:
+                log.warning("copying stack dump of pid %s failed: %s", target.pid, err)
+                continue
+            files.append(out)
+        return files
 
     def _native_stacks(self, target: Target, folder: str, until: float) -> str | None:
         command = self.probe.stack_command(target.pid)

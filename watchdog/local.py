@@ -47,6 +47,7 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
         else:
             live.append(rec)
     verdicts: dict[int, Verdict] = {}
+    load = probe_.load_per_cpu()
     for round_ in range(SAMPLES):
         if round_:
             time.sleep(pause)
@@ -57,7 +58,7 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
                 sample = None
             if sample is not None:
                 verdicts[rec.pid] = detector.observe(_fresh(directory, rec), sample,
-                                                     time.monotonic_ns())
+                                                     time.monotonic_ns(), load)
     for rec in live:
         verdict = verdicts.get(rec.pid)
         state = verdict.state if verdict else State.EXITED

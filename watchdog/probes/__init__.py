@@ -60,6 +60,13 @@ class Probe:
     def wired_bytes(self) -> int | None:
         return None
 
+    def load_per_cpu(self) -> float:
+        """Runnable load per core over the last minute, at least 1.0."""
+        try:
+            return max(1.0, psutil.getloadavg()[0] / (psutil.cpu_count() or 1))
+        except (OSError, AttributeError):
+            return 1.0
+
     def stack_command(self, pid: int) -> list[str] | None:
         """A native stack sampler for evidence, or None when none is installed."""
         return None
