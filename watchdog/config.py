@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .detector import Rules
+from .record import DEFAULT_DIR
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-DEFAULT_RECORD_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
+DEFAULT_RECORD_DIR = DEFAULT_DIR
 DEFAULT_STATE_DIR = "/var/db/mlx-watchdog" if sys.platform == "darwin" else "/var/lib/mlx-watchdog"
 DEFAULT_PORT = 9753
 

@@ -46,8 +46,6 @@ from .record import (
 )
 from .states import Phase
 
-DEFAULT_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
-
 WAITS = {  # where each blocking call lives: "core" is mlx.core, "array" is mlx.core.array
     "eval": "core",
     "synchronize": "core",
@@ -69,7 +67,7 @@ def _warn(message: str) -> None:
 
 
 def record_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
-    return env.get("MLX_WATCHDOG_DIR") or DEFAULT_DIR
+    return env.get("MLX_WATCHDOG_DIR") or record.DEFAULT_DIR
 
 
 def job_id(env: dict[str, str] | os._Environ[str] = os.environ) -> str:

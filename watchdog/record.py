@@ -61,10 +61,14 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 import time
 from dataclasses import dataclass
 
 from .states import Phase
+
+# Where ranks publish and the daemon looks, unless MLX_WATCHDOG_DIR / --dir say otherwise.
+DEFAULT_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
 
 MAGIC = b"MLXWDREC"
 RECORD_VERSION = 1
