@@ -82,6 +82,7 @@ class Rank:
     reason: str = ""
     escalating: bool = False
     gone_at: float | None = None  # monotonic seconds when it reached a final state
+    acted_on: tuple[int, int] | None = None  # the wait an incident was raised for
 
     @property
     def key(self) -> tuple[int, float]:
@@ -171,6 +172,9 @@ class Daemon:
             rank = self.ranks.get(key)
             if rank is not None and rank.state in FINAL:
                 seen.add(key)
+                if rank.state == State.UNKILLABLE and not self.signaller.alive(rank.target()):
+                    rank.state, rank.gone_at = State.KILLED, now  # it went, late
+                    rank.reason = "ended after being declared unkillable"
                 continue
             try:
                 sample = self.probe.sample(rec.pid)
@@ -195,7 +199,9 @@ class Daemon:
             rank.verdict, rank.reason = verdict, verdict.reason
             if not rank.escalating:
                 rank.state = verdict.state
-            if verdict.act and not rank.escalating:
+            wait = (rec.wait_since_ns, rec.waits_completed)
+            if verdict.act and not rank.escalating and rank.acted_on != wait:
+                rank.acted_on = wait  # one incident per hung wait, whatever its outcome
                 due.setdefault(rec.job, []).append(rank)
         for key, rank in self.ranks.items():
             if key not in seen and rank.state not in FINAL:
