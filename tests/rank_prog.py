@@ -11,6 +11,11 @@ Modes:
   rounds N        N checked all_sum rounds with hb.step(), then exit 0 (a clean exit)
   allops          one checked round of every ring collective (all_sum, all_gather,
                   all_max, all_min, send/recv, send/recv_like), then idle forever
+  soak S [PACE]   checked all_sum rounds (PACE s of sleep between them) until rank 0
+                  has run S seconds; the end travels in the same all_sum, so every
+                  rank leaves after the same round and exits 0 (a clean job end)
+  stubborn        like recv (rank 0 waits forever on a recv nobody sends), but every
+                  rank ignores SIGTERM: only SIGKILL ends the job
 """
 
 import sys
@@ -127,6 +132,35 @@ elif MODE == "allops":
     hb.step()
     print("allops done", flush=True)
     with hb.idle():
+        while True:
+            time.sleep(1)
+elif MODE == "soak":
+    pace = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    began = time.monotonic()
+    flag = mx.array([0.0] * 15 + [1.0])
+    while True:
+        x = mx.ones(16)
+        if rank == 0 and time.monotonic() - began >= ARG:
+            x = x + flag  # the last round: the sum's final element says so to every rank
+        got = mx.distributed.all_sum(x).tolist()
+        if got[:15] != [float(size)] * 15 or got[15] not in (size, size + 1):
+            print(f"WRONG all_sum: {got}", flush=True)
+            sys.exit(3)
+        hb.step()
+        if got[15] == size + 1:
+            break
+        time.sleep(pace)
+    print("soak done", flush=True)
+    time.sleep(1.0)  # let the peers finish the last collective before we hang up
+elif MODE == "stubborn":
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    one_round()
+    print("ignoring SIGTERM", flush=True)
+    if rank == 0:
+        mx.eval(mx.distributed.recv((4,), mx.float32, 1))
+    else:
         while True:
             time.sleep(1)
 else:

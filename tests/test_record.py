@@ -27,6 +27,10 @@ from watchdog.record import (
 from watchdog.states import Phase
 
 REPO = Path(__file__).resolve().parent.parent
+# Offsets of single fields, from the layout's own constants (8-byte words in the hot region).
+PHASE_AT = record.W_PHASE * 8
+OP_AT = record.W_OP * 8
+REASON_AT = record.EXPECT_OFFSET + 16
 
 IDENTITY = dict(pid=4242, start_time=1700000000.25, uid=501, host="mac-studio-1",
                 job="j0123456789a", rank=2, world_size=3, backend="ring", dump_signal=12)
@@ -101,7 +105,7 @@ def test_round_trip_every_field(tmp_path: Path) -> None:
 def test_every_op_and_dtype_name_round_trips(tmp_path: Path) -> None:
     writer = make_writer(tmp_path / "1.rec")
     write_hot(writer, 0, 0, 0, 0, Phase.RUNNING, 0, 0, 0, 0, 0, 0)
-    pairs = list(zip(record.OPS[1:], record.DTYPES[1:] * 2))
+    pairs = list(zip(record.OPS[1:], (record.DTYPES[1:] * 2)[:len(record.OPS) - 1], strict=True))
     writer.begin()
     for number, (op, dtype) in enumerate(pairs, start=1):
         writer.write_entry(number, number * 10, number * 100, record.OP_CODE[op],
@@ -121,8 +125,9 @@ def test_flight_recorder_keeps_last_64_oldest_first(tmp_path: Path, issued: int)
     ops = record.OPS[9:]  # the collectives
     for number in range(1, issued + 1):
         writer.begin()
-        writer.write_entry(number, 1_000_000 + number, number * 8, record.OP_CODE[ops[number % len(ops)]],
-                           record.DTYPE_CODE["float32"] if number % 2 else record.DTYPE_CODE["int8"])
+        dtype = "float32" if number % 2 else "int8"
+        writer.write_entry(number, 1_000_000 + number, number * 8,
+                           record.OP_CODE[ops[number % len(ops)]], record.DTYPE_CODE[dtype])
         writer.write_hot(number, 0, 0, 0, Phase.RUNNING, 0, 0, 0, 0, 0, 0)
         writer.end()
     rec = record.read_path(writer.path)
@@ -162,16 +167,23 @@ def test_close_removes_the_file_by_default(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-def test_writer_refuses_an_existing_file_and_a_symlink(tmp_path: Path) -> None:
+def test_writer_replaces_a_stale_file_or_symlink_without_following_it(tmp_path: Path) -> None:
     existing = tmp_path / "1.rec"
     existing.write_bytes(b"x")
-    with pytest.raises(FileExistsError):
-        make_writer(existing)
+    make_writer(existing)  # built under a staging name, renamed over the stale file
+    assert record.read_path(str(existing)).pid > 0
     link = tmp_path / "2.rec"
     link.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(OSError):
-        make_writer(link)
-    assert not (tmp_path / "elsewhere").exists()
+    make_writer(link)
+    assert not link.is_symlink() and not (tmp_path / "elsewhere").exists()
+    assert not list(tmp_path.glob(".*.new"))
+
+
+def test_writer_refuses_an_existing_staging_file(tmp_path: Path) -> None:
+    (tmp_path / ".3.rec.new").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileExistsError):
+        make_writer(tmp_path / "3.rec")
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "3.rec").exists()
 
 
 def current_umask() -> int:
@@ -268,7 +280,7 @@ def test_concurrent_reads_never_see_a_torn_record(tmp_path: Path) -> None:
                     raw_torn += torn(record.decode(raw)) is not None
                 except RecordError:
                     raw_torn += 1
-                if snapshots >= 3000 and raw_torn >= 1 and len(seen) >= 100:
+                if snapshots >= 5000 and raw_torn >= 1 and len(seen) >= 100:
                     break
         finally:
             os.close(fd)
@@ -279,7 +291,7 @@ def test_concurrent_reads_never_see_a_torn_record(tmp_path: Path) -> None:
             writer.kill()
             writer.wait()
     assert writer.returncode == 0
-    assert snapshots >= 3000, (snapshots, busy)
+    assert snapshots >= 5000, (snapshots, busy)
     assert busy < snapshots / 10, (snapshots, busy)
     assert len(seen) >= 100, "the reads did not follow the writer"
     assert raw_torn >= 1, f"no torn raw copy in {raw_reads}: the test did not overlap writes"
@@ -321,12 +333,12 @@ CORRUPTIONS = {
     "size field 0": lambda b: put(b, "<I", 12, 0),
     "pid 0": lambda b: put(b, "<q", 16, 0),
     "pid negative": lambda b: put(b, "<q", 16, -5),
-    "phase 0": lambda b: put(b, "<I", 240, 0),
-    "phase 99": lambda b: put(b, "<I", 240, 99),
-    "phase huge": lambda b: put(b, "<I", 240, 2**32 - 1),
-    "expect NaN": lambda b: put(b, "<d", 288, math.nan),
-    "expect negative": lambda b: put(b, "<d", 288, -1.0),
-    "expect -inf": lambda b: put(b, "<d", 288, -math.inf),
+    "phase 0": lambda b: put(b, "<Q", PHASE_AT, 0),
+    "phase 99": lambda b: put(b, "<Q", PHASE_AT, 99),
+    "phase huge": lambda b: put(b, "<Q", PHASE_AT, 2**64 - 1),
+    "expect NaN": lambda b: put(b, "<d", record.EXPECT_OFFSET, math.nan),
+    "expect negative": lambda b: put(b, "<d", record.EXPECT_OFFSET, -1.0),
+    "expect -inf": lambda b: put(b, "<d", record.EXPECT_OFFSET, -math.inf),
     "all zero": lambda b: bytearray(RECORD_SIZE),
     "all ones": lambda b: bytearray(b"\xff" * RECORD_SIZE),
 }
@@ -405,7 +417,7 @@ def test_non_utf8_text_decodes_without_error(tmp_path: Path) -> None:
     put(data, "<64s", 56, b"host-\xff\xfe\xc3")
     put(data, "<64s", 120, b"\x80job\xed\xa0\x80")
     put(data, "<16s", 184, b"ri\xffng")
-    put(data, "<48s", 304, b"\xc0\xafreason")
+    put(data, "<48s", REASON_AT, b"\xc0\xafreason")
     path = tmp_path / "text.rec"
     path.write_bytes(bytes(data))
     rec = record.read_path(str(path))
@@ -417,8 +429,8 @@ def test_non_utf8_text_decodes_without_error(tmp_path: Path) -> None:
 
 def test_unknown_op_and_dtype_codes_decode_as_placeholders(tmp_path: Path) -> None:
     data = valid_bytes(tmp_path)
-    put(data, "<I", 244, 999)  # op waited on
-    put(data, "<QQQHHI", 512 + 3 * 32, 3, 9, 9, 65535, 4000, 0)
+    put(data, "<Q", OP_AT, 999)  # op waited on
+    put(data, "<QQQHHI", record.FLIGHT_OFFSET + 3 * 32, 3, 9, 9, 65535, 4000, 0)
     rec = record.decode(bytes(data))
     assert rec.op == "?999"
     assert record.Collective(3, "?65535", "?4000", 9, 9) in rec.flight

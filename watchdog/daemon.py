@@ -186,7 +186,7 @@ class Daemon:
                 continue
             if sample is None:
                 seen.add(key)
-                self._gone(rank or self._add(path, rec), now, crashed=not rec.closed)
+                self._gone(rank or self._add(path, rec), now, status=rec.status)
                 continue
             if not same_process(sample, rec.start_time, rec.uid):
                 self._report_invalid(path, f"stale or forged: pid {rec.pid} is now another "
@@ -205,7 +205,7 @@ class Daemon:
                 due.setdefault(rec.job, []).append(rank)
         for key, rank in self.ranks.items():
             if key not in seen and rank.state not in FINAL:
-                self._gone(rank, now, crashed=False)  # its record was removed: a clean exit
+                self._gone(rank, now, status=record.STATUS_CLOSED)  # record removed: clean
         self._expire(now)
         self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
         self._sample_wired()
@@ -224,12 +224,14 @@ class Daemon:
                  rec.world_size, rec.backend or "?")
         return rank
 
-    def _gone(self, rank: Rank, now: float, crashed: bool) -> None:
+    def _gone(self, rank: Rank, now: float, status: int) -> None:
         if rank.state in FINAL or rank.escalating:
             return
         rank.state, rank.gone_at = State.EXITED, now
-        rank.reason = ("exited without closing its record (crash or signal)" if crashed
-                       else "exited")
+        rank.reason = {record.STATUS_CLOSED: "exited",
+                       record.STATUS_ERROR: "exited on an uncaught exception"}.get(
+            status, "exited without closing its record (crash or signal)")
+        crashed = status != record.STATUS_CLOSED
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
         if crashed and rank.record.world_size > 1:

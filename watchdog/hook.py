@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -203,19 +204,22 @@ class Heartbeat:
         try:
             now = self._clock()
             with self._lock:
+                depth = self._wait_depth + 1
+                init_depth = self._init_depth + (op == INIT_OP)
+                phase = _IDLE if self._idle_depth else _INIT if init_depth else _WAIT
                 w[W_SEQ] += 1
-                w[W_ENTERED] += 1
-                self._wait_depth += 1
-                if self._wait_depth == 1:
-                    w[W_WAIT_SINCE] = now
-                    w[W_OP] = op
-                if op == INIT_OP:
-                    self._init_depth += 1
-                phase = self._phase_now()
-                if w[W_PHASE] != phase:
-                    w[W_PHASE] = phase
-                    w[W_PHASE_SINCE] = now
-                w[W_SEQ] += 1
+                try:
+                    w[W_ENTERED] += 1
+                    if depth == 1:
+                        w[W_WAIT_SINCE] = now
+                        w[W_OP] = op
+                    if w[W_PHASE] != phase:
+                        w[W_PHASE] = phase
+                        w[W_PHASE_SINCE] = now
+                finally:
+                    w[W_SEQ] += 1
+                # Last: an exception escaping above leaves no wait open without its exit.
+                self._wait_depth, self._init_depth = depth, init_depth
             return now
         except Exception as err:  # noqa: BLE001 - never into the user's program
             self._fail(err)
@@ -229,29 +233,32 @@ class Heartbeat:
         try:
             now = self._clock()
             with self._lock:
+                depth = max(0, self._wait_depth - 1)
+                init_depth = self._init_depth - 1 if op == INIT_OP and self._init_depth else \
+                    self._init_depth
+                phase = (_IDLE if self._idle_depth else _INIT if init_depth else
+                         _WAIT if depth else _RUNNING)
                 w[W_SEQ] += 1
-                w[W_COMPLETED] += 1
-                w[W_LAST_PROGRESS] = now
-                if self._wait_depth > 0:
-                    self._wait_depth -= 1
-                if op == INIT_OP:
-                    self._init_depth = max(0, self._init_depth - 1)
-                else:
-                    last = w[W_LAST_WAIT] = now - started
-                    if last > w[W_MAX_WAIT]:
-                        w[W_MAX_WAIT] = last
-                if self._wait_depth:
-                    # Another thread still waits: progress restarts its clock,
-                    # which can only delay a verdict, never hasten one.
-                    w[W_WAIT_SINCE] = now
-                else:
-                    w[W_WAIT_SINCE] = 0
-                    w[W_OP] = 0
-                phase = self._phase_now()
-                if w[W_PHASE] != phase:
-                    w[W_PHASE] = phase
-                    w[W_PHASE_SINCE] = now
-                w[W_SEQ] += 1
+                try:
+                    w[W_COMPLETED] += 1
+                    w[W_LAST_PROGRESS] = now
+                    if op != INIT_OP:
+                        last = w[W_LAST_WAIT] = now - started
+                        if last > w[W_MAX_WAIT]:
+                            w[W_MAX_WAIT] = last
+                    if depth:
+                        # Another thread still waits: progress restarts its clock,
+                        # which can only delay a verdict, never hasten one.
+                        w[W_WAIT_SINCE] = now
+                    else:
+                        w[W_WAIT_SINCE] = 0
+                        w[W_OP] = 0
+                    if w[W_PHASE] != phase:
+                        w[W_PHASE] = phase
+                        w[W_PHASE_SINCE] = now
+                finally:
+                    w[W_SEQ] += 1
+                self._wait_depth, self._init_depth = depth, init_depth
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
@@ -266,14 +273,16 @@ class Heartbeat:
             now = self._clock()
             with self._lock:
                 w[W_SEQ] += 1
-                number = w[W_COLLECTIVES] + 1
-                base = W_FLIGHT + (number % FLIGHT_SLOTS) * ENTRY_WORDS
-                w[base] = number
-                w[base + 1] = now
-                w[base + 2] = nbytes
-                w[base + 3] = kind
-                w[W_COLLECTIVES] = number
-                w[W_SEQ] += 1
+                try:
+                    number = w[W_COLLECTIVES] + 1
+                    base = W_FLIGHT + (number % FLIGHT_SLOTS) * ENTRY_WORDS
+                    w[base] = number
+                    w[base + 1] = now
+                    w[base + 2] = nbytes
+                    w[base + 3] = kind
+                    w[W_COLLECTIVES] = number
+                finally:
+                    w[W_SEQ] += 1
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
@@ -357,11 +366,13 @@ class Heartbeat:
                 writer.close(record.STATUS_ERROR, remove=False)
 
     def close(self, status: int = record.STATUS_CLOSED) -> None:
+        """Mark the record closed; remove it unless the rank is ending on an error,
+        whose record the daemon reports (and fences the job over)."""
         with self._lock:
             writer, self._writer, self._words = self._writer, None, None
         if writer is not None:
             with contextlib.suppress(Exception):
-                writer.close(status)
+                writer.close(status, remove=status != record.STATUS_ERROR)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
@@ -462,9 +473,13 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
         dump_signal=dump_signal)
     try:
         return RecordWriter(path, **fields)
-    except FileExistsError:
-        os.unlink(path)  # a stale record of an earlier process with our pid
+    except FileExistsError:  # a staging file left by an earlier process with our pid
+        os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new"))
         return RecordWriter(path, **fields)
+
+
+def _open_nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
 
 
 def _register_dump(signum: int, path: str) -> int:
@@ -472,13 +487,29 @@ def _register_dump(signum: int, path: str) -> int:
     global _dump_file, _dump_signum
     if not signum:
         return 0
-    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+    try:
+        taken = signal.getsignal(signum) not in (signal.SIG_DFL, None)
+    except ValueError:
+        _warn(f"no signal {signum}; stack dumps are off")
+        return 0
+    if taken:
         _warn(f"signal {signum} already has a handler; stack dumps are off "
               "(set MLX_WATCHDOG_DUMP_SIGNAL to a free signal, or 0)")
         return 0
-    _dump_file = open(path, "a")  # noqa: SIM115 - lives as long as the handler
-    faulthandler.register(signum, file=_dump_file, all_threads=True, chain=False)
-    _dump_signum = signum
+    # The directory is shared by every user's ranks: never follow a planted link.
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+    file = open(path, "a", opener=_open_nofollow)  # noqa: SIM115 - lives with the handler
+    try:
+        faulthandler.register(signum, file=file, all_threads=True, chain=False)
+    except (OSError, RuntimeError, ValueError) as err:
+        file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        _warn(f"cannot dump stacks on signal {signum} ({err}); stack dumps are off")
+        return 0
+    _dump_file, _dump_signum = file, signum
     return signum
 
 

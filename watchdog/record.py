@@ -58,8 +58,10 @@ the host, so the daemon can subtract them from its own clock.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import struct
 import sys
 import time
@@ -258,6 +260,8 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS) -> Record:
         buf = os.pread(fd, RECORD_SIZE, 0)
         if len(buf) != RECORD_SIZE:
             raise RecordError(f"truncated record ({len(buf)} bytes)")
+        if buf[:len(MAGIC)] != MAGIC:
+            raise RecordError("not an mlx-watchdog record (bad magic)")  # no point retrying
         (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
         if seq % 2 == 0 and os.pread(fd, SEQ.size, SEQ_OFFSET) == buf[SEQ_OFFSET:HOT_OFFSET]:
             return decode(buf)
@@ -273,7 +277,11 @@ def read_path(path: str) -> Record:
     except OSError as err:
         raise RecordError(f"cannot open: {err.strerror}") from err
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RecordError("not a regular file")
         return read_fd(fd)
+    except OSError as err:
+        raise RecordError(f"cannot read: {err.strerror}") from err
     finally:
         os.close(fd)
 
@@ -283,14 +291,20 @@ class RecordWriter:
 
     def __init__(self, path: str, *, pid: int, start_time: float, uid: int, host: str,
                  job: str, rank: int, world_size: int, backend: str, dump_signal: int) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        # Built under a name the daemon does not read, then renamed into place:
+        # a reader never sees a record without its identity.
+        staging = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new")
+        fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
-            os.ftruncate(fd, RECORD_SIZE)
+            # Allocate the blocks now: on a full disk this fails here, with an error,
+            # instead of killing the rank with SIGBUS at its first store into the map.
+            if os.pwrite(fd, bytes(RECORD_SIZE), 0) != RECORD_SIZE:
+                raise OSError(errno.ENOSPC, "short write allocating the record")
             self._map = mmap.mmap(fd, RECORD_SIZE, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            os.unlink(path)
+            os.unlink(staging)
             raise
         os.close(fd)
         self.path = path
@@ -298,6 +312,16 @@ class RecordWriter:
         self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
                               backend=backend, dump_signal=dump_signal)
         self.set_identity(rank=rank, world_size=world_size)
+        now = time.monotonic_ns()
+        self.words[W_PHASE], self.words[W_PHASE_SINCE] = int(Phase.RUNNING), now
+        self.words[W_LAST_PROGRESS] = now
+        try:
+            os.rename(staging, path)
+        except BaseException:
+            self.words.release()
+            self._map.close()
+            os.unlink(staging)
+            raise
 
     def set_identity(self, *, rank: int, world_size: int, backend: str | None = None,
                      job: str | None = None) -> None:
