@@ -18,17 +18,19 @@ class UnsafeDirectory(ConfigError):
     """A directory whose ownership or mode would let others tamper with it."""
 
 
-def _owner_ok(st: os.stat_result) -> bool:
-    return st.st_uid in (0, os.geteuid())
+def _checked_dir(path: str, what: str) -> os.stat_result:
+    """A real directory (not a link) owned by root or the daemon's user."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"{what} {path} is not a directory (or is a symlink)")
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafeDirectory(f"{what} {path} is owned by uid {st.st_uid}, "
+                              "not root or the daemon's user")
+    return st
 
 
 def check_record_dir(path: str) -> None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirectory(f"record directory {path} is not a directory (or is a symlink)")
-    if not _owner_ok(st):
-        raise UnsafeDirectory(f"record directory {path} is owned by uid {st.st_uid}, "
-                              "not root or the daemon's user")
+    st = _checked_dir(path, "record directory")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         raise UnsafeDirectory(f"record directory {path} is writable by others without the "
                               f"sticky bit (mode {stat.S_IMODE(st.st_mode):o}); "
@@ -36,12 +38,7 @@ def check_record_dir(path: str) -> None:
 
 
 def check_state_dir(path: str) -> None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirectory(f"state directory {path} is not a directory (or is a symlink)")
-    if not _owner_ok(st):
-        raise UnsafeDirectory(f"state directory {path} is owned by uid {st.st_uid}, "
-                              "not root or the daemon's user")
+    st = _checked_dir(path, "state directory")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirectory(f"state directory {path} is writable by others "
                               f"(mode {stat.S_IMODE(st.st_mode):o}); run: chmod 755 {path}")

@@ -167,21 +167,10 @@ class Heartbeat:
         words = self._words
         return int(words[index]) if words is not None else 0
 
-    @property
-    def collectives(self) -> int:
-        return self._word(record.W_COLLECTIVES)
-
-    @property
-    def waits_entered(self) -> int:
-        return self._word(record.W_ENTERED)
-
-    @property
-    def waits_completed(self) -> int:
-        return self._word(record.W_COMPLETED)
-
-    @property
-    def steps(self) -> int:
-        return self._word(record.W_STEPS)
+    collectives = property(lambda self: self._word(record.W_COLLECTIVES))
+    waits_entered = property(lambda self: self._word(record.W_ENTERED))
+    waits_completed = property(lambda self: self._word(record.W_COMPLETED))
+    steps = property(lambda self: self._word(record.W_STEPS))
 
     @property
     def phase(self) -> Phase:
