@@ -219,3 +219,58 @@ class DaemonProc:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- the daemon's HTTP endpoint (appended for the metrics, HTTP and CLI tests) --------
+
+SERVING = r"serving /metrics /status /healthz on http://(\S+):(\d+)"
+
+
+def daemon_url(self: DaemonProc, timeout: float = 15) -> str:
+    """http://HOST:PORT the daemon bound (parsed from its startup log line)."""
+    import re
+
+    found = wait_for(lambda: re.findall(SERVING, self.log()), timeout,
+                     what="the daemon's 'serving ... on http://' line")
+    host, port = found[-1]  # the last start of this DaemonProc
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+DaemonProc.url = daemon_url  # type: ignore[attr-defined]
+
+
+def http_get(url: str, timeout: float = 10) -> tuple[int, str, bytes]:
+    """(status, content type, body) of one GET; HTTP errors are answers, not exceptions."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+def scrape(url: str) -> dict:
+    """GET /metrics and parse it with prometheus_client's parser: families by name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    code, ctype, body = http_get(url.rstrip("/") + "/metrics")
+    assert code == 200, (code, body[:200])
+    assert ctype.startswith("text/plain"), ctype
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def samples(families: dict, name: str, **labels: str) -> dict[tuple, float]:
+    """Values of the samples named `name` (e.g. `mlx_watchdog_kills_total`) whose
+    labels include `labels`, keyed by their sorted (label, value) pairs."""
+    return {tuple(sorted(s.labels.items())): s.value
+            for family in families.values() for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())}
+
+
+def value(families: dict, name: str, **labels: str) -> float | None:
+    """The one sample named `name` with exactly these labels, or None."""
+    return samples(families, name, **labels).get(tuple(sorted(labels.items())))

@@ -37,6 +37,7 @@ EXPORTED_METRICS: frozenset[str] = frozenset(
         "mlx_watchdog_wired_memory_bytes",
         "mlx_watchdog_invalid_records_total",
         "mlx_watchdog_probe_errors_total",
+        "mlx_watchdog_loop_errors_total",
         "mlx_watchdog_scan_duration_seconds",
         "mlx_watchdog_last_scan_timestamp_seconds",
         "mlx_watchdog_build_info",

@@ -181,7 +181,8 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
         click.echo(json.dumps(ranks, indent=1))
     elif ranks:
         click.echo(table(ranks))
-        click.echo(f"({len(ranks)} ranks; verdicts from the {source})", err=True)
+        click.echo(f"({len(ranks)} ranks; " + ("verdicts from the daemon)" if source == "daemon"
+                   else "sampled here: no daemon running)"), err=True)
     else:
         click.echo(f"no ranks in {record_dir}")
     if check and any(r["state"] in {s.value for s in HUNG} for r in ranks):
@@ -232,12 +233,19 @@ def inspect(pid: int, record_dir: str, as_json: bool) -> None:
 # -- incidents and the node ----------------------------------------------------------
 
 
+def _existing_state_dir(state_dir: str) -> None:
+    if not os.path.isdir(state_dir):
+        raise click.ClickException(f"state directory {state_dir} does not exist (set "
+                                   f"--state-dir or {STATE_ENV}; the daemon creates it)")
+
+
 @cli.command()
 @state_option
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--last", type=click.IntRange(min=1), help="Only the last N incidents.")
 def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     """The incident journal: what the watchdog found and did."""
+    _existing_state_dir(state_dir)
     items, bad = journal.read_incidents(state_dir)
     if last:
         items = items[-last:]
@@ -276,6 +284,7 @@ def node() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def node_status(state_dir: str, as_json: bool) -> None:
     """Is this node flagged for reboot?"""
+    _existing_state_dir(state_dir)
     from .local import daemon_status
 
     flag = journal.reboot_flag(state_dir)
@@ -299,6 +308,7 @@ def node_status(state_dir: str, as_json: bool) -> None:
 @state_option
 def clear_reboot(state_dir: str) -> None:
     """Clear the reboot flag (after rebooting the node)."""
+    _existing_state_dir(state_dir)
     try:
         cleared = journal.clear_reboot_flag(state_dir)
     except PermissionError:

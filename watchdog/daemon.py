@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 MAX_FILES_PER_SCAN = 4096  # a directory filling with junk costs a bounded scan
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
+JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 
 
 def read_record(path: str) -> tuple[Record | None, str, os.stat_result | None]:
@@ -122,6 +123,7 @@ class Daemon:
         self.host = socket.gethostname()
         self.ranks: dict[tuple[int, float], Rank] = {}
         self.invalid: dict[str, str] = {}  # path -> why, for the files invalid right now
+        self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
         self.pending: dict[Future[dict[str, Any]], list[tuple[int, float]]] = {}
@@ -131,7 +133,9 @@ class Daemon:
         self.last_scan_wall = 0.0
         self.last_scan_mono = 0.0
         self.started = wall()
-        self.snapshot: dict[str, Any] = {}
+        # Before the first scan: enough for /metrics to show the start time.
+        self.snapshot: dict[str, Any] = {"host": self.host, "version": __version__,
+                                         "started": self.started, "time": None, "ranks": []}
         self.stop_event = threading.Event()
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
@@ -246,6 +250,13 @@ class Daemon:
             del self.ranks[key]
             self.detector.forget(key)
             self._remove_record(rank)
+        for rank in self.ranks.values():
+            self.job_seen[rank.record.job] = now
+        # A job's kill counter outlives its ranks by an hour (the repeated-kills
+        # alert looks back that far), then goes: the series stay bounded.
+        for job in [j for j, seen in self.job_seen.items() if now - seen > JOB_KILLS_KEEP]:
+            del self.job_seen[job]
+            self.counters.job_kills.pop(job, None)
 
     def _remove_record(self, rank: Rank) -> None:
         """Delete a dead rank's leftover record, if the file is still that rank's."""

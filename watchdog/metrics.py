@@ -94,6 +94,8 @@ class SnapshotCollector:
                                   "directory", value=counters.get("invalid_records", 0))
         yield CounterMetricFamily(P + "probe_errors", "Failed process or memory probes",
                                   value=counters.get("probe_errors", 0))
+        yield CounterMetricFamily(P + "loop_errors", "Scans that failed with an error",
+                                  value=counters.get("loop_errors", 0))
         bounds = snap.get("scan_bucket_bounds", [])
         if bounds:
             cumulative, buckets = 0, []
@@ -123,6 +125,7 @@ def render(snapshot: Callable[[], dict[str, Any]]) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "mlx-watchdog"
+    timeout = 10  # a client that sends half a request must not hold a thread forever
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         log.debug("http %s: " + format, self.client_address[0], *args)
