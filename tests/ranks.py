@@ -143,15 +143,6 @@ class RingJob:
 class DaemonProc:
     """The real daemon (`mlx-watchdog run`) as a subprocess with short timings."""
 
-    def url(self) -> str:
-        """http://HOST:PORT of the daemon's endpoint, from its startup log line."""
-        import re
-
-        found = wait_for(lambda: re.search(r"serving /metrics /status /healthz on "
-                                           r"(http://[\d.]+:\d+)", self.log()), 15,
-                         what="the daemon's listen address")
-        return found.group(1)
-
     def __init__(self, record_dir: Path, state_dir: Path, *args: str, **options: object) -> None:
         self.record_dir, self.state_dir = Path(record_dir), Path(state_dir)
         defaults: dict[str, object] = dict(interval=0.25, deadline=2, grace=1, kill_timeout=3,
