@@ -414,6 +414,10 @@ def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: flo
     for peer in peers:
         parse_listen(peer)
     if not peers:
+        from .service import DEFAULT_CONFIG
+
+        if config_path is None and os.path.exists(DEFAULT_CONFIG):
+            config_path = DEFAULT_CONFIG  # a configured node needs no arguments
         peers = load(config_path, {}).peers if config_path else ()
     if not peers:
         raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
