@@ -236,3 +236,12 @@ def test_cli_errors_are_one_line(argv: list[str], needle: str, tmp_path: Path,
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("mlx-watchdog: ") and needle in lines[0]
     assert proc.stdout == ""
+
+
+def test_peers_take_a_comma_separated_list_and_refuse_a_comma_in_a_host():
+    from watchdog.config import build, parse_listen
+
+    assert build({}, {"peers": ("a:1,b:2", "c:3")}).peers == ("a:1", "b:2", "c:3")
+    assert build({"peers": ["a:1, b:2"]}, {}).peers == ("a:1", "b:2")
+    with pytest.raises(ConfigError):
+        parse_listen("a,b:1")

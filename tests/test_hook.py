@@ -799,3 +799,18 @@ def test_zero_code_activation_with_an_unusable_directory_only_warns(tmp_path: Pa
     assert json.loads(done.stdout)["active"] is False
     assert len(warnings_in(done.stderr)) == 1, done.stderr
 
+
+
+def test_waits_inside_idle_or_expect_do_not_stretch_the_learned_deadline(
+        hb: watchdog.Heartbeat) -> None:
+    x = mx.ones(4)
+    mx.eval(x)
+    usual = read(hb).max_wait_ns
+    for stretch in (hb.idle(), hb.expect(60, "checkpoint")):
+        with stretch:
+            started = hb.enter_wait(record.OP_CODE["eval"])
+            hb.exit_wait(started - 5 * 10**9, record.OP_CODE["eval"])  # it "took" 5 s
+    assert read(hb).max_wait_ns == usual
+    started = hb.enter_wait(record.OP_CODE["eval"])
+    hb.exit_wait(started - 5 * 10**9, record.OP_CODE["eval"])
+    assert read(hb).max_wait_ns >= 5 * 10**9  # outside them it counts

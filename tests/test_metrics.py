@@ -361,3 +361,11 @@ def test_observe_mode_counts_one_hang_once(tmp_path, record_dir, state_dir):
         assert value(families, P + "kills_total", signal="SIGTERM") == 0
         assert value(families, P + "stalls_total", verdict="stalled") == 1
         assert len(daemon.incidents()) == 1
+
+
+def test_a_relaunch_within_retention_gives_one_series_per_rank():
+    # Same hostfile, same job id: the ended rank and its successor share labels.
+    families = parse(snapshot(ranks=[rank("train", 0, "killed", pid=1),
+                                     rank("train", 0, "running", pid=2)]))
+    states = [s for s in families[P + "rank_state"].samples if s.value == 1]
+    assert [(s.labels["rank"], s.labels["state"]) for s in states] == [("0", "running")]

@@ -379,7 +379,9 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
         from .config import default_toml
 
         try:
-            with open(config_path, "x") as f:
+            # 0600: the file may later hold the fence secret.
+            fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
                 f.write(default_toml())
             click.echo(f"wrote {config_path} (every key at its default)")
         except OSError as err:
@@ -411,6 +413,7 @@ def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: flo
     from . import cluster as cluster_view
     from .config import load, parse_listen
 
+    peers = tuple(p for item in peers for p in item.replace(",", " ").split())
     for peer in peers:
         parse_listen(peer)
     if not peers:

@@ -105,7 +105,8 @@ NON_NEGATIVE = ("retention",)
 
 def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if (not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535
+            or any(c.isspace() or c == "," for c in host)):
         raise ConfigError(f"listen must be HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT}), "
                           f"got {text!r}")
     return host.strip("[]"), int(port)
@@ -143,9 +144,10 @@ def _coerce(key: str, value: Any) -> Any:
         return value
     if key == "peers":
         if isinstance(value, str):
-            value = [p for p in value.replace(",", " ").split() if p]
+            value = [value]
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             raise ConfigError(f"peers must be a list of HOST:PORT strings, got {value!r}")
+        value = [p for item in value for p in item.replace(",", " ").split()]
         for peer in value:
             try:
                 parse_listen(peer)

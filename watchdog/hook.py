@@ -233,7 +233,9 @@ class Heartbeat:
                     w[W_LAST_PROGRESS] = now
                     if op != INIT_OP:
                         last = w[W_LAST_WAIT] = now - started
-                        if last > w[W_MAX_WAIT]:
+                        # Waits inside idle() or expect() are not the rank's normal
+                        # pace: they must not stretch the learned deadline.
+                        if last > w[W_MAX_WAIT] and not (self._idle_depth or self._expects):
                             w[W_MAX_WAIT] = last
                     if depth:
                         # Another thread still waits: progress restarts its clock,

@@ -32,6 +32,24 @@ MAX_FENCE_BODY = 64 << 10
 FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 
 
+ENDED = {"killed", "exited"}
+
+
+def _one_per_label(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One rank per (job, rank) label pair: a relaunch within the retention (same
+    hostfile, same job id) must not emit duplicate series. Prefer an unkillable
+    rank, then a live one, then an ended one."""
+    def weight(r: dict[str, Any]) -> int:
+        return 2 if r["state"] == "unkillable" else 0 if r["state"] in ENDED else 1
+
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in ranks:
+        key = (str(r["job"]), str(r["rank"]))
+        if key not in best or weight(r) > weight(best[key]):
+            best[key] = r
+    return list(best.values())
+
+
 class SnapshotCollector:
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self._snapshot = snapshot
@@ -58,7 +76,7 @@ class SnapshotCollector:
                 P + "rank_busiest_thread_cpu_ratio",
                 "Share of one core used by the rank's busiest thread", labels=labels),
         }
-        for r in ranks:
+        for r in _one_per_label(ranks):
             values = [str(r["job"]), str(r["rank"])]
             for s in State:
                 state.add_metric([*values, s.value], 1.0 if r["state"] == s.value else 0.0)

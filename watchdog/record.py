@@ -33,7 +33,7 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
                  264  Q       current wait started (monotonic ns, 0: none)
                  272  Q       last progress (monotonic ns)
                  280  Q       duration of the last completed wait (ns)
-                 288  Q       longest completed wait, init excluded (ns)
+                 288  Q       longest completed wait, init/idle/expect excluded (ns)
     expect       296  d       expect window seconds (0: none)
                  304  Q       expect window started (monotonic ns)
                  312  48s     expect reason
