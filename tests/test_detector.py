@@ -51,6 +51,7 @@ class Tick:
     completed: int = 9
     expect: float = 0.0
     max_wait: float = 0.0
+    load: float = 1.0  # runnable threads per core over the interval ending here
 
     def record(self, origin: int) -> Record:
         waiting = self.phase in (Phase.WAIT, Phase.INIT)
@@ -83,7 +84,7 @@ def run(ticks: list[Tick], rules: Rules = RULES, origin: int = ORIGIN,
             threads = tuple(cpu.items())
         sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, tick.status, threads)
         verdicts.append(detector.observe(tick.record(origin), sample,
-                                         origin + round(tick.at * NS)))
+                                         origin + round(tick.at * NS), tick.load))
     return verdicts
 
 
@@ -246,6 +247,22 @@ def test_the_first_observation_is_not_a_cpu_sample() -> None:
     assert verdicts[0].busiest_cpu == 0.0
     assert (verdicts[1].state, verdicts[1].act) == (B, False)
     assert (verdicts[2].state, verdicts[2].act) == (ST, True)
+
+
+def test_a_spinner_starved_by_load_is_still_spinning() -> None:
+    """Three runnable threads per core give a spinning thread a third of one:
+    scaled by the load of each tick, it still counts as spinning."""
+    starved = waits([float(t) for t in range(13)], spin=0.34, load=3.0)
+    assert outcome(run(starved))[-1] == (ST, True)
+    # The same share of a core on an idle machine is not a spin.
+    assert outcome(run(waits([float(t) for t in range(13)], spin=0.34)))[-1] == (B, False)
+
+
+def test_load_scales_each_tick_by_its_own_load() -> None:
+    """Load that arrives late does not turn earlier quiet ticks into spinning ones."""
+    quiet_then_loaded = (waits([float(t) for t in range(10)], spin=0.1)
+                         + waits([10.0, 11.0, 12.0], spin=0.1, load=8.0))
+    assert outcome(run(quiet_then_loaded))[-1] == (B, False)
 
 
 def test_thread_churn_is_not_spinning() -> None:

@@ -22,6 +22,7 @@ import click
 from . import __version__, journal
 from .config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
 from .states import HUNG
+from .text import printable
 
 DIR_ENV = "MLX_WATCHDOG_DIR"
 STATE_ENV = "MLX_WATCHDOG_STATE_DIR"
@@ -94,8 +95,11 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
 
     options["peers"] = options.get("peers") or None
     settings = load(config_path, options)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s mlx-watchdog %(levelname)s %(message)s")
+    from .text import OneLineFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
     dirs.prepare(settings.dir, settings.state_dir)
     daemon = Daemon(settings)
     try:
@@ -154,13 +158,13 @@ COLUMNS = ("PID", "JOB", "RANK", "STATE", "PHASE", "PROGRESS", "COLL", "SINCE", 
 
 
 def table(ranks: list[dict[str, Any]]) -> str:
-    rows = [COLUMNS]
+    rows: list[tuple[str, ...]] = [COLUMNS]
     for r in ranks:
-        rows.append((str(r["pid"]), r["job"], f"{r['rank']}/{r['world_size']}", r["state"],
-                     r["phase"], str(r["progress"]), str(r["collectives"]),
-                     _fmt(r.get("seconds_since_progress"), ".1f"),
-                     _fmt(r.get("deadline_seconds"), ".0f"),
-                     _fmt(r.get("busiest_thread_cpu"), ".2f"), r.get("current_op") or ""))
+        cells = (r["pid"], r["job"], f"{r['rank']}/{r['world_size']}", r["state"], r["phase"],
+                 r["progress"], r["collectives"], _fmt(r.get("seconds_since_progress"), ".1f"),
+                 _fmt(r.get("deadline_seconds"), ".0f"),
+                 _fmt(r.get("busiest_thread_cpu"), ".2f"), r.get("current_op") or "")
+        rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
@@ -258,20 +262,25 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
         click.echo("no incidents")
         return
     for inc in items:
-        when = datetime.fromtimestamp(float(inc.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
-        ranks = ",".join(str(r.get("rank")) for r in inc.get("ranks", []))
-        outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.get("outcome") or {}).items())
-        click.echo(f"{when}  {inc.get('id')}  job {inc.get('job')}  {inc.get('verdict')}  "
-                   f"ranks {ranks}  {inc.get('action', '')}")
-        click.echo(f"    {inc.get('reason', '')}")
-        if inc.get("culprit"):
-            c = inc["culprit"]
-            click.echo(f"    culprit: rank {c.get('rank')} pid {c.get('pid')} on "
-                       f"{c.get('host')}: {c.get('reason')}")
-        if outcome:
-            click.echo(f"    outcome: {outcome}")
-        if inc.get("reboot_required"):
-            click.echo(f"    REBOOT REQUIRED: {inc['reboot_required']}")
+        _echo_incident(inc)
+
+
+def _echo_incident(inc: dict[str, Any]) -> None:
+    when = datetime.fromtimestamp(float(inc.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
+    ranks = ",".join(str(r.get("rank")) for r in inc.get("ranks", []))
+    lines = [f"{when}  {inc.get('id')}  job {inc.get('job')}  {inc.get('verdict')}  "
+             f"ranks {ranks}  {inc.get('action', '')}", f"    {inc.get('reason', '')}"]
+    if inc.get("culprit"):
+        c = inc["culprit"]
+        lines.append(f"    culprit: rank {c.get('rank')} pid {c.get('pid')} on {c.get('host')}: "
+                     f"{c.get('reason')}")
+    outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.get("outcome") or {}).items())
+    if outcome:
+        lines.append(f"    outcome: {outcome}")
+    if inc.get("reboot_required"):
+        lines.append(f"    REBOOT REQUIRED: {inc['reboot_required']}")
+    for line in lines:
+        click.echo(printable(line))  # record strings are untrusted: one line each
 
 
 @cli.group()

@@ -14,6 +14,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .text import printable
+
 HUNG_STATES = {"stalled", "blocked", "unkillable"}
 WAITING = {"wait", "init"}
 GONE_STATES = {"exited", "killed"}
@@ -149,4 +151,4 @@ def render_text(view: dict[str, Any]) -> str:
             lines.append(f"  evidence: {job['evidence']}")
     if not view["jobs"]:
         lines.append("no ranks on any reachable node")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # peers' strings are untrusted

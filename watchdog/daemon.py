@@ -52,6 +52,14 @@ def read_record(path: str) -> tuple[Record | None, str, os.stat_result | None]:
         return None, f"size {st.st_size}, not {record.RECORD_SIZE}", st
     try:
         rec = record.read_path(path)
+    except record.RecordBusy as err:
+        # A rank stopped (or killed) in the middle of a write leaves its seq odd
+        # for good. Its identity is intact, so it is still judged, by process
+        # status first: a stopped rank must not vanish from view.
+        try:
+            rec = record.decode(err.last)
+        except RecordError:
+            return None, str(err), st
     except RecordError as err:
         return None, str(err), st
     if rec.uid != st.st_uid:

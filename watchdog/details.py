@@ -8,6 +8,7 @@ from typing import Any
 from .detector import NS, busiest_ratio
 from .probes import ProbeError, probe, same_process
 from .record import Record
+from .text import printable
 from .view import current_op
 
 
@@ -79,4 +80,4 @@ def render_text(info: dict[str, Any]) -> str:
     for f in info["flight_recorder"][-16:]:
         lines.append(f"  #{f['number']:<8} {f['op']:<12} {f['dtype']:<9} {f['bytes']:>10} B  "
                      f"{f['seconds_ago']:.2f}s ago")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # record strings are untrusted

@@ -45,7 +45,7 @@ class Track:
     cpu: dict[int, float] = field(default_factory=dict)
     cpu_at_ns: int | None = None
     wait_key: tuple[int, int] = (0, 0)  # (wait started, waits completed): one wait
-    # Busiest-thread ratios over the latest ticks of this wait (bounded: a wait
+    # Busiest-thread ratios, scaled by load, over the latest ticks of this wait (bounded: a wait
     # can last days under observe mode or a stopped peer).
     busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
     due_ticks: int = 0
@@ -109,9 +109,9 @@ class Detector:
                 load: float = 1.0) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
-        `load` is the machine's runnable load per core (at least 1): on an
-        oversubscribed machine a spinning thread gets only 1/load of a core,
-        so the spin threshold is scaled down by it.
+        `load` is the machine's runnable load per core (at least 1) over
+        this tick: on an oversubscribed machine a spinning thread gets only
+        1/load of a core, so what it got is scaled up by it.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -134,7 +134,9 @@ class Detector:
             track.wait_key, track.due_ticks = wait_key, 0
             track.busy.clear()
         if waiting and measured and cpu:
-            track.busy.append(track.busiest)
+            # Scaled by this tick's load: on an oversubscribed machine a
+            # spinning thread gets only 1/load of a core.
+            track.busy.append(min(1.0, track.busiest * max(1.0, load)))
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -152,8 +154,7 @@ class Detector:
         # Past the deadline. A spinning thread over most of the wait means the
         # seeds' hang (a survivor polling a dead or frozen peer); a quiet one may
         # be a wedged GPU or broken group, given a longer deadline of its own.
-        spin_ratio = rules.spin_ratio / max(1.0, load)
-        spinning = len(track.busy) >= 2 and _median(track.busy) >= spin_ratio
+        spinning = len(track.busy) >= 2 and _median(track.busy) >= rules.spin_ratio
         if spinning:
             state, due = State.STALLED, True
             reason = f"{what}, past the {deadline:g}s deadline, one thread spinning"

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -32,6 +33,19 @@ DUMP_SIGNALS = frozenset(
     | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()))
 
 SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
+
+
+def _copy_dump(target: Target, offset: int, out: str) -> None:
+    """Copy what the rank appended to its dump file, and nothing else: the
+    directory is shared, so a link or another user's file there is refused."""
+    fd = os.open(target.stacks_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != target.uid:
+            raise OSError(f"{target.stacks_path} is not the rank's own regular file")
+        src.seek(offset)
+        with open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def _size(path: str) -> int:
@@ -156,9 +170,7 @@ class Enforcer:
         for target, before in grown.items():
             out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")
             try:
-                with open(target.stacks_path, "rb") as src, open(out, "wb") as dst:
-                    src.seek(before)
-                    shutil.copyfileobj(src, dst)
+                _copy_dump(target, before, out)
             except OSError as err:
                 log.warning("copying stack dump of pid %s failed: %s", target.pid, err)
                 continue

@@ -31,7 +31,7 @@ class FenceRejected(Exception):
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
-    return hmac.new(secret.encode(), timestamp.encode() + b"." + body,
+    return hmac.new(secret.encode(), timestamp.encode("utf-8", "surrogatepass") + b"." + body,
                     hashlib.sha256).hexdigest()
 
 
@@ -73,7 +73,9 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
     timestamp, signature = headers.get(TIMESTAMP, ""), headers.get(SIGNATURE, "")
     if not timestamp or not signature:
         raise FenceRejected("unsigned request")
-    if not hmac.compare_digest(sign(secret, timestamp, body), signature):
+    # Bytes, not str: compare_digest refuses non-ASCII text, which a header may hold.
+    given = signature.encode("utf-8", "surrogatepass")
+    if not hmac.compare_digest(sign(secret, timestamp, body).encode(), given):
         raise FenceRejected("bad signature")
     try:
         sent = float(timestamp)

@@ -153,7 +153,17 @@ class RecordError(Exception):
 
 
 class RecordBusy(RecordError):
-    """The writer kept the record mid-write for every read attempt."""
+    """The writer kept the record mid-write for every read attempt.
+
+    That happens when the rank was stopped (SIGSTOP, a debugger) or died in
+    the middle of a write. `last` is the final copy read: its identity is
+    sound (written only at start and init) and each hot word is whole, but
+    the words may disagree with each other; `decode` reads it.
+    """
+
+    def __init__(self, message: str, last: bytes = b"") -> None:
+        super().__init__(message)
+        self.last = last
 
 
 @dataclass(frozen=True)
@@ -267,7 +277,7 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS) -> Record:
             return decode(buf)
         if attempt > 10:
             time.sleep(0.0005)
-    raise RecordBusy(f"record stayed mid-write for {attempts} reads")
+    raise RecordBusy(f"record stayed mid-write for {attempts} reads", buf)
 
 
 def read_path(path: str) -> Record:

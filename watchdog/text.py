@@ -1,0 +1,26 @@
+"""Untrusted text from records (job ids, hosts, reasons) made safe to show.
+
+A record is written by any user's rank: its strings may hold newlines, ANSI
+escapes or other control characters. Everything the watchdog prints or logs
+goes through `printable`, so one event stays one line and no string can
+repaint a terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """`text` with every control character shown as an escape (\\n, \\x1b, ...)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
+class OneLineFormatter(logging.Formatter):
+    """Log lines with control characters escaped; tracebacks stay as they are."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        return printable(super().formatMessage(record))
