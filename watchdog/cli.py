@@ -222,8 +222,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
 @click.option("--json", "as_json", is_flag=True)
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
-    from .daemon import read_record
     from .details import describe, render_text
+    from .recdir import read_record
 
     path = os.path.join(record_dir, f"{pid}.rec")
     rec, why, _ = read_record(path)

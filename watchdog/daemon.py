@@ -13,11 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,58 +26,16 @@ from .detector import Detector, Verdict
 from .enforcer import SENT, Enforcer, Signaller, Target
 from .probes import Probe, ProbeError, probe, same_process
 from .probes.exits import ExitWatcher
+from .recdir import RecordDir
 from .record import Record, RecordError
 from .states import State
 from .view import rank_json
 
 log = logging.getLogger(__name__)
 
-MAX_FILES_PER_SCAN = 4096  # a directory filling with junk costs a bounded scan
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
-
-
-def read_record(path: str) -> tuple[Record | None, str, os.stat_result | None]:
-    """One file of the record directory: its record, or why it is not usable."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None, "", None
-    if not stat.S_ISREG(st.st_mode):
-        return None, "not a regular file", st
-    if st.st_size != record.RECORD_SIZE:
-        return None, f"size {st.st_size}, not {record.RECORD_SIZE}", st
-    try:
-        rec = record.read_path(path)
-    except record.RecordBusy as err:
-        # A rank stopped (or killed) in the middle of a write leaves its seq odd
-        # for good. Its identity is intact, so it is still judged, by process
-        # status first: a stopped rank must not vanish from view.
-        try:
-            rec = record.decode(err.last)
-        except RecordError:
-            return None, str(err), st
-    except RecordError as err:
-        return None, str(err), st
-    if rec.uid != st.st_uid:
-        return None, f"record claims uid {rec.uid} but the file is owned by uid {st.st_uid}", st
-    return rec, "", st
-
-
-def read_dir(directory: str, limit: int = MAX_FILES_PER_SCAN
-             ) -> Iterator[tuple[str, Record | None, str, os.stat_result | None]]:
-    """Every `*.rec` in the directory (at most `limit`): (path, record or None, why, stat)."""
-    try:
-        names = sorted(e.name for e in os.scandir(directory) if e.name.endswith(record.SUFFIX))
-    except OSError as err:
-        log.error("cannot list %s: %s", directory, err)
-        return
-    for name in names[:limit]:
-        path = os.path.join(directory, name)
-        rec, why, st = read_record(path)
-        if rec is not None or why:
-            yield path, rec, why, st
 
 
 @dataclass
@@ -130,6 +86,7 @@ class Daemon:
         self.wall = wall
         self.host = socket.gethostname()
         self.ranks: dict[tuple[int, float], Rank] = {}
+        self.records = RecordDir(settings.dir)
         self.invalid: dict[str, str] = {}  # path -> why, for the files invalid right now
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
         self._invalid_seen: set[tuple[str, int, int]] = set()
@@ -157,7 +114,7 @@ class Daemon:
         self.invalid[path] = why
         seen = (path, st.st_mtime_ns if st else 0, st.st_size if st else 0)
         if seen not in self._invalid_seen:
-            if len(self._invalid_seen) > 10 * MAX_FILES_PER_SCAN:
+            if len(self._invalid_seen) > 4 * self.records.max_reads:
                 self._invalid_seen.clear()  # bounded memory under a flood of junk
             self._invalid_seen.add(seen)
             self.counters.invalid_records += 1
@@ -176,7 +133,8 @@ class Daemon:
         seen: set[tuple[int, float]] = set()
         due: dict[str, list[Rank]] = {}
         load = self.probe.load_per_cpu()
-        for path, rec, why, st in read_dir(self.settings.dir):
+        watched = {r.path for r in self.ranks.values()}
+        for path, rec, why, st in self.records.read(watched):
             if rec is None:
                 self._report_invalid(path, why, st)
                 continue
@@ -201,8 +159,10 @@ class Daemon:
                 self._gone(rank or self._add(path, rec), now, status=rec.status)
                 continue
             if not same_process(sample, rec.start_time, rec.uid):
-                self._report_invalid(path, f"stale or forged: pid {rec.pid} is now another "
-                                           "process (start time or owner differ)", None)
+                why = (f"stale or forged: pid {rec.pid} is now another process "
+                       "(start time or owner differ)")
+                self.records.mark_bad(path, st, why)
+                self._report_invalid(path, why, st)
                 continue
             seen.add(key)
             rank = rank or self._add(path, rec)
@@ -262,9 +222,12 @@ class Daemon:
             self.job_seen[rank.record.job] = now
         # A job's kill counter outlives its ranks by an hour (the repeated-kills
         # alert looks back that far), then goes: the series stay bounded.
-        for job in [j for j, seen in self.job_seen.items() if now - seen > JOB_KILLS_KEEP]:
-            del self.job_seen[job]
-            self.counters.job_kills.pop(job, None)
+        # A job never killed has nothing to count once its ranks are forgotten.
+        kills = self.counters.job_kills
+        for job, seen in list(self.job_seen.items()):
+            if now - seen > JOB_KILLS_KEEP or (seen < now and not kills.get(job)):
+                del self.job_seen[job]
+                kills.pop(job, None)
 
     def _remove_record(self, rank: Rank) -> None:
         """Delete a dead rank's leftover record, if the file is still that rank's."""

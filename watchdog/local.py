@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from . import journal
-from .daemon import read_dir
 from .detector import Detector, Rules, Verdict
 from .probes import Probe, ProbeError, probe, same_process
+from .recdir import read_dir, read_record
 from .record import Record
 from .states import State
 from .view import rank_json
@@ -69,8 +69,6 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
 
 def _fresh(directory: str, rec: Record) -> Record:
     """The newest copy of a record (it changes while we sample)."""
-    from .daemon import read_record
-
     newer, _, _ = read_record(os.path.join(directory, f"{rec.pid}.rec"))
     return newer if newer is not None and newer.start_time == rec.start_time else rec
 

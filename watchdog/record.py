@@ -146,6 +146,11 @@ W_FLIGHT = FLIGHT_OFFSET // 8
 ENTRY_WORDS = ENTRY.size // 8
 
 READ_ATTEMPTS = 200
+# A writer holds `seq` odd for about a microsecond; one preempted mid-write
+# holds it for a scheduler slice. Past this, the reader gives up (RecordBusy
+# with the last copy), so a stopped rank or a forged odd `seq` costs a scan
+# milliseconds, not a tenth of a second per file.
+READ_PATIENCE = 0.005
 
 
 class RecordError(Exception):
@@ -264,20 +269,25 @@ def decode(buf: bytes) -> Record:
     )
 
 
-def read_fd(fd: int, attempts: int = READ_ATTEMPTS) -> Record:
-    """Read a consistent snapshot from an open record file."""
+def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIENCE) -> Record:
+    """Read a consistent snapshot from an open record file.
+
+    The magic is checked only on a consistent copy: `struct.pack_into` zeroes
+    a region before filling it, so `set_identity` blanks it mid-write.
+    """
+    give_up = time.monotonic() + patience
     for attempt in range(attempts):
         buf = os.pread(fd, RECORD_SIZE, 0)
         if len(buf) != RECORD_SIZE:
             raise RecordError(f"truncated record ({len(buf)} bytes)")
-        if buf[:len(MAGIC)] != MAGIC:
-            raise RecordError("not an mlx-watchdog record (bad magic)")  # no point retrying
         (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
         if seq % 2 == 0 and os.pread(fd, SEQ.size, SEQ_OFFSET) == buf[SEQ_OFFSET:HOT_OFFSET]:
             return decode(buf)
         if attempt > 10:
-            time.sleep(0.0005)
-    raise RecordBusy(f"record stayed mid-write for {attempts} reads", buf)
+            if time.monotonic() > give_up:
+                break
+            time.sleep(0.0002)
+    raise RecordBusy(f"record stayed mid-write for {attempt + 1} reads", buf)
 
 
 def read_path(path: str) -> Record:
