@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def printable(text: object) -> str:
