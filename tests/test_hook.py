@@ -7,7 +7,6 @@ fresh interpreter (another uid, zero-code activation, exit) run in a subprocess.
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import json
 import os
@@ -684,19 +683,26 @@ def test_an_interrupt_inside_the_hot_path_leaves_the_record_readable(
     # exception must pass, and the record must stay readable and right afterwards: a writer
     # that leaves `seq` odd makes every later read RecordBusy (and every later update inverts
     # the seqlock's parity, so readers would accept torn copies and refuse clean ones).
-    # The interrupt is injected where the hot path computes the phase, inside that window.
-    real = getattr(hb, "_phase_now", None)
-    if real is None:
-        pytest.skip("the hot path no longer computes the phase in _phase_now")
+    # The interrupt is injected at the hot path's first write after `seq` went odd.
+    real = hb._words
+    assert real is not None
 
-    def interrupted() -> int:
-        hb._phase_now = real  # type: ignore[method-assign]  # once
-        raise KeyboardInterrupt
+    class Interrupting:
+        """The record's words, raising KeyboardInterrupt at the first counter write."""
 
-    hb._phase_now = interrupted  # type: ignore[method-assign]
-    with contextlib.suppress(KeyboardInterrupt):  # the user's to catch, not ours
+        def __getitem__(self, index: int) -> int:
+            return real[index]
+
+        def __setitem__(self, index: int, value: int) -> None:
+            if index == record.W_ENTERED:
+                hb._words = real
+                raise KeyboardInterrupt
+            real[index] = value
+
+    hb._words = Interrupting()  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):  # the user's to catch, not ours
         mx.eval(mx.ones(1))
-    hb._phase_now = real  # type: ignore[method-assign]
+    assert hb._words is real, "the interrupt was never raised inside the window"
     mx.eval(mx.ones(1))
     hb.step()
     rec = read(hb)  # RecordBusy here is the bug

@@ -185,18 +185,28 @@ class Heartbeat:
             return _INIT
         return _WAIT if self._wait_depth else _RUNNING
 
+    # Each method takes the lock with acquire/release (cheaper than `with`),
+    # makes `seq` odd, writes, and makes it even again in a `finally`, so an
+    # error can never leave the record mid-write. No allocation, no call
+    # besides the clock and the lock.
+
     def enter_wait(self, op: int) -> int:
         """A blocking call starts; returns its start time for `exit_wait`."""
-        w = self._words
-        if w is None:
+        if self._words is None:
             return 0
+        lock = self._lock
         try:
             now = self._clock()
-            with self._lock:
+            lock.acquire()
+            try:
+                w = self._words
+                if w is None:
+                    return 0
                 depth = self._wait_depth + 1
                 init_depth = self._init_depth + (op == INIT_OP)
                 phase = _IDLE if self._idle_depth else _INIT if init_depth else _WAIT
-                w[W_SEQ] += 1
+                seq = w[W_SEQ] + 1
+                w[W_SEQ] = seq
                 try:
                     w[W_ENTERED] += 1
                     if depth == 1:
@@ -206,9 +216,11 @@ class Heartbeat:
                         w[W_PHASE] = phase
                         w[W_PHASE_SINCE] = now
                 finally:
-                    w[W_SEQ] += 1
+                    w[W_SEQ] = seq + 1
                 # Last: an exception escaping above leaves no wait open without its exit.
                 self._wait_depth, self._init_depth = depth, init_depth
+            finally:
+                lock.release()
             return now
         except Exception as err:  # noqa: BLE001 - never into the user's program
             self._fail(err)
@@ -216,18 +228,25 @@ class Heartbeat:
 
     def exit_wait(self, started: int, op: int) -> None:
         """The blocking call returned (or raised): that is progress."""
-        w = self._words
-        if w is None or not started:
+        if not started or self._words is None:
             return
+        lock = self._lock
         try:
             now = self._clock()
-            with self._lock:
-                depth = max(0, self._wait_depth - 1)
-                init_depth = self._init_depth - 1 if op == INIT_OP and self._init_depth else \
-                    self._init_depth
-                phase = (_IDLE if self._idle_depth else _INIT if init_depth else
+            lock.acquire()
+            try:
+                w = self._words
+                if w is None:
+                    return
+                depth = self._wait_depth - 1 if self._wait_depth else 0
+                init_depth = self._init_depth
+                if op == INIT_OP and init_depth:
+                    init_depth -= 1
+                idle = self._idle_depth
+                phase = (_IDLE if idle else _INIT if init_depth else
                          _WAIT if depth else _RUNNING)
-                w[W_SEQ] += 1
+                seq = w[W_SEQ] + 1
+                w[W_SEQ] = seq
                 try:
                     w[W_COMPLETED] += 1
                     w[W_LAST_PROGRESS] = now
@@ -235,7 +254,7 @@ class Heartbeat:
                         last = w[W_LAST_WAIT] = now - started
                         # Waits inside idle() or expect() are not the rank's normal
                         # pace: they must not stretch the learned deadline.
-                        if last > w[W_MAX_WAIT] and not (self._idle_depth or self._expects):
+                        if last > w[W_MAX_WAIT] and not (idle or self._expects):
                             w[W_MAX_WAIT] = last
                     if depth:
                         # Another thread still waits: progress restarts its clock,
@@ -248,22 +267,29 @@ class Heartbeat:
                         w[W_PHASE] = phase
                         w[W_PHASE_SINCE] = now
                 finally:
-                    w[W_SEQ] += 1
+                    w[W_SEQ] = seq + 1
                 self._wait_depth, self._init_depth = depth, init_depth
+            finally:
+                lock.release()
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
     def collective(self, op: int, out: Any) -> None:
         """A collective was issued: count it and add it to the flight recorder."""
-        w = self._words
-        if w is None:
+        if self._words is None:
             return
+        lock = self._lock
         try:
             nbytes = out.nbytes
             kind = op | _DTYPE_CODES.get(out.dtype, 0) << 16
             now = self._clock()
-            with self._lock:
-                w[W_SEQ] += 1
+            lock.acquire()
+            try:
+                w = self._words
+                if w is None:
+                    return
+                seq = w[W_SEQ] + 1
+                w[W_SEQ] = seq
                 try:
                     number = w[W_COLLECTIVES] + 1
                     base = W_FLIGHT + (number % FLIGHT_SLOTS) * ENTRY_WORDS
@@ -273,7 +299,9 @@ class Heartbeat:
                     w[base + 3] = kind
                     w[W_COLLECTIVES] = number
                 finally:
-                    w[W_SEQ] += 1
+                    w[W_SEQ] = seq + 1
+            finally:
+                lock.release()
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 

@@ -1,0 +1,478 @@
+"""Chaos soak: small real MLX ring jobs under one real daemon, faults injected at random.
+
+Jobs of 2 or 3 ranks (tests/rank_prog.py mode `soak`: checked all_sum rounds
+that end together, exit 0) come and go under one `mlx-watchdog run` with a
+short deadline. A driver with a seeded random generator injects:
+
+    short_pause  SIGSTOP a rank, SIGCONT it before the deadline: the job must
+                 not be touched and must still end with exit 0 (a wrong
+                 all_sum result exits 3)
+    long_pause   SIGSTOP a rank for good: its job must be ended by the
+                 watchdog and the incident must name the paused rank
+    sigkill      SIGKILL a rank: the survivors must end, by MLX's own
+                 "connection to a peer was lost" error or by the watchdog
+    recv         a 2-rank job whose rank 0 waits on a recv nobody sends: ended
+    clean_exit   (not injected: every healthy job ends on its own, exit 0)
+    new_job      (not injected: jobs start whenever ranks are free)
+
+An oracle then checks every incident of `incidents.jsonl` and every process
+exit against what was injected, and prints the figures. Exit status 1 when
+anything was killed wrongly, a hang was missed, a culprit was misnamed or a
+healthy rank did not exit 0.
+
+    python benchmarks/soak.py --seconds 300 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from ranks import DaemonProc, RingJob  # noqa: E402
+
+from watchdog.states import Phase  # noqa: E402
+
+INJECTED = ("short_pause", "long_pause", "sigkill", "recv")
+WEIGHTS = {"short_pause": 4, "long_pause": 2, "sigkill": 2, "recv": 1}
+HANGS = ("long_pause", "recv")  # faults that leave ranks waiting forever
+FATAL = ("long_pause", "recv", "sigkill")  # faults after which a job may be ended
+PEER_LOST = "connection to a peer was lost"
+
+
+@dataclass
+class Config:
+    seconds: float = 300.0
+    seed: int = 1
+    deadline: float = 3.0
+    blocked_deadline: float = 6.0
+    interval: float = 0.25
+    grace: float = 1.0
+    evidence_timeout: float = 2.0
+    max_ranks: int = 6  # rank processes alive at once (2 cores)
+    lifetime: tuple[float, float] = (10.0, 30.0)  # seconds a healthy job runs
+    pace: float = 0.02  # sleep between a job's rounds
+    fault_gap: tuple[float, float] = (1.5, 4.0)  # seconds between injections
+    short_pause: tuple[float, float] = (0.3, 1.5)  # must stay well under the deadline
+    bound: float = 30.0  # a hang not ended this long after its deadline is missed
+    drain: float = 45.0  # after the injection window: time for the jobs to end
+    workdir: Path | None = None
+    keep: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class Fault:
+    kind: str
+    job: str
+    rank: int | None = None
+    pid: int | None = None
+    wall: float = 0.0  # when the fault took effect
+    mono: float = 0.0
+    resume_at: float | None = None  # short pause: when to SIGCONT (monotonic)
+    located: bool = True  # recv: False until rank 0 is seen inside its hung wait
+
+
+@dataclass
+class Job:
+    name: str
+    ring: RingJob
+    mode: str
+    lifetime: float
+    launched: float  # monotonic
+    running: bool = False
+    faults: list[Fault] = field(default_factory=list)
+    exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid -> (code, wall)
+    cleanup: set[int] = field(default_factory=set)  # pids the driver ended at the end
+
+    def alive(self) -> list[int]:
+        return [p.pid for p in self.ring.procs if p.pid not in self.exits]
+
+    def fatal(self) -> Fault | None:
+        return next((f for f in self.faults if f.kind in FATAL), None)
+
+    def pausing(self) -> bool:
+        return any(f.kind == "short_pause" and f.resume_at is not None for f in self.faults)
+
+
+class Soak:
+    def __init__(self, config: Config) -> None:
+        self.cfg = config
+        self.rng = random.Random(config.seed)
+        self.jobs: dict[str, Job] = {}
+        self.owner: dict[int, str] = {}  # pid -> job
+        self.injected: dict[str, int] = dict.fromkeys(INJECTED, 0)
+        self.started_jobs = 0
+        self.recv_queued = 0
+        self.next_kind: str | None = None
+        self.coverage = list(INJECTED)
+        self.rng.shuffle(self.coverage)  # the first faults cover every kind
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix="mlxwd-soak-"))
+        self.record_dir = self.workdir / "records"
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        self.daemon = DaemonProc(
+            self.record_dir, self.workdir / "state", deadline=config.deadline,
+            blocked_deadline=config.blocked_deadline, interval=config.interval,
+            grace=config.grace, evidence_timeout=config.evidence_timeout, kill_timeout=3,
+            retention=30)
+
+    def say(self, text: str) -> None:
+        if self.cfg.verbose:
+            print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+
+    # -- processes ------------------------------------------------------------------
+
+    def alive_ranks(self) -> int:
+        return sum(len(j.alive()) for j in self.jobs.values())
+
+    def launch(self, mode: str, size: int, args: tuple[str, ...], lifetime: float) -> Job:
+        name = f"soak-{self.started_jobs:03d}-{mode}"
+        self.started_jobs += 1
+        ring = RingJob(self.workdir / "jobs" / name, self.record_dir, size, mode, args=args,
+                       env={"MLX_WATCHDOG_JOB": name}).start()
+        job = Job(name, ring, mode, lifetime, time.monotonic())
+        self.jobs[name] = job
+        for p in ring.procs:
+            self.owner[p.pid] = name
+        self.say(f"start {name} ({size} ranks) pids {ring.pids}")
+        return job
+
+    def reap(self) -> None:
+        for job in self.jobs.values():
+            for p in job.ring.procs:
+                if p.pid not in job.exits and p.poll() is not None:
+                    job.exits[p.pid] = (p.returncode, time.time())
+                    self.say(f"{job.name} pid {p.pid} exited {p.returncode}")
+
+    def refresh(self) -> None:
+        """Mark jobs running once every rank has published and done some rounds."""
+        for job in self.jobs.values():
+            if job.running or job.exits:
+                continue
+            recs = job.ring.records()
+            if len(recs) == job.ring.size and all(r.collectives >= 2 for r in recs.values()):
+                job.running = True
+        for job in self.jobs.values():
+            for fault in job.faults:
+                if not fault.located:
+                    self.locate_recv(job, fault)
+
+    def locate_recv(self, job: Job, fault: Fault) -> None:
+        """The recv fault begins when rank 0 enters the wait that never returns."""
+        rec = job.ring.records().get(0)
+        if rec is not None and rec.phase == Phase.WAIT and rec.collectives >= 2 \
+                and rec.wait_since_ns > 0:
+            fault.mono = rec.wait_since_ns / 1e9  # CLOCK_MONOTONIC, like time.monotonic
+            fault.wall = time.time() - (time.monotonic() - fault.mono)
+            fault.located = True
+
+    # -- the driver -----------------------------------------------------------------
+
+    def fill(self) -> None:
+        while True:
+            free = self.cfg.max_ranks - self.alive_ranks()
+            if free < 2:
+                return
+            if self.recv_queued:  # a queued recv fault gets the first free pair of ranks
+                self.recv_queued -= 1
+                self.injected["recv"] += 1
+                job = self.launch("recv", 2, (), 0.0)
+                job.faults.append(Fault("recv", job.name, 0, job.ring.pids[0], located=False))
+                continue
+            size = self.rng.choice([2, 3]) if free >= 3 else 2
+            lifetime = self.rng.uniform(*self.cfg.lifetime)
+            self.launch("soak", size, (f"{lifetime:.1f}", str(self.cfg.pace)), lifetime)
+
+    def eligible(self) -> list[Job]:
+        margin = self.cfg.short_pause[1] + 2.0
+        now = time.monotonic()
+        return [j for j in self.jobs.values()
+                if j.mode == "soak" and j.running and not j.exits and j.fatal() is None
+                and not j.pausing() and now - j.launched < j.lifetime - margin]
+
+    def inject(self) -> bool:
+        if self.next_kind is None:
+            self.next_kind = (self.coverage.pop(0) if self.coverage else
+                              self.rng.choice([k for k in INJECTED for _ in range(WEIGHTS[k])]))
+        kind = self.next_kind
+        jobs = self.eligible()
+        if kind != "recv" and not jobs:
+            return False  # no job to hurt right now: the same kind next time
+        self.next_kind = None
+        if kind == "recv":
+            self.recv_queued += 1  # launched by fill() as soon as two ranks are free
+            return True
+        self.injected[kind] += 1
+        job = self.rng.choice(jobs)
+        rank = self.rng.randrange(job.ring.size)
+        pid = job.ring.pids[rank]
+        fault = Fault(kind, job.name, rank, pid)
+        os.kill(pid, signal.SIGKILL if kind == "sigkill" else signal.SIGSTOP)
+        fault.wall, fault.mono = time.time(), time.monotonic()
+        if kind == "short_pause":
+            fault.resume_at = fault.mono + self.rng.uniform(*self.cfg.short_pause)
+        job.faults.append(fault)
+        self.say(f"{kind} {job.name} rank {rank} pid {pid}")
+        return True
+
+    def resume(self) -> None:
+        now = time.monotonic()
+        for job in self.jobs.values():
+            for fault in job.faults:
+                if fault.resume_at is not None and now >= fault.resume_at:
+                    try:
+                        os.kill(fault.pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+                    self.say(f"resume {job.name} pid {fault.pid} after "
+                             f"{now - fault.mono:.2f}s")
+                    fault.resume_at = None
+
+    def tick(self) -> None:
+        self.reap()
+        self.resume()
+        self.refresh()
+        self.daemon.alive()
+
+    def settled(self) -> bool:
+        """Nothing left to watch: every job has ended, or is a hang past its bound."""
+        now = time.monotonic()
+        for job in self.jobs.values():
+            if not job.alive():
+                continue
+            fault = job.fatal()
+            if fault is None or not fault.located:
+                return False
+            if now < fault.mono + self.cfg.blocked_deadline + self.cfg.bound:
+                return False
+        return True
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.daemon.start()
+        began = time.monotonic()
+        try:
+            next_fault = began + self.rng.uniform(*cfg.fault_gap)
+            while time.monotonic() < began + cfg.seconds:
+                self.tick()
+                self.fill()
+                if time.monotonic() >= next_fault and self.inject():
+                    next_fault = time.monotonic() + self.rng.uniform(*cfg.fault_gap)
+                time.sleep(0.05)
+            drain_until = time.monotonic() + cfg.drain
+            while time.monotonic() < drain_until and not self.settled():
+                self.tick()
+                time.sleep(0.05)
+            self.tick()
+            time.sleep(1.0)  # the last incidents' journal lines
+            self.cleanup()
+            figures = self.oracle()
+            figures["wall_seconds"] = round(time.monotonic() - began, 1)
+            figures["daemon_alive"] = self.daemon.alive()
+            return figures
+        finally:
+            self.cleanup()
+            self.daemon.stop()
+            if not cfg.keep and cfg.workdir is None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        for job in self.jobs.values():
+            for pid in job.alive():
+                job.cleanup.add(pid)
+            job.ring.stop()
+        self.reap()
+
+    # -- the oracle -----------------------------------------------------------------
+
+    def oracle(self) -> dict[str, Any]:
+        cfg = self.cfg
+        incidents = self.daemon.incidents()  # raises on a malformed line
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        wrong: list[str] = []
+        killed_by_watchdog: dict[int, dict[str, Any]] = {}
+        for inc in incidents:
+            by_job.setdefault(inc["job"], []).append(inc)
+            for pid_text, outcome in inc.get("outcome", {}).items():
+                pid = int(pid_text)
+                if outcome == "killed":
+                    killed_by_watchdog[pid] = inc
+            for pid in inc["pids"]:
+                if pid not in self.owner:
+                    wrong.append(f"pid {pid} is not a rank of the soak (incident {inc['id']})")
+        for pid, inc in killed_by_watchdog.items():
+            job = self.jobs.get(self.owner.get(pid, ""))
+            if job is None:
+                continue
+            fault = job.fatal()
+            first = min((s["time"] for s in inc["signals"]), default=inc["time"])
+            if fault is None or fault.wall > first:
+                wrong.append(f"{job.name} pid {pid}: killed with no hang injected "
+                             f"({inc['reason']})")
+
+        caught = missed = 0
+        blame_errors: list[str] = []
+        slack: list[float] = []
+        ended: list[float] = []
+        bad_exits: list[str] = []
+        wrong_results = 0
+        peer_lost = {"mlx_error": 0, "other_exit": 0, "watchdog": 0, "not_ended": 0}
+        short_ok = clean_jobs = 0
+        for job in self.jobs.values():
+            for rank, p in enumerate(job.ring.procs):
+                code = job.exits.get(p.pid, (None, 0.0))[0]
+                if code == 3:
+                    wrong_results += 1
+                    bad_exits.append(f"{job.name} rank {rank}: wrong all_sum result")
+            fault = job.fatal()
+            if fault is None:
+                if any(pid in job.cleanup for pid in job.ring.pids):
+                    continue  # still running when the soak ended: no verdict on it
+                codes = [job.exits[pid][0] for pid in job.ring.pids]
+                if codes != [0] * len(codes):
+                    bad_exits.append(f"{job.name}: healthy job exited {codes}")
+                    continue
+                clean_jobs += 1
+                short_ok += sum(f.kind == "short_pause" for f in job.faults)
+                continue
+            if fault.kind == "sigkill":
+                survivors = [pid for pid in job.ring.pids if pid != fault.pid]
+                for pid in survivors:
+                    if pid in killed_by_watchdog:
+                        peer_lost["watchdog"] += 1
+                    elif pid in job.exits and pid not in job.cleanup:
+                        rank = job.ring.pids.index(pid)
+                        peer_lost["mlx_error" if PEER_LOST in job.ring.log(rank)
+                                  else "other_exit"] += 1
+                    else:
+                        peer_lost["not_ended"] += 1
+                        missed += 1
+                continue
+            # A hang: every rank must have been ended by the watchdog in time.
+            incs = by_job.get(job.name, [])
+            victims = {int(pid) for inc in incs for pid, outcome in inc["outcome"].items()
+                       if outcome == "killed"}
+            if not fault.located or not incs or set(job.ring.pids) - victims:
+                missed += 1
+                why = ("never reached its hung wait" if not fault.located
+                       else f"not ended (killed {sorted(victims)} of {job.ring.pids})")
+                bad_exits.append(f"{job.name}: {fault.kind} missed: {why}")
+                continue
+            inc = incs[0]
+            deadline = cfg.blocked_deadline if inc["verdict"] == "blocked" else cfg.deadline
+            term = min(s["time"] for s in inc["signals"] if s["signal"] == "SIGTERM")
+            late = term - fault.wall - deadline
+            if late > cfg.bound:
+                missed += 1
+                bad_exits.append(f"{job.name}: ended {late:.1f}s after its deadline")
+                continue
+            caught += 1
+            slack.append(late)
+            ended.append(max(job.exits[pid][1] for pid in job.ring.pids) - fault.wall)
+            if fault.kind == "long_pause":
+                culprit = inc.get("culprit") or {}
+                if culprit.get("pid") != fault.pid:
+                    blame_errors.append(f"{job.name}: paused pid {fault.pid}, culprit {culprit}")
+
+        def stat(values: list[float], how: Any) -> float | None:
+            return round(how(values), 2) if values else None
+
+        return {
+            "seed": cfg.seed,
+            "seconds": cfg.seconds,
+            "deadline": cfg.deadline,
+            "blocked_deadline": cfg.blocked_deadline,
+            "interval": cfg.interval,
+            "jobs_started": self.started_jobs,
+            "rank_processes": len(self.owner),
+            "faults_injected": {**self.injected, "clean_exit": clean_jobs,
+                                "new_job": self.started_jobs},
+            "clean_exits": clean_jobs,
+            "short_pauses_survived": short_ok,
+            "hangs_caught": caught,
+            "hangs_missed": missed,
+            "wrong_kills": len(wrong),
+            "culprit_errors": len(blame_errors),
+            "bad_exits": len(bad_exits),
+            "wrong_results": wrong_results,
+            "peer_killed_survivors": peer_lost,
+            "incidents": len(incidents),
+            "slack_median_s": stat(slack, statistics.median),
+            "slack_worst_s": stat(slack, max),
+            "hang_to_end_median_s": stat(ended, statistics.median),
+            "hang_to_end_worst_s": stat(ended, max),
+            "problems": wrong + blame_errors + bad_exits,
+        }
+
+
+def failed(figures: dict[str, Any]) -> bool:
+    return bool(figures["wrong_kills"] or figures["hangs_missed"] or figures["culprit_errors"]
+                or figures["bad_exits"] or figures["wrong_results"])
+
+
+def report(figures: dict[str, Any]) -> str:
+    f = figures
+    lines = [
+        f"soak: seed {f['seed']}, {f['seconds']:g}s of injection ({f['wall_seconds']}s in all), "
+        f"deadline {f['deadline']:g}s (blocked {f['blocked_deadline']:g}s), "
+        f"interval {f['interval']:g}s",
+        f"jobs started        {f['jobs_started']} ({f['rank_processes']} rank processes)",
+        "faults injected     " + ", ".join(f"{k} {v}" for k, v in f["faults_injected"].items()),
+        f"clean job exits     {f['clean_exits']} (short pauses survived: "
+        f"{f['short_pauses_survived']})",
+        f"hangs caught        {f['hangs_caught']}",
+        f"hangs missed        {f['hangs_missed']}",
+        f"wrong kills         {f['wrong_kills']}",
+        f"culprit errors      {f['culprit_errors']}",
+        f"bad exits           {f['bad_exits']} (wrong all_sum results: {f['wrong_results']})",
+        "peer SIGKILLed      survivors ended by MLX error "
+        f"{f['peer_killed_survivors']['mlx_error']}, otherwise "
+        f"{f['peer_killed_survivors']['other_exit']}, by the watchdog "
+        f"{f['peer_killed_survivors']['watchdog']}, not ended "
+        f"{f['peer_killed_survivors']['not_ended']}",
+        f"detection slack     median {f['slack_median_s']}s, worst {f['slack_worst_s']}s "
+        "(first SIGTERM - fault - deadline)",
+        f"hang to job gone    median {f['hang_to_end_median_s']}s, "
+        f"worst {f['hang_to_end_worst_s']}s",
+        f"incidents           {f['incidents']}; daemon alive at the end: {f['daemon_alive']}",
+    ]
+    lines += [f"PROBLEM: {p}" for p in f["problems"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=300.0,
+                        help="how long faults are injected (the drain comes on top)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--deadline", type=float, default=3.0)
+    parser.add_argument("--max-ranks", type=int, default=6)
+    parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each event")
+    args = parser.parse_args(argv)
+    cfg = Config(seconds=args.seconds, seed=args.seed, deadline=args.deadline,
+                 max_ranks=args.max_ranks, workdir=args.workdir, keep=args.keep,
+                 verbose=args.verbose)
+    figures = Soak(cfg).run()
+    print(report(figures))
+    if args.json:
+        print(json.dumps(figures, indent=1))
+    return 1 if failed(figures) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
