@@ -1,17 +1,18 @@
-"""Time per collective of a real 3-rank MLX ring all_sum loop, with and without the hook.
+"""Time per collective of a real MLX ring all_sum loop, with and without the hook.
 
-Three ranks of benchmarks/ring_rank.py on 127.0.0.1, launched directly
-(subprocess, MLX_HOSTFILE JSON, MLX_RANK; not mlx.launch), run the same loop
-`mx.eval(mx.distributed.all_sum(x))` on a small tensor in rounds of a fixed
-number of iterations. Rounds alternate plain / instrumented / instrumented /
-plain (the hook installed and uninstalled in the same processes between
-rounds), which cancels drift of the machine. Prints the median time per
-collective of each kind over the rounds (rank 0's clock, which all ranks
-share in lock step), the 10th percentile of each (the rounds least disturbed
-by other processes on a shared machine), and the ratio instrumented / plain
-(target <= 1.01).
+N ranks (3 by default) of benchmarks/ring_rank.py on 127.0.0.1, launched
+directly (subprocess, MLX_HOSTFILE JSON, MLX_RANK; not mlx.launch), run the
+same loop `mx.eval(mx.distributed.all_sum(x))` on a small tensor in rounds of
+a fixed number of iterations, of three kinds: plain MLX, the two calls behind
+do-nothing Python wrappers, and the hook installed (uninstalled again after
+the round, in the same processes). Rounds cycle plain, wrapped, hook, hook,
+wrapped, plain, which cancels drift of the machine. Prints the median, 10th
+percentile, min and max time per collective of each kind (rank 0's clock;
+the ranks run in lock step) and the ratios hook/plain (target <= 1.01),
+wrapped/plain (what a Python wrapper alone does to the figure) and
+hook/wrapped (what the hook adds beyond that).
 
-    python benchmarks/ring_overhead.py --rounds 40 --iterations 2000 --floats 16
+    python benchmarks/ring_overhead.py --rounds 42 --iterations 2000 --floats 16 --size 2
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def run_job(workdir: Path, size: int, rounds: int, iterations: int, floats: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=40, help="a multiple of 4 (ABBA)")
+    parser.add_argument("--rounds", type=int, default=42, help="a multiple of 6")
     parser.add_argument("--iterations", type=int, default=2000, help="collectives per round")
     parser.add_argument("--floats", type=int, default=16, help="float32 elements per all_sum")
     parser.add_argument("--size", type=int, default=3, help="ranks")
@@ -78,27 +79,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rounds = run_job(Path(tmp), args.size, args.rounds, args.iterations, args.floats)
     load = os.getloadavg()
-    plain = [r["ns"] for r in rounds if not r["instrumented"]]
-    instr = [r["ns"] for r in rounds if r["instrumented"]]
-    # ABBA quartets: the ratio within each quartet, where drift cancels best.
-    quartets = []
-    for q in range(len(rounds) // 4):
-        a = rounds[4 * q: 4 * q + 4]
-        quartets.append((a[1]["ns"] + a[2]["ns"]) / (a[0]["ns"] + a[3]["ns"]))
-    mp, mi = statistics.median(plain), statistics.median(instr)
+    ns = {kind: [r["ns"] for r in rounds if r["kind"] == kind]
+          for kind in ("plain", "wrapped", "hook")}
+    # Within each cycle of six rounds (ABCCBA) drift cancels best.
+    cycles = [rounds[6 * c: 6 * c + 6] for c in range(len(rounds) // 6)]
+
+    def cycle_ratio(kind: str, base: str) -> list[float]:
+        return [sum(r["ns"] for r in cyc if r["kind"] == kind)
+                / sum(r["ns"] for r in cyc if r["kind"] == base) for cyc in cycles]
+
     print(f"{args.size} ranks, {args.floats} float32, {len(rounds)} rounds x "
-          f"{args.iterations} all_sum (rank 0):")
-    print(f"  plain:        median {mp / 1000:8.2f} us/collective  (min {min(plain) / 1000:.2f},"
-          f" max {max(plain) / 1000:.2f})")
-    print(f"  instrumented: median {mi / 1000:8.2f} us/collective  (min {min(instr) / 1000:.2f},"
-          f" max {max(instr) / 1000:.2f})")
-    # The least disturbed rounds: on a shared machine, other processes only add time.
-    p10p, p10i = quantile(plain, 0.1), quantile(instr, 0.1)
-    print(f"  10th percentile: plain {p10p / 1000:.2f}, instrumented {p10i / 1000:.2f} "
-          f"us/collective, ratio {p10i / p10p:.4f}, difference {(p10i - p10p) / 1000:+.2f} us")
-    print(f"  ratio instrumented/plain: {mi / mp:.4f} (medians); per-ABBA-quartet ratios: "
-          f"median {statistics.median(quartets):.4f}, min {min(quartets):.4f}, "
-          f"max {max(quartets):.4f}; difference {(mi - mp) / 1000:+.2f} us")
+          f"{args.iterations} all_sum (rank 0), us per collective:")
+    print(f"  {'kind':<8} {'median':>8} {'p10':>8} {'min':>8} {'max':>8}")
+    for kind, values in ns.items():
+        print(f"  {kind:<8} {statistics.median(values) / 1000:8.2f} "
+              f"{quantile(values, 0.1) / 1000:8.2f} {min(values) / 1000:8.2f} "
+              f"{max(values) / 1000:8.2f}")
+    for kind, base in (("hook", "plain"), ("wrapped", "plain"), ("hook", "wrapped")):
+        ratios = cycle_ratio(kind, base)
+        medians = statistics.median(ns[kind]) / statistics.median(ns[base])
+        print(f"  ratio {kind}/{base}: {medians:.4f} (medians); per cycle: median "
+              f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}")
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 

@@ -3,12 +3,17 @@
     python ring_rank.py ROUNDS ITERATIONS FLOATS RECORD_DIR
 
 Joins the ring, then runs ROUNDS timed rounds of ITERATIONS
-`mx.eval(mx.distributed.all_sum(x))` with x of FLOATS float32. Rounds follow
-the pattern plain, instrumented, instrumented, plain (ABBA, repeated), so a
-linear drift of the machine cancels: `watchdog.install()` before an
-instrumented round, `watchdog.uninstall()` after it. Every rank follows the
-same pattern, and a small all_sum lines the ranks up before each round. Prints
-one JSON line per round: {"round", "instrumented", "ns"}.
+`mx.eval(mx.distributed.all_sum(x))` with x of FLOATS float32, in three kinds:
+
+    plain    MLX as it is
+    wrapped  mx.eval and all_sum behind do-nothing Python wrappers: what any
+             Python-level instrumentation costs before it does anything
+    hook     `watchdog.install()` for the round, `watchdog.uninstall()` after
+
+Rounds cycle plain, wrapped, hook, hook, wrapped, plain, so a linear drift of
+the machine cancels. Every rank follows the same cycle, and a small all_sum
+lines the ranks up before each round. Prints one JSON line per round:
+{"round", "kind", "ns"}.
 """
 
 import json
@@ -21,6 +26,7 @@ import watchdog
 
 ROUNDS, ITERATIONS, FLOATS = (int(a) for a in sys.argv[1:4])
 RECORD_DIR = sys.argv[4]
+CYCLE = ("plain", "wrapped", "hook", "hook", "wrapped", "plain")
 
 group = mx.distributed.init(backend="ring", strict=True)
 rank, size = group.rank(), group.size()
@@ -28,27 +34,41 @@ x = mx.ones(FLOATS)
 mx.eval(x)
 sync = mx.zeros(1)
 mx.eval(sync)
+plain_eval, plain_all_sum = mx.eval, mx.distributed.all_sum
+
+
+def wrapped_eval(*args, **kwargs):
+    return plain_eval(*args, **kwargs)
+
+
+def wrapped_all_sum(*args, **kwargs):
+    return plain_all_sum(*args, **kwargs)
+
 
 for _ in range(max(200, ITERATIONS // 5)):  # warm up the sockets and the caches
     mx.eval(mx.distributed.all_sum(x))
 
 for rnd in range(ROUNDS):
-    instrumented = rnd % 4 in (1, 2)
-    if instrumented:
+    kind = CYCLE[rnd % len(CYCLE)]
+    if kind == "hook":
         hb = watchdog.install(directory=RECORD_DIR, job="ring-overhead")
         if not hb.active:
             sys.exit("the hook did not install")
+    elif kind == "wrapped":
+        mx.eval, mx.distributed.all_sum = wrapped_eval, wrapped_all_sum
     mx.eval(mx.distributed.all_sum(sync))  # line the ranks up
     began = time.perf_counter_ns()
     for _ in range(ITERATIONS):
         y = mx.distributed.all_sum(x)
         mx.eval(y)
     took = time.perf_counter_ns() - began
-    if instrumented:
+    if kind == "hook":
         if hb.collectives < ITERATIONS:
             sys.exit(f"instrumented round counted {hb.collectives} collectives")
         watchdog.uninstall()
+    elif kind == "wrapped":
+        mx.eval, mx.distributed.all_sum = plain_eval, plain_all_sum
     if y[0].item() != size:
         sys.exit(f"WRONG all_sum: {y[0].item()} != {size}")
-    print(json.dumps({"rank": rank, "round": rnd, "instrumented": instrumented,
-                      "ns": took / ITERATIONS}), flush=True)
+    print(json.dumps({"rank": rank, "round": rnd, "kind": kind, "ns": took / ITERATIONS}),
+          flush=True)
