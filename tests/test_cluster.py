@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from ranks import DaemonProc, RingJob, free_ports, wait_for
 
 from watchdog import cluster, fence
+from watchdog.record import RecordWriter
 
 SECRET = "correct horse battery staple"
 
@@ -119,6 +121,39 @@ def test_fence_ends_the_peers_ranks_at_once(tmp_path):
                 assert inc["verdict"] == "fenced"
                 assert inc["culprit"]["rank"] == 1
                 assert inc["outcome"] == {str(job.procs[node].pid): "killed"}
+    finally:
+        _stop(daemons)
+
+
+def test_a_forged_crash_record_fences_no_one(tmp_path):
+    """Anyone may write a record naming a dead pid, a real job and "open" (a crash).
+    Its pid was never seen alive, so it proves nothing: no peer may be fenced."""
+    daemons, _ = _nodes(tmp_path, 2, deadline=60, blocked_deadline=60, secret=SECRET,
+                        interval=0.1)
+    try:
+        with RingJob(tmp_path, [d.record_dir for d in daemons], 2, "idle") as job:
+            wait_for(lambda: all(len(d.ranks()) == 1 for d in daemons), 60,
+                     what="each node watching its rank")
+            (real,) = daemons[0].ranks().values()
+            gone = subprocess.Popen(["true"])
+            gone.wait()
+            forged = daemons[0].record_dir / "forged.rec"
+            RecordWriter(str(forged), pid=gone.pid, start_time=time.time() - 5,
+                         uid=os.getuid(), host="h", job=real["job"], rank=1, world_size=2,
+                         backend="ring", dump_signal=0)  # left open: a "crash"
+            copy = daemons[0].record_dir / "copy.rec"
+            copy.write_bytes(next(daemons[0].record_dir.glob(f"{real['pid']}*.rec"))
+                             .read_bytes())
+            wait_for(lambda: gone.pid in daemons[0].ranks(), 10, what="the forged record seen")
+            wait_for(lambda: str(copy) in daemons[0].status()["invalid_records"], 10,
+                     what="the copy reported")
+            time.sleep(1)  # ten scans on each node
+            assert all(p.poll() is None for p in job.procs), "a rank was fenced"
+            assert daemons[0].ranks()[gone.pid]["state"] == "exited"
+            assert "fencing" not in daemons[0].log()
+            assert daemons[1].incidents() == [] and daemons[0].incidents() == []
+            assert "a copy of the record of pid" in daemons[0].status()["invalid_records"][
+                str(copy)]
     finally:
         _stop(daemons)
 

@@ -46,10 +46,36 @@ def test_unusable_files_are_opened_once_until_they_change(tmp_path: Path,
     assert first == second and set(first) == {"a.rec", "b.rec"}
     assert "bad magic" in first["a.rec"] and "size 5" in first["b.rec"]
     assert opened == ["a.rec"]
-    os.truncate(tmp_path / "a.rec", 0)  # changed: looked at again
+    os.truncate(tmp_path / "a.rec", 0)  # changed in place: still the same junk file
     os.truncate(tmp_path / "a.rec", record.RECORD_SIZE)
     list(rd.read())
-    assert opened == ["a.rec", "a.rec"]
+    assert opened == ["a.rec"]
+    w = real_record(tmp_path / "new.rec")  # a rank publishes by renaming into place
+    try:
+        os.rename(w.path, tmp_path / "a.rec")
+        (entry,) = [e for e in rd.read() if e.path.endswith("a.rec")]
+        assert entry.record is not None and opened == ["a.rec", "a.rec"]
+    finally:
+        w.close(record.STATUS_CLOSED, remove=False)
+
+
+def test_a_record_torn_mid_init_is_read_again_next_scan(tmp_path: Path,
+                                                        opened: list[str]) -> None:
+    """Stopped inside set_identity (the magic blanked, seq odd): unusable now, but
+    it must not be written off, or the rank would stay hidden when it resumes."""
+    w = real_record(tmp_path / "r.rec")
+    try:
+        w.begin()
+        w.words[0] = 0  # the magic's word, as struct.pack_into blanks it
+        rd = RecordDir(str(tmp_path))
+        (entry,) = rd.read()
+        assert entry.record is None and "mid-write" in entry.why
+        w.set_identity(rank=0, world_size=1)  # resumes: rewrites the identity...
+        w.end()  # ...and closes the write it was stopped in
+        (entry,) = rd.read()
+        assert entry.record is not None and opened == ["r.rec", "r.rec"]
+    finally:
+        w.close(record.STATUS_CLOSED)
 
 
 def test_a_forged_record_marked_bad_is_skipped_until_it_changes(tmp_path: Path,

@@ -48,6 +48,10 @@ class Rank:
     escalating: bool = False
     gone_at: float | None = None  # monotonic seconds when it reached a final state
     acted_on: tuple[int, int] | None = None  # the wait an incident was raised for
+    # Its identity was checked against the live process at least once. A record
+    # whose pid was already gone at first sight proves nothing (anyone can
+    # write one naming a dead pid and any job), so its "crash" fences no one.
+    seen_alive: bool = False
 
     @property
     def key(self) -> tuple[int, float]:
@@ -140,6 +144,12 @@ class Daemon:
                 continue
             key = (rec.pid, rec.start_time)
             rank = self.ranks.get(key)
+            if rank is not None and rank.path != path:
+                # A process has one record: a second one naming it is a copy.
+                why = f"a copy of the record of pid {rec.pid} in {rank.path}"
+                self.records.mark_bad(path, st, why)
+                self._report_invalid(path, why, st)
+                continue
             if rank is not None and rank.state in FINAL:
                 seen.add(key)
                 if rank.state == State.UNKILLABLE and not self.signaller.alive(rank.target()):
@@ -166,7 +176,7 @@ class Daemon:
                 continue
             seen.add(key)
             rank = rank or self._add(path, rec)
-            rank.record, rank.path = rec, path
+            rank.record, rank.seen_alive = rec, True
             verdict = self.detector.observe(rec, sample, now_ns, load)
             rank.verdict, rank.reason = verdict, verdict.reason
             if not rank.escalating:
@@ -206,7 +216,7 @@ class Daemon:
         crashed = status != record.STATUS_CLOSED
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
-        if crashed and rank.record.world_size > 1:
+        if crashed and rank.record.world_size > 1 and rank.seen_alive:
             self._fence_peers(rank.record.job, f"rank {rank.record.rank} died without "
                               "closing its record", self._culprit_of(rank, "died"))
 

@@ -2,12 +2,16 @@
 
 The directory is shared (sticky and world-writable under a service), so any
 user may fill it with anything. Every file is looked at with `lstat` first;
-only regular files of the record's size are opened. A file found unusable is
-remembered with its stat signature and not read again until it changes, and
-the number of files opened per scan is capped. Files the daemon already
-watches are read first on every scan; the others are taken in turn from
-where the last scan stopped, so junk that sorts first can delay a new record
-by a scan or two but never hide it.
+only regular files of the record's size are opened. A file found unusable
+for good (wrong type, size, magic, version or owner; a forged identity) is
+remembered with its inode and costs nothing more, not even an `lstat`, until
+its name holds another file: a rank publishes its record by renaming a new
+file into place, so a real record always comes with a new inode. A record
+torn mid-write may read fine next time and is not remembered. The number of
+files opened per scan is capped. Files the daemon already watches are read
+first on every scan; the others are taken in turn from where the last scan
+stopped, so junk that sorts first can delay a new record by a scan or two
+but never hide it.
 """
 
 from __future__ import annotations
@@ -34,21 +38,17 @@ class Entry(NamedTuple):
     stat: os.stat_result | None
 
 
-def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def read_record(path: str, st: os.stat_result | None = None
-                ) -> tuple[Record | None, str, os.stat_result | None]:
-    """One file: its record, or why it is not usable ("" when it has just gone)."""
+def _read(path: str, st: os.stat_result | None
+          ) -> tuple[Record | None, str, os.stat_result | None, bool]:
+    """`read_record`, plus whether a failure lasts as long as the file's inode."""
     try:
         st = st or os.lstat(path)
     except FileNotFoundError:
-        return None, "", None
+        return None, "", None, False
     if not stat.S_ISREG(st.st_mode):
-        return None, "not a regular file", st
+        return None, "not a regular file", st, True
     if st.st_size != record.RECORD_SIZE:
-        return None, f"size {st.st_size}, not {record.RECORD_SIZE}", st
+        return None, f"size {st.st_size}, not {record.RECORD_SIZE}", st, True
     try:
         rec = record.read_path(path)
     except record.RecordBusy as err:
@@ -58,14 +58,26 @@ def read_record(path: str, st: os.stat_result | None = None
         try:
             rec = record.decode(err.last)
         except RecordError:
-            return None, str(err), st
+            # A rank stopped inside set_identity shows our magic or, while
+            # struct.pack_into has blanked it, zeros: it may read fine next
+            # scan. Any other magic is junk with an odd word where seq goes.
+            magic = err.last[:len(record.MAGIC)]
+            return None, str(err), st, magic not in (record.MAGIC, bytes(len(record.MAGIC)))
     except RecordError as err:
         if isinstance(err.__cause__, FileNotFoundError):
-            return None, "", None  # the rank closed and removed it meanwhile: not garbage
-        return None, str(err), st
+            return None, "", None, False  # the rank closed and removed it meanwhile
+        return None, str(err), st, not isinstance(err.__cause__, OSError)
     if rec.uid != st.st_uid:
-        return None, f"record claims uid {rec.uid} but the file is owned by uid {st.st_uid}", st
-    return rec, "", st
+        return None, f"record claims uid {rec.uid} but the file is owned by uid {st.st_uid}", \
+            st, True
+    return rec, "", st, False
+
+
+def read_record(path: str, st: os.stat_result | None = None
+                ) -> tuple[Record | None, str, os.stat_result | None]:
+    """One file: its record, or why it is not usable ("" when it has just gone)."""
+    rec, why, st, _ = _read(path, st)
+    return rec, why, st
 
 
 class RecordDir:
@@ -75,20 +87,23 @@ class RecordDir:
         self.directory = directory
         self.max_reads = max_reads
         self.cursor = ""  # where a scan that hit the cap stopped: the next starts there
-        self.bad: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+        # path -> (inode, why, stat) of files that stay unusable while their inode does
+        self.bad: dict[str, tuple[int, str, os.stat_result]] = {}
 
     def mark_bad(self, path: str, st: os.stat_result | None, why: str) -> None:
-        """The caller found this record unusable (say, forged): skip it until it changes."""
+        """The caller found this record unusable for good (say, forged): skip it
+        until the name holds another file."""
         if st is not None:
-            self.bad[path] = (_signature(st), why)
+            self.bad[path] = (st.st_ino, why, st)
 
-    def _names(self) -> list[str]:
+    def _list(self) -> dict[str, int]:
+        """The `*.rec` names in the directory, each with its inode (from readdir: free)."""
         try:
             with os.scandir(self.directory) as it:
-                return sorted(e.name for e in it if e.name.endswith(record.SUFFIX))
+                return {e.name: e.inode() for e in it if e.name.endswith(record.SUFFIX)}
         except OSError as err:
             log.error("cannot list %s: %s", self.directory, err)
-            return []
+            return {}
 
     def read(self, watched: Collection[str] = ()) -> Iterator[Entry]:
         """Every usable record and every unusable file, within this scan's budget.
@@ -96,7 +111,8 @@ class RecordDir:
         `watched` are the paths of records already known: always read. A file
         that vanished between the listing and the read is left out.
         """
-        names = self._names()
+        inodes = self._list()
+        names = sorted(inodes)
         paths = [os.path.join(self.directory, n) for n in names]
         first = [p for p in paths if p in watched]
         start = bisect.bisect_left(names, self.cursor)
@@ -106,13 +122,13 @@ class RecordDir:
         self.cursor = ""
         opened = 0
         for path in first + rest:
+            known = self.bad.get(path)
+            if known is not None and known[0] == inodes[os.path.basename(path)]:
+                yield Entry(path, None, known[1], known[2])  # no syscall at all
+                continue
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
-                continue
-            known = self.bad.get(path)
-            if known is not None and known[0] == _signature(st):
-                yield Entry(path, None, known[1], st)
                 continue
             if path not in watched:
                 if opened >= self.max_reads:
@@ -123,8 +139,8 @@ class RecordDir:
                     return
                 if stat.S_ISREG(st.st_mode) and st.st_size == record.RECORD_SIZE:
                     opened += 1
-            rec, why, st2 = read_record(path, st)
-            if rec is None and why:
+            rec, why, st2, lasting = _read(path, st)
+            if rec is None and why and lasting:
                 self.mark_bad(path, st2, why)
             if rec is not None or why:
                 yield Entry(path, rec, why, st2)
