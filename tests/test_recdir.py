@@ -42,8 +42,10 @@ def test_unusable_files_are_opened_once_until_they_change(tmp_path: Path,
     (tmp_path / "b.rec").write_bytes(b"short")  # wrong size: never opened at all
     rd = RecordDir(str(tmp_path))
     first = {os.path.basename(e.path): e.why for e in rd.read()}
-    second = {os.path.basename(e.path): e.why for e in rd.read()}
+    assert list(rd.read()) == []  # known: not even looked at again
+    second = {os.path.basename(e.path): e.why for e in rd.read(all_files=True)}
     assert first == second and set(first) == {"a.rec", "b.rec"}
+    assert rd.unusable(1) == {str(tmp_path / "a.rec"): first["a.rec"]}
     assert "bad magic" in first["a.rec"] and "size 5" in first["b.rec"]
     assert opened == ["a.rec"]
     os.truncate(tmp_path / "a.rec", 0)  # changed in place: still the same junk file
@@ -86,7 +88,8 @@ def test_a_forged_record_marked_bad_is_skipped_until_it_changes(tmp_path: Path,
         (entry,) = rd.read()
         assert entry.record is not None
         rd.mark_bad(entry.path, entry.stat, "forged")
-        (again,) = rd.read()
+        assert list(rd.read()) == []
+        (again,) = rd.read(all_files=True)
         assert again.record is None and again.why == "forged"
         assert opened == ["r.rec"]
     finally:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
+INVALID_LISTED = 100  # unusable files named in /status; all are counted
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 
 
@@ -91,7 +92,9 @@ class Daemon:
         self.host = socket.gethostname()
         self.ranks: dict[tuple[int, float], Rank] = {}
         self.records = RecordDir(settings.dir)
-        self.invalid: dict[str, str] = {}  # path -> why, for the files invalid right now
+        # path -> why, for files found unusable this scan that may read fine later
+        # (those unusable for good are kept by self.records)
+        self.invalid: dict[str, str] = {}
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
@@ -437,6 +440,8 @@ class Daemon:
                                  key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
         c = self.counters
         flag = journal.reboot_flag(self.settings.state_dir)
+        transient = {path: why for path, why in self.invalid.items()
+                     if os.path.basename(path) not in self.records.bad}
         self.snapshot = {
             "host": self.host,
             "daemon_pid": os.getpid(),
@@ -450,7 +455,9 @@ class Daemon:
             "reboot_required": flag is not None,
             "reboot": flag,
             "ranks": ranks,
-            "invalid_records": dict(self.invalid),
+            # A directory full of junk must not make every scan write megabytes.
+            "invalid_records": {**self.records.unusable(INVALID_LISTED), **transient},
+            "invalid_files": len(self.records.bad) + len(transient),
             "counters": {
                 "stalls": dict(c.stalls), "kills": dict(c.kills),
                 "job_kills": dict(c.job_kills), "invalid_records": c.invalid_records,

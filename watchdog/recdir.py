@@ -87,14 +87,19 @@ class RecordDir:
         self.directory = directory
         self.max_reads = max_reads
         self.cursor = ""  # where a scan that hit the cap stopped: the next starts there
-        # path -> (inode, why, stat) of files that stay unusable while their inode does
-        self.bad: dict[str, tuple[int, str, os.stat_result]] = {}
+        # name -> (inode, why) of files that stay unusable while their inode does
+        self.bad: dict[str, tuple[int, str]] = {}
 
     def mark_bad(self, path: str, st: os.stat_result | None, why: str) -> None:
         """The caller found this record unusable for good (say, forged): skip it
         until the name holds another file."""
         if st is not None:
-            self.bad[path] = (st.st_ino, why, st)
+            self.bad[os.path.basename(path)] = (st.st_ino, why)
+
+    def unusable(self, limit: int) -> dict[str, str]:
+        """Up to `limit` of the files known unusable, path -> why, by name."""
+        return {os.path.join(self.directory, name): self.bad[name][1]
+                for name in sorted(self.bad)[:limit]}
 
     def _list(self) -> dict[str, int]:
         """The `*.rec` names in the directory, each with its inode (from readdir: free)."""
@@ -105,37 +110,39 @@ class RecordDir:
             log.error("cannot list %s: %s", self.directory, err)
             return {}
 
-    def read(self, watched: Collection[str] = ()) -> Iterator[Entry]:
-        """Every usable record and every unusable file, within this scan's budget.
+    def read(self, watched: Collection[str] = (), all_files: bool = False) -> Iterator[Entry]:
+        """Every usable record and every newly unusable file, within this scan's budget.
 
         `watched` are the paths of records already known: always read. A file
-        that vanished between the listing and the read is left out.
+        known unusable (see `bad`) is passed over without a syscall, and only
+        yielded again with `all_files`. A file that vanished between the
+        listing and the read is left out.
         """
         inodes = self._list()
         names = sorted(inodes)
-        paths = [os.path.join(self.directory, n) for n in names]
-        first = [p for p in paths if p in watched]
+        first = [n for n in names if os.path.join(self.directory, n) in watched]
         start = bisect.bisect_left(names, self.cursor)
-        rest = [p for p in paths[start:] + paths[:start] if p not in watched]
-        listed = set(paths)
-        self.bad = {p: v for p, v in self.bad.items() if p in listed}
+        rest = [n for n in names[start:] + names[:start] if n not in first]
+        self.bad = {n: v for n, v in self.bad.items() if inodes.get(n) == v[0]}
         self.cursor = ""
         opened = 0
-        for path in first + rest:
-            known = self.bad.get(path)
-            if known is not None and known[0] == inodes[os.path.basename(path)]:
-                yield Entry(path, None, known[1], known[2])  # no syscall at all
+        for count, name in enumerate(first + rest):
+            path = os.path.join(self.directory, name)
+            known = self.bad.get(name)
+            if known is not None:
+                if all_files:
+                    yield Entry(path, None, known[1], None)
                 continue
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
                 continue
-            if path not in watched:
+            if count >= len(first):
                 if opened >= self.max_reads:
-                    self.cursor = os.path.basename(path)
-                    names_left = len(rest) - rest.index(path)
+                    self.cursor = name
                     log.warning("%d files of %s left for the next scan (at most %d opened per "
-                                "scan)", names_left, self.directory, self.max_reads)
+                                "scan)", len(first) + len(rest) - count, self.directory,
+                                self.max_reads)
                     return
                 if stat.S_ISREG(st.st_mode) and st.st_size == record.RECORD_SIZE:
                     opened += 1
@@ -148,4 +155,4 @@ class RecordDir:
 
 def read_dir(directory: str) -> Iterator[Entry]:
     """One pass over a directory, with no memory of earlier ones (for the CLI)."""
-    return RecordDir(directory).read()
+    return RecordDir(directory).read(all_files=True)
