@@ -10,7 +10,9 @@ wrapped, plain, which cancels drift of the machine. Prints the median, 10th
 percentile, min and max time per collective of each kind (rank 0's clock;
 the ranks run in lock step) and the ratios hook/plain (target <= 1.01),
 wrapped/plain (what a Python wrapper alone does to the figure) and
-hook/wrapped (what the hook adds beyond that).
+hook/wrapped (what the hook adds beyond that), and the main thread's CPU
+time per collective of each kind: what the instrumentation really costs in
+place, caches cold and cores shared, as opposed to a warm micro-benchmark.
 
     python benchmarks/ring_overhead.py --rounds 42 --iterations 2000 --floats 16 --size 2
 """
@@ -95,6 +97,11 @@ def main() -> None:
         print(f"  {kind:<8} {statistics.median(values) / 1000:8.2f} "
               f"{quantile(values, 0.1) / 1000:8.2f} {min(values) / 1000:8.2f} "
               f"{max(values) / 1000:8.2f}")
+    cpu = {kind: statistics.median(r["cpu_ns"] for r in rounds if r["kind"] == kind) / 1000
+           for kind in ns}
+    print(f"  main thread's CPU per collective (median): plain {cpu['plain']:.2f}, wrapped "
+          f"{cpu['wrapped']:.2f}, hook {cpu['hook']:.2f} us; the hook adds "
+          f"{cpu['hook'] - cpu['plain']:+.2f} us")
     for kind, base in (("hook", "plain"), ("wrapped", "plain"), ("hook", "wrapped")):
         ratios = cycle_ratio(kind, base)
         medians = statistics.median(ns[kind]) / statistics.median(ns[base])

@@ -13,7 +13,8 @@ Joins the ring, then runs ROUNDS timed rounds of ITERATIONS
 Rounds cycle plain, wrapped, hook, hook, wrapped, plain, so a linear drift of
 the machine cancels. Every rank follows the same cycle, and a small all_sum
 lines the ranks up before each round. Prints one JSON line per round:
-{"round", "kind", "ns"}.
+{"round", "kind", "ns", "cpu_ns"}: wall time and the main thread's CPU time
+(time.thread_time_ns), per collective.
 """
 
 import json
@@ -57,11 +58,11 @@ for rnd in range(ROUNDS):
     elif kind == "wrapped":
         mx.eval, mx.distributed.all_sum = wrapped_eval, wrapped_all_sum
     mx.eval(mx.distributed.all_sum(sync))  # line the ranks up
-    began = time.perf_counter_ns()
+    began, cpu = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(ITERATIONS):
         y = mx.distributed.all_sum(x)
         mx.eval(y)
-    took = time.perf_counter_ns() - began
+    took, cpu = time.perf_counter_ns() - began, time.thread_time_ns() - cpu
     if kind == "hook":
         if hb.collectives < ITERATIONS:
             sys.exit(f"instrumented round counted {hb.collectives} collectives")
@@ -70,5 +71,5 @@ for rnd in range(ROUNDS):
         mx.eval, mx.distributed.all_sum = plain_eval, plain_all_sum
     if y[0].item() != size:
         sys.exit(f"WRONG all_sum: {y[0].item()} != {size}")
-    print(json.dumps({"rank": rank, "round": rnd, "kind": kind, "ns": took / ITERATIONS}),
-          flush=True)
+    print(json.dumps({"rank": rank, "round": rnd, "kind": kind, "ns": took / ITERATIONS,
+                      "cpu_ns": cpu / ITERATIONS}), flush=True)
