@@ -198,3 +198,20 @@ def test_a_rank_stopped_inside_its_record_write_is_still_named_and_ended(record_
                 p.send_signal(signal.SIGCONT)
                 p.kill()
             p.wait()
+
+
+def test_evidence_that_cannot_be_written_never_stops_the_kill(tmp_path, record_dir,
+                                                              state_dir):
+    """The evidence folder cannot be made (a file in its place, as a full or broken
+    disk would): the hung job is still ended, and the incident says why it has no
+    stacks."""
+    (state_dir / "evidence").write_text("not a directory")
+    with DaemonProc(record_dir, state_dir, deadline=2) as daemon, \
+            RingJob(tmp_path, record_dir, 2, "loop") as job:
+        job.wait_running()
+        job.signal(1, signal.SIGSTOP)
+        wait_for(lambda: all_exited(job), 40, what="the hung job ended without evidence")
+        inc = wait_for(daemon.incidents, 10, what="the incident")[-1]
+        assert inc["evidence"] == [] and "evidence_error" in inc
+        assert set(inc["outcome"].values()) == {"killed"}
+        assert "escalation failed" not in daemon.log()

@@ -99,6 +99,7 @@ class Daemon:
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
         self.pending: dict[Future[dict[str, Any]], list[tuple[int, float]]] = {}
+        self.pending_since: dict[Future[dict[str, Any]], float] = {}
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
         self.wired: int | None = None
         self.baseline: int | None = None
@@ -331,6 +332,7 @@ class Daemon:
                                       [r.target() for r in targets], self.baseline, others_live,
                                       cluster=view, evidence=fenced is None)
         self.pending[future] = keys
+        self.pending_since[future] = self.clock_ns() / 1e9
 
     # -- the cluster: views and fences -------------------------------------------
 
@@ -387,17 +389,39 @@ class Daemon:
                 "progress": rank.record.waits_completed,
                 "collectives": rank.record.collectives}
 
+    def _retry(self, keys: list[tuple[int, float]]) -> None:
+        """An escalation that failed did not end its wait: judge those ranks afresh."""
+        for key in keys:
+            rank = self.ranks.get(key)
+            if rank is not None:
+                rank.escalating, rank.acted_on = False, None
+
+    def _escalation_bound(self) -> float:
+        """Seconds an escalation may take before it is presumed stuck: every
+        step's own bound, with room to spare."""
+        s = self.settings
+        return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
+                    + s.settle) + 30.0
+
     def _collect_finished(self) -> None:
         now = self.clock_ns() / 1e9
+        for future, started in list(self.pending_since.items()):
+            if not future.done() and now - started > self._escalation_bound():
+                # A thread stuck (a sampler that ignores its kill, a hung
+                # filesystem) must not leave a hang unhandled: try again beside it.
+                keys = self.pending.pop(future)
+                del self.pending_since[future]
+                log.error("an escalation has run for %.0fs; trying those ranks again",
+                          now - started)
+                self._retry(keys)
         for future in [f for f in self.pending if f.done()]:
             keys = self.pending.pop(future)
+            self.pending_since.pop(future, None)
             try:
                 incident = future.result()
             except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
-                log.exception("escalation failed")
-                for key in keys:
-                    if key in self.ranks:
-                        self.ranks[key].escalating = False
+                log.exception("escalation failed; the hung ranks will be tried again")
+                self._retry(keys)
                 continue
             for sig in incident.get("signals", []):
                 if sig["result"] == SENT and sig["signal"] in self.counters.kills:

@@ -292,7 +292,12 @@ class Enforcer:
             incident["action"] = "observed (mode observe: nothing signalled)"
             incident["outcome"] = {}
         else:
-            incident["evidence"] = self.capture(incident["id"], targets) if evidence else []
+            try:
+                incident["evidence"] = self.capture(incident["id"], targets) if evidence else []
+            except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
+                log.error("gathering evidence for incident %s failed: %s", incident["id"], err)
+                incident["evidence"] = []
+                incident["evidence_error"] = str(err)
             incident["action"] = "ended"
             outcome = self.end(incident, targets)
             incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
