@@ -281,6 +281,9 @@ class Soak:
             figures = self.oracle()
             figures["wall_seconds"] = round(time.monotonic() - began, 1)
             figures["daemon_alive"] = self.daemon.alive()
+            if failed(figures):  # the daemon's log and the ranks' logs say why
+                cfg.keep = True
+                figures["kept"] = str(self.workdir)
             return figures
         finally:
             self.cleanup()
@@ -449,6 +452,8 @@ def report(figures: dict[str, Any]) -> str:
         f"incidents           {f['incidents']}; daemon alive at the end: {f['daemon_alive']}",
     ]
     lines += [f"PROBLEM: {p}" for p in f["problems"]]
+    if f.get("kept"):
+        lines.append(f"logs kept in {f['kept']} (daemon.log, jobs/*/rank*.log)")
     return "\n".join(lines)
 
 
