@@ -453,7 +453,7 @@ def report(figures: dict[str, Any]) -> str:
     ]
     lines += [f"PROBLEM: {p}" for p in f["problems"]]
     if f.get("kept"):
-        lines.append(f"logs kept in {f['kept']} (daemon.log, jobs/*/rank*.log)")
+        lines.append(f"logs kept in {f['kept']} (daemon-*.log, jobs/*/rank*.log)")
     return "\n".join(lines)
 
 
