@@ -617,6 +617,35 @@ def test_a_full_disk_never_reaches_the_rank(tmp_path: Path) -> None:
     assert len(warnings_in(done.stderr)) == 1, done.stderr
 
 
+FILE_SIZE_LIMITED = """
+    import json, os, resource, signal, sys
+    import mlx.core as mx
+    import watchdog
+
+    # Writes past 2 KiB now fail with EFBIG (SIGXFSZ ignored, as a shell or a
+    # batch system may set it): the record's 4 KiB cannot get its blocks.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    hb = watchdog.install(sys.argv[1])
+    a = mx.arange(4) * 2
+    mx.eval(a)
+    print(json.dumps(dict(active=hb.active, files=sorted(os.listdir(sys.argv[1])),
+                          values=[a[1].item(), a.tolist()])), flush=True)
+"""
+
+
+def test_a_record_that_cannot_get_its_blocks_never_reaches_the_rank(tmp_path: Path) -> None:
+    # The same path as a full disk, on any POSIX machine: the allocation fails, install()
+    # warns once and leaves no half-made file behind; the rank runs on uninstrumented.
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(FILE_SIZE_LIMITED),
+                           str(tmp_path)], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result == dict(active=False, files=[], values=[2, [0, 2, 4, 6]])
+    assert len(warnings_in(done.stderr)) == 1, done.stderr
+
+
 def test_a_deleted_record_file_never_reaches_user_code(
         hb: watchdog.Heartbeat, capsys: pytest.CaptureFixture[str]) -> None:
     assert hb.path is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,7 +59,6 @@ def _writer(state_dir: str, writer: int, count: int, start: multiprocessing.sync
         journal.append_incident(state_dir, {"writer": writer, "n": n, "pad": padding * (n % 5)})
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX O_APPEND")
 def test_concurrent_appends_never_interleave(state_dir: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     start = ctx.Event()
