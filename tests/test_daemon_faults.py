@@ -166,7 +166,7 @@ SLEEPER = "import time\nwhile True: time.sleep(1)"
 
 def test_a_rank_stopped_inside_its_record_write_is_still_named_and_ended(record_dir,
                                                                         state_dir):
-    """SIGSTOP can land while the hook holds the record's seqlock (about 1 in 300
+    """SIGSTOP can land while the hook holds the record's seqlock (about 1 in 100
     stops of a rank in a tight collective loop, measured here): its record then
     stays mid-write for good. The daemon must still see a stopped rank of the job,
     name it, and take it down with its hung peer."""
