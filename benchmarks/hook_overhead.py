@@ -46,7 +46,8 @@ sys.path.insert(0, str(REPO))
 import mlx.core as mx  # noqa: E402
 
 import watchdog  # noqa: E402
-from watchdog import hook, record  # noqa: E402
+from watchdog import record  # noqa: E402
+from watchdog.rank import hook  # noqa: E402
 
 PTH = REPO / "watchdog" / "_pth" / "mlx_watchdog.pth"
 

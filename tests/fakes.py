@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
-from watchdog.enforcer import GONE, SENT, Target
-from watchdog.probes import Probe, ProbeError, ProcessSample
+from watchdog.daemon.enforcer import GONE, SENT, Target
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
 
 
 class FakeClock:

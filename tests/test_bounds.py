@@ -148,7 +148,7 @@ def test_a_record_removed_while_being_read_is_not_invalid(tmp_path, monkeypatch)
     """A rank that exits between the daemon's listing and its open is gone, not garbage
     (otherwise every clean exit may bump mlx_watchdog_invalid_records_total, which
     fires the MLXWatchdogInvalidRecords alert)."""
-    from watchdog import recdir
+    from watchdog.daemon import recdir
 
     me = psutil.Process()
     path = tmp_path / f"{me.pid}.rec"

@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 from ranks import REPO, DaemonProc, RingJob, base_env, wait_for
 
-from watchdog import journal
-from watchdog.cli import cli
+from watchdog.cli.commands import cli
+from watchdog.daemon import journal
 
 # Design section 7: the fields of one rank in `status --json`.
 RANK_FIELDS = ("pid", "host", "job", "rank", "world_size", "backend", "state", "phase",

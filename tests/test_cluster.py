@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from ranks import DaemonProc, RingJob, free_ports, wait_for
 
-from watchdog import cluster, fence
+from watchdog.net import cluster, fence
 from watchdog.record import RecordWriter
 
 SECRET = "correct horse battery staple"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import (
+from watchdog.daemon.config import (
     HELP,
     ConfigError,
     Settings,
@@ -21,7 +21,7 @@ from watchdog.config import (
     load_file,
     parse_listen,
 )
-from watchdog.detector import Rules
+from watchdog.daemon.detector import Rules
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -239,7 +239,7 @@ def test_cli_errors_are_one_line(argv: list[str], needle: str, tmp_path: Path,
 
 
 def test_peers_take_a_comma_separated_list_and_refuse_a_comma_in_a_host():
-    from watchdog.config import build, parse_listen
+    from watchdog.daemon.config import build, parse_listen
 
     assert build({}, {"peers": ("a:1,b:2", "c:3")}).peers == ("a:1", "b:2", "c:3")
     assert build({"peers": ["a:1, b:2"]}, {}).peers == ("a:1", "b:2")

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from ranks import DaemonProc, RingJob, wait_for
 
-from watchdog import journal
+from watchdog.daemon import journal
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

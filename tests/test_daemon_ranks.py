@@ -191,7 +191,7 @@ def _shm_remove(shmid: int) -> None:
 
 
 def test_wired_leak_flags_reboot_which_survives_restart(tmp_path, record_dir, state_dir):
-    from watchdog.cli import main as cli_main  # noqa: F401 - the CLI below runs as a process
+    from watchdog.cli.commands import main as cli_main  # noqa: F401 - the CLI below runs as a process
 
     shmid = None
     daemon = DaemonProc(record_dir, state_dir, deadline=1.5, wired_threshold=16 << 20,

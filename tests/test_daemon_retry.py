@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
 
-from watchdog.config import Settings
-from watchdog.daemon import Daemon
+from watchdog.daemon.config import Settings
+from watchdog.daemon.loop import Daemon
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from watchdog.detector import NS, Detector, Rules, busiest_ratio, deadline_for
-from watchdog.probes import ProcessSample
+from watchdog.daemon.detector import NS, Detector, Rules, busiest_ratio, deadline_for
+from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import ConfigError
-from watchdog.dirs import UnsafeDirectory, check_record_dir, check_state_dir, prepare
+from watchdog.daemon.config import ConfigError
+from watchdog.daemon.dirs import UnsafeDirectory, check_record_dir, check_state_dir, prepare
 
 NOBODY = 65534
 

@@ -8,10 +8,11 @@ import socket
 import pytest
 from click.testing import CliRunner
 
-from watchdog import doctor, journal
-from watchdog.cli import cli
-from watchdog.doctor import run_checks
-from watchdog.metrics import serve
+from watchdog.cli import doctor
+from watchdog.cli.commands import cli
+from watchdog.cli.doctor import run_checks
+from watchdog.daemon import journal
+from watchdog.net.metrics import serve
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_good_setup_reports_ok(good, daemon_http):
     assert find(lines, "ok", f"record directory {record}: owner uid {os.getuid()}, mode 1777")
     assert find(lines, "ok", f"state directory {state}: owner uid {os.getuid()}, mode 755")
     assert find(lines, "ok", f"the daemon answers at http://{listen}/healthz")
-    assert find(lines, "ok", "watchdog.hook imports")
+    assert find(lines, "ok", "watchdog.rank.hook imports")
     assert find(lines, "ok", "mlx 0.")
     assert find(lines, "ok", "no foreign 'watchdog' package")
     assert find(lines, "ok", "ranks dump their Python stacks on SIGUSR2")

@@ -30,10 +30,10 @@ from fakes import (
     target,
 )
 
-from watchdog import journal
-from watchdog.config import Settings
-from watchdog.enforcer import GONE, NOT_OURS, SENT, Enforcer, Signaller, Target
-from watchdog.probes import Probe
+from watchdog.daemon import journal
+from watchdog.daemon.config import Settings
+from watchdog.daemon.enforcer import GONE, NOT_OURS, SENT, Enforcer, Signaller, Target
+from watchdog.daemon.probes import Probe
 
 GiB = 1 << 30
 

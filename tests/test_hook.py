@@ -27,7 +27,8 @@ import psutil
 import pytest
 
 import watchdog
-from watchdog import hook, record
+from watchdog import record
+from watchdog.rank import hook  # noqa: E402
 from watchdog.states import Phase
 
 REPO = Path(__file__).resolve().parent.parent
@@ -524,7 +525,7 @@ READ_ONLY = """
     import mlx.core as mx
     import psutil  # install() imports it; after dropping root we may not reach site-packages
     import watchdog
-    import watchdog.hook  # likewise, in case the package imports it lazily
+    import watchdog.rank.hook  # likewise, in case the package imports it lazily
 
     directory = sys.argv[1]
     if os.getuid() == 0:
@@ -781,7 +782,7 @@ ZERO = """
     import mlx.core as mx
 
     mx.eval(mx.ones(2))
-    hook = sys.modules.get("watchdog.hook")
+    hook = sys.modules.get("watchdog.rank.hook")
     hb = hook.current() if hook else None
     print(json.dumps(dict(
         watchdog=sorted(m for m in sys.modules if m == "watchdog" or m.startswith("watchdog.")),

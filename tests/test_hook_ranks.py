@@ -15,7 +15,8 @@ import psutil
 import pytest
 from ranks import RingJob, wait_for
 
-from watchdog import hook, record
+from watchdog import record
+from watchdog.rank import hook  # noqa: E402
 from watchdog.record import Record
 from watchdog.states import Phase
 

@@ -23,8 +23,8 @@ import pytest
 from click.testing import CliRunner
 from ranks import DaemonProc, RingJob, http_get, scrape, value, wait_for
 
-from watchdog import metrics
-from watchdog.cli import cli
+from watchdog.cli.commands import cli
+from watchdog.net import metrics
 
 # Design section 7: the fields of one rank in `status --json` (and /status).
 RANK_FIELDS = {

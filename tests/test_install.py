@@ -111,8 +111,11 @@ def test_installed_not_editable(venv: Venv):
     where = Path(found.stdout.strip()).resolve()
     assert where.is_relative_to(venv.root.resolve()), f"imported {where}, not the venv's copy"
     assert not where.is_relative_to(REPO), where
-    files = {p.name for p in (venv.site / "watchdog").iterdir()}
-    assert {"__init__.py", "hook.py", "cli.py", "_demo_rank.py", "py.typed"} <= files, files
+    package = venv.site / "watchdog"
+    files = {str(p.relative_to(package)) for p in package.rglob("*") if p.is_file()}
+    shipped_modules = {"__init__.py", "py.typed", "rank/hook.py", "cli/commands.py",
+                       "cli/demo_rank.py", "daemon/loop.py", "net/metrics.py"}
+    assert shipped_modules <= files, files
     shipped = venv.site / "mlx_watchdog.pth"
     assert shipped.is_file(), "the wheel did not install mlx_watchdog.pth into site-packages"
     assert shipped.read_bytes() == (REPO / "watchdog" / "_pth" / "mlx_watchdog.pth").read_bytes()
@@ -143,7 +146,7 @@ RANK = textwrap.dedent("""
         from watchdog import record
         rec = record.read_path(os.path.join(directory, mine))
         report.update(pid_ok=rec.pid == os.getpid(), completed=rec.waits_completed,
-                      hook=sys.modules["watchdog.hook"].__file__)
+                      hook=sys.modules["watchdog.rank.hook"].__file__)
     print(json.dumps(report))
 """)
 

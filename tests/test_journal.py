@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog import journal
+from watchdog.daemon import journal
 
 
 def test_append_and_read_round_trip(state_dir: Path) -> None:

@@ -17,9 +17,9 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from ranks import DaemonProc, RingJob, samples, scrape, value, wait_for
 
-from watchdog.config import Settings
-from watchdog.daemon import SCAN_BUCKETS, Daemon
-from watchdog.metrics import SnapshotCollector, render
+from watchdog.daemon.config import Settings
+from watchdog.daemon.loop import SCAN_BUCKETS, Daemon
+from watchdog.net.metrics import SnapshotCollector, render
 from watchdog.states import State
 
 P = "mlx_watchdog_"

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from watchdog.notify import notify, watchdog_interval
+from watchdog.net.notify import notify, watchdog_interval
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_default_env_is_the_process_environment(monkeypatch, listener):
 
 def test_missing_socket_is_logged_not_raised(tmp_path, caplog):
     missing = str(tmp_path / "gone.sock")
-    with caplog.at_level(logging.DEBUG, logger="watchdog.notify"):
+    with caplog.at_level(logging.DEBUG, logger="watchdog.net.notify"):
         assert notify("WATCHDOG=1", {"NOTIFY_SOCKET": missing}) is False
     assert "gone.sock" in caplog.text
 

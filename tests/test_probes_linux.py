@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from watchdog.probes import ProbeError, same_process
-from watchdog.probes.linux import LinuxProbe, runnable_per_cpu, unevictable_bytes
+from watchdog.daemon.probes import ProbeError, same_process
+from watchdog.daemon.probes.linux import LinuxProbe, runnable_per_cpu, unevictable_bytes
 
 MEMINFO = "MemTotal:       16384 kB\nUnevictable:        2048 kB\nMlocked:  0 kB\n"
 

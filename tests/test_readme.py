@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import HELP, Settings, default_toml
+from watchdog.daemon.config import HELP, Settings, default_toml
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,8 +8,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog import recdir, record
-from watchdog.recdir import RecordDir
+from watchdog import record
+from watchdog.daemon import recdir
+from watchdog.daemon.recdir import RecordDir
 from watchdog.record import RecordWriter
 
 

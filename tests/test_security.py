@@ -25,7 +25,8 @@ import psutil
 import pytest
 from ranks import REPO, DaemonProc, base_env, http_get, scrape, wait_for
 
-from watchdog import fence, record
+from watchdog import record
+from watchdog.net import fence
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

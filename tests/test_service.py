@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog import service
-from watchdog.service import ServiceError
+from watchdog.cli import service
+from watchdog.cli.service import ServiceError
 
 REPO = Path(__file__).resolve().parent.parent
 STATIC = {
@@ -81,7 +81,7 @@ def verify(unit_path):
 @pytest.mark.parametrize("kind", service.KINDS)
 def test_static_files_are_render_output(kind):
     assert STATIC[kind].read_text(encoding="utf-8") == reference(kind), (
-        f"{STATIC[kind]} drifted from watchdog/service.py; regenerate it with render()"
+        f"{STATIC[kind]} drifted from watchdog/cli/service.py; regenerate it with render()"
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .hook import Heartbeat, current, install, uninstall
+    from watchdog.rank.hook import Heartbeat, current, install, uninstall
 
 _LAZY = ("Heartbeat", "current", "install", "uninstall")
 
@@ -17,7 +17,7 @@ _LAZY = ("Heartbeat", "current", "install", "uninstall")
 def __getattr__(name: str) -> Any:
     # Lazy, so `import watchdog._autoload` (the .pth hook) loads nothing more until mlx does.
     if name in _LAZY:
-        from . import hook
+        from watchdog.rank import hook
 
         return getattr(hook, name)
     raise AttributeError(f"module 'watchdog' has no attribute {name!r}")

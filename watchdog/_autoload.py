@@ -26,7 +26,7 @@ class _InstallAfter(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
         try:
-            from .hook import install
+            from watchdog.rank.hook import install
 
             install()
         except Exception as err:  # noqa: BLE001 - never break the user's import
@@ -49,7 +49,7 @@ class MlxCoreFinder(importlib.abc.MetaPathFinder):
 
 
 if TARGET in sys.modules:
-    from .hook import install
+    from watchdog.rank.hook import install
 
     install()
 elif not any(isinstance(f, MlxCoreFinder) for f in sys.meta_path):

@@ -67,7 +67,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .states import Phase
+from watchdog.states import Phase
 
 # Where ranks publish and the daemon looks, unless MLX_WATCHDOG_DIR / --dir say otherwise.
 DEFAULT_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"

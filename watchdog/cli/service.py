@@ -234,7 +234,7 @@ def _systemd(argv: list[str], record_dir: str, state_dir: str) -> str:
 
 _UNIT_TEMPLATE = """\
 # mlx-watchdog: ends MLX distributed ranks hung in a collective.
-# Rendered by watchdog/service.py; `mlx-watchdog service install --systemd`
+# Rendered by watchdog/cli/service.py; `mlx-watchdog service install --systemd`
 # writes it for this machine's interpreter and paths.
 
 [Unit]
@@ -244,7 +244,7 @@ StartLimitIntervalSec=0
 
 [Service]
 # The daemon sends READY=1 when up and WATCHDOG=1 after each completed scan
-# (watchdog/notify.py), so a wedged scan loop is restarted by systemd.
+# (watchdog/net/notify.py), so a wedged scan loop is restarted by systemd.
 Type=notify
 NotifyAccess=main
 WatchdogSec=30

@@ -20,16 +20,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__, cluster, fence, journal, record
-from .config import Settings
-from .detector import Detector, Verdict
-from .enforcer import SENT, Enforcer, Signaller, Target
-from .probes import Probe, ProbeError, probe, same_process
-from .probes.exits import ExitWatcher
-from .recdir import RecordDir
-from .record import Record, RecordError
-from .states import State
-from .view import rank_json
+from watchdog import __version__, record
+from watchdog.daemon import journal
+from watchdog.daemon.config import Settings
+from watchdog.daemon.detector import Detector, Verdict
+from watchdog.daemon.enforcer import SENT, Enforcer, Signaller, Target
+from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
+from watchdog.daemon.probes.exits import ExitWatcher
+from watchdog.daemon.recdir import RecordDir
+from watchdog.daemon.view import rank_json
+from watchdog.net import cluster, fence
+from watchdog.record import Record, RecordError
+from watchdog.states import State
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +512,7 @@ class Daemon:
         self.wake.set()
 
     def run(self) -> None:
-        from .notify import notify
+        from watchdog.net.notify import notify
 
         self.exits.start()
         notify("READY=1")

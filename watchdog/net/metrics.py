@@ -24,7 +24,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from .states import State
+from watchdog.states import State
 
 log = logging.getLogger(__name__)
 P = "mlx_watchdog_"

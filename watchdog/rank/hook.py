@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import record
-from .record import (
+from watchdog import record
+from watchdog.record import (
     ENTRY_WORDS,
     FLIGHT_SLOTS,
     OP_CODE,
@@ -45,7 +45,7 @@ from .record import (
     W_WAIT_SINCE,
     RecordWriter,
 )
-from .states import Phase
+from watchdog.states import Phase
 
 WAITS = {  # where each blocking call lives: "core" is mlx.core, "array" is mlx.core.array
     "eval": "core",

@@ -14,7 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .text import printable
+from watchdog.text import printable
 
 HUNG_STATES = {"stalled", "blocked", "unkillable"}
 WAITING = {"wait", "init"}

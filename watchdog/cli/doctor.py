@@ -19,9 +19,10 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from . import __version__, journal
-from .config import ConfigError, parse_listen
-from .dirs import UnsafeDirectory, check_record_dir, check_state_dir
+from watchdog import __version__
+from watchdog.daemon import journal
+from watchdog.daemon.config import ConfigError, parse_listen
+from watchdog.daemon.dirs import UnsafeDirectory, check_record_dir, check_state_dir
 
 Line = tuple[str, str]
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -50,7 +51,7 @@ def check_about() -> list[Line]:
 
 
 def check_record(record_dir: str) -> list[Line]:
-    from .hook import record_dir as rank_record_dir
+    from watchdog.rank.hook import record_dir as rank_record_dir
 
     lines: list[Line] = []
     if not os.path.lexists(record_dir):
@@ -100,7 +101,7 @@ def check_state(state_dir: str) -> list[Line]:
 
 
 def check_daemon(listen: str, state_dir: str) -> list[Line]:
-    from .local import daemon_status
+    from watchdog.cli.sampling import daemon_status
 
     try:
         host, port = parse_listen(listen)
@@ -141,11 +142,12 @@ def check_daemon(listen: str, state_dir: str) -> list[Line]:
 def check_instrumentation() -> list[Line]:
     lines: list[Line] = []
     try:
-        importlib.import_module("watchdog.hook")
+        importlib.import_module("watchdog.rank.hook")
     except Exception as err:  # noqa: BLE001 - report any failure to import
-        lines.append((FAIL, f"watchdog.hook does not import ({err!r}): reinstall mlx-watchdog"))
+        lines.append((FAIL, f"watchdog.rank.hook does not import ({err!r}): "
+                            "reinstall mlx-watchdog"))
     else:
-        lines.append((OK, "watchdog.hook imports (the rank side of the watchdog)"))
+        lines.append((OK, "watchdog.rank.hook imports (the rank side of the watchdog)"))
     extra = "'mlx[cpu]'" if sys.platform.startswith("linux") else "mlx"
     try:
         mx: Any = importlib.import_module("mlx.core")
@@ -232,7 +234,7 @@ def check_pth() -> list[Line]:
 
 
 def check_probes() -> list[Line]:
-    from .probes import ProbeError, probe
+    from watchdog.daemon.probes import ProbeError, probe
 
     p = probe()
     try:
@@ -256,8 +258,8 @@ def check_probes() -> list[Line]:
 
 
 def check_dump_signal() -> list[Line]:
-    from .enforcer import DUMP_SIGNALS
-    from .hook import dump_signal_from_env
+    from watchdog.daemon.enforcer import DUMP_SIGNALS
+    from watchdog.rank.hook import dump_signal_from_env
 
     raw = os.environ.get("MLX_WATCHDOG_DUMP_SIGNAL")
     signum = dump_signal_from_env()
@@ -281,7 +283,7 @@ def check_dump_signal() -> list[Line]:
 
 
 def check_evidence_tools() -> list[Line]:
-    from .probes import probe
+    from watchdog.daemon.probes import probe
 
     command = probe().stack_command(os.getpid())
     lines: list[Line] = []

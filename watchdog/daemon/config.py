@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .detector import Rules
-from .record import DEFAULT_DIR
+from watchdog.daemon.detector import Rules
+from watchdog.record import DEFAULT_DIR
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .config import ConfigError
+from watchdog.daemon.config import ConfigError
 
 
 class UnsafeDirectory(ConfigError):

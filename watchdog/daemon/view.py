@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .detector import Verdict
-from .record import Record
-from .states import Phase, State
+from watchdog.daemon.detector import Verdict
+from watchdog.record import Record
+from watchdog.states import Phase, State
 
 
 def current_op(record: Record) -> str:

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import journal
-from .config import Settings
-from .probes import STOPPED_STATUSES, Probe, ProbeError, same_process
+from watchdog.daemon import journal
+from watchdog.daemon.config import Settings
+from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, same_process
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .detector import NS, busiest_ratio
-from .probes import ProbeError, probe, same_process
-from .record import Record
-from .text import printable
-from .view import current_op
+from watchdog.daemon.detector import NS, busiest_ratio
+from watchdog.daemon.probes import ProbeError, probe, same_process
+from watchdog.daemon.view import current_op
+from watchdog.record import Record
+from watchdog.text import printable
 
 
 def _thread_cpu(rec: Record, pause: float = 0.5) -> list[dict[str, Any]]:

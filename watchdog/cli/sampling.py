@@ -12,13 +12,13 @@ import os
 import time
 from typing import Any
 
-from . import journal
-from .detector import Detector, Rules, Verdict
-from .probes import Probe, ProbeError, probe, same_process
-from .recdir import read_dir, read_record
-from .record import Record
-from .states import State
-from .view import rank_json
+from watchdog.daemon import journal
+from watchdog.daemon.detector import Detector, Rules, Verdict
+from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
+from watchdog.daemon.recdir import read_dir, read_record
+from watchdog.daemon.view import rank_json
+from watchdog.record import Record
+from watchdog.states import State
 
 SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
 

@@ -2,7 +2,7 @@
 
 Everything runs as this user on 127.0.0.1 inside one scratch directory: the
 daemon (`mlx-watchdog run` with a short deadline) and N ranks of
-`watchdog/_demo_rank.py`. Once the ranks make progress the demo injects the
+`watchdog/cli/demo_rank.py`. Once the ranks make progress the demo injects the
 fault, narrates what the daemon publishes each second, prints the incident
 from the journal, and checks the outcome:
 
@@ -40,7 +40,7 @@ from typing import Any
 
 import click
 
-from . import journal
+from watchdog.daemon import journal
 
 FAULTS = ("stop", "kill", "mismatch")
 INTERVAL = 0.5  # the daemon's scan interval
@@ -170,7 +170,7 @@ class Demo:
                                     stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
 
     def status(self) -> dict[str, Any] | None:
-        from .local import daemon_status
+        from watchdog.cli.sampling import daemon_status
 
         return daemon_status(self.state_dir)
 
@@ -223,7 +223,7 @@ class Demo:
             env = self._env(MLX_HOSTFILE=hostfile, MLX_RANK=str(n),
                             MLX_WATCHDOG_DIR=self.record_dir)
             log = os.path.join(self.tmp, f"rank{n}-{len(self.retired)}.log")
-            proc = self._popen([sys.executable, "-m", "watchdog._demo_rank", *args], log, env)
+            proc = self._popen([sys.executable, "-m", "watchdog.cli.demo_rank", *args], log, env)
             self.ranks.append(_Rank(n, proc, log))
             self.say(f"started rank {n} (pid {proc.pid})")
 
@@ -458,12 +458,12 @@ class Demo:
                 continue
             for block in text.split("\n\n"):
                 lines = [ln.strip() for ln in block.splitlines() if ln.strip()]
-                if not any("_demo_rank.py" in ln for ln in lines):
+                if not any("demo_rank.py" in ln for ln in lines):
                     continue
                 out = []
                 for ln in lines[:4]:
                     out.append(ln)
-                    frame = re.match(r'File "(.+_demo_rank\.py)", line (\d+)', ln)
+                    frame = re.match(r'File "(.+demo_rank\.py)", line (\d+)', ln)
                     if frame:  # the demo's own line of code: what it waits in
                         code = linecache.getline(frame.group(1), int(frame.group(2))).strip()
                         if code:

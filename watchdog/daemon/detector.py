@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .probes import STOPPED_STATUSES, ProcessSample
-from .record import Record
-from .states import Phase, State
+from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
+from watchdog.record import Record
+from watchdog.states import Phase, State
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32

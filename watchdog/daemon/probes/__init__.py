@@ -89,11 +89,11 @@ def _which(*names: str) -> str | None:
 def probe() -> Probe:
     """The probe for this platform."""
     if sys.platform == "darwin":
-        from .macos import MacProbe
+        from watchdog.daemon.probes.macos import MacProbe
 
         return MacProbe()
     if sys.platform.startswith("linux"):
-        from .linux import LinuxProbe
+        from watchdog.daemon.probes.linux import LinuxProbe
 
         return LinuxProbe()
     return Probe()

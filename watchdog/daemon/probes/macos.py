@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from . import Probe, ProbeError, _which
+from watchdog.daemon.probes import Probe, ProbeError, _which
 
 
 class MacProbe(Probe):

@@ -19,10 +19,11 @@ from typing import Any
 
 import click
 
-from . import __version__, journal
-from .config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
-from .states import HUNG
-from .text import printable
+from watchdog import __version__
+from watchdog.daemon import journal
+from watchdog.daemon.config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
+from watchdog.states import HUNG
+from watchdog.text import printable
 
 DIR_ENV = "MLX_WATCHDOG_DIR"
 STATE_ENV = "MLX_WATCHDOG_STATE_DIR"
@@ -64,7 +65,7 @@ def _settings_options(f: Any) -> Any:
     Values arrive as text and are checked by `config.build`, so a bad value
     gets the same one-line message from the file or the command line.
     """
-    from .config import HELP
+    from watchdog.daemon.config import HELP
 
     for field in reversed(dataclasses.fields(Settings)):
         flag = "--" + field.name.replace("_", "-")
@@ -88,14 +89,14 @@ def _settings_options(f: Any) -> Any:
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_path: str | None, log_level: str, **options: Any) -> None:
     """Run the daemon: watch every rank on this node and end hung ones."""
-    from . import dirs
-    from .config import load
-    from .daemon import Daemon
-    from .metrics import serve
+    from watchdog.daemon import dirs
+    from watchdog.daemon.config import load
+    from watchdog.daemon.loop import Daemon
+    from watchdog.net.metrics import serve
 
     options["peers"] = options.get("peers") or None
     settings = load(config_path, options)
-    from .text import OneLineFormatter
+    from watchdog.text import OneLineFormatter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
@@ -131,8 +132,8 @@ deadline_option = click.option(
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[dict[str, Any]], str]:
-    from .detector import Rules
-    from .local import daemon_status, sample_ranks
+    from watchdog.cli.sampling import daemon_status, sample_ranks
+    from watchdog.daemon.detector import Rules
 
     snap = daemon_status(state_dir)
     if snap is not None:
@@ -222,8 +223,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
 @click.option("--json", "as_json", is_flag=True)
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
-    from .details import describe, render_text
-    from .recdir import read_record
+    from watchdog.cli.inspect import describe, render_text
+    from watchdog.daemon.recdir import read_record
 
     path = os.path.join(record_dir, f"{pid}.rec")
     rec, why, _ = read_record(path)
@@ -294,7 +295,7 @@ def node() -> None:
 def node_status(state_dir: str, as_json: bool) -> None:
     """Is this node flagged for reboot?"""
     _existing_state_dir(state_dir)
-    from .local import daemon_status
+    from watchdog.cli.sampling import daemon_status
 
     flag = journal.reboot_flag(state_dir)
     snap = daemon_status(state_dir) or {}
@@ -353,7 +354,7 @@ def _service_options(f: Any) -> Any:
 
 
 def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[str, Any]]:
-    from . import service
+    from watchdog.cli import service
 
     kind = _service_kind(launchd, systemd)
     return kind, dict(executable=service.script_path(), config=config_path,
@@ -365,7 +366,7 @@ def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[s
 @_service_options
 def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
     """Print the service file for this machine's interpreter and paths."""
-    from .service import render
+    from watchdog.cli.service import render
 
     kind, kwargs = _render(launchd, systemd, config_path)
     click.echo(render(kind, **kwargs), nl=False)
@@ -376,7 +377,7 @@ def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
 @click.option("--path", help="Where to write it (default: the system location).")
 def service_install(launchd: bool, systemd: bool, config_path: str, path: str | None) -> None:
     """Write the service file; prints the command that loads it."""
-    from .service import ServiceError, install
+    from watchdog.cli.service import ServiceError, install
 
     kind, kwargs = _render(launchd, systemd, config_path)
     try:
@@ -385,7 +386,7 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
         raise click.ClickException(str(err)) from None
     click.echo(f"wrote {written}")
     if path is None and not os.path.exists(config_path):
-        from .config import default_toml
+        from watchdog.daemon.config import default_toml
 
         try:
             # 0600: the file may later hold the fence secret.
@@ -395,7 +396,7 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
             click.echo(f"wrote {config_path} (every key at its default)")
         except OSError as err:
             raise click.ClickException(f"cannot write {config_path}: {err.strerror}") from None
-    from .service import activation_commands
+    from watchdog.cli.service import activation_commands
 
     click.echo("load it with:")
     for command in activation_commands(kind, written):
@@ -419,14 +420,14 @@ def cluster() -> None:
 def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: float,
                    as_json: bool, watch: bool, interval: float) -> None:
     """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung."""
-    from . import cluster as cluster_view
-    from .config import load, parse_listen
+    from watchdog.daemon.config import load, parse_listen
+    from watchdog.net import cluster as cluster_view
 
     peers = tuple(p for item in peers for p in item.replace(",", " ").split())
     for peer in peers:
         parse_listen(peer)
     if not peers:
-        from .service import DEFAULT_CONFIG
+        from watchdog.cli.service import DEFAULT_CONFIG
 
         if config_path is None and os.path.exists(DEFAULT_CONFIG):
             config_path = DEFAULT_CONFIG  # a configured node needs no arguments
@@ -453,7 +454,7 @@ def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: flo
 @click.option("--listen", default=Settings().listen, show_default=True)
 def doctor(record_dir: str, state_dir: str, listen: str) -> None:
     """Check this node's setup and say what to fix."""
-    from .doctor import run_checks
+    from watchdog.cli.doctor import run_checks
 
     worst = 0
     for level, message in run_checks(record_dir, state_dir, listen):
@@ -470,7 +471,7 @@ def doctor(record_dir: str, state_dir: str, listen: str) -> None:
               "a recv nobody sends.")
 def demo(ranks: int, deadline: float, fault: str) -> None:
     """Run a real local MLX ring job, inject a fault, and watch the watchdog act."""
-    from .demo import run_demo
+    from watchdog.cli.demo import run_demo
 
     sys.exit(run_demo(ranks=ranks, deadline=deadline, fault=fault))
 

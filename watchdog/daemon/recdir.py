@@ -23,8 +23,8 @@ import stat
 from collections.abc import Collection, Iterator
 from typing import NamedTuple
 
-from . import record
-from .record import Record, RecordError
+from watchdog import record
+from watchdog.record import Record, RecordError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,5 @@
+"""`python -m watchdog.cli`: the same as the `mlx-watchdog` command."""
+
+from watchdog.cli import main
+
+main()
