@@ -10,6 +10,7 @@ value ends as one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -76,6 +77,25 @@ def test_with_a_daemon_status_inspect_watch_incidents_node(tmp_path, record_dir,
         assert result.exit_code == 0
         ranks = json.loads(result.stdout)
         check_schema(ranks, job.pids, "daemon")
+
+        # Given only the record directory, status finds the daemon that watches it
+        # (its pointer there names the state directory) instead of judging alone.
+        no_state = tmp_path / "no-such-state-dir"
+        result = invoke(["status", "--json", "--dir", record_dir, "--state-dir", no_state])
+        check_schema(json.loads(result.stdout), job.pids, "daemon")
+        # A daemon that watches another directory is not this directory's judge.
+        other = tmp_path / "other-records"
+        other.mkdir()
+        result = invoke(["status", "--dir", other, "--state-dir", state_dir])
+        assert result.exit_code == 0 and "no ranks in" in result.stdout, result.output
+        # A pointer another user wrote is not believed (it could name forged verdicts).
+        pointer = record_dir / journal.POINTER
+        os.chown(pointer, 65534, 65534)
+        try:
+            result = invoke(["status", "--json", "--dir", record_dir, "--state-dir", no_state])
+            check_schema(json.loads(result.stdout), job.pids, "sampled")
+        finally:
+            os.chown(pointer, os.getuid(), os.getgid())
         assert {r["state"] for r in ranks} == {"running"}
         assert {r["deadline_seconds"] for r in ranks} == {1.5}
 
@@ -300,3 +320,46 @@ def test_every_bad_option_value_is_one_line_and_a_nonzero_exit(tmp_path):
             failures.append(f"{' '.join(args)}: {', '.join(problems)}\n"
                             f"    stderr: {err.strip()[-300:]!r}\n    stdout: {out[:200]!r}")
     assert not failures, f"{len(failures)} of {len(cases)} bad values:\n" + "\n".join(failures)
+
+
+def test_options_are_typed_with_units_and_complete_in_the_shell():
+    help_text = invoke(["run", "--help"]).stdout
+    for shown in ("--interval SECONDS", "--deadline SECONDS|AUTO", "--confirm COUNT",
+                  "--spin-ratio RATIO", "--wired-threshold BYTES", "--listen HOST:PORT",
+                  "--mode ENFORCE|OBSERVE", "--kill-scope JOB|RANK"):
+        assert shown in " ".join(help_text.split()), shown
+    # A flag is checked by the setting's own rule, as the file's value is.
+    for args, message in ((["--interval", "0"], "interval must be > 0"),
+                          (["--spin-ratio", "1.5"], "spin_ratio must be <= 1"),
+                          (["--confirm", "0"], "confirm must be >= 1"),
+                          (["--peers", "a:1,b"], "peers must be HOST:PORT")):
+        proc = run_cli(["run", *args])
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    env = {**base_env("/nonexistent"), "_MLX_WATCHDOG_COMPLETE": "bash_complete",
+           "COMP_WORDS": "mlx-watchdog run --mode ", "COMP_CWORD": "3"}
+    done = subprocess.run([sys.executable, "-m", "watchdog.cli"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["plain,enforce", "plain,observe"], done
+
+
+def test_a_flag_given_as_auto_overrides_the_files_deadline(tmp_path, record_dir, state_dir):
+    config = tmp_path / "watchdog.toml"
+    config.write_text("[watchdog]\ndeadline = 30\nlisten = \"127.0.0.1:0\"\n")
+    argv = [sys.executable, "-m", "watchdog.cli", "run", "--config", config, "--dir",
+            record_dir, "--state-dir", state_dir]
+    for extra, shown in (([], "deadline 30"), (["--deadline", "auto"], "deadline auto")):
+        proc = subprocess.Popen([*map(str, argv), *extra], stderr=subprocess.PIPE, text=True,
+                                cwd=REPO, env=base_env(record_dir))
+        try:
+            assert proc.stderr is not None
+            line = ""
+            deadline = time.monotonic() + 60
+            while "watching" not in line and time.monotonic() < deadline:
+                line = proc.stderr.readline()
+                if not line:
+                    break
+            assert shown in line, line
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

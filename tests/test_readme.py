@@ -174,8 +174,14 @@ def test_quick_start_runs_as_written(tmp_path):
 def test_test_command_is_what_ci_runs():
     lines = shell_lines(section(readme(), "Running the tests"))
     assert TEST_COMMAND in lines, lines
-    assert TEST_COMMAND in (REPO / ".ci" / "run").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    assert TEST_COMMAND in ci
     assert "bash .ci/run" in readme()
+    # What the suite needs beyond pip is said before the command, and it is what CI installs.
+    before = lines[:lines.index(TEST_COMMAND)]
+    assert any(re.search(r"apt-get install\b.*\bprometheus\b", line) for line in before), before
+    assert re.search(r"apt-get install\b.*\bprometheus\b", ci)
+    assert any("pip install -e '.[test]'" in line for line in before), before
 
 
 # -- commands, files and links the README names ----------------------------------

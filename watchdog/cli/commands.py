@@ -35,19 +35,36 @@ state_option = click.option("--state-dir", envvar=STATE_ENV, default=DEFAULT_STA
                             help="Daemon state directory (env MLX_WATCHDOG_STATE_DIR).")
 
 
-class Deadline(click.ParamType):  # type: ignore[type-arg]
-    name = "SECONDS|auto"
+class SettingType(click.ParamType):  # type: ignore[type-arg]
+    """A daemon setting on the command line, checked exactly as the config file's value is."""
+
+    def __init__(self, key: str) -> None:
+        from watchdog.daemon.config import SPECS
+
+        self.key, self.spec = key, SPECS[key]
+        self.name = "|".join(self.spec.choices) or self.spec.unit or "TEXT"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
+        from watchdog.daemon.config import coerce
+
         try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is neither a number of seconds nor 'auto'", param, ctx)
-        if not seconds > 0 or seconds == float("inf"):
-            self.fail(f"{value!r} must be a number of seconds > 0", param, ctx)
-        return seconds
+            checked = coerce(self.key, value)
+        except ConfigError as err:
+            self.fail(str(err), param, ctx)
+        # "auto" (deadline) and "" (secret) check out as None, which `build` would
+        # read as "not given" and let the file's value win: pass them on as given.
+        return value if checked is None else checked
+
+    def shell_complete(self, ctx: Any, param: Any, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        if self.spec.choices:
+            return [CompletionItem(c) for c in self.spec.choices if c.startswith(incomplete)]
+        if self.spec.unit == "DIR":
+            return [CompletionItem(incomplete, type="dir")]
+        if self.key == "deadline" and "auto".startswith(incomplete):
+            return [CompletionItem("auto")]
+        return []
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,22 +79,25 @@ def cli() -> None:
 def _settings_options(f: Any) -> Any:
     """One option per setting, so every key of the TOML file is also a flag.
 
-    Values arrive as text and are checked by `config.build`, so a bad value
-    gets the same one-line message from the file or the command line.
+    Each option's type is the setting's own (`SettingType`): a bad value gets the
+    same one-line message from the file or the command line, and --help shows
+    the unit. Defaults stay None here, so the file's value wins over no flag.
     """
-    from watchdog.daemon.config import HELP
+    from watchdog.daemon.config import SPECS
 
+    envvars = {"dir": DIR_ENV, "state_dir": STATE_ENV, "secret": "MLX_WATCHDOG_SECRET"}
+    defaults = Settings()
     for field in reversed(dataclasses.fields(Settings)):
         flag = "--" + field.name.replace("_", "-")
+        spec = SPECS[field.name]
+        default = getattr(defaults, field.name)
         if field.name == "peers":
-            f = click.option(flag, multiple=True, default=None, help=HELP[field.name])(f)
-        else:
-            default = getattr(Settings(), field.name)
-            shown = "auto" if field.name == "deadline" else default
-            envvar = {"dir": DIR_ENV, "state_dir": STATE_ENV,
-                      "secret": "MLX_WATCHDOG_SECRET"}.get(field.name)
-            f = click.option(flag, field.name, envvar=envvar,
-                             help=f"{HELP[field.name]} [{shown}]")(f)
+            f = click.option(flag, multiple=True, default=None, type=SettingType("peers"),
+                             metavar="HOST:PORT", help=f"{spec.help} (repeat, or commas)")(f)
+            continue
+        shown = {"deadline": "auto", "secret": "unset"}.get(field.name, default)
+        f = click.option(flag, field.name, envvar=envvars.get(field.name),
+                         type=SettingType(field.name), help=f"{spec.help} [{shown}]")(f)
     return f
 
 
@@ -94,7 +114,8 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
     from watchdog.daemon.loop import Daemon
     from watchdog.net.metrics import serve
 
-    options["peers"] = options.get("peers") or None
+    # Each --peers value is already a checked tuple (commas allowed): join them.
+    options["peers"] = tuple(p for given in options.get("peers") or () for p in given) or None
     settings = load(config_path, options)
     from watchdog.text import OneLineFormatter
 
@@ -126,22 +147,23 @@ def run(config_path: str | None, log_level: str, **options: Any) -> None:
 
 
 deadline_option = click.option(
-    "--deadline", type=Deadline(), default="auto", show_default=True,
+    "--deadline", type=SettingType("deadline"), default="auto", show_default=True,
     help="With no daemon running: the deadline to judge waits by.")
 
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[dict[str, Any]], str]:
-    from watchdog.cli.sampling import daemon_status, sample_ranks
+    from watchdog.cli.sampling import find_daemon, sample_ranks
+    from watchdog.daemon.config import coerce
     from watchdog.daemon.detector import Rules
 
-    snap = daemon_status(state_dir)
+    snap = find_daemon(record_dir, state_dir)
     if snap is not None:
         return snap.get("ranks", []), "daemon"
     if not os.path.isdir(record_dir):
         raise click.ClickException(f"record directory {record_dir} does not exist "
                                    f"(set --dir or {DIR_ENV})")
-    rules = Rules(deadline=None if deadline == "auto" else float(deadline))
+    rules = Rules(deadline=coerce("deadline", deadline))
     ranks, invalid = sample_ranks(record_dir, rules)
     for path, why in invalid.items():
         click.echo(f"skipped {path}: {why}", err=True)

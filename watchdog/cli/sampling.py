@@ -73,8 +73,11 @@ def _fresh(directory: str, rec: Record) -> Record:
     return newer if newer is not None and newer.start_time == rec.start_time else rec
 
 
-def daemon_status(state_dir: str) -> dict[str, Any] | None:
-    """The running daemon's published snapshot, or None when it is absent or stale."""
+def daemon_status(state_dir: str, record_dir: str | None = None) -> dict[str, Any] | None:
+    """The running daemon's published snapshot, or None when it is absent or stale.
+
+    With `record_dir`, only a daemon that watches that directory counts.
+    """
     try:
         with open(os.path.join(state_dir, journal.STATUS)) as f:
             snap = json.load(f)
@@ -82,8 +85,12 @@ def daemon_status(state_dir: str) -> dict[str, Any] | None:
         return None
     if not isinstance(snap, dict):
         return None
-    pid, interval, when = snap.get("daemon_pid"), snap.get("interval", 1), snap.get("time") or 0
-    if not isinstance(pid, int) or not isinstance(when, (int, float)):
+    pid, interval = snap.get("daemon_pid"), snap.get("interval", 1)
+    scanned = snap.get("scan_monotonic")
+    if (not isinstance(pid, int) or not isinstance(scanned, (int, float))
+            or not isinstance(interval, (int, float))):
+        return None
+    if record_dir is not None and snap.get("dir") != os.path.abspath(record_dir):
         return None
     try:
         os.kill(pid, 0)
@@ -91,6 +98,17 @@ def daemon_status(state_dir: str) -> dict[str, Any] | None:
         return None
     except PermissionError:
         pass  # it exists, run by root
-    if time.time() - when > 3 * float(interval) + 5:
+    if not journal.scan_is_recent(float(scanned), float(interval), time.monotonic()):
         return None
     return snap
+
+
+def find_daemon(record_dir: str, state_dir: str) -> dict[str, Any] | None:
+    """The snapshot of the daemon that watches `record_dir`: the one named by the
+    directory's pointer, else the one publishing in `state_dir` if it watches it."""
+    pointer = journal.read_pointer(record_dir)
+    if pointer is not None:
+        snap = daemon_status(pointer["state_dir"], record_dir)
+        if snap is not None:
+            return snap
+    return daemon_status(state_dir, record_dir)

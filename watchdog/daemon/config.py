@@ -69,38 +69,64 @@ class Settings:
         return parse_listen(self.listen)
 
 
-HELP = {
-    "dir": "record directory the ranks publish into",
-    "state_dir": "journal, reboot flag, evidence and status.json",
-    "interval": "seconds between scans",
-    "deadline": "seconds a wait may last, or 'auto' to learn it per rank",
-    "auto_factor": "auto: the deadline is this many times the longest completed wait",
-    "auto_floor": "auto: never a deadline under this many seconds",
-    "auto_min_waits": "auto: completed waits needed before the learned deadline applies",
-    "auto_fallback": "auto: the deadline until then",
-    "init_deadline": "deadline of mx.distributed.init (connecting to every peer)",
-    "blocked_deadline": "a wait past its deadline with no thread spinning is ended after this",
-    "spin_ratio": "share of one core at which a thread counts as spinning",
-    "confirm": "scans in a row a rank must be due before it is acted on (at least 1)",
-    "mode": "enforce (signal hung ranks) or observe (report only)",
-    "kill_scope": "job (every local rank of a hung job) or rank (only the hung rank)",
-    "grace": "seconds between SIGTERM and SIGKILL",
-    "kill_timeout": "seconds after SIGKILL before a rank is declared unkillable",
-    "evidence_timeout": "seconds, in all, for stack dumps before signalling",
-    "wired_threshold": "bytes above the idle baseline that count as leaked wired memory",
-    "settle": "seconds wired memory gets to come back after a kill",
-    "retention": "seconds an ended rank stays in status and metrics",
-    "listen": "HOST:PORT of the HTTP endpoint (/metrics, /status, /healthz)",
-    "peers": "other nodes' daemons (HOST:PORT), for the cluster view",
-    "peer_timeout": "seconds to wait for each peer",
-    "secret": "shared secret for job fences between nodes (unset: fences off)",
-}
+@dataclass(frozen=True)
+class Spec:
+    """How one setting is read, checked and shown, from a TOML value or a flag alike."""
 
+    help: str
+    kind: str  # number | whole | deadline | text | choice | listen | peers | secret
+    unit: str = ""  # what the number counts, shown in --help
+    low: float | None = None  # smallest allowed value
+    above: bool = False  # `low` itself is not allowed (> rather than >=)
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _seconds(help: str) -> Spec:
+    return Spec(help, "number", "SECONDS", low=0, above=True)
+
+
+SPECS: dict[str, Spec] = {
+    "dir": Spec("record directory the ranks publish into", "text", "DIR"),
+    "state_dir": Spec("journal, reboot flag, evidence and status.json", "text", "DIR"),
+    "interval": _seconds("seconds between scans"),
+    "deadline": Spec("seconds a wait may last, or 'auto' to learn it per rank", "deadline",
+                     "SECONDS|auto", low=0, above=True),
+    "auto_factor": Spec("auto: the deadline is this many times the longest completed wait",
+                        "number", "FACTOR", low=0, above=True),
+    "auto_floor": _seconds("auto: never a deadline under this many seconds"),
+    "auto_min_waits": Spec("auto: completed waits needed before the learned deadline applies",
+                           "whole", "COUNT", low=0),
+    "auto_fallback": _seconds("auto: the deadline until then"),
+    "init_deadline": _seconds("deadline of mx.distributed.init (connecting to every peer)"),
+    "blocked_deadline": _seconds("a wait past its deadline with no thread spinning is ended "
+                                 "after this"),
+    "spin_ratio": Spec("share of one core at which a thread counts as spinning", "number",
+                       "RATIO", low=0, above=True, high=1),
+    "confirm": Spec("scans in a row a rank must be due before it is acted on (no single sample "
+                    "kills)", "whole", "COUNT", low=1),
+    "mode": Spec("enforce (signal hung ranks) or observe (report only)", "choice",
+                 choices=("enforce", "observe")),
+    "kill_scope": Spec("job (every local rank of a hung job) or rank (only the hung rank)",
+                       "choice", choices=("job", "rank")),
+    "grace": _seconds("seconds between SIGTERM and SIGKILL"),
+    "kill_timeout": _seconds("seconds after SIGKILL before a rank is declared unkillable"),
+    "evidence_timeout": _seconds("seconds, in all, for stack dumps before signalling"),
+    "wired_threshold": Spec("bytes above the idle baseline that count as leaked wired memory",
+                            "whole", "BYTES", low=0),
+    "settle": _seconds("seconds wired memory gets to come back after a kill"),
+    "retention": Spec("seconds an ended rank stays in status and metrics", "number", "SECONDS",
+                      low=0),
+    "listen": Spec("HOST:PORT of the HTTP endpoint (/metrics, /status, /healthz)", "listen",
+                   "HOST:PORT"),
+    "peers": Spec("other nodes' daemons (HOST:PORT), for the cluster view", "peers",
+                  "HOST:PORT"),
+    "peer_timeout": _seconds("seconds to wait for each peer"),
+    "secret": Spec("shared secret for job fences between nodes (unset: fences off)", "secret",
+                   "TEXT"),
+}
+HELP = {key: spec.help for key, spec in SPECS.items()}
 KEYS = {f.name for f in dataclasses.fields(Settings)}
-POSITIVE = ("interval", "auto_factor", "auto_floor", "auto_fallback", "init_deadline",
-            "blocked_deadline", "grace", "kill_timeout", "evidence_timeout", "settle",
-            "peer_timeout")
-NON_NEGATIVE = ("retention",)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -112,37 +138,50 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _number(key: str, value: Any, kind: type) -> Any:
+def _number(key: str, value: Any, spec: Spec) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{key} must be a number, got {value!r}")
     try:
-        number = kind(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key} must be a number, got {value!r}") from None
-    if isinstance(number, float) and not math.isfinite(number):
+    if not math.isfinite(number):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if spec.low is not None and (number <= spec.low if spec.above else number < spec.low):
+        raise ConfigError(f"{key} must be {'>' if spec.above else '>='} {spec.low:g}, "
+                          f"got {value!r}")
+    if spec.high is not None and number > spec.high:
+        raise ConfigError(f"{key} must be <= {spec.high:g}, got {value!r}")
     return number
 
 
-def _coerce(key: str, value: Any) -> Any:
-    if key == "deadline":
+def coerce(key: str, value: Any) -> Any:
+    """One setting's value from TOML or the command line, checked; ConfigError if unusable."""
+    spec = SPECS[key]
+    if spec.kind == "deadline":
         if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
             return None
-        number = _number(key, value, float)
-        if number <= 0:
-            raise ConfigError(f"deadline must be 'auto' or a number of seconds > 0, got {value!r}")
-        return number
-    if key in ("dir", "state_dir", "listen", "mode", "kill_scope"):
+        try:
+            return _number(key, value, spec)
+        except ConfigError:
+            raise ConfigError(f"deadline must be 'auto' or a number of seconds > 0, "
+                              f"got {value!r}") from None
+    if spec.kind in ("text", "listen", "choice"):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
+        if spec.kind == "listen":
+            parse_listen(value)
+        if spec.choices and value not in spec.choices:
+            raise ConfigError(f"{key} must be {' or '.join(map(repr, spec.choices))}, "
+                              f"got {value!r}")
         return value
-    if key == "secret":
+    if spec.kind == "secret":
         if value is None or value == "":  # "" is how default_toml() (and TOML) spells unset
             return None
         if not isinstance(value, str) or len(value) < 16:
             raise ConfigError("secret must be a string of at least 16 characters")
         return value
-    if key == "peers":
+    if spec.kind == "peers":
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
@@ -154,12 +193,12 @@ def _coerce(key: str, value: Any) -> Any:
             except ConfigError:
                 raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}") from None
         return tuple(value)
-    if key in ("auto_min_waits", "confirm", "wired_threshold"):
-        number = _number(key, value, float)
+    number = _number(key, value, spec)
+    if spec.kind == "whole":
         if number != int(number):
             raise ConfigError(f"{key} must be a whole number, got {value!r}")
         return int(number)
-    return _number(key, value, float)
+    return number
 
 
 def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
@@ -170,30 +209,18 @@ def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
             key = key.replace("-", "_")
             if key not in KEYS:
                 raise ConfigError(f"unknown setting {key!r}")
-            values[key] = _coerce(key, value)
+            values[key] = coerce(key, value)
     settings = Settings(**values)
     _check(settings)
     return settings
 
 
 def _check(s: Settings) -> None:
-    for key in POSITIVE:
-        if getattr(s, key) <= 0:
-            raise ConfigError(f"{key} must be > 0, got {getattr(s, key)!r}")
-    for key in NON_NEGATIVE:
-        if getattr(s, key) < 0:
-            raise ConfigError(f"{key} must be >= 0, got {getattr(s, key)!r}")
-    if not 0 < s.spin_ratio <= 1:
-        raise ConfigError(f"spin_ratio must be in (0, 1], got {s.spin_ratio!r}")
-    if s.confirm < 1:
-        raise ConfigError(f"confirm must be at least 1 (no single sample kills), got {s.confirm}")
-    if s.auto_min_waits < 0 or s.wired_threshold < 0:
-        raise ConfigError("auto_min_waits and wired_threshold must be >= 0")
-    if s.mode not in ("enforce", "observe"):
-        raise ConfigError(f"mode must be 'enforce' or 'observe', got {s.mode!r}")
-    if s.kill_scope not in ("job", "rank"):
-        raise ConfigError(f"kill_scope must be 'job' or 'rank', got {s.kill_scope!r}")
-    parse_listen(s.listen)
+    """What no single value shows: each value was checked on its way in (`coerce`)."""
+    for key in KEYS:  # Settings built in code skip coerce(): check every value again
+        value = getattr(s, key)
+        if value is not None and value != ():
+            coerce(key, value)
 
 
 def load_file(path: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The daemon's files in the state directory: the incident journal and the reboot flag.
+"""The daemon's files: the incident journal, the reboot flag, status.json, and the
+pointer in the record directory that says which daemon watches it.
 
 `incidents.jsonl` holds one JSON object per line, each written with a single
 `write` on an O_APPEND descriptor so a reader never sees half a line from a
@@ -10,12 +11,52 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from typing import Any
 
 INCIDENTS = "incidents.jsonl"
 REBOOT_FLAG = "reboot-required"
 STATUS = "status.json"
+# In the record directory: which daemon watches it, and where its verdicts are.
+POINTER = ".mlx-watchdog-daemon.json"
+
+
+def scan_is_recent(last_scan_monotonic: float, interval: float, now_monotonic: float) -> bool:
+    """The one rule for "the daemon is alive": it completed a scan lately.
+
+    Monotonic seconds: CLOCK_MONOTONIC is one clock for every process of a
+    host, so the CLI can apply this rule to the daemon's published snapshot.
+    """
+    return last_scan_monotonic > 0 and now_monotonic - last_scan_monotonic < 3 * interval + 5
+
+
+def publish_pointer(record_dir: str, state_dir: str, listen: str) -> None:
+    """Tell `status`, `watch` and `inspect` given this record directory where we publish."""
+    write_json_atomic(os.path.join(record_dir, POINTER),
+                      {"daemon_pid": os.getpid(), "state_dir": os.path.abspath(state_dir),
+                       "listen": listen})
+
+
+def read_pointer(record_dir: str) -> dict[str, Any] | None:
+    """The pointer, if a daemon we may believe wrote it: root's, or our own user's.
+
+    The record directory is writable by every local user; a pointer planted by
+    another user could send us to forged verdicts, so it is not read at all.
+    """
+    try:
+        fd = os.open(os.path.join(record_dir, POINTER), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.getuid()):
+            return None
+        try:
+            data = json.loads(f.read(1 << 16))
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) and isinstance(data.get("state_dir"), str) else None
 
 
 def write_json_atomic(path: str, data: Any) -> None:

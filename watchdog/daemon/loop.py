@@ -475,6 +475,9 @@ class Daemon:
             "mode": self.settings.mode,
             "interval": self.settings.interval,
             "time": self.last_scan_wall or None,
+            "scan_monotonic": self.last_scan_mono,
+            "dir": os.path.abspath(self.settings.dir),
+            "state_dir": os.path.abspath(self.settings.state_dir),
             "started": self.started,
             "wired_bytes": self.wired,
             "wired_baseline_bytes": self.baseline,
@@ -501,8 +504,8 @@ class Daemon:
 
     def healthy(self) -> bool:
         """The loop completed a scan recently (used by /healthz and the systemd ping)."""
-        return (self.last_scan_mono > 0
-                and time.monotonic() - self.last_scan_mono < 3 * self.settings.interval + 5)
+        return journal.scan_is_recent(self.last_scan_mono, self.settings.interval,
+                                      time.monotonic())
 
     # -- the loop ----------------------------------------------------------------
 
@@ -515,6 +518,12 @@ class Daemon:
         from watchdog.net.notify import notify
 
         self.exits.start()
+        try:
+            journal.publish_pointer(self.settings.dir, self.settings.state_dir,
+                                    self.settings.listen)
+        except OSError as err:
+            log.warning("cannot publish %s in %s (status given that directory will not find "
+                        "this daemon): %s", journal.POINTER, self.settings.dir, err)
         notify("READY=1")
         log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
                  self.settings.dir, self.settings.interval, self.settings.mode,
