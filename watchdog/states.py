@@ -39,5 +39,11 @@ class State(str, enum.Enum):
         return self.value
 
 
-# States that mean "this rank is hung": `status --check` exits 1 on these.
-HUNG = frozenset({State.STALLED, State.BLOCKED, State.UNKILLABLE})
+# The sets the daemon, the metrics, the cluster view and the demo all judge by.
+# A State compares equal to its text, so `"stalled" in HUNG` holds for JSON too.
+HUNG = frozenset({State.STALLED, State.BLOCKED, State.UNKILLABLE})  # status --check exits 1
+PAST_DEADLINE = frozenset({State.STALLED, State.BLOCKED})  # a hung wait, acted on
+WAITING_LONG = frozenset({State.SUSPECT, State.STALLED, State.BLOCKED})  # past half a deadline
+ENDED = frozenset({State.KILLED, State.EXITED})  # the process is gone
+FINAL = ENDED | {State.UNKILLABLE}  # nothing more will happen to it
+WAITING_PHASES = frozenset({Phase.WAIT.label, Phase.INIT.label})  # phases of a blocking call

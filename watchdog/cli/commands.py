@@ -212,7 +212,7 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
                    else "sampled here: no daemon running)"), err=True)
     else:
         click.echo(f"no ranks in {record_dir}")
-    if check and any(r["state"] in {s.value for s in HUNG} for r in ranks):
+    if check and any(r["state"] in HUNG for r in ranks):
         sys.exit(1)
 
 

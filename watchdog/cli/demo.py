@@ -41,6 +41,7 @@ from typing import Any
 import click
 
 from watchdog.daemon import journal
+from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG
 
 FAULTS = ("stop", "kill", "mismatch")
 INTERVAL = 0.5  # the daemon's scan interval
@@ -50,8 +51,6 @@ EVIDENCE_TIMEOUT = 3.0
 POLL = 0.25
 DAEMON_START_TIMEOUT = 30.0
 RANKS_START_TIMEOUT = 60.0
-FINAL = ("killed", "exited", "unkillable")
-WAITING = ("suspect", "stalled", "blocked")
 
 
 @dataclass
@@ -318,7 +317,7 @@ class Demo:
                 continue
             state = str(info.get("state"))
             text = f"rank {r.rank} {state}"
-            if state in WAITING or (state == "running" and info.get("phase") == "wait"
+            if state in WAITING_LONG or (state == "running" and info.get("phase") == "wait"
                                     and (info.get("seconds_in_wait") or 0) >= 0.5):
                 cpu = info.get("busiest_thread_cpu")
                 text += (f" ({info.get('seconds_in_wait') or 0:.1f}s in "
@@ -437,7 +436,7 @@ class Demo:
         if isinstance(named, dict):
             return (f"rank {named.get('rank')} pid {named.get('pid')}: "
                     f"{named.get('reason')}")
-        hung = [r for r in inc.get("ranks", []) if r.get("state") in ("stalled", "blocked")]
+        hung = [r for r in inc.get("ranks", []) if r.get("state") in PAST_DEADLINE]
         tails = inc.get("flight_recorder_tail") or {}
         described = []
         for r in hung:
@@ -509,7 +508,7 @@ class Demo:
                 inc = first
                 culprit = inc.get("culprit") or {}
                 hung = sorted(int(r.get("rank", -1)) for r in inc.get("ranks", [])
-                              if r.get("state") in ("stalled", "blocked"))
+                              if r.get("state") in PAST_DEADLINE)
                 if self.fault == "stop" and culprit.get("rank") != result.victim:
                     result.problems.append(f"the incident names {culprit or 'no culprit'}, "
                                            f"not the frozen rank {result.victim}")

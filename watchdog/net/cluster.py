@@ -14,11 +14,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.text import printable
 
-HUNG_STATES = {"stalled", "blocked", "unkillable"}
-WAITING = {"wait", "init"}
-GONE_STATES = {"exited", "killed"}
 MAX_STATUS_BYTES = 16 << 20
 
 
@@ -63,9 +61,9 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str]) -> 
     world = max([r.get("world_size") or 0 for r in ranks] + [len(ranks)])
     present = {r.get("rank") for r in ranks}
     missing = [i for i in range(world) if i not in present]
-    waiting = [r for r in ranks if r.get("phase") in WAITING and r.get("state") not in GONE_STATES]
-    hung = any(r.get("state") in HUNG_STATES for r in ranks)
-    troubled = [r for r in ranks if r.get("state") in ({"stopped"} | GONE_STATES)]
+    waiting = [r for r in ranks if r.get("phase") in WAITING_PHASES and r.get("state") not in ENDED]
+    hung = any(r.get("state") in HUNG for r in ranks)
+    troubled = [r for r in ranks if r.get("state") in (ENDED | {State.STOPPED})]
     if waiting and troubled:
         hung = True
     view: dict[str, Any] = {"job": job, "world_size": world, "state": "hung" if hung else
@@ -75,9 +73,9 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str]) -> 
         return view
     names = ",".join(str(r.get("rank")) for r in waiting)
     wait_note = f"ranks {names} wait in {_where(waiting[0])}" if waiting else "no rank waits"
-    stopped = [r for r in ranks if r.get("state") == "stopped"]
-    gone = [r for r in ranks if r.get("state") in GONE_STATES]
-    outside = [r for r in ranks if r.get("phase") not in WAITING and r not in stopped + gone]
+    stopped = [r for r in ranks if r.get("state") == State.STOPPED]
+    gone = [r for r in ranks if r.get("state") in ENDED]
+    outside = [r for r in ranks if r.get("phase") not in WAITING_PHASES and r not in stopped + gone]
     if stopped:
         r = stopped[0]
         culprit = _culprit(r, f"stopped at {_where(r)} while its peers wait")

@@ -24,7 +24,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from watchdog.states import State
+from watchdog.states import ENDED, State
 
 log = logging.getLogger(__name__)
 P = "mlx_watchdog_"
@@ -32,15 +32,13 @@ MAX_FENCE_BODY = 64 << 10
 FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 
 
-ENDED = {"killed", "exited"}
-
 
 def _one_per_label(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One rank per (job, rank) label pair: a relaunch within the retention (same
     hostfile, same job id) must not emit duplicate series. Prefer an unkillable
     rank, then a live one, then an ended one."""
     def weight(r: dict[str, Any]) -> int:
-        return 2 if r["state"] == "unkillable" else 0 if r["state"] in ENDED else 1
+        return 2 if r["state"] == State.UNKILLABLE else 0 if r["state"] in ENDED else 1
 
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in ranks:
