@@ -287,3 +287,19 @@ SystemCallErrorNumber=EPERM
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def write_default_config(path: str) -> bool:
+    """Write the config file with every key at its default, unless one is there.
+
+    0600: the file may later hold the fence secret. Returns whether it wrote.
+    """
+    from watchdog.daemon.config import default_toml
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(default_toml())
+    return True

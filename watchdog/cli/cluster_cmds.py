@@ -1,0 +1,56 @@
+"""`cluster status`: every node's ranks lined up by job, and the culprit of each."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+
+@click.group()
+def cluster() -> None:
+    """Every node's ranks, lined up by job: which rank holds a job up."""
+
+
+@cluster.command("status")
+@click.argument("peers", nargs=-1)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="MLX_WATCHDOG_CONFIG", help="Take the peers from this config file.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds to wait for each node.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: float,
+                   as_json: bool, watch: bool, interval: float) -> None:
+    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung."""
+    from watchdog.daemon.config import load, parse_listen
+    from watchdog.net import cluster as cluster_view
+
+    peers = tuple(p for item in peers for p in item.replace(",", " ").split())
+    for peer in peers:
+        parse_listen(peer)
+    if not peers:
+        from watchdog.cli.service import DEFAULT_CONFIG
+
+        if config_path is None and os.path.exists(DEFAULT_CONFIG):
+            config_path = DEFAULT_CONFIG  # a configured node needs no arguments
+        peers = load(config_path, {}).peers if config_path else ()
+    if not peers:
+        raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
+    while True:
+        view = cluster_view.analyze(cluster_view.gather(peers, timeout))
+        if as_json:
+            click.echo(json.dumps(view, indent=1))
+        else:
+            prefix = "\x1b[H\x1b[2J" if watch else ""
+            click.echo(prefix + cluster_view.render_text(view))
+        if not watch:
+            break
+        time.sleep(interval)
+    if any(job["state"] == "hung" for job in view["jobs"]):
+        sys.exit(1)
+

@@ -1,0 +1,82 @@
+"""What several commands share: the directory options and the settings' click types."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from watchdog.daemon.config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
+
+DIR_ENV = "MLX_WATCHDOG_DIR"
+STATE_ENV = "MLX_WATCHDOG_STATE_DIR"
+
+dir_option = click.option("--dir", "record_dir", envvar=DIR_ENV, default=DEFAULT_RECORD_DIR,
+                          show_default=True, help="Record directory (env MLX_WATCHDOG_DIR).")
+state_option = click.option("--state-dir", envvar=STATE_ENV, default=DEFAULT_STATE_DIR,
+                            show_default=True,
+                            help="Daemon state directory (env MLX_WATCHDOG_STATE_DIR).")
+
+
+class SettingType(click.ParamType):  # type: ignore[type-arg]
+    """A daemon setting on the command line, checked exactly as the config file's value is."""
+
+    def __init__(self, key: str) -> None:
+        from watchdog.daemon.config import SPECS
+
+        self.key, self.spec = key, SPECS[key]
+        self.name = "|".join(self.spec.choices) or self.spec.unit or "TEXT"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from watchdog.daemon.config import coerce
+
+        try:
+            checked = coerce(self.key, value)
+        except ConfigError as err:
+            self.fail(str(err), param, ctx)
+        # "auto" (deadline) and "" (secret) check out as None, which `build` would
+        # read as "not given" and let the file's value win: pass them on as given.
+        return value if checked is None else checked
+
+    def shell_complete(self, ctx: Any, param: Any, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        if self.spec.choices:
+            return [CompletionItem(c) for c in self.spec.choices if c.startswith(incomplete)]
+        if self.spec.unit == "DIR":
+            return [CompletionItem(incomplete, type="dir")]
+        if self.key == "deadline" and "auto".startswith(incomplete):
+            return [CompletionItem("auto")]
+        return []
+
+
+def settings_options(f: Any) -> Any:
+    """One option per setting, so every key of the TOML file is also a flag.
+
+    Each option's type is the setting's own (`SettingType`): a bad value gets the
+    same one-line message from the file or the command line, and --help shows
+    the unit. Defaults stay None here, so the file's value wins over no flag.
+    """
+    from watchdog.daemon.config import SPECS
+
+    envvars = {"dir": DIR_ENV, "state_dir": STATE_ENV, "secret": "MLX_WATCHDOG_SECRET"}
+    defaults = Settings()
+    for field in reversed(dataclasses.fields(Settings)):
+        flag = "--" + field.name.replace("_", "-")
+        spec = SPECS[field.name]
+        default = getattr(defaults, field.name)
+        if field.name == "peers":
+            f = click.option(flag, multiple=True, default=None, type=SettingType("peers"),
+                             metavar="HOST:PORT", help=f"{spec.help} (repeat, or commas)")(f)
+            continue
+        shown = {"deadline": "auto", "secret": "unset"}.get(field.name, default)
+        f = click.option(flag, field.name, envvar=envvars.get(field.name),
+                         type=SettingType(field.name), help=f"{spec.help} [{shown}]")(f)
+    return f
+
+
+deadline_option = click.option(
+    "--deadline", type=SettingType("deadline"), default="auto", show_default=True,
+    help="With no daemon running: the deadline to judge waits by.")
+

@@ -1,0 +1,123 @@
+"""`status`, `watch` and `inspect`: the ranks of this node, from the daemon or sampled here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+
+from watchdog.cli.options import DIR_ENV, deadline_option, dir_option, state_option
+from watchdog.states import HUNG
+from watchdog.text import printable
+
+
+def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
+           ) -> tuple[list[dict[str, Any]], str]:
+    from watchdog.cli.sampling import find_daemon, sample_ranks
+    from watchdog.daemon.config import coerce
+    from watchdog.daemon.detector import Rules
+
+    snap = find_daemon(record_dir, state_dir)
+    if snap is not None:
+        return snap.get("ranks", []), "daemon"
+    if not os.path.isdir(record_dir):
+        raise click.ClickException(f"record directory {record_dir} does not exist "
+                                   f"(set --dir or {DIR_ENV})")
+    rules = Rules(deadline=coerce("deadline", deadline))
+    ranks, invalid = sample_ranks(record_dir, rules)
+    for path, why in invalid.items():
+        click.echo(f"skipped {path}: {why}", err=True)
+    return ranks, "sampled"
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+COLUMNS = ("PID", "JOB", "RANK", "STATE", "PHASE", "PROGRESS", "COLL", "SINCE", "DEADLINE",
+           "CPU", "OP")
+
+
+def table(ranks: list[dict[str, Any]]) -> str:
+    rows: list[tuple[str, ...]] = [COLUMNS]
+    for r in ranks:
+        cells = (r["pid"], r["job"], f"{r['rank']}/{r['world_size']}", r["state"], r["phase"],
+                 r["progress"], r["collectives"], _fmt(r.get("seconds_since_progress"), ".1f"),
+                 _fmt(r.get("deadline_seconds"), ".0f"),
+                 _fmt(r.get("busiest_thread_cpu"), ".2f"), r.get("current_op") or "")
+        rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
+
+
+@click.command()
+@dir_option
+@state_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON list, one object per rank.")
+@click.option("--check", is_flag=True, help="Exit 1 if any rank is stalled, blocked or "
+              "unkillable.")
+@deadline_option
+def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
+           deadline: float | str) -> None:
+    """The ranks on this node and their state (works with no daemon running)."""
+    ranks, source = _ranks(record_dir, state_dir, deadline)
+    if as_json:
+        click.echo(json.dumps(ranks, indent=1))
+    elif ranks:
+        click.echo(table(ranks))
+        click.echo(f"({len(ranks)} ranks; " + ("verdicts from the daemon)" if source == "daemon"
+                   else "sampled here: no daemon running)"), err=True)
+    else:
+        click.echo(f"no ranks in {record_dir}")
+    if check and any(r["state"] in HUNG for r in ranks):
+        sys.exit(1)
+
+
+@click.command()
+@dir_option
+@state_option
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+@click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
+@deadline_option
+def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
+          deadline: float | str) -> None:
+    """A live view of the ranks, refreshed in place (Ctrl-C to quit)."""
+    shown = 0
+    try:
+        while count is None or shown < count:
+            ranks, source = _ranks(record_dir, state_dir, deadline)
+            stamp = datetime.now().strftime("%H:%M:%S")
+            body = table(ranks) if ranks else f"no ranks in {record_dir}"
+            click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
+            shown += 1
+            if count is None or shown < count:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command()
+@click.argument("pid", type=click.IntRange(min=1))
+@dir_option
+@click.option("--json", "as_json", is_flag=True)
+def inspect(pid: int, record_dir: str, as_json: bool) -> None:
+    """One rank in depth: threads, counters, expect window, flight recorder."""
+    from watchdog.cli.inspect import describe, render_text
+    from watchdog.daemon.recdir import read_record
+
+    path = os.path.join(record_dir, f"{pid}.rec")
+    rec, why, _ = read_record(path)
+    if rec is None:
+        raise click.ClickException(f"no usable record for pid {pid} in {record_dir}"
+                                   + (f": {why}" if why else ""))
+    info = describe(rec)
+    click.echo(json.dumps(info, indent=1) if as_json else render_text(info))
+
