@@ -363,3 +363,31 @@ def test_a_flag_given_as_auto_overrides_the_files_deadline(tmp_path, record_dir,
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_the_nodes_config_file_gives_every_command_its_directories(tmp_path, record_dir,
+                                                                   state_dir):
+    config = tmp_path / "node.toml"
+    config.write_text(f'[watchdog]\ndir = "{record_dir}"\nstate_dir = "{state_dir}"\n')
+    env = {k: v for k, v in base_env("unused").items() if not k.startswith("MLX_")}
+    for argv, extra in ((["--config", config], {}), ([], {"MLX_WATCHDOG_CONFIG": str(config)})):
+        done = subprocess.run([sys.executable, "-m", "watchdog.cli", *map(str, argv), "status"],
+                              env={**env, **extra}, cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and f"no ranks in {record_dir}" in done.stdout, done
+        done = subprocess.run([sys.executable, "-m", "watchdog.cli", *map(str, argv),
+                               "incidents"], env={**env, **extra}, cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "no incidents" in done.stdout, done
+    # A flag still wins over the file.
+    other = tmp_path / "other"
+    other.mkdir()
+    result = invoke(["--config", config, "status", "--dir", other])
+    assert f"no ranks in {other}" in result.stdout, result.output
+    # A config file named on purpose must be usable: one line, exit 2.
+    config.write_text("dir = [\n")
+    done = subprocess.run([sys.executable, "-m", "watchdog.cli", "--config", str(config),
+                           "status"], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "not valid TOML" in done.stderr, done
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

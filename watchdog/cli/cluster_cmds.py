@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import click
+
+from watchdog.cli.options import Node
 
 
 @click.group()
@@ -24,8 +25,9 @@ def cluster() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
-def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: float,
-                   as_json: bool, watch: bool, interval: float) -> None:
+@click.pass_obj
+def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str | None,
+                   timeout: float, as_json: bool, watch: bool, interval: float) -> None:
     """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung."""
     from watchdog.daemon.config import load, parse_listen
     from watchdog.net import cluster as cluster_view
@@ -33,12 +35,9 @@ def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: flo
     peers = tuple(p for item in peers for p in item.replace(",", " ").split())
     for peer in peers:
         parse_listen(peer)
-    if not peers:
-        from watchdog.cli.service import DEFAULT_CONFIG
-
-        if config_path is None and os.path.exists(DEFAULT_CONFIG):
-            config_path = DEFAULT_CONFIG  # a configured node needs no arguments
-        peers = load(config_path, {}).peers if config_path else ()
+    if not peers:  # a configured node needs no arguments
+        settings = load(config_path, {}) if config_path else (node or Node(None)).settings
+        peers = settings.peers
     if not peers:
         raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
     while True:

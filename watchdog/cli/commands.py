@@ -14,14 +14,21 @@ import click
 
 from watchdog import __version__
 from watchdog.cli import cluster_cmds, node_cmds, service_cmds, status
-from watchdog.cli.options import dir_option, settings_options, state_option
+from watchdog.cli.options import Node, dir_option, settings_options, state_option
+from watchdog.cli.service import DEFAULT_CONFIG
 from watchdog.daemon.config import ConfigError, Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlx-watchdog")
-def cli() -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="MLX_WATCHDOG_CONFIG",
+              help=f"The node's config file, for the directories and peers of every command "
+                   f"[{DEFAULT_CONFIG} when present].")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
     """Find MLX distributed ranks hung in a collective, and end them safely."""
+    ctx.obj = Node(config_path)
 
 
 @cli.command()

@@ -3,20 +3,61 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import click
 
+from watchdog.cli.service import DEFAULT_CONFIG
 from watchdog.daemon.config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
 
 DIR_ENV = "MLX_WATCHDOG_DIR"
 STATE_ENV = "MLX_WATCHDOG_STATE_DIR"
 
-dir_option = click.option("--dir", "record_dir", envvar=DIR_ENV, default=DEFAULT_RECORD_DIR,
-                          show_default=True, help="Record directory (env MLX_WATCHDOG_DIR).")
-state_option = click.option("--state-dir", envvar=STATE_ENV, default=DEFAULT_STATE_DIR,
-                            show_default=True,
-                            help="Daemon state directory (env MLX_WATCHDOG_STATE_DIR).")
+class Node:
+    """ctx.obj: this node's configuration, read once, when a command first needs it.
+
+    The file is `--config` (or MLX_WATCHDOG_CONFIG) given to the group, else
+    /etc/mlx-watchdog.toml when it exists, so that on a configured node
+    `mlx-watchdog status` looks where the daemon looks. A file named on purpose
+    must be usable; the implicit one is skipped when this user may not read it
+    (it is mode 600 when it holds the fence secret).
+    """
+
+    def __init__(self, config_path: str | None) -> None:
+        self.explicit = config_path is not None
+        self.config_path = config_path or DEFAULT_CONFIG
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            from watchdog.daemon.config import load
+
+            readable = self.explicit or os.access(self.config_path, os.R_OK)
+            self._settings = load(self.config_path, {}) if readable else Settings()
+        return self._settings
+
+
+def _from_config(key: str) -> Any:
+    """A directory option's value: the flag or its env var, else the node's config."""
+    def resolve(ctx: click.Context, _param: Any, value: str | None) -> str:
+        if value is not None:
+            return value
+        node = ctx.find_object(Node)
+        return str(getattr(node.settings if node is not None else Settings(), key))
+    return resolve
+
+
+dir_option = click.option(
+    "--dir", "record_dir", envvar=DIR_ENV, callback=_from_config("dir"), metavar="DIR",
+    type=click.Path(file_okay=False),
+    help=f"Record directory (env {DIR_ENV}; else the config's, else {DEFAULT_RECORD_DIR}).")
+state_option = click.option(
+    "--state-dir", envvar=STATE_ENV, callback=_from_config("state_dir"), metavar="DIR",
+    type=click.Path(file_okay=False),
+    help=f"Daemon state directory (env {STATE_ENV}; else the config's, else "
+         f"{DEFAULT_STATE_DIR}).")
 
 
 class SettingType(click.ParamType):  # type: ignore[type-arg]
