@@ -83,6 +83,9 @@ def test_frozen_rank_is_named_and_the_job_ended(tmp_path):
     assert f"culprit: rank 1 pid {frozen.group(1)}: stopped" in out, out
     assert re.search(r"watchdog sees: rank 0 killed; rank 1 killed; rank 2 killed", out), out
     assert "SIGTERM to rank 1" in out and "evidence:" in out, out
+    # The hung rank's Python stack, down to the demo rank's own line of code.
+    assert "where the hung rank waits" in out and "demo/rank.py" in out, out
+    assert "mx.eval(x)" in out, out
     assert "outcome as expected" in out, out
     assert_cleaned_up(out)
     assert took < 60, f"the demo took {took:.0f}s"

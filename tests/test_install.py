@@ -114,7 +114,7 @@ def test_installed_not_editable(venv: Venv):
     package = venv.site / "watchdog"
     files = {str(p.relative_to(package)) for p in package.rglob("*") if p.is_file()}
     shipped_modules = {"__init__.py", "py.typed", "rank/hook.py", "cli/commands.py",
-                       "cli/demo_rank.py", "daemon/loop.py", "net/metrics.py"}
+                       "cli/demo/rank.py", "daemon/loop.py", "net/metrics.py"}
     assert shipped_modules <= files, files
     shipped = venv.site / "mlx_watchdog.pth"
     assert shipped.is_file(), "the wheel did not install mlx_watchdog.pth into site-packages"

@@ -1,4 +1,4 @@
-"""One rank of `mlx-watchdog demo`: `python -m watchdog.cli.demo_rank [--trigger PATH]`.
+"""One rank of `mlx-watchdog demo`: `python -m watchdog.cli.demo.rank [--trigger PATH]`.
 
 A small instrumented MLX ring job: every round is one `all_sum` whose result
 is checked, then `hb.step()` and a short pause standing in for real work. The
@@ -26,7 +26,7 @@ PAUSE = 0.01  # seconds of "work" between collectives: keeps 3 ranks light on 2 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="watchdog.cli.demo_rank")
+    parser = argparse.ArgumentParser(prog="watchdog.cli.demo.rank")
     parser.add_argument("--trigger", help="mismatch fault: rank 0 goes off script once "
                         "this file exists")
     args = parser.parse_args(argv)

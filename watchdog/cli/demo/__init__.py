@@ -2,7 +2,7 @@
 
 Everything runs as this user on 127.0.0.1 inside one scratch directory: the
 daemon (`mlx-watchdog run` with a short deadline) and N ranks of
-`watchdog/cli/demo_rank.py`. Once the ranks make progress the demo injects the
+`watchdog/cli/demo/rank.py`. Once the ranks make progress the demo injects the
 fault, narrates what the daemon publishes each second, prints the incident
 from the journal, and checks the outcome:
 
@@ -21,48 +21,32 @@ daemon, the ranks and the scratch directory are removed before returning.
 
 from __future__ import annotations
 
-import json
-import linecache
 import os
 import re
-import shutil
 import signal
-import site
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import click
 
+from watchdog.cli.demo.job import (
+    EVIDENCE_TIMEOUT,
+    GRACE,
+    INTERVAL,
+    KILL_TIMEOUT,
+    POLL,
+    DemoJob,
+    describe_exit,
+    last_error,
+    tail,
+)
+from watchdog.cli.demo.report import incident_lines
 from watchdog.daemon import journal
 from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG
 
 FAULTS = ("stop", "kill", "mismatch")
-INTERVAL = 0.5  # the daemon's scan interval
-GRACE = 1.0
-KILL_TIMEOUT = 3.0
-EVIDENCE_TIMEOUT = 3.0
-POLL = 0.25
-DAEMON_START_TIMEOUT = 30.0
-RANKS_START_TIMEOUT = 60.0
-
-
-@dataclass
-class _Rank:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    log: str
-    reported: bool = False  # its exit has been narrated
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
 
 @dataclass
@@ -73,188 +57,9 @@ class _Result:
     problems: list[str] = field(default_factory=list)
 
 
-def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _tail(path: str, lines: int = 8) -> str:
-    try:
-        with open(path, "rb") as f:
-            text = f.read()[-8192:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _last_error(path: str) -> str:
-    """The exception line of a rank's log (else its last line)."""
-    lines = [ln.strip() for ln in _tail(path, 20).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception):", ln)]
-    return (errors or lines or [""])[-1]
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"ended by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"ended by signal {-code}"
-    return f"exited with code {code}"
-
-
-class Demo:
-    def __init__(self, ranks: int, deadline: float, fault: str,
-                 echo: Callable[[str], None] = click.echo) -> None:
-        self.size = ranks
-        self.deadline = deadline
-        self.fault = fault
-        self.echo = echo
-        self.t0 = time.monotonic()
-        self.t0_wall = time.time()
-        self.tmp = tempfile.mkdtemp(prefix="mlx-watchdog-demo-")
-        self.record_dir = os.path.join(self.tmp, "records")
-        self.state_dir = os.path.join(self.tmp, "state")
-        self.trigger = os.path.join(self.tmp, "mismatch-now")
-        os.mkdir(self.record_dir, 0o700)
-        os.mkdir(self.state_dir, 0o700)
-        self.daemon: subprocess.Popen[bytes] | None = None
-        self.daemon_log = os.path.join(self.tmp, "daemon.log")
-        self.ranks: list[_Rank] = []
-        self.retired: list[_Rank] = []  # ranks of a failed start attempt
-        self.stopped: set[int] = set()  # pids we froze with SIGSTOP
-        self.job = ""
-
-    # -- output ----------------------------------------------------------------
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def say(self, message: str) -> None:
-        self.echo(f"[{self.now():4.1f}s] {message}")
-
-    def note(self, message: str) -> None:
-        self.echo(f"        {message}")
-
-    # -- processes ---------------------------------------------------------------
-
-    def _env(self, **extra: str) -> dict[str, str]:
-        # No MLX_* from the caller's environment (MLX_WATCHDOG_CONFIG, a hostfile,
-        # MLX_WATCHDOG=1...): the demo is configured only by what it passes.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
-        root = _package_root()
-        installed = {os.path.abspath(p) for p in site.getsitepackages()
-                     + [site.getusersitepackages()]}
-        if root not in installed:  # running from a source tree: let children find it
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (root, env.get("PYTHONPATH", "")) if p)
-        env.update(extra)
-        return env
-
-    def _popen(self, argv: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with open(log, "wb") as out:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
-
-    def status(self) -> dict[str, Any] | None:
-        from watchdog.cli.sampling import daemon_status
-
-        return daemon_status(self.state_dir)
-
-    def rank_status(self, snap: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
-        """The daemon's view of our current ranks, by rank number."""
-        by_pid = {r.pid: r.rank for r in self.ranks}
-        out: dict[int, dict[str, Any]] = {}
-        for item in (snap or {}).get("ranks", []):
-            if isinstance(item, dict) and item.get("pid") in by_pid:
-                out[by_pid[item["pid"]]] = item
-        return out
-
-    def daemon_alive(self) -> bool:
-        return self.daemon is not None and self.daemon.poll() is None
-
-    def start_daemon(self) -> bool:
-        argv = [sys.executable, "-m", "watchdog.cli", "run",
-                "--dir", self.record_dir, "--state-dir", self.state_dir,
-                "--interval", f"{INTERVAL:g}", "--deadline", f"{self.deadline:g}",
-                "--blocked-deadline", f"{2 * self.deadline:g}",
-                "--grace", f"{GRACE:g}", "--kill-timeout", f"{KILL_TIMEOUT:g}",
-                "--evidence-timeout", f"{EVIDENCE_TIMEOUT:g}",
-                "--listen", "127.0.0.1:0", "--log-level", "info"]
-        self.daemon = self._popen(argv, self.daemon_log, self._env())
-        self.say(f"started the watchdog daemon (pid {self.daemon.pid}): scan every "
-                 f"{INTERVAL:g}s, deadline {self.deadline:g}s, grace {GRACE:g}s")
-        until = time.monotonic() + DAEMON_START_TIMEOUT
-        while time.monotonic() < until:
-            if not self.daemon_alive():
-                self.say("the daemon exited at start:")
-                self.note(_tail(self.daemon_log, 10).replace("\n", "\n        "))
-                return False
-            snap = self.status()
-            if snap is not None and snap.get("time"):
-                match = re.search(r"on (http://\S+)", _tail(self.daemon_log, 50))
-                where = f" at {match.group(1)}/metrics" if match else ""
-                self.say(f"the daemon is scanning {self.record_dir}{where}")
-                return True
-            time.sleep(POLL)
-        self.say(f"the daemon did not complete a scan within {DAEMON_START_TIMEOUT:g}s")
-        return False
-
-    def _launch_ranks(self) -> None:
-        hostfile = os.path.join(self.tmp, "hosts.json")
-        with open(hostfile, "w") as f:
-            json.dump([[f"127.0.0.1:{p}"] for p in _free_ports(self.size)], f)
-        args = ["--trigger", self.trigger] if self.fault == "mismatch" else []
-        self.ranks = []
-        for n in range(self.size):
-            env = self._env(MLX_HOSTFILE=hostfile, MLX_RANK=str(n),
-                            MLX_WATCHDOG_DIR=self.record_dir)
-            log = os.path.join(self.tmp, f"rank{n}-{len(self.retired)}.log")
-            proc = self._popen([sys.executable, "-m", "watchdog.cli.demo_rank", *args], log, env)
-            self.ranks.append(_Rank(n, proc, log))
-            self.say(f"started rank {n} (pid {proc.pid})")
-
-    def start_ranks(self) -> bool:
-        for attempt in (1, 2):
-            self._launch_ranks()
-            until = time.monotonic() + RANKS_START_TIMEOUT
-            failed: _Rank | None = None
-            while time.monotonic() < until and failed is None:
-                failed = next((r for r in self.ranks if r.proc.poll() is not None), None)
-                if failed is not None:
-                    break
-                seen = self.rank_status(self.status())
-                if len(seen) == self.size and all(r.get("steps", 0) >= 3 for r in seen.values()):
-                    self.job = str(seen[0].get("job", ""))
-                    self.say(f"{self.size} ranks up, job {self.job}: all_sum over the ring "
-                             f"on 127.0.0.1, results checked every step")
-                    return True
-                time.sleep(POLL)
-            if failed is not None:
-                self.say(f"rank {failed.rank} (pid {failed.pid}) "
-                         f"{_describe_exit(failed.proc.returncode or 0)} at start:")
-                self.note(_tail(failed.log).replace("\n", "\n        "))
-            else:
-                self.say(f"the ranks did not all report progress within "
-                         f"{RANKS_START_TIMEOUT:g}s")
-            self._end_ranks(self.ranks)
-            self.retired.extend(self.ranks)
-            self.ranks = []
-            if attempt == 1 and failed is not None:
-                self.say("retrying once with fresh ports")
-        return False
+class Demo(DemoJob):
+    """The story: healthy steps, the fault, what the watchdog sees, the verdict."""
 
     # -- phases ------------------------------------------------------------------
 
@@ -334,8 +139,8 @@ class Demo:
             if code is None or r.reported:
                 continue
             r.reported = True
-            why = _describe_exit(code)
-            last = _last_error(r.log)
+            why = describe_exit(code)
+            last = last_error(r.log)
             self.say(f"rank {r.rank} (pid {r.pid}) {why}"
                      + (f": {last}" if self.fault == "kill" and last else ""))
 
@@ -352,7 +157,7 @@ class Demo:
         while time.monotonic() < until:
             if not self.daemon_alive():
                 self.say("the daemon died:")
-                self.note(_tail(self.daemon_log, 10).replace("\n", "\n        "))
+                self.note(tail(self.daemon_log, 10).replace("\n", "\n        "))
                 return False
             seen = self.rank_status(self.status())
             line = self.state_line(seen)
@@ -383,108 +188,22 @@ class Demo:
         self.say(f"gave up after {timeout:.0f}s without the expected outcome")
         return False
 
-    # -- the incident --------------------------------------------------------------
-
-    def print_incident(self, inc: dict[str, Any]) -> None:
-        self.echo("")
-        self.echo(f"Incident {inc.get('id')} (from {self.state_dir}/incidents.jsonl)")
-        self.echo(f"  job {inc.get('job')} on {inc.get('host')}: verdict {inc.get('verdict')}, "
-                  f"{inc.get('seconds_without_progress', 0):.1f}s without progress, busiest "
-                  f"thread {inc.get('busiest_thread_cpu', 0):.0%} CPU")
-        self.echo(f"  reason: {inc.get('reason')}")
-        culprit = self.culprit(inc)
-        if culprit:
-            self.echo(f"  culprit: {culprit}")
-        for r in inc.get("ranks", []):
-            wait = r.get("seconds_in_wait")
-            self.echo(f"  rank {r.get('rank')} pid {r.get('pid')}: {r.get('state')}, phase "
-                      f"{r.get('phase')}" + (f" in {r.get('op')} for {wait:.1f}s"
-                                             if r.get("op") and wait else "")
-                      + f", {r.get('collectives')} collectives")
-        for rank, tail in sorted((inc.get("flight_recorder_tail") or {}).items()):
-            if tail:
-                ops = ", ".join(f"{c.get('op')} #{c.get('number')}" for c in tail[-3:])
-                self.echo(f"  flight recorder of rank {rank} (last 3): {ops}")
-        evidence = inc.get("evidence") or []
-        self.echo(f"  evidence: {len(evidence)} file(s)")
-        for path in evidence:
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                size = 0
-            self.echo(f"    {os.path.relpath(path, self.state_dir)} ({size} bytes)")
-        frames = self._stack_excerpt(evidence)
-        if frames:
-            self.echo("  where the hung rank waits (its Python stack dump):")
-            for frame in frames:
-                self.echo(f"    {frame}")
-        self.echo("  signals:")
-        for sig in inc.get("signals", []):
-            at = float(sig.get("time", self.t0_wall)) - self.t0_wall
-            self.echo(f"    [{at:4.1f}s] {sig.get('signal'):<7} to rank {sig.get('rank')} "
-                      f"(pid {sig.get('pid')}): {sig.get('result')}")
-        outcome = inc.get("outcome") or {}
-        if outcome:
-            self.echo("  outcome: " + ", ".join(f"pid {p} {o}" for p, o in outcome.items()))
-        if inc.get("wired_check"):
-            self.echo(f"  wired memory after the kill: {inc['wired_check']}")
-        self.echo(f"  reboot required: {inc.get('reboot_required') or 'no'}")
-        self.echo("")
-
-    def culprit(self, inc: dict[str, Any]) -> str:
-        named = inc.get("culprit")
-        if isinstance(named, dict):
-            return (f"rank {named.get('rank')} pid {named.get('pid')}: "
-                    f"{named.get('reason')}")
-        hung = [r for r in inc.get("ranks", []) if r.get("state") in PAST_DEADLINE]
-        tails = inc.get("flight_recorder_tail") or {}
-        described = []
-        for r in hung:
-            tail = tails.get(str(r.get("rank"))) or []
-            last = f" after {tail[-1].get('op')} #{tail[-1].get('number')}" if tail else ""
-            described.append(f"rank {r.get('rank')} pid {r.get('pid')}: {r.get('state')} in "
-                             f"{r.get('op') or 'a wait'}{last}")
-        return "; ".join(described)
-
-    def _stack_excerpt(self, evidence: list[str]) -> list[str]:
-        for path in evidence:
-            if not path.endswith("-python.txt"):
-                continue
-            try:
-                with open(path, errors="replace") as f:
-                    text = f.read(65536)
-            except OSError:
-                continue
-            for block in text.split("\n\n"):
-                lines = [ln.strip() for ln in block.splitlines() if ln.strip()]
-                if not any("demo_rank.py" in ln for ln in lines):
-                    continue
-                out = []
-                for ln in lines[:4]:
-                    out.append(ln)
-                    frame = re.match(r'File "(.+demo_rank\.py)", line (\d+)', ln)
-                    if frame:  # the demo's own line of code: what it waits in
-                        code = linecache.getline(frame.group(1), int(frame.group(2))).strip()
-                        if code:
-                            out.append(f"    {code}")
-                return out
-        return []
-
     # -- the outcome ---------------------------------------------------------------
 
     def judge(self, result: _Result, reached: bool) -> bool:
         incidents, _ = journal.read_incidents(self.state_dir)
         for inc in incidents:
-            self.print_incident(inc)
+            for line in incident_lines(inc, self.state_dir, self.t0_wall):
+                self.echo(line)
         survivors = [r for r in self.ranks if r.rank != result.victim or self.fault != "kill"]
         alive = [r for r in survivors if r.proc.poll() is None]
         took = self.now() - result.fault_at
         self.echo("Summary")
         if self.fault == "kill":
-            codes = ", ".join(f"rank {r.rank} {_describe_exit(r.proc.returncode)}"
+            codes = ", ".join(f"rank {r.rank} {describe_exit(r.proc.returncode)}"
                               for r in survivors if r.proc.returncode is not None)
             lost = [r.rank for r in survivors if "connection to a peer was lost"
-                    in _tail(r.log, 20)]
+                    in tail(r.log, 20)]
             self.echo(f"  rank {result.victim} was killed with SIGKILL at {result.fault_at:.1f}s.")
             if lost:
                 self.echo(f"  ranks {_ranks(lost)} raised '[ring] connection to a peer was "
@@ -565,39 +284,6 @@ class Demo:
         self.inject(result)
         reached = self.watch(result)
         return 0 if self.judge(result, reached) else 1
-
-    def _end_ranks(self, ranks: list[_Rank]) -> list[int]:
-        ended = []
-        for r in ranks:
-            if r.proc.poll() is None:
-                for signum in (signal.SIGCONT, signal.SIGKILL):  # SIGCONT: a stopped rank
-                    try:
-                        os.kill(r.pid, signum)
-                    except ProcessLookupError:
-                        break
-                ended.append(r.pid)
-        for r in ranks:
-            try:
-                r.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.say(f"rank {r.rank} (pid {r.pid}) did not exit after SIGKILL")
-        return ended
-
-    def cleanup(self) -> None:
-        ended = self._end_ranks(self.ranks + self.retired)
-        if ended:
-            self.say(f"cleanup: killed leftover ranks (pids {', '.join(map(str, ended))})")
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.terminate()
-            try:
-                self.daemon.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.daemon.wait(timeout=5)
-            self.say(f"cleanup: stopped the daemon (pid {self.daemon.pid})")
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self.say(f"cleanup: removed {self.tmp}")
-
 
 def _ranks(numbers: list[int]) -> str:
     return ", ".join(map(str, numbers)) or "none"
