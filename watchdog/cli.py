@@ -338,7 +338,9 @@ def _service_kind(launchd: bool, systemd: bool) -> str:
         raise click.UsageError("choose one of --launchd and --systemd")
     if launchd or systemd:
         return "launchd" if launchd else "systemd"
-    return "launchd" if sys.platform == "darwin" else "systemd"
+    from . import host
+
+    return host.defaults().service
 
 
 def _service_options(f: Any) -> Any:

@@ -18,13 +18,15 @@ import shlex
 import sysconfig
 import tempfile
 
+from . import host
+
 KINDS = ("launchd", "systemd")
 LABEL = "com.github.mlx-watchdog"
 UNIT = "mlx-watchdog.service"
 SCRIPT = "mlx-watchdog"
 DEFAULT_CONFIG = "/etc/mlx-watchdog.toml"
-DEFAULT_RECORD_DIR = {"launchd": "/var/run/mlx-watchdog", "systemd": "/run/mlx-watchdog"}
-DEFAULT_STATE_DIR = {"launchd": "/var/db/mlx-watchdog", "systemd": "/var/lib/mlx-watchdog"}
+DEFAULT_RECORD_DIR = {kind: host.for_service(kind).record_dir for kind in KINDS}
+DEFAULT_STATE_DIR = {kind: host.for_service(kind).state_dir for kind in KINDS}
 _DEFAULT_PATH = {
     "launchd": f"/Library/LaunchDaemons/{LABEL}.plist",
     "systemd": f"/etc/systemd/system/{UNIT}",

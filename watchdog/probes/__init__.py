@@ -7,10 +7,11 @@ errors become `ProcessGone` or `ProbeError` here, so callers handle two cases.
 from __future__ import annotations
 
 import shutil
-import sys
 from dataclasses import dataclass
 
 import psutil
+
+from .. import host
 
 
 class ProbeError(Exception):
@@ -88,11 +89,11 @@ def _which(*names: str) -> str | None:
 
 def probe() -> Probe:
     """The probe for this platform."""
-    if sys.platform == "darwin":
+    if host.os_name() == host.DARWIN:
         from .macos import MacProbe
 
         return MacProbe()
-    if sys.platform.startswith("linux"):
+    if host.os_name() == host.LINUX:
         from .linux import LinuxProbe
 
         return LinuxProbe()
