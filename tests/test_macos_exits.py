@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.fake_kqueue import FakeKqueueModule
+from fake_kqueue import FakeKqueueModule
 from watchdog.probes.exits import ExitWatcher
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -70,6 +71,11 @@ class Probe:
 
     def stack_command(self, pid: int) -> list[str] | None:
         """A native stack sampler for evidence, or None when none is installed."""
+        return None
+
+    def hot_frames(self, text: str) -> list[dict[str, Any]] | None:
+        """The sampler's output as threads with their hot frames; None: no parser
+        for this platform's tool, [] for output that holds no stacks."""
         return None
 
 
