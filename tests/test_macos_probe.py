@@ -25,6 +25,7 @@ from watchdog.probes.macos import MacProbe
 
 GiB = 1 << 30
 DATA = Path(__file__).parent / "data"
+BIN = Path(__file__).parent / "bin"
 REPORT = (DATA / "sample_jaccl_recv.txt").read_text()
 
 # psutil.virtual_memory() on macOS: these fields, in this order (psutil's _psosx.svmem).
@@ -182,14 +183,14 @@ def test_parse_caps_the_thread_count():
 @pytest.fixture
 def fake_sample_on_path(monkeypatch, tmp_path):
     log = tmp_path / "sample-argv.log"
-    monkeypatch.setenv("PATH", f"{DATA}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SAMPLE_LOG", str(log))
     return log
 
 
 def test_the_stand_in_is_what_the_probe_runs(fake_sample_on_path):
     command = MacProbe().stack_command(4242)
-    assert command == [str(DATA / "sample"), "4242", "1"]
+    assert command == [str(BIN / "sample"), "4242", "1"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     assert out.startswith("Sampling process 4242 for 1 second")
     assert "Analysis Tool:   /usr/bin/sample" in out
