@@ -168,3 +168,49 @@ def test_unreadable_device_file_still_agrees_on_one_node(tmp_path):
     garbage = tmp_path / "garbage"
     garbage.write_bytes(b"\xff\xfe not json")
     assert launchenv.world_size({"MLX_IBV_DEVICES": str(garbage)}) == 0
+
+
+# -- mlx-watchdog launch: a fresh job id per launch, through the real mlx.launch --------
+
+LAUNCH_PROBE = ("import json, os; from watchdog import hook; "
+                "print(json.dumps([os.environ['MLX_RANK'], hook.job_id()]))")
+
+
+def watchdog_launch(*extra: str, env: dict[str, str] | None = None
+                    ) -> tuple[dict[str, str], str]:
+    """Rank -> job id, printed by two real local ranks of `mlx-watchdog launch -n 2`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "watchdog.cli", "launch", "-n", "2", *extra, "--",
+         sys.executable, "-c", LAUNCH_PROBE],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, **(env or {})))
+    assert done.returncode == 0, done.stderr
+    jobs = dict(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    return jobs, done.stderr
+
+
+def test_mlx_watchdog_launch_gives_each_launch_its_own_job():
+    first, said = watchdog_launch()
+    second, _ = watchdog_launch()
+    assert set(first) == set(second) == {"0", "1"}
+    assert len(set(first.values())) == 1 and len(set(second.values())) == 1
+    assert first["0"] != second["0"] and first["0"].startswith("launch-")
+    assert f"mlx-watchdog: job {first['0']}" in said
+
+
+def test_mlx_watchdog_launch_keeps_a_job_the_user_named(monkeypatch):
+    jobs, _ = watchdog_launch("--env", "MLX_WATCHDOG_JOB=train-7")
+    assert set(jobs.values()) == {"train-7"}
+    monkeypatch.delenv("MLX_WATCHDOG_JOB", raising=False)
+    jobs, _ = watchdog_launch(env={"MLX_WATCHDOG_JOB": "from-env"})
+    assert set(jobs.values()) == {"from-env"}
+
+
+def test_launch_argv_puts_the_job_before_the_command():
+    from watchdog.launcher import launch_argv, named_job
+
+    argv = launch_argv("/v/bin/mlx.launch", ["--hostfile", "h.json", "--", "python", "t.py",
+                                              "--env", "MLX_WATCHDOG_JOB=not-ours"], {},
+                       job="J")
+    assert argv == ["/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--hostfile", "h.json",
+                    "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
+    assert named_job(["--env=MLX_WATCHDOG_JOB=x", "t.py"]) == "x"

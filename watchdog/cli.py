@@ -544,6 +544,26 @@ def demo(ranks: int, deadline: float, fault: str) -> None:
     sys.exit(run_demo(ranks=ranks, deadline=deadline, fault=fault))
 
 
+@cli.command(context_settings={"ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def launch(args: tuple[str, ...]) -> None:
+    """mlx.launch ARGS with a fresh MLX_WATCHDOG_JOB, the same on every rank of the launch."""
+    from .launcher import JOB_ENV, LauncherError, find_mlx_launch, launch_argv
+
+    try:
+        argv = launch_argv(find_mlx_launch(), list(args), os.environ)
+    except LauncherError as err:
+        raise click.ClickException(str(err)) from None
+    job = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{JOB_ENV}=")), None)
+    if job:
+        click.echo(f"mlx-watchdog: job {job}", err=True)
+    try:
+        os.execv(argv[0], argv)
+    except OSError as err:
+        raise click.ClickException(f"cannot run {argv[0]}: {err.strerror}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         code = cli.main(args=argv, prog_name="mlx-watchdog", standalone_mode=False)
