@@ -308,3 +308,28 @@ def _plist(mac: Path) -> Path:
                                      record_dir="/var/run/mlx-watchdog",
                                      state_dir="/var/db/mlx-watchdog").encode())
     return plist
+
+
+def test_reinstall_waits_for_a_bootout_that_returns_before_the_job_exits(mac, monkeypatch):
+    plist = mac / f"{LABEL}.plist"
+    assert cli("service", "install", "--launchd", "--path", str(plist), "--load").returncode == 0
+    (mac / "launchctl.log").unlink()
+    done = cli("service", "install", "--launchd", "--path", str(plist), "--load",
+               env_extra={"FAKE_LAUNCHCTL_BOOTOUT_LAG": "2"})
+    assert done.returncode == 0, done.stderr
+    ran = calls(mac / "launchctl.log")
+    # Without the wait, bootstrap would meet the exiting job: "5: Input/output error".
+    assert ran[:2] == [["print", TARGET], ["bootout", TARGET]]
+    assert ran[2:5] == [["print", TARGET]] * 3 and ran[5:] == [
+        ["enable", TARGET], ["bootstrap", "system", str(plist)]]
+
+
+def test_systemd_uninstall_of_nothing_runs_nothing(mac):
+    done = cli("service", "uninstall", "--systemd", "--path", str(mac / "none.service"))
+    assert done.returncode == 0 and "no " in done.stdout
+    assert calls(mac / "systemctl.log") == []
+
+
+def test_systemd_restart(mac):
+    assert cli("service", "restart", "--systemd").returncode == 0
+    assert calls(mac / "systemctl.log") == [["restart", "mlx-watchdog.service"]]

@@ -214,3 +214,12 @@ def test_launch_argv_puts_the_job_before_the_command():
     assert argv == ["/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--hostfile", "h.json",
                     "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
     assert named_job(["--env=MLX_WATCHDOG_JOB=x", "t.py"]) == "x"
+
+
+def test_a_device_file_that_is_not_json_is_hashed_as_text(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_text("rdma_en3 rdma_en4\n")
+    b.write_text("rdma_en3 rdma_en4")
+    c.write_text("rdma_en5")
+    jobs = [hook.job_id({"MLX_IBV_DEVICES": str(p)}) for p in (a, b, c)]
+    assert jobs[0] == jobs[1] != jobs[2]
