@@ -333,3 +333,31 @@ def test_systemd_uninstall_of_nothing_runs_nothing(mac):
 def test_systemd_restart(mac):
     assert cli("service", "restart", "--systemd").returncode == 0
     assert calls(mac / "systemctl.log") == [["restart", "mlx-watchdog.service"]]
+
+
+def test_a_launchctl_that_hangs_or_cannot_run_is_one_error(mac, monkeypatch, tmp_path):
+    monkeypatch.setattr(service, "COMMAND_TIMEOUT", 0.5)
+    with pytest.raises(service.ServiceError, match=r"sleep 30 did not finish in 0.5s"):
+        service.run_command(["sleep", "30"])
+    broken = tmp_path / "brokenbin"
+    broken.mkdir()
+    (broken / "launchctl").write_text("#!/nonexistent/interpreter\n")
+    (broken / "launchctl").chmod(0o755)
+    monkeypatch.setenv("PATH", str(broken))
+    with pytest.raises(service.ServiceError, match="cannot run launchctl"):
+        service.run_command(["launchctl", "print", TARGET])
+
+
+def test_uninstall_not_permitted_says_run_as_root(mac, monkeypatch):
+    plist = _plist(mac)
+
+    def refuse(path: str) -> None:
+        raise PermissionError(1, "Operation not permitted", path)
+
+    monkeypatch.setattr(service.os, "unlink", refuse)
+    with pytest.raises(service.ServiceError, match="not permitted to remove .* run this as root"):
+        service.uninstall("launchd", str(plist))
+    monkeypatch.setattr(service.os, "unlink",
+                        lambda path: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
+    with pytest.raises(service.ServiceError, match="Read-only file system"):
+        service.uninstall("launchd", str(plist))

@@ -131,3 +131,17 @@ def test_stop_closes_the_queue(running):
     watcher.stop()
     watcher.join(5)
     assert machine.queues[0].closed
+
+
+def test_no_kqueue_at_all_stops_the_watcher_not_the_daemon(caplog):
+    class NoQueues(FakeKqueueModule):
+        def kqueue(self):  # type: ignore[override]
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    wake = threading.Event()
+    watcher = ExitWatcher(wake, kq=NoQueues(alive={100}))
+    watcher.watch({100})
+    watcher.start()
+    watcher.join(5)
+    assert watcher._thread is not None and not watcher._thread.is_alive()
+    assert "exit watcher stopped; exits are seen at the next scan" in caplog.text

@@ -252,3 +252,74 @@ def test_no_sample_on_path_means_no_native_evidence(monkeypatch, state_dir, tmp_
     monkeypatch.setenv("PATH", str(tmp_path))
     result, _ = end_to_end(state_dir)
     assert "native_hot" not in result and result["evidence"] == []
+
+
+def test_load_per_cpu_on_a_mac_is_the_load_average(monkeypatch):
+    # macOS has no /proc/loadavg: the generic one-minute average per core.
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (48.0, 30.0, 20.0))
+    monkeypatch.setattr(psutil, "cpu_count", lambda: 24)
+    assert MacProbe().load_per_cpu() == 2.0
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    assert MacProbe().load_per_cpu() == 1.0  # at least one
+
+    def broken() -> tuple[float, float, float]:
+        raise OSError("getloadavg failed")
+
+    monkeypatch.setattr(psutil, "getloadavg", broken)
+    assert MacProbe().load_per_cpu() == 1.0
+
+
+class MacProcess:
+    """psutil.Process as psutil behaves on macOS for the cases below."""
+
+    behaviour = "ok"
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        if self.behaviour == "gone":
+            raise psutil.NoSuchProcess(pid)
+
+    def oneshot(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def status(self) -> str:
+        if self.behaviour == "denied":
+            raise psutil.AccessDenied(self.pid)
+        if self.behaviour == "vanishing":
+            raise OSError(3, "No such process")
+        return psutil.STATUS_ZOMBIE if self.behaviour == "zombie" else psutil.STATUS_RUNNING
+
+    def create_time(self) -> float:
+        return 1.7e9
+
+    def uids(self):
+        return collections.namedtuple("uids", "real effective saved")(501, 501, 501)
+
+    def threads(self):
+        # macOS: another user's threads need task_for_pid, which only root gets.
+        if self.behaviour == "threads-denied":
+            raise psutil.AccessDenied(self.pid)
+        pthread = collections.namedtuple("pthread", "id user_time system_time")
+        return [pthread(1, 3.0, 1.0), pthread(2, 0.5, 0.5)]
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("ok", ((1, 4.0), (2, 1.0))), ("threads-denied", ()), ("zombie", None), ("gone", None)])
+def test_mac_process_samples(monkeypatch, behaviour, expected):
+    monkeypatch.setattr(MacProcess, "behaviour", behaviour)
+    monkeypatch.setattr(psutil, "Process", MacProcess)
+    sample = MacProbe().sample(4242)
+    assert (None if sample is None else sample.threads) == expected
+    if sample is not None:
+        assert (sample.uid, sample.start_time) == (501, 1.7e9)
+
+
+@pytest.mark.parametrize("behaviour, message", [("denied", "access denied reading pid 4242"),
+                                                ("vanishing", "reading pid 4242")])
+def test_mac_process_errors(monkeypatch, behaviour, message):
+    monkeypatch.setattr(MacProcess, "behaviour", behaviour)
+    monkeypatch.setattr(psutil, "Process", MacProcess)
+    with pytest.raises(ProbeError, match=message):
+        MacProbe().sample(4242)
