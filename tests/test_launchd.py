@@ -361,3 +361,13 @@ def test_uninstall_not_permitted_says_run_as_root(mac, monkeypatch):
                         lambda path: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
     with pytest.raises(service.ServiceError, match="Read-only file system"):
         service.uninstall("launchd", str(plist))
+
+
+def test_a_job_that_never_finishes_exiting_is_reported(mac, monkeypatch):
+    plist = _plist(mac)
+    service.run_command(["launchctl", "bootstrap", "system", str(plist)])
+    monkeypatch.setenv("FAKE_LAUNCHCTL_BOOTOUT_LAG", "1000")
+    monkeypatch.setattr(service, "shutdown_seconds", lambda: -9)  # give up after 1 s
+    with pytest.raises(service.ServiceError, match="was still exiting 1s after bootout"):
+        service.load("launchd", str(plist))
+    assert ["bootstrap", "system", str(plist)] not in calls(mac / "launchctl.log")[1:]

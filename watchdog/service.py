@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+import time
 
 from . import host
 
@@ -219,16 +220,14 @@ def _unload_launchd() -> list[str]:
     # bootout can return before the job has exited (up to its ExitTimeOut);
     # bootstrap would then fail with "5: Input/output error", so wait it out.
     waited = 0.0
-    while launchd_loaded()[0] and waited < shutdown_seconds() + 10:
-        _sleep(0.5)
+    limit = shutdown_seconds() + 10
+    while launchd_loaded()[0]:
+        if waited >= limit:
+            raise ServiceError(f"{service_target()} was still exiting {limit}s after bootout; "
+                               "run the install again once `launchctl print` no longer lists it")
+        time.sleep(0.5)
         waited += 0.5
     return argv
-
-
-def _sleep(seconds: float) -> None:
-    import time
-
-    time.sleep(seconds)
 
 
 def uninstall(kind: str, path: str | None = None) -> tuple[list[list[str]], bool]:
