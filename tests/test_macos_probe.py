@@ -323,3 +323,31 @@ def test_mac_process_errors(monkeypatch, behaviour, message):
     monkeypatch.setattr(psutil, "Process", MacProcess)
     with pytest.raises(ProbeError, match=message):
         MacProbe().sample(4242)
+
+
+def test_split_offsets_of_one_function_are_summed():
+    # `sample` lists one function once per return address, as siblings.
+    text = ("Call graph:\n"
+            "    100 Thread_7\n"
+            "    + 100 start_wqthread  (in libsystem_pthread.dylib) + 8  [0x1]\n"
+            "    + ! 60 __workq_kernreturn  (in libsystem_kernel.dylib) + 8  [0x2]\n"
+            "    + ! 36 tbt_poll_cq  (in libjaccl_tbt.dylib) + 40  [0x3]\n"
+            "    + 4 start_wqthread  (in libsystem_pthread.dylib) + 0,2  [0x4,0x5]\n")
+    [thread] = samplegraph.parse(text)
+    assert thread["top"] == [
+        {"frame": "__workq_kernreturn", "lib": "libsystem_kernel.dylib", "samples": 60},
+        {"frame": "tbt_poll_cq", "lib": "libjaccl_tbt.dylib", "samples": 36},
+        {"frame": "start_wqthread", "lib": "libsystem_pthread.dylib", "samples": 8}]
+
+
+def test_incidents_output_survives_a_malformed_native_hot():
+    from watchdog.cli import _native_hot_lines
+
+    lines = _native_hot_lines([{"rank": 0, "pid": 1, "threads": [{"top": "x"}, None,
+                                                                   {"thread": "T", "samples": 3,
+                                                                    "top": [{"frame": "f",
+                                                                             "samples": 3}]}]},
+                               "junk", {"rank": 1, "pid": 2, "error": "no call graph"}])
+    assert lines == ["    native stacks, rank 0 pid 1:", "      T: 3 of 3 samples in f",
+                     "    native stacks, rank 1 pid 2: no call graph"]
+    assert _native_hot_lines({"not": "a list"}) == []
