@@ -323,11 +323,12 @@ def test_script_path_is_this_interpreters_script():
 
 def test_activation_commands():
     assert service.activation_commands("launchd", "/L/x.plist") == [
-        "launchctl bootstrap system /L/x.plist"
+        ["launchctl", "enable", "system/com.github.mlx-watchdog"],
+        ["launchctl", "bootstrap", "system", "/L/x.plist"],
     ]
     assert service.activation_commands("systemd", "/etc/systemd/system/mlx-watchdog.service") == [
-        "systemctl daemon-reload",
-        "systemctl enable --now mlx-watchdog.service",
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "--now", "mlx-watchdog.service"],
     ]
 
 

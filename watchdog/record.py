@@ -63,14 +63,14 @@ import mmap
 import os
 import stat
 import struct
-import sys
 import time
 from dataclasses import dataclass
 
+from watchdog import host
 from watchdog.states import Phase
 
 # Where ranks publish and the daemon looks, unless MLX_WATCHDOG_DIR / --dir say otherwise.
-DEFAULT_DIR = "/var/run/mlx-watchdog" if sys.platform == "darwin" else "/run/mlx-watchdog"
+DEFAULT_DIR = host.defaults().record_dir
 
 MAGIC = b"MLXWDREC"
 RECORD_VERSION = 1

@@ -7,6 +7,7 @@ itself.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -77,6 +78,26 @@ def demo(ranks: int, deadline: float, fault: str) -> None:
 
     sys.exit(run_demo(ranks=ranks, deadline=deadline, fault=fault))
 
+
+
+@cli.command(context_settings={"ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def launch(args: tuple[str, ...]) -> None:
+    """mlx.launch ARGS with a fresh MLX_WATCHDOG_JOB, the same on every rank of the launch."""
+    from watchdog.cli.launcher import JOB_ENV, LauncherError, find_mlx_launch, launch_argv
+
+    try:
+        argv = launch_argv(find_mlx_launch(), list(args), os.environ)
+    except LauncherError as err:
+        raise click.ClickException(str(err)) from None
+    job = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{JOB_ENV}=")), None)
+    if job:
+        click.echo(f"mlx-watchdog: job {job}", err=True)
+    try:
+        os.execv(argv[0], argv)
+    except OSError as err:
+        raise click.ClickException(f"cannot run {argv[0]}: {err.strerror}") from None
 
 
 for command in (status.status, status.watch, status.inspect, node_cmds.incidents, node_cmds.node,

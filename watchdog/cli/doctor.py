@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import signal
 import site
 import sys
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from watchdog import __version__
+from watchdog import __version__, host
 from watchdog.daemon import journal
 from watchdog.daemon.config import ConfigError, parse_listen
 from watchdog.daemon.dirs import UnsafeDirectory, check_record_dir, check_state_dir
@@ -148,7 +149,7 @@ def check_instrumentation() -> list[Line]:
                             "reinstall mlx-watchdog"))
     else:
         lines.append((OK, "watchdog.rank.hook imports (the rank side of the watchdog)"))
-    extra = "'mlx[cpu]'" if sys.platform.startswith("linux") else "mlx"
+    extra = "'mlx[cpu]'" if host.os_name() == host.LINUX else "mlx"
     try:
         mx: Any = importlib.import_module("mlx.core")
     except Exception as err:  # noqa: BLE001
@@ -289,7 +290,7 @@ def check_evidence_tools() -> list[Line]:
     lines: list[Line] = []
     if command is None:
         hint = ("/usr/bin/sample ships with macOS; is PATH complete?"
-                if sys.platform == "darwin" else "pip install py-spy, or apt install gdb")
+                if host.os_name() == host.DARWIN else "pip install py-spy, or apt install gdb")
         lines.append((WARN, "no native stack sampler for evidence (py-spy or gdb on Linux, "
                             f"sample on macOS): incidents get only Python stacks; {hint}"))
     else:
@@ -307,11 +308,45 @@ def check_evidence_tools() -> list[Line]:
 
 
 def _ptrace_scope() -> int | None:
+    if host.os_name() != host.LINUX:
+        return None  # Yama is Linux's; macOS lets root attach (SIP-protected binaries aside)
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+def check_service() -> list[Line]:
+    """On a Mac: is the LaunchDaemon loaded and running (`launchctl print`)?"""
+    if host.os_name() != host.DARWIN:
+        return []  # systemd says it with `systemctl status`; the daemon check covers it
+    from watchdog.cli.service import (
+        LABEL,
+        ServiceError,
+        default_path,
+        launchd_loaded,
+        service_target,
+    )
+
+    install = "sudo mlx-watchdog service install --launchd"
+    try:
+        loaded, text = launchd_loaded()
+    except ServiceError as err:
+        return [(WARN, f"cannot ask launchd about {LABEL}: {err}")]
+    if not loaded:
+        where = (f"{default_path('launchd')} exists but is not loaded"
+                 if os.path.exists(default_path("launchd")) else "it is not installed")
+        return [(WARN, f"the launchd job {service_target()} is not loaded ({where}): nothing "
+                       f"restarts the daemon or starts it at boot; run: {install}")]
+    fields = dict(re.findall(r"^\t(state|pid|path|last exit code) = (.*)$", text, re.M))
+    if fields.get("state") != "running":
+        log = host.defaults(host.DARWIN).stderr_log
+        state = fields.get("state", "not running")
+        return [(FAIL, f"the launchd job {service_target()} is loaded but {state} "
+                       f"(last exit code {fields.get('last exit code', '?')}): read {log}")]
+    return [(OK, f"launchd job {service_target()} loaded and running (pid "
+                 f"{fields.get('pid', '?')}, from {fields.get('path', '?')})")]
 
 
 def check_reboot_flag(state_dir: str) -> list[Line]:
@@ -336,6 +371,7 @@ def run_checks(record_dir: str, state_dir: str, listen: str) -> list[Line]:
         ("platform probes", check_probes),
         ("dump signal", check_dump_signal),
         ("evidence tools", check_evidence_tools),
+        ("service", check_service),
         ("reboot flag", lambda: check_reboot_flag(state_dir)),
     ]
     lines: list[Line] = []

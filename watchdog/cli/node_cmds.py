@@ -57,8 +57,30 @@ def _echo_incident(inc: dict[str, Any]) -> None:
         lines.append(f"    outcome: {outcome}")
     if inc.get("reboot_required"):
         lines.append(f"    REBOOT REQUIRED: {inc['reboot_required']}")
+    lines += _native_hot_lines(inc.get("native_hot"))
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
+
+
+def _native_hot_lines(hot: Any, threads: int = 4) -> list[str]:
+    """The parsed native stacks (macOS `sample`): each rank's hottest threads."""
+    from watchdog.daemon.samplegraph import summary_line
+
+    lines = []
+    for entry in hot if isinstance(hot, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        head = f"    native stacks, rank {entry.get('rank')} pid {entry.get('pid')}"
+        if entry.get("error"):
+            lines.append(f"{head}: {entry['error']}")
+            continue
+        lines.append(f"{head}:")
+        for thread in (entry.get("threads") or [])[:threads]:
+            try:
+                lines.append(f"      {summary_line(thread)}")
+            except (AttributeError, KeyError, TypeError):
+                continue  # a hand-edited or foreign journal line: show the rest
+    return lines
 
 
 @click.group()

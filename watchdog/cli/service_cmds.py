@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -18,7 +17,9 @@ def _service_kind(launchd: bool, systemd: bool) -> str:
         raise click.UsageError("choose one of --launchd and --systemd")
     if launchd or systemd:
         return "launchd" if launchd else "systemd"
-    return "launchd" if sys.platform == "darwin" else "systemd"
+    from watchdog import host
+
+    return host.defaults().service
 
 
 def _service_options(f: Any) -> Any:
@@ -54,25 +55,69 @@ def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
 @service.command("install")
 @_service_options
 @click.option("--path", help="Where to write it (default: the system location).")
-def service_install(launchd: bool, systemd: bool, config_path: str, path: str | None) -> None:
-    """Write the service file; prints the command that loads it."""
-    from watchdog.cli.service import ServiceError, install, write_default_config
+@click.option("--load/--no-load", default=None,
+              help="Load and start it with launchctl/systemctl (default: only when "
+                   "written to the system location).")
+def service_install(launchd: bool, systemd: bool, config_path: str, path: str | None,
+                    load: bool | None) -> None:
+    """Write the service file, then load and start it."""
+    from watchdog.cli import service as svc
 
     kind, kwargs = _render(launchd, systemd, config_path)
     try:
-        written = install(kind, path, **kwargs)
-    except ServiceError as err:
+        written = svc.install(kind, path, **kwargs)
+    except svc.ServiceError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"wrote {written}")
     if path is None:
         try:
-            if write_default_config(config_path):
+            if svc.write_default_config(config_path):
                 click.echo(f"wrote {config_path} (every key at its default)")
         except OSError as err:
             raise click.ClickException(f"cannot write {config_path}: {err.strerror}") from None
-    from watchdog.cli.service import activation_commands
+    if not (path is None if load is None else load):
+        click.echo("load it with:")
+        for argv in svc.activation_commands(kind, written):
+            click.echo(f"  sudo {svc.shell_line(argv)}")
+        return
+    try:
+        for argv in svc.load(kind, written):
+            click.echo(f"ran: {svc.shell_line(argv)}")
+    except svc.ServiceError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"the {kind} service is loaded; check it with: mlx-watchdog doctor")
 
-    click.echo("load it with:")
-    for command in activation_commands(kind, written):
-        click.echo(f"  sudo {command}")
 
+@service.command("uninstall")
+@click.option("--launchd", is_flag=True, help="The macOS LaunchDaemon.")
+@click.option("--systemd", is_flag=True, help="The systemd unit.")
+@click.option("--path", help="The file to remove (default: the system location).")
+def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
+    """Stop and unload the service and delete its file (state and logs are kept)."""
+    from watchdog.cli import service as svc
+
+    kind = _service_kind(launchd, systemd)
+    target = path if path is not None else svc.default_path(kind)
+    try:
+        ran, removed = svc.uninstall(kind, target)
+    except svc.ServiceError as err:
+        raise click.ClickException(str(err)) from None
+    for argv in ran:
+        click.echo(f"ran: {svc.shell_line(argv)}")
+    click.echo(f"removed {target}" if removed else f"no {target} to remove")
+
+
+@service.command("restart")
+@click.option("--launchd", is_flag=True, help="The macOS LaunchDaemon.")
+@click.option("--systemd", is_flag=True, help="The systemd unit.")
+def service_restart(launchd: bool, systemd: bool) -> None:
+    """Restart the daemon (after an upgrade or a config change)."""
+    from watchdog.cli import service as svc
+
+    kind = _service_kind(launchd, systemd)
+    argv = svc.restart_command(kind, svc.default_path(kind))
+    try:
+        svc.run_command(argv)
+    except svc.ServiceError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"ran: {svc.shell_line(argv)}")

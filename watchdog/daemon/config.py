@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchdog import host
 from watchdog.daemon.detector import Rules
 from watchdog.record import DEFAULT_DIR
 
@@ -22,7 +23,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_RECORD_DIR = DEFAULT_DIR
-DEFAULT_STATE_DIR = "/var/db/mlx-watchdog" if sys.platform == "darwin" else "/var/lib/mlx-watchdog"
+DEFAULT_STATE_DIR = host.defaults().state_dir
 DEFAULT_PORT = 9753
 
 

@@ -48,6 +48,13 @@ def _copy_dump(target: Target, offset: int, out: str) -> None:
             shutil.copyfileobj(src, dst)
 
 
+NATIVE_READ_LIMIT = 8 << 20  # a sample report is ~100 kB; a runaway one is cut here
+
+
+def _native_path(folder: str, target: Target) -> str:
+    return os.path.join(folder, f"rank{target.rank}-pid{target.pid}-native.txt")
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -182,7 +189,7 @@ class Enforcer:
         timeout = until - self.clock()
         if not command or timeout <= 0.5 or not self.signaller.alive(target):
             return None
-        out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-native.txt")
+        out = _native_path(folder, target)
         try:
             with open(out, "wb") as dst:
                 subprocess.run(command, stdout=dst, stderr=subprocess.STDOUT,
@@ -193,6 +200,33 @@ class Enforcer:
             log.warning("%s failed on pid %s: %s", command[0], target.pid, err)
             return None
         return out
+
+    def hot_frames(self, incident_id: str, targets: list[Target], evidence: list[str]
+                   ) -> list[dict[str, Any]]:
+        """Each native dump the probe can parse, as threads and their hot frames."""
+        folder = os.path.join(self.settings.state_dir, "evidence", incident_id)
+        parsed = []
+        for target in targets:
+            path = _native_path(folder, target)
+            if path not in evidence:
+                continue
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read(NATIVE_READ_LIMIT)
+            except OSError as err:
+                log.warning("reading %s failed: %s", path, err)
+                continue
+            threads = self.probe.hot_frames(text)
+            if threads is None:
+                continue
+            entry: dict[str, Any] = {"rank": target.rank, "pid": target.pid}
+            if threads:
+                entry["threads"] = threads
+            else:  # a sampler that failed or was cut short: say what it said
+                first = next((line for line in text.splitlines() if line.strip()), "")
+                entry["error"] = f"no call graph in the output: {first[:200] or 'empty'}"
+            parsed.append(entry)
+        return parsed
 
     # -- the ladder ------------------------------------------------------------
 
@@ -301,6 +335,10 @@ class Enforcer:
             incident["action"] = "ended"
             outcome = self.end(incident, targets)
             incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
+            # Parsed after the kill, which must not wait on it.
+            hot = self.hot_frames(incident["id"], targets, incident["evidence"])
+            if hot:
+                incident["native_hot"] = hot
             unkillable = [pid for pid, result in outcome.items() if result == "unkillable"]
             incident.update(self.settle_wired(baseline, others_live))
             reasons = []

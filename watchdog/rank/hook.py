@@ -14,8 +14,6 @@ import atexit
 import contextlib
 import faulthandler
 import functools
-import hashlib
-import json
 import os
 import signal
 import socket
@@ -23,10 +21,11 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from watchdog import record
+from watchdog.rank import launchenv
 from watchdog.record import (
     ENTRY_WORDS,
     FLIGHT_SLOTS,
@@ -71,49 +70,22 @@ def record_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
     return env.get("MLX_WATCHDOG_DIR") or record.DEFAULT_DIR
 
 
-def job_id(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+def job_id(env: Mapping[str, str] = os.environ) -> str:
     """A job id that every rank of one launch derives alike, with no configuration.
 
-    The hostfile (ring, jaccl) or the coordinator address is the same text on
-    every node of a launch, wherever the launcher wrote it.
+    MLX_WATCHDOG_JOB if set; else a hash of the hostfile's or the JACCL device
+    file's contents and the coordinator (watchdog/launchenv.py), the same text
+    on every node of a launch, wherever the launcher wrote it.
     """
-    if env.get("MLX_WATCHDOG_JOB"):
-        return env["MLX_WATCHDOG_JOB"]
-    material = ""
-    hostfile = env.get("MLX_HOSTFILE")
-    if hostfile:
-        try:
-            with open(hostfile, "rb") as f:
-                material = f.read(1 << 20).decode("utf-8", "replace")
-        except OSError:
-            material = hostfile
-    for key in ("MLX_JACCL_COORDINATOR", "MLX_IBV_DEVICES", "MLX_WORLD_SIZE"):
-        material += f"|{env.get(key, '')}"
-    if not material.strip("|"):
-        return f"pid{os.getpid()}"  # not a distributed launch: a job of one
-    return "j" + hashlib.sha256(material.encode()).hexdigest()[:11]
+    return launchenv.job_id(env, os.getpid())
 
 
-def _env_rank_size(env: dict[str, str] | os._Environ[str]) -> tuple[int, int]:
-    rank = int(env["MLX_RANK"]) if env.get("MLX_RANK", "").isdigit() else -1
-    size = 0
-    hostfile = env.get("MLX_HOSTFILE")
-    if hostfile:
-        try:
-            with open(hostfile) as f:
-                hosts = json.load(f)
-            size = len(hosts) if isinstance(hosts, list) else 0
-        except (OSError, ValueError):
-            size = 0
-    return rank, size
+def _env_rank_size(env: Mapping[str, str]) -> tuple[int, int]:
+    return launchenv.rank(env), launchenv.world_size(env)
 
 
-def _guess_backend(env: dict[str, str] | os._Environ[str]) -> str:
-    if env.get("MLX_IBV_DEVICES") or env.get("MLX_JACCL_COORDINATOR"):
-        return "jaccl"
-    if env.get("MLX_HOSTFILE"):
-        return "ring"
-    return ""
+def _guess_backend(env: Mapping[str, str]) -> str:
+    return launchenv.backend(env)
 
 
 def dump_signal_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> int:

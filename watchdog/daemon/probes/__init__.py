@@ -7,10 +7,12 @@ errors become `ProcessGone` or `ProbeError` here, so callers handle two cases.
 from __future__ import annotations
 
 import shutil
-import sys
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
+
+from watchdog import host
 
 
 class ProbeError(Exception):
@@ -71,6 +73,11 @@ class Probe:
         """A native stack sampler for evidence, or None when none is installed."""
         return None
 
+    def hot_frames(self, text: str) -> list[dict[str, Any]] | None:
+        """The sampler's output as threads with their hot frames; None: no parser
+        for this platform's tool, [] for output that holds no stacks."""
+        return None
+
 
 def same_process(sample: ProcessSample | None, start_time: float, uid: int) -> bool:
     """The identity rule: same pid (implied), same start time, same owner."""
@@ -88,11 +95,11 @@ def _which(*names: str) -> str | None:
 
 def probe() -> Probe:
     """The probe for this platform."""
-    if sys.platform == "darwin":
+    if host.os_name() == host.DARWIN:
         from watchdog.daemon.probes.macos import MacProbe
 
         return MacProbe()
-    if sys.platform.startswith("linux"):
+    if host.os_name() == host.LINUX:
         from watchdog.daemon.probes.linux import LinuxProbe
 
         return LinuxProbe()

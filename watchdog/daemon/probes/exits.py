@@ -5,29 +5,44 @@ node sends, so every scan interval of delay is paid by every survivor. Linux
 gives a pidfd that becomes readable on exit; macOS gives kqueue's NOTE_EXIT.
 One thread polls them and sets `wake`; all descriptors are opened and closed
 on that thread, so the scan only hands over the set of pids to watch.
+
+kqueue as the kernel does it (kevent(2)): a change that fails, such as
+EVFILT_PROC on a pid that is already gone, comes back as an event flagged
+EV_ERROR with the errno in `data` when the event list has room, and raises
+(ProcessLookupError for ESRCH) only when it has none. CPython retries a
+kevent interrupted by a signal (PEP 475), so EINTR is handled only in case.
+Tests pass a scripted `select`-like module as `kq`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
 import threading
+from typing import Any
+
+from watchdog import host
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.2  # how soon a change of the watched set takes effect
 
 
 class ExitWatcher:
-    def __init__(self, wake: threading.Event) -> None:
+    def __init__(self, wake: threading.Event, kq: Any = None) -> None:
+        """`kq`: the module giving kqueue, kevent and the KQ_* constants (`select`
+        on macOS); given, the kqueue watcher is used whatever this OS is."""
         self.wake = wake
+        self._kq = kq
+        if kq is None and host.os_name() == host.DARWIN and hasattr(select, "kqueue"):
+            self._kq = select
         self._wanted: frozenset[int] = frozenset()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @staticmethod
-    def available() -> bool:
-        return hasattr(os, "pidfd_open") or hasattr(select, "kqueue")
+    def available(self) -> bool:
+        return self._kq is not None or hasattr(os, "pidfd_open")
 
     def watch(self, pids: set[int]) -> None:
         self._wanted = frozenset(pids)  # one reference swap: no lock needed
@@ -40,12 +55,16 @@ class ExitWatcher:
     def stop(self) -> None:
         self._stop.set()
 
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def _run(self) -> None:
         try:
-            if hasattr(os, "pidfd_open"):
-                self._run_pidfd()
+            if self._kq is not None:
+                self._run_kqueue(self._kq)
             else:
-                self._run_kqueue()
+                self._run_pidfd()
         except Exception:  # noqa: BLE001 - the scan still sees every exit, only later
             log.exception("exit watcher stopped; exits are seen at the next scan")
 
@@ -73,26 +92,63 @@ class ExitWatcher:
         for fd in fds.values():
             os.close(fd)
 
-    def _run_kqueue(self) -> None:
-        queue = select.kqueue()  # type: ignore[attr-defined]
-        watched: set[int] = set()
+    def _run_kqueue(self, kq: Any) -> None:
+        queue = kq.kqueue()
+        watched: set[int] = set()  # registered, exit not yet reported
+        done: set[int] = set()  # reported (exited, gone or refused): not registered again
         try:
             while not self._stop.is_set():
                 wanted = self._wanted
-                changes = []
-                for pid in wanted - watched:
-                    changes.append(select.kevent(  # type: ignore[attr-defined]
-                        pid, select.KQ_FILTER_PROC,  # type: ignore[attr-defined]
-                        select.KQ_EV_ADD | select.KQ_EV_ONESHOT,  # type: ignore[attr-defined]
-                        select.KQ_NOTE_EXIT))  # type: ignore[attr-defined]
-                watched = set(wanted)
+                done &= wanted
+                # A pid no longer wanted keeps its one-shot registration until it
+                # exits (one spare wake at most); the kernel drops it with the process.
+                watched &= wanted
+                new = wanted - watched - done
+                changes = [kq.kevent(pid, kq.KQ_FILTER_PROC,
+                                     kq.KQ_EV_ADD | kq.KQ_EV_ONESHOT, kq.KQ_NOTE_EXIT)
+                           for pid in sorted(new)]
+                watched |= new
                 try:
-                    events = queue.control(changes, 64, POLL_SECONDS)
+                    # Room for one event per change, so a failed change is an
+                    # EV_ERROR event, not an exception that hides which pid failed.
+                    events = queue.control(changes, max(64, len(changes)), POLL_SECONDS)
+                except InterruptedError:
+                    watched -= new  # re-adding is harmless: EV_ADD on a knote modifies it
+                    continue
                 except ProcessLookupError:
-                    events = []
+                    # Only without room in the event list: which pid is unknown.
+                    watched -= new
+                    done |= new  # the scan sees these; never a busy loop on them
                     self.wake.set()
-                if events:
-                    watched -= {e.ident for e in events}
+                    continue
+                except (ValueError, OSError) as err:
+                    # A closed (ValueError) or broken (EBADF) queue: start afresh.
+                    log.warning("exit watcher: kqueue failed (%s); reopening it", err)
+                    queue.close()
+                    queue = kq.kqueue()
+                    watched.clear()
+                    self.wake.set()  # an exit may have been missed meanwhile
+                    self._stop.wait(POLL_SECONDS)
+                    continue
+                if self._handle_kevents(kq, events, watched, done):
                     self.wake.set()
         finally:
             queue.close()
+
+    @staticmethod
+    def _handle_kevents(kq: Any, events: list[Any], watched: set[int], done: set[int]
+                        ) -> bool:
+        """Book the events in; True when the scan should look now."""
+        wake = False
+        for event in events:
+            pid = int(event.ident)
+            watched.discard(pid)
+            done.add(pid)
+            if not event.flags & kq.KQ_EV_ERROR:
+                wake = True  # NOTE_EXIT: data holds the exit status
+            elif event.data == errno.ESRCH:
+                wake = True  # gone before it could be watched
+            else:
+                log.info("exit watcher cannot watch pid %s: %s", pid,
+                         os.strerror(int(event.data)))
+        return wake

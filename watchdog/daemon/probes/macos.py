@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psutil
 
+from watchdog.daemon import samplegraph
 from watchdog.daemon.probes import Probe, ProbeError, _which
 
 
@@ -20,3 +23,6 @@ class MacProbe(Probe):
         sample = _which("sample")
         # `sample PID 1`: one second of samples of every thread, to stdout.
         return [sample, str(pid), "1"] if sample else None
+
+    def hot_frames(self, text: str) -> list[dict[str, Any]] | None:
+        return samplegraph.parse(text)

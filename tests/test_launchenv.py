@@ -1,0 +1,225 @@
+"""JACCL and ring launches recognised from the environment mlx.launch really gives each
+rank: mlx's own launcher code (launch_jaccl / launch_ring) builds each rank's launch
+script, which bash runs here, `mktemp` files and all; the rank prints what the hook
+derives. Ranks of a "node" each get their own temporary files, as on separate Macs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from watchdog.rank import hook, launchenv
+
+launch = pytest.importorskip("mlx._distributed_utils.launch")
+common = pytest.importorskip("mlx._distributed_utils.common")
+
+# A JACCL hostfile as mlx.distributed_config writes it for a Thunderbolt mesh of
+# three Mac Studios (ips for the coordinator, rdma[i][j]: rank i's device to rank j).
+JACCL_HOSTS = {
+    "backend": "jaccl",
+    "envs": ["MLX_METAL_FAST_SYNCH=1"],
+    "hosts": [
+        {"ssh": "studio-1", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en3", "rdma_en4"]},
+        {"ssh": "studio-2", "ips": ["10.0.0.2"], "rdma": ["rdma_en3", None, "rdma_en5"]},
+        {"ssh": "studio-3", "ips": ["10.0.0.3"], "rdma": ["rdma_en4", "rdma_en5", None]},
+    ],
+}
+RING_HOSTS = [{"ssh": "studio-1", "ips": ["10.0.0.1"]}, {"ssh": "studio-2", "ips": ["10.0.0.2"]}]
+
+PROBE = """
+import json, os
+from watchdog.rank import hook
+rank, size = hook._env_rank_size(os.environ)
+keys = [k for k in os.environ if k.startswith(("MLX_", "JACCL_"))]
+print(json.dumps({"job": hook.job_id(), "rank": rank, "size": size,
+                  "backend": hook._guess_backend(os.environ),
+                  "env": {k: os.environ[k] for k in keys}}))
+"""
+
+
+def mlx_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hostfile: Any, backend: str,
+               port: int = 32323, env: list[str] | None = None) -> list[dict[str, Any]]:
+    """Each rank's view, from the scripts mlx.launch would run on each host."""
+    path = tmp_path / f"hosts-{backend}.json"
+    path.write_text(json.dumps(hostfile))
+    hosts = common.Hostfile.from_file(path)
+    args = argparse.Namespace(starting_port=port, env=list(hosts.envs) + list(env or []),
+                              cwd=None, verbose=False, python=None, backend=backend,
+                              connections_per_ip=1)
+    captured: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(launch, "_launch_with_io",
+                        lambda cls, arguments, verbose: captured.extend(a for a, _ in arguments))
+    command = [sys.executable, "-c", PROBE]
+    {"jaccl": launch.launch_jaccl, "jaccl-ring": launch.launch_jaccl,
+     "ring": launch.launch_ring}[backend](argparse.ArgumentParser(), hosts.hosts, args, command)
+    views = []
+    for rank, _host, python, cwd, files, rank_env, cmd in captured:
+        node = tmp_path / f"node{rank}"  # each host's own /tmp
+        node.mkdir(exist_ok=True)
+        script = launch.RemoteProcess.make_launch_script(rank, python, cwd, files, rank_env,
+                                                         cmd, True)
+        done = subprocess.run(["/bin/bash", "-c", script], capture_output=True, text=True,
+                              timeout=120, env={"PATH": os.environ["PATH"], "TMPDIR": str(node),
+                                                "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+        assert done.returncode == 0, done.stderr
+        views.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return views
+
+
+def test_jaccl_mesh_ranks_agree(tmp_path, monkeypatch):
+    views = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl")
+    assert [(v["backend"], v["rank"], v["size"]) for v in views] == [
+        ("jaccl", 0, 3), ("jaccl", 1, 3), ("jaccl", 2, 3)]
+    # What mlx.launch set: a per-node temporary device file, the coordinator, no hostfile.
+    paths = {v["env"]["MLX_IBV_DEVICES"] for v in views}
+    assert len(paths) == 3  # a different mktemp path on every node...
+    assert {v["env"]["MLX_JACCL_COORDINATOR"] for v in views} == {"10.0.0.1:32323"}
+    assert all("MLX_HOSTFILE" not in v["env"] and "MLX_JACCL_RING" not in v["env"]
+               for v in views)
+    jobs = {v["job"] for v in views}
+    assert len(jobs) == 1 and jobs.pop().startswith("j")  # ...and one job id all the same
+
+
+def test_jaccl_ring_is_its_own_job(tmp_path, monkeypatch):
+    mesh = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl")
+    ring = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl-ring")
+    assert {v["env"]["MLX_JACCL_RING"] for v in ring} == {"1"}
+    assert [(v["backend"], v["rank"], v["size"]) for v in ring] == [
+        ("jaccl", 0, 3), ("jaccl", 1, 3), ("jaccl", 2, 3)]
+    assert len({v["job"] for v in ring}) == 1 and ring[0]["job"] != mesh[0]["job"]
+
+
+def test_ring_ranks_agree(tmp_path, monkeypatch):
+    views = mlx_launch(tmp_path, monkeypatch, RING_HOSTS, "ring")
+    assert [(v["backend"], v["rank"], v["size"]) for v in views] == [("ring", 0, 2),
+                                                                     ("ring", 1, 2)]
+    assert len({v["env"]["MLX_HOSTFILE"] for v in views}) == 2
+    assert len({v["job"] for v in views}) == 1
+
+
+def test_another_port_is_another_job(tmp_path, monkeypatch):
+    a = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl", port=32323)
+    b = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl", port=40000)
+    assert a[0]["job"] != b[0]["job"]
+
+
+def test_same_hostfile_and_ports_share_a_job_unless_the_launch_names_it(tmp_path, monkeypatch):
+    """Nothing mlx.launch passes differs between two launches of one hostfile on the
+    same ports (this asserts the documented limit); MLX_WATCHDOG_JOB through
+    `mlx.launch --env` (what `mlx-watchdog launch` adds) tells them apart."""
+    first = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl")
+    second = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl")
+    assert first[0]["job"] == second[0]["job"]
+    named = [mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl",
+                        env=[f"MLX_WATCHDOG_JOB=train-{n}"]) for n in (1, 2)]
+    assert [{v["job"] for v in launch_} for launch_ in named] == [{"train-1"}, {"train-2"}]
+
+
+def test_jaccl_spellings_and_their_precedence(tmp_path):
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps([[None, "rdma_en3"], ["rdma_en3", None]]) + "\n")
+    mlx = {"MLX_IBV_DEVICES": str(devices), "MLX_JACCL_COORDINATOR": "10.0.0.1:5000",
+           "MLX_RANK": "1"}
+    bare = {"JACCL_IBV_DEVICES": str(devices), "JACCL_COORDINATOR": "10.0.0.1:5000",
+            "JACCL_RANK": "1"}
+    for env in (mlx, bare):
+        assert hook._guess_backend(env) == "jaccl"
+        assert hook._env_rank_size(env) == (1, 2)
+    assert hook.job_id(mlx) == hook.job_id(bare)
+    # JACCL reads JACCL_* first (jaccl.cpp Config::from_env): so does the hook.
+    both = dict(mlx, JACCL_RANK="0")
+    assert hook._env_rank_size(both) == (0, 2)
+    assert hook.job_id({**mlx, "JACCL_RING": "1"}) != hook.job_id(mlx)
+    assert hook.job_id({**mlx, "MLX_JACCL_RING": "1"}) == hook.job_id({**mlx, "JACCL_RING": "1"})
+
+
+def test_same_devices_written_differently_is_one_job(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text('[[null, "rdma_en3"], ["rdma_en3", null]]\n')
+    b.write_text('[[null,"rdma_en3"],["rdma_en3",null]]')
+    assert hook.job_id({"MLX_IBV_DEVICES": str(a)}) == hook.job_id({"MLX_IBV_DEVICES": str(b)})
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, ("", -1, 0)),
+    ({"MLX_RANK": "x"}, ("", -1, 0)),
+    ({"MLX_IBV_DEVICES": "/nonexistent/devices"}, ("jaccl", -1, 0)),
+    ({"MLX_JACCL_COORDINATOR": "10.0.0.1:5000", "MLX_RANK": "2"}, ("jaccl", 2, 0)),
+    ({"MLX_HOSTFILE": "/nonexistent/hosts"}, ("ring", -1, 0)),
+    ({"NCCL_HOST_IP": "10.0.0.1", "NCCL_PORT": "12345", "MLX_WORLD_SIZE": "4",
+      "MLX_RANK": "3"}, ("nccl", 3, 4)),
+])
+def test_odd_environments_never_raise(env, expected):
+    assert (launchenv.backend(env), launchenv.rank(env), launchenv.world_size(env)) == expected
+    job = hook.job_id(env)
+    assert job == f"pid{os.getpid()}" if not expected[0] else job.startswith("j")
+
+
+def test_unreadable_device_file_still_agrees_on_one_node(tmp_path):
+    env = {"MLX_IBV_DEVICES": str(tmp_path / "gone.json")}
+    assert hook.job_id(env) == hook.job_id(dict(env))
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\xff\xfe not json")
+    assert launchenv.world_size({"MLX_IBV_DEVICES": str(garbage)}) == 0
+
+
+# -- mlx-watchdog launch: a fresh job id per launch, through the real mlx.launch --------
+
+LAUNCH_PROBE = ("import json, os; from watchdog.rank import hook; "
+                "print(json.dumps([os.environ['MLX_RANK'], hook.job_id()]))")
+
+
+def watchdog_launch(*extra: str, env: dict[str, str] | None = None
+                    ) -> tuple[dict[str, str], str]:
+    """Rank -> job id, printed by two real local ranks of `mlx-watchdog launch -n 2`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "watchdog.cli", "launch", "-n", "2", *extra, "--",
+         sys.executable, "-c", LAUNCH_PROBE],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, **(env or {})))
+    assert done.returncode == 0, done.stderr
+    jobs = dict(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    return jobs, done.stderr
+
+
+def test_mlx_watchdog_launch_gives_each_launch_its_own_job():
+    first, said = watchdog_launch()
+    second, _ = watchdog_launch()
+    assert set(first) == set(second) == {"0", "1"}
+    assert len(set(first.values())) == 1 and len(set(second.values())) == 1
+    assert first["0"] != second["0"] and first["0"].startswith("launch-")
+    assert f"mlx-watchdog: job {first['0']}" in said
+
+
+def test_mlx_watchdog_launch_keeps_a_job_the_user_named(monkeypatch):
+    jobs, _ = watchdog_launch("--env", "MLX_WATCHDOG_JOB=train-7")
+    assert set(jobs.values()) == {"train-7"}
+    monkeypatch.delenv("MLX_WATCHDOG_JOB", raising=False)
+    jobs, _ = watchdog_launch(env={"MLX_WATCHDOG_JOB": "from-env"})
+    assert set(jobs.values()) == {"from-env"}
+
+
+def test_launch_argv_puts_the_job_before_the_command():
+    from watchdog.cli.launcher import launch_argv, named_job
+
+    argv = launch_argv("/v/bin/mlx.launch", ["--hostfile", "h.json", "--", "python", "t.py",
+                                              "--env", "MLX_WATCHDOG_JOB=not-ours"], {},
+                       job="J")
+    assert argv == ["/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--hostfile", "h.json",
+                    "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
+    assert named_job(["--env=MLX_WATCHDOG_JOB=x", "t.py"]) == "x"
+
+
+def test_a_device_file_that_is_not_json_is_hashed_as_text(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_text("rdma_en3 rdma_en4\n")
+    b.write_text("rdma_en3 rdma_en4")
+    c.write_text("rdma_en5")
+    jobs = [hook.job_id({"MLX_IBV_DEVICES": str(p)}) for p in (a, b, c)]
+    assert jobs[0] == jobs[1] != jobs[2]

@@ -1,0 +1,64 @@
+"""`mlx-watchdog launch ARGS...`: mlx.launch with one fresh job id for the whole launch.
+
+mlx.launch gives the ranks nothing that differs between two launches of the
+same hostfile and ports, so the hook's derived job id is shared by such
+relaunches (docs/limits.md). This runs mlx.launch with
+`--env MLX_WATCHDOG_JOB=<id>` first, which mlx.launch exports on every host
+(ssh does not forward our environment; `--env` is how it reaches remote ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import Mapping
+
+JOB_ENV = "MLX_WATCHDOG_JOB"
+
+
+class LauncherError(Exception):
+    """mlx.launch cannot be found or run; the message says what to do."""
+
+
+def new_job_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"launch-{stamp}-{uuid.uuid4().hex[:8]}"
+
+
+def named_job(args: list[str]) -> str | None:
+    """The MLX_WATCHDOG_JOB already given with --env, if any (before the command)."""
+    for i, arg in enumerate(args):
+        value = None
+        if arg == "--env" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--env="):
+            value = arg[len("--env="):]
+        if value is not None and value.startswith(f"{JOB_ENV}="):
+            return value.split("=", 1)[1]
+        if arg == "--":
+            break
+    return None
+
+
+def launch_argv(mlx_launch: str, args: list[str], env: Mapping[str, str],
+                job: str | None = None) -> list[str]:
+    """The mlx.launch command line: ours first, the user's arguments unchanged after."""
+    if named_job(args) is not None:
+        return [mlx_launch, *args]
+    job = env.get(JOB_ENV) or job or new_job_id()
+    return [mlx_launch, "--env", f"{JOB_ENV}={job}", *args]
+
+
+def find_mlx_launch() -> str:
+    """mlx.launch of this interpreter's environment, else the first on PATH."""
+    here = os.path.join(sysconfig.get_path("scripts"), "mlx.launch")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mlx.launch")
+    if found is None:
+        raise LauncherError(f"no mlx.launch next to {sys.executable} or on PATH: pip install mlx")
+    return found
