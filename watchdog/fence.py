@@ -2,7 +2,9 @@
 
 The one request that changes state, so it is off unless a shared secret is
 configured. A fence is a JSON body POSTed to a peer's `/fence`, signed with
-HMAC-SHA256 over "<timestamp>.<body>"; the body carries a random nonce. A
+HMAC-SHA256 over "<timestamp>.<body>"; the body names the job by its owner's
+uid and its id (a job id alone is anyone's to claim) and carries a random
+nonce. A
 receiver accepts it only with a valid signature, a timestamp within
 `WINDOW` seconds of its own clock, and a nonce it has not seen in that window.
 """
@@ -36,11 +38,12 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def make(secret: str, job: str, origin: str, reason: str, culprit: dict[str, Any] | None,
-         now: float | None = None) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of one fence request."""
+         now: float | None = None, uid: int = 0) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one fence request: end `uid`'s ranks of `job`."""
     now = time.time() if now is None else now
-    body = json.dumps({"job": job, "origin": origin, "reason": reason, "culprit": culprit,
-                       "nonce": os.urandom(16).hex(), "time": now}, sort_keys=True).encode()
+    body = json.dumps({"job": job, "uid": uid, "origin": origin, "reason": reason,
+                       "culprit": culprit, "nonce": os.urandom(16).hex(), "time": now},
+                      sort_keys=True).encode()
     timestamp = f"{now:.3f}"
     return body, {"Content-Type": "application/json", TIMESTAMP: timestamp,
                   SIGNATURE: sign(secret, timestamp, body)}
@@ -88,8 +91,9 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
     except ValueError:
         raise FenceRejected("body is not JSON") from None
     if not isinstance(fence, dict) or not isinstance(fence.get("job"), str) \
-            or not isinstance(fence.get("nonce"), str) or not fence["job"]:
-        raise FenceRejected("body lacks job or nonce")
+            or not isinstance(fence.get("nonce"), str) or not fence["job"] \
+            or type(fence.get("uid")) is not int or not 0 <= fence["uid"] < 2**32:
+        raise FenceRejected("body lacks job, uid or nonce")
     if not nonces.add(fence["nonce"], now):
         raise FenceRejected("replayed nonce")
     return fence
@@ -106,13 +110,13 @@ def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dic
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
-         culprit: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
-    """Fence `job` on every peer, concurrently; each answer or error."""
+         culprit: dict[str, Any] | None, timeout: float, uid: int = 0) -> list[dict[str, Any]]:
+    """Fence `uid`'s `job` on every peer, concurrently; each answer or error."""
     if not peers:
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
         def one(peer: str) -> dict[str, Any]:
-            body, headers = make(secret, job, origin, reason, culprit)  # a nonce per peer
+            body, headers = make(secret, job, origin, reason, culprit, uid=uid)  # a nonce each
             return post(peer, body, headers, timeout)
 
         return list(pool.map(one, peers))

@@ -489,12 +489,23 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
     fields: dict[str, Any] = dict(
         pid=me.pid, start_time=me.create_time(), uid=os.getuid(), host=socket.gethostname(),
         job=job, rank=rank, world_size=size, backend=_guess_backend(os.environ),
-        dump_signal=dump_signal)
+        dump_signal=dump_signal, start_ticks=_start_ticks())
     try:
         return RecordWriter(path, **fields)
     except FileExistsError:  # a staging file left by an earlier process with our pid
         os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new"))
         return RecordWriter(path, **fields)
+
+
+def _start_ticks() -> int:
+    """This process's start in clock ticks since boot (Linux), 0 when unknown:
+    the daemon's identity check that a wall-clock step does not move."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat_line = f.read()
+        return int(stat_line[stat_line.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _open_nofollow(path: str, flags: int) -> int:

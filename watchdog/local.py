@@ -42,7 +42,7 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
             continue
         if sample is None:
             found.append((rec, State.EXITED, None, "exited without closing its record"))
-        elif not same_process(sample, rec.start_time, rec.uid):
+        elif not same_process(sample, rec.start_time, rec.uid, rec.start_ticks):
             invalid[path] = f"stale: pid {rec.pid} is now another process"
         else:
             live.append(rec)

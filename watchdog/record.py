@@ -37,6 +37,9 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
     expect       296  d       expect window seconds (0: none)
                  304  Q       expect window started (monotonic ns)
                  312  48s     expect reason
+    identity     360  Q       process start in clock ticks since boot (Linux
+                              /proc/<pid>/stat field 22; 0: unknown, e.g. an
+                              older hook or macOS)
     flight       512  64 entries of 32 bytes, entry i = collective number % 64:
                    +0 Q       collective number (1-based; 0: empty slot)
                    +8 Q       issued at (monotonic ns)
@@ -124,6 +127,7 @@ IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
 HOT = struct.Struct("<11Q")
 EXPECT = struct.Struct("<dQ48s")
+TICKS = struct.Struct("<Q")
 ENTRY = struct.Struct("<QQQHHI")
 
 IDENTITY_OFFSET = 0
@@ -132,10 +136,12 @@ HOT_OFFSET = 208
 EXPECT_OFFSET = 296
 FLIGHT_OFFSET = 512
 STATUS_OFFSET = 48
+TICKS_OFFSET = 360
 
 assert IDENTITY.size == SEQ_OFFSET
 assert HOT_OFFSET + HOT.size == EXPECT_OFFSET and SEQ_OFFSET + SEQ.size == HOT_OFFSET
-assert EXPECT_OFFSET + EXPECT.size <= FLIGHT_OFFSET
+assert EXPECT_OFFSET + EXPECT.size <= TICKS_OFFSET
+assert TICKS_OFFSET + TICKS.size <= FLIGHT_OFFSET
 assert FLIGHT_OFFSET + FLIGHT_SLOTS * ENTRY.size <= RECORD_SIZE
 
 # Word indices (offset / 8) of the hot region, for `RecordWriter.words`.
@@ -208,6 +214,7 @@ class Record:
     expect_since_ns: int
     expect_reason: str
     flight: tuple[Collective, ...]  # oldest first
+    start_ticks: int = 0  # 0: unknown (compare start_time instead)
 
     @property
     def closed(self) -> bool:
@@ -249,6 +256,7 @@ def decode(buf: bytes) -> Record:
     expect_seconds, expect_since, expect_reason = EXPECT.unpack_from(buf, EXPECT_OFFSET)
     if not expect_seconds >= 0.0:  # also rejects NaN
         raise RecordError("corrupt record (expect window)")
+    (start_ticks,) = TICKS.unpack_from(buf, TICKS_OFFSET)
     entries = []
     for slot in range(FLIGHT_SLOTS):
         number, issued, nbytes, op_code, dtype, _ = ENTRY.unpack_from(
@@ -265,7 +273,7 @@ def decode(buf: bytes) -> Record:
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=last_progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=_text(expect_reason),
-        flight=tuple(entries),
+        flight=tuple(entries), start_ticks=start_ticks,
     )
 
 
@@ -310,7 +318,8 @@ class RecordWriter:
     """The rank's side: creates the file, maps it, publishes under the seqlock."""
 
     def __init__(self, path: str, *, pid: int, start_time: float, uid: int, host: str,
-                 job: str, rank: int, world_size: int, backend: str, dump_signal: int) -> None:
+                 job: str, rank: int, world_size: int, backend: str, dump_signal: int,
+                 start_ticks: int = 0) -> None:
         # Built under a name the daemon does not read, then renamed into place:
         # a reader never sees a record without its identity.
         staging = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new")
@@ -331,6 +340,7 @@ class RecordWriter:
         self.words = memoryview(self._map).cast("Q")  # the hot path writes words
         self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
                               backend=backend, dump_signal=dump_signal)
+        TICKS.pack_into(self._map, TICKS_OFFSET, start_ticks)  # before publishing: never changes
         self.set_identity(rank=rank, world_size=world_size)
         now = time.monotonic_ns()
         self.words[W_PHASE], self.words[W_PHASE_SINCE] = int(Phase.RUNNING), now
