@@ -508,6 +508,34 @@ def _start_ticks() -> int:
         return 0
 
 
+def _taken(path: str) -> bool:
+    """Something there that this process may not replace: another user's file
+    (in the sticky directory we cannot unlink or rename over it), or a
+    non-file. Our own leftovers (an earlier process of ours with this pid) are
+    replaced as usual."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode)
+
+
+def _free_base(directory: str) -> str:
+    """The path, without suffix, this process publishes under: `<pid>`, or,
+    when another user left files under that name (pid reuse, or planted on
+    purpose), `<pid>-<start ticks>`, then `<pid>-<random>`. The daemon reads
+    every `*.rec` and finds the stack file beside the record's own name."""
+    pid = os.getpid()
+    for name in (str(pid), f"{pid}-{_start_ticks()}", f"{pid}-{os.urandom(6).hex()}"):
+        base = os.path.join(directory, name)
+        if not any(_taken(p) for p in (base + record.SUFFIX, base + ".stacks",
+                                       os.path.join(directory, f".{name}{record.SUFFIX}.new"))):
+            return base
+    return base  # a random name taken already: the open reports what is wrong
+
+
 def _open_nofollow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW, 0o644)
 
@@ -575,7 +603,7 @@ def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
             directory = directory or record_dir()
             if not os.path.isdir(directory):
                 raise OSError(f"record directory {directory} does not exist")
-            base = os.path.join(directory, str(os.getpid()))
+            base = _free_base(directory)
             try:
                 signum = _register_dump(dump_signal_from_env(), base + ".stacks")
                 hb = Heartbeat(_open_record(base + record.SUFFIX, job or job_id(), signum))

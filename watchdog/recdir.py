@@ -153,6 +153,28 @@ class RecordDir:
                 yield Entry(path, rec, why, st2)
 
 
+def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
+    """The record of `pid`: `<pid>.rec`, or `<pid>-<suffix>.rec` where the hook
+    published when another user's file held the plain name. Of several, the
+    newest process's; else (None, why the plain name is unusable)."""
+    plain = os.path.join(directory, f"{pid}{record.SUFFIX}")
+    try:
+        names = [n for n in os.listdir(directory)
+                 if n.startswith(f"{pid}-") and n.endswith(record.SUFFIX)]
+    except OSError:
+        names = []
+    found, why = [], ""
+    for path in [plain] + [os.path.join(directory, n) for n in sorted(names)]:
+        rec, problem, _ = read_record(path)
+        if rec is not None and rec.pid == pid:
+            found.append(rec)
+        elif path == plain:
+            why = problem
+    if not found:
+        return None, why
+    return max(found, key=lambda r: (r.start_ticks, r.start_time)), ""
+
+
 def read_dir(directory: str) -> Iterator[Entry]:
     """One pass over a directory, with no memory of earlier ones (for the CLI)."""
     return RecordDir(directory).read(all_files=True)
