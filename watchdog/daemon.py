@@ -194,8 +194,15 @@ class Daemon:
                 rank.acted_on = wait  # one incident per hung wait, whatever its outcome
                 due.setdefault((rec.uid, rec.job), []).append(rank)
         for key, rank in self.ranks.items():
-            if key not in seen and rank.state not in FINAL:
+            if key in seen or rank.state in FINAL:
+                continue
+            if self.records.listed and not os.path.lexists(rank.path):
                 self._gone(rank, now, status=record.STATUS_CLOSED)  # record removed: clean
+                continue
+            # Not read this scan (the listing failed, the record was busy or
+            # unreadable for now): gone only when its process is.
+            if self.signaller.identify(rank.target()) in (GONE, NOT_OURS):
+                self._gone(rank, now, status=rank.record.status)
         self._expire(now)
         self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
         self._sample_wired()
@@ -249,7 +256,10 @@ class Daemon:
                 kills.pop(job, None)
 
     def _remove_record(self, rank: Rank) -> None:
-        """Delete a dead rank's leftover record, if the file is still that rank's."""
+        """Delete a dead rank's leftover record, if the file is still that rank's
+        and the process is known to be gone (never a live rank's files)."""
+        if self.signaller.identify(rank.target()) not in (GONE, NOT_OURS):
+            return
         try:
             rec = record.read_path(rank.path)
         except RecordError:

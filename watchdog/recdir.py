@@ -89,6 +89,7 @@ class RecordDir:
         self.cursor = ""  # where a scan that hit the cap stopped: the next starts there
         # name -> (inode, why) of files that stay unusable while their inode does
         self.bad: dict[str, tuple[int, str]] = {}
+        self.listed = True  # the last listing succeeded: a name missing from it is gone
 
     def mark_bad(self, path: str, st: os.stat_result | None, why: str) -> None:
         """The caller found this record unusable for good (say, forged): skip it
@@ -105,10 +106,13 @@ class RecordDir:
         """The `*.rec` names in the directory, each with its inode (from readdir: free)."""
         try:
             with os.scandir(self.directory) as it:
-                return {e.name: e.inode() for e in it if e.name.endswith(record.SUFFIX)}
+                names = {e.name: e.inode() for e in it if e.name.endswith(record.SUFFIX)}
         except OSError as err:
             log.error("cannot list %s: %s", self.directory, err)
+            self.listed = False
             return {}
+        self.listed = True
+        return names
 
     def read(self, watched: Collection[str] = (), all_files: bool = False) -> Iterator[Entry]:
         """Every usable record and every newly unusable file, within this scan's budget.
