@@ -93,7 +93,7 @@ class UserProc:
 
 
 def publish(directory: Path, pid: int, uid: int, job: str, *, hung: bool, world_size: int = 2,
-            rank: int = 0, name: str | None = None) -> Path:
+            rank: int = 0, name: str | None = None, status: int = record.STATUS_OPEN) -> Path:
     """A record for `pid` owned by `uid` naming `job`: hung in a wait since boot
     (deadline 0.5 s), or healthy (running, just made progress)."""
     path = directory / (name or f"{pid}{record.SUFFIX}")
@@ -108,6 +108,6 @@ def publish(directory: Path, pid: int, uid: int, job: str, *, hung: bool, world_
     else:
         writer.write_hot(5, 5, 5, 0, Phase.RUNNING, 0, now, 0, now, 0, 0)
     writer.end()
-    writer.close(record.STATUS_OPEN, remove=False)
+    writer.close(status, remove=False)
     os.chown(path, uid, uid)
     return path

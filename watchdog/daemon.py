@@ -185,6 +185,15 @@ class Daemon:
             seen.add(key)
             rank = rank or self._add(path, rec)
             rank.record, rank.seen_alive = rec, True
+            if rec.status != record.STATUS_OPEN and not rank.escalating:
+                # A live process behind a closed record: the hook gave up on it
+                # (an internal error) or the rank is on its way out. Its words
+                # are frozen, so a frozen WAIT is no hang: reported, never judged.
+                rank.state, rank.verdict = State.ABANDONED, None
+                rank.reason = ("record abandoned by the hook after an internal error; not judged"
+                               if rec.status == record.STATUS_ABANDONED
+                               else "record closed while the process runs; not judged")
+                continue
             verdict = self.detector.observe(rec, sample, now_ns, load)
             rank.verdict, rank.reason = verdict, verdict.reason
             if not rank.escalating:
@@ -226,9 +235,12 @@ class Daemon:
             return
         rank.state, rank.gone_at = State.EXITED, now
         rank.reason = {record.STATUS_CLOSED: "exited",
-                       record.STATUS_ERROR: "exited on an uncaught exception"}.get(
+                       record.STATUS_ERROR: "exited on an uncaught exception",
+                       record.STATUS_ABANDONED: "exited (its record had been abandoned by the "
+                       "hook: how it ended is unknown)"}.get(
             status, "exited without closing its record (crash or signal)")
-        crashed = status != record.STATUS_CLOSED
+        # An abandoned record says nothing of how the rank ended: no fence on it.
+        crashed = status not in (record.STATUS_CLOSED, record.STATUS_ABANDONED)
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
         if crashed and rank.record.world_size > 1 and rank.seen_alive:

@@ -382,7 +382,9 @@ class Heartbeat:
         _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
         if writer is not None:
             with contextlib.suppress(Exception):
-                writer.close(record.STATUS_ERROR, remove=False)
+                # Not STATUS_ERROR: the rank runs on; its frozen words must not
+                # be judged, nor its later exit taken for a crash.
+                writer.close(record.STATUS_ABANDONED, remove=False)
 
     def close(self, status: int = record.STATUS_CLOSED) -> None:
         """Mark the record closed; remove it unless the rank is ending on an error,

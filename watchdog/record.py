@@ -17,7 +17,8 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
                   36  i       rank (-1 until known)
                   40  i       world size (0 until known)
                   44  i       dump signal number (0: none)
-                  48  I       status: 0 open, 1 closed cleanly, 2 closed on error
+                  48  I       status: 0 open, 1 closed cleanly, 2 closed on error,
+                              3 abandoned by the hook after an internal error
                   52  I       reserved (0)
                   56  64s     host (UTF-8, NUL padded)
                  120  64s     job id
@@ -121,7 +122,7 @@ DTYPES = (
 )
 DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
 
-STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR = 0, 1, 2
+STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR, STATUS_ABANDONED = 0, 1, 2, 3
 
 IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
