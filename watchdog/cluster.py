@@ -14,6 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .record import MAX_WORLD_SIZE
 from .text import printable
 
 HUNG_STATES = {"stalled", "blocked", "unkillable"}
@@ -61,7 +62,9 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
               uid: int | None = None) -> dict[str, Any]:
     """Healthy or hung, and if hung, which rank holds the job up and why."""
     ranks = sorted(ranks, key=lambda r: (r.get("rank", -1), r.get("pid", 0)))
-    world = max([r.get("world_size") or 0 for r in ranks] + [len(ranks)])
+    # A peer's /status is untrusted: sizes are bounded before any range is built.
+    sizes = [r.get("world_size") for r in ranks]
+    world = min(MAX_WORLD_SIZE, max([s for s in sizes if type(s) is int] + [len(ranks)]))
     present = {r.get("rank") for r in ranks}
     missing = [i for i in range(world) if i not in present]
     waiting = [r for r in ranks if r.get("phase") in WAITING and r.get("state") not in GONE_STATES]

@@ -63,6 +63,7 @@ the host, so the daemon can subtract them from its own clock.
 from __future__ import annotations
 
 import errno
+import math
 import mmap
 import os
 import stat
@@ -123,6 +124,11 @@ DTYPES = (
 DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
 
 STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR, STATUS_ABANDONED = 0, 1, 2, 3
+# Bounds on what a record may claim. Any local user may write one, and these
+# integers size ranges and lists downstream (the cluster view lists missing
+# ranks): an unbounded world size cost minutes of CPU and gigabytes.
+MAX_WORLD_SIZE = 1 << 14
+MAX_PID = (1 << 31) - 1  # os.kill and pidfd_open take a C int
 
 IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
@@ -247,15 +253,23 @@ def decode(buf: bytes) -> Record:
         raise RecordError(f"record version {version}; this build reads {RECORD_VERSION}")
     if size != RECORD_SIZE:
         raise RecordError(f"record says size {size}, expected {RECORD_SIZE}")
-    if pid <= 0:
+    if not 0 < pid <= MAX_PID:
         raise RecordError(f"corrupt record (pid {pid})")
+    if not 0 <= world_size <= MAX_WORLD_SIZE:
+        raise RecordError(f"corrupt record (world size {world_size})")
+    if not -1 <= rank < MAX_WORLD_SIZE:
+        raise RecordError(f"corrupt record (rank {rank})")
+    if status > STATUS_ABANDONED:
+        raise RecordError(f"corrupt record (status {status})")
+    if not math.isfinite(start_time):
+        raise RecordError("corrupt record (start time)")
     (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
     (collectives, entered, completed, steps, phase, op, phase_since, wait_since,
      last_progress, last_wait, max_wait) = HOT.unpack_from(buf, HOT_OFFSET)
     if phase not in Phase._value2member_map_:
         raise RecordError(f"corrupt record (phase {phase})")
     expect_seconds, expect_since, expect_reason = EXPECT.unpack_from(buf, EXPECT_OFFSET)
-    if not expect_seconds >= 0.0:  # also rejects NaN
+    if not 0.0 <= expect_seconds < math.inf:  # also rejects NaN
         raise RecordError("corrupt record (expect window)")
     (start_ticks,) = TICKS.unpack_from(buf, TICKS_OFFSET)
     entries = []
