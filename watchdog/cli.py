@@ -417,7 +417,8 @@ def cluster() -> None:
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: float,
                    as_json: bool, watch: bool, interval: float) -> None:
-    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung."""
+    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung,
+    2 if no node answered."""
     from . import cluster as cluster_view
     from .config import load, parse_listen
 
@@ -444,6 +445,9 @@ def cluster_status(peers: tuple[str, ...], config_path: str | None, timeout: flo
         time.sleep(interval)
     if any(job["state"] == "hung" for job in view["jobs"]):
         sys.exit(1)
+    if not any(node["ok"] for node in view["nodes"]):
+        click.echo("no node answered", err=True)
+        sys.exit(2)
 
 
 @cli.command()

@@ -346,6 +346,10 @@ class Daemon:
         log.error("job %s: %s; %s %s ranks %s", job, worst.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
                   len(targets), sorted(r.record.rank for r in targets))
+        if fenced is None and self.settings.mode == "enforce":
+            # The peers wait on this job's end: fence them at the verdict, not
+            # after evidence, grace and wired-memory settling (30 s and more).
+            self._fence_peers(uid, job, f"{verdict}: {incident['reason']}", incident["culprit"])
         for rank in targets:
             rank.escalating = True
         keys = [r.key for r in targets]
@@ -400,7 +404,8 @@ class Daemon:
         if not self.settings.secret:
             return 403, {"error": "fences are off (no secret configured)"}
         try:
-            request = fence.verify(self.settings.secret, headers, body, self.nonces)
+            request = fence.verify(self.settings.secret, headers, body, self.nonces,
+                                   not_before=self.started)
         except fence.FenceRejected as err:
             log.warning("refused a fence: %s", err)
             return 401, {"error": str(err)}
@@ -462,9 +467,6 @@ class Daemon:
             for sig in incident.get("signals", []):
                 if sig["result"] == SENT and sig["signal"] in self.counters.kills:
                     self.counters.kills[sig["signal"]] += 1
-            if incident.get("verdict") != "fenced" and "killed" in incident["outcome"].values():
-                self._fence_peers(incident["uid"], incident["job"], f"{incident['verdict']}: "
-                                  f"{incident['reason']}", incident.get("culprit"))
             for key in keys:
                 rank = self.ranks.get(key)
                 if rank is None:

@@ -6,7 +6,9 @@ HMAC-SHA256 over "<timestamp>.<body>"; the body names the job by its owner's
 uid and its id (a job id alone is anyone's to claim) and carries a random
 nonce. A
 receiver accepts it only with a valid signature, a timestamp within
-`WINDOW` seconds of its own clock, and a nonce it has not seen in that window.
+`WINDOW` seconds of its own clock and not before the receiver started (the
+nonces it saw before a restart are forgotten, so older fences are refused
+instead), and a nonce it has not seen in that window.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class NonceCache:
 
 
 def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
-           now: float | None = None) -> dict[str, Any]:
+           now: float | None = None, not_before: float | None = None) -> dict[str, Any]:
     """The fence's content if the request is authentic and fresh; else FenceRejected."""
     now = time.time() if now is None else now
     timestamp, signature = headers.get(TIMESTAMP, ""), headers.get(SIGNATURE, "")
@@ -86,6 +88,10 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
         raise FenceRejected("bad timestamp") from None
     if not abs(now - sent) <= WINDOW:
         raise FenceRejected(f"stale timestamp ({now - sent:+.1f}s)")
+    if not_before is not None and sent < not_before:
+        # The nonce cache lives in memory: a fence signed before this receiver
+        # started may have been seen by its previous run, so it is replayable.
+        raise FenceRejected("signed before this daemon started")
     try:
         fence = json.loads(body)
     except ValueError:

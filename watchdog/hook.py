@@ -324,8 +324,8 @@ class Heartbeat:
     def expect(self, seconds: float, reason: str = "") -> Iterator[None]:
         """This stretch may take up to `seconds`: waits inside get that deadline."""
         seconds = float(seconds)
-        if not seconds >= 0:
-            raise ValueError(f"expect() needs seconds >= 0, got {seconds}")
+        if not 0 <= seconds < float("inf"):  # NaN and inf too: never `Infinity` in JSON
+            raise ValueError(f"expect() needs finite seconds >= 0, got {seconds}")
         self._change(lambda: self._expects.append((seconds, self._clock(), reason)))
         try:
             yield

@@ -54,8 +54,10 @@ updates single words through a memoryview (each an atomic aligned store)
 instead of packing whole structs.
 
 Consistency: the writer makes `seq` odd, writes, then makes it even. A reader
-copies the whole record, re-reads `seq`, and accepts the copy only when both
-reads agree and are even; otherwise it retries and gives up after a bound with
+reads `seq`, copies the whole record, re-reads `seq`, and accepts the copy
+only when all three agree and are even (`seq` read first: the copy takes the
+identity bytes before its own `seq`, so a write that starts and ends in
+between would otherwise go unseen); otherwise it retries and gives up after a bound with
 `RecordBusy`. Monotonic times are CLOCK_MONOTONIC, shared by every process of
 the host, so the daemon can subtract them from its own clock.
 """
@@ -300,11 +302,13 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
     """
     give_up = time.monotonic() + patience
     for attempt in range(attempts):
+        first = os.pread(fd, SEQ.size, SEQ_OFFSET)
         buf = os.pread(fd, RECORD_SIZE, 0)
         if len(buf) != RECORD_SIZE:
             raise RecordError(f"truncated record ({len(buf)} bytes)")
         (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
-        if seq % 2 == 0 and os.pread(fd, SEQ.size, SEQ_OFFSET) == buf[SEQ_OFFSET:HOT_OFFSET]:
+        if (seq % 2 == 0 and first == buf[SEQ_OFFSET:HOT_OFFSET]
+                and os.pread(fd, SEQ.size, SEQ_OFFSET) == first):
             return decode(buf)
         if attempt > 10:
             if time.monotonic() > give_up:
