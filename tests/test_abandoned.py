@@ -57,3 +57,14 @@ def test_the_hook_marks_a_record_it_gives_up_on_abandoned(record_dir):
     hb._fail(RuntimeError("an internal error of the hook"))
     assert not hb.active
     assert record.read_path(str(path)).status == record.STATUS_ABANDONED
+
+
+def test_status_without_a_daemon_reports_an_abandoned_record_unjudged(record_dir):
+    from watchdog.detector import Rules
+    from watchdog.local import sample_ranks
+
+    with UserProc(0) as rank:
+        publish(record_dir, rank.pid, 0, "j", hung=True, status=record.STATUS_ABANDONED)
+        ranks, invalid = sample_ranks(str(record_dir), Rules(deadline=0.1), pause=0.01)
+        assert invalid == {}
+        assert [(r["pid"], r["state"]) for r in ranks] == [(rank.pid, "abandoned")]

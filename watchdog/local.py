@@ -16,7 +16,7 @@ from . import journal
 from .detector import Detector, Rules, Verdict
 from .probes import Probe, ProbeError, probe, same_process
 from .recdir import read_dir, read_record
-from .record import Record
+from .record import STATUS_OPEN, Record
 from .states import State
 from .view import rank_json
 
@@ -45,6 +45,8 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
             found.append((rec, State.EXITED, None, "exited without closing its record"))
         elif not same_process(sample, rec.start_time, rec.uid, rec.start_ticks):
             invalid[path] = f"stale: pid {rec.pid} is now another process"
+        elif rec.status != STATUS_OPEN:  # frozen words: reported, never judged
+            found.append((rec, State.ABANDONED, None, "record closed while the process runs"))
         else:
             live.append(rec)
             paths[rec.pid] = path
