@@ -21,6 +21,7 @@ import pytest
 from watchdog import hook, record
 from watchdog.config import Settings
 from watchdog.daemon import Daemon
+from watchdog.probes.linux import read_start_ticks
 from watchdog.recdir import find_record
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second uid"),
@@ -92,6 +93,7 @@ def test_a_rank_whose_pid_names_another_users_files_is_still_watched(sticky_dir,
                 assert f.read() == b"root's, not yours"
         rec, _ = find_record(sticky_dir, pid)
         assert rec is not None and rec.job == "jforeign" and rec.uid == OTHER_UID
+        assert rec.start_ticks == read_start_ticks(pid)  # what identity compares
         settings = Settings(dir=sticky_dir, state_dir=str(tmp_path / "state"), deadline=60.0)
         os.makedirs(settings.state_dir)
         daemon = Daemon(settings)
