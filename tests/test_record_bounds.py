@@ -79,3 +79,16 @@ def test_cluster_status_stays_fast_on_a_peer_claiming_a_huge_world(tmp_path):
     result = json.loads(out.stdout)
     assert result["world"] <= record.MAX_WORLD_SIZE
     assert result["missing"] == result["world"] - 1
+
+
+def test_a_peer_status_with_wrongly_typed_numbers_is_judged_without_an_error():
+    from watchdog import cluster
+
+    ranks = [{"rank": "0", "pid": None, "job": "j", "state": "stalled", "phase": "wait",
+              "world_size": "2"},
+             {"rank": 1, "pid": "x", "job": "j", "state": "stopped", "phase": "wait",
+              "world_size": 2.5}]
+    view = cluster.analyze([{"peer": "a:1", "ok": True, "status": {"ranks": ranks}}])
+    (job,) = view["jobs"]
+    assert job["state"] == "hung" and job["world_size"] == 2
+    assert cluster.render_text(view)

@@ -61,7 +61,11 @@ def _culprit(rank: dict[str, Any], reason: str) -> dict[str, Any]:
 def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
               uid: int | None = None) -> dict[str, Any]:
     """Healthy or hung, and if hung, which rank holds the job up and why."""
-    ranks = sorted(ranks, key=lambda r: (r.get("rank", -1), r.get("pid", 0)))
+    def order(rank: dict[str, Any]) -> tuple[int, int]:
+        number, pid = rank.get("rank"), rank.get("pid")  # a peer may send anything
+        return (number if type(number) is int else -1, pid if type(pid) is int else 0)
+
+    ranks = sorted(ranks, key=order)
     # A peer's /status is untrusted: sizes are bounded before any range is built.
     sizes = [r.get("world_size") for r in ranks]
     world = min(MAX_WORLD_SIZE, max([s for s in sizes if type(s) is int] + [len(ranks)]))
