@@ -106,3 +106,30 @@ def test_a_stepped_wall_clock_does_not_make_live_ranks_read_as_forged(tmp_path):
             assert Signaller(stepped).identify(watched.target()) == OURS
         finally:
             daemon.executor.shutdown()
+
+
+def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
+    """Failing closed must not give a hang up: an escalation whose target could
+    not be identified ("unknown") leaves the rank to be judged afresh."""
+    from concurrent.futures import Future
+
+    records = tmp_path / "records"
+    records.mkdir()
+    settings = Settings(dir=str(records), state_dir=str(tmp_path / "state"), deadline=60.0)
+    os.makedirs(settings.state_dir)
+    with UserProc(0) as rank:
+        publish(records, rank.pid, 0, "j", hung=True)
+        daemon = Daemon(settings)
+        try:
+            daemon.scan()
+            (watched,) = daemon.ranks.values()
+            watched.escalating, watched.acted_on = True, (1, 0)
+            done: Future = Future()
+            done.set_result({"id": "i", "job": "j", "uid": 0, "verdict": "blocked",
+                             "outcome": {str(rank.pid): UNKNOWN}, "signals": []})
+            daemon.pending[done] = [watched.key]
+            daemon._collect_finished()
+            assert not watched.escalating and watched.acted_on is None
+            assert watched.state not in (State.KILLED, State.UNKILLABLE)
+        finally:
+            daemon.executor.shutdown()

@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__, cluster, fence, journal, record
 from .config import Settings
 from .detector import Detector, Verdict
-from .enforcer import GONE, NOT_OURS, SENT, Enforcer, Signaller, Target
+from .enforcer import GONE, NOT_OURS, SENT, UNKNOWN, Enforcer, Signaller, Target
 from .probes import Probe, ProbeError, probe, same_process
 from .probes.exits import ExitWatcher
 from .recdir import RecordDir
@@ -482,6 +482,10 @@ class Daemon:
                 elif outcome == "unkillable":
                     rank.state, rank.gone_at = State.UNKILLABLE, None
                     rank.reason = "survived SIGKILL; node flagged for reboot"
+                elif outcome == UNKNOWN:
+                    # Its identity could not be checked, so it was left alone:
+                    # judged afresh next scan rather than given up for this wait.
+                    rank.acted_on = None
 
     # -- publishing ------------------------------------------------------------
 
