@@ -15,6 +15,14 @@ short deadline. A driver with a seeded random generator injects:
     clean_exit   (not injected: every healthy job ends on its own, exit 0)
     new_job      (not injected: jobs start whenever ranks are free)
 
+When run as root, a second local user (uid 65534) joins: every few seconds a
+process of that uid publishes, into the sticky record directory, a record of
+its own hung in a wait since boot that names a running job (its job id, a
+rank, its world size), a record forging one of that job's ranks (its pid, the
+stranger's uid) and one claiming a world of 2**31-1 ranks. The stranger's own
+hang must be ended (it is a hang of the stranger's job); no real rank may be
+touched for any of it.
+
 An oracle then checks every incident of `incidents.jsonl` and every process
 exit against what was injected, and prints the figures. Exit status 1 when
 anything was killed wrongly, a hang was missed, a culprit was misnamed or a
@@ -41,8 +49,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import psutil  # noqa: E402
 from ranks import DaemonProc, RingJob  # noqa: E402
 
+from watchdog import record  # noqa: E402
+from watchdog.daemon.probes.linux import read_start_ticks  # noqa: E402
 from watchdog.states import Phase  # noqa: E402
 
 INJECTED = ("short_pause", "long_pause", "sigkill", "recv")
@@ -50,6 +61,7 @@ WEIGHTS = {"short_pause": 4, "long_pause": 2, "sigkill": 2, "recv": 1}
 HANGS = ("long_pause", "recv")  # faults that leave ranks waiting forever
 FATAL = ("long_pause", "recv", "sigkill")  # faults after which a job may be ended
 PEER_LOST = "connection to a peer was lost"
+OTHER_UID = 65534  # the second local user (nobody)
 
 
 @dataclass
@@ -68,9 +80,58 @@ class Config:
     short_pause: tuple[float, float] = (0.3, 1.5)  # must stay well under the deadline
     bound: float = 30.0  # a hang not ended this long after its deadline is missed
     drain: float = 45.0  # after the injection window: time for the jobs to end
+    strangers: bool = True  # a second local user's hostile records (needs root)
+    stranger_gap: tuple[float, float] = (4.0, 8.0)  # seconds between strangers
     workdir: Path | None = None
     keep: bool = False
     verbose: bool = False
+
+
+@dataclass
+class Stranger:
+    """A process of another uid whose records name a real job."""
+
+    pid: int
+    job: str
+    wall: float
+    mono: float
+    code: int | None = None  # its exit status, once reaped
+    cleanup: bool = False  # still alive at the end: ended by the driver
+
+
+def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
+    """Fork a child that becomes OTHER_UID and publishes, itself, three records
+    naming `job`: its own, hung in a wait since boot; one forging `victim`
+    (a real rank's pid, with the stranger's uid); one with a huge world."""
+    victim_start = psutil.Process(victim).create_time()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.chdir(record_dir)  # relative names from here: the path above may be root's only
+        os.setgroups([])
+        os.setgid(OTHER_UID)
+        os.setuid(OTHER_UID)
+        me = os.getpid()
+        common = dict(uid=OTHER_UID, host="stranger", job=job, backend="ring", dump_signal=0)
+        for name, fields in (
+                (f"{me}.rec", dict(pid=me, start_time=psutil.Process().create_time(),
+                                   start_ticks=read_start_ticks("self"), rank=size - 1,
+                                   world_size=size)),
+                (f"{me}-forged.rec", dict(pid=victim, start_time=victim_start, rank=0,
+                                          world_size=size)),
+                (f"{me}-huge.rec", dict(pid=me, start_time=psutil.Process().create_time(),
+                                        rank=2**31 - 2, world_size=2**31 - 1))):
+            writer = record.RecordWriter(name, **fields, **common)
+            writer.begin()
+            writer.write_hot(1, 1, 0, 0, Phase.WAIT, record.OP_CODE["all_sum"], 1, 1, 1, 0, 0)
+            writer.write_expect(0.5, 1, "")
+            writer.end()
+            writer.close(record.STATUS_OPEN, remove=False)
+        while True:
+            time.sleep(1)
+    finally:
+        os._exit(1)
 
 
 @dataclass
@@ -122,6 +183,11 @@ class Soak:
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix="mlxwd-soak-"))
         self.record_dir = self.workdir / "records"
         self.record_dir.mkdir(parents=True, exist_ok=True)
+        self.strangers: dict[int, Stranger] = {}
+        self.use_strangers = config.strangers and os.geteuid() == 0
+        if self.use_strangers:
+            os.chmod(self.workdir, 0o711)
+            os.chmod(self.record_dir, 0o1777)  # as under the service: sticky, anyone writes
         self.daemon = DaemonProc(
             self.record_dir, self.workdir / "state", deadline=config.deadline,
             blocked_deadline=config.blocked_deadline, interval=config.interval,
@@ -150,6 +216,12 @@ class Soak:
         return job
 
     def reap(self) -> None:
+        for stranger in self.strangers.values():
+            if stranger.code is None:
+                pid, status = os.waitpid(stranger.pid, os.WNOHANG)
+                if pid:
+                    stranger.code = os.waitstatus_to_exitcode(status)
+                    self.say(f"stranger {pid} exited {stranger.code}")
         for job in self.jobs.values():
             for p in job.ring.procs:
                 if p.pid not in job.exits and p.poll() is not None:
@@ -227,6 +299,17 @@ class Soak:
         self.say(f"{kind} {job.name} rank {rank} pid {pid}")
         return True
 
+    def stranger(self) -> bool:
+        """A second user's hostile records naming a running job."""
+        jobs = [j for j in self.jobs.values() if j.mode == "soak" and j.running and not j.exits]
+        if not jobs or sum(s.code is None for s in self.strangers.values()) >= 2:
+            return False
+        job = self.rng.choice(jobs)
+        pid = spawn_stranger(self.record_dir, job.name, job.ring.size, job.ring.pids[0])
+        self.strangers[pid] = Stranger(pid, job.name, time.time(), time.monotonic())
+        self.say(f"stranger {pid} (uid {OTHER_UID}) names {job.name}")
+        return True
+
     def resume(self) -> None:
         now = time.monotonic()
         for job in self.jobs.values():
@@ -249,6 +332,9 @@ class Soak:
     def settled(self) -> bool:
         """Nothing left to watch: every job has ended, or is a hang past its bound."""
         now = time.monotonic()
+        for stranger in self.strangers.values():
+            if stranger.code is None and now < stranger.mono + self.cfg.bound:
+                return False
         for job in self.jobs.values():
             if not job.alive():
                 continue
@@ -265,11 +351,15 @@ class Soak:
         began = time.monotonic()
         try:
             next_fault = began + self.rng.uniform(*cfg.fault_gap)
+            next_stranger = began + self.rng.uniform(*cfg.stranger_gap)
             while time.monotonic() < began + cfg.seconds:
                 self.tick()
                 self.fill()
                 if time.monotonic() >= next_fault and self.inject():
                     next_fault = time.monotonic() + self.rng.uniform(*cfg.fault_gap)
+                if self.use_strangers and time.monotonic() >= next_stranger \
+                        and self.stranger():
+                    next_stranger = time.monotonic() + self.rng.uniform(*cfg.stranger_gap)
                 time.sleep(0.05)
             drain_until = time.monotonic() + cfg.drain
             while time.monotonic() < drain_until and not self.settled():
@@ -292,6 +382,12 @@ class Soak:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
     def cleanup(self) -> None:
+        for stranger in self.strangers.values():
+            if stranger.code is None:
+                stranger.cleanup = True
+                os.kill(stranger.pid, signal.SIGKILL)
+                os.waitpid(stranger.pid, 0)
+                stranger.code = -signal.SIGKILL
         for job in self.jobs.values():
             for pid in job.alive():
                 job.cleanup.add(pid)
@@ -306,15 +402,27 @@ class Soak:
         by_job: dict[str, list[dict[str, Any]]] = {}
         wrong: list[str] = []
         killed_by_watchdog: dict[int, dict[str, Any]] = {}
+        strangers_ended: set[int] = set()
         for inc in incidents:
-            by_job.setdefault(inc["job"], []).append(inc)
+            # A job is (uid, job id): the stranger's incidents name a real job id
+            # but may only ever hold the stranger's own processes.
+            stranger = inc.get("uid") == OTHER_UID
+            allowed = self.strangers if stranger else self.owner
+            if not stranger:
+                by_job.setdefault(inc["job"], []).append(inc)
             for pid_text, outcome in inc.get("outcome", {}).items():
                 pid = int(pid_text)
                 if outcome == "killed":
                     killed_by_watchdog[pid] = inc
+                    if stranger and pid in self.strangers:
+                        strangers_ended.add(pid)
             for pid in inc["pids"]:
-                if pid not in self.owner:
-                    wrong.append(f"pid {pid} is not a rank of the soak (incident {inc['id']})")
+                if pid not in allowed:
+                    wrong.append(f"pid {pid} is not a {'stranger' if stranger else 'rank'} "
+                                 f"of the soak (incident {inc['id']} of uid {inc.get('uid')})")
+        stranger_missed = [s.pid for s in self.strangers.values()
+                           if s.pid not in strangers_ended and s.cleanup]
+        missed_strangers = len(stranger_missed)
         for pid, inc in killed_by_watchdog.items():
             job = self.jobs.get(self.owner.get(pid, ""))
             if job is None:
@@ -405,7 +513,10 @@ class Soak:
             "clean_exits": clean_jobs,
             "short_pauses_survived": short_ok,
             "hangs_caught": caught,
-            "hangs_missed": missed,
+            "hangs_missed": missed + missed_strangers,
+            "strangers": {"uid": OTHER_UID, "started": len(self.strangers),
+                          "own_hang_ended": len(strangers_ended),
+                          "own_hang_missed": missed_strangers},
             "wrong_kills": len(wrong),
             "culprit_errors": len(blame_errors),
             "bad_exits": len(bad_exits),
@@ -416,7 +527,9 @@ class Soak:
             "slack_worst_s": stat(slack, max),
             "hang_to_end_median_s": stat(ended, statistics.median),
             "hang_to_end_worst_s": stat(ended, max),
-            "problems": wrong + blame_errors + bad_exits,
+            "problems": wrong + blame_errors + bad_exits
+            + [f"stranger {pid}: its own hung record was never acted on"
+               for pid in stranger_missed],
         }
 
 
@@ -449,6 +562,10 @@ def report(figures: dict[str, Any]) -> str:
         "(first SIGTERM - fault - deadline)",
         f"hang to job gone    median {f['hang_to_end_median_s']}s, "
         f"worst {f['hang_to_end_worst_s']}s",
+        f"second user         uid {f['strangers']['uid']}: {f['strangers']['started']} "
+        "processes publishing hung, forged and huge records naming real jobs; their own "
+        f"hangs ended {f['strangers']['own_hang_ended']}, missed "
+        f"{f['strangers']['own_hang_missed']}",
         f"incidents           {f['incidents']}; daemon alive at the end: {f['daemon_alive']}",
     ]
     lines += [f"PROBLEM: {p}" for p in f["problems"]]

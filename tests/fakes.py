@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
-from watchdog.daemon.enforcer import GONE, SENT, Target
+from watchdog.daemon.enforcer import GONE, OURS, SENT, Target
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
 
 
@@ -62,6 +62,9 @@ class FakeSignaller:
     def add(self, pid: int, behaviour: str) -> None:
         self.behaviour[pid] = behaviour
         self.alive_pids.add(pid)
+
+    def identify(self, target: Target) -> str:
+        return OURS if target.pid in self.alive_pids else GONE
 
     def alive(self, target: Target) -> bool:
         return target.pid in self.alive_pids

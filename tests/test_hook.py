@@ -701,7 +701,7 @@ def test_a_failing_hot_path_never_reaches_user_code(
         assert not hb.active and hb.path is None
         assert len(warnings_in(err)) == 1, err
         # The record stays, saying the hook gave up, so no reader trusts its frozen counters.
-        assert record.read_path(path).status == record.STATUS_ERROR
+        assert record.read_path(path).status == record.STATUS_ABANDONED
     watchdog.uninstall()
     assert unpatched() == list(PATCHED)
 

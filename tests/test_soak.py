@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -39,4 +40,7 @@ def test_short_soak_kills_no_healthy_rank_and_misses_no_hang(tmp_path):
     hangs = figures["faults_injected"]["long_pause"] + figures["faults_injected"]["recv"]
     assert figures["hangs_caught"] == hangs, text
     assert figures["slack_worst_s"] is not None and figures["slack_worst_s"] < config.bound, text
+    if os.geteuid() == 0:  # a second local user named real jobs: only its own ranks ended
+        assert figures["strangers"]["started"] >= 1, text
+        assert figures["strangers"]["own_hang_ended"] == figures["strangers"]["started"], text
     assert not soak.failed(figures)

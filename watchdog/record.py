@@ -17,7 +17,8 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
                   36  i       rank (-1 until known)
                   40  i       world size (0 until known)
                   44  i       dump signal number (0: none)
-                  48  I       status: 0 open, 1 closed cleanly, 2 closed on error
+                  48  I       status: 0 open, 1 closed cleanly, 2 closed on error,
+                              3 abandoned by the hook after an internal error
                   52  I       reserved (0)
                   56  64s     host (UTF-8, NUL padded)
                  120  64s     job id
@@ -37,6 +38,9 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
     expect       296  d       expect window seconds (0: none)
                  304  Q       expect window started (monotonic ns)
                  312  48s     expect reason
+    identity     360  Q       process start in clock ticks since boot (Linux
+                              /proc/<pid>/stat field 22; 0: unknown, e.g. an
+                              older hook or macOS)
     flight       512  64 entries of 32 bytes, entry i = collective number % 64:
                    +0 Q       collective number (1-based; 0: empty slot)
                    +8 Q       issued at (monotonic ns)
@@ -50,8 +54,10 @@ updates single words through a memoryview (each an atomic aligned store)
 instead of packing whole structs.
 
 Consistency: the writer makes `seq` odd, writes, then makes it even. A reader
-copies the whole record, re-reads `seq`, and accepts the copy only when both
-reads agree and are even; otherwise it retries and gives up after a bound with
+reads `seq`, copies the whole record, re-reads `seq`, and accepts the copy
+only when all three agree and are even (`seq` read first: the copy takes the
+identity bytes before its own `seq`, so a write that starts and ends in
+between would otherwise go unseen); otherwise it retries and gives up after a bound with
 `RecordBusy`. Monotonic times are CLOCK_MONOTONIC, shared by every process of
 the host, so the daemon can subtract them from its own clock.
 """
@@ -59,6 +65,7 @@ the host, so the daemon can subtract them from its own clock.
 from __future__ import annotations
 
 import errno
+import math
 import mmap
 import os
 import stat
@@ -118,12 +125,18 @@ DTYPES = (
 )
 DTYPE_CODE = {name: code for code, name in enumerate(DTYPES)}
 
-STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR = 0, 1, 2
+STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR, STATUS_ABANDONED = 0, 1, 2, 3
+# Bounds on what a record may claim. Any local user may write one, and these
+# integers size ranges and lists downstream (the cluster view lists missing
+# ranks): an unbounded world size cost minutes of CPU and gigabytes.
+MAX_WORLD_SIZE = 1 << 14
+MAX_PID = (1 << 31) - 1  # os.kill and pidfd_open take a C int
 
 IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
 HOT = struct.Struct("<11Q")
 EXPECT = struct.Struct("<dQ48s")
+TICKS = struct.Struct("<Q")
 ENTRY = struct.Struct("<QQQHHI")
 
 IDENTITY_OFFSET = 0
@@ -132,10 +145,12 @@ HOT_OFFSET = 208
 EXPECT_OFFSET = 296
 FLIGHT_OFFSET = 512
 STATUS_OFFSET = 48
+TICKS_OFFSET = 360
 
 assert IDENTITY.size == SEQ_OFFSET
 assert HOT_OFFSET + HOT.size == EXPECT_OFFSET and SEQ_OFFSET + SEQ.size == HOT_OFFSET
-assert EXPECT_OFFSET + EXPECT.size <= FLIGHT_OFFSET
+assert EXPECT_OFFSET + EXPECT.size <= TICKS_OFFSET
+assert TICKS_OFFSET + TICKS.size <= FLIGHT_OFFSET
 assert FLIGHT_OFFSET + FLIGHT_SLOTS * ENTRY.size <= RECORD_SIZE
 
 # Word indices (offset / 8) of the hot region, for `RecordWriter.words`.
@@ -208,6 +223,7 @@ class Record:
     expect_since_ns: int
     expect_reason: str
     flight: tuple[Collective, ...]  # oldest first
+    start_ticks: int = 0  # 0: unknown (compare start_time instead)
 
     @property
     def closed(self) -> bool:
@@ -239,16 +255,25 @@ def decode(buf: bytes) -> Record:
         raise RecordError(f"record version {version}; this build reads {RECORD_VERSION}")
     if size != RECORD_SIZE:
         raise RecordError(f"record says size {size}, expected {RECORD_SIZE}")
-    if pid <= 0:
+    if not 0 < pid <= MAX_PID:
         raise RecordError(f"corrupt record (pid {pid})")
+    if not 0 <= world_size <= MAX_WORLD_SIZE:
+        raise RecordError(f"corrupt record (world size {world_size})")
+    if not -1 <= rank < MAX_WORLD_SIZE:
+        raise RecordError(f"corrupt record (rank {rank})")
+    if status > STATUS_ABANDONED:
+        raise RecordError(f"corrupt record (status {status})")
+    if not math.isfinite(start_time):
+        raise RecordError("corrupt record (start time)")
     (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
     (collectives, entered, completed, steps, phase, op, phase_since, wait_since,
      last_progress, last_wait, max_wait) = HOT.unpack_from(buf, HOT_OFFSET)
     if phase not in Phase._value2member_map_:
         raise RecordError(f"corrupt record (phase {phase})")
     expect_seconds, expect_since, expect_reason = EXPECT.unpack_from(buf, EXPECT_OFFSET)
-    if not expect_seconds >= 0.0:  # also rejects NaN
+    if not 0.0 <= expect_seconds < math.inf:  # also rejects NaN
         raise RecordError("corrupt record (expect window)")
+    (start_ticks,) = TICKS.unpack_from(buf, TICKS_OFFSET)
     entries = []
     for slot in range(FLIGHT_SLOTS):
         number, issued, nbytes, op_code, dtype, _ = ENTRY.unpack_from(
@@ -265,7 +290,7 @@ def decode(buf: bytes) -> Record:
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=last_progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=_text(expect_reason),
-        flight=tuple(entries),
+        flight=tuple(entries), start_ticks=start_ticks,
     )
 
 
@@ -277,11 +302,13 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
     """
     give_up = time.monotonic() + patience
     for attempt in range(attempts):
+        first = os.pread(fd, SEQ.size, SEQ_OFFSET)
         buf = os.pread(fd, RECORD_SIZE, 0)
         if len(buf) != RECORD_SIZE:
             raise RecordError(f"truncated record ({len(buf)} bytes)")
         (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
-        if seq % 2 == 0 and os.pread(fd, SEQ.size, SEQ_OFFSET) == buf[SEQ_OFFSET:HOT_OFFSET]:
+        if (seq % 2 == 0 and first == buf[SEQ_OFFSET:HOT_OFFSET]
+                and os.pread(fd, SEQ.size, SEQ_OFFSET) == first):
             return decode(buf)
         if attempt > 10:
             if time.monotonic() > give_up:
@@ -310,7 +337,8 @@ class RecordWriter:
     """The rank's side: creates the file, maps it, publishes under the seqlock."""
 
     def __init__(self, path: str, *, pid: int, start_time: float, uid: int, host: str,
-                 job: str, rank: int, world_size: int, backend: str, dump_signal: int) -> None:
+                 job: str, rank: int, world_size: int, backend: str, dump_signal: int,
+                 start_ticks: int = 0) -> None:
         # Built under a name the daemon does not read, then renamed into place:
         # a reader never sees a record without its identity.
         staging = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new")
@@ -331,6 +359,7 @@ class RecordWriter:
         self.words = memoryview(self._map).cast("Q")  # the hot path writes words
         self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
                               backend=backend, dump_signal=dump_signal)
+        TICKS.pack_into(self._map, TICKS_OFFSET, start_ticks)  # before publishing: never changes
         self.set_identity(rank=rank, world_size=world_size)
         now = time.monotonic_ns()
         self.words[W_PHASE], self.words[W_PHASE_SINCE] = int(Phase.RUNNING), now

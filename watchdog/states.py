@@ -34,6 +34,7 @@ class State(str, enum.Enum):
     KILLED = "killed"  # the watchdog ended it
     UNKILLABLE = "unkillable"  # still present after SIGKILL and the kill timeout
     EXITED = "exited"  # gone on its own
+    ABANDONED = "abandoned"  # alive, but its record is closed (frozen): reported, never acted on
 
     def __str__(self) -> str:
         return self.value

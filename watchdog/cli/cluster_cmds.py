@@ -28,7 +28,8 @@ def cluster() -> None:
 @click.pass_obj
 def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str | None,
                    timeout: float, as_json: bool, watch: bool, interval: float) -> None:
-    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung."""
+    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung,
+    2 if no node answered."""
     from watchdog.daemon.config import load, parse_listen
     from watchdog.net import cluster as cluster_view
 
@@ -52,4 +53,7 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
         time.sleep(interval)
     if any(job["state"] == "hung" for job in view["jobs"]):
         sys.exit(1)
+    if not any(node["ok"] for node in view["nodes"]):
+        click.echo("no node answered", err=True)
+        sys.exit(2)
 

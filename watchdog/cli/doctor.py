@@ -350,6 +350,10 @@ def check_service() -> list[Line]:
 
 
 def check_reboot_flag(state_dir: str) -> list[Line]:
+    if not os.path.isdir(state_dir):
+        # No directory, no flag file: but that proves nothing about this node.
+        return [(WARN, f"cannot tell whether this node is flagged for reboot: the state "
+                       f"directory {state_dir} does not exist")]
     flag = journal.reboot_flag(state_dir)
     if flag is None:
         return [(OK, "no reboot flag: this node is not flagged for reboot")]

@@ -21,7 +21,8 @@ def _thread_cpu(rec: Record, pause: float = 0.5) -> list[dict[str, Any]]:
         second = p.sample(rec.pid)
     except ProbeError:
         return []
-    if not same_process(first, rec.start_time, rec.uid) or second is None or first is None:
+    if (not same_process(first, rec.start_time, rec.uid, rec.start_ticks) or second is None
+            or first is None):
         return []
     before = dict(first.threads)
     rows = [{"id": tid, "cpu_seconds": round(cpu, 3),

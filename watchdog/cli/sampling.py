@@ -17,7 +17,7 @@ from watchdog.daemon.detector import Detector, Rules, Verdict
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.recdir import read_dir, read_record
 from watchdog.daemon.view import rank_json
-from watchdog.record import Record
+from watchdog.record import STATUS_OPEN, Record
 from watchdog.states import State
 
 SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
@@ -31,6 +31,7 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
     found: list[tuple[Record, State, Verdict | None, str]] = []
     invalid: dict[str, str] = {}
     live: list[Record] = []
+    paths: dict[int, str] = {}  # pid -> its record (not always <pid>.rec)
     for path, rec, why, _ in read_dir(directory):
         if rec is None:
             invalid[path] = why
@@ -42,10 +43,13 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
             continue
         if sample is None:
             found.append((rec, State.EXITED, None, "exited without closing its record"))
-        elif not same_process(sample, rec.start_time, rec.uid):
+        elif not same_process(sample, rec.start_time, rec.uid, rec.start_ticks):
             invalid[path] = f"stale: pid {rec.pid} is now another process"
+        elif rec.status != STATUS_OPEN:  # frozen words: reported, never judged
+            found.append((rec, State.ABANDONED, None, "record closed while the process runs"))
         else:
             live.append(rec)
+            paths[rec.pid] = path
     verdicts: dict[int, Verdict] = {}
     load = probe_.load_per_cpu()
     for round_ in range(SAMPLES):
@@ -57,19 +61,19 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
             except ProbeError:
                 sample = None
             if sample is not None:
-                verdicts[rec.pid] = detector.observe(_fresh(directory, rec), sample,
+                verdicts[rec.pid] = detector.observe(_fresh(paths[rec.pid], rec), sample,
                                                      time.monotonic_ns(), load)
     for rec in live:
         verdict = verdicts.get(rec.pid)
         state = verdict.state if verdict else State.EXITED
-        found.append((_fresh(directory, rec), state, verdict, ""))
+        found.append((_fresh(paths[rec.pid], rec), state, verdict, ""))
     found.sort(key=lambda f: (f[0].job, f[0].rank, f[0].pid))
     return [rank_json(r, s, v, reason=why, source="sampled") for r, s, v, why in found], invalid
 
 
-def _fresh(directory: str, rec: Record) -> Record:
+def _fresh(path: str, rec: Record) -> Record:
     """The newest copy of a record (it changes while we sample)."""
-    newer, _, _ = read_record(os.path.join(directory, f"{rec.pid}.rec"))
+    newer, _, _ = read_record(path)
     return newer if newer is not None and newer.start_time == rec.start_time else rec
 
 

@@ -111,10 +111,9 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
     from watchdog.cli.inspect import describe, render_text
-    from watchdog.daemon.recdir import read_record
+    from watchdog.daemon.recdir import find_record
 
-    path = os.path.join(record_dir, f"{pid}.rec")
-    rec, why, _ = read_record(path)
+    rec, why = find_record(record_dir, pid)
     if rec is None:
         raise click.ClickException(f"no usable record for pid {pid} in {record_dir}"
                                    + (f": {why}" if why else ""))

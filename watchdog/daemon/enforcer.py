@@ -33,6 +33,10 @@ DUMP_SIGNALS = frozenset(
     | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()))
 
 SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
+# What an identity check can say besides GONE and NOT_OURS. UNKNOWN (the probe
+# failed) is never taken as a match: nothing is signalled on it, and it is
+# never taken as proof that a process ended or survived either.
+OURS, UNKNOWN = "ours", "unknown"
 
 
 def _copy_dump(target: Target, offset: int, out: str) -> None:
@@ -73,6 +77,7 @@ class Target:
     rank: int
     dump_signal: int = 0
     stacks_path: str = ""
+    start_ticks: int = 0  # clock ticks since boot (Linux); 0: unknown, compare start_time
 
 
 class Signaller:
@@ -81,11 +86,20 @@ class Signaller:
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
 
-    def alive(self, target: Target) -> bool:
+    def identify(self, target: Target) -> str:
+        """OURS, GONE, NOT_OURS, or UNKNOWN when the probe failed."""
         try:
-            return same_process(self.probe.sample(target.pid), target.start_time, target.uid)
+            sample = self.probe.sample(target.pid)
         except ProbeError:
-            return True  # cannot tell: assume it is still there
+            return UNKNOWN
+        if sample is None:
+            return GONE
+        return OURS if same_process(sample, target.start_time, target.uid,
+                                    target.start_ticks) else NOT_OURS
+
+    def alive(self, target: Target) -> bool:
+        """Positively still the process the record describes (a failed probe is not)."""
+        return self.identify(target) == OURS
 
     def send(self, target: Target, signum: int) -> str:
         pidfd = -1
@@ -99,8 +113,10 @@ class Signaller:
             except OSError:
                 pidfd = -1
         try:
-            if not self.alive(target):
-                return GONE if self.probe.sample(target.pid) is None else NOT_OURS
+            # Fail closed: only a positive match (pid, start, uid) is signalled.
+            who = self.identify(target)
+            if who != OURS:
+                return who
             if pidfd >= 0:
                 signal.pidfd_send_signal(pidfd, signum)
             else:
@@ -110,8 +126,6 @@ class Signaller:
             return GONE
         except PermissionError:
             return DENIED
-        except ProbeError:
-            return GONE
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
@@ -152,7 +166,7 @@ class Enforcer:
             sample = self.probe.sample(target.pid)
         except ProbeError:
             return False
-        return (same_process(sample, target.start_time, target.uid)
+        return (same_process(sample, target.start_time, target.uid, target.start_ticks)
                 and sample is not None and sample.status not in STOPPED_STATUSES)
 
     def _python_stacks(self, targets: list[Target], folder: str, until: float) -> list[str]:
@@ -239,12 +253,17 @@ class Enforcer:
                  target.pid, target.job, target.rank, result)
         return result
 
+    def _not_gone(self, target: Target) -> bool:
+        # A failed probe proves neither an end nor a survival: keep waiting on it.
+        return self.signaller.identify(target) in (OURS, UNKNOWN)
+
     def _wait_gone(self, targets: list[Target], seconds: float) -> list[Target]:
+        """The targets not known to be gone after up to `seconds`."""
         until = self.clock() + seconds
-        left = [t for t in targets if self.signaller.alive(t)]
+        left = [t for t in targets if self._not_gone(t)]
         while left and self.clock() < until:
             self.sleep(0.05)
-            left = [t for t in left if self.signaller.alive(t)]
+            left = [t for t in left if self._not_gone(t)]
         return left
 
     def end(self, incident: dict[str, Any], targets: list[Target]) -> dict[int, str]:
@@ -266,8 +285,12 @@ class Enforcer:
         for target in left:
             self._signal(incident, target, signal.SIGKILL)
         left = self._wait_gone(left, self.settings.kill_timeout)
+        # "unkillable" (and the reboot flag) only on a positive match: a
+        # process that could not be probed is "unknown", never a false alarm.
+        survivors = {t.pid for t in left if self.signaller.identify(t) == OURS}
         for target in live:
-            outcome.setdefault(target.pid, "unkillable" if target in left else "killed")
+            outcome.setdefault(target.pid, "killed" if target not in left else
+                               "unkillable" if target.pid in survivors else UNKNOWN)
         return outcome
 
     def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]

@@ -59,15 +59,31 @@ def read_pointer(record_dir: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("state_dir"), str) else None
 
 
-def write_json_atomic(path: str, data: Any) -> None:
+def _fsync_dir(directory: str) -> None:
+    """Make a rename or a new file in `directory` survive a power cut."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, data: Any, durable: bool = False) -> None:
+    """Replace `path` at once; `durable` also fsyncs the file and its directory
+    (the reboot flag: a power cut must not lose it; status.json need not pay)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        if durable:
+            _fsync_dir(directory)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -82,6 +98,7 @@ def append_incident(state_dir: str, incident: dict[str, Any]) -> None:
                  os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, line)
+        os.fsync(fd)  # an incident is rare and is the record of a kill: keep it
     finally:
         os.close(fd)
 
@@ -126,7 +143,7 @@ def set_reboot_flag(state_dir: str, reason: str, **figures: Any) -> dict[str, An
     flag.setdefault("reasons", [])
     flag["reasons"].append({"reason": reason, **figures})
     flag["reason"] = flag["reasons"][0]["reason"]
-    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag)
+    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag, durable=True)
     return flag
 
 

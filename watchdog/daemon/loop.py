@@ -24,7 +24,7 @@ from watchdog import __version__, record
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector, Verdict
-from watchdog.daemon.enforcer import SENT, Enforcer, Signaller, Target
+from watchdog.daemon.enforcer import GONE, NOT_OURS, SENT, UNKNOWN, Enforcer, Signaller, Target
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.recdir import RecordDir
@@ -64,7 +64,7 @@ class Rank:
         rec = self.record
         stacks = self.path[: -len(record.SUFFIX)] + ".stacks"
         return Target(rec.pid, rec.start_time, rec.uid, rec.job, rec.rank, rec.dump_signal,
-                      stacks)
+                      stacks, rec.start_ticks)
 
 
 @dataclass
@@ -141,7 +141,10 @@ class Daemon:
         self._collect_finished()
         self.invalid = {}
         seen: set[tuple[int, float]] = set()
-        due: dict[str, list[Rank]] = {}
+        # A job is its owner's uid with its id: job ids are world-readable and
+        # anyone may publish a record naming one, so a hung rank only ever
+        # brings down ranks of its own owner.
+        due: dict[tuple[int, str], list[Rank]] = {}
         load = self.probe.load_per_cpu()
         watched = {r.path for r in self.ranks.values()}
         for path, rec, why, st in self.records.read(watched):
@@ -158,7 +161,8 @@ class Daemon:
                 continue
             if rank is not None and rank.state in FINAL:
                 seen.add(key)
-                if rank.state == State.UNKILLABLE and not self.signaller.alive(rank.target()):
+                if rank.state == State.UNKILLABLE and self.signaller.identify(
+                        rank.target()) in (GONE, NOT_OURS):
                     rank.state, rank.gone_at = State.KILLED, now  # it went, late
                     rank.reason = "ended after being declared unkillable"
                 continue
@@ -174,7 +178,7 @@ class Daemon:
                 seen.add(key)
                 self._gone(rank or self._add(path, rec), now, status=rec.status)
                 continue
-            if not same_process(sample, rec.start_time, rec.uid):
+            if not same_process(sample, rec.start_time, rec.uid, rec.start_ticks):
                 why = (f"stale or forged: pid {rec.pid} is now another process "
                        "(start time or owner differ)")
                 self.records.mark_bad(path, st, why)
@@ -183,6 +187,15 @@ class Daemon:
             seen.add(key)
             rank = rank or self._add(path, rec)
             rank.record, rank.seen_alive = rec, True
+            if rec.status != record.STATUS_OPEN and not rank.escalating:
+                # A live process behind a closed record: the hook gave up on it
+                # (an internal error) or the rank is on its way out. Its words
+                # are frozen, so a frozen WAIT is no hang: reported, never judged.
+                rank.state, rank.verdict = State.ABANDONED, None
+                rank.reason = ("record abandoned by the hook after an internal error; not judged"
+                               if rec.status == record.STATUS_ABANDONED
+                               else "record closed while the process runs; not judged")
+                continue
             verdict = self.detector.observe(rec, sample, now_ns, load)
             rank.verdict, rank.reason = verdict, verdict.reason
             if not rank.escalating:
@@ -190,15 +203,22 @@ class Daemon:
             wait = (rec.wait_since_ns, rec.waits_completed)
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 rank.acted_on = wait  # one incident per hung wait, whatever its outcome
-                due.setdefault(rec.job, []).append(rank)
+                due.setdefault((rec.uid, rec.job), []).append(rank)
         for key, rank in self.ranks.items():
-            if key not in seen and rank.state not in FINAL:
+            if key in seen or rank.state in FINAL:
+                continue
+            if self.records.listed and not os.path.lexists(rank.path):
                 self._gone(rank, now, status=record.STATUS_CLOSED)  # record removed: clean
+                continue
+            # Not read this scan (the listing failed, the record was busy or
+            # unreadable for now): gone only when its process is.
+            if self.signaller.identify(rank.target()) in (GONE, NOT_OURS):
+                self._gone(rank, now, status=rank.record.status)
         self._expire(now)
         self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
         self._sample_wired()
-        for job, ranks in due.items():
-            self._escalate(job, ranks)
+        for (uid, job), ranks in due.items():
+            self._escalate(uid, job, ranks)
         self._observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
@@ -217,14 +237,18 @@ class Daemon:
             return
         rank.state, rank.gone_at = State.EXITED, now
         rank.reason = {record.STATUS_CLOSED: "exited",
-                       record.STATUS_ERROR: "exited on an uncaught exception"}.get(
+                       record.STATUS_ERROR: "exited on an uncaught exception",
+                       record.STATUS_ABANDONED: "exited (its record had been abandoned by the "
+                       "hook: how it ended is unknown)"}.get(
             status, "exited without closing its record (crash or signal)")
-        crashed = status != record.STATUS_CLOSED
+        # An abandoned record says nothing of how the rank ended: no fence on it.
+        crashed = status not in (record.STATUS_CLOSED, record.STATUS_ABANDONED)
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
         if crashed and rank.record.world_size > 1 and rank.seen_alive:
-            self._fence_peers(rank.record.job, f"rank {rank.record.rank} died without "
-                              "closing its record", self._culprit_of(rank, "died"))
+            self._fence_peers(rank.record.uid, rank.record.job,
+                              f"rank {rank.record.rank} died without closing its record",
+                              self._culprit_of(rank, "died"))
 
     def _expire(self, now: float) -> None:
         """Forget ranks that have been final for `retention`; remove their records."""
@@ -246,7 +270,10 @@ class Daemon:
                 kills.pop(job, None)
 
     def _remove_record(self, rank: Rank) -> None:
-        """Delete a dead rank's leftover record, if the file is still that rank's."""
+        """Delete a dead rank's leftover record, if the file is still that rank's
+        and the process is known to be gone (never a live rank's files)."""
+        if self.signaller.identify(rank.target()) not in (GONE, NOT_OURS):
+            return
         try:
             rec = record.read_path(rank.path)
         except RecordError:
@@ -277,9 +304,12 @@ class Daemon:
         return {"host": self.host, "rank": rank.record.rank, "pid": rank.record.pid,
                 "state": rank.state.value, "reason": why}
 
-    def _escalate(self, job: str, due: list[Rank], fenced: dict[str, Any] | None = None) -> None:
+    def _escalate(self, uid: int, job: str, due: list[Rank],
+                  fenced: dict[str, Any] | None = None) -> None:
         local = [r for r in self.ranks.values()
-                 if r.record.job == job and r.state not in FINAL and not r.escalating]
+                 if r.record.job == job and r.record.uid == uid and r.state not in FINAL
+                 and not r.escalating]
+        due = [r for r in due if r.record.uid == uid]
         targets = local if self.settings.kill_scope == "job" or fenced else due
         if not targets:
             return
@@ -296,6 +326,7 @@ class Daemon:
             "time": self.wall(),
             "host": self.host,
             "job": job,
+            "uid": uid,
             "verdict": verdict,
             "mode": self.settings.mode,
             "kill_scope": self.settings.kill_scope,
@@ -317,6 +348,10 @@ class Daemon:
         log.error("job %s: %s; %s %s ranks %s", job, worst.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
                   len(targets), sorted(r.record.rank for r in targets))
+        if fenced is None and self.settings.mode == "enforce":
+            # The peers wait on this job's end: fence them at the verdict, not
+            # after evidence, grace and wired-memory settling (30 s and more).
+            self._fence_peers(uid, job, f"{verdict}: {incident['reason']}", incident["culprit"])
         for rank in targets:
             rank.escalating = True
         keys = [r.key for r in targets]
@@ -328,7 +363,7 @@ class Daemon:
         view = None
         if self.settings.peers and fenced is None:
             def view() -> dict[str, Any] | None:
-                return self.cluster_view(job)
+                return self.cluster_view(uid, job)
 
         future = self.executor.submit(self.enforcer.handle, incident,
                                       [r.target() for r in targets], self.baseline, others_live,
@@ -338,22 +373,25 @@ class Daemon:
 
     # -- the cluster: views and fences -------------------------------------------
 
-    def cluster_view(self, job: str) -> dict[str, Any] | None:
-        """This job across every node (peers asked within peer_timeout), or None."""
+    def cluster_view(self, uid: int, job: str) -> dict[str, Any] | None:
+        """This job of this owner across every node (peers asked within
+        peer_timeout), or None."""
         nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
         nodes.append({"peer": "local", "ok": True, "status": self.snapshot})
         for view in cluster.analyze(nodes)["jobs"]:
-            if view["job"] == job:
+            if view["job"] == job and view.get("uid") == uid:
                 return {"culprit": view["culprit"], "evidence": view["evidence"],
                         "unreachable": [n["peer"] for n in nodes if not n["ok"]]}
         return None
 
-    def _fence_peers(self, job: str, reason: str, culprit: dict[str, Any] | None) -> None:
-        """Tell the peers to end their ranks of `job` (only with a shared secret)."""
+    def _fence_peers(self, uid: int, job: str, reason: str,
+                     culprit: dict[str, Any] | None) -> None:
+        """Tell the peers to end their ranks of `job` owned by `uid` (only with
+        a shared secret)."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
             return
-        log.info("fencing job %s on %s: %s", job, ", ".join(peers), reason)
+        log.info("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
 
         def sent(future: Future[list[dict[str, Any]]]) -> None:
             for answer in future.result():
@@ -361,26 +399,29 @@ class Daemon:
                          answer.get("answer") if answer["ok"] else answer.get("error"))
 
         self.executor.submit(fence.send, peers, secret, job, self.host, reason, culprit,
-                             self.settings.peer_timeout).add_done_callback(sent)
+                             self.settings.peer_timeout, uid).add_done_callback(sent)
 
     def fence_request(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
         """An incoming `POST /fence`: authenticate, then end our ranks of that job."""
         if not self.settings.secret:
             return 403, {"error": "fences are off (no secret configured)"}
         try:
-            request = fence.verify(self.settings.secret, headers, body, self.nonces)
+            request = fence.verify(self.settings.secret, headers, body, self.nonces,
+                                   not_before=self.started)
         except fence.FenceRejected as err:
             log.warning("refused a fence: %s", err)
             return 401, {"error": str(err)}
-        job = request["job"]
+        job, uid = request["job"], request["uid"]
         with self.lock:
+            # Only the ranks of the job's owner: a fence names (uid, job).
             ranks = [r for r in self.ranks.values()
-                     if r.record.job == job and r.state not in FINAL and not r.escalating]
-            log.warning("fence from %s: ending %s local ranks of job %s (%s)",
-                        request.get("origin"), len(ranks), job, request.get("reason"))
+                     if r.record.job == job and r.record.uid == uid and r.state not in FINAL
+                     and not r.escalating]
+            log.warning("fence from %s: ending %s local ranks of job %s of uid %s (%s)",
+                        request.get("origin"), len(ranks), job, uid, request.get("reason"))
             if ranks:
-                self._escalate(job, ranks, fenced=request)
-        return 202, {"job": job, "ending": sorted(r.record.pid for r in ranks)}
+                self._escalate(uid, job, ranks, fenced=request)
+        return 202, {"job": job, "uid": uid, "ending": sorted(r.record.pid for r in ranks)}
 
     def _incident_rank(self, rank: Rank) -> dict[str, Any]:
         v = rank.verdict
@@ -428,9 +469,6 @@ class Daemon:
             for sig in incident.get("signals", []):
                 if sig["result"] == SENT and sig["signal"] in self.counters.kills:
                     self.counters.kills[sig["signal"]] += 1
-            if incident.get("verdict") != "fenced" and "killed" in incident["outcome"].values():
-                self._fence_peers(incident["job"], f"{incident['verdict']}: "
-                                  f"{incident['reason']}", incident.get("culprit"))
             for key in keys:
                 rank = self.ranks.get(key)
                 if rank is None:
@@ -446,6 +484,10 @@ class Daemon:
                 elif outcome == "unkillable":
                     rank.state, rank.gone_at = State.UNKILLABLE, None
                     rank.reason = "survived SIGKILL; node flagged for reboot"
+                elif outcome == UNKNOWN:
+                    # Its identity could not be checked, so it was left alone:
+                    # judged afresh next scan rather than given up for this wait.
+                    rank.acted_on = None
 
     # -- publishing ------------------------------------------------------------
 

@@ -89,6 +89,7 @@ class RecordDir:
         self.cursor = ""  # where a scan that hit the cap stopped: the next starts there
         # name -> (inode, why) of files that stay unusable while their inode does
         self.bad: dict[str, tuple[int, str]] = {}
+        self.listed = True  # the last listing succeeded: a name missing from it is gone
 
     def mark_bad(self, path: str, st: os.stat_result | None, why: str) -> None:
         """The caller found this record unusable for good (say, forged): skip it
@@ -105,10 +106,13 @@ class RecordDir:
         """The `*.rec` names in the directory, each with its inode (from readdir: free)."""
         try:
             with os.scandir(self.directory) as it:
-                return {e.name: e.inode() for e in it if e.name.endswith(record.SUFFIX)}
+                names = {e.name: e.inode() for e in it if e.name.endswith(record.SUFFIX)}
         except OSError as err:
             log.error("cannot list %s: %s", self.directory, err)
+            self.listed = False
             return {}
+        self.listed = True
+        return names
 
     def read(self, watched: Collection[str] = (), all_files: bool = False) -> Iterator[Entry]:
         """Every usable record and every newly unusable file, within this scan's budget.
@@ -151,6 +155,28 @@ class RecordDir:
                 self.mark_bad(path, st2, why)
             if rec is not None or why:
                 yield Entry(path, rec, why, st2)
+
+
+def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
+    """The record of `pid`: `<pid>.rec`, or `<pid>-<suffix>.rec` where the hook
+    published when another user's file held the plain name. Of several, the
+    newest process's; else (None, why the plain name is unusable)."""
+    plain = os.path.join(directory, f"{pid}{record.SUFFIX}")
+    try:
+        names = [n for n in os.listdir(directory)
+                 if n.startswith(f"{pid}-") and n.endswith(record.SUFFIX)]
+    except OSError:
+        names = []
+    found, why = [], ""
+    for path in [plain] + [os.path.join(directory, n) for n in sorted(names)]:
+        rec, problem, _ = read_record(path)
+        if rec is not None and rec.pid == pid:
+            found.append(rec)
+        elif path == plain:
+            why = problem
+    if not found:
+        return None, why
+    return max(found, key=lambda r: (r.start_ticks, r.start_time)), ""
 
 
 def read_dir(directory: str) -> Iterator[Entry]:

@@ -14,6 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from watchdog.record import MAX_WORLD_SIZE
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.text import printable
 
@@ -55,10 +56,17 @@ def _culprit(rank: dict[str, Any], reason: str) -> dict[str, Any]:
             "pid": rank.get("pid"), "state": rank.get("state"), "reason": reason}
 
 
-def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str]) -> dict[str, Any]:
+def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
+              uid: int | None = None) -> dict[str, Any]:
     """Healthy or hung, and if hung, which rank holds the job up and why."""
-    ranks = sorted(ranks, key=lambda r: (r.get("rank", -1), r.get("pid", 0)))
-    world = max([r.get("world_size") or 0 for r in ranks] + [len(ranks)])
+    def order(rank: dict[str, Any]) -> tuple[int, int]:
+        number, pid = rank.get("rank"), rank.get("pid")  # a peer may send anything
+        return (number if type(number) is int else -1, pid if type(pid) is int else 0)
+
+    ranks = sorted(ranks, key=order)
+    # A peer's /status is untrusted: sizes are bounded before any range is built.
+    sizes = [r.get("world_size") for r in ranks]
+    world = min(MAX_WORLD_SIZE, max([s for s in sizes if type(s) is int] + [len(ranks)]))
     present = {r.get("rank") for r in ranks}
     missing = [i for i in range(world) if i not in present]
     waiting = [r for r in ranks if r.get("phase") in WAITING_PHASES and r.get("state") not in ENDED]
@@ -66,8 +74,9 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str]) -> 
     troubled = [r for r in ranks if r.get("state") in (ENDED | {State.STOPPED})]
     if waiting and troubled:
         hung = True
-    view: dict[str, Any] = {"job": job, "world_size": world, "state": "hung" if hung else
-                            "healthy", "ranks": ranks, "missing_ranks": missing,
+    view: dict[str, Any] = {"job": job, "uid": uid, "world_size": world,
+                            "state": "hung" if hung else "healthy", "ranks": ranks,
+                            "missing_ranks": missing,
                             "culprit": None, "evidence": ""}
     if not hung:
         return view
@@ -105,7 +114,9 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str]) -> 
 
 def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     """Group every reachable node's ranks by job and judge each job."""
-    jobs: dict[str, list[dict[str, Any]]] = {}
+    # A job is (owner uid, job id): another user's ranks naming the same id
+    # are another job, and never its culprit.
+    jobs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     unreachable = [n["peer"] for n in nodes if not n["ok"]]
     seen: set[tuple[Any, Any]] = set()  # a node listed twice (or itself) counts once
     for node in nodes:
@@ -117,13 +128,16 @@ def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
             key = (rank.get("host"), rank.get("pid"))
             if key not in seen:
                 seen.add(key)
-                jobs.setdefault(rank["job"], []).append({**rank, "node": node["peer"]})
+                uid = rank.get("uid")
+                owner = uid if type(uid) is int else -1
+                jobs.setdefault((owner, rank["job"]), []).append({**rank, "node": node["peer"]})
     return {
         "nodes": [{"peer": n["peer"], "ok": n["ok"], "error": n.get("error"),
                    "host": n.get("status", {}).get("host"),
                    "reboot_required": n.get("status", {}).get("reboot_required")}
                   for n in nodes],
-        "jobs": [judge_job(job, ranks, unreachable) for job, ranks in sorted(jobs.items())],
+        "jobs": [judge_job(job, ranks, unreachable, uid if uid >= 0 else None)
+                 for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])],
     }
 
 
@@ -135,7 +149,9 @@ def render_text(view: dict[str, Any]) -> str:
         lines.append(f"node {node['peer']}: {state}{flag}")
     for job in view["jobs"]:
         lines.append("")
-        lines.append(f"job {job['job']} ({job['world_size']} ranks): {job['state'].upper()}")
+        owner = f" of uid {job['uid']}" if job.get("uid") is not None else ""
+        lines.append(f"job {job['job']}{owner} ({job['world_size']} ranks): "
+                     f"{job['state'].upper()}")
         for r in job["ranks"]:
             lines.append(f"  rank {r.get('rank')}  {r.get('host')} pid {r.get('pid')}  "
                          f"{r.get('state')}  {r.get('phase')}  at {_where(r)}  "

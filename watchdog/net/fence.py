@@ -2,9 +2,13 @@
 
 The one request that changes state, so it is off unless a shared secret is
 configured. A fence is a JSON body POSTed to a peer's `/fence`, signed with
-HMAC-SHA256 over "<timestamp>.<body>"; the body carries a random nonce. A
+HMAC-SHA256 over "<timestamp>.<body>"; the body names the job by its owner's
+uid and its id (a job id alone is anyone's to claim) and carries a random
+nonce. A
 receiver accepts it only with a valid signature, a timestamp within
-`WINDOW` seconds of its own clock, and a nonce it has not seen in that window.
+`WINDOW` seconds of its own clock and not before the receiver started (the
+nonces it saw before a restart are forgotten, so older fences are refused
+instead), and a nonce it has not seen in that window.
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def make(secret: str, job: str, origin: str, reason: str, culprit: dict[str, Any] | None,
-         now: float | None = None) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of one fence request."""
+         now: float | None = None, uid: int = 0) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one fence request: end `uid`'s ranks of `job`."""
     now = time.time() if now is None else now
-    body = json.dumps({"job": job, "origin": origin, "reason": reason, "culprit": culprit,
-                       "nonce": os.urandom(16).hex(), "time": now}, sort_keys=True).encode()
+    body = json.dumps({"job": job, "uid": uid, "origin": origin, "reason": reason,
+                       "culprit": culprit, "nonce": os.urandom(16).hex(), "time": now},
+                      sort_keys=True).encode()
     timestamp = f"{now:.3f}"
     return body, {"Content-Type": "application/json", TIMESTAMP: timestamp,
                   SIGNATURE: sign(secret, timestamp, body)}
@@ -67,7 +72,7 @@ class NonceCache:
 
 
 def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
-           now: float | None = None) -> dict[str, Any]:
+           now: float | None = None, not_before: float | None = None) -> dict[str, Any]:
     """The fence's content if the request is authentic and fresh; else FenceRejected."""
     now = time.time() if now is None else now
     timestamp, signature = headers.get(TIMESTAMP, ""), headers.get(SIGNATURE, "")
@@ -83,13 +88,18 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
         raise FenceRejected("bad timestamp") from None
     if not abs(now - sent) <= WINDOW:
         raise FenceRejected(f"stale timestamp ({now - sent:+.1f}s)")
+    if not_before is not None and sent < not_before:
+        # The nonce cache lives in memory: a fence signed before this receiver
+        # started may have been seen by its previous run, so it is replayable.
+        raise FenceRejected("signed before this daemon started")
     try:
         fence = json.loads(body)
     except ValueError:
         raise FenceRejected("body is not JSON") from None
     if not isinstance(fence, dict) or not isinstance(fence.get("job"), str) \
-            or not isinstance(fence.get("nonce"), str) or not fence["job"]:
-        raise FenceRejected("body lacks job or nonce")
+            or not isinstance(fence.get("nonce"), str) or not fence["job"] \
+            or type(fence.get("uid")) is not int or not 0 <= fence["uid"] < 2**32:
+        raise FenceRejected("body lacks job, uid or nonce")
     if not nonces.add(fence["nonce"], now):
         raise FenceRejected("replayed nonce")
     return fence
@@ -106,13 +116,13 @@ def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dic
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
-         culprit: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
-    """Fence `job` on every peer, concurrently; each answer or error."""
+         culprit: dict[str, Any] | None, timeout: float, uid: int = 0) -> list[dict[str, Any]]:
+    """Fence `uid`'s `job` on every peer, concurrently; each answer or error."""
     if not peers:
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
         def one(peer: str) -> dict[str, Any]:
-            body, headers = make(secret, job, origin, reason, culprit)  # a nonce per peer
+            body, headers = make(secret, job, origin, reason, culprit, uid=uid)  # a nonce each
             return post(peer, body, headers, timeout)
 
         return list(pool.map(one, peers))

@@ -296,8 +296,8 @@ class Heartbeat:
     def expect(self, seconds: float, reason: str = "") -> Iterator[None]:
         """This stretch may take up to `seconds`: waits inside get that deadline."""
         seconds = float(seconds)
-        if not seconds >= 0:
-            raise ValueError(f"expect() needs seconds >= 0, got {seconds}")
+        if not 0 <= seconds < float("inf"):  # NaN and inf too: never `Infinity` in JSON
+            raise ValueError(f"expect() needs finite seconds >= 0, got {seconds}")
         self._change(lambda: self._expects.append((seconds, self._clock(), reason)))
         try:
             yield
@@ -354,7 +354,9 @@ class Heartbeat:
         _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
         if writer is not None:
             with contextlib.suppress(Exception):
-                writer.close(record.STATUS_ERROR, remove=False)
+                # Not STATUS_ERROR: the rank runs on; its frozen words must not
+                # be judged, nor its later exit taken for a crash.
+                writer.close(record.STATUS_ABANDONED, remove=False)
 
     def close(self, status: int = record.STATUS_CLOSED) -> None:
         """Mark the record closed; remove it unless the rank is ending on an error,
@@ -461,12 +463,51 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
     fields: dict[str, Any] = dict(
         pid=me.pid, start_time=me.create_time(), uid=os.getuid(), host=socket.gethostname(),
         job=job, rank=rank, world_size=size, backend=_guess_backend(os.environ),
-        dump_signal=dump_signal)
+        dump_signal=dump_signal, start_ticks=_start_ticks())
     try:
         return RecordWriter(path, **fields)
     except FileExistsError:  # a staging file left by an earlier process with our pid
         os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new"))
         return RecordWriter(path, **fields)
+
+
+def _start_ticks() -> int:
+    """This process's start in clock ticks since boot (Linux), 0 when unknown:
+    the daemon's identity check that a wall-clock step does not move."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat_line = f.read()
+        return int(stat_line[stat_line.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _taken(path: str) -> bool:
+    """Something there that this process may not replace: another user's file
+    (in the sticky directory we cannot unlink or rename over it), or a
+    non-file. Our own leftovers (an earlier process of ours with this pid) are
+    replaced as usual."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode)
+
+
+def _free_base(directory: str) -> str:
+    """The path, without suffix, this process publishes under: `<pid>`, or,
+    when another user left files under that name (pid reuse, or planted on
+    purpose), `<pid>-<start ticks>`, then `<pid>-<random>`. The daemon reads
+    every `*.rec` and finds the stack file beside the record's own name."""
+    pid = os.getpid()
+    for name in (str(pid), f"{pid}-{_start_ticks()}", f"{pid}-{os.urandom(6).hex()}"):
+        base = os.path.join(directory, name)
+        if not any(_taken(p) for p in (base + record.SUFFIX, base + ".stacks",
+                                       os.path.join(directory, f".{name}{record.SUFFIX}.new"))):
+            return base
+    return base  # a random name taken already: the open reports what is wrong
 
 
 def _open_nofollow(path: str, flags: int) -> int:
@@ -536,7 +577,7 @@ def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
             directory = directory or record_dir()
             if not os.path.isdir(directory):
                 raise OSError(f"record directory {directory} does not exist")
-            base = os.path.join(directory, str(os.getpid()))
+            base = _free_base(directory)
             try:
                 signum = _register_dump(dump_signal_from_env(), base + ".stacks")
                 hb = Heartbeat(_open_record(base + record.SUFFIX, job or job_id(), signum))

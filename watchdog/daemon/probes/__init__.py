@@ -26,6 +26,9 @@ class ProcessSample:
     uid: int  # real uid
     status: str  # psutil status: "running", "sleeping", "stopped", "tracing-stop", "zombie"...
     threads: tuple[tuple[int, float], ...]  # (thread id, user+system cpu seconds)
+    # Start in clock ticks since boot, as the kernel keeps it (Linux; 0 elsewhere).
+    # Unlike start_time it does not move when the wall clock is stepped.
+    start_ticks: int = 0
 
 
 STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
@@ -79,10 +82,20 @@ class Probe:
         return None
 
 
-def same_process(sample: ProcessSample | None, start_time: float, uid: int) -> bool:
-    """The identity rule: same pid (implied), same start time, same owner."""
-    return (sample is not None and abs(sample.start_time - start_time) < 0.01
-            and sample.uid == uid)
+def same_process(sample: ProcessSample | None, start_time: float, uid: int,
+                 start_ticks: int = 0) -> bool:
+    """The identity rule: same pid (implied), same start, same owner.
+
+    The start is compared in clock ticks since boot when both sides know them:
+    an epoch start time is ticks + the *current* boot time, which moves when
+    the wall clock is stepped (NTP, `date -s`, a VM resume). Records of old
+    hooks (no ticks) fall back to the epoch start time.
+    """
+    if sample is None or sample.uid != uid:
+        return False
+    if start_ticks and sample.start_ticks:
+        return sample.start_ticks == start_ticks
+    return abs(sample.start_time - start_time) < 0.01
 
 
 def _which(*names: str) -> str | None:

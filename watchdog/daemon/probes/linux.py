@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, _which
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, _which
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def start_ticks(stat: str) -> int:
+    """Field 22 of /proc/<pid>/stat: the start in clock ticks since boot.
+
+    The command name (field 2) may hold spaces and parentheses: count from
+    the last ")".
+    """
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def read_start_ticks(pid: int | str, proc: str = "/proc") -> int:
+    """The start ticks of `pid` ("self" for this process); raises OSError/ValueError."""
+    with open(f"{proc}/{pid}/stat") as f:
+        return start_ticks(f.read())
 
 
 def unevictable_bytes(meminfo: str) -> int:
@@ -31,8 +52,36 @@ def runnable_per_cpu(loadavg: str, cpus: int) -> float:
 class LinuxProbe(Probe):
     name = "linux"
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str = "/proc",
+                 boot_time: Callable[[], float] | None = None) -> None:
         self.proc = proc
+        # The seam for a stepped clock: the epoch start time is derived from
+        # the boot time as it reads *now* (tests pass a moved one).
+        self.boot_time = boot_time
+
+    def sample(self, pid: int) -> ProcessSample | None:
+        """psutil's sample, plus the start in ticks read before and after it: a
+        pid recycled in between is caught instead of mixing two processes."""
+        try:
+            before = read_start_ticks(pid, self.proc)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, IndexError) as err:
+            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        sample = super().sample(pid)
+        if sample is None:
+            return None
+        try:
+            after = read_start_ticks(pid, self.proc)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, IndexError) as err:
+            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        if after != before:
+            return None  # the pid was recycled mid-sample: ours is gone
+        start_time = (sample.start_time if self.boot_time is None
+                      else after / CLOCK_TICKS + self.boot_time())
+        return replace(sample, start_time=start_time, start_ticks=after)
 
     def wired_bytes(self) -> int | None:
         try:
