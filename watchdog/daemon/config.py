@@ -15,14 +15,13 @@ from typing import Any
 
 from watchdog import host
 from watchdog.daemon.detector import Rules
-from watchdog.record import DEFAULT_DIR
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-DEFAULT_RECORD_DIR = DEFAULT_DIR
+DEFAULT_RECORD_DIR = host.defaults().record_dir
 DEFAULT_STATE_DIR = host.defaults().state_dir
 DEFAULT_PORT = 9753
 

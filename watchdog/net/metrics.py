@@ -27,7 +27,7 @@ from prometheus_client.core import (
 from watchdog.states import ENDED, State
 
 log = logging.getLogger(__name__)
-P = "mlx_watchdog_"
+PREFIX = "mlx_watchdog_"
 MAX_FENCE_BODY = 64 << 10
 FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 
@@ -57,21 +57,23 @@ class SnapshotCollector:
         ranks = snap.get("ranks", [])
         labels = ["job", "rank"]
 
-        state = GaugeMetricFamily(P + "rank_state", "1 for the rank's current state",
+        state = GaugeMetricFamily(PREFIX + "rank_state", "1 for the rank's current state",
                                   labels=[*labels, "state"])
         per_rank: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "progress": CounterMetricFamily(P + "rank_progress", "Completed waits", labels=labels),
-            "collectives": CounterMetricFamily(P + "rank_collectives", "Collectives issued",
+            "progress": CounterMetricFamily(PREFIX + "rank_progress", "Completed waits",
+                                            labels=labels),
+            "collectives": CounterMetricFamily(PREFIX + "rank_collectives", "Collectives issued",
                                                labels=labels),
-            "steps": CounterMetricFamily(P + "rank_steps", "User steps (hb.step)", labels=labels),
+            "steps": CounterMetricFamily(PREFIX + "rank_steps", "User steps (hb.step)",
+                                         labels=labels),
             "seconds_since_progress": GaugeMetricFamily(
-                P + "rank_seconds_since_progress", "Seconds since a wait last returned",
+                PREFIX + "rank_seconds_since_progress", "Seconds since a wait last returned",
                 labels=labels),
             "deadline_seconds": GaugeMetricFamily(
-                P + "rank_deadline_seconds", "Deadline of the rank's current wait",
+                PREFIX + "rank_deadline_seconds", "Deadline of the rank's current wait",
                 labels=labels),
             "busiest_thread_cpu": GaugeMetricFamily(
-                P + "rank_busiest_thread_cpu_ratio",
+                PREFIX + "rank_busiest_thread_cpu_ratio",
                 "Share of one core used by the rank's busiest thread", labels=labels),
         }
         for r in _one_per_label(ranks):
@@ -85,32 +87,33 @@ class SnapshotCollector:
         yield from per_rank.values()
 
         counters = snap.get("counters", {})
-        stalls = CounterMetricFamily(P + "stalls", "Hangs acted on, by verdict",
+        stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict",
                                      labels=["verdict"])
         for verdict, n in counters.get("stalls", {}).items():
             stalls.add_metric([verdict], n)
         yield stalls
-        kills = CounterMetricFamily(P + "kills", "Signals sent to end ranks", labels=["signal"])
+        kills = CounterMetricFamily(PREFIX + "kills", "Signals sent to end ranks",
+                                    labels=["signal"])
         for sig, n in counters.get("kills", {}).items():
             kills.add_metric([sig], n)
         yield kills
-        job_kills = CounterMetricFamily(P + "job_kills", "Ranks of a job the watchdog ended",
+        job_kills = CounterMetricFamily(PREFIX + "job_kills", "Ranks of a job the watchdog ended",
                                         labels=["job"])
         for job, n in counters.get("job_kills", {}).items():
             job_kills.add_metric([job], n)
         yield job_kills
-        yield GaugeMetricFamily(P + "node_reboot_required",
+        yield GaugeMetricFamily(PREFIX + "node_reboot_required",
                                 "1 when the node must be rebooted (wired memory leak or "
                                 "an unkillable rank)", value=1.0 if snap.get("reboot_required")
                                 else 0.0)
         if snap.get("wired_bytes") is not None:
-            yield GaugeMetricFamily(P + "wired_memory_bytes", "System wired memory",
+            yield GaugeMetricFamily(PREFIX + "wired_memory_bytes", "System wired memory",
                                     value=float(snap["wired_bytes"]))
-        yield CounterMetricFamily(P + "invalid_records", "Unusable files seen in the record "
+        yield CounterMetricFamily(PREFIX + "invalid_records", "Unusable files seen in the record "
                                   "directory", value=counters.get("invalid_records", 0))
-        yield CounterMetricFamily(P + "probe_errors", "Failed process or memory probes",
+        yield CounterMetricFamily(PREFIX + "probe_errors", "Failed process or memory probes",
                                   value=counters.get("probe_errors", 0))
-        yield CounterMetricFamily(P + "loop_errors", "Scans that failed with an error",
+        yield CounterMetricFamily(PREFIX + "loop_errors", "Scans that failed with an error",
                                   value=counters.get("loop_errors", 0))
         bounds = snap.get("scan_bucket_bounds", [])
         if bounds:
@@ -119,15 +122,15 @@ class SnapshotCollector:
                                 strict=False):
                 cumulative += n
                 buckets.append((bound, cumulative))
-            yield HistogramMetricFamily(P + "scan_duration_seconds", "Time one scan took",
+            yield HistogramMetricFamily(PREFIX + "scan_duration_seconds", "Time one scan took",
                                         buckets=buckets, sum_value=counters["scan_sum"])
         # Until the first scan completes, the start time: a daemon that never
         # completes one still ages into the "not scanning" alert.
         last_scan = snap.get("time") or snap.get("started")
         if last_scan:
-            yield GaugeMetricFamily(P + "last_scan_timestamp_seconds",
+            yield GaugeMetricFamily(PREFIX + "last_scan_timestamp_seconds",
                                     "Unix time of the last completed scan", value=last_scan)
-        info = GaugeMetricFamily(P + "build_info", "mlx-watchdog version", labels=["version"])
+        info = GaugeMetricFamily(PREFIX + "build_info", "mlx-watchdog version", labels=["version"])
         info.add_metric([str(snap.get("version", ""))], 1.0)
         yield info
 
