@@ -360,9 +360,13 @@ def test_a_flag_given_as_auto_overrides_the_files_deadline(tmp_path, record_dir,
                 if not line:
                     break
             assert shown in line, line
+            # The running daemon says, in the directory, that it watches it...
+            wait_for(lambda: (record_dir / journal.POINTER).exists(), 30, what="the pointer")
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+        # ...and takes that back when it stops.
+        assert not (record_dir / journal.POINTER).exists()
 
 
 def test_the_nodes_config_file_gives_every_command_its_directories(tmp_path, record_dir,

@@ -38,6 +38,18 @@ def publish_pointer(record_dir: str, state_dir: str, listen: str) -> None:
                        "listen": listen})
 
 
+def remove_pointer(record_dir: str) -> None:
+    """On a clean stop: no daemon watches the directory any more (ours only)."""
+    path = os.path.join(record_dir, POINTER)
+    try:
+        with open(path, "rb") as f:
+            mine = json.loads(f.read(1 << 16)).get("daemon_pid") == os.getpid()
+        if mine:
+            os.unlink(path)
+    except (OSError, ValueError, AttributeError):
+        return  # gone already, or not ours to remove: a stale pointer names a dead pid
+
+
 def read_pointer(record_dir: str) -> dict[str, Any] | None:
     """The pointer, if a daemon we may believe wrote it: root's, or our own user's.
 

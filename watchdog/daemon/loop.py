@@ -583,6 +583,7 @@ class Daemon:
             self.wake.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
             self.wake.clear()
         self.exits.stop()
+        journal.remove_pointer(self.settings.dir)
         notify("STOPPING=1")
         self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")
