@@ -177,6 +177,8 @@ READ_ATTEMPTS = 200
 # scheduler slice. Past this, the reader gives up (RecordBusy with the last
 # copy), so a stopped rank or a forged odd `seq` costs a scan milliseconds.
 READ_PATIENCE = 0.005
+FLIGHT_RETRIES = 20  # v2 reads that may be taken again for a whole flight recorder
+_WORD = struct.Struct("<Q")
 
 
 class RecordError(Exception):
@@ -326,10 +328,11 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
             open_waits.append((since, op))
         # Entries n' with later - RING < n' <= n are whole: committed before the count
         # was read, and not rewritten before the second copy's count.
-        later = struct.unpack_from("<Q", after, base + S_COLLECTIVES * 8)[0]
+        later = _WORD.unpack_from(after, base + S_COLLECTIVES * 8)[0]
         for m in range(max(n - FLIGHT_SLOTS, later - RING, 0) + 1, n + 1):
             i = S_RING + 2 * (m % RING)
-            flight.append((words[i], k, m, words[i + 1]))
+            if words[i + 1]:  # an op is never 0: a zero entry was never written
+                flight.append((words[i], k, m, words[i + 1]))
     flight.sort()
     flight = flight[-FLIGHT_SLOTS:]
     entries = tuple(
@@ -407,12 +410,25 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
                 if after[SEQ_OFFSET:SEQ_OFFSET + 8] == buf[SEQ_OFFSET:SEQ_OFFSET + 8]:
                     if len(buf) < SIZES.get(version, 0):
                         raise RecordError(f"truncated record ({len(buf)} bytes)")
-                    return decode(after[:IDENTITY.size + 8] + buf[IDENTITY.size + 8:], after)
+                    whole = after[:IDENTITY.size + 8] + buf[IDENTITY.size + 8:]
+                    # A slot that issued more than one collective between the copies
+                    # loses flight entries: read again for a closer pair, or settle.
+                    if (version != RECORD_VERSION or attempt >= FLIGHT_RETRIES
+                            or _flight_whole(buf, after)):
+                        return decode(whole, after)
         if attempt > 10:
             if time.monotonic() > give_up:
                 break
             time.sleep(0.0002)
     raise RecordBusy(f"record stayed mid-write for {attempt + 1} reads", buf)
+
+
+def _flight_whole(before: bytes, after: bytes) -> bool:
+    """Did every slot issue at most one collective between the two copies?"""
+    offsets = range(SLOTS_OFFSET + S_COLLECTIVES * 8, SLOTS_OFFSET + THREAD_SLOTS * SLOT_SIZE,
+                    SLOT_SIZE)
+    return all(_WORD.unpack_from(after, o)[0] - _WORD.unpack_from(before, o)[0] <= 1
+               for o in offsets)
 
 
 def read_path(path: str) -> Record:
