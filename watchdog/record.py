@@ -37,7 +37,7 @@ All integers are little-endian. Offsets are in bytes. Size: 16384 (v2),
                    +0 Q       owner: native thread id (0: never used)
                    +8 Q       open wait since (monotonic ns; 0: not in a wait)
                   +16 Q       op of that wait (index into OPS)
-                  +24 Q       waits entered
+                  +24 Q       reserved (0; waits entered = completed + 1 in a wait)
                   +32 Q       waits completed (progress)
                   +40 Q       last completed wait at (monotonic ns)
                   +48 Q       duration of the last completed wait (ns)
@@ -157,7 +157,7 @@ assert SLOT.size == SLOT_SIZE and SLOTS_OFFSET + THREAD_SLOTS * SLOT_SIZE <= REC
 
 # Word indices of the cold region (into `RecordWriter.words`) and of a slot (into a slot view).
 W_SEQ, W_CREATED, W_IDLE_SINCE, W_IDLE_ENDED = (SEQ_OFFSET // 8 + i for i in range(4))
-(S_OWNER, S_SINCE, S_OP, S_ENTERED, S_COMPLETED, S_PROGRESS, S_LAST_WAIT, S_MAX_WAIT, S_STEPS,
+(S_OWNER, S_SINCE, S_OP, _, S_COMPLETED, S_PROGRESS, S_LAST_WAIT, S_MAX_WAIT, S_STEPS,
  S_COLLECTIVES) = range(10)
 S_RING = SLOT_HEADER_WORDS  # entry n: words S_RING + 2 (n % RING) and the one after
 KIND_SHIFT = 16  # entry word 2: bytes << 16 | dtype << 8 | op
@@ -318,9 +318,10 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
     for k in range(THREAD_SLOTS):
         base = SLOTS_OFFSET + k * SLOT_SIZE
         words = SLOT.unpack_from(buf, base)
-        (_, since, op, e, c, done_at, last, longest, st, n) = words[:10]
-        entered, completed, steps, collectives = entered + e, completed + c, steps + st, \
-            collectives + n
+        (_, since, op, _, c, done_at, last, longest, st, n) = words[:10]
+        # Entered is derived: each thread has at most one open (outermost) wait.
+        entered, completed, steps, collectives = entered + c + bool(since), completed + c, \
+            steps + st, collectives + n
         max_wait = max(max_wait, longest)
         if done_at > progress:
             progress, last_wait = done_at, last
@@ -389,6 +390,7 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
     """
     give_up = time.monotonic() + patience
     buf = b""
+    settle: tuple[bytes, bytes] | None = None  # a sound v2 pair with a short flight recorder
     for attempt in range(attempts):
         buf = os.pread(fd, MAX_SIZE, 0)
         if len(buf) < IDENTITY.size + SEQ.size:
@@ -416,10 +418,13 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
                     if (version != RECORD_VERSION or attempt >= FLIGHT_RETRIES
                             or _flight_whole(buf, after)):
                         return decode(whole, after)
+                    settle = (whole, after)
         if attempt > 10:
             if time.monotonic() > give_up:
                 break
             time.sleep(0.0002)
+    if settle is not None:
+        return decode(*settle)
     raise RecordBusy(f"record stayed mid-write for {attempt + 1} reads", buf)
 
 
@@ -547,7 +552,7 @@ class RecordWriter:
         waiting = phase in (Phase.WAIT, Phase.INIT) and wait_since
         w[s + S_SINCE] = wait_since if waiting else 0
         w[s + S_OP] = OP_CODE["init"] if phase == Phase.INIT and waiting else op
-        w[s + S_ENTERED], w[s + S_COMPLETED], w[s + S_STEPS] = entered, completed, steps
+        w[s + S_COMPLETED], w[s + S_STEPS] = completed, steps
         w[s + S_PROGRESS], w[s + S_LAST_WAIT], w[s + S_MAX_WAIT] = (last_progress, last_wait,
                                                                     max_wait)
         w[s + S_COLLECTIVES] = collectives

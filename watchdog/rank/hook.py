@@ -33,7 +33,6 @@ from watchdog.record import (
     RING,
     S_COLLECTIVES,
     S_COMPLETED,
-    S_ENTERED,
     S_LAST_WAIT,
     S_MAX_WAIT,
     S_OP,
@@ -130,11 +129,11 @@ class _Slot:
     """One thread's part of the record: its words, and Python copies of its counters
     (reading a Python attribute is several times cheaper than reading the map)."""
 
-    __slots__ = ("w", "depth", "entered", "completed", "collectives", "steps", "max_wait")
+    __slots__ = ("w", "depth", "since", "completed", "collectives", "steps", "max_wait")
 
     def __init__(self, words: memoryview) -> None:
         self.w = words
-        self.depth = self.entered = self.completed = self.collectives = self.steps = 0
+        self.depth = self.since = self.completed = self.collectives = self.steps = 0
         self.max_wait = 0
 
 
@@ -177,7 +176,8 @@ class Heartbeat:
     exit_wait: Callable[[int, int], None]
     collective: Callable[[int, Any], None]
     step: Callable[[], None]
-    _count_exit: Callable[[int, int], None]
+    _enter: Callable[[int], _Slot | None]
+    _count: Callable[[_Slot, int], None]
 
     def __init__(self, writer: RecordWriter | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
@@ -205,7 +205,7 @@ class Heartbeat:
         return self._writer.path if self._writer is not None else None
 
     collectives = property(lambda self: sum(s.collectives for s in self._slots))
-    waits_entered = property(lambda self: sum(s.entered for s in self._slots))
+    waits_entered = property(lambda self: sum(s.completed + bool(s.depth) for s in self._slots))
     waits_completed = property(lambda self: sum(s.completed for s in self._slots))
     steps = property(lambda self: sum(s.steps for s in self._slots))
 
@@ -246,42 +246,44 @@ class Heartbeat:
                 return 0
 
             self.enter_wait = self.exit_wait = self.collective = self.step = nothing
-            self._count_exit = nothing
+            self._enter = self._count = nothing
             return
         local, claim, clock, fail = self._local, self._claim, self._clock, self._fail
         stretch, codes = self._stretch, _DTYPE_CODES
 
-        def enter_wait(op: int) -> int:
-            """A blocking call starts; returns its start time for `exit_wait`."""
+        def enter(op: int) -> _Slot | None:
+            """A blocking call starts: open a wait on this thread's slot; returns it."""
             try:
                 try:
-                    st = local.slot
+                    st: _Slot = local.slot
                 except AttributeError:
                     st = claim()
                 now = clock()
                 d = st.depth
                 if not d:
+                    st.since = now
                     w = st.w
                     w[S_OP] = op
                     w[S_SINCE] = now  # commits: this thread is in a wait since now
                 st.depth = d + 1
-                e = st.entered + 1
-                st.entered = e
-                st.w[S_ENTERED] = e
-                return now
             except Exception as err:  # noqa: BLE001 - never into the user's program
                 fail(err)
-                return 0
+                return None
+            return st
 
-        def count_exit(started: int, op: int) -> None:
-            """A wait was closed (and counted): time it."""
+        def count(st: _Slot, op: int) -> None:
+            """A wait was closed (the wrapper closes it): count it, the progress, and time
+            the thread's outermost wait."""
             try:
+                since = st.since  # before the clock: a handler that runs there waits anew
                 now = clock()
-                st = local.slot
                 w = st.w
                 w[S_PROGRESS] = now
-                if op != INIT_OP:
-                    last = now - started
+                c = st.completed + 1
+                st.completed = c
+                w[S_COMPLETED] = c
+                if op != INIT_OP and not st.depth:
+                    last = now - since
                     w[S_LAST_WAIT] = last
                     # Waits inside idle() or expect() are not the rank's normal pace:
                     # they must not stretch the learned deadline.
@@ -291,8 +293,14 @@ class Heartbeat:
             except Exception as err:  # noqa: BLE001
                 fail(err)
 
+        def enter_wait(op: int) -> int:
+            """`enter` for callers outside a wrapper: returns the wait's start time."""
+            st = enter(op)
+            return st.since if st is not None else 0
+
         def exit_wait(started: int, op: int) -> None:
-            """The blocking call returned (or raised): close the wait, count it."""
+            """The blocking call returned (or raised): close the wait, count it, and time it
+            from `started`."""
             if not started:
                 return
             try:
@@ -302,18 +310,16 @@ class Heartbeat:
                     st.w[S_SINCE] = 0  # commits: out of the wait
                     d = 0
                 st.depth = d
-                c = st.completed + 1
-                st.completed = c
-                st.w[S_COMPLETED] = c
+                st.since = started
             except Exception as err:  # noqa: BLE001
                 fail(err)
                 return
-            count_exit(started, op)
+            count(st, op)
 
         def collective(op: int, out: Any) -> None:
             """A collective was issued: count it and add it to the thread's flight ring."""
             try:
-                kind = out.nbytes << KIND_SHIFT | codes.get(hash(out.dtype), 0) << 8 | op
+                kind = out.nbytes << KIND_SHIFT | codes[hash(out.dtype) & 0xFF] << 8 | op
                 try:
                     st = local.slot
                 except AttributeError:
@@ -342,7 +348,8 @@ class Heartbeat:
             except Exception as err:  # noqa: BLE001
                 fail(err)
 
-        self.enter_wait, self.exit_wait, self._count_exit = enter_wait, exit_wait, count_exit
+        self.enter_wait, self.exit_wait, self._enter, self._count = enter_wait, exit_wait, \
+            enter, count
         self.collective, self.step = collective, step
 
     # -- the user's API (cold) -------------------------------------------------
@@ -440,7 +447,8 @@ class Heartbeat:
         self._cold = threading.RLock()
 
 
-_DTYPE_CODES: dict[int, int] = {}  # hash(mx dtype) (MLX's own dtype number) -> record code
+# Record dtype code by hash(mx dtype) & 0xFF (MLX hashes a dtype to its own small number).
+_DTYPE_CODES: list[int] = [0] * 256
 
 _current: Heartbeat | None = None
 _patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
@@ -450,30 +458,26 @@ _install_lock = threading.Lock()
 
 
 def _wrap_wait(hb: Heartbeat, original: Any, op: int) -> Any:
-    enter, count, local = hb.enter_wait, hb._count_exit, hb._local
+    enter, count = hb._enter, hb._count
 
     @functools.wraps(original)
     def wait(*args: Any, **kwargs: Any) -> Any:
-        started = enter(op)
+        st = enter(op)
         try:
             return original(*args, **kwargs)
         finally:
-            if started:
-                # `exit_wait`, inlined: the wait is closed and counted before any
-                # call, so no signal can be delivered between its end and its close.
-                try:
-                    st = local.slot
-                    d = st.depth - 1
-                    if d < 1:
+            if st is not None:
+                # The close, inlined: it comes before any call, so no signal can be
+                # delivered between the end of the wait and its close.
+                d = st.depth - 1
+                if d < 1:
+                    try:
                         st.w[S_SINCE] = 0
-                        d = 0
-                    st.depth = d
-                    c = st.completed + 1
-                    st.completed = c
-                    st.w[S_COMPLETED] = c
-                except Exception:  # noqa: BLE001, S110 - a closed record: nothing to close
-                    pass
-                count(started, op)
+                    except Exception:  # noqa: BLE001, S110 - a closed record: nothing to close
+                        pass
+                    d = 0
+                st.depth = d
+                count(st, op)
 
     return wait
 
@@ -520,7 +524,7 @@ def _instrument(hb: Heartbeat, mx: Any) -> None:
         if dtype is not None:
             # MLX hashes a dtype to its own number: one int lookup on the hot path
             # instead of hashing and comparing dtype objects (several times slower).
-            _DTYPE_CODES[hash(dtype)] = record.DTYPE_CODE[name]
+            _DTYPE_CODES[hash(dtype) & 0xFF] = record.DTYPE_CODE[name]
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
         op = OP_CODE[name.strip("_")]
