@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -709,22 +710,54 @@ def test_the_python_snippet_in_the_format_doc_reads_a_live_record(tmp_path: Path
     assert blocks, "docs/record-format.md has no python snippet"
     namespace: dict[str, object] = {}
     exec(compile(blocks[-1], "record-format.md", "exec"), namespace)  # noqa: S102
+    read_record = namespace["read_record"]
+    # A live record, written by the hook's own hot path in two threads.
+    from watchdog.rank.hook import Heartbeat
+
     writer = make_writer(tmp_path / "4242.rec")
-    write_hot(writer, 7, 9, 8, 3, Phase.WAIT, record.OP_CODE["eval"], 1, 2, 3, 4, 5)
-    writer.begin()
-    writer.write_expect(30.0, 6, "load")
-    writer.write_entry(7, 11, 64, record.OP_CODE["all_sum"], record.DTYPE_CODE["float32"])
-    writer.end()
-    got = namespace["read_record"](writer.path)  # type: ignore[operator]
+    hb = Heartbeat(writer)
+
+    class Out:
+        nbytes, dtype = 64, None
+
+    for _ in range(70):
+        hb.collective(record.OP_CODE["all_sum"], Out())
+    waiting, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        hb.step()
+        started = hb.enter_wait(record.OP_CODE["item"])
+        waiting.set()
+        release.wait(30)
+        hb.exit_wait(started, record.OP_CODE["item"])
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert waiting.wait(30)
+        started = hb.enter_wait(record.OP_CODE["eval"])
+        hb.exit_wait(started, record.OP_CODE["eval"])
+        with hb.expect(30.0, "load"):
+            got = read_record(writer.path)  # type: ignore[operator]
+            rec = record.read_path(writer.path)
+    finally:
+        release.set()
+        thread.join()
     assert got["pid"] == IDENTITY["pid"] and got["rank"] == IDENTITY["rank"]
     assert got["job"] == IDENTITY["job"] and got["host"] == IDENTITY["host"]
-    assert (got["collectives"], got["waits_completed"], got["steps"]) == (7, 8, 3)
-    assert got["phase"] == Phase.WAIT and got["op"] == record.OP_CODE["eval"]
-    assert got["flight"] == [(7, 11, 64, record.OP_CODE["all_sum"],
-                              record.DTYPE_CODE["float32"])]
+    assert (got["collectives"], got["waits_completed"], got["steps"]) == (70, 1, 1)
+    assert (got["collectives"], got["waits_completed"], got["steps"]) == (
+        rec.collectives, rec.waits_completed, rec.steps)
+    assert got["waiting_threads"] == rec.waiting_threads == 1
+    assert got["op"] == record.OP_CODE["item"] and got["wait_since_ns"] == rec.wait_since_ns
+    assert (got["expect_seconds"], got["expect_reason"]) == (30.0, "load")
+    assert got["last_progress_ns"] == rec.last_progress_ns
+    assert [(i, n, op) for i, n, _, op in got["flight"]] == [
+        (c.issued_ns, c.nbytes, record.OP_CODE[c.op]) for c in rec.flight]
+    assert len(got["flight"]) == 64
     data = put(bytearray(Path(writer.path).read_bytes()), "<H", 8, RECORD_VERSION + 1)
-    other = tmp_path / "other.rec"
-    other.write_bytes(bytes(data))
+    other_path = tmp_path / "other.rec"
+    other_path.write_bytes(bytes(data))
     with pytest.raises(ValueError):
-        namespace["read_record"](str(other))  # type: ignore[operator]
-    writer.close(record.STATUS_CLOSED)
+        read_record(str(other_path))  # type: ignore[operator]
+    hb.close()
