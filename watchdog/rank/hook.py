@@ -293,10 +293,27 @@ class Heartbeat:
             except Exception as err:  # noqa: BLE001
                 fail(err)
 
+        # The public pair does what `enter` and the wrapper's close + `count` do, written
+        # out again rather than calling them: a Python call costs as much as two stores.
         def enter_wait(op: int) -> int:
-            """`enter` for callers outside a wrapper: returns the wait's start time."""
-            st = enter(op)
-            return st.since if st is not None else 0
+            """A blocking call starts; returns its start time for `exit_wait`."""
+            try:
+                try:
+                    st: _Slot = local.slot
+                except AttributeError:
+                    st = claim()
+                now = clock()
+                d = st.depth
+                if not d:
+                    st.since = now
+                    w = st.w
+                    w[S_OP] = op
+                    w[S_SINCE] = now
+                st.depth = d + 1
+            except Exception as err:  # noqa: BLE001
+                fail(err)
+                return 0
+            return now
 
         def exit_wait(started: int, op: int) -> None:
             """The blocking call returned (or raised): close the wait, count it, and time it
@@ -304,17 +321,26 @@ class Heartbeat:
             if not started:
                 return
             try:
-                st = local.slot
+                st: _Slot = local.slot
+                w = st.w
                 d = st.depth - 1
                 if d < 1:
-                    st.w[S_SINCE] = 0  # commits: out of the wait
+                    w[S_SINCE] = 0  # commits: out of the wait
                     d = 0
                 st.depth = d
-                st.since = started
+                now = clock()
+                w[S_PROGRESS] = now
+                c = st.completed + 1
+                st.completed = c
+                w[S_COMPLETED] = c
+                if op != INIT_OP and not d:
+                    last = now - started
+                    w[S_LAST_WAIT] = last
+                    if last > st.max_wait and not stretch[0]:
+                        st.max_wait = last
+                        w[S_MAX_WAIT] = last
             except Exception as err:  # noqa: BLE001
                 fail(err)
-                return
-            count(st, op)
 
         def collective(op: int, out: Any) -> None:
             """A collective was issued: count it and add it to the thread's flight ring."""
