@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -943,3 +944,103 @@ def test_waits_inside_idle_or_expect_do_not_stretch_the_learned_deadline(
     started = hb.enter_wait(record.OP_CODE["eval"])
     hb.exit_wait(started - 5 * 10**9, record.OP_CODE["eval"])
     assert read(hb).max_wait_ns >= 5 * 10**9  # outside them it counts
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+
+def test_a_wait_on_one_thread_is_judged_while_another_thread_makes_progress(
+        hb: watchdog.Heartbeat) -> None:
+    # Record v2: each thread has its slot. The wait clock is the oldest open wait's, and a
+    # completion on any thread counts as progress. (v1 restarted the wait clock on every
+    # completion of any thread, so a thread hung next to a busy one was never judged.)
+    a = mx.ones(4)
+    mx.eval(a)
+    started, waiting, release = [0], threading.Event(), threading.Event()
+
+    def hung() -> None:
+        started[0] = hb.enter_wait(record.OP_CODE["recv"])  # as a collective's wait would
+        waiting.set()
+        release.wait(30)
+        hb.exit_wait(started[0], record.OP_CODE["recv"])
+
+    thread = threading.Thread(target=hung)
+    thread.start()
+    try:
+        assert waiting.wait(30)
+        before = read(hb)
+        for _ in range(20):  # the main thread keeps completing waits
+            mx.eval(a)
+            assert a[0].item() == 1.0
+        during = read(hb)
+        assert during.phase is Phase.WAIT and during.op == "recv"
+        assert during.wait_since_ns == started[0] == before.wait_since_ns
+        assert during.waiting_threads == 1
+        assert during.waits_completed == before.waits_completed + 40  # progress counts
+        assert during.last_progress_ns > before.last_progress_ns
+        # A wait on the main thread now is younger: the oldest one is still judged.
+        outer = hb.enter_wait(record.OP_CODE["eval"])
+        both = read(hb)
+        assert both.waiting_threads == 2 and both.wait_since_ns == started[0] < outer
+        hb.exit_wait(outer, record.OP_CODE["eval"])
+    finally:
+        release.set()
+        thread.join()
+    after = read(hb)
+    assert after.phase is Phase.RUNNING and after.wait_since_ns == 0
+    assert after.waits_entered == after.waits_completed
+
+
+def test_a_thread_gets_its_own_slot_and_gives_it_back_when_it_ends(
+        hb: watchdog.Heartbeat) -> None:
+    mx.eval(mx.ones(1))  # the main thread's slot
+    owners: list[int] = []
+
+    def work() -> None:
+        mx.eval(mx.ones(2))
+        mx.distributed.all_sum(mx.ones(2))
+        owners.append(threading.get_native_id())
+
+    for _ in range(3 * record.THREAD_SLOTS):  # more threads than slots, one after another
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    rec = read(hb)
+    assert rec.waits_completed == 1 + 3 * record.THREAD_SLOTS
+    assert rec.collectives == 3 * record.THREAD_SLOTS
+    assert len(rec.flight) == min(64, rec.collectives)
+    assert hb._free, "an ended thread's slot was not given back"
+    raw = Path(hb.path or "").read_bytes()
+    slot_owner = [int.from_bytes(raw[record.SLOTS_OFFSET + k * record.SLOT_SIZE:][:8], "little")
+                  for k in range(record.THREAD_SLOTS)]
+    assert slot_owner[0] == threading.get_native_id()
+    assert slot_owner[1] == owners[-1]  # the one free slot, taken again and again
+    assert set(slot_owner[2:]) == {0}
+
+
+def test_more_threads_than_slots_at_once_warn_once_and_never_break(
+        hb: watchdog.Heartbeat, capsys: pytest.CaptureFixture[str]) -> None:
+    count = record.THREAD_SLOTS + 3
+    inside, release = threading.Barrier(count + 1), threading.Event()
+
+    def work() -> None:
+        started = hb.enter_wait(record.OP_CODE["eval"])
+        inside.wait(30)
+        release.wait(30)
+        hb.exit_wait(started, record.OP_CODE["eval"])
+        assert (mx.arange(3) * 2).tolist() == [0, 2, 4]
+
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        inside.wait(30)
+        rec = read(hb)
+        assert rec.waiting_threads == record.THREAD_SLOTS  # the others are not recorded
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+    rec = read(hb)
+    assert rec.phase is Phase.RUNNING and hb.active
+    assert len(warnings_in(capsys.readouterr().err)) == 1

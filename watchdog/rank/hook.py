@@ -194,6 +194,7 @@ class Heartbeat:
             if writer is not None else []
         self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
         self._overflow = _Slot(self._scratch)
+        self._overflowed = False
         self._build()
 
     @property
@@ -222,11 +223,11 @@ class Heartbeat:
         try:
             slot = self._free.pop()
         except IndexError:
-            slot = self._overflow
-            if self._slots:
+            slot = self._overflow  # scratch memory: this thread's calls go unrecorded
+            if not self._overflowed:
+                self._overflowed = True
                 _warn(f"more than {record.THREAD_SLOTS} threads call MLX at once; the "
                       "waits of the others are not recorded")
-                self._slots = [*self._slots]  # warn once: the overflow slot is not in it
         else:
             with contextlib.suppress(Exception):
                 slot.w[record.S_OWNER] = threading.get_native_id()
