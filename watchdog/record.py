@@ -134,6 +134,8 @@ STATUS_OPEN, STATUS_CLOSED, STATUS_ERROR = 0, 1, 2
 
 IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
+VERSION = struct.Struct("<H")  # at offset 8 in every version
+STATUS = struct.Struct("<I")
 IDENTITY_OFFSET = 0
 SEQ_OFFSET = 200
 STATUS_OFFSET = 48
@@ -309,8 +311,11 @@ def _expect(buf: bytes, offset: int) -> tuple[float, int, str]:
 
 
 def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
-    seq, created, idle_since, idle_ended = struct.unpack_from("<4Q", buf, SEQ_OFFSET)
-    expect_seconds, expect_since, expect_reason = _expect(buf, EXPECT_OFFSET)
+    (seq, created, idle_since, idle_ended, expect_seconds, expect_since,
+     reason) = COLD.unpack_from(buf, SEQ_OFFSET)
+    if not expect_seconds >= 0.0:  # also rejects NaN
+        raise RecordError("corrupt record (expect window)")
+    expect_reason = _text(reason)
     entered = completed = steps = collectives = max_wait = 0
     progress, last_wait = created, 0
     open_waits: list[tuple[int, int]] = []  # (since, op) of every thread in a wait
@@ -397,7 +402,7 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
             raise RecordError(f"truncated record ({len(buf)} bytes)")
         (seq,) = SEQ.unpack_from(buf, SEQ_OFFSET)
         if seq % 2 == 0:
-            version = struct.unpack_from("<H", buf, 8)[0]
+            (version,) = VERSION.unpack_from(buf, 8)
             if version == 1:
                 if len(buf) < V1_SIZE:
                     raise RecordError(f"truncated record ({len(buf)} bytes)")
@@ -569,7 +574,7 @@ class RecordWriter:
     def close(self, status: int, *, remove: bool = True) -> None:
         """Mark the record closed, unmap it and (by default) remove the file."""
         self.begin()
-        struct.pack_into("<I", self._map, STATUS_OFFSET, status)
+        STATUS.pack_into(self._map, STATUS_OFFSET, status)
         self.end()
         for view in self._views:
             view.release()
