@@ -10,6 +10,9 @@ In one process (MLX_WATCHDOG unset, so nothing is instrumented at start):
                 varies from run to run and differs from an Apple silicon Mac's
     enter+exit  Heartbeat.enter_wait + Heartbeat.exit_wait, called directly
     collective  Heartbeat.collective, called directly
+    wait path   what the hook's wrapper of a wait adds to a do-nothing wrapper of the
+                same function (the wrapper opens, closes and counts the wait itself)
+    coll. path  the same for the wrapper of a collective
 
 Plain and wrapped are measured in alternating repeats (install, measure,
 uninstall, measure, ...) so drift of the machine cancels; each figure is the
@@ -77,7 +80,17 @@ def hot_path(iterations: int, repeats: int, directory: str) -> dict[str, dict[st
     }
     plain: dict[str, list[float]] = {k: [] for k in cases}
     wrapped: dict[str, list[float]] = {k: [] for k in cases}
-    direct: dict[str, list[float]] = {"enter+exit": [], "collective": []}
+    direct: dict[str, list[float]] = {"enter+exit": [], "collective": [], "wait path": [],
+                                      "coll. path": []}
+
+    def passthrough(original):  # a do-nothing wrapper, as cheap as Python allows
+        def wrapper(*args, **kwargs):
+            return original(*args, **kwargs)
+        return wrapper
+
+    def same(x):
+        return x
+
     op_eval, op_sum = record.OP_CODE["eval"], record.OP_CODE["all_sum"]
     for rep in range(repeats):
         order = ("plain", "wrapped") if rep % 2 == 0 else ("wrapped", "plain")
@@ -92,6 +105,16 @@ def hot_path(iterations: int, repeats: int, directory: str) -> dict[str, dict[st
                         "issued": hb.collective, "a": a, "E": op_eval, "S": op_sum}
                 direct["enter+exit"] += per_call_ns("leave(enter(E), E)", henv, iterations)
                 direct["collective"] += per_call_ns("issued(S, a)", henv, iterations)
+                # The hook's own wrappers around a trivial function, against do-nothing ones.
+                wenv = {"hw": hook._wrap_wait(hb, abs, op_eval), "pw": passthrough(abs),
+                        "hc": hook._wrap_collective(hb, same, op_sum),
+                        "pc": passthrough(same), "a": a}
+                hook_w, plain_w = (per_call_ns(stmt, wenv, iterations)[0]
+                                   for stmt in ("hw(1)", "pw(1)"))
+                direct["wait path"].append(hook_w - plain_w)
+                hook_c, plain_c = (per_call_ns(stmt, wenv, iterations)[0]
+                                   for stmt in ("hc(a)", "pc(a)"))
+                direct["coll. path"].append(hook_c - plain_c)
                 watchdog.uninstall()
             else:
                 for name, stmt in cases.items():
@@ -191,7 +214,9 @@ def main() -> None:
     call = res["py call"]["plain"] - res["pass"]["plain"]
     in_calls = {name: (r.get("direct") or r["overhead"]) / call for name, r in res.items()}
     print(f"  in empty Python calls ({call:.0f} ns here): wrapped eval +{in_calls['eval']:.0f}, "
-          f"enter+exit {in_calls['enter+exit']:.0f}, collective {in_calls['collective']:.0f}")
+          f"enter+exit {in_calls['enter+exit']:.0f}, collective {in_calls['collective']:.0f}, "
+          f"wait path {in_calls['wait path']:.0f}, collective path "
+          f"{in_calls['coll. path']:.0f}")
     if args.startup_runs:
         s = startup(args.startup_runs)
         print(f"interpreter start-up, `python -c pass`, {args.startup_runs} runs each, "

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -657,14 +658,18 @@ def test_a_deleted_record_file_never_reaches_user_code(
     assert warnings_in(capsys.readouterr().err) == []
 
 
+def break_map(beat: watchdog.Heartbeat) -> None:
+    writer = beat._writer
+    assert writer is not None
+    for view in writer._views:
+        view.release()
+    writer.words.release()
+
+
 def test_a_broken_map_disables_the_record_with_one_warning(
         hb: watchdog.Heartbeat, capsys: pytest.CaptureFixture[str]) -> None:
     # What a map that went away looks like from Python: every store into it raises.
-    words = getattr(hb, "_words", None)
-    if words is not None:
-        words.release()
-    else:
-        hb._writer._map.close()  # type: ignore[union-attr]
+    break_map(hb)
     assert user_code(hb) == USER_RESULT
     assert user_code(hb) == USER_RESULT
     assert mx.distributed.all_sum(mx.ones(3)).tolist() == [1.0, 1.0, 1.0]
@@ -684,7 +689,11 @@ def test_a_failing_hot_path_never_reaches_user_code(
     def broken_clock() -> int:
         raise OSError(5, "Input/output error")
 
+    # The hot path binds the clock when it is built: rebuild it, and wrap MLX again.
     hb._clock = broken_clock  # type: ignore[method-assign]
+    hb._build()
+    hook._restore()
+    hook._instrument(hb, mx)
     if first == "wait":
         assert (mx.arange(3) * 2).tolist() == [0, 2, 4]
     elif first == "collective":
@@ -706,39 +715,125 @@ def test_a_failing_hot_path_never_reaches_user_code(
     assert unpatched() == list(PATCHED)
 
 
-def test_an_interrupt_inside_the_hot_path_leaves_the_record_readable(
-        hb: watchdog.Heartbeat) -> None:
-    # A signal handler may raise (KeyboardInterrupt; SystemExit from a SIGTERM handler) at
-    # any bytecode, including between the two increments of the sequence word. The user's
-    # exception must pass, and the record must stay readable and right afterwards: a writer
-    # that leaves `seq` odd makes every later read RecordBusy (and every later update inverts
-    # the seqlock's parity, so readers would accept torn copies and refuse clean ones).
-    # The interrupt is injected at the hot path's first write after `seq` went odd.
-    real = hb._words
-    assert real is not None
+INTERRUPT = """
+    import faulthandler, json, os, signal, sys
+    import mlx.core as mx
+    import watchdog
+    from watchdog import record
+    from watchdog.rank import hook
 
-    class Interrupting:
-        """The record's words, raising KeyboardInterrupt at the first counter write."""
+    directory, mode, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    # A deadlock (the old lock) ends this process with every thread's stack.
+    faulthandler.dump_traceback_later(budget, exit=True)
+    hb = watchdog.install(directory)
+    a = mx.ones(4)
+    mx.eval(a)
+    # The hot path's functions (and the v1 hook's, so the test can be run against it).
+    HOT = {"wait", "collective", "init", "enter", "count", "enter_wait", "exit_wait", "step",
+           "_claim", "_update", "_set_words", "<lambda>"}
+    calls = {"all_sum": 0}
 
-        def __getitem__(self, index: int) -> int:
-            return real[index]
+    def handler(signum, frame):
+        if mode == "raise":
+            raise KeyboardInterrupt  # what SIGINT's default handler does
+        # A handler that calls into MLX while the rank is inside the hook.
+        mx.eval(a)
+        a[0].item()
+        mx.distributed.all_sum(a)
+        calls["all_sum"] += 1
+        hb.step()
+        with hb.idle(), hb.expect(1, "handler"):
+            mx.eval(a)
 
-        def __setitem__(self, index: int, value: int) -> None:
-            if index == record.W_ENTERED:
-                hb._words = real
-                raise KeyboardInterrupt
-            real[index] = value
+    signal.signal(signal.SIGUSR1, handler)
 
-    hb._words = Interrupting()  # type: ignore[assignment]
-    with pytest.raises(KeyboardInterrupt):  # the user's to catch, not ours
-        mx.eval(mx.ones(1))
-    assert hb._words is real, "the interrupt was never raised inside the window"
-    mx.eval(mx.ones(1))
-    hb.step()
-    rec = read(hb)  # RecordBusy here is the bug
-    assert rec.seq % 2 == 0 and rec.steps == 1
-    # And no wait is left open: the rank is running, not forever "in a wait".
-    assert rec.phase is Phase.RUNNING and rec.wait_since_ns == 0 and rec.op == ""
+    def work():
+        mx.eval(a)
+        a[1].item()
+        mx.distributed.all_sum(a)
+        calls["all_sum"] += 1
+        hb.step()
+        with hb.expect(5, "x"):
+            mx.eval(a)
+        with hb.idle():
+            bool(a[2])
+
+    class Inject:
+        # The points where CPython delivers a signal to Python code: a function's
+        # start (the "call" event) and the return of a C function ("c_return").
+        # In "raise" mode only the hot path's points count; "nested" takes every
+        # point of the hook and the record writer.
+        def __init__(self, at):
+            self.at, self.seen, self.where = at, 0, None
+
+        def __call__(self, frame, event, arg):
+            code = frame.f_code
+            if event not in ("call", "c_return") or not code.co_filename.endswith(
+                    ("watchdog/rank/hook.py", "watchdog/record.py")):
+                return
+            if mode == "raise" and code.co_name not in HOT:
+                return
+            self.seen += 1
+            if self.seen == self.at:
+                self.where = f"{code.co_name}:{frame.f_lineno}:{event}"
+                signal.raise_signal(signal.SIGUSR1)
+
+    runs = interrupted = 0
+    where = []
+    while True:
+        inject = Inject(runs + 1)
+        sys.setprofile(inject)
+        try:
+            work()
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            sys.setprofile(None)
+        if inject.where is None:
+            break
+        runs += 1
+        where.append(inject.where)
+        rec = record.read_path(hb.path)  # RecordBusy here: left mid-write
+        bad = []
+        if rec.phase.label != "running" or rec.wait_since_ns:
+            bad.append(f"left {rec.phase.label} (wait since {rec.wait_since_ns})")
+        if rec.waits_entered != rec.waits_completed:
+            bad.append(f"entered {rec.waits_entered} != completed {rec.waits_completed}")
+        if mode == "nested" and rec.collectives != calls["all_sum"]:
+            bad.append(f"collectives {rec.collectives} != {calls['all_sum']}")
+        # The next wait is seen, and closed.
+        started = hb.enter_wait(record.OP_CODE["eval"])
+        inside = record.read_path(hb.path)
+        hb.exit_wait(started, record.OP_CODE["eval"])
+        after = record.read_path(hb.path)
+        if inside.phase.label != "wait" or inside.wait_since_ns != started:
+            bad.append(f"next wait not seen: {inside.phase.label}")
+        if after.phase.label != "running" or after.wait_since_ns:
+            bad.append("next wait not closed")
+        if bad:
+            print(json.dumps(dict(error=bad, where=inject.where)), flush=True)
+            sys.exit(1)
+    print(json.dumps(dict(runs=runs, interrupted=interrupted, where=where)), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["raise", "nested"])
+def test_a_signal_at_any_point_of_the_hook_never_blocks_or_corrupts_the_record(
+        record_dir: Path, mode: str) -> None:
+    # Issue 11: with a lock on the hot path, KeyboardInterrupt right after acquire()
+    # leaked the lock (the next wrapped call blocked forever), and a signal handler that
+    # called into MLX while the hook held the lock deadlocked. Here a signal is delivered
+    # at every point of the hook where CPython can deliver one, one point per run of a
+    # rank's usual calls: the handler raises KeyboardInterrupt ("raise") or calls MLX and
+    # the hook's API ("nested"). After each run the record must read, no wait may be left
+    # open, and the next wait must be seen and closed.
+    done = run_python(INTERRUPT, str(record_dir), mode, "30", timeout=90)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["runs"] >= 10, result  # every delivery point of one pass was tried
+    if mode == "raise":
+        assert result["interrupted"] == result["runs"]
+    assert warnings_in(done.stderr) == [], done.stderr
 
 
 def test_a_no_op_heartbeat_runs_user_code() -> None:
@@ -850,3 +945,103 @@ def test_waits_inside_idle_or_expect_do_not_stretch_the_learned_deadline(
     started = hb.enter_wait(record.OP_CODE["eval"])
     hb.exit_wait(started - 5 * 10**9, record.OP_CODE["eval"])
     assert read(hb).max_wait_ns >= 5 * 10**9  # outside them it counts
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+
+def test_a_wait_on_one_thread_is_judged_while_another_thread_makes_progress(
+        hb: watchdog.Heartbeat) -> None:
+    # Record v2: each thread has its slot. The wait clock is the oldest open wait's, and a
+    # completion on any thread counts as progress. (v1 restarted the wait clock on every
+    # completion of any thread, so a thread hung next to a busy one was never judged.)
+    a = mx.ones(4)
+    mx.eval(a)
+    started, waiting, release = [0], threading.Event(), threading.Event()
+
+    def hung() -> None:
+        started[0] = hb.enter_wait(record.OP_CODE["recv"])  # as a collective's wait would
+        waiting.set()
+        release.wait(30)
+        hb.exit_wait(started[0], record.OP_CODE["recv"])
+
+    thread = threading.Thread(target=hung)
+    thread.start()
+    try:
+        assert waiting.wait(30)
+        before = read(hb)
+        for _ in range(20):  # the main thread keeps completing waits
+            mx.eval(a)
+            assert a[0].item() == 1.0
+        during = read(hb)
+        assert during.phase is Phase.WAIT and during.op == "recv"
+        assert during.wait_since_ns == started[0] == before.wait_since_ns
+        assert during.waiting_threads == 1
+        assert during.waits_completed == before.waits_completed + 40  # progress counts
+        assert during.last_progress_ns > before.last_progress_ns
+        # A wait on the main thread now is younger: the oldest one is still judged.
+        outer = hb.enter_wait(record.OP_CODE["eval"])
+        both = read(hb)
+        assert both.waiting_threads == 2 and both.wait_since_ns == started[0] < outer
+        hb.exit_wait(outer, record.OP_CODE["eval"])
+    finally:
+        release.set()
+        thread.join()
+    after = read(hb)
+    assert after.phase is Phase.RUNNING and after.wait_since_ns == 0
+    assert after.waits_entered == after.waits_completed
+
+
+def test_a_thread_gets_its_own_slot_and_gives_it_back_when_it_ends(
+        hb: watchdog.Heartbeat) -> None:
+    mx.eval(mx.ones(1))  # the main thread's slot
+    owners: list[int] = []
+
+    def work() -> None:
+        mx.eval(mx.ones(2))
+        mx.distributed.all_sum(mx.ones(2))
+        owners.append(threading.get_native_id())
+
+    for _ in range(3 * record.THREAD_SLOTS):  # more threads than slots, one after another
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    rec = read(hb)
+    assert rec.waits_completed == 1 + 3 * record.THREAD_SLOTS
+    assert rec.collectives == 3 * record.THREAD_SLOTS
+    assert len(rec.flight) == min(64, rec.collectives)
+    assert hb._free, "an ended thread's slot was not given back"
+    raw = Path(hb.path or "").read_bytes()
+    slot_owner = [int.from_bytes(raw[record.SLOTS_OFFSET + k * record.SLOT_SIZE:][:8], "little")
+                  for k in range(record.THREAD_SLOTS)]
+    assert slot_owner[0] == threading.get_native_id()
+    assert slot_owner[1] == owners[-1]  # the one free slot, taken again and again
+    assert set(slot_owner[2:]) == {0}
+
+
+def test_more_threads_than_slots_at_once_warn_once_and_never_break(
+        hb: watchdog.Heartbeat, capsys: pytest.CaptureFixture[str]) -> None:
+    count = record.THREAD_SLOTS + 3
+    inside, release = threading.Barrier(count + 1), threading.Event()
+
+    def work() -> None:
+        started = hb.enter_wait(record.OP_CODE["eval"])
+        inside.wait(30)
+        release.wait(30)
+        hb.exit_wait(started, record.OP_CODE["eval"])
+        assert (mx.arange(3) * 2).tolist() == [0, 2, 4]
+
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        inside.wait(30)
+        rec = read(hb)
+        assert rec.waiting_threads == record.THREAD_SLOTS  # the others are not recorded
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+    rec = read(hb)
+    assert rec.phase is Phase.RUNNING and hb.active
+    assert len(warnings_in(capsys.readouterr().err)) == 1

@@ -28,6 +28,7 @@ from watchdog.record import Record, RecordError
 
 log = logging.getLogger(__name__)
 
+RECORD_SIZES = frozenset(record.SIZES.values())
 MAX_READS_PER_SCAN = 4096  # files opened per scan, besides those already watched
 
 
@@ -47,7 +48,7 @@ def _read(path: str, st: os.stat_result | None
         return None, "", None, False
     if not stat.S_ISREG(st.st_mode):
         return None, "not a regular file", st, True
-    if st.st_size != record.RECORD_SIZE:
+    if st.st_size not in RECORD_SIZES:  # v2, or v1 from a rank started before an upgrade
         return None, f"size {st.st_size}, not {record.RECORD_SIZE}", st, True
     try:
         rec = record.read_path(path)
@@ -148,7 +149,7 @@ class RecordDir:
                                 "scan)", len(first) + len(rest) - count, self.directory,
                                 self.max_reads)
                     return
-                if stat.S_ISREG(st.st_mode) and st.st_size == record.RECORD_SIZE:
+                if stat.S_ISREG(st.st_mode) and st.st_size in RECORD_SIZES:
                     opened += 1
             rec, why, st2, lasting = _read(path, st)
             if rec is None and why and lasting:

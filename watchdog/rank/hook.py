@@ -27,21 +27,18 @@ from typing import Any
 from watchdog import record
 from watchdog.rank import launchenv
 from watchdog.record import (
-    ENTRY_WORDS,
-    FLIGHT_SLOTS,
+    KIND_SHIFT,
     OP_CODE,
-    W_COLLECTIVES,
-    W_COMPLETED,
-    W_ENTERED,
-    W_FLIGHT,
-    W_LAST_PROGRESS,
-    W_LAST_WAIT,
-    W_MAX_WAIT,
-    W_OP,
-    W_PHASE,
-    W_PHASE_SINCE,
-    W_SEQ,
-    W_WAIT_SINCE,
+    RING,
+    S_COLLECTIVES,
+    S_COMPLETED,
+    S_LAST_WAIT,
+    S_MAX_WAIT,
+    S_OP,
+    S_PROGRESS,
+    S_RING,
+    S_SINCE,
+    S_STEPS,
     RecordWriter,
 )
 from watchdog.states import Phase
@@ -98,199 +95,272 @@ def dump_signal_from_env(env: dict[str, str] | os._Environ[str] = os.environ) ->
 
 
 INIT_OP = OP_CODE["init"]
-_RUNNING, _WAIT, _IDLE, _INIT = (int(p) for p in (Phase.RUNNING, Phase.WAIT, Phase.IDLE,
-                                                  Phase.INIT))
+
+
+class _Slot:
+    """One thread's part of the record: its words, and Python copies of its counters
+    (reading a Python attribute is several times cheaper than reading the map)."""
+
+    __slots__ = ("w", "depth", "since", "completed", "collectives", "steps", "max_wait")
+
+    def __init__(self, words: memoryview) -> None:
+        self.w = words
+        self.depth = self.since = self.completed = self.collectives = self.steps = 0
+        self.max_wait = 0
+
+
+class _Release:
+    """Kept in the thread's local storage: when the thread ends, its slot goes back."""
+
+    __slots__ = ("slot", "free")
+
+    def __init__(self, slot: _Slot, free: list[_Slot]) -> None:
+        self.slot, self.free = slot, free
+
+    def __del__(self) -> None:
+        slot = self.slot
+        if slot.depth:  # a thread cannot end inside a wait; never leave one open anyway
+            slot.depth = 0
+            with contextlib.suppress(Exception):
+                slot.w[S_SINCE] = 0
+        self.free.append(slot)  # list.append is atomic: no lock
 
 
 class Heartbeat:
     """This process's counters and phase, kept in its mapped record.
 
-    The record's hot words are the only copy of the counters: the hot path
-    updates them in place under a lock, with the sequence word odd meanwhile.
-    A Heartbeat whose record could not be opened still works: every method is
-    a no-op, so user code that calls `hb.step()` or `hb.idle()` runs the same.
+    Each thread that calls MLX gets a slot of the record of its own and is its
+    only writer, so the hot path (`enter_wait`, `exit_wait`, `collective`,
+    `step`) takes no lock: a signal handler that calls into MLX, or an
+    interrupt at any point, can never block it. A wait is open while the
+    slot's `since` word is non-zero: one store opens it, one store closes it.
+    On Python 3.11+ no signal can be delivered between a hot path's clock read
+    and its last store (the interpreter only runs handlers on calls and
+    backward jumps), and the wrapper closes a wait with no call before the
+    store, so an interrupt can neither leave a wait open nor hide one.
+
+    `idle()`, `expect()` and the group identity are rare and go to the
+    record's cold words under a reentrant lock and the seqlock. A Heartbeat
+    whose record could not be opened still works: every method is a no-op.
     """
+
+    enter_wait: Callable[[int], int]
+    exit_wait: Callable[[int, int], None]
+    collective: Callable[[int, Any], None]
+    step: Callable[[], None]
+    _enter: Callable[[int], _Slot | None]
+    _count: Callable[[_Slot, int], None]
 
     def __init__(self, writer: RecordWriter | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self._writer = writer
-        self._words: memoryview | None = writer.words if writer is not None else None
         self._clock = clock
-        self._lock = threading.Lock()
-        self._wait_depth = 0
-        self._init_depth = 0
+        self._cold = threading.RLock()  # reentrant: a signal handler may publish inside
         self._idle_depth = 0
+        self._idle_since = self._idle_ended = 0
         self._expects: list[tuple[float, int, str]] = []
-        if writer is not None:
-            now = clock()
-            self._update(lambda w: _set_words(w, {record.W_PHASE: _RUNNING,
-                                                  record.W_PHASE_SINCE: now,
-                                                  record.W_LAST_PROGRESS: now}))
+        self._stretch = [0]  # non-zero inside idle() or expect(): waits do not teach
+        self._local = threading.local()
+        self._scratch = memoryview(bytearray(record.SLOT_SIZE)).cast("Q")
+        self._slots = [_Slot(writer.slot(k)) for k in range(record.THREAD_SLOTS)] \
+            if writer is not None else []
+        self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
+        self._overflow = _Slot(self._scratch)
+        self._overflowed = False
+        self._build()
 
     @property
     def active(self) -> bool:
-        return self._words is not None
+        return self._writer is not None
 
     @property
     def path(self) -> str | None:
         return self._writer.path if self._writer is not None else None
 
-    def _word(self, index: int) -> int:
-        words = self._words
-        return int(words[index]) if words is not None else 0
-
-    collectives = property(lambda self: self._word(record.W_COLLECTIVES))
-    waits_entered = property(lambda self: self._word(record.W_ENTERED))
-    waits_completed = property(lambda self: self._word(record.W_COMPLETED))
-    steps = property(lambda self: self._word(record.W_STEPS))
+    collectives = property(lambda self: sum(s.collectives for s in self._slots))
+    waits_entered = property(lambda self: sum(s.completed + bool(s.depth) for s in self._slots))
+    waits_completed = property(lambda self: sum(s.completed for s in self._slots))
+    steps = property(lambda self: sum(s.steps for s in self._slots))
 
     @property
     def phase(self) -> Phase:
-        return Phase(self._word(record.W_PHASE) or _RUNNING)
-
-    # -- the hot path: a few word stores under the lock ------------------------
-
-    def _phase_now(self) -> int:
         if self._idle_depth:
-            return _IDLE
-        if self._init_depth:
-            return _INIT
-        return _WAIT if self._wait_depth else _RUNNING
+            return Phase.IDLE
+        return Phase.WAIT if any(s.depth for s in self._slots) else Phase.RUNNING
 
-    # Each method takes the lock with acquire/release (cheaper than `with`),
-    # makes `seq` odd, writes, and makes it even again in a `finally`, so an
-    # error can never leave the record mid-write. No allocation, no call
-    # besides the clock and the lock.
+    # -- the hot path --------------------------------------------------------
 
-    def enter_wait(self, op: int) -> int:
-        """A blocking call starts; returns its start time for `exit_wait`."""
-        if self._words is None:
-            return 0
-        lock = self._lock
+    def _claim(self) -> _Slot:
+        """This thread's first call: take a free slot (cold, once per thread)."""
         try:
-            now = self._clock()
-            lock.acquire()
+            slot = self._free.pop()
+        except IndexError:
+            slot = self._overflow  # scratch memory: this thread's calls go unrecorded
+            if not self._overflowed:
+                self._overflowed = True
+                _warn(f"more than {record.THREAD_SLOTS} threads call MLX at once; the "
+                      "waits of the others are not recorded")
+        else:
+            with contextlib.suppress(Exception):
+                slot.w[record.S_OWNER] = threading.get_native_id()
+            self._local.release = _Release(slot, self._free)
+        self._local.slot = slot
+        return slot
+
+    def _build(self) -> None:
+        """The hot-path functions: closures over locals, no attribute lookups on self.
+
+        Order inside each one: everything that calls (the clock, `hash`) first,
+        then only loads and stores; the store that commits comes after the data
+        it commits (a reader derives everything from committed words).
+        """
+        if self._writer is None:
+            def nothing(*args: Any) -> Any:
+                return 0
+
+            self.enter_wait = self.exit_wait = self.collective = self.step = nothing
+            self._enter = self._count = nothing
+            return
+        local, claim, clock, fail = self._local, self._claim, self._clock, self._fail
+        stretch, codes = self._stretch, _DTYPE_CODES
+
+        def enter(op: int) -> _Slot | None:
+            """A blocking call starts: open a wait on this thread's slot; returns it."""
             try:
-                w = self._words
-                if w is None:
-                    return 0
-                depth = self._wait_depth + 1
-                init_depth = self._init_depth + (op == INIT_OP)
-                phase = _IDLE if self._idle_depth else _INIT if init_depth else _WAIT
-                seq = w[W_SEQ] + 1
-                w[W_SEQ] = seq
                 try:
-                    w[W_ENTERED] += 1
-                    if depth == 1:
-                        w[W_WAIT_SINCE] = now
-                        w[W_OP] = op
-                    if w[W_PHASE] != phase:
-                        w[W_PHASE] = phase
-                        w[W_PHASE_SINCE] = now
-                finally:
-                    w[W_SEQ] = seq + 1
-                # Last: an exception escaping above leaves no wait open without its exit.
-                self._wait_depth, self._init_depth = depth, init_depth
-            finally:
-                lock.release()
+                    st: _Slot = local.slot
+                except AttributeError:
+                    st = claim()
+                now = clock()
+                d = st.depth
+                if not d:
+                    st.since = now
+                    w = st.w
+                    w[S_OP] = op
+                    w[S_SINCE] = now  # commits: this thread is in a wait since now
+                st.depth = d + 1
+            except Exception as err:  # noqa: BLE001 - never into the user's program
+                fail(err)
+                return None
+            return st
+
+        def count(st: _Slot, op: int) -> None:
+            """A wait was closed (the wrapper closes it): count it, the progress, and time
+            the thread's outermost wait."""
+            try:
+                since = st.since  # before the clock: a handler that runs there waits anew
+                now = clock()
+                w = st.w
+                w[S_PROGRESS] = now
+                c = st.completed + 1
+                st.completed = c
+                w[S_COMPLETED] = c
+                if op != INIT_OP and not st.depth:
+                    last = now - since
+                    w[S_LAST_WAIT] = last
+                    # Waits inside idle() or expect() are not the rank's normal pace:
+                    # they must not stretch the learned deadline.
+                    if last > st.max_wait and not stretch[0]:
+                        st.max_wait = last
+                        w[S_MAX_WAIT] = last
+            except Exception as err:  # noqa: BLE001
+                fail(err)
+
+        # The public pair does what `enter` and the wrapper's close + `count` do, written
+        # out again rather than calling them: a Python call costs as much as two stores.
+        def enter_wait(op: int) -> int:
+            """A blocking call starts; returns its start time for `exit_wait`."""
+            try:
+                try:
+                    st: _Slot = local.slot
+                except AttributeError:
+                    st = claim()
+                now = clock()
+                d = st.depth
+                if not d:
+                    st.since = now
+                    w = st.w
+                    w[S_OP] = op
+                    w[S_SINCE] = now
+                st.depth = d + 1
+            except Exception as err:  # noqa: BLE001
+                fail(err)
+                return 0
             return now
-        except Exception as err:  # noqa: BLE001 - never into the user's program
-            self._fail(err)
-            return 0
 
-    def exit_wait(self, started: int, op: int) -> None:
-        """The blocking call returned (or raised): that is progress."""
-        if not started or self._words is None:
-            return
-        lock = self._lock
-        try:
-            now = self._clock()
-            lock.acquire()
+        def exit_wait(started: int, op: int) -> None:
+            """The blocking call returned (or raised): close the wait, count it, and time it
+            from `started`."""
+            if not started:
+                return
             try:
-                w = self._words
-                if w is None:
-                    return
-                depth = self._wait_depth - 1 if self._wait_depth else 0
-                init_depth = self._init_depth
-                if op == INIT_OP and init_depth:
-                    init_depth -= 1
-                idle = self._idle_depth
-                phase = (_IDLE if idle else _INIT if init_depth else
-                         _WAIT if depth else _RUNNING)
-                seq = w[W_SEQ] + 1
-                w[W_SEQ] = seq
-                try:
-                    w[W_COMPLETED] += 1
-                    w[W_LAST_PROGRESS] = now
-                    if op != INIT_OP:
-                        last = w[W_LAST_WAIT] = now - started
-                        # Waits inside idle() or expect() are not the rank's normal
-                        # pace: they must not stretch the learned deadline.
-                        if last > w[W_MAX_WAIT] and not (idle or self._expects):
-                            w[W_MAX_WAIT] = last
-                    if depth:
-                        # Another thread still waits: progress restarts its clock,
-                        # which can only delay a verdict, never hasten one.
-                        w[W_WAIT_SINCE] = now
-                    else:
-                        w[W_WAIT_SINCE] = 0
-                        w[W_OP] = 0
-                    if w[W_PHASE] != phase:
-                        w[W_PHASE] = phase
-                        w[W_PHASE_SINCE] = now
-                finally:
-                    w[W_SEQ] = seq + 1
-                self._wait_depth, self._init_depth = depth, init_depth
-            finally:
-                lock.release()
-        except Exception as err:  # noqa: BLE001
-            self._fail(err)
+                st: _Slot = local.slot
+                w = st.w
+                d = st.depth - 1
+                if d < 1:
+                    w[S_SINCE] = 0  # commits: out of the wait
+                    d = 0
+                st.depth = d
+                now = clock()
+                w[S_PROGRESS] = now
+                c = st.completed + 1
+                st.completed = c
+                w[S_COMPLETED] = c
+                if op != INIT_OP and not d:
+                    last = now - started
+                    w[S_LAST_WAIT] = last
+                    if last > st.max_wait and not stretch[0]:
+                        st.max_wait = last
+                        w[S_MAX_WAIT] = last
+            except Exception as err:  # noqa: BLE001
+                fail(err)
 
-    def collective(self, op: int, out: Any) -> None:
-        """A collective was issued: count it and add it to the flight recorder."""
-        if self._words is None:
-            return
-        lock = self._lock
-        try:
-            nbytes = out.nbytes
-            kind = op | _DTYPE_CODES.get(out.dtype, 0) << 16
-            now = self._clock()
-            lock.acquire()
+        def collective(op: int, out: Any) -> None:
+            """A collective was issued: count it and add it to the thread's flight ring."""
             try:
-                w = self._words
-                if w is None:
-                    return
-                seq = w[W_SEQ] + 1
-                w[W_SEQ] = seq
+                kind = out.nbytes << KIND_SHIFT | codes[hash(out.dtype) & 0xFF] << 8 | op
                 try:
-                    number = w[W_COLLECTIVES] + 1
-                    base = W_FLIGHT + (number % FLIGHT_SLOTS) * ENTRY_WORDS
-                    w[base] = number
-                    w[base + 1] = now
-                    w[base + 2] = nbytes
-                    w[base + 3] = kind
-                    w[W_COLLECTIVES] = number
-                finally:
-                    w[W_SEQ] = seq + 1
-            finally:
-                lock.release()
-        except Exception as err:  # noqa: BLE001
-            self._fail(err)
+                    st = local.slot
+                except AttributeError:
+                    st = claim()
+                now = clock()
+                n = st.collectives + 1
+                i = S_RING + n % RING * 2
+                w = st.w
+                w[i] = now
+                w[i + 1] = kind
+                st.collectives = n
+                w[S_COLLECTIVES] = n  # commits the entry
+            except Exception as err:  # noqa: BLE001
+                fail(err)
 
-    # -- the user's API ------------------------------------------------------
+        def step() -> None:
+            """One unit of user progress (a training step, a generated token)."""
+            try:
+                try:
+                    st = local.slot
+                except AttributeError:
+                    st = claim()
+                s = st.steps + 1
+                st.steps = s
+                st.w[S_STEPS] = s
+            except Exception as err:  # noqa: BLE001
+                fail(err)
 
-    def step(self) -> None:
-        """One unit of user progress (a training step, a generated token)."""
-        self._update(lambda w: _set_words(w, {record.W_STEPS: w[record.W_STEPS] + 1}))
+        self.enter_wait, self.exit_wait, self._enter, self._count = enter_wait, exit_wait, \
+            enter, count
+        self.collective, self.step = collective, step
+
+    # -- the user's API (cold) -------------------------------------------------
 
     @contextlib.contextmanager
     def idle(self) -> Iterator[None]:
         """Declared idle (e.g. waiting for requests): never judged a stall."""
-        self._change(lambda: setattr(self, "_idle_depth", self._idle_depth + 1))
+        self._set_idle(1)
         try:
             yield
         finally:
-            self._change(lambda: setattr(self, "_idle_depth", max(0, self._idle_depth - 1)))
+            self._set_idle(-1)
 
     @contextlib.contextmanager
     def expect(self, seconds: float, reason: str = "") -> Iterator[None]:
@@ -298,87 +368,88 @@ class Heartbeat:
         seconds = float(seconds)
         if not 0 <= seconds < float("inf"):  # NaN and inf too: never `Infinity` in JSON
             raise ValueError(f"expect() needs finite seconds >= 0, got {seconds}")
-        self._change(lambda: self._expects.append((seconds, self._clock(), reason)))
+        self._cold_update(lambda now: self._expects.append((seconds, now, reason)))
         try:
             yield
         finally:
-            self._change(self._pop_expect)
+            self._cold_update(lambda now: self._expects.pop() if self._expects else None)
 
-    def _pop_expect(self) -> None:
-        if self._expects:
-            self._expects.pop()
+    def _set_idle(self, delta: int) -> None:
+        def change(now: int) -> None:
+            was, self._idle_depth = self._idle_depth, max(0, self._idle_depth + delta)
+            if not was and self._idle_depth:
+                self._idle_since = now
+            elif was and not self._idle_depth:
+                self._idle_since, self._idle_ended = 0, now
 
-    def _change(self, change: Callable[[], None]) -> None:
-        """Apply a change to the idle depth or expect stack, and publish it."""
-        def publish(w: memoryview) -> None:
-            change()
-            now = self._clock()
-            phase = self._phase_now()
-            if w[record.W_PHASE] != phase:
-                _set_words(w, {record.W_PHASE: phase, record.W_PHASE_SINCE: now})
-            seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
-            assert self._writer is not None
-            self._writer.write_expect(seconds, since, reason)
+        self._cold_update(change)
 
-        self._update(publish)
-
-    def _update(self, apply: Callable[[memoryview], None]) -> None:
-        """Run `apply` on the words under the lock and the seqlock; never raise."""
-        w = self._words
-        if w is None:
-            return
+    def _cold_update(self, change: Callable[[int], object]) -> None:
+        """Apply a change to the idle depth or the expect stack, and publish both."""
         try:
-            with self._lock:
-                w[W_SEQ] += 1
+            with self._cold:
+                now = self._clock()
+                change(now)
+                self._stretch[0] = self._idle_depth + len(self._expects)
+                writer = self._writer
+                if writer is None:
+                    return
+                seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
+                writer.begin()
                 try:
-                    apply(w)
+                    writer.write_idle(self._idle_since, self._idle_ended)
+                    writer.write_expect(seconds, since, reason)
                 finally:
-                    w[W_SEQ] += 1
+                    writer.end()
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
     # -- identity and lifetime -----------------------------------------------
 
     def set_group(self, rank: int, world_size: int, backend: str | None) -> None:
-        writer = self._writer
-        if self._words is None or writer is None:
-            return
         try:
-            with self._lock:
-                writer.set_identity(rank=rank, world_size=world_size, backend=backend)
+            with self._cold:
+                writer = self._writer
+                if writer is not None:
+                    writer.set_identity(rank=rank, world_size=world_size, backend=backend)
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
+    def _retire(self) -> None:
+        """Point every slot at scratch memory: later hot-path stores go nowhere."""
+        for slot in self._slots:
+            slot.w = self._scratch
+
     def _fail(self, err: BaseException) -> None:
-        writer, self._writer, self._words = self._writer, None, None
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return  # closed already (uninstall, another thread's failure): nothing to say
+        self._retire()
         _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                # Not STATUS_ERROR: the rank runs on; its frozen words must not
-                # be judged, nor its later exit taken for a crash.
-                writer.close(record.STATUS_ABANDONED, remove=False)
+        with contextlib.suppress(Exception):
+            # Not STATUS_ERROR: the rank runs on; its frozen words must not
+            # be judged, nor its later exit taken for a crash.
+            writer.close(record.STATUS_ABANDONED, remove=False)
 
     def close(self, status: int = record.STATUS_CLOSED) -> None:
         """Mark the record closed; remove it unless the rank is ending on an error,
         whose record the daemon reports (and fences the job over)."""
-        with self._lock:
-            writer, self._writer, self._words = self._writer, None, None
+        with self._cold:
+            writer, self._writer = self._writer, None
+        self._retire()
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close(status, remove=status != record.STATUS_ERROR)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
-        self._writer = self._words = None
-        self._lock = threading.Lock()
+        self._writer = None
+        self._retire()
+        self._cold = threading.RLock()
 
 
-def _set_words(words: memoryview, values: dict[int, int]) -> None:
-    for index, value in values.items():
-        words[index] = value
-
-
-_DTYPE_CODES: dict[Any, int] = {}
+# Record dtype code by hash(mx dtype) & 0xFF (MLX hashes a dtype to its own small number).
+_DTYPE_CODES: list[int] = [0] * 256
 
 _current: Heartbeat | None = None
 _patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
@@ -388,15 +459,26 @@ _install_lock = threading.Lock()
 
 
 def _wrap_wait(hb: Heartbeat, original: Any, op: int) -> Any:
-    enter, leave = hb.enter_wait, hb.exit_wait  # bound once: the hot path is short
+    enter, count = hb._enter, hb._count
 
     @functools.wraps(original)
     def wait(*args: Any, **kwargs: Any) -> Any:
-        started = enter(op)
+        st = enter(op)
         try:
             return original(*args, **kwargs)
         finally:
-            leave(started, op)
+            if st is not None:
+                # The close, inlined: it comes before any call, so no signal can be
+                # delivered between the end of the wait and its close.
+                d = st.depth - 1
+                if d < 1:
+                    try:
+                        st.w[S_SINCE] = 0
+                    except Exception:  # noqa: BLE001, S110 - a closed record: nothing to close
+                        pass
+                    d = 0
+                st.depth = d
+                count(st, op)
 
     return wait
 
@@ -414,13 +496,11 @@ def _wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
 
 
 def _wrap_init(hb: Heartbeat, original: Any) -> Any:
+    wait = _wrap_wait(hb, original, INIT_OP)
+
     @functools.wraps(original)
     def init(*args: Any, **kwargs: Any) -> Any:
-        started = hb.enter_wait(INIT_OP)
-        try:
-            group = original(*args, **kwargs)
-        finally:
-            hb.exit_wait(started, INIT_OP)
+        group = wait(*args, **kwargs)
         try:
             backend = kwargs.get("backend", args[1] if len(args) > 1 else "any")
             if backend == "any":
@@ -441,9 +521,11 @@ def _patch(owner: Any, name: str, wrapper: Any) -> None:
 
 def _instrument(hb: Heartbeat, mx: Any) -> None:
     for name in record.DTYPES[1:]:
-        dtype = getattr(mx, name, None)
+        dtype = getattr(mx, name, None) or getattr(mx, name + "_", None)
         if dtype is not None:
-            _DTYPE_CODES[dtype] = record.DTYPE_CODE[name]
+            # MLX hashes a dtype to its own number: one int lookup on the hot path
+            # instead of hashing and comparing dtype objects (several times slower).
+            _DTYPE_CODES[hash(dtype) & 0xFF] = record.DTYPE_CODE[name]
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
         op = OP_CODE[name.strip("_")]
