@@ -8,8 +8,10 @@ fresh interpreter (another uid, zero-code activation, exit) run in a subprocess.
 from __future__ import annotations
 
 import faulthandler
+import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -17,12 +19,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import psutil
 import pytest
 
@@ -36,8 +40,14 @@ REPO = Path(__file__).resolve().parent.parent
 PATCHED: dict[str, tuple[Any, str]] = {
     "mx.eval": (mx, "eval"),
     "mx.synchronize": (mx, "synchronize"),
+    # Found by the audit of blocking entry points (docs/coverage.md).
+    **{f"mx.{n}": (mx, n)
+       for n in ("async_eval", "save", "savez", "savez_compressed", "save_safetensors",
+                 "save_gguf", "load", "clear_streams")},
     **{f"mx.array.{n}": (mx.array, n)
-       for n in ("item", "tolist", "__bool__", "__int__", "__float__")},
+       for n in ("item", "tolist", "__bool__", "__int__", "__float__", "__complex__",
+                 "__index__", "__format__", "__repr__", "__bytes__", "__array__",
+                 "__dlpack__", "__getstate__")},
     **{f"mx.distributed.{n}": (mx.distributed, n)
        for n in ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
                  "recv_like", "init")},
@@ -197,9 +207,33 @@ WAIT_CALLS: dict[str, Callable[[mx.array], object]] = {
     "bool": lambda a: bool(a[1]),
     "int": lambda a: int(a[1]),
     "float": lambda a: float(a[1]),
+    "async_eval": lambda a: mx.async_eval(a),
+    "complex": lambda a: complex(a[1]),
+    "index": lambda a: [10, 11, 12][a[1]],
+    "format scalar": lambda a: f"{a[1]:.1f}",
+    "format array": lambda a: f"{a}",
+    "str": lambda a: str(a),
+    "repr": lambda a: repr(a),
+    "bytes": lambda a: bytes(a),
+    "__array__": lambda a: a.__array__().tolist(),
+    "__dlpack__": lambda a: type(a.__dlpack__()).__name__,
+    "pickle": lambda a: len(pickle.dumps(a)) > 100,
+    "save": lambda a: mx.save(io.BytesIO(), a),
+    "savez": lambda a: mx.savez(io.BytesIO(), a=a),
+    "savez_compressed": lambda a: mx.savez_compressed(io.BytesIO(), a=a),
+    "save_safetensors": lambda a: mx.save_safetensors(io.BytesIO(), {"a": a}),
+    "load": lambda a: type(mx.load(io.BytesIO(NPY_BYTES), format="npy")).__name__,
 }
+_npy = io.BytesIO()
+np.save(_npy, np.zeros(3, np.int32))
+NPY_BYTES = _npy.getvalue()
+SHOWN = "array([0, 2, 4], dtype=int32)"
 WAIT_RESULTS = {"eval": None, "synchronize": None, "item": 2, "tolist": [0, 2, 4], "bool": True,
-                "int": 2, "float": 2.0}
+                "int": 2, "float": 2.0, "async_eval": None, "complex": 2 + 0j, "index": 12,
+                "format scalar": "2.0", "format array": SHOWN, "str": SHOWN, "repr": SHOWN,
+                "bytes": bytes([0] * 4 + [2, 0, 0, 0, 4, 0, 0, 0]), "__array__": [0, 2, 4],
+                "__dlpack__": "PyCapsule", "pickle": True, "save": None, "savez": None,
+                "savez_compressed": None, "save_safetensors": None, "load": "array"}
 
 
 @pytest.mark.parametrize("name", list(WAIT_CALLS))
@@ -218,6 +252,30 @@ def test_each_blocking_call_is_one_completed_wait(hb: watchdog.Heartbeat, name: 
     assert started <= rec.last_progress_ns <= ended
     assert 0 < rec.last_wait_ns <= ended - started
     assert rec.max_wait_ns >= rec.last_wait_ns
+
+
+def test_print_and_thread_teardown_are_waits(hb: watchdog.Heartbeat,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    a = mx.arange(3) * 2
+    before = read(hb)
+    print(a)
+    assert capsys.readouterr().out == SHOWN + "\n"
+    assert read(hb).waits_completed == before.waits_completed + 1
+    # clear_streams() drops the calling thread's streams: run it where that harms nobody.
+    worker = threading.Thread(target=mx.clear_streams)
+    worker.start()
+    worker.join()
+    rec = read(hb)
+    assert (rec.waits_entered, rec.waits_completed) == (before.waits_entered + 2,
+                                                       before.waits_completed + 2)
+    assert rec.phase is Phase.RUNNING
+
+
+def test_save_gguf_is_a_wait(hb: watchdog.Heartbeat, tmp_path: Path) -> None:
+    before = read(hb)
+    mx.save_gguf(str(tmp_path / "a.gguf"), {"a": mx.arange(3, dtype=mx.float32)})
+    assert read(hb).waits_completed == before.waits_completed + 1
+    assert mx.load(str(tmp_path / "a.gguf"))["a"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_counters_add_up_over_a_mixed_loop(hb: watchdog.Heartbeat) -> None:
@@ -371,6 +429,8 @@ def test_uninstall_restores_every_patched_function(record_dir: Path) -> None:
     mx.eval(a)
     assert (a[2].item(), a.tolist(), bool(a[1]), int(a[2]), float(a[2])) == (2, [0, 1, 2], True,
                                                                            2, 2.0)
+    assert (str(a), f"{a}", f"{a[1]:.1f}", [7, 8][a[1]], complex(a[1])) == (
+        "array([0, 1, 2], dtype=int32)", "array([0, 1, 2], dtype=int32)", "1.0", 8, 1 + 0j)
     watchdog.uninstall()  # twice is harmless
 
 

@@ -47,14 +47,35 @@ from .record import (
 )
 from .states import Phase
 
-WAITS = {  # where each blocking call lives: "core" is mlx.core, "array" is mlx.core.array
+# Every entry point of mlx.core (0.32.x) that can block on the scheduler or a peer,
+# found by reading the bindings and timing each against a lazy graph (docs/coverage.md).
+# "core" is mlx.core, "array" is mlx.core.array. print(a) and str(a) reach __repr__;
+# f"{a}" and format() reach __format__; pickle reaches __getstate__. The buffer protocol
+# (np.array(a), memoryview(a)) is a C slot that cannot be wrapped: see docs/limits.md.
+WAITS = {
     "eval": "core",
+    "async_eval": "core",  # blocks when the scheduler has too much work in flight
     "synchronize": "core",
+    "save": "core",
+    "savez": "core",
+    "savez_compressed": "core",
+    "save_safetensors": "core",
+    "save_gguf": "core",
+    "load": "core",  # evaluates at once when given a file object
+    "clear_streams": "core",  # tears down stream threads, which finish their queue first
     "item": "array",
     "tolist": "array",
     "__bool__": "array",
     "__int__": "array",
     "__float__": "array",
+    "__complex__": "array",
+    "__index__": "array",
+    "__format__": "array",
+    "__repr__": "array",
+    "__bytes__": "array",
+    "__array__": "array",
+    "__dlpack__": "array",
+    "__getstate__": "array",
 }
 COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
                "recv_like")
@@ -472,8 +493,10 @@ def _instrument(hb: Heartbeat, mx: Any) -> None:
             _DTYPE_CODES[dtype] = record.DTYPE_CODE[name]
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
-        op = OP_CODE[name.strip("_")]
-        _patch(owner, name, _wrap_wait(hb, getattr(owner, name), op))
+        original = getattr(owner, name, None)
+        if original is None:  # an older or newer mlx without this entry point
+            continue
+        _patch(owner, name, _wrap_wait(hb, original, OP_CODE[name.strip("_")]))
     dist = mx.distributed
     for name in COLLECTIVES:
         if hasattr(dist, name):
