@@ -158,12 +158,20 @@ class Heartbeat:
     updates them in place under a lock, with the sequence word odd meanwhile.
     A Heartbeat whose record could not be opened still works: every method is
     a no-op, so user code that calls `hb.step()` or `hb.idle()` runs the same.
+
+    With an `opener` and no writer, the record is opened late: on the first wait,
+    collective or call of the user's API, i.e. when the process first acts like a
+    rank. Zero-code activation installs this way so that a process that only
+    imports mlx.core (`mlx.launch` itself, a tool) is never published as a rank.
     """
 
     def __init__(self, writer: RecordWriter | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 opener: Callable[[], RecordWriter] | None = None) -> None:
         self._writer = writer
         self._words: memoryview | None = writer.words if writer is not None else None
+        self._opener = opener if writer is None else None
+        self._closed = False
         self._clock = clock
         self._lock = threading.Lock()
         self._wait_depth = 0
@@ -171,13 +179,44 @@ class Heartbeat:
         self._idle_depth = 0
         self._expects: list[tuple[float, int, str]] = []
         if writer is not None:
-            now = clock()
-            self._update(lambda w: _set_words(w, {record.W_PHASE: _RUNNING,
-                                                  record.W_PHASE_SINCE: now,
-                                                  record.W_LAST_PROGRESS: now}))
+            self._start()
+
+    def _start(self) -> None:
+        now = self._clock()
+        self._update(lambda w: _set_words(w, {record.W_PHASE: _RUNNING,
+                                              record.W_PHASE_SINCE: now,
+                                              record.W_LAST_PROGRESS: now}))
+
+    def _open_late(self) -> bool:
+        """Open the record now (the cold path, taken once); False if there is none."""
+        opener = self._opener
+        if opener is None:
+            return self._words is not None
+        try:
+            with _open_lock:  # two threads' first waits open one record
+                if self._words is not None or self._opener is None:
+                    return self._words is not None
+                self._opener = None
+                writer = opener()
+                with self._lock:
+                    if self._closed:  # uninstall() won the race: publish nothing
+                        writer.close(record.STATUS_CLOSED, remove=True)
+                        return False
+                    self._writer, self._words = writer, writer.words
+            self._start()
+            return True
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            _warn(f"not instrumenting this process: {err}")
+            return False
 
     @property
     def active(self) -> bool:
+        """Instrumented: the record is open, or opens at the first sign of a rank."""
+        return self._words is not None or self._opener is not None
+
+    @property
+    def published(self) -> bool:
+        """The record exists (zero-code activation opens it late)."""
         return self._words is not None
 
     @property
@@ -213,7 +252,7 @@ class Heartbeat:
 
     def enter_wait(self, op: int) -> int:
         """A blocking call starts; returns its start time for `exit_wait`."""
-        if self._words is None:
+        if self._words is None and (self._opener is None or not self._open_late()):
             return 0
         lock = self._lock
         try:
@@ -297,7 +336,7 @@ class Heartbeat:
 
     def collective(self, op: int, out: Any) -> None:
         """A collective was issued: count it and add it to the flight recorder."""
-        if self._words is None:
+        if self._words is None and (self._opener is None or not self._open_late()):
             return
         lock = self._lock
         try:
@@ -375,7 +414,11 @@ class Heartbeat:
         """Run `apply` on the words under the lock and the seqlock; never raise."""
         w = self._words
         if w is None:
-            return
+            if self._opener is None or not self._open_late():
+                return
+            w = self._words
+            if w is None:
+                return
         try:
             with self._lock:
                 w[W_SEQ] += 1
@@ -410,13 +453,14 @@ class Heartbeat:
         whose record the daemon reports (and fences the job over)."""
         with self._lock:
             writer, self._writer, self._words = self._writer, None, None
+            self._opener, self._closed = None, True
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close(status, remove=status != record.STATUS_ERROR)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
-        self._writer = self._words = None
+        self._writer = self._words = self._opener = None
         self._lock = threading.Lock()
 
 
@@ -432,6 +476,7 @@ _patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrappe
 _dump_file: Any = None
 _dump_signum = 0
 _install_lock = threading.Lock()
+_open_lock = threading.Lock()
 
 
 def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
@@ -580,15 +625,21 @@ def _close_dump() -> None:
                 os.unlink(file.name)
 
 
-def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
+def install(directory: str | None = None, job: str | None = None, *,
+            lazy: bool = False) -> Heartbeat:
     """Instrument mlx and open this process's record. Idempotent; never raises.
 
     With the directory missing or unwritable, warns once on stderr and returns
-    a Heartbeat that does nothing, leaving mlx unpatched.
+    a Heartbeat that does nothing, leaving mlx unpatched. With `lazy` (zero-code
+    activation), mlx is instrumented at once but the record (and the stack-dump
+    handler) only at the first wait, collective or call of the user's API: a
+    process that only imports mlx.core, like `mlx.launch`, is never a rank.
     """
     global _current
     with _install_lock:
         if _current is not None:
+            if not lazy:  # asked for by name: a lazy record (zero-code) opens now
+                _current._open_late()
             return _current
         hb: Heartbeat | None = None
         try:
@@ -597,10 +648,14 @@ def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
             directory = directory or record_dir()
             if not os.path.isdir(directory):
                 raise OSError(f"record directory {directory} does not exist")
-            base = os.path.join(directory, str(os.getpid()))
+            if lazy and not os.access(directory, os.W_OK | os.X_OK):
+                raise OSError(f"record directory {directory} is not writable")
+            job = job or job_id()
             try:
-                signum = _register_dump(dump_signal_from_env(), base + ".stacks")
-                hb = Heartbeat(_open_record(base + record.SUFFIX, job or job_id(), signum))
+                if lazy:
+                    hb = Heartbeat(None, opener=functools.partial(_open_now, directory, job))
+                else:
+                    hb = Heartbeat(_open_now(directory, job))
                 _instrument(hb, mx)
             except BaseException:
                 _restore()
@@ -616,6 +671,17 @@ def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
         atexit.register(_close_at_exit)
         os.register_at_fork(after_in_child=_after_fork_in_child)
         return hb
+
+
+def _open_now(directory: str, job: str) -> RecordWriter:
+    """The stack-dump handler and the record of this process, or neither."""
+    base = os.path.join(directory, str(os.getpid()))
+    signum = _register_dump(dump_signal_from_env(), base + ".stacks")
+    try:
+        return _open_record(base + record.SUFFIX, job, signum)
+    except BaseException:
+        _close_dump()
+        raise
 
 
 def _restore() -> None:
