@@ -4,6 +4,7 @@ only by MLX_WATCHDOG=1, watched by the real daemon under its default settings (t
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -77,3 +78,43 @@ def test_a_frozen_peer_during_mlx_lm_generation_is_caught(tmp_path: Path, record
         text = Path(native[0]).read_text() if native else ""
         if "MainThread" in text:  # py-spy attached within its time box (a busy box may not)
             assert survivor.op in text, text
+
+
+def test_an_idle_mlx_lm_style_server_is_never_judged_then_serves(
+        tmp_path: Path, record_dir: Path, state_dir: Path) -> None:
+    """Rank 0 polls for requests and shares the flag with a tiny all_sum every ~0.1 s
+    (no hb.idle(): zero-code, as mlx_lm.server would run); nobody asks for 40 s."""
+    folder = tmp_path / "requests"
+    folder.mkdir()
+    with DaemonProc(record_dir, state_dir, **DEFAULTS) as daemon, \
+            RingJob(tmp_path, record_dir, 2, "server", (str(folder),), env=ZERO_CODE,
+                    prog=LM_PROG) as job:
+        job.wait_running(timeout=120, collectives=5)
+        wait_for(lambda: learned_deadlines(daemon, job), 120, what="the auto deadline")
+        first = {pid: r["progress"] for pid, r in daemon.ranks().items()}
+        idle_until = time.monotonic() + 40
+        seen: set[str] = set()
+        while time.monotonic() < idle_until:
+            states = {r["state"] for pid, r in daemon.ranks().items() if pid in job.pids}
+            seen |= states
+            assert states <= {"running", "suspect"}, daemon.ranks()
+            assert daemon.incidents() == []
+            assert all(p.poll() is None for p in job.procs)
+            time.sleep(0.5)
+        assert "running" in seen
+        ranks = daemon.ranks()
+        for pid in job.pids:  # the flag's all_sum kept completing: progress, not a hang
+            assert ranks[pid]["progress"] > first.get(pid, 0) + 100
+        # Then a request is served, by both ranks alike.
+        (folder / "request").write_text("16")
+        replies = [folder / f"reply-rank{r}.json" for r in range(2)]
+        wait_for(lambda: all(p.exists() for p in replies), 60, what="the replies")
+        tokens = [json.loads(p.read_text()) for p in replies]
+        assert tokens[0] == tokens[1] and len(tokens[0]) == 16, tokens
+        assert all(0 <= t < 256 for t in tokens[0])
+        time.sleep(3)  # a few scans after serving: still nothing judged
+        assert daemon.incidents() == []
+        assert all(p.poll() is None for p in job.procs)
+        kills = [line for line in daemon.log().splitlines() if "SIGTERM" in line
+                 or "SIGKILL" in line]
+        assert kills == [], kills
