@@ -800,6 +800,70 @@ def test_an_interrupt_inside_the_hot_path_leaves_the_record_readable(
     assert rec.phase is Phase.RUNNING and rec.wait_since_ns == 0 and rec.op == ""
 
 
+# -- lazy install (zero-code activation): a process is published at its first wait ---------
+
+
+def test_a_lazy_install_patches_now_and_publishes_at_the_first_wait(record_dir: Path) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    assert beat.active and not beat.published and beat.path is None
+    assert sorted(patched()) == sorted(PATCHED)
+    assert os.listdir(record_dir) == []  # no record, no stack-dump file: not a rank yet
+    a = mx.arange(3)
+    assert a.tolist() == [0, 1, 2]
+    assert beat.published and beat.path == str(record_dir / f"{os.getpid()}.rec")
+    rec = read(beat)
+    assert (rec.waits_entered, rec.waits_completed, rec.collectives) == (1, 1, 0)
+    assert (rec.pid, rec.rank, rec.world_size) == (os.getpid(), -1, 0)
+    assert sorted(os.listdir(record_dir)) == [f"{os.getpid()}.rec", f"{os.getpid()}.stacks"]
+
+
+@pytest.mark.parametrize("first", ["collective", "step", "idle", "expect"])
+def test_a_lazy_record_opens_on_any_sign_of_a_rank(record_dir: Path, first: str) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    if first == "collective":
+        mx.distributed.all_sum(mx.ones(2))
+    elif first == "step":
+        beat.step()
+    elif first == "idle":
+        with beat.idle():
+            assert read(beat).phase is Phase.IDLE
+    else:
+        with beat.expect(30, "checkpoint"):
+            assert read(beat).expect_reason == "checkpoint"
+    rec = read(beat)
+    assert (rec.collectives, rec.steps) == (int(first == "collective"), int(first == "step"))
+    assert rec.phase is Phase.RUNNING
+
+
+def test_an_explicit_install_opens_a_lazy_record(record_dir: Path) -> None:
+    lazy = watchdog.install(str(record_dir), lazy=True)
+    assert watchdog.install(str(record_dir)) is lazy
+    assert lazy.published and os.path.exists(str(lazy.path))
+    assert read(lazy).waits_entered == 0
+
+
+def test_a_lazy_install_that_never_waits_leaves_nothing(record_dir: Path) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    watchdog.uninstall()
+    assert unpatched() == list(PATCHED)
+    assert not beat.active and not beat.published
+    beat.step()  # after uninstall: still nothing opens
+    assert os.listdir(record_dir) == []
+
+
+def test_a_lazy_record_that_cannot_open_warns_once_and_the_rank_runs(
+        record_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    record_dir.rmdir()  # gone between install and the first wait
+    a = mx.arange(3)
+    assert (a.tolist(), a[1].item(), f"{a[2]}") == ([0, 1, 2], 1, "2")
+    beat.step()
+    warnings = warnings_in(capsys.readouterr().err)
+    assert len(warnings) == 1 and "not instrumenting" in warnings[0], warnings
+    assert not beat.published and beat.path is None
+    record_dir.mkdir()
+
+
 def test_a_no_op_heartbeat_runs_user_code() -> None:
     beat = watchdog.Heartbeat(None)
     assert not beat.active and beat.path is None
