@@ -13,6 +13,14 @@ tokens per second of each kind (median, min, max over jobs) and the ratio
 hook/plain per cycle (median, min, max).
 
     python benchmarks/lm_generate.py --cycles 8 --tokens 128 --rounds 3
+
+With `--inprocess`, one job instead, whose ranks install and uninstall the
+hook between rounds (plain, hook, hook, plain per cycle, every rank alike):
+the same code as MLX_WATCHDOG=1 runs, and the large differences between one
+job and the next on a shared machine (which of the other processes the ranks
+share cores with) drop out of the ratio.
+
+    python benchmarks/lm_generate.py --inprocess --cycles 12 --tokens 256
 """
 
 from __future__ import annotations
@@ -68,16 +76,75 @@ def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool) -> f
     return sum(t["tokens"] for t in timed) / sum(t["seconds"] for t in timed)
 
 
+def run_toggle(workdir: Path, size: int, tokens: int, cycles: int) -> list[dict]:
+    """One job toggling the hook between rounds; rank 0's rounds in order."""
+    hostfile = workdir / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
+    records = workdir / "records"
+    records.mkdir(exist_ok=True)
+    procs = []
+    try:
+        for rank in range(size):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+            env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
+            procs.append(subprocess.Popen(
+                [sys.executable, str(LM_PROG), "toggle", str(tokens), str(cycles),
+                 str(records)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                cwd=workdir))
+        outs = [p.communicate(timeout=3600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+        if p.returncode != 0 or "mlx-watchdog:" in err:
+            sys.exit(f"rank {rank} exited {p.returncode}:\n{err}")
+    rounds = [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")]
+    if len(rounds) != 4 * cycles or any(r["tokens"] != tokens for r in rounds):
+        sys.exit(f"rank 0 reported {rounds}")
+    return rounds
+
+
+def report_toggle(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rounds = run_toggle(Path(tmp), args.size, args.tokens, args.cycles)
+    rates = {kind: [r["tokens"] / r["seconds"] for r in rounds if r["kind"] == kind]
+             for kind in ("plain", "hook")}
+    ratios = []
+    for c in range(args.cycles):
+        cycle = rounds[4 * c: 4 * c + 4]
+        seconds = {kind: sum(r["seconds"] for r in cycle if r["kind"] == kind)
+                   for kind in rates}
+        ratios.append(seconds["plain"] / seconds["hook"])  # tokens/s hook over plain
+    print(f"{args.size} ranks, mlx-lm generate_step, one job, {args.cycles} cycles "
+          f"(plain, hook, hook, plain) x {args.tokens} tokens, tokens/s (rank 0):")
+    for kind, values in rates.items():
+        print(f"  {kind:<6} median {statistics.median(values):8.1f}  min {min(values):8.1f}  "
+              f"max {max(values):8.1f}")
+    medians = statistics.median(rates["hook"]) / statistics.median(rates["plain"])
+    print(f"  ratio hook/plain: {medians:.4f} (medians); per cycle: median "
+          f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=8, help="cycles of 4 jobs (ABBA)")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per round")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per job")
     parser.add_argument("--size", type=int, default=2, help="ranks")
+    parser.add_argument("--inprocess", action="store_true",
+                        help="one job, the hook installed and uninstalled between rounds")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} cpus", flush=True)
+    if args.inprocess:
+        report_toggle(args)
+        load = os.getloadavg()
+        print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        return
     rates: dict[str, list[float]] = {"plain": [], "hook": []}
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:

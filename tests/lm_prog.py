@@ -15,6 +15,11 @@ Modes:
                       writes its tokens to DIR/reply-rank<R>.json; idle otherwise
   bench TOKENS ROUNDS generate ROUNDS rounds of TOKENS tokens after one warm-up round;
                       rank 0 prints one JSON line per round: {"tokens", "seconds"}
+  toggle TOKENS CYCLES DIR
+                      the same in cycles of four rounds, plain, hook, hook, plain: the
+                      hook installed (record in DIR) before a "hook" round, uninstalled
+                      before a "plain" one, in the same processes on every rank; rank 0
+                      prints {"kind", "tokens", "seconds"} per round
 """
 
 import json
@@ -91,5 +96,23 @@ elif MODE == "bench":
         took = time.perf_counter() - began
         if rank == 0:
             print(json.dumps({"tokens": len(out), "seconds": took}), flush=True)
+elif MODE == "toggle":
+    import watchdog
+
+    tokens, cycles, folder = int(ARGS[0]), int(ARGS[1]), ARGS[2]
+    generate(model, tokens)
+    for _ in range(cycles):
+        for kind in ("plain", "hook", "hook", "plain"):
+            if kind == "hook":
+                if not watchdog.install(folder).active:
+                    sys.exit("install failed")
+            else:
+                watchdog.uninstall()
+            began = time.perf_counter()
+            out = generate(model, tokens)
+            took = time.perf_counter() - began
+            if rank == 0:
+                print(json.dumps({"kind": kind, "tokens": len(out), "seconds": took}),
+                      flush=True)
 else:
     sys.exit(f"unknown mode {MODE}")
