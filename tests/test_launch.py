@@ -89,6 +89,23 @@ def test_mlx_launch_itself_is_never_published(tmp_path: Path, record_dir: Path) 
     assert os.listdir(record_dir) == []  # and the ranks' clean exits removed theirs
 
 
+def test_a_process_that_only_imports_mlx_never_warns_about_the_directory(
+        tmp_path: Path) -> None:
+    """A launcher with MLX_WATCHDOG=1 but no usable directory of its own says nothing;
+    a process that then waits warns once and runs on."""
+    code = "import mlx.core as mx, sys; sys.argv[1] == 'wait' and mx.eval(mx.ones(2))"
+    env = base_env(tmp_path / "missing", MLX_WATCHDOG="1")
+    quiet = subprocess.run([sys.executable, "-c", code, "import"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    waited = subprocess.run([sys.executable, "-c", code, "wait"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert waited.returncode == 0, waited.stderr
+    assert [line for line in waited.stderr.splitlines() if "mlx-watchdog:" in line] == [
+        f"mlx-watchdog: not instrumenting this process: record directory "
+        f"{tmp_path / 'missing'} does not exist"], waited.stderr
+
+
 def test_a_process_that_only_imports_mlx_is_published_at_its_first_wait(
         record_dir: Path) -> None:
     code = textwrap.dedent("""

@@ -633,7 +633,9 @@ def install(directory: str | None = None, job: str | None = None, *,
     a Heartbeat that does nothing, leaving mlx unpatched. With `lazy` (zero-code
     activation), mlx is instrumented at once but the record (and the stack-dump
     handler) only at the first wait, collective or call of the user's API: a
-    process that only imports mlx.core, like `mlx.launch`, is never a rank.
+    process that only imports mlx.core, like `mlx.launch`, is never a rank, and
+    never warns about the directory either (a rank does, at its first wait, and
+    runs on with do-nothing wrappers).
     """
     global _current
     with _install_lock:
@@ -646,10 +648,8 @@ def install(directory: str | None = None, job: str | None = None, *,
             import mlx.core as mx
 
             directory = directory or record_dir()
-            if not os.path.isdir(directory):
+            if not lazy and not os.path.isdir(directory):
                 raise OSError(f"record directory {directory} does not exist")
-            if lazy and not os.access(directory, os.W_OK | os.X_OK):
-                raise OSError(f"record directory {directory} is not writable")
             job = job or job_id()
             try:
                 if lazy:
@@ -675,6 +675,8 @@ def install(directory: str | None = None, job: str | None = None, *,
 
 def _open_now(directory: str, job: str) -> RecordWriter:
     """The stack-dump handler and the record of this process, or neither."""
+    if not os.path.isdir(directory):
+        raise OSError(f"record directory {directory} does not exist")
     base = os.path.join(directory, str(os.getpid()))
     signum = _register_dump(dump_signal_from_env(), base + ".stacks")
     try:
