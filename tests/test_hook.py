@@ -254,6 +254,29 @@ def test_each_blocking_call_is_one_completed_wait(hb: watchdog.Heartbeat, name: 
     assert rec.max_wait_ns >= rec.last_wait_ns
 
 
+FAILING_CALLS: dict[str, Callable[[], object]] = {
+    "format spec on an array": lambda: f"{mx.ones(3):.2f}",
+    "index of a float": lambda: [1, 2][mx.array(1.5)],
+    "complex of many": lambda: complex(mx.ones(2)),
+    "save to a bad path": lambda: mx.save("/nonexistent-dir/x.npy", mx.ones(2)),
+    "load of garbage": lambda: mx.load(io.BytesIO(b"garbage"), format="npy"),
+}
+
+
+@pytest.mark.parametrize("name", list(FAILING_CALLS))
+def test_errors_of_the_new_waits_pass_through_unchanged(record_dir: Path, name: str) -> None:
+    def error() -> tuple[type, str]:
+        with pytest.raises(Exception) as caught:
+            FAILING_CALLS[name]()
+        return caught.type, str(caught.value)
+
+    plain = error()
+    beat = watchdog.install(str(record_dir))
+    assert error() == plain
+    rec = read(beat)
+    assert rec.waits_entered == rec.waits_completed >= 1 and rec.phase is Phase.RUNNING
+
+
 def test_print_and_thread_teardown_are_waits(hb: watchdog.Heartbeat,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     a = mx.arange(3) * 2
