@@ -42,8 +42,9 @@ sys.path.insert(0, str(REPO / "tests"))
 from ranks import free_ports  # noqa: E402
 
 
-def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool) -> float:
-    """One job; rank 0's tokens per second over its timed rounds."""
+def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool
+            ) -> tuple[float, float]:
+    """One job; rank 0's tokens per second, and its main thread's CPU us per token."""
     hostfile = workdir / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
     records = workdir / "records"
@@ -73,7 +74,8 @@ def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool) -> f
     timed = [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")]
     if len(timed) != rounds or any(t["tokens"] != tokens for t in timed):
         sys.exit(f"rank 0 reported {timed}")
-    return sum(t["tokens"] for t in timed) / sum(t["seconds"] for t in timed)
+    count = sum(t["tokens"] for t in timed)
+    return count / sum(t["seconds"] for t in timed), sum(t["main_cpu"] for t in timed) / count * 1e6
 
 
 def run_toggle(workdir: Path, size: int, tokens: int, cycles: int) -> list[dict]:
@@ -126,6 +128,8 @@ def report_toggle(args: argparse.Namespace) -> None:
     medians = statistics.median(rates["hook"]) / statistics.median(rates["plain"])
     print(f"  ratio hook/plain: {medians:.4f} (medians); per cycle: median "
           f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}")
+    print_cpu({kind: [r["main_cpu"] / r["tokens"] * 1e6 for r in rounds if r["kind"] == kind]
+               for kind in rates})
 
 
 def main() -> None:
@@ -146,6 +150,7 @@ def main() -> None:
         print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
         return
     rates: dict[str, list[float]] = {"plain": [], "hook": []}
+    cpus: dict[str, list[float]] = {"plain": [], "hook": []}
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for cycle in range(args.cycles):
@@ -153,8 +158,10 @@ def main() -> None:
             for n, kind in enumerate(("plain", "hook", "hook", "plain")):
                 workdir = Path(tmp) / f"c{cycle}-{n}"
                 workdir.mkdir()
-                got[kind].append(run_job(workdir, args.size, args.tokens, args.rounds,
-                                         kind == "hook"))
+                rate, cpu = run_job(workdir, args.size, args.tokens, args.rounds,
+                                    kind == "hook")
+                got[kind].append(rate)
+                cpus[kind].append(cpu)
             for kind, values in got.items():
                 rates[kind] += values
             ratios.append(statistics.mean(got["hook"]) / statistics.mean(got["plain"]))
@@ -170,7 +177,14 @@ def main() -> None:
     medians = statistics.median(rates["hook"]) / statistics.median(rates["plain"])
     print(f"  ratio hook/plain: {medians:.4f} (medians); per cycle: median "
           f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}")
+    print_cpu(cpus)
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def print_cpu(cpus: dict[str, list[float]]) -> None:
+    plain, hook = statistics.median(cpus["plain"]), statistics.median(cpus["hook"])
+    print(f"  rank 0's main thread, CPU per token (median): plain {plain:.1f}, hook "
+          f"{hook:.1f} us ({hook - plain:+.1f} us)")
 
 
 if __name__ == "__main__":

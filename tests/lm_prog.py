@@ -14,12 +14,13 @@ Modes:
                       tiny all_sum every ~0.1 s; on a request every rank generates and
                       writes its tokens to DIR/reply-rank<R>.json; idle otherwise
   bench TOKENS ROUNDS generate ROUNDS rounds of TOKENS tokens after one warm-up round;
-                      rank 0 prints one JSON line per round: {"tokens", "seconds"}
+                      rank 0 prints one JSON line per round: {"tokens", "seconds",
+                      "main_cpu"} (the main thread's CPU seconds)
   toggle TOKENS CYCLES DIR
                       the same in cycles of four rounds, plain, hook, hook, plain: the
                       hook installed (record in DIR) before a "hook" round, uninstalled
                       before a "plain" one, in the same processes on every rank; rank 0
-                      prints {"kind", "tokens", "seconds"} per round
+                      prints {"kind", "tokens", "seconds", "main_cpu"} per round
 """
 
 import json
@@ -91,11 +92,12 @@ elif MODE == "bench":
     tokens, rounds = int(ARGS[0]), int(ARGS[1])
     generate(model, tokens)  # warm-up: first-call costs are not the steady rate
     for _ in range(rounds):
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
         out = generate(model, tokens)
-        took = time.perf_counter() - began
+        took, cpu = time.perf_counter() - began, time.thread_time() - cpu
         if rank == 0:
-            print(json.dumps({"tokens": len(out), "seconds": took}), flush=True)
+            print(json.dumps({"tokens": len(out), "seconds": took, "main_cpu": cpu}),
+                  flush=True)
 elif MODE == "toggle":
     import watchdog
 
@@ -108,11 +110,11 @@ elif MODE == "toggle":
                     sys.exit("install failed")
             else:
                 watchdog.uninstall()
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.thread_time()
             out = generate(model, tokens)
-            took = time.perf_counter() - began
+            took, cpu = time.perf_counter() - began, time.thread_time() - cpu
             if rank == 0:
-                print(json.dumps({"kind": kind, "tokens": len(out), "seconds": took}),
-                      flush=True)
+                print(json.dumps({"kind": kind, "tokens": len(out), "seconds": took,
+                                  "main_cpu": cpu}), flush=True)
 else:
     sys.exit(f"unknown mode {MODE}")
