@@ -16,6 +16,10 @@ Modes:
                   rank leaves after the same round and exits 0 (a clean job end)
   stubborn        like recv (rank 0 waits forever on a recv nobody sends), but every
                   rank ignores SIGTERM: only SIGKILL ends the job
+  consume HOW     all_sum rounds whose result is consumed only through one entry point:
+                  print (print(a)), fstring (f"{a}"), format (f"{a[0]:.1f}"), numpy
+                  (numpy.array(a): the buffer protocol), async_eval (mlx-lm's pattern:
+                  async_eval the next round, then .item() the previous one)
 """
 
 import sys
@@ -24,7 +28,7 @@ import time
 import mlx.core as mx
 
 MODE = sys.argv[1]
-ARG = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+ARG = float(sys.argv[2]) if len(sys.argv) > 2 and MODE != "consume" else 0.0
 
 hb = None
 if MODE != "zero":
@@ -163,5 +167,41 @@ elif MODE == "stubborn":
     else:
         while True:
             time.sleep(1)
+elif MODE == "consume":
+    import os
+
+    how = sys.argv[2]
+    sink = open(os.devnull, "w")  # noqa: SIM115
+    rounds = 0
+
+    def issue():
+        x = mx.distributed.all_sum(mx.ones(16))
+        for _ in range(200):  # far more tasks than the scheduler keeps in flight
+            x = x * 1.0
+        return x
+
+    ahead = issue()
+    while True:
+        x = issue() if how != "async_eval" else ahead
+        if how == "print":
+            print(x, file=sink)
+        elif how == "fstring":
+            sink.write(f"{x}")
+        elif how == "format":
+            sink.write(f"{x[0]:.1f}")
+        elif how == "numpy":
+            import numpy
+
+            numpy.array(x)
+        elif how == "async_eval":
+            ahead = issue()
+            mx.async_eval(ahead)
+            if x[0].item() != size:
+                sys.exit(3)
+        else:
+            sys.exit(f"unknown way to consume {how}")
+        rounds += 1
+        if rounds % 50 == 0:
+            print(f"round {rounds}", flush=True)
 else:
     sys.exit(f"unknown mode {MODE}")

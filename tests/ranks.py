@@ -17,6 +17,7 @@ from watchdog import record
 
 REPO = Path(__file__).resolve().parent.parent
 RANK_PROG = Path(__file__).resolve().parent / "rank_prog.py"
+LM_PROG = Path(__file__).resolve().parent / "lm_prog.py"
 T = TypeVar("T")
 
 
@@ -58,8 +59,9 @@ class RingJob:
 
     def __init__(self, workdir: Path, record_dir: Path | str | list[Path], size: int = 3,
                  mode: str = "loop", args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
-        """`record_dir` may be a list: one directory per rank (one per simulated node)."""
+                 env: dict[str, str] | None = None, prog: Path = RANK_PROG) -> None:
+        """`record_dir` may be a list: one directory per rank (one per simulated node);
+        `prog` is the rank program (tests/rank_prog.py, or tests/lm_prog.py for mlx-lm)."""
         self.workdir = Path(workdir)
         dirs = record_dir if isinstance(record_dir, list) else [Path(record_dir)] * size
         self.record_dirs = [Path(d) for d in dirs]
@@ -68,6 +70,7 @@ class RingJob:
         self.mode = mode
         self.args = args
         self.extra_env = env or {}
+        self.prog = prog
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> RingJob:
@@ -79,7 +82,7 @@ class RingJob:
                            MLX_RANK=str(rank), **self.extra_env)
             log = open(self.workdir / f"rank{rank}-{id(self)}.log", "wb")  # noqa: SIM115
             self.procs.append(subprocess.Popen(
-                [sys.executable, str(RANK_PROG), self.mode, *self.args], env=env,
+                [sys.executable, str(self.prog), self.mode, *self.args], env=env,
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir))
             log.close()
         return self

@@ -8,8 +8,10 @@ fresh interpreter (another uid, zero-code activation, exit) run in a subprocess.
 from __future__ import annotations
 
 import faulthandler
+import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import psutil
 import pytest
 
@@ -38,8 +41,14 @@ REPO = Path(__file__).resolve().parent.parent
 PATCHED: dict[str, tuple[Any, str]] = {
     "mx.eval": (mx, "eval"),
     "mx.synchronize": (mx, "synchronize"),
+    # Found by the audit of blocking entry points (docs/coverage.md).
+    **{f"mx.{n}": (mx, n)
+       for n in ("async_eval", "save", "savez", "savez_compressed", "save_safetensors",
+                 "save_gguf", "load", "clear_streams")},
     **{f"mx.array.{n}": (mx.array, n)
-       for n in ("item", "tolist", "__bool__", "__int__", "__float__")},
+       for n in ("item", "tolist", "__bool__", "__int__", "__float__", "__complex__",
+                 "__index__", "__format__", "__repr__", "__bytes__", "__array__",
+                 "__dlpack__", "__getstate__")},
     **{f"mx.distributed.{n}": (mx.distributed, n)
        for n in ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
                  "recv_like", "init")},
@@ -199,9 +208,33 @@ WAIT_CALLS: dict[str, Callable[[mx.array], object]] = {
     "bool": lambda a: bool(a[1]),
     "int": lambda a: int(a[1]),
     "float": lambda a: float(a[1]),
+    "async_eval": lambda a: mx.async_eval(a),
+    "complex": lambda a: complex(a[1]),
+    "index": lambda a: [10, 11, 12][a[1]],
+    "format scalar": lambda a: f"{a[1]:.1f}",
+    "format array": lambda a: f"{a}",
+    "str": lambda a: str(a),
+    "repr": lambda a: repr(a),
+    "bytes": lambda a: bytes(a),
+    "__array__": lambda a: a.__array__().tolist(),
+    "__dlpack__": lambda a: type(a.__dlpack__()).__name__,
+    "pickle": lambda a: len(pickle.dumps(a)) > 100,
+    "save": lambda a: mx.save(io.BytesIO(), a),
+    "savez": lambda a: mx.savez(io.BytesIO(), a=a),
+    "savez_compressed": lambda a: mx.savez_compressed(io.BytesIO(), a=a),
+    "save_safetensors": lambda a: mx.save_safetensors(io.BytesIO(), {"a": a}),
+    "load": lambda a: type(mx.load(io.BytesIO(NPY_BYTES), format="npy")).__name__,
 }
+_npy = io.BytesIO()
+np.save(_npy, np.zeros(3, np.int32))
+NPY_BYTES = _npy.getvalue()
+SHOWN = "array([0, 2, 4], dtype=int32)"
 WAIT_RESULTS = {"eval": None, "synchronize": None, "item": 2, "tolist": [0, 2, 4], "bool": True,
-                "int": 2, "float": 2.0}
+                "int": 2, "float": 2.0, "async_eval": None, "complex": 2 + 0j, "index": 12,
+                "format scalar": "2.0", "format array": SHOWN, "str": SHOWN, "repr": SHOWN,
+                "bytes": bytes([0] * 4 + [2, 0, 0, 0, 4, 0, 0, 0]), "__array__": [0, 2, 4],
+                "__dlpack__": "PyCapsule", "pickle": True, "save": None, "savez": None,
+                "savez_compressed": None, "save_safetensors": None, "load": "array"}
 
 
 @pytest.mark.parametrize("name", list(WAIT_CALLS))
@@ -220,6 +253,53 @@ def test_each_blocking_call_is_one_completed_wait(hb: watchdog.Heartbeat, name: 
     assert started <= rec.last_progress_ns <= ended
     assert 0 < rec.last_wait_ns <= ended - started
     assert rec.max_wait_ns >= rec.last_wait_ns
+
+
+FAILING_CALLS: dict[str, Callable[[], object]] = {
+    "format spec on an array": lambda: f"{mx.ones(3):.2f}",
+    "index of a float": lambda: [1, 2][mx.array(1.5)],
+    "complex of many": lambda: complex(mx.ones(2)),
+    "save to a bad path": lambda: mx.save("/nonexistent-dir/x.npy", mx.ones(2)),
+    "load of garbage": lambda: mx.load(io.BytesIO(b"garbage"), format="npy"),
+}
+
+
+@pytest.mark.parametrize("name", list(FAILING_CALLS))
+def test_errors_of_the_new_waits_pass_through_unchanged(record_dir: Path, name: str) -> None:
+    def error() -> tuple[type, str]:
+        with pytest.raises(Exception) as caught:
+            FAILING_CALLS[name]()
+        return caught.type, str(caught.value)
+
+    plain = error()
+    beat = watchdog.install(str(record_dir))
+    assert error() == plain
+    rec = read(beat)
+    assert rec.waits_entered == rec.waits_completed >= 1 and rec.phase is Phase.RUNNING
+
+
+def test_print_and_thread_teardown_are_waits(hb: watchdog.Heartbeat,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    a = mx.arange(3) * 2
+    before = read(hb)
+    print(a)
+    assert capsys.readouterr().out == SHOWN + "\n"
+    assert read(hb).waits_completed == before.waits_completed + 1
+    # clear_streams() drops the calling thread's streams: run it where that harms nobody.
+    worker = threading.Thread(target=mx.clear_streams)
+    worker.start()
+    worker.join()
+    rec = read(hb)
+    assert (rec.waits_entered, rec.waits_completed) == (before.waits_entered + 2,
+                                                       before.waits_completed + 2)
+    assert rec.phase is Phase.RUNNING
+
+
+def test_save_gguf_is_a_wait(hb: watchdog.Heartbeat, tmp_path: Path) -> None:
+    before = read(hb)
+    mx.save_gguf(str(tmp_path / "a.gguf"), {"a": mx.arange(3, dtype=mx.float32)})
+    assert read(hb).waits_completed == before.waits_completed + 1
+    assert mx.load(str(tmp_path / "a.gguf"))["a"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_counters_add_up_over_a_mixed_loop(hb: watchdog.Heartbeat) -> None:
@@ -373,6 +453,8 @@ def test_uninstall_restores_every_patched_function(record_dir: Path) -> None:
     mx.eval(a)
     assert (a[2].item(), a.tolist(), bool(a[1]), int(a[2]), float(a[2])) == (2, [0, 1, 2], True,
                                                                            2, 2.0)
+    assert (str(a), f"{a}", f"{a[1]:.1f}", [7, 8][a[1]], complex(a[1])) == (
+        "array([0, 1, 2], dtype=int32)", "array([0, 1, 2], dtype=int32)", "1.0", 8, 1 + 0j)
     watchdog.uninstall()  # twice is harmless
 
 
@@ -834,6 +916,87 @@ def test_a_signal_at_any_point_of_the_hook_never_blocks_or_corrupts_the_record(
     if mode == "raise":
         assert result["interrupted"] == result["runs"]
     assert warnings_in(done.stderr) == [], done.stderr
+
+
+# -- lazy install (zero-code activation): a process is published at its first wait ---------
+
+
+def test_a_lazy_install_patches_now_and_publishes_at_the_first_wait(record_dir: Path) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    assert beat.active and not beat.published and beat.path is None
+    assert sorted(patched()) == sorted(PATCHED)
+    assert os.listdir(record_dir) == []  # no record, no stack-dump file: not a rank yet
+    a = mx.arange(3)
+    assert a.tolist() == [0, 1, 2]
+    assert beat.published and beat.path == str(record_dir / f"{os.getpid()}.rec")
+    rec = read(beat)
+    assert (rec.waits_entered, rec.waits_completed, rec.collectives) == (1, 1, 0)
+    assert (rec.pid, rec.rank, rec.world_size) == (os.getpid(), -1, 0)
+    assert sorted(os.listdir(record_dir)) == [f"{os.getpid()}.rec", f"{os.getpid()}.stacks"]
+
+
+def test_a_lazy_open_rewraps_mlx_over_the_real_hot_path(record_dir: Path) -> None:
+    """The opening functions cost an extra call; once open, MLX is wrapped anew."""
+    beat = watchdog.install(str(record_dir), lazy=True)
+    before = mx.eval
+    opening = beat._enter
+    mx.eval(mx.array(1))
+    assert beat.published and beat._enter is not opening
+    assert mx.eval is not before and sorted(patched()) == sorted(PATCHED)
+    free_vars = dict(zip(mx.eval.__code__.co_freevars,
+                         (c.cell_contents for c in mx.eval.__closure__ or ()), strict=True))
+    assert free_vars["enter"] is beat._enter  # bound to the real hot path
+    mx.eval(mx.array(2))
+    assert read(beat).waits_completed == 2
+    watchdog.uninstall()
+    assert not patched()  # the re-wrapped functions come off like the first ones
+
+
+@pytest.mark.parametrize("first", ["collective", "step", "idle", "expect"])
+def test_a_lazy_record_opens_on_any_sign_of_a_rank(record_dir: Path, first: str) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    if first == "collective":
+        mx.distributed.all_sum(mx.ones(2))
+    elif first == "step":
+        beat.step()
+    elif first == "idle":
+        with beat.idle():
+            assert read(beat).phase is Phase.IDLE
+    else:
+        with beat.expect(30, "checkpoint"):
+            assert read(beat).expect_reason == "checkpoint"
+    rec = read(beat)
+    assert (rec.collectives, rec.steps) == (int(first == "collective"), int(first == "step"))
+    assert rec.phase is Phase.RUNNING
+
+
+def test_an_explicit_install_opens_a_lazy_record(record_dir: Path) -> None:
+    lazy = watchdog.install(str(record_dir), lazy=True)
+    assert watchdog.install(str(record_dir)) is lazy
+    assert lazy.published and os.path.exists(str(lazy.path))
+    assert read(lazy).waits_entered == 0
+
+
+def test_a_lazy_install_that_never_waits_leaves_nothing(record_dir: Path) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    watchdog.uninstall()
+    assert unpatched() == list(PATCHED)
+    assert not beat.active and not beat.published
+    beat.step()  # after uninstall: still nothing opens
+    assert os.listdir(record_dir) == []
+
+
+def test_a_lazy_record_that_cannot_open_warns_once_and_the_rank_runs(
+        record_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    beat = watchdog.install(str(record_dir), lazy=True)
+    record_dir.rmdir()  # gone between install and the first wait
+    a = mx.arange(3)
+    assert (a.tolist(), a[1].item(), f"{a[2]}") == ([0, 1, 2], 1, "2")
+    beat.step()
+    warnings = warnings_in(capsys.readouterr().err)
+    assert len(warnings) == 1 and "not instrumenting" in warnings[0], warnings
+    assert not beat.published and beat.path is None
+    record_dir.mkdir()
 
 
 def test_a_no_op_heartbeat_runs_user_code() -> None:

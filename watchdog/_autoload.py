@@ -1,8 +1,10 @@
 """Zero-code activation: imported from `mlx_watchdog.pth` when MLX_WATCHDOG=1.
 
-Adds an import hook that calls `watchdog.install()` right after `mlx.core`
-finishes importing, so a process that never names the watchdog is
-instrumented. Processes that never import mlx pay for one finder lookup.
+Adds an import hook that calls `watchdog.install(lazy=True)` right after
+`mlx.core` finishes importing, so a process that never names the watchdog is
+instrumented; its record opens at its first wait or collective, so a process
+that only imports mlx.core (`mlx.launch` itself) is never published as a rank.
+Processes that never import mlx pay for one finder lookup.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class _InstallAfter(importlib.abc.Loader):
         try:
             from watchdog.rank.hook import install
 
-            install()
+            install(lazy=True)  # published at its first wait: a launcher never is
         except Exception as err:  # noqa: BLE001 - never break the user's import
             sys.stderr.write(f"mlx-watchdog: not instrumenting this process: {err!r}\n")
 
@@ -51,6 +53,6 @@ class MlxCoreFinder(importlib.abc.MetaPathFinder):
 if TARGET in sys.modules:
     from watchdog.rank.hook import install
 
-    install()
+    install(lazy=True)
 elif not any(isinstance(f, MlxCoreFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, MlxCoreFinder())

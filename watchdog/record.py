@@ -113,6 +113,24 @@ OPS = (
     "send",
     "recv",
     "recv_like",
+    # Appended by the audit of every blocking entry point (docs/coverage.md). Codes are
+    # never reused or reordered: an older reader shows a newer code as "?17" and so on.
+    "async_eval",
+    "complex",
+    "index",
+    "format",
+    "repr",
+    "bytes",
+    "array",
+    "dlpack",
+    "getstate",
+    "save",
+    "savez",
+    "savez_compressed",
+    "save_safetensors",
+    "save_gguf",
+    "load",
+    "clear_streams",
 )
 OP_CODE = {name: code for code, name in enumerate(OPS)}
 

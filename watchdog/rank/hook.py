@@ -43,14 +43,35 @@ from watchdog.record import (
 )
 from watchdog.states import Phase
 
-WAITS = {  # where each blocking call lives: "core" is mlx.core, "array" is mlx.core.array
+# Every entry point of mlx.core (0.32.x) that can block on the scheduler or a peer,
+# found by reading the bindings and timing each against a lazy graph (docs/coverage.md).
+# "core" is mlx.core, "array" is mlx.core.array. print(a) and str(a) reach __repr__;
+# f"{a}" and format() reach __format__; pickle reaches __getstate__. The buffer protocol
+# (np.array(a), memoryview(a)) is a C slot that cannot be wrapped: see docs/limits.md.
+WAITS = {
     "eval": "core",
+    "async_eval": "core",  # blocks when the scheduler has too much work in flight
     "synchronize": "core",
+    "save": "core",
+    "savez": "core",
+    "savez_compressed": "core",
+    "save_safetensors": "core",
+    "save_gguf": "core",
+    "load": "core",  # evaluates at once when given a file object
+    "clear_streams": "core",  # tears down stream threads, which finish their queue first
     "item": "array",
     "tolist": "array",
     "__bool__": "array",
     "__int__": "array",
     "__float__": "array",
+    "__complex__": "array",
+    "__index__": "array",
+    "__format__": "array",
+    "__repr__": "array",
+    "__bytes__": "array",
+    "__array__": "array",
+    "__dlpack__": "array",
+    "__getstate__": "array",
 }
 COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
                "recv_like")
@@ -142,6 +163,11 @@ class Heartbeat:
     `idle()`, `expect()` and the group identity are rare and go to the
     record's cold words under a reentrant lock and the seqlock. A Heartbeat
     whose record could not be opened still works: every method is a no-op.
+
+    With an `opener` and no writer, the record is opened late: on the first wait,
+    collective or call of the user's API, i.e. when the process first acts like a
+    rank. Zero-code activation installs this way so that a process that only
+    imports mlx.core (`mlx.launch` itself, a tool) is never published as a rank.
     """
 
     enter_wait: Callable[[int], int]
@@ -152,8 +178,13 @@ class Heartbeat:
     _count: Callable[[_Slot, int], None]
 
     def __init__(self, writer: RecordWriter | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 opener: Callable[[], RecordWriter] | None = None,
+                 on_open: Callable[[Heartbeat], None] | None = None) -> None:
         self._writer = writer
+        self._opener = opener if writer is None else None
+        self._on_open = on_open  # after a late open: re-wrap MLX with the real hot path
+        self._closed = False
         self._clock = clock
         self._cold = threading.RLock()  # reentrant: a signal handler may publish inside
         self._idle_depth = 0
@@ -162,15 +193,50 @@ class Heartbeat:
         self._stretch = [0]  # non-zero inside idle() or expect(): waits do not teach
         self._local = threading.local()
         self._scratch = memoryview(bytearray(record.SLOT_SIZE)).cast("Q")
+        self._overflow = _Slot(self._scratch)
+        self._overflowed = False
+        self._take(writer)
+
+    def _take(self, writer: RecordWriter | None) -> None:
+        """Use `writer`'s slots, and build the hot path over them."""
         self._slots = [_Slot(writer.slot(k)) for k in range(record.THREAD_SLOTS)] \
             if writer is not None else []
         self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
-        self._overflow = _Slot(self._scratch)
-        self._overflowed = False
         self._build()
+
+    def _open_late(self) -> bool:
+        """Open the record now (the cold path, taken once); False if there is none."""
+        opener = self._opener
+        if opener is None:
+            return self._writer is not None
+        try:
+            with _open_lock:  # two threads' first waits open one record
+                if self._writer is not None or self._opener is None:
+                    return self._writer is not None
+                self._opener = None
+                writer = opener()
+                with self._cold:
+                    if self._closed:  # uninstall() won the race: publish nothing
+                        writer.close(record.STATUS_CLOSED, remove=True)
+                        return False
+                    self._writer = writer
+                    self._take(writer)
+            self._cold_update(lambda now: None)  # idle/expect entered before the open
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            _warn(f"not instrumenting this process: {err}")
+            return False
+        if self._on_open is not None:
+            self._on_open(self)
+        return True
 
     @property
     def active(self) -> bool:
+        """Instrumented: the record is open, or opens at the first sign of a rank."""
+        return self._writer is not None or self._opener is not None
+
+    @property
+    def published(self) -> bool:
+        """The record exists (zero-code activation opens it late)."""
         return self._writer is not None
 
     @property
@@ -214,6 +280,9 @@ class Heartbeat:
         then only loads and stores; the store that commits comes after the data
         it commits (a reader derives everything from committed words).
         """
+        if self._writer is None and self._opener is not None:
+            self._build_opening()
+            return
         if self._writer is None:
             def nothing(*args: Any) -> Any:
                 return 0
@@ -351,6 +420,35 @@ class Heartbeat:
             enter, count
         self.collective, self.step = collective, step
 
+    def _build_opening(self) -> None:
+        """Before a late open: each hot-path function opens the record, then does its
+        work through the real one. Wrappers are rebuilt over the real ones at the open
+        (`on_open`), so only references taken before it keep this extra call."""
+        def enter(op: int) -> _Slot | None:
+            return self._enter(op) if self._open_late() else None
+
+        def count(st: _Slot, op: int) -> None:
+            self._count(st, op)
+
+        def enter_wait(op: int) -> int:
+            return self.enter_wait(op) if self._open_late() else 0
+
+        def exit_wait(started: int, op: int) -> None:
+            if started:
+                self.exit_wait(started, op)
+
+        def collective(op: int, out: Any) -> None:
+            if self._open_late():
+                self.collective(op, out)
+
+        def step() -> None:
+            if self._open_late():
+                self.step()
+
+        self.enter_wait, self.exit_wait, self._enter, self._count = enter_wait, exit_wait, \
+            enter, count
+        self.collective, self.step = collective, step
+
     # -- the user's API (cold) -------------------------------------------------
 
     @contextlib.contextmanager
@@ -393,6 +491,8 @@ class Heartbeat:
                 self._stretch[0] = self._idle_depth + len(self._expects)
                 writer = self._writer
                 if writer is None:
+                    if self._opener is not None:
+                        self._open_late()  # publishes the change once open
                     return
                 seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
                 writer.begin()
@@ -407,6 +507,8 @@ class Heartbeat:
     # -- identity and lifetime -----------------------------------------------
 
     def set_group(self, rank: int, world_size: int, backend: str | None) -> None:
+        if self._writer is None and self._opener is not None:
+            self._open_late()
         try:
             with self._cold:
                 writer = self._writer
@@ -436,6 +538,7 @@ class Heartbeat:
         whose record the daemon reports (and fences the job over)."""
         with self._cold:
             writer, self._writer = self._writer, None
+            self._opener, self._closed = None, True
         self._retire()
         if writer is not None:
             with contextlib.suppress(Exception):
@@ -443,7 +546,7 @@ class Heartbeat:
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
-        self._writer = None
+        self._writer = self._opener = None
         self._retire()
         self._cold = threading.RLock()
 
@@ -455,10 +558,11 @@ _current: Heartbeat | None = None
 _patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
 _dump_file: Any = None
 _dump_signum = 0
-_install_lock = threading.Lock()
+_install_lock = threading.RLock()  # reentrant: a late open inside install() re-wraps
+_open_lock = threading.Lock()
 
 
-def _wrap_wait(hb: Heartbeat, original: Any, op: int) -> Any:
+def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
     enter, count = hb._enter, hb._count
 
     @functools.wraps(original)
@@ -480,6 +584,16 @@ def _wrap_wait(hb: Heartbeat, original: Any, op: int) -> Any:
                 st.depth = d
                 count(st, op)
 
+    if name:
+        # Stack dumps (faulthandler, py-spy) name a frame by its code object: with the
+        # entry point's own name there, the evidence of a hang reads "in async_eval",
+        # not "in wait". Costs nothing per call.
+        func: Any = wait
+        with contextlib.suppress(Exception):
+            code = func.__code__.replace(co_name=name)
+            if hasattr(code, "co_qualname"):
+                code = code.replace(co_qualname=name)
+            func.__code__ = code
     return wait
 
 
@@ -528,8 +642,10 @@ def _instrument(hb: Heartbeat, mx: Any) -> None:
             _DTYPE_CODES[hash(dtype) & 0xFF] = record.DTYPE_CODE[name]
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
-        op = OP_CODE[name.strip("_")]
-        _patch(owner, name, _wrap_wait(hb, getattr(owner, name), op))
+        original = getattr(owner, name, None)
+        if original is None:  # an older or newer mlx without this entry point
+            continue
+        _patch(owner, name, _wrap_wait(hb, original, OP_CODE[name.strip("_")], name))
     dist = mx.distributed
     for name in COLLECTIVES:
         if hasattr(dist, name):
@@ -642,27 +758,38 @@ def _close_dump() -> None:
                 os.unlink(file.name)
 
 
-def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
+def install(directory: str | None = None, job: str | None = None, *,
+            lazy: bool = False) -> Heartbeat:
     """Instrument mlx and open this process's record. Idempotent; never raises.
 
     With the directory missing or unwritable, warns once on stderr and returns
-    a Heartbeat that does nothing, leaving mlx unpatched.
+    a Heartbeat that does nothing, leaving mlx unpatched. With `lazy` (zero-code
+    activation), mlx is instrumented at once but the record (and the stack-dump
+    handler) only at the first wait, collective or call of the user's API: a
+    process that only imports mlx.core, like `mlx.launch`, is never a rank, and
+    never warns about the directory either (a rank does, at its first wait, and
+    runs on with do-nothing wrappers).
     """
     global _current
     with _install_lock:
         if _current is not None:
+            if not lazy:  # asked for by name: a lazy record (zero-code) opens now
+                _current._open_late()
             return _current
         hb: Heartbeat | None = None
         try:
             import mlx.core as mx
 
             directory = directory or record_dir()
-            if not os.path.isdir(directory):
+            if not lazy and not os.path.isdir(directory):
                 raise OSError(f"record directory {directory} does not exist")
-            base = _free_base(directory)
+            job = job or job_id()
             try:
-                signum = _register_dump(dump_signal_from_env(), base + ".stacks")
-                hb = Heartbeat(_open_record(base + record.SUFFIX, job or job_id(), signum))
+                if lazy:
+                    hb = Heartbeat(None, opener=functools.partial(_open_now, directory, job),
+                                   on_open=functools.partial(_rewrap, mx))
+                else:
+                    hb = Heartbeat(_open_now(directory, job))
                 _instrument(hb, mx)
             except BaseException:
                 _restore()
@@ -678,6 +805,32 @@ def install(directory: str | None = None, job: str | None = None) -> Heartbeat:
         atexit.register(_close_at_exit)
         os.register_at_fork(after_in_child=_after_fork_in_child)
         return hb
+
+
+def _open_now(directory: str, job: str) -> RecordWriter:
+    """The stack-dump handler and the record of this process, or neither."""
+    if not os.path.isdir(directory):
+        raise OSError(f"record directory {directory} does not exist")
+    base = _free_base(directory)
+    signum = _register_dump(dump_signal_from_env(), base + ".stacks")
+    try:
+        return _open_record(base + record.SUFFIX, job, signum)
+    except BaseException:
+        _close_dump()
+        raise
+
+
+def _rewrap(mx: Any, hb: Heartbeat) -> None:
+    """After a late open: wrap MLX again over the real hot path (the opening
+    functions' extra call is then gone for every caller that looks MLX up anew)."""
+    with _install_lock:
+        if _current is not hb:
+            return
+        try:
+            _restore()
+            _instrument(hb, mx)
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            _warn(f"could not re-wrap MLX after opening the record ({err!r})")
 
 
 def _restore() -> None:
