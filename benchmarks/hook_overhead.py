@@ -50,7 +50,7 @@ import mlx.core as mx  # noqa: E402
 
 import watchdog  # noqa: E402
 from watchdog import record  # noqa: E402
-from watchdog.rank import hook  # noqa: E402
+from watchdog.rank import hook, patches  # noqa: E402
 
 PTH = REPO / "watchdog" / "_pth" / "mlx_watchdog.pth"
 
@@ -98,7 +98,7 @@ def hot_path(iterations: int, repeats: int, directory: str) -> dict[str, dict[st
             if which == "wrapped":
                 hb = watchdog.install(directory=directory, job="bench")
                 assert hb.active, "the hook did not install"
-                assert mx.eval is not hook._patches[0][2]
+                assert mx.eval is not patches._patches[0][2]
                 for name, stmt in cases.items():
                     wrapped[name] += per_call_ns(stmt, env, iterations)
                 henv = {"enter": hb.enter_wait, "leave": hb.exit_wait,
@@ -106,8 +106,8 @@ def hot_path(iterations: int, repeats: int, directory: str) -> dict[str, dict[st
                 direct["enter+exit"] += per_call_ns("leave(enter(E), E)", henv, iterations)
                 direct["collective"] += per_call_ns("issued(S, a)", henv, iterations)
                 # The hook's own wrappers around a trivial function, against do-nothing ones.
-                wenv = {"hw": hook._wrap_wait(hb, abs, op_eval), "pw": passthrough(abs),
-                        "hc": hook._wrap_collective(hb, same, op_sum),
+                wenv = {"hw": patches._wrap_wait(hb, abs, op_eval), "pw": passthrough(abs),
+                        "hc": patches._wrap_collective(hb, same, op_sum),
                         "pc": passthrough(same), "a": a}
                 hook_w, plain_w = (per_call_ns(stmt, wenv, iterations)[0]
                                    for stmt in ("hw(1)", "pw(1)"))

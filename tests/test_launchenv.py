@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.rank import hook, launchenv
+from watchdog.rank import env, hook, launchenv
 
 launch = pytest.importorskip("mlx._distributed_utils.launch")
 common = pytest.importorskip("mlx._distributed_utils.common")
@@ -35,11 +35,11 @@ RING_HOSTS = [{"ssh": "studio-1", "ips": ["10.0.0.1"]}, {"ssh": "studio-2", "ips
 
 PROBE = """
 import json, os
-from watchdog.rank import hook
-rank, size = hook._env_rank_size(os.environ)
+from watchdog.rank import env, hook
+rank, size = env.env_rank_size(os.environ)
 keys = [k for k in os.environ if k.startswith(("MLX_", "JACCL_"))]
 print(json.dumps({"job": hook.job_id(), "rank": rank, "size": size,
-                  "backend": hook._guess_backend(os.environ),
+                  "backend": env.guess_backend(os.environ),
                   "env": {k: os.environ[k] for k in keys}}))
 """
 
@@ -129,13 +129,13 @@ def test_jaccl_spellings_and_their_precedence(tmp_path):
            "MLX_RANK": "1"}
     bare = {"JACCL_IBV_DEVICES": str(devices), "JACCL_COORDINATOR": "10.0.0.1:5000",
             "JACCL_RANK": "1"}
-    for env in (mlx, bare):
-        assert hook._guess_backend(env) == "jaccl"
-        assert hook._env_rank_size(env) == (1, 2)
+    for given in (mlx, bare):
+        assert env.guess_backend(given) == "jaccl"
+        assert env.env_rank_size(given) == (1, 2)
     assert hook.job_id(mlx) == hook.job_id(bare)
     # JACCL reads JACCL_* first (jaccl.cpp Config::from_env): so does the hook.
     both = dict(mlx, JACCL_RANK="0")
-    assert hook._env_rank_size(both) == (0, 2)
+    assert env.env_rank_size(both) == (0, 2)
     assert hook.job_id({**mlx, "JACCL_RING": "1"}) != hook.job_id(mlx)
     assert hook.job_id({**mlx, "MLX_JACCL_RING": "1"}) == hook.job_id({**mlx, "JACCL_RING": "1"})
 

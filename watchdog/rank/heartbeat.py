@@ -1,0 +1,263 @@
+"""The Heartbeat: this process's record, its thread slots, and the user's API.
+
+The hot path itself (one function call per wait or collective) is built in
+`hotpath.py`; here are the cold parts: handing out slots, opening the record
+late, `idle()`/`expect()`/`step()`, the group identity, failure and close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from watchdog import record
+from watchdog.rank import hotpath
+from watchdog.rank.env import warn as _warn
+from watchdog.rank.hotpath import _Release, _Slot
+from watchdog.record import RecordWriter
+from watchdog.states import Phase
+
+_open_lock = threading.Lock()  # two threads' first waits open one record
+
+
+class Heartbeat:
+    """This process's counters and phase, kept in its mapped record.
+
+    Each thread that calls MLX gets a slot of the record of its own and is its
+    only writer, so the hot path (`enter_wait`, `exit_wait`, `collective`,
+    `step`) takes no lock: a signal handler that calls into MLX, or an
+    interrupt at any point, can never block it. A wait is open while the
+    slot's `since` word is non-zero: one store opens it, one store closes it.
+    On Python 3.11+ no signal can be delivered between a hot path's clock read
+    and its last store (the interpreter only runs handlers on calls and
+    backward jumps), and the wrapper closes a wait with no call before the
+    store, so an interrupt can neither leave a wait open nor hide one.
+
+    `idle()`, `expect()` and the group identity are rare and go to the
+    record's cold words under a reentrant lock and the seqlock. A Heartbeat
+    whose record could not be opened still works: every method is a no-op.
+
+    With an `opener` and no writer, the record is opened late: on the first wait,
+    collective or call of the user's API, i.e. when the process first acts like a
+    rank. Zero-code activation installs this way so that a process that only
+    imports mlx.core (`mlx.launch` itself, a tool) is never published as a rank.
+    """
+
+    enter_wait: Callable[[int], int]
+    exit_wait: Callable[[int, int], None]
+    collective: Callable[[int, Any], None]
+    step: Callable[[], None]
+    _enter: Callable[[int], _Slot | None]
+    _count: Callable[[_Slot, int], None]
+
+    def __init__(self, writer: RecordWriter | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 opener: Callable[[], RecordWriter] | None = None,
+                 on_open: Callable[[Heartbeat], None] | None = None) -> None:
+        self._writer = writer
+        self._opener = opener if writer is None else None
+        self._on_open = on_open  # after a late open: re-wrap MLX with the real hot path
+        self._closed = False
+        self._clock = clock
+        self._cold = threading.RLock()  # reentrant: a signal handler may publish inside
+        self._idle_depth = 0
+        self._idle_since = self._idle_ended = 0
+        self._expects: list[tuple[float, int, str]] = []
+        self._stretch = [0]  # non-zero inside idle() or expect(): waits do not teach
+        self._local = threading.local()
+        self._scratch = memoryview(bytearray(record.SLOT_SIZE)).cast("Q")
+        self._overflow = _Slot(self._scratch)
+        self._overflowed = False
+        self._take(writer)
+
+    def _take(self, writer: RecordWriter | None) -> None:
+        """Use `writer`'s slots, and build the hot path over them."""
+        self._slots = [_Slot(writer.slot(k)) for k in range(record.THREAD_SLOTS)] \
+            if writer is not None else []
+        self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
+        self._build()
+
+    def _open_late(self) -> bool:
+        """Open the record now (the cold path, taken once); False if there is none."""
+        opener = self._opener
+        if opener is None:
+            return self._writer is not None
+        try:
+            with _open_lock:
+                if self._writer is not None or self._opener is None:
+                    return self._writer is not None
+                self._opener = None
+                writer = opener()
+                with self._cold:
+                    if self._closed:  # uninstall() won the race: publish nothing
+                        writer.close(record.STATUS_CLOSED, remove=True)
+                        return False
+                    self._writer = writer
+                    self._take(writer)
+            self._cold_update(lambda now: None)  # idle/expect entered before the open
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            _warn(f"not instrumenting this process: {err}")
+            return False
+        if self._on_open is not None:
+            self._on_open(self)
+        return True
+
+    @property
+    def active(self) -> bool:
+        """Instrumented: the record is open, or opens at the first sign of a rank."""
+        return self._writer is not None or self._opener is not None
+
+    @property
+    def published(self) -> bool:
+        """The record exists (zero-code activation opens it late)."""
+        return self._writer is not None
+
+    @property
+    def path(self) -> str | None:
+        return self._writer.path if self._writer is not None else None
+
+    collectives = property(lambda self: sum(s.collectives for s in self._slots))
+    waits_entered = property(lambda self: sum(s.completed + bool(s.depth) for s in self._slots))
+    waits_completed = property(lambda self: sum(s.completed for s in self._slots))
+    steps = property(lambda self: sum(s.steps for s in self._slots))
+
+    @property
+    def phase(self) -> Phase:
+        if self._idle_depth:
+            return Phase.IDLE
+        return Phase.WAIT if any(s.depth for s in self._slots) else Phase.RUNNING
+
+    # -- the hot path --------------------------------------------------------
+
+    def _claim(self) -> _Slot:
+        """This thread's first call: take a free slot (cold, once per thread)."""
+        try:
+            slot = self._free.pop()
+        except IndexError:
+            slot = self._overflow  # scratch memory: this thread's calls go unrecorded
+            if not self._overflowed:
+                self._overflowed = True
+                _warn(f"more than {record.THREAD_SLOTS} threads call MLX at once; the "
+                      "waits of the others are not recorded")
+        else:
+            with contextlib.suppress(Exception):
+                slot.w[record.S_OWNER] = threading.get_native_id()
+            self._local.release = _Release(slot, self._free)
+        self._local.slot = slot
+        return slot
+
+    def _build(self) -> None:
+        """Bind the hot-path functions: real over the record, opening, or nothing."""
+        if self._writer is not None:
+            path = hotpath.real(self._local, self._claim, self._clock, self._fail,
+                                self._stretch)
+        elif self._opener is not None:
+            path = hotpath.opening(self)
+        else:
+            path = hotpath.nothing()
+        self.enter_wait, self.exit_wait, self._enter, self._count = path[:4]
+        self.collective, self.step = path.collective, path.step
+
+    # -- the user's API (cold) -------------------------------------------------
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Declared idle (e.g. waiting for requests): never judged a stall."""
+        self._set_idle(1)
+        try:
+            yield
+        finally:
+            self._set_idle(-1)
+
+    @contextlib.contextmanager
+    def expect(self, seconds: float, reason: str = "") -> Iterator[None]:
+        """This stretch may take up to `seconds`: waits inside get that deadline."""
+        seconds = float(seconds)
+        if not 0 <= seconds < float("inf"):  # NaN and inf too: never `Infinity` in JSON
+            raise ValueError(f"expect() needs finite seconds >= 0, got {seconds}")
+        self._cold_update(lambda now: self._expects.append((seconds, now, reason)))
+        try:
+            yield
+        finally:
+            self._cold_update(lambda now: self._expects.pop() if self._expects else None)
+
+    def _set_idle(self, delta: int) -> None:
+        def change(now: int) -> None:
+            was, self._idle_depth = self._idle_depth, max(0, self._idle_depth + delta)
+            if not was and self._idle_depth:
+                self._idle_since = now
+            elif was and not self._idle_depth:
+                self._idle_since, self._idle_ended = 0, now
+
+        self._cold_update(change)
+
+    def _cold_update(self, change: Callable[[int], object]) -> None:
+        """Apply a change to the idle depth or the expect stack, and publish both."""
+        try:
+            with self._cold:
+                now = self._clock()
+                change(now)
+                self._stretch[0] = self._idle_depth + len(self._expects)
+                writer = self._writer
+                if writer is None:
+                    if self._opener is not None:
+                        self._open_late()  # publishes the change once open
+                    return
+                seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
+                writer.begin()
+                try:
+                    writer.write_idle(self._idle_since, self._idle_ended)
+                    writer.write_expect(seconds, since, reason)
+                finally:
+                    writer.end()
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    # -- identity and lifetime -----------------------------------------------
+
+    def set_group(self, rank: int, world_size: int, backend: str | None) -> None:
+        if self._writer is None and self._opener is not None:
+            self._open_late()
+        try:
+            with self._cold:
+                writer = self._writer
+                if writer is not None:
+                    writer.set_identity(rank=rank, world_size=world_size, backend=backend)
+        except Exception as err:  # noqa: BLE001
+            self._fail(err)
+
+    def _retire(self) -> None:
+        """Point every slot at scratch memory: later hot-path stores go nowhere."""
+        for slot in self._slots:
+            slot.w = self._scratch
+
+    def _fail(self, err: BaseException) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return  # closed already (uninstall, another thread's failure): nothing to say
+        self._retire()
+        _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
+        with contextlib.suppress(Exception):
+            # Not STATUS_ERROR: the rank runs on; its frozen words must not
+            # be judged, nor its later exit taken for a crash.
+            writer.close(record.STATUS_ABANDONED, remove=False)
+
+    def close(self, status: int = record.STATUS_CLOSED) -> None:
+        """Mark the record closed; remove it unless the rank is ending on an error,
+        whose record the daemon reports (and fences the job over)."""
+        with self._cold:
+            writer, self._writer = self._writer, None
+            self._opener, self._closed = None, True
+        self._retire()
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close(status, remove=status != record.STATUS_ERROR)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's record is not ours to write or remove."""
+        self._writer = self._opener = None
+        self._retire()
+        self._cold = threading.RLock()

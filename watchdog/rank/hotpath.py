@@ -1,0 +1,246 @@
+"""The hook's hot path: one thread's slot of the record, and the functions that
+write it on every wait and collective.
+
+Each thread that calls MLX owns one slot of the record and is its only
+writer, so nothing here takes a lock. The functions are closures over locals
+(no attribute lookups on the Heartbeat); `Heartbeat` builds them once and
+again after a late open. Order inside each one: everything that calls (the
+clock, `hash`) first, then only loads and stores; the store that commits
+comes after the data it commits (a reader derives everything from committed
+words).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from watchdog.record import (
+    KIND_SHIFT,
+    OP_CODE,
+    RING,
+    S_COLLECTIVES,
+    S_COMPLETED,
+    S_LAST_WAIT,
+    S_MAX_WAIT,
+    S_OP,
+    S_PROGRESS,
+    S_RING,
+    S_SINCE,
+    S_STEPS,
+)
+
+if TYPE_CHECKING:
+    from watchdog.rank.heartbeat import Heartbeat
+
+INIT_OP = OP_CODE["init"]
+# Record dtype code by hash(mx dtype) & 0xFF (MLX hashes a dtype to its own small number).
+DTYPE_CODES: list[int] = [0] * 256
+
+
+class _Slot:
+    """One thread's part of the record: its words, and Python copies of its counters
+    (reading a Python attribute is several times cheaper than reading the map)."""
+
+    __slots__ = ("w", "depth", "since", "completed", "collectives", "steps", "max_wait")
+
+    def __init__(self, words: memoryview) -> None:
+        self.w = words
+        self.depth = self.since = self.completed = self.collectives = self.steps = 0
+        self.max_wait = 0
+
+
+class _Release:
+    """Kept in the thread's local storage: when the thread ends, its slot goes back."""
+
+    __slots__ = ("slot", "free")
+
+    def __init__(self, slot: _Slot, free: list[_Slot]) -> None:
+        self.slot, self.free = slot, free
+
+    def __del__(self) -> None:
+        slot = self.slot
+        if slot.depth:  # a thread cannot end inside a wait; never leave one open anyway
+            slot.depth = 0
+            with contextlib.suppress(Exception):
+                slot.w[S_SINCE] = 0
+        self.free.append(slot)  # list.append is atomic: no lock
+
+
+class HotPath(NamedTuple):
+    """The functions a Heartbeat hands to the wrappers (and to the user, for `step`)."""
+
+    enter_wait: Callable[[int], int]
+    exit_wait: Callable[[int, int], None]
+    enter: Callable[[int], Any]  # -> the thread's _Slot, or None
+    counted: Callable[[Any, int], None]  # a wait the wrapper closed: count it
+    collective: Callable[[int, Any], None]
+    step: Callable[[], None]
+
+
+def nothing() -> HotPath:
+    """No record: every function does nothing."""
+    def none(*args: Any) -> Any:
+        return 0
+
+    return HotPath(none, none, none, none, none, none)
+
+
+def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
+         fail: Callable[[BaseException], None], stretch: list[int]) -> HotPath:
+    """The hot path over a thread-local slot; `stretch[0]` non-zero inside idle/expect."""
+    codes = DTYPE_CODES
+
+    def enter(op: int) -> _Slot | None:
+        """A blocking call starts: open a wait on this thread's slot; returns it."""
+        try:
+            try:
+                st: _Slot = local.slot
+            except AttributeError:
+                st = claim()
+            now = clock()
+            d = st.depth
+            if not d:
+                st.since = now
+                w = st.w
+                w[S_OP] = op
+                w[S_SINCE] = now  # commits: this thread is in a wait since now
+            st.depth = d + 1
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            fail(err)
+            return None
+        return st
+
+    def count(st: _Slot, op: int) -> None:
+        """A wait was closed (the wrapper closes it): count it, the progress, and time
+        the thread's outermost wait."""
+        try:
+            since = st.since  # before the clock: a handler that runs there waits anew
+            now = clock()
+            w = st.w
+            w[S_PROGRESS] = now
+            c = st.completed + 1
+            st.completed = c
+            w[S_COMPLETED] = c
+            if op != INIT_OP and not st.depth:
+                last = now - since
+                w[S_LAST_WAIT] = last
+                # Waits inside idle() or expect() are not the rank's normal pace:
+                # they must not stretch the learned deadline.
+                if last > st.max_wait and not stretch[0]:
+                    st.max_wait = last
+                    w[S_MAX_WAIT] = last
+        except Exception as err:  # noqa: BLE001
+            fail(err)
+
+    # The public pair does what `enter` and the wrapper's close + `count` do, written
+    # out again rather than calling them: a Python call costs as much as two stores.
+    def enter_wait(op: int) -> int:
+        """A blocking call starts; returns its start time for `exit_wait`."""
+        try:
+            try:
+                st: _Slot = local.slot
+            except AttributeError:
+                st = claim()
+            now = clock()
+            d = st.depth
+            if not d:
+                st.since = now
+                w = st.w
+                w[S_OP] = op
+                w[S_SINCE] = now
+            st.depth = d + 1
+        except Exception as err:  # noqa: BLE001
+            fail(err)
+            return 0
+        return now
+
+    def exit_wait(started: int, op: int) -> None:
+        """The blocking call returned (or raised): close the wait, count it, and time it
+        from `started`."""
+        if not started:
+            return
+        try:
+            st: _Slot = local.slot
+            w = st.w
+            d = st.depth - 1
+            if d < 1:
+                w[S_SINCE] = 0  # commits: out of the wait
+                d = 0
+            st.depth = d
+            now = clock()
+            w[S_PROGRESS] = now
+            c = st.completed + 1
+            st.completed = c
+            w[S_COMPLETED] = c
+            if op != INIT_OP and not d:
+                last = now - started
+                w[S_LAST_WAIT] = last
+                if last > st.max_wait and not stretch[0]:
+                    st.max_wait = last
+                    w[S_MAX_WAIT] = last
+        except Exception as err:  # noqa: BLE001
+            fail(err)
+
+    def collective(op: int, out: Any) -> None:
+        """A collective was issued: count it and add it to the thread's flight ring."""
+        try:
+            kind = out.nbytes << KIND_SHIFT | codes[hash(out.dtype) & 0xFF] << 8 | op
+            try:
+                st = local.slot
+            except AttributeError:
+                st = claim()
+            now = clock()
+            n = st.collectives + 1
+            i = S_RING + n % RING * 2
+            w = st.w
+            w[i] = now
+            w[i + 1] = kind
+            st.collectives = n
+            w[S_COLLECTIVES] = n  # commits the entry
+        except Exception as err:  # noqa: BLE001
+            fail(err)
+
+    def step() -> None:
+        """One unit of user progress (a training step, a generated token)."""
+        try:
+            try:
+                st = local.slot
+            except AttributeError:
+                st = claim()
+            s = st.steps + 1
+            st.steps = s
+            st.w[S_STEPS] = s
+        except Exception as err:  # noqa: BLE001
+            fail(err)
+
+    return HotPath(enter_wait, exit_wait, enter, count, collective, step)
+
+
+def opening(hb: Heartbeat) -> HotPath:
+    """Before a late open: each function opens the record, then does its work through
+    the real one. Wrappers are rebuilt over the real ones at the open (`on_open`), so
+    only references taken before it keep this extra call."""
+    def enter(op: int) -> _Slot | None:
+        return hb._enter(op) if hb._open_late() else None
+
+    def count(st: _Slot, op: int) -> None:
+        hb._count(st, op)
+
+    def enter_wait(op: int) -> int:
+        return hb.enter_wait(op) if hb._open_late() else 0
+
+    def exit_wait(started: int, op: int) -> None:
+        if started:
+            hb.exit_wait(started, op)
+
+    def collective(op: int, out: Any) -> None:
+        if hb._open_late():
+            hb.collective(op, out)
+
+    def step() -> None:
+        if hb._open_late():
+            hb.step()
+
+    return HotPath(enter_wait, exit_wait, enter, count, collective, step)

@@ -1,0 +1,155 @@
+"""The wrappers around MLX: every blocking entry point a wait, every collective counted.
+
+`instrument()` patches them in over a Heartbeat's hot path, `restore()` puts
+every original back. The list of waits is the audit of mlx.core's bindings
+(docs/coverage.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any
+
+from watchdog import record
+from watchdog.rank.env import guess_backend
+from watchdog.rank.env import warn as _warn
+from watchdog.rank.heartbeat import Heartbeat
+from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP
+from watchdog.record import OP_CODE, S_SINCE
+
+# Every entry point of mlx.core (0.32.x) that can block on the scheduler or a peer,
+# found by reading the bindings and timing each against a lazy graph (docs/coverage.md).
+# "core" is mlx.core, "array" is mlx.core.array. print(a) and str(a) reach __repr__;
+# f"{a}" and format() reach __format__; pickle reaches __getstate__. The buffer protocol
+# (np.array(a), memoryview(a)) is a C slot that cannot be wrapped: see docs/limits.md.
+WAITS = {
+    "eval": "core",
+    "async_eval": "core",  # blocks when the scheduler has too much work in flight
+    "synchronize": "core",
+    "save": "core",
+    "savez": "core",
+    "savez_compressed": "core",
+    "save_safetensors": "core",
+    "save_gguf": "core",
+    "load": "core",  # evaluates at once when given a file object
+    "clear_streams": "core",  # tears down stream threads, which finish their queue first
+    "item": "array",
+    "tolist": "array",
+    "__bool__": "array",
+    "__int__": "array",
+    "__float__": "array",
+    "__complex__": "array",
+    "__index__": "array",
+    "__format__": "array",
+    "__repr__": "array",
+    "__bytes__": "array",
+    "__array__": "array",
+    "__dlpack__": "array",
+    "__getstate__": "array",
+}
+COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
+               "recv_like")
+
+_patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
+
+
+def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
+    enter, count = hb._enter, hb._count
+
+    @functools.wraps(original)
+    def wait(*args: Any, **kwargs: Any) -> Any:
+        st = enter(op)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if st is not None:
+                # The close, inlined: it comes before any call, so no signal can be
+                # delivered between the end of the wait and its close.
+                d = st.depth - 1
+                if d < 1:
+                    try:
+                        st.w[S_SINCE] = 0
+                    except Exception:  # noqa: BLE001, S110 - a closed record: nothing to close
+                        pass
+                    d = 0
+                st.depth = d
+                count(st, op)
+
+    if name:
+        # Stack dumps (faulthandler, py-spy) name a frame by its code object: with the
+        # entry point's own name there, the evidence of a hang reads "in async_eval",
+        # not "in wait". Costs nothing per call.
+        func: Any = wait
+        with contextlib.suppress(Exception):
+            code = func.__code__.replace(co_name=name)
+            if hasattr(code, "co_qualname"):
+                code = code.replace(co_qualname=name)
+            func.__code__ = code
+    return wait
+
+
+def _wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
+    issued = hb.collective
+
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        issued(op, out)
+        return out
+
+    return collective
+
+
+def _wrap_init(hb: Heartbeat, original: Any) -> Any:
+    wait = _wrap_wait(hb, original, INIT_OP)
+
+    @functools.wraps(original)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        group = wait(*args, **kwargs)
+        try:
+            backend = kwargs.get("backend", args[1] if len(args) > 1 else "any")
+            if backend == "any":
+                backend = guess_backend(os.environ) if group.size() > 1 else "single"
+            hb.set_group(group.rank(), group.size(), str(backend))
+        except Exception as err:  # noqa: BLE001
+            _warn(f"could not read the group ({err!r})")
+        return group
+
+    return init
+
+
+def _patch(owner: Any, name: str, wrapper: Any) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, wrapper)
+    _patches.append((owner, name, original, wrapper))
+
+
+def _instrument(hb: Heartbeat, mx: Any) -> None:
+    for name in record.DTYPES[1:]:
+        dtype = getattr(mx, name, None) or getattr(mx, name + "_", None)
+        if dtype is not None:
+            # MLX hashes a dtype to its own number: one int lookup on the hot path
+            # instead of hashing and comparing dtype objects (several times slower).
+            DTYPE_CODES[hash(dtype) & 0xFF] = record.DTYPE_CODE[name]
+    for name, where in WAITS.items():
+        owner = mx if where == "core" else mx.array
+        original = getattr(owner, name, None)
+        if original is None:  # an older or newer mlx without this entry point
+            continue
+        _patch(owner, name, _wrap_wait(hb, original, OP_CODE[name.strip("_")], name))
+    dist = mx.distributed
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            _patch(dist, name, _wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
+    _patch(dist, "init", _wrap_init(hb, dist.init))
+
+
+def _restore() -> None:
+    while _patches:
+        owner, name, original, wrapper = _patches.pop()
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, original)
+        else:
+            _warn(f"{name} was re-patched by someone else; leaving it in place")
