@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog.cli import doctor, service
+from watchdog.cli import doctor, service, servicectl
 
 BIN = Path(__file__).parent / "bin"
 LABEL = "com.github.mlx-watchdog"
@@ -154,7 +154,7 @@ def test_not_root_is_one_line_no_traceback(mac):
 def test_no_launchctl_on_path_says_so(mac, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(service.ServiceError, match="launchctl is not on PATH: run by hand"):
-        service.load("launchd", "/Library/LaunchDaemons/x.plist")
+        servicectl.load("launchd", "/Library/LaunchDaemons/x.plist")
 
 
 def test_systemd_install_and_uninstall_through_systemctl(mac):
@@ -259,7 +259,7 @@ def test_doctor_on_a_mac_with_the_job_loaded(mac, monkeypatch, record_dir, state
     plist = mac / f"{LABEL}.plist"
     service.install("launchd", str(plist), executable="/x/mlx-watchdog", config=None,
                     record_dir=str(record_dir), state_dir=str(state_dir))
-    service.load("launchd", str(plist))
+    servicectl.load("launchd", str(plist))
     lines = doctor.run_checks(str(record_dir), str(state_dir), "127.0.0.1:0")
     text = "\n".join(f"[{level}] {message}" for level, message in lines)
     assert "[ok] platform probes (macos):" in text and "wired memory 9216 MiB" in text
@@ -278,7 +278,7 @@ def test_doctor_on_a_mac_without_the_job(mac, monkeypatch, record_dir, state_dir
 
 
 def test_doctor_on_a_mac_with_the_job_crashing(mac, monkeypatch):
-    service.run_command(["launchctl", "bootstrap", "system", str(_plist(mac))])
+    servicectl.run_command(["launchctl", "bootstrap", "system", str(_plist(mac))])
     monkeypatch.setenv("FAKE_LAUNCHCTL_JOB_STATE", "not running")
     monkeypatch.setenv("FAKE_LAUNCHCTL_LAST_EXIT", "2")
     [(level, message)] = doctor.check_service()
@@ -336,16 +336,16 @@ def test_systemd_restart(mac):
 
 
 def test_a_launchctl_that_hangs_or_cannot_run_is_one_error(mac, monkeypatch, tmp_path):
-    monkeypatch.setattr(service, "COMMAND_TIMEOUT", 0.5)
+    monkeypatch.setattr(servicectl, "COMMAND_TIMEOUT", 0.5)
     with pytest.raises(service.ServiceError, match=r"sleep 30 did not finish in 0.5s"):
-        service.run_command(["sleep", "30"])
+        servicectl.run_command(["sleep", "30"])
     broken = tmp_path / "brokenbin"
     broken.mkdir()
     (broken / "launchctl").write_text("#!/nonexistent/interpreter\n")
     (broken / "launchctl").chmod(0o755)
     monkeypatch.setenv("PATH", str(broken))
     with pytest.raises(service.ServiceError, match="cannot run launchctl"):
-        service.run_command(["launchctl", "print", TARGET])
+        servicectl.run_command(["launchctl", "print", TARGET])
 
 
 def test_uninstall_not_permitted_says_run_as_root(mac, monkeypatch):
@@ -356,18 +356,18 @@ def test_uninstall_not_permitted_says_run_as_root(mac, monkeypatch):
 
     monkeypatch.setattr(service.os, "unlink", refuse)
     with pytest.raises(service.ServiceError, match="not permitted to remove .* run this as root"):
-        service.uninstall("launchd", str(plist))
+        servicectl.uninstall("launchd", str(plist))
     monkeypatch.setattr(service.os, "unlink",
                         lambda path: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
     with pytest.raises(service.ServiceError, match="Read-only file system"):
-        service.uninstall("launchd", str(plist))
+        servicectl.uninstall("launchd", str(plist))
 
 
 def test_a_job_that_never_finishes_exiting_is_reported(mac, monkeypatch):
     plist = _plist(mac)
-    service.run_command(["launchctl", "bootstrap", "system", str(plist)])
+    servicectl.run_command(["launchctl", "bootstrap", "system", str(plist)])
     monkeypatch.setenv("FAKE_LAUNCHCTL_BOOTOUT_LAG", "1000")
-    monkeypatch.setattr(service, "shutdown_seconds", lambda: -9)  # give up after 1 s
+    monkeypatch.setattr(servicectl, "shutdown_seconds", lambda: -9)  # give up after 1 s
     with pytest.raises(service.ServiceError, match="was still exiting 1s after bootout"):
-        service.load("launchd", str(plist))
+        servicectl.load("launchd", str(plist))
     assert ["bootstrap", "system", str(plist)] not in calls(mac / "launchctl.log")[1:]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli import service
+from watchdog.cli import service, servicectl
 from watchdog.cli.service import ServiceError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -322,11 +322,12 @@ def test_script_path_is_this_interpreters_script():
 
 
 def test_activation_commands():
-    assert service.activation_commands("launchd", "/L/x.plist") == [
+    assert servicectl.activation_commands("launchd", "/L/x.plist") == [
         ["launchctl", "enable", "system/com.github.mlx-watchdog"],
         ["launchctl", "bootstrap", "system", "/L/x.plist"],
     ]
-    assert service.activation_commands("systemd", "/etc/systemd/system/mlx-watchdog.service") == [
+    unit = "/etc/systemd/system/mlx-watchdog.service"
+    assert servicectl.activation_commands("systemd", unit) == [
         ["systemctl", "daemon-reload"],
         ["systemctl", "enable", "--now", "mlx-watchdog.service"],
     ]

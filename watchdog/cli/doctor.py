@@ -321,13 +321,8 @@ def check_service() -> list[Line]:
     """On a Mac: is the LaunchDaemon loaded and running (`launchctl print`)?"""
     if host.os_name() != host.DARWIN:
         return []  # systemd says it with `systemctl status`; the daemon check covers it
-    from watchdog.cli.service import (
-        LABEL,
-        ServiceError,
-        default_path,
-        launchd_loaded,
-        service_target,
-    )
+    from watchdog.cli.service import LABEL, ServiceError, default_path
+    from watchdog.cli.servicectl import launchd_loaded, service_target
 
     install = "sudo mlx-watchdog service install --launchd"
     try:

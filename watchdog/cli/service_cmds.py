@@ -62,6 +62,7 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
                     load: bool | None) -> None:
     """Write the service file, then load and start it."""
     from watchdog.cli import service as svc
+    from watchdog.cli import servicectl as ctl
 
     kind, kwargs = _render(launchd, systemd, config_path)
     try:
@@ -77,12 +78,12 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
             raise click.ClickException(f"cannot write {config_path}: {err.strerror}") from None
     if not (path is None if load is None else load):
         click.echo("load it with:")
-        for argv in svc.activation_commands(kind, written):
-            click.echo(f"  sudo {svc.shell_line(argv)}")
+        for argv in ctl.activation_commands(kind, written):
+            click.echo(f"  sudo {ctl.shell_line(argv)}")
         return
     try:
-        for argv in svc.load(kind, written):
-            click.echo(f"ran: {svc.shell_line(argv)}")
+        for argv in ctl.load(kind, written):
+            click.echo(f"ran: {ctl.shell_line(argv)}")
     except svc.ServiceError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"the {kind} service is loaded; check it with: mlx-watchdog doctor")
@@ -95,15 +96,16 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
 def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
     """Stop and unload the service and delete its file (state and logs are kept)."""
     from watchdog.cli import service as svc
+    from watchdog.cli import servicectl as ctl
 
     kind = _service_kind(launchd, systemd)
     target = path if path is not None else svc.default_path(kind)
     try:
-        ran, removed = svc.uninstall(kind, target)
+        ran, removed = ctl.uninstall(kind, target)
     except svc.ServiceError as err:
         raise click.ClickException(str(err)) from None
     for argv in ran:
-        click.echo(f"ran: {svc.shell_line(argv)}")
+        click.echo(f"ran: {ctl.shell_line(argv)}")
     click.echo(f"removed {target}" if removed else f"no {target} to remove")
 
 
@@ -113,11 +115,12 @@ def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
 def service_restart(launchd: bool, systemd: bool) -> None:
     """Restart the daemon (after an upgrade or a config change)."""
     from watchdog.cli import service as svc
+    from watchdog.cli import servicectl as ctl
 
     kind = _service_kind(launchd, systemd)
-    argv = svc.restart_command(kind, svc.default_path(kind))
+    argv = ctl.restart_command(kind, svc.default_path(kind))
     try:
-        svc.run_command(argv)
+        ctl.run_command(argv)
     except svc.ServiceError as err:
         raise click.ClickException(str(err)) from None
-    click.echo(f"ran: {svc.shell_line(argv)}")
+    click.echo(f"ran: {ctl.shell_line(argv)}")
