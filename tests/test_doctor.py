@@ -8,7 +8,7 @@ import socket
 import pytest
 from click.testing import CliRunner
 
-from watchdog.cli import doctor
+from watchdog.cli import doctor, doctor_env
 from watchdog.cli.commands import cli
 from watchdog.cli.doctor import run_checks
 from watchdog.daemon import journal
@@ -156,7 +156,7 @@ def test_bad_listen_address_fails(good):
 
 def test_foreign_watchdog_distribution_is_named_with_the_fix(good, daemon_http, monkeypatch):
     record, state = good
-    real = doctor.metadata.distribution
+    real = doctor_env.metadata.distribution
 
     class Foreign:
         version = "4.0.1"
@@ -164,7 +164,7 @@ def test_foreign_watchdog_distribution_is_named_with_the_fix(good, daemon_http, 
     def distribution(name):
         return Foreign() if name == "watchdog" else real(name)
 
-    monkeypatch.setattr(doctor.metadata, "distribution", distribution)
+    monkeypatch.setattr(doctor_env.metadata, "distribution", distribution)
     lines = run_checks(str(record), str(state), daemon_http[0])
     found = find(lines, "fail", "the PyPI package 'watchdog' 4.0.1 (filesystem events")
     assert found, lines
@@ -201,11 +201,11 @@ def test_a_broken_check_is_a_failure_line_not_a_traceback(good, daemon_http, mon
 
 def test_foreign_files_mixed_into_the_package_are_reported(good, daemon_http, monkeypatch):
     record, state = good
-    real = doctor.importlib.util.find_spec
+    real = doctor_env.importlib.util.find_spec
 
     def find_spec(name, *args):
         return object() if name == "watchdog.observers" else real(name, *args)
 
-    monkeypatch.setattr(doctor.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(doctor_env.importlib.util, "find_spec", find_spec)
     lines = run_checks(str(record), str(state), daemon_http[0])
     assert find(lines, "fail", "/observers exists: files of the filesystem-events"), lines
