@@ -1,134 +1,40 @@
 """The escalation ladder: evidence, SIGCONT, SIGTERM, grace, SIGKILL, confirm.
 
-Every signal goes through a `Signaller`, the one seam to the OS for acting:
-it re-checks the process identity (pid, start time, uid) right before it
-signals, so a pid that was recycled is never hit. "Already gone" is a result,
-not an error. Tests pass a fake signaller and a fake clock.
+Every signal goes through a `Signaller` (signaller.py), which re-checks the
+process identity right before it signals; evidence comes from `Evidence`
+(evidence.py). After the kill, wired memory gets the settle time to come back,
+and an unkillable rank or leaked memory flags the node for reboot. Tests pass a
+fake signaller and a fake clock.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import signal
-import stat
-import subprocess
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, same_process
+from watchdog.daemon.evidence import Evidence
+from watchdog.daemon.probes import Probe, ProbeError
+from watchdog.daemon.signaller import (
+    DENIED,
+    DUMP_SIGNALS,
+    GONE,
+    NOT_OURS,
+    OURS,
+    SENT,
+    UNKNOWN,
+    Signaller,
+    Target,
+)
+
+__all__ = ["DENIED", "DUMP_SIGNALS", "GONE", "NOT_OURS", "OURS", "SENT", "UNKNOWN", "Enforcer",
+           "Signaller", "Target"]
 
 log = logging.getLogger(__name__)
-
-# Signals a record may name for its stack dump. Anything else (a forged record
-# asking for SIGKILL, say) is ignored.
-DUMP_SIGNALS = frozenset(
-    {int(signal.SIGUSR1), int(signal.SIGUSR2)}
-    | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()))
-
-SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
-# What an identity check can say besides GONE and NOT_OURS. UNKNOWN (the probe
-# failed) is never taken as a match: nothing is signalled on it, and it is
-# never taken as proof that a process ended or survived either.
-OURS, UNKNOWN = "ours", "unknown"
-
-
-def _copy_dump(target: Target, offset: int, out: str) -> None:
-    """Copy what the rank appended to its dump file, and nothing else: the
-    directory is shared, so a link or another user's file there is refused."""
-    fd = os.open(target.stacks_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as src:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != target.uid:
-            raise OSError(f"{target.stacks_path} is not the rank's own regular file")
-        src.seek(offset)
-        with open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-
-
-NATIVE_READ_LIMIT = 8 << 20  # a sample report is ~100 kB; a runaway one is cut here
-
-
-def _native_path(folder: str, target: Target) -> str:
-    return os.path.join(folder, f"rank{target.rank}-pid{target.pid}-native.txt")
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-@dataclass(frozen=True)
-class Target:
-    """A rank process the ladder may signal: identity first."""
-
-    pid: int
-    start_time: float
-    uid: int
-    job: str
-    rank: int
-    dump_signal: int = 0
-    stacks_path: str = ""
-    start_ticks: int = 0  # clock ticks since boot (Linux); 0: unknown, compare start_time
-
-
-class Signaller:
-    """Signals a process only if it is still the one the record describes."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
-
-    def identify(self, target: Target) -> str:
-        """OURS, GONE, NOT_OURS, or UNKNOWN when the probe failed."""
-        try:
-            sample = self.probe.sample(target.pid)
-        except ProbeError:
-            return UNKNOWN
-        if sample is None:
-            return GONE
-        return OURS if same_process(sample, target.start_time, target.uid,
-                                    target.start_ticks) else NOT_OURS
-
-    def alive(self, target: Target) -> bool:
-        """Positively still the process the record describes (a failed probe is not)."""
-        return self.identify(target) == OURS
-
-    def send(self, target: Target, signum: int) -> str:
-        pidfd = -1
-        if hasattr(os, "pidfd_open"):
-            # A pidfd pins the process: once the identity is checked through it,
-            # the signal cannot reach a recycled pid.
-            try:
-                pidfd = os.pidfd_open(target.pid)
-            except ProcessLookupError:
-                return GONE
-            except OSError:
-                pidfd = -1
-        try:
-            # Fail closed: only a positive match (pid, start, uid) is signalled.
-            who = self.identify(target)
-            if who != OURS:
-                return who
-            if pidfd >= 0:
-                signal.pidfd_send_signal(pidfd, signum)
-            else:
-                os.kill(target.pid, signum)
-            return SENT
-        except ProcessLookupError:
-            return GONE
-        except PermissionError:
-            return DENIED
-        finally:
-            if pidfd >= 0:
-                os.close(pidfd)
 
 
 class Enforcer:
@@ -142,105 +48,12 @@ class Enforcer:
         self.clock = clock
         self.sleep = sleep
         self.wall = wall
-
-    # -- evidence --------------------------------------------------------------
+        self.evidence = Evidence(settings.state_dir, settings.evidence_timeout, signaller,
+                                 probe, clock=clock, sleep=sleep)
 
     def capture(self, incident_id: str, targets: list[Target]) -> list[str]:
-        """Stack dumps (Python and native) of every target, time-boxed; their files.
-
-        Python dumps are asked of all targets at once, then collected; a
-        stopped rank is not asked (its handler cannot run until resumed).
-        Native samplers run one per target, side by side, in what time is left.
-        """
-        folder = os.path.join(self.settings.state_dir, "evidence", incident_id)
-        os.makedirs(folder, exist_ok=True)
-        until = self.clock() + self.settings.evidence_timeout
-        files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0))
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
-            native = pool.map(lambda t: self._native_stacks(t, folder, until), targets)
-            files += [path for path in native if path]
-        return files
-
-    def _running(self, target: Target) -> bool:
-        try:
-            sample = self.probe.sample(target.pid)
-        except ProbeError:
-            return False
-        return (same_process(sample, target.start_time, target.uid, target.start_ticks)
-                and sample is not None and sample.status not in STOPPED_STATUSES)
-
-    def _python_stacks(self, targets: list[Target], folder: str, until: float) -> list[str]:
-        asked: dict[Target, int] = {}  # target -> size of its dump file before asking
-        for target in targets:
-            if target.dump_signal not in DUMP_SIGNALS or not target.stacks_path:
-                continue
-            if not self._running(target):
-                continue
-            before = _size(target.stacks_path)
-            if self.signaller.send(target, target.dump_signal) == SENT:
-                asked[target] = before
-        grown: dict[Target, int] = {}
-        while asked and self.clock() < until:
-            grown = {t: b for t, b in asked.items() if _size(t.stacks_path) > b}
-            if len(grown) == len(asked):
-                break
-            self.sleep(0.05)
-        if grown:
-            self.sleep(0.1)  # let faulthandler finish writing every thread
-        files = []
-        for target, before in grown.items():
-            out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")
-            try:
-                _copy_dump(target, before, out)
-            except OSError as err:
-                log.warning("copying stack dump of pid %s failed: %s", target.pid, err)
-                continue
-            files.append(out)
-        return files
-
-    def _native_stacks(self, target: Target, folder: str, until: float) -> str | None:
-        command = self.probe.stack_command(target.pid)
-        timeout = until - self.clock()
-        if not command or timeout <= 0.5 or not self.signaller.alive(target):
-            return None
-        out = _native_path(folder, target)
-        try:
-            with open(out, "wb") as dst:
-                subprocess.run(command, stdout=dst, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            log.info("%s timed out after %.1fs on pid %s", command[0], timeout, target.pid)
-        except OSError as err:
-            log.warning("%s failed on pid %s: %s", command[0], target.pid, err)
-            return None
-        return out
-
-    def hot_frames(self, incident_id: str, targets: list[Target], evidence: list[str]
-                   ) -> list[dict[str, Any]]:
-        """Each native dump the probe can parse, as threads and their hot frames."""
-        folder = os.path.join(self.settings.state_dir, "evidence", incident_id)
-        parsed = []
-        for target in targets:
-            path = _native_path(folder, target)
-            if path not in evidence:
-                continue
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    text = f.read(NATIVE_READ_LIMIT)
-            except OSError as err:
-                log.warning("reading %s failed: %s", path, err)
-                continue
-            threads = self.probe.hot_frames(text)
-            if threads is None:
-                continue
-            entry: dict[str, Any] = {"rank": target.rank, "pid": target.pid}
-            if threads:
-                entry["threads"] = threads
-            else:  # a sampler that failed or was cut short: say what it said
-                first = next((line for line in text.splitlines() if line.strip()), "")
-                entry["error"] = f"no call graph in the output: {first[:200] or 'empty'}"
-            parsed.append(entry)
-        return parsed
+        """Stack dumps of every target, time-boxed; their files."""
+        return self.evidence.capture(incident_id, targets)
 
     # -- the ladder ------------------------------------------------------------
 
@@ -359,7 +172,7 @@ class Enforcer:
             outcome = self.end(incident, targets)
             incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
             # Parsed after the kill, which must not wait on it.
-            hot = self.hot_frames(incident["id"], targets, incident["evidence"])
+            hot = self.evidence.hot_frames(incident["id"], targets, incident["evidence"])
             if hot:
                 incident["native_hot"] = hot
             unkillable = [pid for pid, result in outcome.items() if result == "unkillable"]

@@ -1,0 +1,93 @@
+"""Acting on a process: the one seam that sends signals, and only to the right one.
+
+A `Target` is a rank's identity as its record gives it (pid, start time, uid,
+start ticks). `Signaller.send` re-checks that identity right before the
+signal, through a pidfd where the platform has one, so a recycled pid is
+never hit, and a check that cannot be made sends nothing. "Already gone" is a
+result, not an error. Tests pass a fake.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from watchdog.daemon.probes import Probe, ProbeError, same_process
+
+# Signals a record may name for its stack dump. Anything else (a forged record
+# asking for SIGKILL, say) is ignored.
+DUMP_SIGNALS = frozenset(
+    {int(signal.SIGUSR1), int(signal.SIGUSR2)}
+    | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()))
+
+SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
+# What an identity check can say besides GONE and NOT_OURS. UNKNOWN (the probe
+# failed) is never taken as a match: nothing is signalled on it, and it is
+# never taken as proof that a process ended or survived either.
+OURS, UNKNOWN = "ours", "unknown"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A rank process the ladder may signal: identity first."""
+
+    pid: int
+    start_time: float
+    uid: int
+    job: str
+    rank: int
+    dump_signal: int = 0
+    stacks_path: str = ""
+    start_ticks: int = 0  # clock ticks since boot (Linux); 0: unknown, compare start_time
+
+
+class Signaller:
+    """Signals a process only if it is still the one the record describes."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    def identify(self, target: Target) -> str:
+        """OURS, GONE, NOT_OURS, or UNKNOWN when the probe failed."""
+        try:
+            sample = self.probe.sample(target.pid)
+        except ProbeError:
+            return UNKNOWN
+        if sample is None:
+            return GONE
+        return OURS if same_process(sample, target.start_time, target.uid,
+                                    target.start_ticks) else NOT_OURS
+
+    def alive(self, target: Target) -> bool:
+        """Positively still the process the record describes (a failed probe is not)."""
+        return self.identify(target) == OURS
+
+    def send(self, target: Target, signum: int) -> str:
+        pidfd = -1
+        if hasattr(os, "pidfd_open"):
+            # A pidfd pins the process: once the identity is checked through it,
+            # the signal cannot reach a recycled pid.
+            try:
+                pidfd = os.pidfd_open(target.pid)
+            except ProcessLookupError:
+                return GONE
+            except OSError:
+                pidfd = -1
+        try:
+            # Fail closed: only a positive match (pid, start, uid) is signalled.
+            who = self.identify(target)
+            if who != OURS:
+                return who
+            if pidfd >= 0:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:
+                os.kill(target.pid, signum)
+            return SENT
+        except ProcessLookupError:
+            return GONE
+        except PermissionError:
+            return DENIED
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
