@@ -12,7 +12,8 @@ import mmap
 import os
 import struct
 
-from watchdog.record import IDENTITY, MAGIC, STATUS_OPEN, _field
+from watchdog.record import IDENTITY, MAGIC, STATUS_OPEN
+from watchdog.record.layout import _field
 from watchdog.states import Phase
 
 SIZE = 4096

@@ -853,7 +853,7 @@ INTERRUPT = """
             if event not in ("call", "c_return") or not code.co_filename.endswith(
                     ("watchdog/rank/hook.py", "watchdog/rank/hotpath.py",
                      "watchdog/rank/heartbeat.py", "watchdog/rank/patches.py",
-                     "watchdog/record.py")):
+                     "watchdog/record/writer.py")):
                 return
             if mode == "raise" and code.co_name not in HOT:
                 return

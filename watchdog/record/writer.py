@@ -1,0 +1,180 @@
+"""Writing a record (version 2): created under a staging name, mapped, published.
+
+The rank's hot path writes its thread's slot through `slot(k)` with no lock;
+this class owns the rest: the identity, the cold words under the seqlock, and
+the close.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import time
+
+from watchdog.record.layout import (
+    EXPECT,
+    EXPECT_OFFSET,
+    IDENTITY,
+    IDENTITY_OFFSET,
+    KIND_SHIFT,
+    MAGIC,
+    OP_CODE,
+    RECORD_SIZE,
+    RECORD_VERSION,
+    RING,
+    S_COLLECTIVES,
+    S_COMPLETED,
+    S_LAST_WAIT,
+    S_MAX_WAIT,
+    S_OP,
+    S_PROGRESS,
+    S_RING,
+    S_SINCE,
+    S_STEPS,
+    SLOT_WORDS,
+    SLOTS_OFFSET,
+    STATUS,
+    STATUS_OFFSET,
+    STATUS_OPEN,
+    TICKS,
+    TICKS_OFFSET,
+    W_CREATED,
+    W_IDLE_ENDED,
+    W_IDLE_SINCE,
+    W_SEQ,
+    _field,
+)
+from watchdog.states import Phase
+
+
+class RecordWriter:
+    """The rank's side of version 2: creates the file, maps it, hands out thread slots.
+
+    The rank's hot path writes a thread's slot through `slot(k)` (a view of its
+    words) with no lock; identity and cold words go under the seqlock
+    (`begin`/`end`, which nest). `write_hot` and `write_entry` publish a whole
+    state into slot 0 at once, for synthetic records (tests, benchmarks).
+    """
+
+    def __init__(self, path: str, *, pid: int, start_time: float, uid: int, host: str,
+                 job: str, rank: int, world_size: int, backend: str, dump_signal: int,
+                 start_ticks: int = 0) -> None:
+        # Built under a name the daemon does not read, then renamed into place:
+        # a reader never sees a record without its identity.
+        staging = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new")
+        fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            # Allocate the blocks now: on a full disk this fails here, with an error,
+            # instead of killing the rank with SIGBUS at its first store into the map.
+            if os.pwrite(fd, bytes(RECORD_SIZE), 0) != RECORD_SIZE:
+                raise OSError(errno.ENOSPC, "short write allocating the record")
+            self._map = mmap.mmap(fd, RECORD_SIZE, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(staging)
+            raise
+        os.close(fd)
+        self.path = path
+        self.words = memoryview(self._map).cast("Q")
+        self._views: list[memoryview] = []
+        self._depth = 0  # nesting of begin/end (a signal handler may publish inside one)
+        self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
+                              backend=backend, dump_signal=dump_signal)
+        TICKS.pack_into(self._map, TICKS_OFFSET, start_ticks)  # before publishing: never changes
+        self.set_identity(rank=rank, world_size=world_size)
+        self.words[W_CREATED] = time.monotonic_ns()
+        try:
+            os.rename(staging, path)
+        except BaseException:
+            self.words.release()
+            self._map.close()
+            os.unlink(staging)
+            raise
+
+    def slot(self, k: int) -> memoryview:
+        """The words of thread slot `k`, for its one writer."""
+        base = SLOTS_OFFSET // 8 + k * SLOT_WORDS
+        view = self.words[base:base + SLOT_WORDS]
+        self._views.append(view)
+        return view
+
+    def set_identity(self, *, rank: int, world_size: int, backend: str | None = None,
+                     job: str | None = None) -> None:
+        ident = self._identity
+        if backend is not None:
+            ident["backend"] = backend
+        if job is not None:
+            ident["job"] = job
+        self.begin()
+        try:
+            IDENTITY.pack_into(
+                self._map, IDENTITY_OFFSET, MAGIC, RECORD_VERSION, 0, RECORD_SIZE,
+                ident["pid"], ident["start_time"], ident["uid"], rank, world_size,
+                ident["dump_signal"], STATUS_OPEN, 0, _field(str(ident["host"]), 64),
+                _field(str(ident["job"]), 64), _field(str(ident["backend"]), 16))
+        finally:
+            self.end()
+
+    # The seqlock of the identity and cold words; nested calls keep `seq` odd.
+    def begin(self) -> None:
+        if not self._depth:
+            self.words[W_SEQ] += 1
+        self._depth += 1
+
+    def end(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self.words[W_SEQ] += 1
+
+    def write_idle(self, since: int, ended: int) -> None:
+        """Idle since `since` (0: not idle); `ended`: when idle last ended. Cold."""
+        self.words[W_IDLE_SINCE] = since
+        self.words[W_IDLE_ENDED] = ended
+
+    def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
+        EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, _field(reason, 48))
+
+    def write_hot(self, collectives: int, entered: int, completed: int, steps: int,
+                  phase: int, op: int, phase_since: int, wait_since: int, last_progress: int,
+                  last_wait: int, max_wait: int) -> None:
+        """Publish a whole state as one thread's (slot 0), between begin and end.
+
+        For synthetic records: the rank's hot path never calls this. The phase
+        is what a reader derives: idle (since `phase_since`), a wait or init
+        (since `wait_since`, which a wait phase needs), or running.
+        """
+        w = self.words
+        s = SLOTS_OFFSET // 8
+        waiting = phase in (Phase.WAIT, Phase.INIT) and wait_since
+        w[s + S_SINCE] = wait_since if waiting else 0
+        w[s + S_OP] = OP_CODE["init"] if phase == Phase.INIT and waiting else op
+        w[s + S_COMPLETED], w[s + S_STEPS] = completed, steps
+        w[s + S_PROGRESS], w[s + S_LAST_WAIT], w[s + S_MAX_WAIT] = (last_progress, last_wait,
+                                                                    max_wait)
+        w[s + S_COLLECTIVES] = collectives
+        w[W_CREATED] = 0
+        self.write_idle(phase_since if phase == Phase.IDLE else 0,
+                        phase_since if phase == Phase.RUNNING else 0)
+
+    def write_entry(self, number: int, issued_ns: int, nbytes: int, op: int, dtype: int) -> None:
+        """Collective `number` of slot 0 (it counts once `write_hot` says so)."""
+        i = SLOTS_OFFSET // 8 + S_RING + 2 * (number % RING)
+        self.words[i] = issued_ns
+        self.words[i + 1] = nbytes << KIND_SHIFT | dtype << 8 | op
+
+    def close(self, status: int, *, remove: bool = True) -> None:
+        """Mark the record closed, unmap it and (by default) remove the file."""
+        self.begin()
+        STATUS.pack_into(self._map, STATUS_OFFSET, status)
+        self.end()
+        for view in self._views:
+            view.release()
+        self.words.release()
+        self._map.close()
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
