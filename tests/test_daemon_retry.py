@@ -11,6 +11,7 @@ import pytest
 from fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
 
 from watchdog.daemon.config import Settings
+from watchdog.daemon.enforcer import Outcome
 from watchdog.daemon.loop import Daemon
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
@@ -97,7 +98,7 @@ def test_a_stuck_escalation_is_tried_again_beside_it(setup, monkeypatch) -> None
             release.append(1)
             while len(release) < 2:  # until the test ends: a sampler that never returns
                 time.sleep(0.01)
-            return args[0]
+            return Outcome(args[0])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(daemon.enforcer, "handle", stuck_once)

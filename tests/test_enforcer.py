@@ -107,9 +107,12 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
     enf, clock = enforcer(state_dir, fake, FakeProbe(wired=None))
     targets = [target(301), target(302, rank=1)]
     start = clock.now()
-    inc = enf.handle(incident(targets=targets), targets)
+    outcome = enf.handle(incident(targets=targets), targets)
+    inc = outcome.incident
 
     assert inc["outcome"] == {"301": "unkillable", "302": "killed"}
+    assert outcome.results == {301: "unkillable", 302: "killed"}  # typed, for the daemon
+    assert outcome.signals_sent.count("SIGKILL") == 1 and "SIGTERM" in outcome.signals_sent
     assert fake.signals_to(301) == ["SIGCONT", "SIGTERM", "SIGKILL"]
     assert clock.now() - start >= 10.0 + 10.0  # grace, then the kill timeout
     flag = journal.reboot_flag(str(state_dir))
@@ -134,7 +137,7 @@ def test_observe_mode_signals_nothing_and_still_journals(state_dir: Path) -> Non
     probe = FakeProbe(wired=5 * GiB)
     enf, _ = enforcer(state_dir, fake, probe, mode="observe")
     targets = [target(501), target(502, rank=1)]
-    inc = enf.handle(incident(targets=targets), targets, baseline=1 * GiB)
+    inc = enf.handle(incident(targets=targets), targets, baseline=1 * GiB).incident
 
     assert fake.sent == []
     assert fake.alive_pids == {501, 502}
@@ -152,7 +155,7 @@ def test_observe_mode_signals_nothing_not_even_the_dump_signal(state_dir: Path) 
     fake = FakeSignaller({601: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, mode="observe")
     t = target(601, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
-    inc = enf.handle(incident(targets=[t]), [t])
+    inc = enf.handle(incident(targets=[t]), [t]).incident
     assert fake.sent == []
     assert inc["signals"] == [] and inc["evidence"] == []
     assert fake.alive_pids == {601}
@@ -240,7 +243,7 @@ def test_a_wired_leak_flags_the_node(state_dir: Path) -> None:
     fake = FakeSignaller({901: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, FakeProbe(wired=5 * GiB))
     t = target(901)
-    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB)
+    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB).incident
     assert inc["wired_check"] == "leaked"
     flag = journal.reboot_flag(str(state_dir))
     assert flag is not None and "wired" in flag["reason"]
@@ -253,7 +256,8 @@ def test_a_wired_rise_while_others_live_does_not_flag(state_dir: Path) -> None:
     fake = FakeSignaller({902: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, FakeProbe(wired=5 * GiB))
     t = target(902)
-    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB, others_live=lambda: True)
+    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB,
+                     others_live=lambda: True).incident
     assert inc["wired_check"].startswith("skipped")
     assert journal.reboot_flag(str(state_dir)) is None
     assert inc["reboot_required"] is False
@@ -360,7 +364,7 @@ def test_the_ladder_never_touches_a_mismatched_real_process(
     clock = FakeClock()
     enf = Enforcer(settings(state_dir), Signaller(probe), probe,
                    clock=clock.now, sleep=clock.sleep, wall=clock.wall)
-    inc = enf.handle(incident(targets=[stale]), [stale])
+    inc = enf.handle(incident(targets=[stale]), [stale]).incident
     assert inc["outcome"] == {str(sleeper.pid): NOT_OURS}
     assert [s["result"] for s in inc["signals"]] == [NOT_OURS]
     time.sleep(0.05)

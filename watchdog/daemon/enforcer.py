@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.daemon import journal
@@ -23,18 +24,32 @@ from watchdog.daemon.signaller import (
     DENIED,
     DUMP_SIGNALS,
     GONE,
+    KILLED,
     NOT_OURS,
     OURS,
     SENT,
+    UNKILLABLE,
     UNKNOWN,
     Signaller,
     Target,
 )
 
-__all__ = ["DENIED", "DUMP_SIGNALS", "GONE", "NOT_OURS", "OURS", "SENT", "UNKNOWN", "Enforcer",
-           "Signaller", "Target"]
+__all__ = ["DENIED", "DUMP_SIGNALS", "GONE", "KILLED", "NOT_OURS", "OURS", "SENT", "UNKILLABLE",
+           "UNKNOWN", "Enforcer", "Outcome", "Signaller", "Target"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one response to a hung job did, handed back to the daemon's loop."""
+
+    incident: dict[str, Any]  # as written to incidents.jsonl
+    # pid -> KILLED, UNKILLABLE, UNKNOWN, or what stopped the ladder early (GONE,
+    # NOT_OURS, DENIED); empty when nothing was signalled (observe mode, a hold)
+    results: dict[int, str] = field(default_factory=dict)
+    signals_sent: tuple[str, ...] = ()  # names of the signals that reached a rank
+    held: str = ""  # not acted on: why (a rank of the job computes on another node)
 
 
 class Enforcer:
@@ -102,8 +117,8 @@ class Enforcer:
         # process that could not be probed is "unknown", never a false alarm.
         survivors = {t.pid for t in left if self.signaller.identify(t) == OURS}
         for target in live:
-            outcome.setdefault(target.pid, "killed" if target not in left else
-                               "unkillable" if target.pid in survivors else UNKNOWN)
+            outcome.setdefault(target.pid, KILLED if target not in left else
+                               UNKILLABLE if target.pid in survivors else UNKNOWN)
         return outcome
 
     def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]
@@ -140,14 +155,15 @@ class Enforcer:
                baseline: int | None = None,
                others_live: Callable[[], bool] = lambda: False,
                cluster: Callable[[], dict[str, Any] | None] | None = None,
-               evidence: bool = True) -> dict[str, Any]:
-        """Run the whole response to one hung job; journal it; return the incident.
+               evidence: bool = True) -> Outcome:
+        """Run the whole response to one hung job; journal it; say what it did.
 
         `cluster` asks the peers which rank holds the job up (bounded by the
         peer timeout); `evidence=False` skips stack dumps (a fenced job is
         known dead, and its peers wait on its end).
         """
         state_dir = self.settings.state_dir
+        outcome: dict[int, str] = {}
         incident["signals"] = []
         incident["wired_before"] = self._wired()
         if cluster is not None:
@@ -175,7 +191,7 @@ class Enforcer:
             hot = self.evidence.hot_frames(incident["id"], targets, incident["evidence"])
             if hot:
                 incident["native_hot"] = hot
-            unkillable = [pid for pid, result in outcome.items() if result == "unkillable"]
+            unkillable = [pid for pid, result in outcome.items() if result == UNKILLABLE]
             incident.update(self.settle_wired(baseline, others_live))
             reasons = []
             if unkillable:
@@ -192,4 +208,5 @@ class Enforcer:
         incident["reboot_required"] = incident.get("reboot_required", False)
         incident["closed_at"] = self.wall()
         journal.append_incident(state_dir, incident)
-        return incident
+        sent = tuple(sig["signal"] for sig in incident["signals"] if sig["result"] == SENT)
+        return Outcome(incident, outcome, sent)

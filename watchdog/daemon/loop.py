@@ -24,7 +24,17 @@ from watchdog import __version__, record
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector, Verdict
-from watchdog.daemon.enforcer import GONE, NOT_OURS, SENT, UNKNOWN, Enforcer, Signaller, Target
+from watchdog.daemon.enforcer import (
+    GONE,
+    KILLED,
+    NOT_OURS,
+    UNKILLABLE,
+    UNKNOWN,
+    Enforcer,
+    Outcome,
+    Signaller,
+    Target,
+)
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.recdir import RecordDir
@@ -100,8 +110,8 @@ class Daemon:
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
-        self.pending: dict[Future[dict[str, Any]], list[tuple[int, float]]] = {}
-        self.pending_since: dict[Future[dict[str, Any]], float] = {}
+        self.pending: dict[Future[Outcome], list[tuple[int, float]]] = {}
+        self.pending_since: dict[Future[Outcome], float] = {}
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
         self.wired: int | None = None
         self.baseline: int | None = None
@@ -461,30 +471,30 @@ class Daemon:
             keys = self.pending.pop(future)
             self.pending_since.pop(future, None)
             try:
-                incident = future.result()
+                outcome = future.result()
             except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
                 log.exception("escalation failed; the hung ranks will be tried again")
                 self._retry(keys)
                 continue
-            for sig in incident.get("signals", []):
-                if sig["result"] == SENT and sig["signal"] in self.counters.kills:
-                    self.counters.kills[sig["signal"]] += 1
+            for name in outcome.signals_sent:
+                if name in self.counters.kills:
+                    self.counters.kills[name] += 1
             for key in keys:
                 rank = self.ranks.get(key)
                 if rank is None:
                     continue
-                outcome = incident["outcome"].get(str(rank.record.pid))
+                result = outcome.results.get(rank.record.pid)
                 rank.escalating = False
-                if outcome == "killed":
+                if result == KILLED:
                     rank.state, rank.gone_at = State.KILLED, now
-                    rank.reason = f"ended by the watchdog (incident {incident['id']})"
+                    rank.reason = f"ended by the watchdog (incident {outcome.incident['id']})"
                     self.counters.job_kills[rank.record.job] = (
                         self.counters.job_kills.get(rank.record.job, 0) + 1)
                     self._remove_record(rank)
-                elif outcome == "unkillable":
+                elif result == UNKILLABLE:
                     rank.state, rank.gone_at = State.UNKILLABLE, None
                     rank.reason = "survived SIGKILL; node flagged for reboot"
-                elif outcome == UNKNOWN:
+                elif result == UNKNOWN:
                     # Its identity could not be checked, so it was left alone:
                     # judged afresh next scan rather than given up for this wait.
                     rank.acted_on = None

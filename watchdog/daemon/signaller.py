@@ -26,6 +26,8 @@ SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
 # failed) is never taken as a match: nothing is signalled on it, and it is
 # never taken as proof that a process ended or survived either.
 OURS, UNKNOWN = "ours", "unknown"
+# How the ladder left a rank: gone after it, or positively still there after SIGKILL.
+KILLED, UNKILLABLE = "killed", "unkillable"
 
 
 @dataclass(frozen=True)
