@@ -16,6 +16,19 @@ Modes:
                   rank leaves after the same round and exits 0 (a clean job end)
   stubborn        like recv (rank 0 waits forever on a recv nobody sends), but every
                   rank ignores SIGTERM: only SIGKILL ends the job
+  buffer          all_sum in a loop read through the buffer protocol
+                  (`memoryview(all_sum(x))`, no wrapped wait), hb.step() each round:
+                  with a peer frozen the main thread blocks in a native call
+  pyworker S      one round, then rank 0's main thread sits in queue.get() while a pure
+                  Python worker thread loads data (reads /dev/zero: mostly kernel time)
+                  at 100% for S seconds (then exits 0)
+  pycompute S     one round, then rank 0's main thread computes in Python for S seconds
+  sleeper S       one round, then the main thread sleeps S seconds outside any wait
+                  (a server waiting for requests without hb.idle(), nothing spinning);
+                  in these three modes the other ranks sleep S seconds
+  slowpeer S      one round, then rank 1 computes a long CPU eval (~S seconds) before
+                  its all_sum while rank 0 waits in that all_sum; prints "slowpeer
+                  done" after the round and exits 0
 """
 
 import sys
@@ -163,5 +176,67 @@ elif MODE == "stubborn":
     else:
         while True:
             time.sleep(1)
+elif MODE == "buffer":
+    while True:
+        view = memoryview(mx.distributed.all_sum(mx.ones(16)))  # evaluates: blocks
+        if view[0] != size:
+            print(f"WRONG all_sum: {view[0]} != {size}", flush=True)
+            sys.exit(3)
+        hb.step()
+elif MODE in ("pyworker", "pycompute", "sleeper"):
+    import queue
+    import threading
+
+    one_round()
+    print(f"{MODE} started", flush=True)
+
+    def spin(seconds):
+        end, n = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            n += 1  # pure Python: holds the GIL, never calls MLX
+        return n
+
+    def load_data(seconds):
+        # A data loader: reads in a loop, so most of its time is spent in the
+        # kernel, like a ring thread polling its sockets.
+        end, n = time.monotonic() + seconds, 0
+        with open("/dev/zero", "rb", buffering=0) as f:
+            while time.monotonic() < end:
+                n += len(f.read(1 << 16))
+        return n
+
+    if rank != 0:  # only rank 0 does the mode; the others sleep it out
+        time.sleep(ARG)
+    elif MODE == "pyworker":
+        results = queue.Queue()
+        threading.Thread(target=lambda: results.put(load_data(ARG)), daemon=True).start()
+        results.get()  # the main thread blocks here, in a lock, not in MLX
+    elif MODE == "pycompute":
+        spin(ARG)
+    else:
+        time.sleep(ARG)
+    print(f"{MODE} done", flush=True)
+elif MODE == "slowpeer":
+    one_round()
+    x = mx.ones(16)
+    if rank == 1:
+        # A CPU-bound chain that takes seconds: started as one eval, it computes
+        # before the all_sum below, so rank 0 waits in that all_sum meanwhile.
+        a = mx.random.normal((512, 512), key=mx.random.key(0))
+        began = time.monotonic()
+        y = a
+        for _ in range(3):
+            y = (y @ a) / 512.0
+        mx.eval(y)
+        per = (time.monotonic() - began) / 3
+        steps = max(1, int(ARG / max(per, 1e-4)))
+        print(f"slowpeer: {steps} matmuls of {per * 1000:.1f} ms", flush=True)
+        y = a
+        for _ in range(steps):
+            y = (y @ a) / 512.0
+        x = x + 0 * y.sum()
+    got = mx.distributed.all_sum(x)
+    mx.eval(got)
+    print(f"slowpeer done {got[0].item()}", flush=True)
 else:
     sys.exit(f"unknown mode {MODE}")

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import __version__, cluster, fence, journal, record
 from .config import Settings
-from .detector import Detector, Verdict
+from .detector import Detector, Verdict, hold_reason
 from .enforcer import SENT, Enforcer, Signaller, Target
 from .probes import Probe, ProbeError, probe, same_process
 from .probes.exits import ExitWatcher
@@ -187,8 +187,8 @@ class Daemon:
                 rank.state = verdict.state
             wait = (rec.wait_since_ns, rec.waits_completed)
             if verdict.act and not rank.escalating and rank.acted_on != wait:
-                rank.acted_on = wait  # one incident per hung wait, whatever its outcome
                 due.setdefault(rec.job, []).append(rank)
+        due = self._hold(due)
         for key, rank in self.ranks.items():
             if key not in seen and rank.state not in FINAL:
                 self._gone(rank, now, status=record.STATUS_CLOSED)  # record removed: clean
@@ -200,6 +200,25 @@ class Daemon:
         self._observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
+
+    def _hold(self, due: dict[str, list[Rank]]) -> dict[str, list[Rank]]:
+        """Leave alone the due ranks of a job that has a rank still computing."""
+        kept: dict[str, list[Rank]] = {}
+        for job, ranks in due.items():
+            for rank in ranks:
+                rec = rank.record
+                assert rank.verdict is not None
+                # Only ranks of the same owner may speak for the job (a job is its owner's).
+                mates = [(r.record.rank, r.verdict) for r in self.ranks.values()
+                         if r.record.job == job and r.record.uid == rec.uid
+                         and r.state not in FINAL and r.verdict is not None]
+                why = hold_reason(rank.verdict, mates, self.detector.rules)
+                if why:
+                    rank.state, rank.reason = State.SUSPECT, f"{rank.verdict.reason}; {why}"
+                    continue
+                rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
+                kept.setdefault(job, []).append(rank)
+        return kept
 
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec)

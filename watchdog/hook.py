@@ -305,6 +305,30 @@ class Heartbeat:
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
+    def publish_threads(self) -> None:
+        """Publish the native ids of this process's Python threads (main excluded).
+
+        The daemon's backstop (docs/architecture.md) needs to know which of the
+        process's threads run Python: one of them computing at 100% is the
+        user's work, while a spinning thread that is not one of them is MLX's.
+        Called at install and after each `threading.Thread.start`, never on the
+        hot path. A thread that ended stays listed until the next start: a
+        recycled id then reads as Python, which can only withhold a verdict.
+        """
+        main = threading.main_thread()
+        tids = [t.native_id for t in threading.enumerate()
+                if t is not main and t.native_id is not None]
+        head = record.THREADS_PUBLISHED | min(len(tids), record.THREAD_SLOTS)
+        if len(tids) > record.THREAD_SLOTS:
+            head |= record.THREADS_OVERFLOW
+        slots = (tids + [0] * record.THREAD_SLOTS)[: record.THREAD_SLOTS]
+
+        def write(w: memoryview) -> None:
+            for i, value in enumerate([head, *slots]):
+                w[record.W_THREADS + i] = value
+
+        self._update(write)
+
     # -- the user's API ------------------------------------------------------
 
     def step(self) -> None:
@@ -459,6 +483,18 @@ def _wrap_init(hb: Heartbeat, original: Any) -> Any:
     return init
 
 
+def _wrap_thread_start(hb: Heartbeat, original: Any) -> Any:
+    @functools.wraps(original)
+    def start(self: threading.Thread) -> None:
+        original(self)  # returns once the thread runs and knows its native id
+        try:
+            hb.publish_threads()
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            hb._fail(err)
+
+    return start
+
+
 def _patch(owner: Any, name: str, wrapper: Any) -> None:
     original = getattr(owner, name)
     setattr(owner, name, wrapper)
@@ -479,6 +515,8 @@ def _instrument(hb: Heartbeat, mx: Any) -> None:
         if hasattr(dist, name):
             _patch(dist, name, _wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
     _patch(dist, "init", _wrap_init(hb, dist.init))
+    _patch(threading.Thread, "start", _wrap_thread_start(hb, threading.Thread.start))
+    hb.publish_threads()
 
 
 def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:

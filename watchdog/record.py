@@ -37,6 +37,10 @@ All integers are little-endian. Offsets are in bytes. Size: 4096.
     expect       296  d       expect window seconds (0: none)
                  304  Q       expect window started (monotonic ns)
                  312  48s     expect reason
+    threads      384  Q       Python threads: bit 32 set once published, bit 33
+                              set when they outnumber the slots, low bits: count
+                 392  15Q     their native thread ids (threading.get_native_id),
+                              the main thread excluded
     flight       512  64 entries of 32 bytes, entry i = collective number % 64:
                    +0 Q       collective number (1-based; 0: empty slot)
                    +8 Q       issued at (monotonic ns)
@@ -77,6 +81,9 @@ RECORD_VERSION = 1
 RECORD_SIZE = 4096
 SUFFIX = ".rec"
 FLIGHT_SLOTS = 64
+THREAD_SLOTS = 15
+THREADS_PUBLISHED = 1 << 32
+THREADS_OVERFLOW = 1 << 33
 
 OPS = (
     "",
@@ -130,18 +137,22 @@ IDENTITY_OFFSET = 0
 SEQ_OFFSET = 200
 HOT_OFFSET = 208
 EXPECT_OFFSET = 296
+THREADS_OFFSET = 384
 FLIGHT_OFFSET = 512
 STATUS_OFFSET = 48
+THREADS = struct.Struct(f"<{1 + THREAD_SLOTS}Q")
 
 assert IDENTITY.size == SEQ_OFFSET
 assert HOT_OFFSET + HOT.size == EXPECT_OFFSET and SEQ_OFFSET + SEQ.size == HOT_OFFSET
-assert EXPECT_OFFSET + EXPECT.size <= FLIGHT_OFFSET
+assert EXPECT_OFFSET + EXPECT.size <= THREADS_OFFSET
+assert THREADS_OFFSET + THREADS.size == FLIGHT_OFFSET
 assert FLIGHT_OFFSET + FLIGHT_SLOTS * ENTRY.size <= RECORD_SIZE
 
 # Word indices (offset / 8) of the hot region, for `RecordWriter.words`.
 W_SEQ = SEQ_OFFSET // 8
 (W_COLLECTIVES, W_ENTERED, W_COMPLETED, W_STEPS, W_PHASE, W_OP, W_PHASE_SINCE, W_WAIT_SINCE,
  W_LAST_PROGRESS, W_LAST_WAIT, W_MAX_WAIT) = range(HOT_OFFSET // 8, HOT_OFFSET // 8 + 11)
+W_THREADS = THREADS_OFFSET // 8
 W_FLIGHT = FLIGHT_OFFSET // 8
 ENTRY_WORDS = ENTRY.size // 8
 
@@ -208,6 +219,10 @@ class Record:
     expect_since_ns: int
     expect_reason: str
     flight: tuple[Collective, ...]  # oldest first
+    # Native ids of the rank's Python threads other than the main one; None when
+    # the writer does not publish them (an older hook). See docs/record-format.md.
+    python_threads: tuple[int, ...] | None = None
+    python_threads_overflow: bool = False  # more threads than slots: the table is partial
 
     @property
     def closed(self) -> bool:
@@ -257,6 +272,9 @@ def decode(buf: bytes) -> Record:
             entries.append(Collective(number, _name(OPS, op_code), _name(DTYPES, dtype),
                                       nbytes, issued))
     entries.sort(key=lambda c: c.number)
+    head, *tids = THREADS.unpack_from(buf, THREADS_OFFSET)
+    python_threads = (tuple(tids[: min(head & 0xFFFF, THREAD_SLOTS)])
+                      if head & THREADS_PUBLISHED else None)
     return Record(
         pid=pid, start_time=start_time, uid=uid, rank=rank, world_size=world_size,
         dump_signal=dump_signal, status=status, host=_text(host), job=_text(job),
@@ -265,7 +283,8 @@ def decode(buf: bytes) -> Record:
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=last_progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=_text(expect_reason),
-        flight=tuple(entries),
+        flight=tuple(entries), python_threads=python_threads,
+        python_threads_overflow=bool(head & THREADS_OVERFLOW),
     )
 
 
