@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__, cluster, fence, journal, record
+from . import __version__, cluster, fence, journal, learning, record
 from .config import Settings
 from .detector import Detector, Verdict, hold_reason
 from .enforcer import SENT, Enforcer, Signaller, Target
@@ -37,6 +37,7 @@ SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
 INVALID_LISTED = 100  # unusable files named in /status; all are counted
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
+LEARNED_SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
 
 
 @dataclass
@@ -86,7 +87,9 @@ class Daemon:
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall)
-        self.detector = Detector(settings.rules())
+        learned, self.learned_at = learning.load(settings.state_dir, wall())
+        self.detector = Detector(settings.rules(), learned)
+        self.learned_saved = 0.0
         self.clock_ns = clock_ns
         self.wall = wall
         self.host = socket.gethostname()
@@ -197,6 +200,7 @@ class Daemon:
         self._sample_wired()
         for job, ranks in due.items():
             self._escalate(job, ranks)
+        self._keep_learned()
         self._observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
@@ -219,6 +223,23 @@ class Daemon:
                 rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
                 kept.setdefault(job, []).append(rank)
         return kept
+
+    def _keep_learned(self, force: bool = False) -> None:
+        """Stamp the jobs whose auto deadline learned something; write now and then."""
+        wall = self.wall()
+        for job in self.detector.changed:
+            self.learned_at[job] = wall
+        if not self.detector.changed and not force:
+            return
+        if not force and time.monotonic() - self.learned_saved < LEARNED_SAVE_EVERY:
+            return
+        self.detector.changed = set()
+        learning.prune(self.detector.learned, self.learned_at, wall)
+        self.learned_saved = time.monotonic()
+        try:
+            learning.save(self.settings.state_dir, self.detector.learned, self.learned_at)
+        except OSError as err:
+            log.warning("cannot write %s: %s", learning.FILE, err)
 
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec)
@@ -550,5 +571,7 @@ class Daemon:
             self.wake.clear()
         self.exits.stop()
         notify("STOPPING=1")
+        with self.lock:
+            self._keep_learned(force=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")

@@ -72,6 +72,9 @@ class Track:
     moved_ns: int = 0
     first_ns: int = 0  # when the detector first saw this rank
     was_computing: bool = False  # the previous stretch's computing flag
+    # The wait a scan last saw in progress: (kind, waits completed when it began,
+    # seconds it had lasted then), or None; learned from when it ends.
+    seen_wait: tuple[str, int, float] | None = None
     # Per tick of the current stretch (one wait, or one spell without progress
     # outside a wait): did it look like computing; the busiest Python and
     # non-Python threads' shares (load-scaled).
@@ -160,17 +163,41 @@ def python_threads(record: Record, sample: ProcessSample) -> frozenset[int] | No
     return frozenset((main,)) if not table else None
 
 
-def deadline_for(record: Record, rules: Rules) -> float:
-    """The deadline of the rank's current wait: init, expect, fixed, or learned."""
+@dataclass
+class Learned:
+    """What a job has shown of one kind of wait: the longest seen, and how many."""
+
+    longest: float = 0.0  # seconds
+    count: int = 0  # waits of this kind a scan saw in progress
+
+    def add(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+        self.count += 1
+
+
+NATIVE_KIND = "native"  # the backstop's spells outside a known wait
+
+
+def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -> float:
+    """The deadline of the rank's current wait: init, expect, fixed, or learned.
+
+    `learned` is what the rank's job has shown of this kind of wait (see
+    docs/configuration.md, "The auto deadline"): until `auto_min_waits` waits
+    of that kind were seen, the fallback applies.
+    """
     if record.phase == Phase.INIT:
         return rules.init_deadline
     if record.expect_seconds > 0:
         return record.expect_seconds
     if rules.deadline is not None:
         return rules.deadline
-    if record.waits_completed < rules.auto_min_waits:
+    if learned is None or learned.count < rules.auto_min_waits:
         return rules.auto_fallback
-    return max(rules.auto_floor, rules.auto_factor * record.max_wait_ns / NS)
+    return max(rules.auto_floor, rules.auto_factor * learned.longest)
+
+
+def job_key(record: Record) -> str:
+    return f"{record.uid}:{record.job}"
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -183,9 +210,41 @@ def _median(values: deque[float]) -> float:
 
 
 class Detector:
-    def __init__(self, rules: Rules) -> None:
+    def __init__(self, rules: Rules,
+                 learned: dict[str, dict[str, Learned]] | None = None) -> None:
         self.rules = rules
         self.tracks: dict[tuple[int, float], Track] = {}
+        # Per job ("<uid>:<job>": a job is its owner's) and kind of wait, shared by
+        # the job's ranks; the daemon keeps it across restarts (state dir).
+        self.learned: dict[str, dict[str, Learned]] = learned if learned is not None else {}
+        self.changed: set[str] = set()  # jobs whose learning moved since the caller looked
+
+    def _known(self, record: Record, kind: str) -> Learned | None:
+        """What the job has shown of this kind of wait. A call outside any known
+        wait (the backstop) is some wait nobody listed: every kind together."""
+        job = self.learned.get(job_key(record), {})
+        if kind != NATIVE_KIND:
+            return job.get(kind)
+        if not job:
+            return None
+        return Learned(max(k.longest for k in job.values()), sum(k.count for k in job.values()))
+
+    def _learn(self, record: Record, track: Track, waiting: bool) -> None:
+        """When a wait a scan saw in progress has ended, learn how long it took."""
+        seen = track.seen_wait
+        if seen is None:
+            return
+        kind, completed, lasted = seen
+        key = (record.wait_since_ns, record.waits_completed) if waiting else None
+        if key == track.wait_key and waiting:
+            return  # still the same wait
+        if record.waits_completed == completed + 1 and record.last_wait_ns > 0:
+            lasted = max(lasted, record.last_wait_ns / NS)  # exactly that wait
+        track.seen_wait = None
+        if record.waits_completed > completed:  # it returned: a legitimate duration
+            job = self.learned.setdefault(job_key(record), {})
+            job.setdefault(kind, Learned()).add(lasted)
+            self.changed.add(job_key(record))
 
     def forget(self, key: tuple[int, float]) -> None:
         self.tracks.pop(key, None)
@@ -219,11 +278,13 @@ class Detector:
             track.moved_ns = now_ns if track.progress is not None else 0
             track.first_ns = track.first_ns or now_ns
             track.progress = progress
-        deadline = deadline_for(record, rules)
+        waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
+        self._learn(record, track, waiting)
+        kind = (record.op or "wait") if waiting else NATIVE_KIND
+        deadline = deadline_for(record, rules, self._known(record, kind))
         since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                              track.first_ns)) / NS)
-        waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
         scale = max(1.0, load)
 
@@ -249,6 +310,10 @@ class Detector:
                 track.native_busy.append(min(1.0, tick.native * scale))
         computing = (_majority(track.computing) if len(track.computing) >= 2
                      else track.was_computing)
+        # Waits of init, idle or an expect() window are not the job's pace.
+        if (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
+                and sample.status not in STOPPED_STATUSES):
+            track.seen_wait = (kind, record.waits_completed, in_wait)
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
