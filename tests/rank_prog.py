@@ -29,6 +29,12 @@ Modes:
   slowpeer S      one round, then rank 1 computes a long CPU eval (~S seconds) before
                   its all_sum while rank 0 waits in that all_sum; prints "slowpeer
                   done" after the round and exits 0
+  prefill S T P   a generation's shape: a long first step (every rank computes ~S s in
+                  one eval, rank 1 half as long again, so rank 0 then waits in the
+                  all_sum), short checked rounds for T s (rank 0 decides the end and
+                  tells the others in the all_sum), a long step of ~P s (a prefill
+                  after many short decode steps), a few rounds, exit 0.
+                  Prints "prefill 1 start", "short rounds", "prefill 2 start", "done"
 """
 
 import sys
@@ -238,5 +244,43 @@ elif MODE == "slowpeer":
     got = mx.distributed.all_sum(x)
     mx.eval(got)
     print(f"slowpeer done {got[0].item()}", flush=True)
+elif MODE == "prefill":
+    short_for = float(sys.argv[3])
+    a = mx.random.normal((512, 512), key=mx.random.key(rank))
+    began = time.monotonic()
+    mx.eval((a @ a) / 512.0)
+    per = max(time.monotonic() - began, 1e-4)  # one matmul, cold: errs long
+
+    def long_step(seconds):
+        y = a
+        for _ in range(max(1, int(seconds * (1.5 if rank == 1 else 1.0) / per))):
+            y = (y @ a) / 512.0
+        got = mx.distributed.all_sum(mx.ones(16) + 0 * y.sum())
+        mx.eval(got)
+        if got[0].item() != size:
+            sys.exit(3)
+
+    print("prefill 1 start", flush=True)
+    long_step(ARG)
+    print("short rounds", flush=True)
+    began = time.monotonic()
+    flag = mx.array([0.0] * 15 + [1.0])
+    while True:
+        x = mx.ones(16)
+        if rank == 0 and time.monotonic() - began >= short_for:
+            x = x + flag
+        out = mx.distributed.all_sum(x)
+        mx.eval(out)  # a decode step: the same kind of wait as the long steps
+        got = out.tolist()
+        if got[:15] != [float(size)] * 15:
+            sys.exit(3)
+        if got[15] == size + 1:
+            break
+    print("prefill 2 start", flush=True)
+    long_step(float(sys.argv[4]))
+    for _ in range(5):
+        one_round()
+    print("done", flush=True)
+    time.sleep(0.5)
 else:
     sys.exit(f"unknown mode {MODE}")
