@@ -223,20 +223,20 @@ elif MODE in ("pyworker", "pycompute", "sleeper"):
         time.sleep(ARG)
     print(f"{MODE} done", flush=True)
 elif MODE == "slowpeer":
+    steps = 1
+    a = mx.random.normal((512, 512), key=mx.random.key(0))
+    if rank == 1:
+        # Sized before the round, so that after it rank 1 goes straight into one
+        # long eval while rank 0 waits in the all_sum for it.
+        mx.eval((a @ a) / 512.0)  # warm up
+        began = time.monotonic()
+        mx.eval((((a @ a) / 512.0) @ a) / 512.0)
+        per = max((time.monotonic() - began) / 2, 1e-4)
+        steps = max(1, int(ARG / per))
+        print(f"slowpeer: {steps} matmuls of {per * 1000:.1f} ms", flush=True)
     one_round()
     x = mx.ones(16)
     if rank == 1:
-        # A CPU-bound chain that takes seconds: started as one eval, it computes
-        # before the all_sum below, so rank 0 waits in that all_sum meanwhile.
-        a = mx.random.normal((512, 512), key=mx.random.key(0))
-        began = time.monotonic()
-        y = a
-        for _ in range(3):
-            y = (y @ a) / 512.0
-        mx.eval(y)
-        per = (time.monotonic() - began) / 3
-        steps = max(1, int(ARG / max(per, 1e-4)))
-        print(f"slowpeer: {steps} matmuls of {per * 1000:.1f} ms", flush=True)
         y = a
         for _ in range(steps):
             y = (y @ a) / 512.0

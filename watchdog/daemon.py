@@ -38,6 +38,7 @@ FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
 INVALID_LISTED = 100  # unusable files named in /status; all are counted
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 LEARNED_SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
+HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
 
 
 @dataclass
@@ -50,6 +51,10 @@ class Rank:
     escalating: bool = False
     gone_at: float | None = None  # monotonic seconds when it reached a final state
     acted_on: tuple[int, int] | None = None  # the wait an incident was raised for
+    # A peer node said another rank of the job computes: left alone until then
+    # (monotonic seconds), when the cluster is asked again.
+    held_until: float = 0.0
+    held_reason: str = ""
     # Its identity was checked against the live process at least once. A record
     # whose pid was already gone at first sight proves nothing (anyone can
     # write one naming a dead pid and any job), so its "crash" fences no one.
@@ -208,10 +213,14 @@ class Daemon:
     def _hold(self, due: dict[str, list[Rank]]) -> dict[str, list[Rank]]:
         """Leave alone the due ranks of a job that has a rank still computing."""
         kept: dict[str, list[Rank]] = {}
+        now = self.clock_ns() / 1e9
         for job, ranks in due.items():
             for rank in ranks:
                 rec = rank.record
                 assert rank.verdict is not None
+                if rank.held_until > now:  # a peer node said a rank of the job computes
+                    rank.state, rank.reason = State.SUSPECT, rank.held_reason
+                    continue
                 # Only ranks of the same owner may speak for the job (a job is its owner's).
                 mates = [(r.record.rank, r.verdict) for r in self.ranks.values()
                          if r.record.job == job and r.record.uid == rec.uid
@@ -363,16 +372,39 @@ class Daemon:
         def others_live() -> bool:
             return any(r.state not in FINAL for r in others)
 
-        view = None
-        if self.settings.peers and fenced is None:
-            def view() -> dict[str, Any] | None:
-                return self.cluster_view(job)
-
-        future = self.executor.submit(self.enforcer.handle, incident,
-                                      [r.target() for r in targets], self.baseline, others_live,
-                                      cluster=view, evidence=fenced is None)
+        rules = self.detector.rules
+        # A peer computing excuses the wait up to the blocked deadline (detector.hold_reason).
+        may_hold = fenced is None and all(
+            r.verdict is not None
+            and r.verdict.seconds_in_wait < max(r.verdict.deadline, rules.blocked_deadline)
+            for r in due)
+        future = self.executor.submit(self._respond, job, incident,
+                                      [r.target() for r in targets], others_live,
+                                      bool(self.settings.peers) and fenced is None, may_hold,
+                                      fenced is None)
         self.pending[future] = keys
         self.pending_since[future] = self.clock_ns() / 1e9
+
+    def _respond(self, job: str, incident: dict[str, Any], targets: list[Target],
+                 others_live: Any, ask_peers: bool, may_hold: bool,
+                 evidence: bool) -> dict[str, Any]:
+        """The escalation thread: with peers, first ask whether a rank of the job
+        computes on another node (then hold: a slow peer is not a hang); then
+        the enforcer's response, with the cluster view in the incident."""
+        view: dict[str, Any] | None = None
+        if ask_peers:
+            try:
+                view = self.cluster_view(job)
+            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
+                view = {"error": str(err)}
+            busy = (view or {}).get("computing") or []
+            if busy and may_hold:
+                names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
+                return {"held": f"held: rank {names} of the job is computing "
+                                "(a slow peer, not a hang)", "job": job}
+        return self.enforcer.handle(incident, targets, self.baseline, others_live,
+                                    cluster=(lambda: view) if ask_peers else None,
+                                    evidence=evidence)
 
     # -- the cluster: views and fences -------------------------------------------
 
@@ -382,8 +414,13 @@ class Daemon:
         nodes.append({"peer": "local", "ok": True, "status": self.snapshot})
         for view in cluster.analyze(nodes)["jobs"]:
             if view["job"] == job:
+                computing = [{"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid")}
+                             for r in view["ranks"]
+                             if r.get("node") != "local" and r.get("computing") is True
+                             and r.get("state") not in ("stopped", "exited", "killed")]
                 return {"culprit": view["culprit"], "evidence": view["evidence"],
-                        "unreachable": [n["peer"] for n in nodes if not n["ok"]]}
+                        "unreachable": [n["peer"] for n in nodes if not n["ok"]],
+                        "computing": computing}
         return None
 
     def _fence_peers(self, job: str, reason: str, culprit: dict[str, Any] | None) -> None:
@@ -462,6 +499,16 @@ class Daemon:
             except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
                 log.exception("escalation failed; the hung ranks will be tried again")
                 self._retry(keys)
+                continue
+            if "held" in incident:
+                log.info("job %s: %s", incident["job"], incident["held"])
+                self._retry(keys)
+                for key in keys:
+                    rank = self.ranks.get(key)
+                    if rank is not None:
+                        rank.held_until, rank.held_reason = now + HOLD_RECHECK, (
+                            f"{rank.verdict.reason if rank.verdict else ''}; {incident['held']}")
+                        rank.state, rank.reason = State.SUSPECT, rank.held_reason
                 continue
             for sig in incident.get("signals", []):
                 if sig["result"] == SENT and sig["signal"] in self.counters.kills:

@@ -31,6 +31,10 @@ from .states import Phase, State
 NS = 1_000_000_000
 BUSY_WINDOW = 32
 QUIET_RATIO = 0.1  # a Python thread under this share of a core is not running Python
+# A thread using this share of a core (load-scaled) counts as at work when judging
+# whether a rank computes: lower than spin_ratio, because a computing rank shares
+# the machine with its peers' spinning threads and often gets less than half a core.
+WORK_RATIO = 0.25
 # A busy thread spending less than this share of its CPU in the kernel computes;
 # a ring rank polling a peer spends ~85% there (docs/architecture.md).
 KERNEL_SHARE = 0.3
@@ -350,9 +354,9 @@ class Detector:
     def _computing(self, record: Record, tick: ThreadTick, busy: float, waiting: bool,
                    scale: float) -> bool:
         """Does this interval look like the rank computing, rather than waiting?"""
-        if busy < self.rules.spin_ratio:
+        if busy < WORK_RATIO:
             return False
-        if tick.python is not None and min(1.0, tick.python * scale) >= self.rules.spin_ratio:
+        if tick.python is not None and min(1.0, tick.python * scale) >= WORK_RATIO:
             return True  # a Python thread runs: the user's own work
         if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
             return False  # a thread polling in the kernel (or unknown): waiting on a peer
