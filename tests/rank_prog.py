@@ -26,9 +26,10 @@ Modes:
   sleeper S       one round, then the main thread sleeps S seconds outside any wait
                   (a server waiting for requests without hb.idle(), nothing spinning);
                   in these three modes the other ranks sleep S seconds
-  slowpeer S      one round, then rank 1 computes a long CPU eval (~S seconds) before
-                  its all_sum while rank 0 waits in that all_sum; prints "slowpeer
-                  done" after the round and exits 0
+  slowpeer S      one round, then rank 1 computes for S seconds (one long CPU eval of
+                  an estimated S seconds, then shorter ones until S have passed)
+                  before its all_sum while rank 0 waits in that all_sum; prints
+                  "slowpeer done" after the round and exits 0
   prefill S T P   a generation's shape: a long first step (every rank computes ~S s in
                   one eval, rank 1 half as long again, so rank 0 then waits in the
                   all_sum), short checked rounds for T s (rank 0 decides the end and
@@ -237,9 +238,17 @@ elif MODE == "slowpeer":
     one_round()
     x = mx.ones(16)
     if rank == 1:
-        y = a
-        for _ in range(steps):
-            y = (y @ a) / 512.0
+        # One long eval of the estimated size; a matmul's time swings 5x with the
+        # machine's load, so more evals follow until S seconds have passed.
+        began, y, n = time.monotonic(), a, steps
+        while True:
+            for _ in range(n):
+                y = (y @ a) / 512.0
+            mx.eval(y)
+            if time.monotonic() - began >= ARG:
+                break
+            n = max(1, steps // 8)
+        print(f"slowpeer computed {time.monotonic() - began:.1f}s", flush=True)
         x = x + 0 * y.sum()
     got = mx.distributed.all_sum(x)
     mx.eval(got)

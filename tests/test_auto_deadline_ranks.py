@@ -11,6 +11,7 @@ the verdict."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 
@@ -26,14 +27,16 @@ DEFAULTS = dict(deadline="auto", auto_floor=FLOOR, interval=1.0, blocked_deadlin
 def learned(daemon: DaemonProc, ranks: list[int]) -> bool:
     """Every rank's current deadline is a learned one (not the 600 s fallback)."""
     seen = daemon.ranks()
-    return all(pid in seen and seen[pid]["deadline_seconds"] == FLOOR for pid in ranks)
+    return all(pid in seen and seen[pid]["phase"] == "wait"
+               and seen[pid]["deadline_seconds"] < 600 for pid in ranks)
 
 
 def test_a_frozen_peer_is_caught_at_the_learned_deadline(tmp_path, record_dir, state_dir):
     with DaemonProc(record_dir, state_dir, **DEFAULTS) as daemon, \
             RingJob(tmp_path, record_dir, 2, "loop") as job:
         job.wait_running()
-        # Fast waits: the job is learned within seconds and its deadline is the floor.
+        # Fast waits: the job is learned within seconds; its deadline is the floor, or
+        # 4x the slowest round when the machine is loaded.
         wait_for(lambda: learned(daemon, job.pids), 90, interval=0.2,
                  what="the learned deadline")
         frozen = job.procs[1].pid
@@ -46,7 +49,8 @@ def test_a_frozen_peer_is_caught_at_the_learned_deadline(tmp_path, record_dir, s
         assert inc["verdict"] == "stalled"
         assert inc["culprit"]["pid"] == frozen and inc["culprit"]["state"] == "stopped"
         assert set(inc["outcome"].values()) == {"killed"}
-        assert "past the 3s deadline" in inc["reason"]
+        found = re.search(r"past the ([0-9.]+)s deadline", inc["reason"])
+        assert found and FLOOR <= float(found.group(1)) < 600, inc["reason"]
     # What was learned outlives the daemon: the state dir has it per kind.
     kept = json.loads((state_dir / "learned.json").read_text())["jobs"]
     kinds = {k for entry in kept.values() for k in entry["kinds"]}
@@ -90,8 +94,8 @@ def test_a_prefill_longer_than_anything_learned_is_held_not_killed(
         tmp_path, record_dir, state_dir):
     rows = run_prefill(tmp_path, record_dir, state_dir, first=0.5, prefill=4 * FLOOR)
     # The prefill ran on a learned deadline and outlasted it; the rule that a rank
-    # computing is not a hang (and holds its waiting peer) is what kept the job.
+    # computing (or still making progress) is not a hang is what kept the job.
     late = [r for r in rows["prefill"] if r["deadline_seconds"] < 600
             and r["seconds_in_wait"] > r["deadline_seconds"]]
     assert late, rows["prefill"][-4:]
-    assert any(r["state"] == "suspect" and "computing" in r["reason"] for r in late), late
+    assert any(r["state"] == "suspect" and "held" in r["reason"] for r in late), late

@@ -159,8 +159,10 @@ def test_computing_in_a_wait(shape: Shape, computing: bool) -> None:
     assert verdicts[-1].computing is computing
 
 
-def verdict(state: State = ST, in_wait: float = 12.0, computing: bool = False) -> Verdict:
-    return Verdict(state, 10.0, in_wait, in_wait, 1.0, True, "in all_sum", computing)
+def verdict(state: State = ST, in_wait: float = 12.0, computing: bool = False,
+            since: float | None = None) -> Verdict:
+    return Verdict(state, 10.0, in_wait, in_wait if since is None else since, 1.0, True,
+                   "in all_sum", computing)
 
 
 @pytest.mark.parametrize(("job", "in_wait", "held"), [
@@ -175,9 +177,15 @@ def verdict(state: State = ST, in_wait: float = 12.0, computing: bool = False) -
                  id="the excuse ends at the blocked deadline"),
     pytest.param([(0, verdict()), (1, verdict(State.STOPPED, computing=True))], 12.0, False,
                  id="a stopped rank's old computing flag holds nothing"),
+    pytest.param([(0, verdict()), (1, verdict(state=R, in_wait=0.0, since=0.5))], 12.0, True,
+                 id="a peer still completing waits (a slow peer between its evals)"),
+    pytest.param([(0, verdict(since=0.5)), (1, verdict())], 12.0, False,
+                 id="the due rank's own progress excuses nothing"),
+    pytest.param([(0, verdict()), (1, verdict(STP, since=0.5))], 12.0, False,
+                 id="a stopped rank's recent progress holds nothing"),
 ])
 def test_hold_reason(job, in_wait, held):
-    why = hold_reason(verdict(in_wait=in_wait), job, RULES)
+    why = hold_reason(verdict(in_wait=in_wait), job, RULES, rank=0)
     assert bool(why) is held
     if held:
-        assert "computing" in why
+        assert "computing" in why or "progress" in why

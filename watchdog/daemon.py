@@ -55,6 +55,7 @@ class Rank:
     # (monotonic seconds), when the cluster is asked again.
     held_until: float = 0.0
     held_reason: str = ""
+    hold_note: str = ""  # the local hold last logged
     # Its identity was checked against the live process at least once. A record
     # whose pid was already gone at first sight proves nothing (anyone can
     # write one naming a dead pid and any job), so its "crash" fences no one.
@@ -225,10 +226,15 @@ class Daemon:
                 mates = [(r.record.rank, r.verdict) for r in self.ranks.values()
                          if r.record.job == job and r.record.uid == rec.uid
                          and r.state not in FINAL and r.verdict is not None]
-                why = hold_reason(rank.verdict, mates, self.detector.rules)
+                why = hold_reason(rank.verdict, mates, self.detector.rules, rec.rank)
                 if why:
+                    if rank.hold_note != why:  # logged once per change, not every scan
+                        rank.hold_note = why
+                        log.info("job %s rank %s: %s; %s", job, rec.rank, rank.verdict.reason,
+                                 why)
                     rank.state, rank.reason = State.SUSPECT, f"{rank.verdict.reason}; {why}"
                     continue
+                rank.hold_note = ""
                 rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
                 kept.setdefault(job, []).append(rank)
         return kept

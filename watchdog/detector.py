@@ -297,8 +297,12 @@ class Detector:
                     else (-1, hash((progress, int(record.phase)))))
         if wait_key != track.wait_key:  # a new stretch: nothing carried over...
             # ...but whether it was computing, until this stretch can tell: a
-            # rank going from one eval to the next must not look idle between.
-            track.was_computing = _majority(track.computing)
+            # rank going from one eval to the next must not look idle between
+            # (a stretch of a single sample says what it saw, or nothing).
+            if len(track.computing) >= 2:
+                track.was_computing = _majority(track.computing)
+            elif track.computing:
+                track.was_computing = track.was_computing or track.computing[0]
             track.wait_key, track.due_ticks = wait_key, 0
             for window in (track.busy, track.computing, track.python_busy, track.native_busy):
                 window.clear()
@@ -387,20 +391,29 @@ class Detector:
                        act=track.due_ticks >= rules.confirm, seconds=since, busy=False)
 
 
-def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules) -> str:
+def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
+                rank: int | None = None) -> str:
     """Why a rank due for action should be left alone, or "" to act.
 
-    A job is hung only when none of its ranks makes progress: while any rank
-    of the job (`job`: (rank, verdict) of each rank seen, the due one
-    included) looks like it is computing, the others wait on a slow peer, not
-    a dead one. That excuse ends at the blocked deadline, so a misread CPU
-    profile can delay a verdict but never prevent it.
+    A job is hung only when none of its ranks makes progress: while another
+    rank of the job (`job`: (rank, verdict) of each rank seen; `rank` is the
+    due one's) completes waits or issues collectives within its deadline, or
+    any rank of the job, the due one included, looks like it is computing,
+    the others wait on a slow peer, not a dead one. That excuse ends at the
+    blocked deadline, so a misread can delay a verdict but never prevent it.
     """
     if due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline):
         return ""
-    busy = sorted(rank for rank, v in job if v.computing and v.state != State.STOPPED)
-    if not busy:
-        return ""
-    names = ", ".join(str(r) for r in busy)
-    return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
-            f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
+    live = [(r, v) for r, v in job if v.state != State.STOPPED]
+    busy = sorted(r for r, v in live if v.computing)
+    if busy:
+        names = ", ".join(str(r) for r in busy)
+        return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
+                f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
+    moving = sorted(r for r, v in live if r != rank and v.seconds_since_progress < v.deadline)
+    if moving:
+        names = ", ".join(str(r) for r in moving)
+        return (f"held: rank{'s' if len(moving) > 1 else ''} {names} of the job "
+                f"{'are' if len(moving) > 1 else 'is'} still making progress "
+                "(a slow peer, not a hang)")
+    return ""
