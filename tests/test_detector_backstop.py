@@ -189,3 +189,19 @@ def test_hold_reason(job, in_wait, held):
     assert bool(why) is held
     if held:
         assert "computing" in why or "progress" in why
+
+
+def test_the_computing_flag_survives_short_evals_between_long_ones():
+    """A slow rank going from eval to eval (one scan each) stays computing."""
+    detector = Detector(RULES)
+    rec = dataclasses.replace(BASE, phase=Phase.WAIT, op="eval")
+    cpu, kernel, out = 0.0, 0.0, []
+    for t in range(12):
+        cpu += 1.0 if t else 0.0  # one thread computing in user space throughout
+        since = 0 if t < 4 else t  # a long eval, then a new one every scan
+        rec = dataclasses.replace(rec, wait_since_ns=ORIGIN + since * NS,
+                                  waits_completed=9 + max(0, t - 3))
+        sample = ProcessSample(PID, 1.7e9, 501, "running", ((PID, 0.0), (NATIVE, cpu)),
+                               ((PID, 0.0), (NATIVE, kernel)), PID, True)
+        out.append(detector.observe(rec, sample, ORIGIN + t * NS).computing)
+    assert out[3:] == [True] * 9
