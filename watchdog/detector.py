@@ -397,7 +397,8 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
 
     A job is hung only when none of its ranks makes progress: while another
     rank of the job (`job`: (rank, verdict) of each rank seen; `rank` is the
-    due one's) completes waits or issues collectives within its deadline, or
+    due one's) completes waits or issues collectives within its deadline (and
+    the due rank's), or
     any rank of the job, the due one included, looks like it is computing,
     the others wait on a slow peer, not a dead one. That excuse ends at the
     blocked deadline, so a misread can delay a verdict but never prevent it.
@@ -410,7 +411,10 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
         names = ", ".join(str(r) for r in busy)
         return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
                 f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
-    moving = sorted(r for r, v in live if r != rank and v.seconds_since_progress < v.deadline)
+    # Recent by both deadlines: a peer on a long fallback deadline must not hold
+    # a rank whose own (learned) deadline passed long ago.
+    moving = sorted(r for r, v in live if r != rank
+                    and v.seconds_since_progress < min(v.deadline, due.deadline))
     if moving:
         names = ", ".join(str(r) for r in moving)
         return (f"held: rank{'s' if len(moving) > 1 else ''} {names} of the job "
