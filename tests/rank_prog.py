@@ -20,6 +20,26 @@ Modes:
                   print (print(a)), fstring (f"{a}"), format (f"{a[0]:.1f}"), numpy
                   (numpy.array(a): the buffer protocol), async_eval (mlx-lm's pattern:
                   async_eval the next round, then .item() the previous one)
+  buffer          all_sum in a loop read through the buffer protocol
+                  (`memoryview(all_sum(x))`, no wrapped wait), hb.step() each round:
+                  with a peer frozen the main thread blocks in a native call
+  pyworker S      one round, then rank 0's main thread sits in queue.get() while a pure
+                  Python worker thread loads data (reads /dev/zero: mostly kernel time)
+                  at 100% for S seconds (then exits 0)
+  pycompute S     one round, then rank 0's main thread computes in Python for S seconds
+  sleeper S       one round, then the main thread sleeps S seconds outside any wait
+                  (a server waiting for requests without hb.idle(), nothing spinning);
+                  in these three modes the other ranks sleep S seconds
+  slowpeer S      one round, then rank 1 computes for S seconds (one long CPU eval of
+                  an estimated S seconds, then shorter ones until S have passed)
+                  before its all_sum while rank 0 waits in that all_sum; prints
+                  "slowpeer done" after the round and exits 0
+  prefill S T P   a generation's shape: a long first step (every rank computes ~S s in
+                  one eval, rank 1 half as long again, so rank 0 then waits in the
+                  all_sum), short checked rounds for T s (rank 0 decides the end and
+                  tells the others in the all_sum), a long step of ~P s (a prefill
+                  after many short decode steps), a few rounds, exit 0.
+                  Prints "prefill 1 start", "short rounds", "prefill 2 start", "done"
 """
 
 import sys
@@ -203,5 +223,118 @@ elif MODE == "consume":
         rounds += 1
         if rounds % 50 == 0:
             print(f"round {rounds}", flush=True)
+elif MODE == "buffer":
+    while True:
+        view = memoryview(mx.distributed.all_sum(mx.ones(16)))  # evaluates: blocks
+        if view[0] != size:
+            print(f"WRONG all_sum: {view[0]} != {size}", flush=True)
+            sys.exit(3)
+        hb.step()
+elif MODE in ("pyworker", "pycompute", "sleeper"):
+    import queue
+    import threading
+
+    one_round()
+    print(f"{MODE} started", flush=True)
+
+    def spin(seconds):
+        end, n = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            n += 1  # pure Python: holds the GIL, never calls MLX
+        return n
+
+    def load_data(seconds):
+        # A data loader: reads in a loop, so most of its time is spent in the
+        # kernel, like a ring thread polling its sockets.
+        end, n = time.monotonic() + seconds, 0
+        with open("/dev/zero", "rb", buffering=0) as f:
+            while time.monotonic() < end:
+                n += len(f.read(1 << 16))
+        return n
+
+    if rank != 0:  # only rank 0 does the mode; the others sleep it out
+        time.sleep(ARG)
+    elif MODE == "pyworker":
+        results = queue.Queue()
+        threading.Thread(target=lambda: results.put(load_data(ARG)), daemon=True).start()
+        results.get()  # the main thread blocks here, in a lock, not in MLX
+    elif MODE == "pycompute":
+        spin(ARG)
+    else:
+        time.sleep(ARG)
+    print(f"{MODE} done", flush=True)
+elif MODE == "slowpeer":
+    steps = 1
+    a = mx.random.normal((512, 512), key=mx.random.key(0))
+    if rank == 1:
+        # Sized before the round, so that after it rank 1 goes straight into one
+        # long eval while rank 0 waits in the all_sum for it.
+        mx.eval((a @ a) / 512.0)  # warm up
+        began = time.monotonic()
+        mx.eval((((a @ a) / 512.0) @ a) / 512.0)
+        per = max((time.monotonic() - began) / 2, 1e-4)
+        steps = max(1, int(ARG / per))
+        print(f"slowpeer: {steps} matmuls of {per * 1000:.1f} ms", flush=True)
+    one_round()
+    x = mx.ones(16)
+    if rank == 1:
+        # One long eval of the estimated size; a matmul's time swings 5x with the
+        # machine's load, so more evals follow until S seconds have passed.
+        began, y, n = time.monotonic(), a, steps
+        while True:
+            for _ in range(n):
+                y = (y @ a) / 512.0
+            mx.eval(y)
+            if time.monotonic() - began >= ARG:
+                break
+            n = max(1, steps // 8)
+        print(f"slowpeer computed {time.monotonic() - began:.1f}s", flush=True)
+        x = x + 0 * y.sum()
+    got = mx.distributed.all_sum(x)
+    mx.eval(got)
+    print(f"slowpeer done {got[0].item()}", flush=True)
+elif MODE == "prefill":
+    short_for = float(sys.argv[3])
+    a = mx.random.normal((512, 512), key=mx.random.key(rank))
+    mx.eval((a @ a) / 512.0)  # warm up
+    per = 1.0
+    for _ in range(3):  # the fastest of three: the step errs long, never short
+        began = time.monotonic()
+        mx.eval((((a @ a) / 512.0) @ a) / 512.0)
+        per = min(per, max((time.monotonic() - began) / 2, 1e-4))
+
+    def long_step(seconds):
+        y = a
+        for _ in range(max(1, int(seconds * (1.5 if rank == 1 else 1.0) / per))):
+            y = (y @ a) / 512.0
+        got = mx.distributed.all_sum(mx.ones(16) + 0 * y.sum())
+        began = time.monotonic()
+        mx.eval(got)  # one eval: the compute, then the all_sum
+        print(f"long step took {time.monotonic() - began:.1f}s", flush=True)
+        if got[0].item() != size:
+            sys.exit(3)
+
+    print("prefill 1 start", flush=True)
+    long_step(ARG)
+    print("short rounds", flush=True)
+    began = time.monotonic()
+    flag = mx.array([0.0] * 15 + [1.0])
+    while True:
+        x = mx.ones(16)
+        if rank == 0 and time.monotonic() - began >= short_for:
+            x = x + flag
+        out = mx.distributed.all_sum(x)
+        mx.eval(out)  # a decode step: the same kind of wait as the long steps
+        got = out.tolist()
+        if got[:15] != [float(size)] * 15:
+            sys.exit(3)
+        if got[15] == size + 1:
+            break
+    print("prefill 2 start", flush=True)
+    long_step(float(sys.argv[4]))
+    for _ in range(5):
+        one_round()
+    print("done", flush=True)
+    time.sleep(0.5)
 else:
     sys.exit(f"unknown mode {MODE}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from watchdog.daemon.detector import NS, Detector, Rules, busiest_ratio, deadline_for
+from watchdog.daemon.detector import NS, Detector, Learned, Rules, busiest_ratio, deadline_for
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
 from watchdog.states import Phase, State
@@ -67,9 +67,9 @@ class Tick:
 
 
 def run(ticks: list[Tick], rules: Rules = RULES, origin: int = ORIGIN,
-        churn: bool = False) -> list:
+        churn: bool = False, learned: dict | None = None) -> list:
     """Feed the ticks to one Detector; thread 1 idles, thread 2 spins by `spin`."""
-    detector = Detector(rules)
+    detector = Detector(rules, learned)
     cpu = {1: 0.0, 2: 0.0}
     last: float | None = None
     verdicts = []
@@ -293,35 +293,40 @@ AUTO = Rules(deadline=None, auto_factor=4.0, auto_floor=60.0, auto_min_waits=20,
              auto_fallback=600.0, init_deadline=900.0)
 
 
-@pytest.mark.parametrize(("record", "rules", "expected"), [
-    pytest.param(rec(phase=Phase.WAIT), dataclasses.replace(AUTO, deadline=10.0), 10.0,
+@pytest.mark.parametrize(("record", "rules", "learned", "expected"), [
+    pytest.param(rec(phase=Phase.WAIT), dataclasses.replace(AUTO, deadline=10.0), None, 10.0,
                  id="fixed"),
-    pytest.param(rec(phase=Phase.WAIT, waits_completed=19, max_wait_ns=100 * NS), AUTO, 600.0,
-                 id="auto before min waits: fallback"),
-    pytest.param(rec(phase=Phase.WAIT, waits_completed=20, max_wait_ns=1 * NS), AUTO, 60.0,
+    pytest.param(rec(phase=Phase.WAIT, waits_completed=500, max_wait_ns=100 * NS), AUTO,
+                 Learned(100.0, 19), 600.0,
+                 id="auto before min waits of this kind: fallback"),
+    pytest.param(rec(phase=Phase.WAIT, waits_completed=500, max_wait_ns=100 * NS), AUTO,
+                 None, 600.0,
+                 id="auto, this kind never seen: fallback, however many other waits"),
+    pytest.param(rec(phase=Phase.WAIT), AUTO, Learned(1.0, 20), 60.0,
                  id="auto after min waits, short waits: floor"),
-    pytest.param(rec(phase=Phase.WAIT, waits_completed=20, max_wait_ns=30 * NS), AUTO, 120.0,
+    pytest.param(rec(phase=Phase.WAIT), AUTO, Learned(30.0, 20), 120.0,
                  id="auto after min waits: factor x longest"),
-    pytest.param(rec(phase=Phase.WAIT, waits_completed=500, max_wait_ns=NS // 2),
-                 dataclasses.replace(AUTO, auto_floor=1.0), 2.0, id="auto: sub-second waits"),
+    pytest.param(rec(phase=Phase.WAIT), dataclasses.replace(AUTO, auto_floor=1.0),
+                 Learned(0.5, 500), 2.0, id="auto: sub-second waits"),
     pytest.param(rec(phase=Phase.WAIT, expect_seconds=500.0),
-                 dataclasses.replace(AUTO, deadline=10.0), 500.0, id="expect overrides fixed"),
-    pytest.param(rec(phase=Phase.WAIT, expect_seconds=5.0, waits_completed=50,
-                     max_wait_ns=100 * NS), AUTO, 5.0, id="expect overrides auto"),
+                 dataclasses.replace(AUTO, deadline=10.0), None, 500.0,
+                 id="expect overrides fixed"),
+    pytest.param(rec(phase=Phase.WAIT, expect_seconds=5.0), AUTO, Learned(100.0, 50), 5.0,
+                 id="expect overrides auto"),
     pytest.param(rec(phase=Phase.INIT, expect_seconds=5.0),
-                 dataclasses.replace(AUTO, deadline=10.0), 900.0,
+                 dataclasses.replace(AUTO, deadline=10.0), None, 900.0,
                  id="init phase: init_deadline"),
-    pytest.param(rec(phase=Phase.WAIT, waits_completed=0), AUTO, 600.0,
-                 id="auto, no waits yet: fallback"),
 ])
-def test_deadline_for(record: Record, rules: Rules, expected: float) -> None:
-    assert deadline_for(record, rules) == pytest.approx(expected)
+def test_deadline_for(record: Record, rules: Rules, learned: Learned | None,
+                      expected: float) -> None:
+    assert deadline_for(record, rules, learned) == pytest.approx(expected)
 
 
 def test_auto_deadline_is_used_by_the_detector() -> None:
     rules = dataclasses.replace(AUTO, auto_floor=1.0, confirm=1)
-    ticks = [Tick(at=float(t), spin=1.0, completed=25, max_wait=2.0) for t in range(10)]
-    verdicts = run(ticks, rules)
+    ticks = [Tick(at=float(t), spin=1.0, completed=25) for t in range(10)]
+    detector_learned = {f"{BASE.uid}:{BASE.job}": {"all_sum": Learned(2.0, 20)}}
+    verdicts = run(ticks, rules, learned=detector_learned)
     assert verdicts[0].deadline == 8.0
     assert [v.state for v in verdicts[:9]] == [R] * 4 + [SU] * 4 + [ST]
     assert verdicts[8].act is True

@@ -56,11 +56,12 @@ def request(url: str, method: str, path: str, body: bytes | None = None,
 
 
 def tree(path: Path, contents: bool = True) -> dict[str, bytes]:
-    """Every file under `path` (with its bytes), except status.json, which the
-    daemon rewrites each scan, and its transient temporary files."""
+    """Every file under `path` (with its bytes), except status.json and
+    learned.json, which the scan rewrites as the ranks run, and their transient
+    temporary files."""
     out = {}
     for p in sorted(path.rglob("*")):
-        if p.name == "status.json" or p.name.startswith(".tmp-"):
+        if p.name in ("status.json", "learned.json") or p.name.startswith(".tmp-"):
             continue
         try:
             out[str(p.relative_to(path))] = (p.read_bytes() if contents and p.is_file()

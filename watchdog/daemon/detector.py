@@ -6,13 +6,22 @@ memory a verdict needs (the previous CPU sample, how busy the wait has been,
 how many ticks in a row it has been due) lives in a `Track` the `Detector`
 keeps by rank identity.
 
-Only a wait that does not return is judged. A rank outside a wait, or inside
-`hb.idle()`, is never a hang, however long it takes.
+Only a wait that does not return is judged, with one exception, the
+backstop: a rank outside any known wait whose progress has not moved for its
+deadline while its Python threads are quiet and a thread that is not a Python
+thread spins is stuck in a native call the hook could not wrap (the buffer
+protocol, `np.array(a)`). A rank inside `hb.idle()` is never a hang.
+
+Each verdict also says whether the rank looks like it is computing (a Python
+thread busy, or a busy thread spending its time in user space where the
+backend's peer wait would spend it in the kernel): `hold_reason` uses that to
+keep a job whose ranks wait on a computing peer from being torn down.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
@@ -21,6 +30,16 @@ from watchdog.states import Phase, State
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32
+QUIET_RATIO = 0.1  # a Python thread under this share of a core is not running Python
+# A thread using this share of a core (load-scaled) counts as at work when judging
+# whether a rank computes: lower than spin_ratio, because a computing rank shares
+# the machine with its peers' spinning threads and often gets less than half a core.
+WORK_RATIO = 0.25
+# A busy thread spending less than this share of its CPU in the kernel computes;
+# a ring rank polling a peer spends ~85% there (docs/architecture.md).
+KERNEL_SHARE = 0.3
+# Backends whose wait on a peer polls sockets, i.e. spins in the kernel.
+KERNEL_SPIN_BACKENDS = frozenset({"ring"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,22 @@ class Track:
     busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
     due_ticks: int = 0
     busiest: float = 0.0
+    system: dict[int, float] = field(default_factory=dict)
+    # Progress as the daemon sees it move: (waits completed, collectives, steps)
+    # and when that last changed (collectives and steps carry no time of their own).
+    progress: tuple[int, int, int] | None = None
+    moved_ns: int = 0
+    first_ns: int = 0  # when the detector first saw this rank
+    was_computing: bool = False  # the previous stretch's computing flag
+    # The wait a scan last saw in progress: (kind, waits completed when it began,
+    # seconds it had lasted then), or None; learned from when it ends.
+    seen_wait: tuple[str, int, float] | None = None
+    # Per tick of the current stretch (one wait, or one spell without progress
+    # outside a wait): did it look like computing; the busiest Python and
+    # non-Python threads' shares (load-scaled).
+    computing: deque[bool] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
+    python_busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
+    native_busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
 
 
 @dataclass(frozen=True)
@@ -61,6 +96,7 @@ class Verdict:
     busiest_cpu: float  # busiest thread's share of a core over the last interval
     act: bool  # due long enough: escalate now
     reason: str
+    computing: bool = False  # over this stretch the rank mostly looked like computing
 
 
 def busiest_ratio(before: dict[int, float], after: dict[int, float], seconds: float) -> float:
@@ -79,17 +115,103 @@ def busiest_ratio(before: dict[int, float], after: dict[int, float], seconds: fl
     return min(best, 1.0)
 
 
-def deadline_for(record: Record, rules: Rules) -> float:
-    """The deadline of the rank's current wait: init, expect, fixed, or learned."""
+@dataclass(frozen=True)
+class ThreadTick:
+    """One interval's view of a rank's threads (see `thread_tick`)."""
+
+    busiest: float  # the busiest thread's share of a core
+    kernel_share: float | None  # share of that thread's CPU spent in the kernel; None: unknown
+    python: float | None  # busiest Python thread (main included); None: cannot tell
+    native: float | None  # busiest thread that runs no Python; None: cannot tell
+
+
+def thread_tick(before: dict[int, float], after: dict[int, float],
+                sys_before: dict[int, float], sys_after: dict[int, float], seconds: float,
+                python: frozenset[int] | None) -> ThreadTick:
+    """Each thread's use of a core between two samples, summed up.
+
+    `python` is the set of thread ids known to run Python (None: unknown).
+    """
+    busiest, kernel, py, native = 0.0, 0.0, 0.0, 0.0
+    if seconds > 0:
+        for tid, cpu in after.items():
+            prior = before.get(tid)
+            if prior is None or cpu < prior:
+                continue
+            ratio = min((cpu - prior) / seconds, 1.0)
+            if ratio > busiest:
+                used = cpu - prior
+                spent = sys_after.get(tid, 0.0) - sys_before.get(tid, 0.0)
+                busiest, kernel = ratio, (max(0.0, spent) / used if used > 0 else 0.0)
+            if python is not None:
+                if tid in python:
+                    py = max(py, ratio)
+                else:
+                    native = max(native, ratio)
+    share = kernel if sys_after else None  # a probe without system times cannot tell
+    if python is None:
+        return ThreadTick(busiest, share, None, None)
+    return ThreadTick(busiest, share, py, native)
+
+
+def python_threads(record: Record, sample: ProcessSample) -> frozenset[int] | None:
+    """The ids (in the sample's id space) of the rank's Python threads, or None
+    when that cannot be told: no main thread known, no table published, a table
+    that overflowed, or ids that are not native while other Python threads exist."""
+    main = sample.main_tid
+    table = record.python_threads
+    if main is None or table is None or record.python_threads_overflow:
+        return None
+    if sample.native_ids:
+        return frozenset((main, *table))
+    return frozenset((main,)) if not table else None
+
+
+@dataclass
+class Learned:
+    """What a job has shown of one kind of wait: the longest seen, and how many."""
+
+    longest: float = 0.0  # seconds
+    count: int = 0  # waits of this kind a scan saw in progress
+
+    def add(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+        self.count += 1
+
+
+NATIVE_KIND = "native"  # the backstop's spells outside a known wait
+# Entry points that wait for the same thing learn together: `async_eval` and
+# `synchronize` wait, as `eval` does, for the graph to be evaluated (mlx-lm's
+# generation alternates async_eval and eval; its evals alone are too rare to
+# learn from). A conversion (`item`, `print(a)`, ...) stays its own kind: a tiny
+# `.item()` says nothing about the pace of a big eval.
+KIND_OF = {"async_eval": "eval", "synchronize": "eval"}
+
+
+def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -> float:
+    """The deadline of the rank's current wait: init, expect, fixed, or learned.
+
+    `learned` is what the rank's job has shown of this kind of wait (see
+    docs/configuration.md, "The auto deadline"): until `auto_min_waits` waits
+    of that kind were seen, the fallback applies.
+    """
     if record.phase == Phase.INIT:
         return rules.init_deadline
     if record.expect_seconds > 0:
         return record.expect_seconds
     if rules.deadline is not None:
         return rules.deadline
-    if record.waits_completed < rules.auto_min_waits:
+    if learned is None or learned.count < rules.auto_min_waits:
         return rules.auto_fallback
-    return max(rules.auto_floor, rules.auto_factor * record.max_wait_ns / NS)
+    return max(rules.auto_floor, rules.auto_factor * learned.longest)
+
+
+def job_key(record: Record) -> str:
+    return f"{record.uid}:{record.job}"
+
+
+def _majority(flags: deque[bool]) -> bool:
+    return len(flags) >= 2 and sum(flags) * 2 >= len(flags)
 
 
 def _median(values: deque[float]) -> float:
@@ -98,9 +220,41 @@ def _median(values: deque[float]) -> float:
 
 
 class Detector:
-    def __init__(self, rules: Rules) -> None:
+    def __init__(self, rules: Rules,
+                 learned: dict[str, dict[str, Learned]] | None = None) -> None:
         self.rules = rules
         self.tracks: dict[tuple[int, float], Track] = {}
+        # Per job ("<uid>:<job>": a job is its owner's) and kind of wait, shared by
+        # the job's ranks; the daemon keeps it across restarts (state dir).
+        self.learned: dict[str, dict[str, Learned]] = learned if learned is not None else {}
+        self.changed: set[str] = set()  # jobs whose learning moved since the caller looked
+
+    def _known(self, record: Record, kind: str) -> Learned | None:
+        """What the job has shown of this kind of wait. A call outside any known
+        wait (the backstop) is some wait nobody listed: every kind together."""
+        job = self.learned.get(job_key(record), {})
+        if kind != NATIVE_KIND:
+            return job.get(kind)
+        if not job:
+            return None
+        return Learned(max(k.longest for k in job.values()), sum(k.count for k in job.values()))
+
+    def _learn(self, record: Record, track: Track, waiting: bool) -> None:
+        """When a wait a scan saw in progress has ended, learn how long it took."""
+        seen = track.seen_wait
+        if seen is None:
+            return
+        kind, completed, lasted = seen
+        key = (record.wait_since_ns, record.waits_completed) if waiting else None
+        if key == track.wait_key and waiting:
+            return  # still the same wait
+        if record.waits_completed == completed + 1 and record.last_wait_ns > 0:
+            lasted = max(lasted, record.last_wait_ns / NS)  # exactly that wait
+        track.seen_wait = None
+        if record.waits_completed > completed:  # it returned: a legitimate duration
+            job = self.learned.setdefault(job_key(record), {})
+            job.setdefault(kind, Learned()).add(lasted)
+            self.changed.add(job_key(record))
 
     def forget(self, key: tuple[int, float]) -> None:
         self.tracks.pop(key, None)
@@ -116,27 +270,69 @@ class Detector:
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
         cpu = dict(sample.threads)
+        system = dict(sample.system)
+        python = python_threads(record, sample)
         measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
+        tick = ThreadTick(0.0, None, None, None)
         if track.cpu_at_ns is not None:
-            track.busiest = busiest_ratio(track.cpu, cpu, (now_ns - track.cpu_at_ns) / NS)
-        track.cpu, track.cpu_at_ns = cpu, now_ns
+            tick = thread_tick(track.cpu, cpu, track.system, system,
+                               (now_ns - track.cpu_at_ns) / NS, python)
+            track.busiest = tick.busiest
+        track.cpu, track.system, track.cpu_at_ns = cpu, system, now_ns
 
-        deadline = deadline_for(record, rules)
-        since_progress = max(0.0, (now_ns - record.last_progress_ns) / NS)
+        progress = (record.waits_completed, record.collectives, record.steps)
+        if progress != track.progress:
+            # At first sight it is unknown when they last moved: 0 for the
+            # report (the record's own time stands), now for the backstop
+            # (which may then wait one deadline longer, never less).
+            track.moved_ns = now_ns if track.progress is not None else 0
+            track.first_ns = track.first_ns or now_ns
+            track.progress = progress
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
+        self._learn(record, track, waiting)
+        kind = KIND_OF.get(record.op, record.op or "wait") if waiting else NATIVE_KIND
+        deadline = deadline_for(record, rules, self._known(record, kind))
+        since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
+        since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
+                                             track.first_ns)) / NS)
         in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
+        scale = max(1.0, load)
 
-        def verdict(state: State, reason: str, act: bool = False) -> Verdict:
-            return Verdict(state, deadline, in_wait, since_progress, track.busiest, act, reason)
-
-        wait_key = (record.wait_since_ns, record.waits_completed) if waiting else (0, 0)
-        if wait_key != track.wait_key:  # a new wait, or none: nothing carried over
+        # One stretch: a wait, or (outside one) a spell without progress.
+        wait_key = ((record.wait_since_ns, record.waits_completed) if waiting
+                    else (-1, hash((progress, int(record.phase)))))
+        if wait_key != track.wait_key:  # a new stretch: nothing carried over...
+            # ...but whether it was computing, until this stretch can tell: a
+            # rank going from one eval to the next must not look idle between
+            # (a stretch of a single sample says what it saw, or nothing).
+            if len(track.computing) >= 2:
+                track.was_computing = _majority(track.computing)
+            elif track.computing:
+                track.was_computing = track.was_computing or track.computing[0]
             track.wait_key, track.due_ticks = wait_key, 0
-            track.busy.clear()
-        if waiting and measured and cpu:
+            for window in (track.busy, track.computing, track.python_busy, track.native_busy):
+                window.clear()
+        if measured and cpu:
             # Scaled by this tick's load: on an oversubscribed machine a
             # spinning thread gets only 1/load of a core.
-            track.busy.append(min(1.0, track.busiest * max(1.0, load)))
+            busy = min(1.0, tick.busiest * scale)
+            if waiting:
+                track.busy.append(busy)
+            track.computing.append(self._computing(record, tick, busy, waiting, scale))
+            if tick.python is not None and tick.native is not None:
+                track.python_busy.append(min(1.0, tick.python * scale))
+                track.native_busy.append(min(1.0, tick.native * scale))
+        computing = (_majority(track.computing) if len(track.computing) >= 2
+                     else track.was_computing)
+        # Waits of init, idle or an expect() window are not the job's pace.
+        if (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
+                and sample.status not in STOPPED_STATUSES):
+            track.seen_wait = (kind, record.waits_completed, in_wait)
+
+        def verdict(state: State, reason: str, act: bool = False,
+                    seconds: float = in_wait, busy: bool = computing) -> Verdict:
+            return Verdict(state, deadline, seconds, since_progress, track.busiest, act,
+                           reason, busy)
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -144,7 +340,7 @@ class Detector:
         if record.phase == Phase.IDLE:
             return verdict(State.IDLE, "inside hb.idle()")
         if not waiting:
-            return verdict(State.RUNNING, "outside a wait")
+            return self._outside(record, track, deadline, since_moved, verdict)
         if in_wait < deadline / 2:
             return verdict(State.RUNNING, "waits return within the deadline")
         what = f"in {record.op or 'a wait'} for {in_wait:.1f}s"
@@ -164,3 +360,70 @@ class Detector:
             reason = f"{what}, past the {deadline:g}s deadline, nothing spinning"
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
+
+    def _computing(self, record: Record, tick: ThreadTick, busy: float, waiting: bool,
+                   scale: float) -> bool:
+        """Does this interval look like the rank computing, rather than waiting?"""
+        if busy < WORK_RATIO:
+            return False
+        if tick.python is not None and min(1.0, tick.python * scale) >= WORK_RATIO:
+            return True  # a Python thread runs: the user's own work
+        if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
+            return False  # a thread polling in the kernel (or unknown): waiting on a peer
+        # Busy in user space. On a backend whose peer wait spins in the kernel,
+        # or with no peer at all, that is computation; elsewhere (JACCL polls
+        # its completion queue in user space) it may be the wait itself.
+        return record.backend in KERNEL_SPIN_BACKENDS or 0 < record.world_size <= 1
+
+    def _outside(self, record: Record, track: Track, deadline: float, since: float,
+                 verdict: Callable[..., Verdict]) -> Verdict:
+        """Outside a known wait: running, unless the backstop finds it stuck."""
+        rules = self.rules
+        if len(track.native_busy) < 2 or since < deadline / 2:
+            return verdict(State.RUNNING, "outside a wait")
+        quiet = _median(track.python_busy) < QUIET_RATIO
+        spinning = _median(track.native_busy) >= rules.spin_ratio
+        computing = sum(track.computing) * 2 >= len(track.computing)
+        if not (quiet and spinning) or computing:
+            track.due_ticks = 0
+            return verdict(State.RUNNING, "outside a wait")
+        what = (f"stuck in a native call outside a known wait for {since:.1f}s "
+                "(no progress, Python threads quiet, a native thread spinning)")
+        if since < deadline:
+            return verdict(State.SUSPECT, f"{what}, past half the {deadline:g}s deadline",
+                           seconds=since, busy=False)
+        track.due_ticks += 1
+        return verdict(State.STALLED, f"{what}, past the {deadline:g}s deadline",
+                       act=track.due_ticks >= rules.confirm, seconds=since, busy=False)
+
+
+def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
+                rank: int | None = None) -> str:
+    """Why a rank due for action should be left alone, or "" to act.
+
+    A job is hung only when none of its ranks makes progress: while another
+    rank of the job (`job`: (rank, verdict) of each rank seen; `rank` is the
+    due one's) completes waits or issues collectives within its deadline (and
+    the due rank's), or
+    any rank of the job, the due one included, looks like it is computing,
+    the others wait on a slow peer, not a dead one. That excuse ends at the
+    blocked deadline, so a misread can delay a verdict but never prevent it.
+    """
+    if due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline):
+        return ""
+    live = [(r, v) for r, v in job if v.state != State.STOPPED]
+    busy = sorted(r for r, v in live if v.computing)
+    if busy:
+        names = ", ".join(str(r) for r in busy)
+        return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
+                f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
+    # Recent by both deadlines: a peer on a long fallback deadline must not hold
+    # a rank whose own (learned) deadline passed long ago.
+    moving = sorted(r for r, v in live if r != rank
+                    and v.seconds_since_progress < min(v.deadline, due.deadline))
+    if moving:
+        names = ", ".join(str(r) for r in moving)
+        return (f"held: rank{'s' if len(moving) > 1 else ''} {names} of the job "
+                f"{'are' if len(moving) > 1 else 'is'} still making progress "
+                "(a slow peer, not a hang)")
+    return ""

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog import __version__, record
-from watchdog.daemon import journal
+from watchdog.daemon import journal, learning
 from watchdog.daemon.config import Settings
-from watchdog.daemon.detector import Detector, Verdict
+from watchdog.daemon.detector import Detector, Verdict, hold_reason
 from watchdog.daemon.enforcer import (
     GONE,
     KILLED,
@@ -49,6 +49,8 @@ SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
 INVALID_LISTED = 100  # unusable files named in /status; all are counted
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
+LEARNED_SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
+HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
 
 
 @dataclass
@@ -61,6 +63,11 @@ class Rank:
     escalating: bool = False
     gone_at: float | None = None  # monotonic seconds when it reached a final state
     acted_on: tuple[int, int] | None = None  # the wait an incident was raised for
+    # A peer node said another rank of the job computes: left alone until then
+    # (monotonic seconds), when the cluster is asked again.
+    held_until: float = 0.0
+    held_reason: str = ""
+    hold_note: str = ""  # the local hold last logged
     # Its identity was checked against the live process at least once. A record
     # whose pid was already gone at first sight proves nothing (anyone can
     # write one naming a dead pid and any job), so its "crash" fences no one.
@@ -98,7 +105,9 @@ class Daemon:
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall)
-        self.detector = Detector(settings.rules())
+        learned, self.learned_at = learning.load(settings.state_dir, wall())
+        self.detector = Detector(settings.rules(), learned)
+        self.learned_saved = 0.0
         self.clock_ns = clock_ns
         self.wall = wall
         self.host = socket.gethostname()
@@ -212,8 +221,8 @@ class Daemon:
                 rank.state = verdict.state
             wait = (rec.wait_since_ns, rec.waits_completed)
             if verdict.act and not rank.escalating and rank.acted_on != wait:
-                rank.acted_on = wait  # one incident per hung wait, whatever its outcome
                 due.setdefault((rec.uid, rec.job), []).append(rank)
+        due = self._hold(due)
         for key, rank in self.ranks.items():
             if key in seen or rank.state in FINAL:
                 continue
@@ -229,9 +238,55 @@ class Daemon:
         self._sample_wired()
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
+        self._keep_learned()
         self._observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
+
+    def _hold(self, due: dict[tuple[int, str], list[Rank]]) -> dict[tuple[int, str], list[Rank]]:
+        """Leave alone the due ranks of a job that has a rank still computing."""
+        kept: dict[tuple[int, str], list[Rank]] = {}
+        now = self.clock_ns() / 1e9
+        for (uid, job), ranks in due.items():
+            for rank in ranks:
+                rec = rank.record
+                assert rank.verdict is not None
+                if rank.held_until > now:  # a peer node said a rank of the job computes
+                    rank.state, rank.reason = State.SUSPECT, rank.held_reason
+                    continue
+                # Only ranks of the same owner may speak for the job (a job is its owner's).
+                mates = [(r.record.rank, r.verdict) for r in self.ranks.values()
+                         if r.record.job == job and r.record.uid == rec.uid
+                         and r.state not in FINAL and r.verdict is not None]
+                why = hold_reason(rank.verdict, mates, self.detector.rules, rec.rank)
+                if why:
+                    if rank.hold_note != why:  # logged once per change, not every scan
+                        rank.hold_note = why
+                        log.info("job %s rank %s: %s; %s", job, rec.rank, rank.verdict.reason,
+                                 why)
+                    rank.state, rank.reason = State.SUSPECT, f"{rank.verdict.reason}; {why}"
+                    continue
+                rank.hold_note = ""
+                rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
+                kept.setdefault((uid, job), []).append(rank)
+        return kept
+
+    def _keep_learned(self, force: bool = False) -> None:
+        """Stamp the jobs whose auto deadline learned something; write now and then."""
+        wall = self.wall()
+        for job in self.detector.changed:
+            self.learned_at[job] = wall
+        if not self.detector.changed and not force:
+            return
+        if not force and time.monotonic() - self.learned_saved < LEARNED_SAVE_EVERY:
+            return
+        self.detector.changed = set()
+        learning.prune(self.detector.learned, self.learned_at, wall)
+        self.learned_saved = time.monotonic()
+        try:
+            learning.save(self.settings.state_dir, self.detector.learned, self.learned_at)
+        except OSError as err:
+            log.warning("cannot write %s: %s", learning.FILE, err)
 
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec)
@@ -358,10 +413,6 @@ class Daemon:
         log.error("job %s: %s; %s %s ranks %s", job, worst.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
                   len(targets), sorted(r.record.rank for r in targets))
-        if fenced is None and self.settings.mode == "enforce":
-            # The peers wait on this job's end: fence them at the verdict, not
-            # after evidence, grace and wired-memory settling (30 s and more).
-            self._fence_peers(uid, job, f"{verdict}: {incident['reason']}", incident["culprit"])
         for rank in targets:
             rank.escalating = True
         keys = [r.key for r in targets]
@@ -370,16 +421,45 @@ class Daemon:
         def others_live() -> bool:
             return any(r.state not in FINAL for r in others)
 
-        view = None
-        if self.settings.peers and fenced is None:
-            def view() -> dict[str, Any] | None:
-                return self.cluster_view(uid, job)
-
-        future = self.executor.submit(self.enforcer.handle, incident,
-                                      [r.target() for r in targets], self.baseline, others_live,
-                                      cluster=view, evidence=fenced is None)
+        rules = self.detector.rules
+        # A peer computing excuses the wait up to the blocked deadline (detector.hold_reason).
+        may_hold = fenced is None and all(
+            r.verdict is not None
+            and r.verdict.seconds_in_wait < max(r.verdict.deadline, rules.blocked_deadline)
+            for r in due)
+        future = self.executor.submit(self._respond, uid, job, incident,
+                                      [r.target() for r in targets], others_live,
+                                      bool(self.settings.peers) and fenced is None, may_hold,
+                                      fenced is None)
         self.pending[future] = keys
         self.pending_since[future] = self.clock_ns() / 1e9
+
+    def _respond(self, uid: int, job: str, incident: dict[str, Any], targets: list[Target],
+                 others_live: Any, ask_peers: bool, may_hold: bool,
+                 evidence: bool) -> Outcome:
+        """The escalation thread: with peers, first ask whether a rank of the job
+        computes on another node (then hold: a slow peer is not a hang); else
+        fence the peers at once and run the enforcer's response, with the
+        cluster view in the incident."""
+        view: dict[str, Any] | None = None
+        if ask_peers:
+            try:
+                view = self.cluster_view(uid, job)
+            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
+                view = {"error": str(err)}
+            busy = (view or {}).get("computing") or []
+            if busy and may_hold:
+                names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
+                return Outcome(incident, held=f"held: rank {names} of the job is computing "
+                                              "(a slow peer, not a hang)")
+        if evidence and self.settings.mode == "enforce":  # a verdict of ours, not a fence
+            # The peers wait on this job's end: fence them now, not after evidence,
+            # grace and wired-memory settling (30 s and more).
+            self._fence_peers(uid, job, f"{incident['verdict']}: {incident['reason']}",
+                              incident["culprit"])
+        return self.enforcer.handle(incident, targets, self.baseline, others_live,
+                                    cluster=(lambda: view) if ask_peers else None,
+                                    evidence=evidence)
 
     # -- the cluster: views and fences -------------------------------------------
 
@@ -390,8 +470,13 @@ class Daemon:
         nodes.append({"peer": "local", "ok": True, "status": self.snapshot})
         for view in cluster.analyze(nodes)["jobs"]:
             if view["job"] == job and view.get("uid") == uid:
+                computing = [{"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid")}
+                             for r in view["ranks"]
+                             if r.get("node") != "local" and r.get("computing") is True
+                             and r.get("state") not in ("stopped", "exited", "killed")]
                 return {"culprit": view["culprit"], "evidence": view["evidence"],
-                        "unreachable": [n["peer"] for n in nodes if not n["ok"]]}
+                        "unreachable": [n["peer"] for n in nodes if not n["ok"]],
+                        "computing": computing}
         return None
 
     def _fence_peers(self, uid: int, job: str, reason: str,
@@ -475,6 +560,16 @@ class Daemon:
             except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
                 log.exception("escalation failed; the hung ranks will be tried again")
                 self._retry(keys)
+                continue
+            if outcome.held:
+                log.info("job %s: %s", outcome.incident.get("job"), outcome.held)
+                self._retry(keys)
+                for key in keys:
+                    rank = self.ranks.get(key)
+                    if rank is not None:
+                        rank.held_until, rank.held_reason = now + HOLD_RECHECK, (
+                            f"{rank.verdict.reason if rank.verdict else ''}; {outcome.held}")
+                        rank.state, rank.reason = State.SUSPECT, rank.held_reason
                 continue
             for name in outcome.signals_sent:
                 if name in self.counters.kills:
@@ -595,5 +690,7 @@ class Daemon:
         self.exits.stop()
         journal.remove_pointer(self.settings.dir)
         notify("STOPPING=1")
+        with self.lock:
+            self._keep_learned(force=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")

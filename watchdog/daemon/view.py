@@ -38,6 +38,7 @@ def rank_json(record: Record, state: State, verdict: Verdict | None, *,
         "seconds_in_wait": round(verdict.seconds_in_wait, 3) if verdict else None,
         "deadline_seconds": round(verdict.deadline, 3) if verdict else None,
         "busiest_thread_cpu": round(verdict.busiest_cpu, 3) if verdict else None,
+        "computing": verdict.computing if verdict else None,
         "current_op": current_op(record),
         "last_collective": ({"number": record.flight[-1].number, "op": record.flight[-1].op}
                             if record.flight else None),

@@ -229,6 +229,32 @@ class Heartbeat:
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 
+    def publish_threads(self) -> None:
+        """Publish the native ids of this process's Python threads (main excluded).
+
+        The daemon's backstop (docs/architecture.md) needs to know which of the
+        process's threads run Python: one of them computing at 100% is the
+        user's work, while a spinning thread that is not one of them is MLX's.
+        Called at install and after each `threading.Thread.start`, never on the
+        hot path. A thread that ended stays listed until the next start: a
+        recycled id then reads as Python, which can only withhold a verdict.
+        """
+        main = threading.main_thread()
+        tids = [t.native_id for t in threading.enumerate()
+                if t is not main and t.native_id is not None]
+        try:
+            with self._cold:
+                writer = self._writer
+                if writer is None:
+                    return  # not published yet (a lazy record): done again at the open
+                writer.begin()
+                try:
+                    writer.write_threads(tids)
+                finally:
+                    writer.end()
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            self._fail(err)
+
     def _retire(self) -> None:
         """Point every slot at scratch memory: later hot-path stores go nowhere."""
         for slot in self._slots:

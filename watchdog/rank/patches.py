@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from typing import Any
 
 from watchdog import record
@@ -120,6 +121,18 @@ def _wrap_init(hb: Heartbeat, original: Any) -> Any:
     return init
 
 
+def _wrap_thread_start(hb: Heartbeat, original: Any) -> Any:
+    @functools.wraps(original)
+    def start(self: threading.Thread) -> None:
+        original(self)  # returns once the thread runs and knows its native id
+        try:
+            hb.publish_threads()
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            hb._fail(err)
+
+    return start
+
+
 def _patch(owner: Any, name: str, wrapper: Any) -> None:
     original = getattr(owner, name)
     setattr(owner, name, wrapper)
@@ -144,6 +157,8 @@ def _instrument(hb: Heartbeat, mx: Any) -> None:
         if hasattr(dist, name):
             _patch(dist, name, _wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
     _patch(dist, "init", _wrap_init(hb, dist.init))
+    _patch(threading.Thread, "start", _wrap_thread_start(hb, threading.Thread.start))
+    hb.publish_threads()
 
 
 def _restore() -> None:

@@ -36,6 +36,10 @@ All integers are little-endian. Offsets are in bytes. Size: 16384 (v2),
     identity     360  Q       process start in clock ticks since boot (Linux
                               /proc/<pid>/stat field 22; 0: unknown, e.g. macOS);
                               the same offset in version 1
+    threads      384  Q       Python threads: bit 32 set once published, bit 33
+                              set when they outnumber the table, low bits: count
+                 392  15Q     their native thread ids (threading.get_native_id),
+                              the main thread excluded (the same offsets in v1)
     slots        512  13 thread slots of 1136 bytes, slot k at 512 + 1136 k,
                       each written by one thread only (no lock):
                    +0 Q       owner: native thread id (0: never used)
@@ -159,6 +163,13 @@ IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
 TICKS = struct.Struct("<Q")
 TICKS_OFFSET = 360  # both versions: after the cold words (v2) or the expect window (v1)
+# The table of the rank's Python threads (not MLX's), for the daemon's backstop.
+PY_THREAD_SLOTS = 15
+THREADS_PUBLISHED = 1 << 32
+THREADS_OVERFLOW = 1 << 33
+THREADS_OFFSET = 384  # both versions, up to the slots (v2) or the flight recorder (v1)
+THREADS = struct.Struct(f"<{1 + PY_THREAD_SLOTS}Q")
+W_THREADS = THREADS_OFFSET // 8
 VERSION = struct.Struct("<H")  # at offset 8 in every version
 STATUS = struct.Struct("<I")
 IDENTITY_OFFSET = 0
@@ -180,7 +191,8 @@ SLOT_WORDS = SLOT_SIZE // 8
 SLOT = struct.Struct(f"<{SLOT_HEADER_WORDS}Q{2 * RING}Q")
 HOT_OFFSET = SLOTS_OFFSET  # slot 0, where a whole state (`write_hot`) goes
 assert SEQ_OFFSET + COLD.size <= TICKS_OFFSET and EXPECT_OFFSET == SEQ_OFFSET + 32
-assert TICKS_OFFSET + TICKS.size <= SLOTS_OFFSET
+assert TICKS_OFFSET + TICKS.size <= THREADS_OFFSET
+assert THREADS_OFFSET + THREADS.size == SLOTS_OFFSET
 assert SLOT.size == SLOT_SIZE and SLOTS_OFFSET + THREAD_SLOTS * SLOT_SIZE <= RECORD_SIZE
 
 # Word indices of the cold region (into `RecordWriter.words`) and of a slot (into a slot view).
@@ -267,6 +279,10 @@ class Record:
     version: int = RECORD_VERSION
     waiting_threads: int = 0  # v2: threads in a wait now (v1: 0 or 1)
     start_ticks: int = 0  # 0: unknown (compare start_time instead)
+    # Native ids of the rank's Python threads other than the main one; None when
+    # the writer does not publish them (an older hook). See docs/record-format.md.
+    python_threads: tuple[int, ...] | None = None
+    python_threads_overflow: bool = False  # more threads than the table: it is partial
 
     @property
     def closed(self) -> bool:

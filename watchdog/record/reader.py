@@ -27,6 +27,7 @@ from watchdog.record.layout import (
     MAX_WORLD_SIZE,
     OP_CODE,
     OPS,
+    PY_THREAD_SLOTS,
     READ_ATTEMPTS,
     READ_PATIENCE,
     RECORD_SIZE,
@@ -42,6 +43,10 @@ from watchdog.record.layout import (
     SLOTS_OFFSET,
     STATUS_ABANDONED,
     THREAD_SLOTS,
+    THREADS,
+    THREADS_OFFSET,
+    THREADS_OVERFLOW,
+    THREADS_PUBLISHED,
     TICKS,
     TICKS_OFFSET,
     V1_ENTRY,
@@ -109,6 +114,7 @@ def _record(ident: tuple[object, ...], **fields: object) -> Record:
     (_, _, _, _, pid, start_time, uid, rank, world_size, dump_signal, status, _, host, job,
      backend) = ident
     fields.setdefault("start_ticks", 0)
+    fields.setdefault("python_threads", None)
     return Record(pid=pid, start_time=start_time, uid=uid, rank=rank,  # type: ignore[arg-type]
                   world_size=world_size, dump_signal=dump_signal,  # type: ignore[arg-type]
                   status=status, host=_text(host), job=_text(job),  # type: ignore[arg-type]
@@ -120,6 +126,14 @@ def _expect(buf: bytes, offset: int) -> tuple[float, int, str]:
     if not 0.0 <= seconds < math.inf:  # also rejects NaN
         raise RecordError("corrupt record (expect window)")
     return seconds, since, _text(reason)
+
+
+def _python_threads(buf: bytes) -> dict[str, object]:
+    """The table of Python threads (both versions): None until the hook publishes it."""
+    head, *tids = THREADS.unpack_from(buf, THREADS_OFFSET)
+    table = (tuple(tids[: min(head & 0xFFFF, PY_THREAD_SLOTS)])
+             if head & THREADS_PUBLISHED else None)
+    return {"python_threads": table, "python_threads_overflow": bool(head & THREADS_OVERFLOW)}
 
 
 def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
@@ -172,7 +186,8 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=expect_reason, flight=entries, version=2,
-        waiting_threads=len(open_waits), start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0])
+        waiting_threads=len(open_waits), start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0],
+        **_python_threads(buf))
 
 
 def _decode_v1(buf: bytes, ident: tuple[object, ...]) -> Record:
@@ -197,7 +212,7 @@ def _decode_v1(buf: bytes, ident: tuple[object, ...]) -> Record:
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=expect_reason, flight=tuple(entries),
         version=1, waiting_threads=int(bool(wait_since) and phase in (2, 4)),
-        start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0])
+        start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0], **_python_threads(buf))
 
 
 def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIENCE) -> Record:

@@ -20,6 +20,7 @@ from watchdog.record.layout import (
     KIND_SHIFT,
     MAGIC,
     OP_CODE,
+    PY_THREAD_SLOTS,
     RECORD_SIZE,
     RECORD_VERSION,
     RING,
@@ -37,6 +38,10 @@ from watchdog.record.layout import (
     STATUS,
     STATUS_OFFSET,
     STATUS_OPEN,
+    THREADS,
+    THREADS_OFFSET,
+    THREADS_OVERFLOW,
+    THREADS_PUBLISHED,
     TICKS,
     TICKS_OFFSET,
     W_CREATED,
@@ -132,6 +137,14 @@ class RecordWriter:
         """Idle since `since` (0: not idle); `ended`: when idle last ended. Cold."""
         self.words[W_IDLE_SINCE] = since
         self.words[W_IDLE_ENDED] = ended
+
+    def write_threads(self, native_ids: list[int]) -> None:
+        """The table of Python threads (main excluded). Cold: call between begin/end."""
+        head = THREADS_PUBLISHED | min(len(native_ids), PY_THREAD_SLOTS)
+        if len(native_ids) > PY_THREAD_SLOTS:
+            head |= THREADS_OVERFLOW
+        ids = (native_ids + [0] * PY_THREAD_SLOTS)[:PY_THREAD_SLOTS]
+        THREADS.pack_into(self._map, THREADS_OFFSET, head, *ids)
 
     def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
         EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, _field(reason, 48))

@@ -26,6 +26,14 @@ class ProcessSample:
     uid: int  # real uid
     status: str  # psutil status: "running", "sleeping", "stopped", "tracing-stop", "zombie"...
     threads: tuple[tuple[int, float], ...]  # (thread id, user+system cpu seconds)
+    # The same threads' system (kernel) cpu seconds: a thread polling sockets
+    # spends its time in the kernel, one computing spends it in user space.
+    system: tuple[tuple[int, float], ...] = ()
+    main_tid: int | None = None  # which of `threads` is the main thread; None: unknown
+    # True when thread ids are the OS ids Python's `threading.get_native_id()`
+    # reports (Linux tids), so they can be matched against the record's table
+    # of Python threads; False when they are list positions (psutil on macOS).
+    native_ids: bool = False
     # Start in clock ticks since boot, as the kernel keeps it (Linux; 0 elsewhere).
     # Unlike start_time it does not move when the wall clock is stepped.
     start_ticks: int = 0
@@ -39,6 +47,11 @@ class Probe:
     """What every platform offers; subclasses fill in wired memory and evidence."""
 
     name = "generic"
+    native_ids = False  # see ProcessSample.native_ids
+
+    def main_thread(self, pid: int, tids: list[int]) -> int | None:
+        """The main thread among `tids`: psutil lists it first (task order)."""
+        return tids[0] if tids else None
 
     def sample(self, pid: int) -> ProcessSample | None:
         """The process now, or None when it no longer exists (or is a zombie)."""
@@ -51,16 +64,20 @@ class Probe:
                 start_time = proc.create_time()
                 uid = proc.uids().real
                 try:
-                    threads = tuple((t.id, t.user_time + t.system_time) for t in proc.threads())
+                    listed = proc.threads()
                 except psutil.AccessDenied:
-                    threads = ()
+                    listed = []
         except psutil.NoSuchProcess:
             return None
         except psutil.AccessDenied as err:
             raise ProbeError(f"access denied reading pid {pid}") from err
         except OSError as err:  # a thread vanishing mid-read on some kernels
             raise ProbeError(f"reading pid {pid}: {err}") from err
-        return ProcessSample(pid, start_time, uid, status, threads)
+        threads = tuple((t.id, t.user_time + t.system_time) for t in listed)
+        system = tuple((t.id, t.system_time) for t in listed)
+        main = self.main_thread(pid, [t.id for t in listed])
+        return ProcessSample(pid, start_time, uid, status, threads, system, main,
+                             self.native_ids)
 
     def wired_bytes(self) -> int | None:
         return None

@@ -51,6 +51,11 @@ def runnable_per_cpu(loadavg: str, cpus: int) -> float:
 
 class LinuxProbe(Probe):
     name = "linux"
+    native_ids = True  # psutil's thread ids are the kernel's tids
+
+    def main_thread(self, pid: int, tids: list[int]) -> int | None:
+        """The main thread's tid is the pid (the thread group leader)."""
+        return pid if pid in tids else None
 
     def __init__(self, proc: str = "/proc",
                  boot_time: Callable[[], float] | None = None) -> None:

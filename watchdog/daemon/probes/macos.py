@@ -11,6 +11,10 @@ from watchdog.daemon.probes import Probe, ProbeError, _which
 
 
 class MacProbe(Probe):
+    """Thread ids from psutil here are positions in `task_threads` order, main
+    first (the inherited `main_thread`), not `threading.get_native_id()` values:
+    the record's table of Python threads cannot be matched (see docs/limits.md)."""
+
     name = "macos"
 
     def wired_bytes(self) -> int | None:

@@ -1,0 +1,198 @@
+"""The auto deadline: learned per kind of wait, per job, shared by the job's ranks
+and kept across daemon restarts. Pure (fake samples and times) but for the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from watchdog.daemon import learning
+from watchdog.daemon.detector import NS, Detector, Learned, Rules
+from watchdog.daemon.probes import ProcessSample
+from watchdog.record import Record
+from watchdog.states import Phase, State
+
+ORIGIN = 7_000_000_000_000_000_000
+BASE = Record(
+    pid=4242, start_time=1.7e9, uid=501, rank=0, world_size=2, dump_signal=0, status=0,
+    host="node-a", job="job-1", backend="ring", seq=2, collectives=10, waits_entered=0,
+    waits_completed=0, steps=0, phase=Phase.RUNNING, op="", phase_since_ns=ORIGIN,
+    wait_since_ns=0, last_progress_ns=ORIGIN, last_wait_ns=0, max_wait_ns=0,
+    expect_seconds=0.0, expect_since_ns=0, expect_reason="", flight=(),
+)
+AUTO = Rules(deadline=None, auto_factor=4.0, auto_floor=6.0, auto_min_waits=3,
+             auto_fallback=100.0, confirm=1)
+JOB = f"{BASE.uid}:{BASE.job}"
+
+
+class Rank:
+    """One rank fed to a detector: waits of a kind, seen (or not) by a scan."""
+
+    def __init__(self, detector: Detector, **fields) -> None:
+        self.detector, self.rec = detector, dataclasses.replace(BASE, **fields)
+        self.t = self.cpu = 0.0
+
+    def observe(self, spin: float = 0.0, status: str = "sleeping"):
+        self.cpu += spin
+        sample = ProcessSample(self.rec.pid, 1.7e9, 501, status, ((1, 0.0), (2, self.cpu)))
+        return self.detector.observe(self.rec, sample, ORIGIN + round(self.t * NS))
+
+    def wait(self, op: str, seconds: float, seen: bool = True, returns: bool = True, **extra):
+        """A wait of `op` lasting `seconds`; a scan sees it mid-way if `seen`."""
+        began = ORIGIN + round(self.t * NS)
+        fields = {"phase": Phase.WAIT, "op": op, "wait_since_ns": began,
+                  "waits_entered": self.rec.waits_entered + 1, **extra}
+        self.rec = dataclasses.replace(self.rec, **fields)
+        if seen:
+            self.t += seconds / 2
+            self.observe()
+            self.t += seconds / 2
+        else:
+            self.t += seconds
+        if returns:
+            self.rec = dataclasses.replace(
+                self.rec, phase=Phase.RUNNING, op="", wait_since_ns=0,
+                waits_completed=self.rec.waits_completed + 1,
+                last_wait_ns=round(seconds * NS), last_progress_ns=ORIGIN + round(self.t * NS),
+                expect_seconds=0.0)
+        self.t += 0.1
+        return self.observe()
+
+    def deadline_of(self, op: str) -> float:
+        self.rec = dataclasses.replace(self.rec, phase=Phase.WAIT, op=op,
+                                       wait_since_ns=ORIGIN + round(self.t * NS))
+        return self.observe().deadline
+
+
+def test_tiny_waits_never_seen_teach_nothing_and_a_long_eval_is_not_judged_at_the_floor():
+    """The reported bug: 20 waits of 50 ms, then a CPU-bound eval, acted on at 61 s."""
+    rank = Rank(Detector(AUTO))
+    for _ in range(50):
+        rank.wait("item", 0.05, seen=False)
+    assert rank.deadline_of("eval") == 100.0  # the fallback: nothing known of evals
+    assert rank.deadline_of("item") == 100.0  # never seen in progress: not learned either
+
+
+def test_async_eval_and_synchronize_learn_with_eval_but_item_does_not():
+    """mlx-lm's generation alternates async_eval and eval: both wait for the graph."""
+    rank = Rank(Detector(AUTO))
+    for _ in range(3):
+        rank.wait("async_eval", 2.0)
+    assert rank.deadline_of("eval") == 8.0  # 4 x 2 s, learned from async_eval
+    assert rank.deadline_of("synchronize") == 8.0
+    assert rank.deadline_of("async_eval") == 8.0
+    assert rank.deadline_of("item") == 100.0  # a conversion stays its own kind
+
+
+def test_each_kind_has_its_own_deadline():
+    rank = Rank(Detector(AUTO))
+    for _ in range(3):
+        rank.wait("item", 0.5)  # a tiny item(), caught in progress by a scan
+        rank.wait("eval", 10.0)  # a step
+    assert rank.deadline_of("item") == 6.0  # the floor: 4 x 0.5 is less
+    assert rank.deadline_of("eval") == 40.0  # 4 x the longest eval
+
+
+def test_the_exact_duration_comes_from_the_record_when_one_wait_ended():
+    rank = Rank(Detector(AUTO))
+    for _ in range(3):
+        rank.wait("eval", 5.0)  # seen at 2.5 s; the record says 5 s
+    assert rank.detector.learned[JOB]["eval"] == Learned(5.0, 3)
+
+
+def test_a_long_first_step_then_short_ones_keeps_the_long_one():
+    rank = Rank(Detector(AUTO))
+    rank.wait("eval", 30.0)  # the first step compiles: long
+    assert rank.deadline_of("eval") == 100.0  # one sighting: still the fallback
+    rank.wait("eval", 1.0)
+    rank.wait("eval", 1.0)
+    assert rank.deadline_of("eval") == 120.0  # a prefill as long as the first step holds
+
+
+def test_what_one_rank_learned_holds_for_its_job_and_owner_only():
+    detector = Detector(AUTO)
+    teacher = Rank(detector)
+    for _ in range(3):
+        teacher.wait("eval", 10.0)
+    peer = Rank(detector, pid=4243, rank=1)
+    assert peer.deadline_of("eval") == 40.0
+    other_job = Rank(detector, pid=4244, job="job-2")
+    assert other_job.deadline_of("eval") == 100.0
+    other_user = Rank(detector, pid=4245, uid=502)  # same job name, another owner
+    assert other_user.deadline_of("eval") == 100.0
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param({"expect_seconds": 500.0}, id="inside expect()"),
+    pytest.param({"phase": Phase.INIT}, id="mx.distributed.init"),
+    pytest.param({"phase": Phase.IDLE}, id="inside idle()"),
+])
+def test_waits_that_are_not_the_jobs_pace_are_not_learned(extra):
+    rank = Rank(Detector(AUTO))
+    for _ in range(3):
+        rank.wait("eval", 50.0, **extra)
+    assert JOB not in rank.detector.learned
+
+
+def test_a_wait_that_never_returned_teaches_nothing():
+    detector = Detector(AUTO)
+    rank = Rank(detector)
+    rank.wait("eval", 80.0, returns=False)  # the hang itself, then the rank is gone
+    rank.rec = dataclasses.replace(rank.rec, phase=Phase.RUNNING, wait_since_ns=0)
+    rank.observe()
+    assert JOB not in detector.learned
+
+
+def test_a_hang_is_still_caught_after_learning():
+    rank = Rank(Detector(AUTO))
+    for _ in range(3):
+        rank.wait("all_sum", 2.0)
+    rank.rec = dataclasses.replace(rank.rec, phase=Phase.WAIT, op="all_sum",
+                                   wait_since_ns=ORIGIN + round(rank.t * NS))
+    states = []
+    for _ in range(12):
+        rank.t += 1.0
+        states.append(rank.observe(spin=1.0))
+    assert states[-1].deadline == 8.0
+    assert states[-1].state == State.STALLED and states[-1].act
+
+
+def test_the_backstop_uses_every_kind_together():
+    detector = Detector(AUTO)
+    rank = Rank(detector)
+    rank.wait("eval", 10.0)
+    rank.wait("item", 1.0)
+    rank.wait("item", 1.0)
+    assert detector._known(rank.rec, "native") == Learned(10.0, 3)
+
+
+# -- kept across restarts --------------------------------------------------------
+
+
+def test_save_and_load_round_trip(tmp_path: Path):
+    learned = {JOB: {"eval": Learned(12.5, 40)}}
+    learning.save(str(tmp_path), learned, {JOB: 1000.0})
+    got, when = learning.load(str(tmp_path), 1000.0 + 60)
+    assert got == learned and when == {JOB: 1000.0}
+
+
+def test_old_jobs_expire_and_the_file_is_bounded(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(learning, "MAX_JOBS", 2)
+    learned = {f"1:j{i}": {"eval": Learned(1.0, 1)} for i in range(4)}
+    updated = {"1:j0": 0.0, "1:j1": 5e6, "1:j2": 5e6 + 1, "1:j3": 5e6 + 2}
+    learning.prune(learned, updated, now=5e6 + 10)
+    assert sorted(learned) == ["1:j2", "1:j3"]  # j0 too old, then the oldest past 2
+
+
+@pytest.mark.parametrize("content", [
+    "not json", json.dumps([1]), json.dumps({"version": 9, "jobs": {}}),
+    json.dumps({"version": 1, "jobs": {"1:j": {"updated": 1.0, "kinds": {
+        "eval": {"longest": -1, "count": 3}, "item": {"longest": "x", "count": 1}}}}}),
+])
+def test_a_bad_file_is_ignored(tmp_path: Path, content: str):
+    (tmp_path / learning.FILE).write_text(content)
+    learned, _ = learning.load(str(tmp_path), 2.0)
+    assert learned == {}

@@ -1,0 +1,94 @@
+"""What the auto deadline learned, kept in the state dir across daemon restarts.
+
+`<state-dir>/learned.json` holds, per job ("<uid>:<job>") and kind of wait, the
+longest wait seen and how many were seen, with the wall time the job was last
+updated. A relaunch of the same job (same job id, e.g. `MLX_WATCHDOG_JOB`)
+starts from what its earlier runs showed, as NVRx keeps its timeouts between
+runs. The file is bounded: jobs unseen for `KEEP_SECONDS` and the oldest past
+`MAX_JOBS` are dropped. An unreadable or malformed file is reported and
+ignored: learning starts afresh, the fallback deadline applies meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any
+
+from watchdog.daemon.detector import Learned
+from watchdog.daemon.journal import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+FILE = "learned.json"
+VERSION = 1
+MAX_JOBS = 500
+KEEP_SECONDS = 30 * 86400.0
+MAX_BYTES = 4 << 20
+
+
+def _learned(raw: Any) -> Learned | None:
+    if not isinstance(raw, dict):
+        return None
+    longest, count = raw.get("longest"), raw.get("count")
+    if (not isinstance(longest, (int, float)) or isinstance(longest, bool)
+            or not math.isfinite(longest) or longest < 0
+            or not isinstance(count, int) or isinstance(count, bool) or count < 0):
+        return None
+    return Learned(float(longest), count)
+
+
+def load(state_dir: str, now: float) -> tuple[dict[str, dict[str, Learned]], dict[str, float]]:
+    """(learned per job and kind, when each job was last updated)."""
+    path = os.path.join(state_dir, FILE)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(MAX_BYTES))
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise ValueError(f"not a version {VERSION} file")
+        jobs = data.get("jobs")
+        if not isinstance(jobs, dict):
+            raise ValueError("no jobs")
+    except FileNotFoundError:
+        return {}, {}
+    except (OSError, ValueError) as err:
+        log.warning("ignoring %s (%s): the auto deadline learns afresh", path, err)
+        return {}, {}
+    learned: dict[str, dict[str, Learned]] = {}
+    updated: dict[str, float] = {}
+    for job, entry in jobs.items():
+        if not isinstance(job, str) or not isinstance(entry, dict):
+            continue
+        when = entry.get("updated")
+        kinds = entry.get("kinds")
+        if not isinstance(when, (int, float)) or not isinstance(kinds, dict):
+            continue
+        if now - when > KEEP_SECONDS:
+            continue
+        good = {k: v for k, v in ((k, _learned(v)) for k, v in kinds.items())
+                if isinstance(k, str) and v is not None}
+        if good:
+            learned[job], updated[job] = good, float(when)
+    return learned, updated
+
+
+def prune(learned: dict[str, dict[str, Learned]], updated: dict[str, float], now: float) -> None:
+    """Drop jobs unseen for KEEP_SECONDS, then the oldest past MAX_JOBS (in place)."""
+    for job in [j for j in learned if now - updated.get(j, now) > KEEP_SECONDS]:
+        del learned[job]
+        updated.pop(job, None)
+    if len(learned) > MAX_JOBS:
+        for job in sorted(learned, key=lambda j: updated.get(j, now))[: len(learned) - MAX_JOBS]:
+            del learned[job]
+            updated.pop(job, None)
+
+
+def save(state_dir: str, learned: dict[str, dict[str, Learned]],
+         updated: dict[str, float]) -> None:
+    jobs = {job: {"updated": updated.get(job, 0.0),
+                  "kinds": {k: {"longest": round(v.longest, 6), "count": v.count}
+                            for k, v in kinds.items()}}
+            for job, kinds in learned.items()}
+    write_json_atomic(os.path.join(state_dir, FILE), {"version": VERSION, "jobs": jobs})
