@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ranks import DaemonProc, RingJob, samples, scrape, value, wait_for
 
 from watchdog.daemon.config import Settings
-from watchdog.daemon.loop import SCAN_BUCKETS, Daemon
+from watchdog.daemon.loop import Daemon
+from watchdog.daemon.publish import SCAN_BUCKETS
 from watchdog.net.metrics import SnapshotCollector, render
 from watchdog.states import State
 

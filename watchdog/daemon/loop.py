@@ -15,15 +15,13 @@ import os
 import socket
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog import __version__, record
 from watchdog.daemon import journal, learning
 from watchdog.daemon.config import Settings
-from watchdog.daemon.detector import Detector, Verdict, hold_reason
+from watchdog.daemon.detector import Detector, hold_reason
 from watchdog.daemon.enforcer import (
     GONE,
     KILLED,
@@ -35,66 +33,22 @@ from watchdog.daemon.enforcer import (
     Signaller,
     Target,
 )
+from watchdog.daemon.incidents import culprit_of, new_incident
+from watchdog.daemon.peers import Peers
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.probes.exits import ExitWatcher
+from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
+from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir
-from watchdog.daemon.view import rank_json
-from watchdog.net import cluster, fence
+from watchdog.net import fence
 from watchdog.record import Record, RecordError
-from watchdog.states import State
+from watchdog.states import FINAL, State
 
 log = logging.getLogger(__name__)
 
-SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-FINAL = frozenset({State.KILLED, State.UNKILLABLE, State.EXITED})
-INVALID_LISTED = 100  # unusable files named in /status; all are counted
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 LEARNED_SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
 HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
-
-
-@dataclass
-class Rank:
-    path: str
-    record: Record
-    state: State = State.RUNNING
-    verdict: Verdict | None = None
-    reason: str = ""
-    escalating: bool = False
-    gone_at: float | None = None  # monotonic seconds when it reached a final state
-    acted_on: tuple[int, int] | None = None  # the wait an incident was raised for
-    # A peer node said another rank of the job computes: left alone until then
-    # (monotonic seconds), when the cluster is asked again.
-    held_until: float = 0.0
-    held_reason: str = ""
-    hold_note: str = ""  # the local hold last logged
-    # Its identity was checked against the live process at least once. A record
-    # whose pid was already gone at first sight proves nothing (anyone can
-    # write one naming a dead pid and any job), so its "crash" fences no one.
-    seen_alive: bool = False
-
-    @property
-    def key(self) -> tuple[int, float]:
-        return (self.record.pid, self.record.start_time)
-
-    def target(self) -> Target:
-        rec = self.record
-        stacks = self.path[: -len(record.SUFFIX)] + ".stacks"
-        return Target(rec.pid, rec.start_time, rec.uid, rec.job, rec.rank, rec.dump_signal,
-                      stacks, rec.start_ticks)
-
-
-@dataclass
-class Counters:
-    stalls: dict[str, int] = field(default_factory=lambda: {"stalled": 0, "blocked": 0})
-    kills: dict[str, int] = field(default_factory=lambda: {"SIGTERM": 0, "SIGKILL": 0})
-    job_kills: dict[str, int] = field(default_factory=dict)
-    invalid_records: int = 0
-    probe_errors: int = 0
-    loop_errors: int = 0
-    scan_buckets: list[int] = field(default_factory=lambda: [0] * (len(SCAN_BUCKETS) + 1))
-    scan_sum: float = 0.0
-    scan_count: int = 0
 
 
 class Daemon:
@@ -133,7 +87,7 @@ class Daemon:
         self.stop_event = threading.Event()
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
-        self.nonces = fence.NonceCache()
+        self.peers = Peers(settings, self.host, self.executor, self.started)
         self.wake = threading.Event()  # set by the exit watcher: scan now
         self.exits = ExitWatcher(self.wake)
 
@@ -182,8 +136,7 @@ class Daemon:
                 seen.add(key)
                 if rank.state == State.UNKILLABLE and self.signaller.identify(
                         rank.target()) in (GONE, NOT_OURS):
-                    rank.state, rank.gone_at = State.KILLED, now  # it went, late
-                    rank.reason = "ended after being declared unkillable"
+                    transition(rank, Edge.WENT_LATE, now, "ended after being declared unkillable")
                 continue
             try:
                 sample = self.probe.sample(rec.pid)
@@ -210,15 +163,14 @@ class Daemon:
                 # A live process behind a closed record: the hook gave up on it
                 # (an internal error) or the rank is on its way out. Its words
                 # are frozen, so a frozen WAIT is no hang: reported, never judged.
-                rank.state, rank.verdict = State.ABANDONED, None
-                rank.reason = ("record abandoned by the hook after an internal error; not judged"
-                               if rec.status == record.STATUS_ABANDONED
-                               else "record closed while the process runs; not judged")
+                transition(rank, Edge.ABANDONED, now,
+                           "record abandoned by the hook after an internal error; not judged"
+                           if rec.status == record.STATUS_ABANDONED
+                           else "record closed while the process runs; not judged")
                 continue
             verdict = self.detector.observe(rec, sample, now_ns, load)
             rank.verdict, rank.reason = verdict, verdict.reason
-            if not rank.escalating:
-                rank.state = verdict.state
+            transition(rank, Edge.JUDGED, now, verdict=verdict)
             wait = (rec.wait_since_ns, rec.waits_completed)
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 due.setdefault((rec.uid, rec.job), []).append(rank)
@@ -239,7 +191,7 @@ class Daemon:
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
         self._keep_learned()
-        self._observe_scan(time.monotonic() - started)
+        self.counters.observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
 
@@ -252,7 +204,7 @@ class Daemon:
                 rec = rank.record
                 assert rank.verdict is not None
                 if rank.held_until > now:  # a peer node said a rank of the job computes
-                    rank.state, rank.reason = State.SUSPECT, rank.held_reason
+                    transition(rank, Edge.HELD, now, rank.held_reason)
                     continue
                 # Only ranks of the same owner may speak for the job (a job is its owner's).
                 mates = [(r.record.rank, r.verdict) for r in self.ranks.values()
@@ -264,7 +216,7 @@ class Daemon:
                         rank.hold_note = why
                         log.info("job %s rank %s: %s; %s", job, rec.rank, rank.verdict.reason,
                                  why)
-                    rank.state, rank.reason = State.SUSPECT, f"{rank.verdict.reason}; {why}"
+                    transition(rank, Edge.HELD, now, f"{rank.verdict.reason}; {why}")
                     continue
                 rank.hold_note = ""
                 rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
@@ -298,14 +250,13 @@ class Daemon:
         return rank
 
     def _gone(self, rank: Rank, now: float, status: int) -> None:
-        if rank.state in FINAL or rank.escalating:
+        if not transition(rank, Edge.EXITED, now, {
+                record.STATUS_CLOSED: "exited",
+                record.STATUS_ERROR: "exited on an uncaught exception",
+                record.STATUS_ABANDONED: "exited (its record had been abandoned by the hook: "
+                "how it ended is unknown)"}.get(
+                status, "exited without closing its record (crash or signal)")):
             return
-        rank.state, rank.gone_at = State.EXITED, now
-        rank.reason = {record.STATUS_CLOSED: "exited",
-                       record.STATUS_ERROR: "exited on an uncaught exception",
-                       record.STATUS_ABANDONED: "exited (its record had been abandoned by the "
-                       "hook: how it ended is unknown)"}.get(
-            status, "exited without closing its record (crash or signal)")
         # An abandoned record says nothing of how the rank ended: no fence on it.
         crashed = status not in (record.STATUS_CLOSED, record.STATUS_ABANDONED)
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
@@ -313,7 +264,7 @@ class Daemon:
         if crashed and rank.record.world_size > 1 and rank.seen_alive:
             self._fence_peers(rank.record.uid, rank.record.job,
                               f"rank {rank.record.rank} died without closing its record",
-                              self._culprit_of(rank, "died"))
+                              culprit_of(self.host, rank, "died"))
 
     def _expire(self, now: float) -> None:
         """Forget ranks that have been final for `retention`; remove their records."""
@@ -344,7 +295,7 @@ class Daemon:
         except RecordError:
             return
         if (rec.pid, rec.start_time) == rank.key:
-            for path in (rank.path, rank.path[: -len(record.SUFFIX)] + ".stacks"):
+            for path in (rank.path, record.stacks_path(rank.path)):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
@@ -365,10 +316,6 @@ class Daemon:
 
     # -- acting ----------------------------------------------------------------
 
-    def _culprit_of(self, rank: Rank, why: str) -> dict[str, Any]:
-        return {"host": self.host, "rank": rank.record.rank, "pid": rank.record.pid,
-                "state": rank.state.value, "reason": why}
-
     def _escalate(self, uid: int, job: str, due: list[Rank],
                   fenced: dict[str, Any] | None = None) -> None:
         local = [r for r in self.ranks.values()
@@ -378,39 +325,13 @@ class Daemon:
         targets = local if self.settings.kill_scope == "job" or fenced else due
         if not targets:
             return
-        stopped = [r for r in local if r.state == State.STOPPED]
-        worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
-        if fenced is not None:
-            verdict = "fenced"
-        else:
-            verdict = "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
-            self.counters.stalls[verdict] += 1
-        incident: dict[str, Any] = {
-            "id": time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall()))
-            + "-" + uuid.uuid4().hex[:6],
-            "time": self.wall(),
-            "host": self.host,
-            "job": job,
-            "uid": uid,
-            "verdict": verdict,
-            "mode": self.settings.mode,
-            "kill_scope": self.settings.kill_scope,
-            "reason": (f"peer {fenced.get('origin')} fenced the job: {fenced.get('reason')}"
-                       if fenced is not None else worst.reason),
-            "ranks": [self._incident_rank(r) for r in targets],
-            "pids": [r.record.pid for r in targets],
-            "seconds_without_progress": max(
-                (r.verdict.seconds_since_progress for r in due if r.verdict), default=0.0),
-            "busiest_thread_cpu": max(
-                (r.verdict.busiest_cpu for r in due if r.verdict), default=0.0),
-            "flight_recorder_tail": {str(r.record.rank): [
-                {"number": c.number, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes}
-                for c in r.record.flight[-8:]] for r in due},
-            "culprit": (fenced.get("culprit") if fenced is not None else
-                        self._culprit_of(stopped[0], "stopped (SIGSTOP or traced) while its "
-                                         "peers wait") if stopped else None),
-        }
-        log.error("job %s: %s; %s %s ranks %s", job, worst.reason,
+        incident = new_incident(
+            wall=self.wall(), host=self.host, uid=uid, job=job, mode=self.settings.mode,
+            kill_scope=self.settings.kill_scope, due=due, targets=targets, local=local,
+            fenced=fenced)
+        if fenced is None:
+            self.counters.stalls[incident["verdict"]] += 1
+        log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
                   "ending" if self.settings.mode == "enforce" else "observing",
                   len(targets), sorted(r.record.rank for r in targets))
         for rank in targets:
@@ -464,45 +385,18 @@ class Daemon:
     # -- the cluster: views and fences -------------------------------------------
 
     def cluster_view(self, uid: int, job: str) -> dict[str, Any] | None:
-        """This job of this owner across every node (peers asked within
-        peer_timeout), or None."""
-        nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
-        nodes.append({"peer": "local", "ok": True, "status": self.snapshot})
-        for view in cluster.analyze(nodes)["jobs"]:
-            if view["job"] == job and view.get("uid") == uid:
-                computing = [{"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid")}
-                             for r in view["ranks"]
-                             if r.get("node") != "local" and r.get("computing") is True
-                             and r.get("state") not in ("stopped", "exited", "killed")]
-                return {"culprit": view["culprit"], "evidence": view["evidence"],
-                        "unreachable": [n["peer"] for n in nodes if not n["ok"]],
-                        "computing": computing}
-        return None
+        return self.peers.view(uid, job, self.snapshot)
 
     def _fence_peers(self, uid: int, job: str, reason: str,
                      culprit: dict[str, Any] | None) -> None:
-        """Tell the peers to end their ranks of `job` owned by `uid` (only with
-        a shared secret)."""
-        secret, peers = self.settings.secret, self.settings.peers
-        if not secret or not peers:
-            return
-        log.info("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
-
-        def sent(future: Future[list[dict[str, Any]]]) -> None:
-            for answer in future.result():
-                log.info("fence of job %s to %s: %s", job, answer["peer"],
-                         answer.get("answer") if answer["ok"] else answer.get("error"))
-
-        self.executor.submit(fence.send, peers, secret, job, self.host, reason, culprit,
-                             self.settings.peer_timeout, uid).add_done_callback(sent)
+        self.peers.fence(uid, job, reason, culprit)
 
     def fence_request(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
         """An incoming `POST /fence`: authenticate, then end our ranks of that job."""
         if not self.settings.secret:
             return 403, {"error": "fences are off (no secret configured)"}
         try:
-            request = fence.verify(self.settings.secret, headers, body, self.nonces,
-                                   not_before=self.started)
+            request = self.peers.verify(headers, body)
         except fence.FenceRejected as err:
             log.warning("refused a fence: %s", err)
             return 401, {"error": str(err)}
@@ -517,15 +411,6 @@ class Daemon:
             if ranks:
                 self._escalate(uid, job, ranks, fenced=request)
         return 202, {"job": job, "uid": uid, "ending": sorted(r.record.pid for r in ranks)}
-
-    def _incident_rank(self, rank: Rank) -> dict[str, Any]:
-        v = rank.verdict
-        return {"pid": rank.record.pid, "rank": rank.record.rank, "state": rank.state.value,
-                "phase": rank.record.phase.label, "op": rank.record.op,
-                "seconds_in_wait": round(v.seconds_in_wait, 3) if v else None,
-                "busiest_thread_cpu": round(v.busiest_cpu, 3) if v else None,
-                "progress": rank.record.waits_completed,
-                "collectives": rank.record.collectives}
 
     def _retry(self, keys: list[tuple[int, float]]) -> None:
         """An escalation that failed did not end its wait: judge those ranks afresh."""
@@ -569,7 +454,7 @@ class Daemon:
                     if rank is not None:
                         rank.held_until, rank.held_reason = now + HOLD_RECHECK, (
                             f"{rank.verdict.reason if rank.verdict else ''}; {outcome.held}")
-                        rank.state, rank.reason = State.SUSPECT, rank.held_reason
+                        transition(rank, Edge.HELD, now, rank.held_reason)
                 continue
             for name in outcome.signals_sent:
                 if name in self.counters.kills:
@@ -579,70 +464,34 @@ class Daemon:
                 if rank is None:
                     continue
                 result = outcome.results.get(rank.record.pid)
-                rank.escalating = False
                 if result == KILLED:
-                    rank.state, rank.gone_at = State.KILLED, now
-                    rank.reason = f"ended by the watchdog (incident {outcome.incident['id']})"
+                    transition(rank, Edge.KILLED, now,
+                               f"ended by the watchdog (incident {outcome.incident['id']})")
                     self.counters.job_kills[rank.record.job] = (
                         self.counters.job_kills.get(rank.record.job, 0) + 1)
                     self._remove_record(rank)
                 elif result == UNKILLABLE:
-                    rank.state, rank.gone_at = State.UNKILLABLE, None
-                    rank.reason = "survived SIGKILL; node flagged for reboot"
+                    transition(rank, Edge.UNKILLABLE, now,
+                               "survived SIGKILL; node flagged for reboot")
                 elif result == UNKNOWN:
                     # Its identity could not be checked, so it was left alone:
                     # judged afresh next scan rather than given up for this wait.
                     rank.acted_on = None
+                rank.escalating = False
 
     # -- publishing ------------------------------------------------------------
 
-    def _observe_scan(self, seconds: float) -> None:
-        c = self.counters
-        c.scan_sum += seconds
-        c.scan_count += 1
-        for i, bound in enumerate(SCAN_BUCKETS):
-            if seconds <= bound:
-                c.scan_buckets[i] += 1
-                break
-        else:
-            c.scan_buckets[-1] += 1
-
     def publish(self) -> None:
-        ranks = [rank_json(r.record, r.state, r.verdict, reason=r.reason)
-                 for r in sorted(self.ranks.values(),
-                                 key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
-        c = self.counters
-        flag = journal.reboot_flag(self.settings.state_dir)
+        """The snapshot every reader gets (/status, /metrics, status.json)."""
         transient = {path: why for path, why in self.invalid.items()
                      if os.path.basename(path) not in self.records.bad}
-        self.snapshot = {
-            "host": self.host,
-            "daemon_pid": os.getpid(),
-            "version": __version__,
-            "mode": self.settings.mode,
-            "interval": self.settings.interval,
-            "time": self.last_scan_wall or None,
-            "scan_monotonic": self.last_scan_mono,
-            "dir": os.path.abspath(self.settings.dir),
-            "state_dir": os.path.abspath(self.settings.state_dir),
-            "started": self.started,
-            "wired_bytes": self.wired,
-            "wired_baseline_bytes": self.baseline,
-            "reboot_required": flag is not None,
-            "reboot": flag,
-            "ranks": ranks,
+        self.snapshot = snapshot(
+            host=self.host, settings=self.settings, ranks=self.ranks.values(),
+            counters=self.counters, scanned=(self.last_scan_wall, self.last_scan_mono),
+            started=self.started, wired=(self.wired, self.baseline),
             # A directory full of junk must not make every scan write megabytes.
-            "invalid_records": {**self.records.unusable(INVALID_LISTED), **transient},
-            "invalid_files": len(self.records.bad) + len(transient),
-            "counters": {
-                "stalls": dict(c.stalls), "kills": dict(c.kills),
-                "job_kills": dict(c.job_kills), "invalid_records": c.invalid_records,
-                "probe_errors": c.probe_errors, "loop_errors": c.loop_errors,
-                "scan_buckets": list(c.scan_buckets), "scan_sum": c.scan_sum,
-                "scan_count": c.scan_count,
-            },
-            "scan_bucket_bounds": list(SCAN_BUCKETS),
-        }
+            invalid={**self.records.unusable(INVALID_LISTED), **transient},
+            invalid_count=len(self.records.bad) + len(transient))
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot)

@@ -54,7 +54,7 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
     try:
         return RecordWriter(path, **fields)
     except FileExistsError:  # a staging file left by an earlier process with our pid
-        os.unlink(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new"))
+        os.unlink(record.staging_path(path))
         return RecordWriter(path, **fields)
 
 
@@ -91,8 +91,8 @@ def _free_base(directory: str) -> str:
     pid = os.getpid()
     for name in (str(pid), f"{pid}-{_start_ticks()}", f"{pid}-{os.urandom(6).hex()}"):
         base = os.path.join(directory, name)
-        if not any(_taken(p) for p in (base + record.SUFFIX, base + ".stacks",
-                                       os.path.join(directory, f".{name}{record.SUFFIX}.new"))):
+        path = base + record.SUFFIX
+        if not any(_taken(p) for p in (path, record.stacks_path(path), record.staging_path(path))):
             return base
     return base  # a random name taken already: the open reports what is wrong
 
@@ -151,7 +151,7 @@ def _open_now(directory: str, job: str) -> RecordWriter:
     if not os.path.isdir(directory):
         raise OSError(f"record directory {directory} does not exist")
     base = _free_base(directory)
-    signum = _register_dump(dump_signal_from_env(), base + ".stacks")
+    signum = _register_dump(dump_signal_from_env(), record.stacks_path(base + record.SUFFIX))
     try:
         return _open_record(base + record.SUFFIX, job, signum)
     except BaseException:

@@ -48,6 +48,7 @@ from watchdog.record.layout import (
     SLOT_SIZE,
     SLOT_WORDS,
     SLOTS_OFFSET,
+    STACKS_SUFFIX,
     STATUS,
     STATUS_ABANDONED,
     STATUS_CLOSED,
@@ -78,11 +79,16 @@ from watchdog.record.layout import (
     Record,
     RecordBusy,
     RecordError,
+    stacks_path,
+    staging_path,
 )
 from watchdog.record.reader import decode, read_fd, read_path
 from watchdog.record.writer import RecordWriter
 
 __all__ = [
+    "STACKS_SUFFIX",
+    "stacks_path",
+    "staging_path",
     "PY_THREAD_SLOTS",
     "THREADS",
     "THREADS_OFFSET",

@@ -92,6 +92,19 @@ RECORD_SIZE = 16384
 SIZES = {1: 4096, 2: RECORD_SIZE}  # version -> file size; the reader takes either
 MAX_SIZE = max(SIZES.values())
 SUFFIX = ".rec"
+STACKS_SUFFIX = ".stacks"  # beside a record: the rank's faulthandler dump
+
+
+def stacks_path(record_path: str) -> str:
+    """The stack-dump file that belongs to a record: same name, other suffix."""
+    base = record_path[: -len(SUFFIX)] if record_path.endswith(SUFFIX) else record_path
+    return base + STACKS_SUFFIX
+
+
+def staging_path(record_path: str) -> str:
+    """Where a record is built before it is renamed into place (no reader looks)."""
+    head, name = record_path.rsplit("/", 1) if "/" in record_path else ("", record_path)
+    return f"{head}/.{name}.new" if head else f".{name}.new"
 FLIGHT_SLOTS = 64  # collectives a reader gets back
 
 OPS = (

@@ -49,6 +49,7 @@ from watchdog.record.layout import (
     W_IDLE_SINCE,
     W_SEQ,
     _field,
+    staging_path,
 )
 from watchdog.states import Phase
 
@@ -67,7 +68,7 @@ class RecordWriter:
                  start_ticks: int = 0) -> None:
         # Built under a name the daemon does not read, then renamed into place:
         # a reader never sees a record without its identity.
-        staging = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.new")
+        staging = staging_path(path)
         fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             # Allocate the blocks now: on a full disk this fails here, with an error,

@@ -1,0 +1,68 @@
+"""An incident as it is journaled: what was found, on which ranks, and who holds the
+job up. Built from the daemon's ranks when it decides to act; the enforcer adds
+what it did (evidence, signals, outcome, wired memory)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from watchdog.daemon.ranks import Rank
+from watchdog.states import State
+
+FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
+
+
+def culprit_of(host: str, rank: Rank, why: str) -> dict[str, Any]:
+    return {"host": host, "rank": rank.record.rank, "pid": rank.record.pid,
+            "state": rank.state.value, "reason": why}
+
+
+def incident_rank(rank: Rank) -> dict[str, Any]:
+    v = rank.verdict
+    return {"pid": rank.record.pid, "rank": rank.record.rank, "state": rank.state.value,
+            "phase": rank.record.phase.label, "op": rank.record.op,
+            "seconds_in_wait": round(v.seconds_in_wait, 3) if v else None,
+            "busiest_thread_cpu": round(v.busiest_cpu, 3) if v else None,
+            "progress": rank.record.waits_completed,
+            "collectives": rank.record.collectives}
+
+
+def verdict_of(due: list[Rank], fenced: dict[str, Any] | None) -> str:
+    if fenced is not None:
+        return "fenced"
+    return "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
+
+
+def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
+                 due: list[Rank], targets: list[Rank], local: list[Rank],
+                 fenced: dict[str, Any] | None) -> dict[str, Any]:
+    """The incident for ending `targets` because `due` ranks are hung (or a peer fenced
+    the job); `local` is every live local rank of the job, for the culprit."""
+    worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
+    stopped = [r for r in local if r.state == State.STOPPED]
+    return {
+        "id": time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
+        "time": wall,
+        "host": host,
+        "job": job,
+        "uid": uid,
+        "verdict": verdict_of(due, fenced),
+        "mode": mode,
+        "kill_scope": kill_scope,
+        "reason": (f"peer {fenced.get('origin')} fenced the job: {fenced.get('reason')}"
+                   if fenced is not None else worst.reason),
+        "ranks": [incident_rank(r) for r in targets],
+        "pids": [r.record.pid for r in targets],
+        "seconds_without_progress": max(
+            (r.verdict.seconds_since_progress for r in due if r.verdict), default=0.0),
+        "busiest_thread_cpu": max(
+            (r.verdict.busiest_cpu for r in due if r.verdict), default=0.0),
+        "flight_recorder_tail": {str(r.record.rank): [
+            {"number": c.number, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes}
+            for c in r.record.flight[-FLIGHT_TAIL:]] for r in due},
+        "culprit": (fenced.get("culprit") if fenced is not None else
+                    culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
+                               "peers wait") if stopped else None),
+    }
