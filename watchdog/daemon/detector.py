@@ -24,37 +24,35 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from watchdog.daemon.deadlines import (
+    KIND_OF,
+    NATIVE_KIND,
+    Learned,
+    Rules,
+    deadline_for,
+    job_key,
+)
 from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
+from watchdog.daemon.threads import (
+    KERNEL_SHARE,
+    KERNEL_SPIN_BACKENDS,
+    QUIET_RATIO,
+    WORK_RATIO,
+    ThreadTick,
+    busiest_ratio,
+    python_threads,
+    thread_tick,
+)
 from watchdog.record import Record
 from watchdog.states import Phase, State
 
+# What callers import from here (the detector's whole vocabulary, in one place).
+__all__ = ["KIND_OF", "NATIVE_KIND", "NS", "Detector", "Learned", "Rules", "ThreadTick",
+           "Track", "Verdict", "busiest_ratio", "deadline_for", "hold_reason", "job_key",
+           "python_threads", "thread_tick"]
+
 NS = 1_000_000_000
 BUSY_WINDOW = 32
-QUIET_RATIO = 0.1  # a Python thread under this share of a core is not running Python
-# A thread using this share of a core (load-scaled) counts as at work when judging
-# whether a rank computes: lower than spin_ratio, because a computing rank shares
-# the machine with its peers' spinning threads and often gets less than half a core.
-WORK_RATIO = 0.25
-# A busy thread spending less than this share of its CPU in the kernel computes;
-# a ring rank polling a peer spends ~85% there (docs/architecture.md).
-KERNEL_SHARE = 0.3
-# Backends whose wait on a peer polls sockets, i.e. spins in the kernel.
-KERNEL_SPIN_BACKENDS = frozenset({"ring"})
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The detector's settings (see docs/configuration.md for the defaults' reasons)."""
-
-    deadline: float | None = None  # seconds; None: learned ("auto")
-    auto_factor: float = 4.0  # auto deadline = factor x longest completed wait...
-    auto_floor: float = 60.0  # ...but never under the floor...
-    auto_min_waits: int = 20  # ...and only after this many completed waits,
-    auto_fallback: float = 600.0  # before which this deadline applies
-    init_deadline: float = 600.0  # for mx.distributed.init (connecting to peers)
-    blocked_deadline: float = 900.0  # a wait at ~0% CPU is acted on only after this
-    spin_ratio: float = 0.5  # a thread using this share of a core or more is spinning
-    confirm: int = 2  # ticks in a row a rank must be due before it is acted on
 
 
 @dataclass
@@ -97,117 +95,6 @@ class Verdict:
     act: bool  # due long enough: escalate now
     reason: str
     computing: bool = False  # over this stretch the rank mostly looked like computing
-
-
-def busiest_ratio(before: dict[int, float], after: dict[int, float], seconds: float) -> float:
-    """The largest share of one core any single thread used between two samples.
-
-    Thread ids that come and go (on macOS they are list positions) are skipped:
-    only ids present in both samples are compared.
-    """
-    if seconds <= 0:
-        return 0.0
-    best = 0.0
-    for tid, cpu in after.items():
-        prior = before.get(tid)
-        if prior is not None and cpu >= prior:
-            best = max(best, (cpu - prior) / seconds)
-    return min(best, 1.0)
-
-
-@dataclass(frozen=True)
-class ThreadTick:
-    """One interval's view of a rank's threads (see `thread_tick`)."""
-
-    busiest: float  # the busiest thread's share of a core
-    kernel_share: float | None  # share of that thread's CPU spent in the kernel; None: unknown
-    python: float | None  # busiest Python thread (main included); None: cannot tell
-    native: float | None  # busiest thread that runs no Python; None: cannot tell
-
-
-def thread_tick(before: dict[int, float], after: dict[int, float],
-                sys_before: dict[int, float], sys_after: dict[int, float], seconds: float,
-                python: frozenset[int] | None) -> ThreadTick:
-    """Each thread's use of a core between two samples, summed up.
-
-    `python` is the set of thread ids known to run Python (None: unknown).
-    """
-    busiest, kernel, py, native = 0.0, 0.0, 0.0, 0.0
-    if seconds > 0:
-        for tid, cpu in after.items():
-            prior = before.get(tid)
-            if prior is None or cpu < prior:
-                continue
-            ratio = min((cpu - prior) / seconds, 1.0)
-            if ratio > busiest:
-                used = cpu - prior
-                spent = sys_after.get(tid, 0.0) - sys_before.get(tid, 0.0)
-                busiest, kernel = ratio, (max(0.0, spent) / used if used > 0 else 0.0)
-            if python is not None:
-                if tid in python:
-                    py = max(py, ratio)
-                else:
-                    native = max(native, ratio)
-    share = kernel if sys_after else None  # a probe without system times cannot tell
-    if python is None:
-        return ThreadTick(busiest, share, None, None)
-    return ThreadTick(busiest, share, py, native)
-
-
-def python_threads(record: Record, sample: ProcessSample) -> frozenset[int] | None:
-    """The ids (in the sample's id space) of the rank's Python threads, or None
-    when that cannot be told: no main thread known, no table published, a table
-    that overflowed, or ids that are not native while other Python threads exist."""
-    main = sample.main_tid
-    table = record.python_threads
-    if main is None or table is None or record.python_threads_overflow:
-        return None
-    if sample.native_ids:
-        return frozenset((main, *table))
-    return frozenset((main,)) if not table else None
-
-
-@dataclass
-class Learned:
-    """What a job has shown of one kind of wait: the longest seen, and how many."""
-
-    longest: float = 0.0  # seconds
-    count: int = 0  # waits of this kind a scan saw in progress
-
-    def add(self, seconds: float) -> None:
-        self.longest = max(self.longest, seconds)
-        self.count += 1
-
-
-NATIVE_KIND = "native"  # the backstop's spells outside a known wait
-# Entry points that wait for the same thing learn together: `async_eval` and
-# `synchronize` wait, as `eval` does, for the graph to be evaluated (mlx-lm's
-# generation alternates async_eval and eval; its evals alone are too rare to
-# learn from). A conversion (`item`, `print(a)`, ...) stays its own kind: a tiny
-# `.item()` says nothing about the pace of a big eval.
-KIND_OF = {"async_eval": "eval", "synchronize": "eval"}
-
-
-def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -> float:
-    """The deadline of the rank's current wait: init, expect, fixed, or learned.
-
-    `learned` is what the rank's job has shown of this kind of wait (see
-    docs/configuration.md, "The auto deadline"): until `auto_min_waits` waits
-    of that kind were seen, the fallback applies.
-    """
-    if record.phase == Phase.INIT:
-        return rules.init_deadline
-    if record.expect_seconds > 0:
-        return record.expect_seconds
-    if rules.deadline is not None:
-        return rules.deadline
-    if learned is None or learned.count < rules.auto_min_waits:
-        return rules.auto_fallback
-    return max(rules.auto_floor, rules.auto_factor * learned.longest)
-
-
-def job_key(record: Record) -> str:
-    return f"{record.uid}:{record.job}"
 
 
 def _majority(flags: deque[bool]) -> bool:

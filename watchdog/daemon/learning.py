@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any
 
-from watchdog.daemon.detector import Learned
+from watchdog.daemon.deadlines import Learned
 from watchdog.daemon.journal import write_json_atomic
 
 log = logging.getLogger(__name__)

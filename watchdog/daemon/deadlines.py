@@ -1,0 +1,70 @@
+"""Pure: the deadline of a rank's current wait, and the settings it comes from.
+
+Fixed, an `hb.expect()` window, `mx.distributed.init`'s own, or learned per kind
+of wait and per job (`auto`: docs/configuration.md, "The auto deadline").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from watchdog.record import Record
+from watchdog.states import Phase
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The detector's settings (see docs/configuration.md for the defaults' reasons)."""
+
+    deadline: float | None = None  # seconds; None: learned ("auto")
+    auto_factor: float = 4.0  # auto deadline = factor x longest completed wait...
+    auto_floor: float = 60.0  # ...but never under the floor...
+    auto_min_waits: int = 20  # ...and only after this many completed waits,
+    auto_fallback: float = 600.0  # before which this deadline applies
+    init_deadline: float = 600.0  # for mx.distributed.init (connecting to peers)
+    blocked_deadline: float = 900.0  # a wait at ~0% CPU is acted on only after this
+    spin_ratio: float = 0.5  # a thread using this share of a core or more is spinning
+    confirm: int = 2  # ticks in a row a rank must be due before it is acted on
+
+
+@dataclass
+class Learned:
+    """What a job has shown of one kind of wait: the longest seen, and how many."""
+
+    longest: float = 0.0  # seconds
+    count: int = 0  # waits of this kind a scan saw in progress
+
+    def add(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+        self.count += 1
+
+
+NATIVE_KIND = "native"  # the backstop's spells outside a known wait
+# Entry points that wait for the same thing learn together: `async_eval` and
+# `synchronize` wait, as `eval` does, for the graph to be evaluated (mlx-lm's
+# generation alternates async_eval and eval; its evals alone are too rare to
+# learn from). A conversion (`item`, `print(a)`, ...) stays its own kind: a tiny
+# `.item()` says nothing about the pace of a big eval.
+KIND_OF = {"async_eval": "eval", "synchronize": "eval"}
+
+
+def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -> float:
+    """The deadline of the rank's current wait: init, expect, fixed, or learned.
+
+    `learned` is what the rank's job has shown of this kind of wait (see
+    docs/configuration.md, "The auto deadline"): until `auto_min_waits` waits
+    of that kind were seen, the fallback applies.
+    """
+    if record.phase == Phase.INIT:
+        return rules.init_deadline
+    if record.expect_seconds > 0:
+        return record.expect_seconds
+    if rules.deadline is not None:
+        return rules.deadline
+    if learned is None or learned.count < rules.auto_min_waits:
+        return rules.auto_fallback
+    return max(rules.auto_floor, rules.auto_factor * learned.longest)
+
+
+def job_key(record: Record) -> str:
+    return f"{record.uid}:{record.job}"
