@@ -77,7 +77,8 @@ class Evidence:
     def _running(self, target: Target) -> bool:
         try:
             sample = self.probe.sample(target.pid)
-        except ProbeError:
+        except ProbeError as err:
+            log.info("not asking pid %s for its stacks: %s", target.pid, err)
             return False
         return (same_process(sample, target.start_time, target.uid, target.start_ticks)
                 and sample is not None and sample.status not in STOPPED_STATUSES)

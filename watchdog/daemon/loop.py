@@ -292,7 +292,8 @@ class Daemon:
             return
         try:
             rec = record.read_path(rank.path)
-        except RecordError:
+        except RecordError as err:
+            log.debug("leaving %s in place: %s", rank.path, err)
             return
         if (rec.pid, rec.start_time) == rank.key:
             for path in (rank.path, record.stacks_path(rank.path)):

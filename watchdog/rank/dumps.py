@@ -57,13 +57,17 @@ def _close_dump() -> None:
     file, _dump_file = _dump_file, None
     signum, _dump_signum = _dump_signum, 0
     if signum:
-        with contextlib.suppress(Exception):
+        try:
             faulthandler.unregister(signum)
+        except Exception as err:  # noqa: BLE001 - never into the user's program
+            _warn(f"could not unregister the stack dump on signal {signum} ({err!r})")
     if file is not None:
-        with contextlib.suppress(Exception):
+        try:
             file.close()
             if os.path.getsize(file.name) == 0:
                 os.unlink(file.name)
+        except Exception as err:  # noqa: BLE001
+            _warn(f"could not remove the empty stack file {file.name} ({err!r})")
 
 
 def forget_after_fork() -> None:

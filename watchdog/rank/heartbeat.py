@@ -265,11 +265,15 @@ class Heartbeat:
         if writer is None:
             return  # closed already (uninstall, another thread's failure): nothing to say
         self._retire()
-        _warn(f"record disabled after an error ({err!r}); the rank runs on uninstrumented")
-        with contextlib.suppress(Exception):
+        also = ""
+        try:
             # Not STATUS_ERROR: the rank runs on; its frozen words must not
             # be judged, nor its later exit taken for a crash.
             writer.close(record.STATUS_ABANDONED, remove=False)
+        except Exception as close_err:  # noqa: BLE001 - never into the user's program
+            also = f" (nor could it be marked abandoned: {close_err!r})"
+        _warn(f"record disabled after an error ({err!r}){also}; the rank runs on "
+              "uninstrumented")
 
     def close(self, status: int = record.STATUS_CLOSED) -> None:
         """Mark the record closed; remove it unless the rank is ending on an error,
@@ -279,8 +283,10 @@ class Heartbeat:
             self._opener, self._closed = None, True
         self._retire()
         if writer is not None:
-            with contextlib.suppress(Exception):
+            try:
                 writer.close(status, remove=status != record.STATUS_ERROR)
+            except Exception as err:  # noqa: BLE001 - never into the user's program
+                _warn(f"could not close the record {writer.path} ({err!r})")
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
