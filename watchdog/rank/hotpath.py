@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from watchdog.record import (
     KIND_SHIFT,
@@ -31,8 +31,18 @@ from watchdog.record import (
     S_STEPS,
 )
 
-if TYPE_CHECKING:
-    from watchdog.rank.heartbeat import Heartbeat
+
+class Opening(Protocol):
+    """What `opening()` needs of a Heartbeat: its late open and its current functions."""
+
+    enter_wait: Callable[[int], int]
+    exit_wait: Callable[[int, int], None]
+    collective: Callable[[int, Any], None]
+    step: Callable[[], None]
+    _enter: Callable[[int], Any]
+    _count: Callable[[Any, int], None]
+
+    def _open_late(self) -> bool: ...
 
 INIT_OP = OP_CODE["init"]
 # Record dtype code by hash(mx dtype) & 0xFF (MLX hashes a dtype to its own small number).
@@ -218,7 +228,7 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
     return HotPath(enter_wait, exit_wait, enter, count, collective, step)
 
 
-def opening(hb: Heartbeat) -> HotPath:
+def opening(hb: Opening) -> HotPath:
     """Before a late open: each function opens the record, then does its work through
     the real one. Wrappers are rebuilt over the real ones at the open (`on_open`), so
     only references taken before it keep this extra call."""
