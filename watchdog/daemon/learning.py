@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import time
 from typing import Any
 
 from watchdog.daemon.deadlines import Learned
@@ -92,3 +93,31 @@ def save(state_dir: str, learned: dict[str, dict[str, Learned]],
                             for k, v in kinds.items()}}
             for job, kinds in learned.items()}
     write_json_atomic(os.path.join(state_dir, FILE), {"version": VERSION, "jobs": jobs})
+
+
+SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
+
+
+class Keeper:
+    """Stamps the jobs whose auto deadline learned something, and writes it now and then."""
+
+    def __init__(self, state_dir: str, wall: float) -> None:
+        self.state_dir = state_dir
+        self.learned, self.learned_at = load(state_dir, wall)
+        self.saved = 0.0
+
+    def keep(self, detector: Any, wall: float, force: bool = False) -> None:
+        """After a scan (or at stop, `force`): what `detector` learned, to the file."""
+        for job in detector.changed:
+            self.learned_at[job] = wall
+        if not detector.changed and not force:
+            return
+        if not force and time.monotonic() - self.saved < SAVE_EVERY:
+            return
+        detector.changed = set()
+        prune(detector.learned, self.learned_at, wall)
+        self.saved = time.monotonic()
+        try:
+            save(self.state_dir, detector.learned, self.learned_at)
+        except OSError as err:
+            log.warning("cannot write %s: %s", FILE, err)

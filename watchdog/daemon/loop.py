@@ -21,7 +21,7 @@ from typing import Any
 from watchdog import __version__, record
 from watchdog.daemon import journal, learning
 from watchdog.daemon.config import Settings
-from watchdog.daemon.detector import Detector, hold_reason
+from watchdog.daemon.detector import Detector
 from watchdog.daemon.enforcer import (
     GONE,
     KILLED,
@@ -31,23 +31,23 @@ from watchdog.daemon.enforcer import (
     Enforcer,
     Outcome,
     Signaller,
-    Target,
 )
+from watchdog.daemon.holds import hold
 from watchdog.daemon.incidents import culprit_of, new_incident
 from watchdog.daemon.peers import Peers
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
-from watchdog.daemon.recdir import RecordDir
+from watchdog.daemon.recdir import RecordDir, remove_dead_record
+from watchdog.daemon.responses import Responses
 from watchdog.net import fence
-from watchdog.record import Record, RecordError
+from watchdog.record import Record
 from watchdog.states import FINAL, State
 
 log = logging.getLogger(__name__)
 
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
-LEARNED_SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
 HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
 
 
@@ -59,9 +59,8 @@ class Daemon:
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall)
-        learned, self.learned_at = learning.load(settings.state_dir, wall())
-        self.detector = Detector(settings.rules(), learned)
-        self.learned_saved = 0.0
+        self.learned = learning.Keeper(settings.state_dir, wall())
+        self.detector = Detector(settings.rules(), self.learned.learned)
         self.clock_ns = clock_ns
         self.wall = wall
         self.host = socket.gethostname()
@@ -73,8 +72,6 @@ class Daemon:
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
-        self.pending: dict[Future[Outcome], list[tuple[int, float]]] = {}
-        self.pending_since: dict[Future[Outcome], float] = {}
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
         self.wired: int | None = None
         self.baseline: int | None = None
@@ -88,6 +85,10 @@ class Daemon:
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
         self.peers = Peers(settings, self.host, self.executor, self.started)
+        self.responses = Responses(
+            settings, self.enforcer, self.peers, self.executor,
+            lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
+            lambda: self.snapshot, lambda: self.baseline)
         self.wake = threading.Event()  # set by the exit watcher: scan now
         self.exits = ExitWatcher(self.wake)
 
@@ -174,7 +175,7 @@ class Daemon:
             wait = (rec.wait_since_ns, rec.waits_completed)
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 due.setdefault((rec.uid, rec.job), []).append(rank)
-        due = self._hold(due)
+        due = hold(due, self.ranks.values(), self.detector.rules, now)
         for key, rank in self.ranks.items():
             if key in seen or rank.state in FINAL:
                 continue
@@ -190,55 +191,10 @@ class Daemon:
         self._sample_wired()
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
-        self._keep_learned()
+        self.learned.keep(self.detector, self.wall())
         self.counters.observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
-
-    def _hold(self, due: dict[tuple[int, str], list[Rank]]) -> dict[tuple[int, str], list[Rank]]:
-        """Leave alone the due ranks of a job that has a rank still computing."""
-        kept: dict[tuple[int, str], list[Rank]] = {}
-        now = self.clock_ns() / 1e9
-        for (uid, job), ranks in due.items():
-            for rank in ranks:
-                rec = rank.record
-                assert rank.verdict is not None
-                if rank.held_until > now:  # a peer node said a rank of the job computes
-                    transition(rank, Edge.HELD, now, rank.held_reason)
-                    continue
-                # Only ranks of the same owner may speak for the job (a job is its owner's).
-                mates = [(r.record.rank, r.verdict) for r in self.ranks.values()
-                         if r.record.job == job and r.record.uid == rec.uid
-                         and r.state not in FINAL and r.verdict is not None]
-                why = hold_reason(rank.verdict, mates, self.detector.rules, rec.rank)
-                if why:
-                    if rank.hold_note != why:  # logged once per change, not every scan
-                        rank.hold_note = why
-                        log.info("job %s rank %s: %s; %s", job, rec.rank, rank.verdict.reason,
-                                 why)
-                    transition(rank, Edge.HELD, now, f"{rank.verdict.reason}; {why}")
-                    continue
-                rank.hold_note = ""
-                rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
-                kept.setdefault((uid, job), []).append(rank)
-        return kept
-
-    def _keep_learned(self, force: bool = False) -> None:
-        """Stamp the jobs whose auto deadline learned something; write now and then."""
-        wall = self.wall()
-        for job in self.detector.changed:
-            self.learned_at[job] = wall
-        if not self.detector.changed and not force:
-            return
-        if not force and time.monotonic() - self.learned_saved < LEARNED_SAVE_EVERY:
-            return
-        self.detector.changed = set()
-        learning.prune(self.detector.learned, self.learned_at, wall)
-        self.learned_saved = time.monotonic()
-        try:
-            learning.save(self.settings.state_dir, self.detector.learned, self.learned_at)
-        except OSError as err:
-            log.warning("cannot write %s: %s", learning.FILE, err)
 
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec)
@@ -290,19 +246,7 @@ class Daemon:
         and the process is known to be gone (never a live rank's files)."""
         if self.signaller.identify(rank.target()) not in (GONE, NOT_OURS):
             return
-        try:
-            rec = record.read_path(rank.path)
-        except RecordError as err:
-            log.debug("leaving %s in place: %s", rank.path, err)
-            return
-        if (rec.pid, rec.start_time) == rank.key:
-            for path in (rank.path, record.stacks_path(rank.path)):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as err:
-                    log.warning("cannot remove %s: %s", path, err)
+        remove_dead_record(rank.path, rank.key)
 
     def _sample_wired(self) -> None:
         try:
@@ -349,39 +293,10 @@ class Daemon:
             r.verdict is not None
             and r.verdict.seconds_in_wait < max(r.verdict.deadline, rules.blocked_deadline)
             for r in due)
-        future = self.executor.submit(self._respond, uid, job, incident,
-                                      [r.target() for r in targets], others_live,
-                                      bool(self.settings.peers) and fenced is None, may_hold,
-                                      fenced is None)
-        self.pending[future] = keys
-        self.pending_since[future] = self.clock_ns() / 1e9
-
-    def _respond(self, uid: int, job: str, incident: dict[str, Any], targets: list[Target],
-                 others_live: Any, ask_peers: bool, may_hold: bool,
-                 evidence: bool) -> Outcome:
-        """The escalation thread: with peers, first ask whether a rank of the job
-        computes on another node (then hold: a slow peer is not a hang); else
-        fence the peers at once and run the enforcer's response, with the
-        cluster view in the incident."""
-        view: dict[str, Any] | None = None
-        if ask_peers:
-            try:
-                view = self.cluster_view(uid, job)
-            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                view = {"error": str(err)}
-            busy = (view or {}).get("computing") or []
-            if busy and may_hold:
-                names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
-                return Outcome(incident, held=f"held: rank {names} of the job is computing "
-                                              "(a slow peer, not a hang)")
-        if evidence and self.settings.mode == "enforce":  # a verdict of ours, not a fence
-            # The peers wait on this job's end: fence them now, not after evidence,
-            # grace and wired-memory settling (30 s and more).
-            self._fence_peers(uid, job, f"{incident['verdict']}: {incident['reason']}",
-                              incident["culprit"])
-        return self.enforcer.handle(incident, targets, self.baseline, others_live,
-                                    cluster=(lambda: view) if ask_peers else None,
-                                    evidence=evidence)
+        self.responses.start(keys, self.clock_ns() / 1e9, uid, job, incident,
+                             [r.target() for r in targets], others_live,
+                             ask_peers=bool(self.settings.peers) and fenced is None,
+                             may_hold=may_hold, evidence=fenced is None)
 
     # -- the cluster: views and fences -------------------------------------------
 
@@ -420,65 +335,61 @@ class Daemon:
             if rank is not None:
                 rank.escalating, rank.acted_on = False, None
 
+    @property
+    def pending(self) -> dict[Future[Outcome], list[tuple[int, float]]]:
+        """Responses under way, with the ranks each one ends."""
+        return self.responses.pending
+
     def _escalation_bound(self) -> float:
-        """Seconds an escalation may take before it is presumed stuck: every
-        step's own bound, with room to spare."""
-        s = self.settings
-        return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
-                    + s.settle) + 30.0
+        return self.responses.bound()
 
     def _collect_finished(self) -> None:
+        """What each finished response did, applied to its ranks."""
         now = self.clock_ns() / 1e9
-        for future, started in list(self.pending_since.items()):
-            if not future.done() and now - started > self._escalation_bound():
-                # A thread stuck (a sampler that ignores its kill, a hung
-                # filesystem) must not leave a hang unhandled: try again beside it.
-                keys = self.pending.pop(future)
-                del self.pending_since[future]
-                log.error("an escalation has run for %.0fs; trying those ranks again",
-                          now - started)
+        for keys in self.responses.overdue(now):
+            self._retry(keys)
+        for keys, outcome in self.responses.finished():
+            if outcome is None:
                 self._retry(keys)
-        for future in [f for f in self.pending if f.done()]:
-            keys = self.pending.pop(future)
-            self.pending_since.pop(future, None)
-            try:
-                outcome = future.result()
-            except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
-                log.exception("escalation failed; the hung ranks will be tried again")
-                self._retry(keys)
+            elif outcome.held:
+                self._hold_for_peers(keys, outcome, now)
+            else:
+                self._ended(keys, outcome, now)
+
+    def _hold_for_peers(self, keys: list[tuple[int, float]], outcome: Outcome,
+                        now: float) -> None:
+        """A rank of the job computes on another node: leave these alone a while."""
+        log.info("job %s: %s", outcome.incident.get("job"), outcome.held)
+        self._retry(keys)
+        for key in keys:
+            rank = self.ranks.get(key)
+            if rank is not None:
+                rank.held_until, rank.held_reason = now + HOLD_RECHECK, (
+                    f"{rank.verdict.reason if rank.verdict else ''}; {outcome.held}")
+                transition(rank, Edge.HELD, now, rank.held_reason)
+
+    def _ended(self, keys: list[tuple[int, float]], outcome: Outcome, now: float) -> None:
+        for name in outcome.signals_sent:
+            if name in self.counters.kills:
+                self.counters.kills[name] += 1
+        for key in keys:
+            rank = self.ranks.get(key)
+            if rank is None:
                 continue
-            if outcome.held:
-                log.info("job %s: %s", outcome.incident.get("job"), outcome.held)
-                self._retry(keys)
-                for key in keys:
-                    rank = self.ranks.get(key)
-                    if rank is not None:
-                        rank.held_until, rank.held_reason = now + HOLD_RECHECK, (
-                            f"{rank.verdict.reason if rank.verdict else ''}; {outcome.held}")
-                        transition(rank, Edge.HELD, now, rank.held_reason)
-                continue
-            for name in outcome.signals_sent:
-                if name in self.counters.kills:
-                    self.counters.kills[name] += 1
-            for key in keys:
-                rank = self.ranks.get(key)
-                if rank is None:
-                    continue
-                result = outcome.results.get(rank.record.pid)
-                if result == KILLED:
-                    transition(rank, Edge.KILLED, now,
-                               f"ended by the watchdog (incident {outcome.incident['id']})")
-                    self.counters.job_kills[rank.record.job] = (
-                        self.counters.job_kills.get(rank.record.job, 0) + 1)
-                    self._remove_record(rank)
-                elif result == UNKILLABLE:
-                    transition(rank, Edge.UNKILLABLE, now,
-                               "survived SIGKILL; node flagged for reboot")
-                elif result == UNKNOWN:
-                    # Its identity could not be checked, so it was left alone:
-                    # judged afresh next scan rather than given up for this wait.
-                    rank.acted_on = None
-                rank.escalating = False
+            result = outcome.results.get(rank.record.pid)
+            if result == KILLED:
+                transition(rank, Edge.KILLED, now,
+                           f"ended by the watchdog (incident {outcome.incident['id']})")
+                self.counters.job_kills[rank.record.job] = (
+                    self.counters.job_kills.get(rank.record.job, 0) + 1)
+                self._remove_record(rank)
+            elif result == UNKILLABLE:
+                transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
+            elif result == UNKNOWN:
+                # Its identity could not be checked, so it was left alone:
+                # judged afresh next scan rather than given up for this wait.
+                rank.acted_on = None
+            rank.escalating = False
 
     # -- publishing ------------------------------------------------------------
 
@@ -541,6 +452,6 @@ class Daemon:
         journal.remove_pointer(self.settings.dir)
         notify("STOPPING=1")
         with self.lock:
-            self._keep_learned(force=True)
+            self.learned.keep(self.detector, self.wall(), force=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")

@@ -183,3 +183,22 @@ def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
 def read_dir(directory: str) -> Iterator[Entry]:
     """One pass over a directory, with no memory of earlier ones (for the CLI)."""
     return RecordDir(directory).read(all_files=True)
+
+
+def remove_dead_record(path: str, key: tuple[int, float]) -> None:
+    """Delete a dead rank's leftover record and stack file, if the record is still
+    that rank's (pid, start time). The caller has checked the process is gone."""
+    try:
+        rec = record.read_path(path)
+    except RecordError as err:
+        log.debug("leaving %s in place: %s", path, err)
+        return
+    if (rec.pid, rec.start_time) != key:
+        return
+    for leftover in (path, record.stacks_path(path)):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            log.warning("cannot remove %s: %s", leftover, err)
