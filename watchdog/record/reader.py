@@ -158,13 +158,19 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
             progress, last_wait = done_at, last
         if since:
             open_waits.append((since, op))
-        # Entries n' with later - RING < n' <= n are whole: committed before the count
-        # was read, and not rewritten before the second copy's count.
-        later = _WORD.unpack_from(after, base + S_COLLECTIVES * 8)[0]
-        for m in range(max(n - FLIGHT_SLOTS, later - RING, 0) + 1, n + 1):
+        # Entries n' with later + 1 - RING < n' <= n are whole: committed before the
+        # count was read, and not rewritten by the second copy's read. The writer
+        # stores entry later + 1 (into the slot of later + 1 - RING) before it commits
+        # it, so that slot may be half rewritten even though the count says `later`.
+        # And an entry must read the same in both copies: one copy is not read in
+        # address order everywhere (fast string copies may load out of order), so
+        # a count may be newer than an entry read beside it.
+        again = SLOT.unpack_from(after, base) if after is not buf else words
+        later = again[S_COLLECTIVES]
+        for m in range(max(n - FLIGHT_SLOTS, later + 1 - RING, 0) + 1, n + 1):
             i = S_RING + 2 * (m % RING)
-            if words[i + 1]:  # an op is never 0: a zero entry was never written
-                flight.append((words[i], k, m, words[i + 1]))
+            if words[i + 1] and words[i] == again[i] and words[i + 1] == again[i + 1]:
+                flight.append((words[i], k, m, words[i + 1]))  # op 0: never written
     flight.sort()
     flight = flight[-FLIGHT_SLOTS:]
     entries = tuple(
