@@ -125,3 +125,38 @@ def test_unreadable_reboot_flag_still_counts_as_flagged(state_dir: Path) -> None
     flag = journal.set_reboot_flag(str(state_dir), "pid 7 survived SIGKILL")
     assert json.loads((state_dir / journal.REBOOT_FLAG).read_text()) == flag
     assert flag["reason"]
+
+
+def test_a_planted_pointer_never_blocks_nor_misleads(tmp_path):
+    """The record directory is everyone's: a FIFO, a link or another user's file
+    where the daemon's pointer goes must not hang `status` or the daemon's stop,
+    nor be believed."""
+    import threading
+
+    from watchdog.daemon import journal as j
+
+    pointer = tmp_path / j.POINTER
+    os.mkfifo(pointer)  # open() without O_NONBLOCK would wait for a writer forever
+    results = []
+    worker = threading.Thread(target=lambda: results.append(
+        (j.read_pointer(str(tmp_path)), j.remove_pointer(str(tmp_path)))), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert results == [(None, None)] and pointer.exists()
+    pointer.unlink()
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"state_dir": "/forged", "daemon_pid": os.getpid()}))
+    pointer.symlink_to(target)
+    assert j.read_pointer(str(tmp_path)) is None
+    j.remove_pointer(str(tmp_path))
+    assert pointer.is_symlink() and target.exists()  # a link is not ours to follow
+    pointer.unlink()
+    j.publish_pointer(str(tmp_path), str(tmp_path / "state"), "127.0.0.1:0")
+    assert j.read_pointer(str(tmp_path))["state_dir"] == str(tmp_path / "state")
+    os.chown(pointer, 65534, 65534)  # another user's: not believed, not removed
+    assert j.read_pointer(str(tmp_path)) is None
+    j.remove_pointer(str(tmp_path))
+    assert pointer.exists()
+    os.chown(pointer, os.getuid(), os.getgid())
+    j.remove_pointer(str(tmp_path))
+    assert not pointer.exists()

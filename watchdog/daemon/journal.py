@@ -38,37 +38,48 @@ def publish_pointer(record_dir: str, state_dir: str, listen: str) -> None:
                        "listen": listen})
 
 
-def remove_pointer(record_dir: str) -> None:
-    """On a clean stop: no daemon watches the directory any more (ours only)."""
-    path = os.path.join(record_dir, POINTER)
-    try:
-        with open(path, "rb") as f:
-            mine = json.loads(f.read(1 << 16)).get("daemon_pid") == os.getpid()
-        if mine:
-            os.unlink(path)
-    except (OSError, ValueError, AttributeError):
-        return  # gone already, or not ours to remove: a stale pointer names a dead pid
+def _pointer(record_dir: str, owners: tuple[int, ...]) -> dict[str, Any] | None:
+    """The pointer file's JSON, if it is a regular file one of `owners` owns.
 
-
-def read_pointer(record_dir: str) -> dict[str, Any] | None:
-    """The pointer, if a daemon we may believe wrote it: root's, or our own user's.
-
-    The record directory is writable by every local user; a pointer planted by
-    another user could send us to forged verdicts, so it is not read at all.
+    The record directory is writable by every local user: no link is followed,
+    and nothing blocks on a planted FIFO (O_NONBLOCK), so no file there can
+    hang a reader or the daemon's stop.
     """
     try:
-        fd = os.open(os.path.join(record_dir, POINTER), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(record_dir, POINTER),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.getuid()):
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
             return None
         try:
             data = json.loads(f.read(1 << 16))
         except ValueError:
             return None
-    return data if isinstance(data, dict) and isinstance(data.get("state_dir"), str) else None
+    return data if isinstance(data, dict) else None
+
+
+def remove_pointer(record_dir: str) -> None:
+    """On a clean stop: no daemon watches the directory any more (ours only)."""
+    data = _pointer(record_dir, (os.getuid(),))
+    if data is None or data.get("daemon_pid") != os.getpid():
+        return  # gone already, or not ours: a stale pointer names a dead pid
+    try:
+        os.unlink(os.path.join(record_dir, POINTER))
+    except FileNotFoundError:
+        return
+
+
+def read_pointer(record_dir: str) -> dict[str, Any] | None:
+    """The pointer, if a daemon we may believe wrote it: root's, or our own user's.
+
+    A pointer planted by another user could send us to forged verdicts, so it is
+    not read at all.
+    """
+    data = _pointer(record_dir, (0, os.getuid()))
+    return data if data is not None and isinstance(data.get("state_dir"), str) else None
 
 
 def _fsync_dir(directory: str) -> None:
