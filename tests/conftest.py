@@ -22,3 +22,16 @@ def darwin(monkeypatch):
 
     monkeypatch.setattr(host, "OS", host.DARWIN)
     return host
+
+
+@pytest.fixture(params=["compiled", "python"])
+def hotpath(request, monkeypatch):
+    """Run the test over each hot path of the hook: the compiled one (which CI builds, so
+    it must be there) and the pure-Python one. Subprocesses inherit the choice."""
+    from watchdog.rank import compiled
+
+    monkeypatch.setenv(compiled.ENV, request.param)
+    if request.param == "compiled":
+        fast, why = compiled.choice()
+        assert fast is not None, f"the compiled hot path is not usable here: {why}"
+    return request.param

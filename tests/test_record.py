@@ -373,12 +373,17 @@ HAMMER_V2 = textwrap.dedent("""
 
 
 def torn(rec: Record, threads: int = THREADS) -> str | None:
-    """Why `rec` is not a state the v2 hammer can be in, or None."""
+    """Why `rec` is not a state the v2 hammer can be in, or None.
+
+    A slot's words are read one by one while the writer runs, so a word stored later
+    in the writer's cycle (steps) may read newer than one stored before it (completed):
+    with the compiled hot path a thread goes round its cycle in about 100 ns. No
+    relation between two counters is promised, only that each one grows (checked by
+    the caller) and that a flight entry is whole.
+    """
     if not 0 <= rec.waits_entered - rec.waits_completed <= threads:
         return f"entered {rec.waits_entered}, completed {rec.waits_completed}"
     # (a wait is closed a moment before it is counted: entered may lag by one a thread)
-    if not rec.steps <= rec.waits_completed or not rec.collectives <= rec.waits_entered + threads:
-        return f"steps {rec.steps} / collectives {rec.collectives} ahead of the waits"
     if rec.waiting_threads > threads or (rec.phase is Phase.WAIT) != bool(rec.waiting_threads):
         return f"phase {rec.phase} with {rec.waiting_threads} threads waiting"
     if rec.phase is Phase.WAIT and (rec.wait_since_ns > time.monotonic_ns()
@@ -442,6 +447,7 @@ def stop_hammer(proc: subprocess.Popen[str], stop: Path) -> int:
     return int(out.split()[-1])
 
 
+@pytest.mark.usefixtures("hotpath")
 def test_concurrent_reads_of_a_live_hot_path_never_see_a_torn_record(tmp_path: Path) -> None:
     # v2 has no lock and no seqlock on the hot path: three threads of a real Heartbeat
     # write their slots flat out while this reads. Every snapshot must be a state the
@@ -485,6 +491,7 @@ def test_concurrent_reads_of_a_live_hot_path_never_see_a_torn_record(tmp_path: P
     assert total >= previous.collectives
 
 
+@pytest.mark.usefixtures("hotpath")
 def test_a_rank_stopped_anywhere_in_its_hot_path_leaves_a_whole_record(tmp_path: Path) -> None:
     # SIGSTOP lands wherever the rank is: with v1 about 1 stop in 100 froze the seqlock odd
     # (the record then read only as RecordBusy's last copy). A v2 hot path writes no seqlock:
@@ -709,6 +716,7 @@ def test_unknown_op_and_dtype_codes_decode_as_placeholders(tmp_path: Path) -> No
 # -- the documentation ---------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("hotpath")
 def test_the_python_snippet_in_the_format_doc_reads_a_live_record(tmp_path: Path) -> None:
     doc = (REPO / "docs" / "record-format.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)

@@ -44,6 +44,7 @@ def check_instrumentation() -> list[Line]:
                             "reinstall mlx-watchdog"))
     else:
         lines.append((OK, "watchdog.rank.hook imports (the rank side of the watchdog)"))
+        lines.append(_hot_path())
     extra = "'mlx[cpu]'" if host.os_name() == host.LINUX else "mlx"
     try:
         mx: Any = importlib.import_module("mlx.core")
@@ -62,6 +63,22 @@ def check_instrumentation() -> list[Line]:
     else:
         lines.append((OK, f"mlx {version} (mlx.core imports)"))
     return lines
+
+
+def _hot_path() -> Line:
+    """Which hot path this environment's ranks run (watchdog/rank/compiled.py)."""
+    from watchdog.rank import compiled
+
+    fast, why = compiled.choice()
+    wanted = os.environ.get(compiled.ENV, "auto").strip().lower() or "auto"
+    if fast is not None or wanted == "python":
+        return OK, f"hook hot path: {why}"
+    if wanted not in compiled.CHOICES:
+        return WARN, f"hook hot path: {why}; unset {compiled.ENV} or give one of those"
+    return WARN, (f"hook hot path: {why}; the hook works, at a few times the cost per "
+                  "call: reinstall mlx-watchdog where a C compiler is (on a Mac: "
+                  "xcode-select --install), e.g. pip install --force-reinstall "
+                  "--no-deps mlx-watchdog")
 
 
 def check_foreign_watchdog() -> list[Line]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from watchdog import record
-from watchdog.rank import hotpath
+from watchdog.rank import compiled, hotpath
 from watchdog.rank.env import warn as _warn
 from watchdog.rank.hotpath import _Release, _Slot
 from watchdog.record import RecordWriter
@@ -52,6 +52,7 @@ class Heartbeat:
     step: Callable[[], None]
     _enter: Callable[[int], _Slot | None]
     _count: Callable[[_Slot, int], None]
+    _wait: Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Any]
 
     def __init__(self, writer: RecordWriter | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
@@ -68,6 +69,10 @@ class Heartbeat:
         self._expects: list[tuple[float, int, str]] = []
         self._stretch = [0]  # non-zero inside idle() or expect(): waits do not teach
         self._local = threading.local()
+        # The compiled hot path if it is there (compiled.py); `compiled` says which runs.
+        self._fast, self.hotpath = compiled.choice()
+        self._cpath: Any = None  # the compiled Path over the open record
+        self.compiled = self._fast is not None
         self._scratch = memoryview(bytearray(record.SLOT_SIZE)).cast("Q")
         self._overflow = _Slot(self._scratch)
         self._overflowed = False
@@ -75,7 +80,7 @@ class Heartbeat:
 
     def _take(self, writer: RecordWriter | None) -> None:
         """Use `writer`'s slots, and build the hot path over them."""
-        self._slots = [_Slot(writer.slot(k)) for k in range(record.THREAD_SLOTS)] \
+        self._slots = [_Slot(writer.slot(k), k) for k in range(record.THREAD_SLOTS)] \
             if writer is not None else []
         self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
         self._build()
@@ -119,16 +124,24 @@ class Heartbeat:
     def path(self) -> str | None:
         return self._writer.path if self._writer is not None else None
 
-    collectives = property(lambda self: sum(s.collectives for s in self._slots))
-    waits_entered = property(lambda self: sum(s.completed + bool(s.depth) for s in self._slots))
-    waits_completed = property(lambda self: sum(s.completed for s in self._slots))
-    steps = property(lambda self: sum(s.steps for s in self._slots))
+    def _totals(self) -> tuple[int, int, int, int]:
+        """(collectives, waits completed, threads in a wait, steps) over the slots."""
+        if self._cpath is not None:
+            return self._cpath.totals()  # type: ignore[no-any-return]
+        slots = self._slots
+        return (sum(s.collectives for s in slots), sum(s.completed for s in slots),
+                sum(bool(s.depth) for s in slots), sum(s.steps for s in slots))
+
+    collectives = property(lambda self: self._totals()[0])
+    waits_entered = property(lambda self: self._totals()[1] + self._totals()[2])
+    waits_completed = property(lambda self: self._totals()[1])
+    steps = property(lambda self: self._totals()[3])
 
     @property
     def phase(self) -> Phase:
         if self._idle_depth:
             return Phase.IDLE
-        return Phase.WAIT if any(s.depth for s in self._slots) else Phase.RUNNING
+        return Phase.WAIT if self._totals()[2] else Phase.RUNNING
 
     # -- the hot path --------------------------------------------------------
 
@@ -145,21 +158,43 @@ class Heartbeat:
         else:
             with contextlib.suppress(Exception):
                 slot.w[record.S_OWNER] = threading.get_native_id()
-            self._local.release = _Release(slot, self._free)
+            self._local.release = _Release(slot, self._free, self._cpath)
         self._local.slot = slot
         return slot
 
+    def _claim_index(self) -> int:
+        """The compiled path's claim: this thread's slot index, -1 for none free."""
+        slot = self._claim()
+        return slot.k if slot is not self._overflow else -1
+
     def _build(self) -> None:
-        """Bind the hot-path functions: real over the record, opening, or nothing."""
+        """Bind the hot-path functions: real over the record (compiled or Python),
+        opening, or nothing."""
+        self._cpath = None
         if self._writer is not None:
-            path = hotpath.real(self._local, self._claim, self._clock, self._fail,
-                                self._stretch)
+            path = self._compiled_path() or hotpath.real(
+                self._local, self._claim, self._clock, self._fail, self._stretch)
         elif self._opener is not None:
             path = hotpath.opening(self)
         else:
             path = hotpath.nothing()
         self.enter_wait, self.exit_wait, self._enter, self._count = path[:4]
-        self.collective, self.step = path.collective, path.step
+        self.collective, self.step, self._wait = path.collective, path.step, path.wait
+
+    def _compiled_path(self) -> hotpath.HotPath | None:
+        """The compiled hot path over the open record, or None (pure Python)."""
+        if self._fast is None or self._writer is None:
+            return None
+        try:
+            path, self._cpath = compiled.real(self._fast, self._writer.words,
+                                              self._claim_index, self._fail, self._stretch,
+                                              self._clock)
+        except Exception as err:  # noqa: BLE001 - the pure-Python path still works
+            _warn(f"the compiled hot path would not start ({err!r}); using Python's")
+            self._fast, self.compiled = None, False
+            self.hotpath = f"pure Python (the compiled one would not start: {err!r})"
+            return None
+        return path
 
     # -- the user's API (cold) -------------------------------------------------
 
@@ -259,6 +294,8 @@ class Heartbeat:
         """Point every slot at scratch memory: later hot-path stores go nowhere."""
         for slot in self._slots:
             slot.w = self._scratch
+        if self._cpath is not None:
+            self._cpath.retire()  # lets go of the map, so that it can close
 
     def _fail(self, err: BaseException) -> None:
         writer, self._writer = self._writer, None

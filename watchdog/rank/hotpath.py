@@ -41,6 +41,7 @@ class Opening(Protocol):
     step: Callable[[], None]
     _enter: Callable[[int], Any]
     _count: Callable[[Any, int], None]
+    _wait: Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Any]
 
     def _open_late(self) -> bool: ...
 
@@ -53,10 +54,11 @@ class _Slot:
     """One thread's part of the record: its words, and Python copies of its counters
     (reading a Python attribute is several times cheaper than reading the map)."""
 
-    __slots__ = ("w", "depth", "since", "completed", "collectives", "steps", "max_wait")
+    __slots__ = ("w", "k", "depth", "since", "completed", "collectives", "steps",
+                 "max_wait")
 
-    def __init__(self, words: memoryview) -> None:
-        self.w = words
+    def __init__(self, words: memoryview, k: int = -1) -> None:
+        self.w, self.k = words, k  # k: its index among the record's slots
         self.depth = self.since = self.completed = self.collectives = self.steps = 0
         self.max_wait = 0
 
@@ -64,10 +66,10 @@ class _Slot:
 class _Release:
     """Kept in the thread's local storage: when the thread ends, its slot goes back."""
 
-    __slots__ = ("slot", "free")
+    __slots__ = ("slot", "free", "compiled")
 
-    def __init__(self, slot: _Slot, free: list[_Slot]) -> None:
-        self.slot, self.free = slot, free
+    def __init__(self, slot: _Slot, free: list[_Slot], compiled: Any = None) -> None:
+        self.slot, self.free, self.compiled = slot, free, compiled
 
     def __del__(self) -> None:
         slot = self.slot
@@ -75,6 +77,9 @@ class _Release:
             slot.depth = 0
             with contextlib.suppress(Exception):
                 slot.w[S_SINCE] = 0
+        if self.compiled is not None:  # the compiled path keeps its depth in C
+            with contextlib.suppress(Exception):
+                self.compiled.release(slot.k)
         self.free.append(slot)  # list.append is atomic: no lock
 
 
@@ -87,6 +92,13 @@ class HotPath(NamedTuple):
     counted: Callable[[Any, int], None]  # a wait the wrapper closed: count it
     collective: Callable[[int, Any], None]
     step: Callable[[], None]
+    # wait(original, op, args, kwargs): original(*args, **kwargs) inside a wait; what the
+    # wrappers of the compiled path call (one C call brackets the whole wait).
+    wait: Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _bare(original: Any, op: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return original(*args, **kwargs)
 
 
 def nothing() -> HotPath:
@@ -94,7 +106,7 @@ def nothing() -> HotPath:
     def none(*args: Any) -> Any:
         return 0
 
-    return HotPath(none, none, none, none, none, none)
+    return HotPath(none, none, none, none, none, none, _bare)
 
 
 def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
@@ -225,7 +237,22 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
         except Exception as err:  # noqa: BLE001
             fail(err)
 
-    return HotPath(enter_wait, exit_wait, enter, count, collective, step)
+    def wait(original: Any, op: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled path's bracket, in Python (for its wrappers if it would not start)."""
+        st = enter(op)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if st is not None:
+                d = st.depth - 1
+                if d < 1:
+                    with contextlib.suppress(Exception):
+                        st.w[S_SINCE] = 0
+                    d = 0
+                st.depth = d
+                count(st, op)
+
+    return HotPath(enter_wait, exit_wait, enter, count, collective, step, wait)
 
 
 def opening(hb: Opening) -> HotPath:
@@ -253,4 +280,9 @@ def opening(hb: Opening) -> HotPath:
         if hb._open_late():
             hb.step()
 
-    return HotPath(enter_wait, exit_wait, enter, count, collective, step)
+    def wait(original: Any, op: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if hb._open_late():
+            return hb._wait(original, op, args, kwargs)
+        return original(*args, **kwargs)
+
+    return HotPath(enter_wait, exit_wait, enter, count, collective, step, wait)

@@ -57,6 +57,34 @@ _patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrappe
 
 
 def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
+    wait = _compiled_wait(hb, original, op) if hb.compiled else _python_wait(hb, original, op)
+    if name:
+        # Stack dumps (faulthandler, py-spy) name a frame by its code object: with the
+        # entry point's own name there, the evidence of a hang reads "in async_eval",
+        # not "in wait". Costs nothing per call.
+        func: Any = wait
+        with contextlib.suppress(Exception):
+            code = func.__code__.replace(co_name=name)
+            if hasattr(code, "co_qualname"):
+                code = code.replace(co_qualname=name)
+            func.__code__ = code
+    return wait
+
+
+def _compiled_wait(hb: Heartbeat, original: Any, op: int) -> Any:
+    """Over the compiled hot path: one C call opens the wait, calls the original and
+    closes the wait, so no signal handler can run between the end and the close. This
+    Python frame stays only to carry the entry point's name into stack dumps."""
+    bracket = hb._wait
+
+    @functools.wraps(original)
+    def wait(*args: Any, **kwargs: Any) -> Any:
+        return bracket(original, op, args, kwargs)
+
+    return wait
+
+
+def _python_wait(hb: Heartbeat, original: Any, op: int) -> Any:
     enter, count = hb._enter, hb._count
 
     @functools.wraps(original)
@@ -78,16 +106,6 @@ def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
                 st.depth = d
                 count(st, op)
 
-    if name:
-        # Stack dumps (faulthandler, py-spy) name a frame by its code object: with the
-        # entry point's own name there, the evidence of a hang reads "in async_eval",
-        # not "in wait". Costs nothing per call.
-        func: Any = wait
-        with contextlib.suppress(Exception):
-            code = func.__code__.replace(co_name=name)
-            if hasattr(code, "co_qualname"):
-                code = code.replace(co_qualname=name)
-            func.__code__ = code
     return wait
 
 
@@ -139,13 +157,18 @@ def _patch(owner: Any, name: str, wrapper: Any) -> None:
     _patches.append((owner, name, original, wrapper))
 
 
-def _instrument(hb: Heartbeat, mx: Any) -> None:
+def learn_dtypes(mx: Any) -> None:
+    """Fill the hot path's table of record dtype codes from MLX's dtypes."""
     for name in record.DTYPES[1:]:
         dtype = getattr(mx, name, None) or getattr(mx, name + "_", None)
         if dtype is not None:
             # MLX hashes a dtype to its own number: one int lookup on the hot path
             # instead of hashing and comparing dtype objects (several times slower).
             DTYPE_CODES[hash(dtype) & 0xFF] = record.DTYPE_CODE[name]
+
+
+def _instrument(hb: Heartbeat, mx: Any) -> None:
+    learn_dtypes(mx)
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
         original = getattr(owner, name, None)

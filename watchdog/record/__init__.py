@@ -79,6 +79,7 @@ from watchdog.record.layout import (
     Record,
     RecordBusy,
     RecordError,
+    slot_base,
     stacks_path,
     staging_path,
 )
@@ -87,6 +88,7 @@ from watchdog.record.writer import RecordWriter
 
 __all__ = [
     "STACKS_SUFFIX",
+    "slot_base",
     "stacks_path",
     "staging_path",
     "PY_THREAD_SLOTS",

@@ -215,6 +215,11 @@ W_SEQ, W_CREATED, W_IDLE_SINCE, W_IDLE_ENDED = (SEQ_OFFSET // 8 + i for i in ran
 S_RING = SLOT_HEADER_WORDS  # entry n: words S_RING + 2 (n % RING) and the one after
 KIND_SHIFT = 16  # entry word 2: bytes << 16 | dtype << 8 | op
 
+
+def slot_base(k: int) -> int:
+    """The index of thread slot `k`'s first word among the record's words."""
+    return SLOTS_OFFSET // 8 + k * SLOT_WORDS
+
 # -- version 1 (read only) -------------------------------------------------------------------
 
 V1_SIZE = SIZES[1]

@@ -49,6 +49,7 @@ from watchdog.record.layout import (
     W_IDLE_SINCE,
     W_SEQ,
     _field,
+    slot_base,
     staging_path,
 )
 from watchdog.states import Phase
@@ -101,7 +102,7 @@ class RecordWriter:
 
     def slot(self, k: int) -> memoryview:
         """The words of thread slot `k`, for its one writer."""
-        base = SLOTS_OFFSET // 8 + k * SLOT_WORDS
+        base = slot_base(k)
         view = self.words[base:base + SLOT_WORDS]
         self._views.append(view)
         return view

@@ -1,0 +1,574 @@
+/* The hook's hot path, compiled: the same stores as watchdog/rank/hotpath.py's
+ * `real()`, in the same order, into the same words of a record v2 thread slot.
+ *
+ * Optional: built at install time when a C compiler is there, and used only if
+ * its clock agrees with time.monotonic_ns (watchdog/rank/compiled.py decides and
+ * `mlx-watchdog doctor` reports the choice). The pure-Python path stays the
+ * reference; tests/test_compiled.py checks both write the same bytes.
+ *
+ * Rules, as in hotpath.py: each thread owns one slot (found through a
+ * thread-specific key) and is its only writer, so nothing takes a lock; every
+ * call that may run Python (the slot claim, a test clock, an attribute of the
+ * array) comes before the first store, and the slot's word pointer is read
+ * after it, so a record retired meanwhile is never written; the store that
+ * commits comes after the data it commits, with release order so that a
+ * weakly ordered CPU (Apple silicon) publishes them in that order too. Errors
+ * go to the Heartbeat's `fail` (which disables the record), never to the
+ * user's program; only an interrupt (KeyboardInterrupt, SystemExit) raised
+ * inside a claim passes through, as it does in the Python path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <time.h>
+
+#define MAX_SLOTS 64
+
+typedef struct {
+    uint64_t *w;      /* the slot's words: the record, or scratch once retired */
+    uint64_t depth;   /* nesting of open waits on this thread */
+    uint64_t since;   /* start of the outermost open wait */
+    uint64_t completed, collectives, steps, max_wait;
+} State;
+
+/* Word indices inside a slot, given by Python (watchdog.record) at construction. */
+typedef struct {
+    Py_ssize_t slot_words, since, op, completed, progress, last_wait, max_wait, steps,
+        collectives, ring_at, ring, kind_shift;
+    uint64_t init_op;
+} Layout;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int has_view;
+    Py_tss_t key;
+    int has_key;
+    int nslots;                  /* states[nslots] is the overflow slot (scratch) */
+    State states[MAX_SLOTS + 1];
+    uint64_t *scratch;
+    Layout at;
+    PyObject *claim;             /* () -> slot index, or -1: no free slot */
+    PyObject *fail;              /* (exception) -> None: disables the record */
+    PyObject *stretch;           /* [int]: non-zero inside idle() / expect() */
+    PyObject *codes;             /* [int] * 256: record dtype code by hash(dtype) & 0xFF */
+    PyObject *clock;             /* None: CLOCK_MONOTONIC; else a callable (tests) */
+} Path;
+
+static PyObject *str_nbytes, *str_dtype;
+
+static inline void put(uint64_t *w, Py_ssize_t i, uint64_t v)
+{
+    __atomic_store_n(&w[i], v, __ATOMIC_RELEASE);
+}
+
+static inline uint64_t native_now(void)
+{
+#ifdef __APPLE__
+    /* What time.monotonic_ns reads on macOS: mach_absolute_time in ns. */
+    return clock_gettime_nsec_np(CLOCK_UPTIME_RAW);
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+static int now_ns(Path *p, uint64_t *out)
+{
+    if (p->clock == NULL) {
+        *out = native_now();
+        return 0;
+    }
+    PyObject *r = PyObject_CallNoArgs(p->clock);
+    if (r == NULL)
+        return -1;
+    *out = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The pending error goes to `fail`, unless it is an interrupt, which passes on. */
+static int report(Path *p)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL)
+        return 0;
+    if (!PyErr_GivenExceptionMatches(type, PyExc_Exception)) {
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallOneArg(p->fail, value ? value : Py_None);
+    if (r == NULL)
+        PyErr_Clear();  /* never into the user's program */
+    Py_XDECREF(r);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return 0;
+}
+
+static State *slot_of(Path *p)
+{
+    State *st = (State *)PyThread_tss_get(&p->key);
+    if (st != NULL)
+        return st;
+    PyObject *r = PyObject_CallNoArgs(p->claim);
+    if (r == NULL)
+        return NULL;
+    long k = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    st = (k >= 0 && k < p->nslots) ? &p->states[k] : &p->states[p->nslots];
+    if (PyThread_tss_set(&p->key, st) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot keep the thread's slot");
+        return NULL;
+    }
+    return st;
+}
+
+static int word_arg(PyObject *o, uint64_t *out)
+{
+    *out = PyLong_AsUnsignedLongLong(o);
+    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int bad_args(Py_ssize_t n, Py_ssize_t want, const char *name)
+{
+    if (n == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, n);
+    return -1;
+}
+
+/* Open a wait on this thread's slot. 0: open since *now; 1: not recorded (the error
+ * went to `fail`); -1: an interrupt to pass on. */
+static int open_wait(Path *p, PyObject *op_arg, uint64_t *now)
+{
+    uint64_t op;
+    State *st;
+    if (word_arg(op_arg, &op) || (st = slot_of(p)) == NULL || now_ns(p, now))
+        return report(p) ? -1 : 1;
+    if (!st->depth) {
+        st->since = *now;
+        put(st->w, p->at.op, op);
+        put(st->w, p->at.since, *now);  /* commits: this thread is in a wait since now */
+    }
+    st->depth++;
+    return 0;
+}
+
+/* Close the wait opened at `started` (before anything that could let a signal
+ * handler run), then count it and time it. 0, or -1: an interrupt to pass on. */
+static int close_wait(Path *p, uint64_t started, PyObject *op_arg)
+{
+    uint64_t op, now;
+    State *st = (State *)PyThread_tss_get(&p->key);
+    if (st == NULL) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "this thread has no slot: exit_wait without enter_wait");
+        return report(p);
+    }
+    uint64_t d = st->depth > 1 ? st->depth - 1 : 0;
+    if (!d)
+        put(st->w, p->at.since, 0);  /* commits: out of the wait */
+    st->depth = d;
+    if (word_arg(op_arg, &op) || now_ns(p, &now))
+        return report(p);
+    uint64_t *w = st->w;
+    put(w, p->at.progress, now);
+    st->completed++;
+    put(w, p->at.completed, st->completed);
+    if (op == p->at.init_op || d)
+        return 0;
+    if (now < started) {
+        PyErr_SetString(PyExc_OverflowError, "a wait ended before it started");
+        return report(p);
+    }
+    uint64_t last = now - started;
+    put(w, p->at.last_wait, last);
+    /* Waits inside idle() or expect() must not stretch the learned deadline. */
+    if (last > st->max_wait) {
+        int stretched = PyObject_IsTrue(PyList_GET_ITEM(p->stretch, 0));
+        if (stretched < 0)
+            return report(p);
+        if (!stretched) {
+            st->max_wait = last;
+            put(w, p->at.max_wait, last);
+        }
+    }
+    return 0;
+}
+
+/* enter_wait(op) -> start time: a blocking call starts (0 if it could not be recorded). */
+static PyObject *enter_wait(Path *p, PyObject *const *args, Py_ssize_t n)
+{
+    uint64_t now = 0;
+    if (bad_args(n, 1, "enter_wait"))
+        return report(p) ? NULL : PyLong_FromLong(0);
+    int done = open_wait(p, args[0], &now);
+    if (done < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(done ? 0 : now);
+}
+
+/* exit_wait(started, op): the blocking call that enter_wait started returned or raised. */
+static PyObject *exit_wait(Path *p, PyObject *const *args, Py_ssize_t n)
+{
+    uint64_t started;
+    if (bad_args(n, 2, "exit_wait"))
+        return report(p) ? NULL : Py_NewRef(Py_None);
+    int truth = PyObject_IsTrue(args[0]);
+    if (truth == 0)
+        Py_RETURN_NONE;
+    if (truth < 0 || word_arg(args[0], &started))
+        return report(p) ? NULL : Py_NewRef(Py_None);
+    if (close_wait(p, started, args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* wait(original, op, args, kwargs) -> original(*args, **kwargs), inside a wait. The
+ * whole bracket in one C call: no signal handler can run between the call's end and
+ * the wait's close, nor between the open and the call. The original's result or
+ * exception passes through unchanged. */
+static PyObject *wait(Path *p, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 4 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "wait(original, op, args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    uint64_t now = 0;
+    int opened = open_wait(p, args[1], &now);
+    if (opened < 0)
+        return NULL;
+    PyObject *res = PyObject_Call(args[0], args[2], PyDict_GET_SIZE(args[3]) ? args[3] : NULL);
+    if (opened == 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (close_wait(p, now, args[1]) < 0) {  /* an interrupt from a test clock */
+            Py_XDECREF(res);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        PyErr_Restore(type, value, tb);
+    }
+    return res;
+}
+
+/* collective(op, out): a collective was issued; count it and add it to the flight ring. */
+static PyObject *collective(Path *p, PyObject *const *args, Py_ssize_t n)
+{
+    uint64_t op, nbytes, now;
+    State *st;
+    if (bad_args(n, 2, "collective"))
+        goto error;
+    PyObject *o = PyObject_GetAttr(args[1], str_nbytes);
+    if (o == NULL)
+        goto error;
+    int bad = word_arg(o, &nbytes);
+    Py_DECREF(o);
+    if (bad)
+        goto error;
+    o = PyObject_GetAttr(args[1], str_dtype);
+    if (o == NULL)
+        goto error;
+    Py_hash_t h = PyObject_Hash(o);
+    Py_DECREF(o);
+    if (h == -1 && PyErr_Occurred())
+        goto error;
+    long code = PyLong_AsLong(PyList_GET_ITEM(p->codes, (Py_ssize_t)((uint64_t)h & 0xFF)));
+    if ((code == -1 && PyErr_Occurred()) || word_arg(args[0], &op))
+        goto error;
+    if (code < 0 || (nbytes >> (64 - p->at.kind_shift)) != 0) {
+        PyErr_SetString(PyExc_OverflowError, "collective too large for its entry");
+        goto error;
+    }
+    uint64_t kind = nbytes << p->at.kind_shift | (uint64_t)code << 8 | op;
+    if ((st = slot_of(p)) == NULL || now_ns(p, &now))
+        goto error;
+    uint64_t c = st->collectives + 1;
+    Py_ssize_t i = p->at.ring_at + (Py_ssize_t)(c % (uint64_t)p->at.ring) * 2;
+    uint64_t *w = st->w;
+    put(w, i, now);
+    put(w, i + 1, kind);
+    st->collectives = c;
+    put(w, p->at.collectives, c);  /* commits the entry */
+    Py_RETURN_NONE;
+error:
+    if (report(p))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* step(): one unit of user progress. */
+static PyObject *step(Path *p, PyObject *const *args, Py_ssize_t n)
+{
+    State *st;
+    if (bad_args(n, 0, "step") || (st = slot_of(p)) == NULL) {
+        if (report(p))
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    st->steps++;
+    put(st->w, p->at.steps, st->steps);
+    Py_RETURN_NONE;
+}
+
+/* release(k): slot k's thread ended; never leave a wait open behind it. */
+static PyObject *release(Path *p, PyObject *arg)
+{
+    long k = PyLong_AsLong(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    if (k < 0 || k >= p->nslots) {
+        PyErr_SetString(PyExc_IndexError, "no such slot");
+        return NULL;
+    }
+    State *st = &p->states[k];
+    if (st->depth) {
+        st->depth = 0;
+        put(st->w, p->at.since, 0);
+    }
+    Py_RETURN_NONE;
+}
+
+/* retire(): every later store goes to scratch memory; the record's buffer is let go
+ * (so that its map can close). */
+static PyObject *retire(Path *p, PyObject *unused)
+{
+    for (int k = 0; k <= p->nslots; k++)
+        p->states[k].w = p->scratch;
+    if (p->has_view) {
+        p->has_view = 0;
+        PyBuffer_Release(&p->view);
+    }
+    Py_RETURN_NONE;
+}
+
+/* totals() -> (collectives, waits completed, threads in a wait, steps) over the slots. */
+static PyObject *totals(Path *p, PyObject *unused)
+{
+    uint64_t c = 0, done = 0, open = 0, steps = 0;
+    for (int k = 0; k < p->nslots; k++) {
+        c += p->states[k].collectives;
+        done += p->states[k].completed;
+        open += p->states[k].depth != 0;
+        steps += p->states[k].steps;
+    }
+    return Py_BuildValue("(KKKK)", (unsigned long long)c, (unsigned long long)done,
+                         (unsigned long long)open, (unsigned long long)steps);
+}
+
+static int layout_from(PyObject *seq, Layout *at)
+{
+    Py_ssize_t *fields[] = {&at->slot_words, &at->since, &at->op, &at->completed,
+                            &at->progress, &at->last_wait, &at->max_wait, &at->steps,
+                            &at->collectives, &at->ring_at, &at->ring, &at->kind_shift};
+    const Py_ssize_t nf = (Py_ssize_t)(sizeof fields / sizeof fields[0]);
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != nf + 1) {
+        PyErr_Format(PyExc_ValueError, "layout: a tuple of %zd ints", nf + 1);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        *fields[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, i));
+        if (*fields[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    if (word_arg(PyTuple_GET_ITEM(seq, nf), &at->init_op))
+        return -1;
+    Py_ssize_t words[] = {at->since, at->op, at->completed, at->progress, at->last_wait,
+                          at->max_wait, at->steps, at->collectives};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (words[i] < 0 || words[i] >= at->ring_at) {
+            PyErr_SetString(PyExc_ValueError, "layout: a header word outside the header");
+            return -1;
+        }
+    if (at->ring < 1 || at->ring_at < 1 || at->ring_at + 2 * at->ring > at->slot_words ||
+        at->kind_shift < 1 || at->kind_shift > 56) {
+        PyErr_SetString(PyExc_ValueError, "layout: the ring does not fit the slot");
+        return -1;
+    }
+    return 0;
+}
+
+static int Path_init(Path *p, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"buffer", "offsets", "layout", "claim", "fail", "stretch",
+                            "codes", "clock", NULL};
+    PyObject *buffer, *offsets, *layout, *claim, *fail, *stretch, *codes, *clock = Py_None;
+    if (p->has_key || p->has_view) {
+        PyErr_SetString(PyExc_RuntimeError, "a Path is built once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OOOO!O!|O", names, &buffer,
+                                     &PyTuple_Type, &offsets, &layout, &claim, &fail,
+                                     &PyList_Type, &stretch, &PyList_Type, &codes, &clock))
+        return -1;
+    if (layout_from(layout, &p->at))
+        return -1;
+    if (PyList_GET_SIZE(codes) != 256 || PyList_GET_SIZE(stretch) < 1) {
+        PyErr_SetString(PyExc_ValueError, "codes: 256 ints; stretch: a list of one int");
+        return -1;
+    }
+    Py_ssize_t nslots = PyTuple_GET_SIZE(offsets);
+    if (nslots < 1 || nslots > MAX_SLOTS) {
+        PyErr_Format(PyExc_ValueError, "between 1 and %d slots", MAX_SLOTS);
+        return -1;
+    }
+    if (!PyCallable_Check(claim) || !PyCallable_Check(fail) ||
+        (clock != Py_None && !PyCallable_Check(clock))) {
+        PyErr_SetString(PyExc_TypeError, "claim, fail and clock must be callable");
+        return -1;
+    }
+    p->scratch = PyMem_Calloc((size_t)p->at.slot_words, sizeof(uint64_t));
+    if (p->scratch == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyObject_GetBuffer(buffer, &p->view, PyBUF_WRITABLE) != 0)
+        return -1;
+    p->has_view = 1;
+    if (((uintptr_t)p->view.buf & 7) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the record's words are not aligned");
+        return -1;
+    }
+    Py_ssize_t total = p->view.len / 8;
+    for (Py_ssize_t k = 0; k < nslots; k++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(offsets, k));
+        if (at == -1 && PyErr_Occurred())
+            return -1;
+        if (at < 0 || at > total - p->at.slot_words) {
+            PyErr_SetString(PyExc_ValueError, "a slot outside the record");
+            return -1;
+        }
+        p->states[k].w = (uint64_t *)p->view.buf + at;
+    }
+    p->nslots = (int)nslots;
+    p->states[nslots].w = p->scratch;
+    if (PyThread_tss_create(&p->key) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "no thread-specific key left");
+        return -1;
+    }
+    p->has_key = 1;
+    Py_INCREF(claim);
+    p->claim = claim;
+    Py_INCREF(fail);
+    p->fail = fail;
+    Py_INCREF(stretch);
+    p->stretch = stretch;
+    Py_INCREF(codes);
+    p->codes = codes;
+    if (clock != Py_None) {
+        Py_INCREF(clock);
+        p->clock = clock;
+    }
+    return 0;
+}
+
+static int Path_traverse(Path *p, visitproc visit, void *arg)
+{
+    Py_VISIT(p->claim);
+    Py_VISIT(p->fail);
+    Py_VISIT(p->stretch);
+    Py_VISIT(p->codes);
+    Py_VISIT(p->clock);
+    return 0;
+}
+
+static int Path_clear(Path *p)
+{
+    Py_CLEAR(p->claim);
+    Py_CLEAR(p->fail);
+    Py_CLEAR(p->stretch);
+    Py_CLEAR(p->codes);
+    Py_CLEAR(p->clock);
+    return 0;
+}
+
+static void Path_dealloc(Path *p)
+{
+    PyObject_GC_UnTrack(p);
+    Path_clear(p);
+    if (p->has_view)
+        PyBuffer_Release(&p->view);
+    if (p->has_key)
+        PyThread_tss_delete(&p->key);
+    PyMem_Free(p->scratch);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef Path_methods[] = {
+    {"enter_wait", (PyCFunction)(void (*)(void))enter_wait, METH_FASTCALL,
+     "enter_wait(op) -> start: a blocking call starts"},
+    {"exit_wait", (PyCFunction)(void (*)(void))exit_wait, METH_FASTCALL,
+     "exit_wait(started, op): the blocking call returned or raised"},
+    {"wait", (PyCFunction)(void (*)(void))wait, METH_FASTCALL,
+     "wait(original, op, args, kwargs): original(*args, **kwargs) inside a wait"},
+    {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
+     "collective(op, out): a collective was issued"},
+    {"step", (PyCFunction)(void (*)(void))step, METH_FASTCALL,
+     "step(): one unit of user progress"},
+    {"release", (PyCFunction)release, METH_O, "release(k): slot k's thread ended"},
+    {"retire", (PyCFunction)retire, METH_NOARGS, "retire(): later stores go nowhere"},
+    {"totals", (PyCFunction)totals, METH_NOARGS,
+     "totals() -> (collectives, waits completed, threads in a wait, steps)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "watchdog.rank._fastpath.Path",
+    .tp_doc = "One record's hot path: Path(buffer, offsets, layout, claim, fail, "
+              "stretch, codes, clock=None)",
+    .tp_basicsize = sizeof(Path),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Path_init,
+    .tp_dealloc = (destructor)Path_dealloc,
+    .tp_traverse = (traverseproc)Path_traverse,
+    .tp_clear = (inquiry)Path_clear,
+    .tp_methods = Path_methods,
+};
+
+/* now() -> the clock the compiled path reads, in ns (checked against time.monotonic_ns). */
+static PyObject *module_now(PyObject *m, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(native_now());
+}
+
+static PyMethodDef module_methods[] = {
+    {"now", module_now, METH_NOARGS, "now() -> the compiled path's clock, in ns"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "The hook's hot path, compiled.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void)
+{
+    if (PyType_Ready(&PathType) < 0)
+        return NULL;
+    str_nbytes = PyUnicode_InternFromString("nbytes");
+    str_dtype = PyUnicode_InternFromString("dtype");
+    if (str_nbytes == NULL || str_dtype == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PathType);
+    if (PyModule_AddObject(m, "Path", (PyObject *)&PathType) < 0) {
+        Py_DECREF(&PathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,70 @@
+"""Which hot path a rank runs: the compiled one (`_fastpath.c`) or the pure-Python one.
+
+The compiled path writes the same words in the same order as `hotpath.real()`
+(tests/test_compiled.py runs both side by side and compares the bytes), at a
+fraction of the cost. It is used when it was built at install time, its clock
+agrees with `time.monotonic_ns` (the clock the daemon compares against) and
+`MLX_WATCHDOG_HOTPATH` does not say `python`; `mlx-watchdog doctor` reports
+the choice. Every other case runs the pure-Python path, which is always there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from watchdog import record
+from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP, HotPath, nothing
+
+ENV = "MLX_WATCHDOG_HOTPATH"
+CHOICES = ("auto", "compiled", "python")
+# The words of a slot, in the order the compiled Path takes them.
+LAYOUT = (record.SLOT_WORDS, record.S_SINCE, record.S_OP, record.S_COMPLETED,
+          record.S_PROGRESS, record.S_LAST_WAIT, record.S_MAX_WAIT, record.S_STEPS,
+          record.S_COLLECTIVES, record.S_RING, record.RING, record.KIND_SHIFT, INIT_OP)
+
+_loaded: tuple[Any, str] | None = None
+
+
+def _load() -> tuple[Any, str]:
+    """The compiled module and "", or None and why not (checked once per process)."""
+    global _loaded
+    if _loaded is None:
+        try:
+            from watchdog.rank import _fastpath as fast  # type: ignore[attr-defined]
+        except ImportError as err:
+            _loaded = (None, f"not built ({err})")
+        else:
+            before, now, after = time.monotonic_ns(), fast.now(), time.monotonic_ns()
+            _loaded = (fast, "") if before <= now <= after else (
+                None, "its clock disagrees with time.monotonic_ns")
+    return _loaded
+
+
+def choice(env: Mapping[str, str] = os.environ) -> tuple[Any, str]:
+    """(the compiled module, or None for pure Python; a line saying which and why)."""
+    wanted = env.get(ENV, "auto").strip().lower() or "auto"
+    if wanted not in CHOICES:
+        return None, f"pure Python ({ENV}={wanted!r} is not one of {', '.join(CHOICES)})"
+    if wanted == "python":
+        return None, f"pure Python ({ENV}=python)"
+    fast, why = _load()
+    if fast is None:
+        return None, f"pure Python (the compiled one is {why})"
+    return fast, "compiled (watchdog/rank/_fastpath.c)"
+
+
+def real(fast: Any, words: memoryview, claim: Callable[[], int],
+         fail: Callable[[BaseException], None], stretch: list[int],
+         clock: Callable[[], int]) -> tuple[HotPath, Any]:
+    """The compiled hot path over a record's words; returns it and its Path (for
+    `release`, `retire` and `totals`). A test clock is called from C; the real one is
+    read in C."""
+    path = fast.Path(words, tuple(record.slot_base(k) for k in range(record.THREAD_SLOTS)),
+                     LAYOUT, claim, fail, stretch, DTYPE_CODES,
+                     None if clock is time.monotonic_ns else clock)
+    unused = nothing()  # the wrappers of a compiled path call `wait`
+    return HotPath(path.enter_wait, path.exit_wait, unused.enter, unused.counted,
+                   path.collective, path.step, path.wait), path
