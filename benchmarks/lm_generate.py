@@ -52,7 +52,8 @@ def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool
     procs = []
     try:
         for rank in range(size):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("MLX_") or k == "MLX_WATCHDOG_HOTPATH"}
             env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
             if hook:
                 env.update(MLX_WATCHDOG="1", MLX_WATCHDOG_DIR=str(records))
@@ -87,7 +88,8 @@ def run_toggle(workdir: Path, size: int, tokens: int, cycles: int) -> list[dict]
     procs = []
     try:
         for rank in range(size):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("MLX_") or k == "MLX_WATCHDOG_HOTPATH"}
             env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
             procs.append(subprocess.Popen(
                 [sys.executable, str(LM_PROG), "toggle", str(tokens), str(cycles),

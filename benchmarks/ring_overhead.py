@@ -4,17 +4,19 @@ N ranks (3 by default) of benchmarks/ring_rank.py on 127.0.0.1, launched
 directly (subprocess, MLX_HOSTFILE JSON, MLX_RANK; not mlx.launch), run the
 same loop `mx.eval(mx.distributed.all_sum(x))` on a small tensor in rounds of
 a fixed number of iterations, of three kinds: plain MLX, the two calls behind
-do-nothing Python wrappers, and the hook installed (uninstalled again after
-the round, in the same processes). Rounds cycle plain, wrapped, hook, hook,
+do-nothing Python wrappers, the hook installed (the compiled hot path), and the
+hook with the pure-Python hot path (each uninstalled again after its round, in
+the same processes). Rounds cycle plain, wrapped, hook, pyhook, pyhook, hook,
 wrapped, plain, which cancels drift of the machine. Prints the median, 10th
 percentile, min and max time per collective of each kind (rank 0's clock;
-the ranks run in lock step) and the ratios hook/plain (target <= 1.01),
-wrapped/plain (what a Python wrapper alone does to the figure) and
-hook/wrapped (what the hook adds beyond that), and the main thread's CPU
-time per collective of each kind: what the instrumentation really costs in
-place, caches cold and cores shared, as opposed to a warm micro-benchmark.
+the ranks run in lock step) and the ratios hook/plain (target <= 1.05),
+wrapped/plain (what a Python wrapper alone does to the figure),
+hook/wrapped (what the hook adds beyond that; target <= 1.02) and the same
+for the pure-Python path, and the main thread's CPU time per collective of
+each kind: what the instrumentation really costs in place, caches cold and
+cores shared, as opposed to a warm micro-benchmark.
 
-    python benchmarks/ring_overhead.py --rounds 42 --iterations 2000 --floats 16 --size 2
+    python benchmarks/ring_overhead.py --rounds 48 --iterations 2000 --floats 16 --size 2
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_job(workdir: Path, size: int, rounds: int, iterations: int, floats: int
-            ) -> list[dict]:
+def run_job(workdir: Path, size: int, rounds: int, iterations: int, floats: int,
+            pin: bool = False) -> list[dict]:
     hostfile = workdir / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
     records = workdir / "records"
@@ -49,8 +51,11 @@ def run_job(workdir: Path, size: int, rounds: int, iterations: int, floats: int
     procs = []
     try:
         for rank in range(size):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("MLX_") or k == "MLX_WATCHDOG_HOTPATH"}
             env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
+            if pin:
+                env["RING_PIN"] = "1"
             procs.append(subprocess.Popen(
                 [sys.executable, str(HERE / "ring_rank.py"), str(rounds), str(iterations),
                  str(floats), str(records)],
@@ -70,21 +75,24 @@ def run_job(workdir: Path, size: int, rounds: int, iterations: int, floats: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=42, help="a multiple of 6")
+    parser.add_argument("--rounds", type=int, default=48, help="a multiple of 8")
     parser.add_argument("--iterations", type=int, default=2000, help="collectives per round")
     parser.add_argument("--floats", type=int, default=16, help="float32 elements per all_sum")
     parser.add_argument("--size", type=int, default=3, help="ranks")
+    parser.add_argument("--pin", action="store_true",
+                        help="each rank on a core of its own (rank %% cores), Linux only")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} cpus", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        rounds = run_job(Path(tmp), args.size, args.rounds, args.iterations, args.floats)
+        rounds = run_job(Path(tmp), args.size, args.rounds, args.iterations, args.floats,
+                         args.pin)
     load = os.getloadavg()
     ns = {kind: [r["ns"] for r in rounds if r["kind"] == kind]
-          for kind in ("plain", "wrapped", "hook")}
-    # Within each cycle of six rounds (ABCCBA) drift cancels best.
-    cycles = [rounds[6 * c: 6 * c + 6] for c in range(len(rounds) // 6)]
+          for kind in ("plain", "wrapped", "hook", "pyhook")}
+    # Within each cycle of eight rounds (ABCDDCBA) drift cancels best.
+    cycles = [rounds[8 * c: 8 * c + 8] for c in range(len(rounds) // 8)]
 
     def cycle_ratio(kind: str, base: str) -> list[float]:
         return [sum(r["ns"] for r in cyc if r["kind"] == kind)
@@ -100,9 +108,11 @@ def main() -> None:
     cpu = {kind: statistics.median(r["cpu_ns"] for r in rounds if r["kind"] == kind) / 1000
            for kind in ns}
     print(f"  main thread's CPU per collective (median): plain {cpu['plain']:.2f}, wrapped "
-          f"{cpu['wrapped']:.2f}, hook {cpu['hook']:.2f} us; the hook adds "
-          f"{cpu['hook'] - cpu['plain']:+.2f} us")
-    for kind, base in (("hook", "plain"), ("wrapped", "plain"), ("hook", "wrapped")):
+          f"{cpu['wrapped']:.2f}, hook {cpu['hook']:.2f}, pyhook {cpu['pyhook']:.2f} us; "
+          f"the hook adds {cpu['hook'] - cpu['plain']:+.2f} us (pure Python: "
+          f"{cpu['pyhook'] - cpu['plain']:+.2f})")
+    for kind, base in (("hook", "plain"), ("wrapped", "plain"), ("hook", "wrapped"),
+                       ("pyhook", "plain"), ("pyhook", "wrapped")):
         ratios = cycle_ratio(kind, base)
         medians = statistics.median(ns[kind]) / statistics.median(ns[base])
         print(f"  ratio {kind}/{base}: {medians:.4f} (medians); per cycle: median "

@@ -9,25 +9,33 @@ Joins the ring, then runs ROUNDS timed rounds of ITERATIONS
     wrapped  mx.eval and all_sum behind do-nothing Python wrappers: what any
              Python-level instrumentation costs before it does anything
     hook     `watchdog.install()` for the round, `watchdog.uninstall()` after
+             (the compiled hot path, where it is built)
+    pyhook   the same with the pure-Python hot path (MLX_WATCHDOG_HOTPATH=python)
 
-Rounds cycle plain, wrapped, hook, hook, wrapped, plain, so a linear drift of
-the machine cancels. Every rank follows the same cycle, and a small all_sum
+Rounds cycle plain, wrapped, hook, pyhook, pyhook, hook, wrapped, plain, so a
+linear drift of the machine cancels. Every rank follows the same cycle, and a small all_sum
 lines the ranks up before each round. Prints one JSON line per round:
 {"round", "kind", "ns", "cpu_ns"}: wall time and the main thread's CPU time
 (time.thread_time_ns), per collective.
 """
 
 import json
+import os
 import sys
 import time
 
-import mlx.core as mx
+if os.environ.get("RING_PIN"):
+    # Each rank on a core of its own (set before MLX starts a thread: they inherit it),
+    # so that the scheduler's moves between cores drop out of the figures.
+    os.sched_setaffinity(0, {int(os.environ["MLX_RANK"]) % (os.cpu_count() or 1)})
 
-import watchdog
+import mlx.core as mx  # noqa: E402
+
+import watchdog  # noqa: E402
 
 ROUNDS, ITERATIONS, FLOATS = (int(a) for a in sys.argv[1:4])
 RECORD_DIR = sys.argv[4]
-CYCLE = ("plain", "wrapped", "hook", "hook", "wrapped", "plain")
+CYCLE = ("plain", "wrapped", "hook", "pyhook", "pyhook", "hook", "wrapped", "plain")
 
 group = mx.distributed.init(backend="ring", strict=True)
 rank, size = group.rank(), group.size()
@@ -51,10 +59,11 @@ for _ in range(max(200, ITERATIONS // 5)):  # warm up the sockets and the caches
 
 for rnd in range(ROUNDS):
     kind = CYCLE[rnd % len(CYCLE)]
-    if kind == "hook":
+    if kind in ("hook", "pyhook"):
+        os.environ["MLX_WATCHDOG_HOTPATH"] = "python" if kind == "pyhook" else "auto"
         hb = watchdog.install(directory=RECORD_DIR, job="ring-overhead")
-        if not hb.active:
-            sys.exit("the hook did not install")
+        if not hb.active or hb.compiled != (kind == "hook"):
+            sys.exit(f"the hook did not install as {kind}: {hb.hotpath}")
     elif kind == "wrapped":
         mx.eval, mx.distributed.all_sum = wrapped_eval, wrapped_all_sum
     mx.eval(mx.distributed.all_sum(sync))  # line the ranks up
@@ -63,7 +72,7 @@ for rnd in range(ROUNDS):
         y = mx.distributed.all_sum(x)
         mx.eval(y)
     took, cpu = time.perf_counter_ns() - began, time.thread_time_ns() - cpu
-    if kind == "hook":
+    if kind in ("hook", "pyhook"):
         if hb.collectives < ITERATIONS:
             sys.exit(f"instrumented round counted {hb.collectives} collectives")
         watchdog.uninstall()

@@ -227,3 +227,22 @@ def test_a_compiled_path_that_will_not_start_leaves_the_python_one(
     finally:
         watchdog.uninstall()
     assert "the compiled hot path would not start" in capsys.readouterr().err
+
+
+def test_doctor_says_which_hot_path_ranks_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from watchdog.cli.doctor_env import OK, WARN, check_instrumentation
+
+    def hot_path_line() -> tuple[str, str]:
+        return next(line for line in check_instrumentation() if "hot path" in line[1])
+
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    assert hot_path_line() == (OK, "hook hot path: compiled (watchdog/rank/_fastpath.c)")
+    monkeypatch.setenv(compiled.ENV, "python")
+    assert hot_path_line() == (OK, "hook hot path: pure Python (MLX_WATCHDOG_HOTPATH=python)")
+    monkeypatch.setenv(compiled.ENV, "fastest")
+    level, text = hot_path_line()
+    assert level == WARN and "unset MLX_WATCHDOG_HOTPATH" in text
+    monkeypatch.delenv(compiled.ENV)
+    monkeypatch.setattr(compiled, "_loaded", (None, "not built (no module)"))
+    level, text = hot_path_line()
+    assert level == WARN and "not built" in text and "xcode-select --install" in text

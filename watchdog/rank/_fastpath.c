@@ -194,6 +194,10 @@ static int close_wait(Path *p, uint64_t started, PyObject *op_arg)
     put(w, p->at.last_wait, last);
     /* Waits inside idle() or expect() must not stretch the learned deadline. */
     if (last > st->max_wait) {
+        if (PyList_GET_SIZE(p->stretch) < 1) {  /* never read past a list someone emptied */
+            PyErr_SetString(PyExc_IndexError, "the stretch list is empty");
+            return report(p);
+        }
         int stretched = PyObject_IsTrue(PyList_GET_ITEM(p->stretch, 0));
         if (stretched < 0)
             return report(p);
@@ -284,6 +288,10 @@ static PyObject *collective(Path *p, PyObject *const *args, Py_ssize_t n)
     Py_DECREF(o);
     if (h == -1 && PyErr_Occurred())
         goto error;
+    if (PyList_GET_SIZE(p->codes) != 256) {  /* never read past a list someone shrank */
+        PyErr_SetString(PyExc_IndexError, "the dtype code table is not 256 long");
+        goto error;
+    }
     long code = PyLong_AsLong(PyList_GET_ITEM(p->codes, (Py_ssize_t)((uint64_t)h & 0xFF)));
     if ((code == -1 && PyErr_Occurred()) || word_arg(args[0], &op))
         goto error;

@@ -11,6 +11,7 @@ the choice. Every other case runs the pure-Python path, which is always there.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +33,11 @@ def _load() -> tuple[Any, str]:
     """The compiled module and "", or None and why not (checked once per process)."""
     global _loaded
     if _loaded is None:
+        if not getattr(sys, "_is_gil_enabled", lambda: True)():
+            # The compiled path relies on the GIL: a retire() never runs while another
+            # thread is between its checks and its stores.
+            _loaded = (None, "not used by a Python without the GIL")
+            return _loaded
         try:
             from watchdog.rank import _fastpath as fast  # type: ignore[attr-defined]
         except ImportError as err:
