@@ -29,49 +29,25 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-LM_PROG = REPO / "tests" / "lm_prog.py"
-sys.path.insert(0, str(REPO / "tests"))
+LM_PROG = HERE.parent / "tests" / "lm_prog.py"
+sys.path.insert(0, str(HERE))
 
-from ranks import free_ports  # noqa: E402
+from launch import run_ranks  # noqa: E402
 
 
-def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool
-            ) -> tuple[float, float]:
+def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool,
+            pin: bool = False) -> tuple[float, float]:
     """One job; rank 0's tokens per second, and its main thread's CPU us per token."""
-    hostfile = workdir / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
     records = workdir / "records"
     records.mkdir(exist_ok=True)
-    procs = []
-    try:
-        for rank in range(size):
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith("MLX_") or k == "MLX_WATCHDOG_HOTPATH"}
-            env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
-            if hook:
-                env.update(MLX_WATCHDOG="1", MLX_WATCHDOG_DIR=str(records))
-            procs.append(subprocess.Popen(
-                [sys.executable, str(LM_PROG), "bench", str(tokens), str(rounds)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                cwd=workdir))
-        outs = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
-        if p.returncode != 0:
-            sys.exit(f"rank {rank} exited {p.returncode}:\n{err}")
-        if "mlx-watchdog:" in err:
-            sys.exit(f"rank {rank} warned:\n{err}")
+    env = {"MLX_WATCHDOG": "1", "MLX_WATCHDOG_DIR": str(records)} if hook else {}
+    outs = run_ranks(workdir, size, [str(LM_PROG), "bench", str(tokens), str(rounds)], env,
+                     timeout=600, pin=pin)
     timed = [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")]
     if len(timed) != rounds or any(t["tokens"] != tokens for t in timed):
         sys.exit(f"rank 0 reported {timed}")
@@ -79,32 +55,13 @@ def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool
     return count / sum(t["seconds"] for t in timed), sum(t["main_cpu"] for t in timed) / count * 1e6
 
 
-def run_toggle(workdir: Path, size: int, tokens: int, cycles: int) -> list[dict]:
+def run_toggle(workdir: Path, size: int, tokens: int, cycles: int, pin: bool = False
+               ) -> list[dict]:
     """One job toggling the hook between rounds; rank 0's rounds in order."""
-    hostfile = workdir / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
     records = workdir / "records"
     records.mkdir(exist_ok=True)
-    procs = []
-    try:
-        for rank in range(size):
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith("MLX_") or k == "MLX_WATCHDOG_HOTPATH"}
-            env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
-            procs.append(subprocess.Popen(
-                [sys.executable, str(LM_PROG), "toggle", str(tokens), str(cycles),
-                 str(records)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                cwd=workdir))
-        outs = [p.communicate(timeout=3600) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
-        if p.returncode != 0 or "mlx-watchdog:" in err:
-            sys.exit(f"rank {rank} exited {p.returncode}:\n{err}")
+    outs = run_ranks(workdir, size, [str(LM_PROG), "toggle", str(tokens), str(cycles),
+                                     str(records)], pin=pin)
     rounds = [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")]
     if len(rounds) != 4 * cycles or any(r["tokens"] != tokens for r in rounds):
         sys.exit(f"rank 0 reported {rounds}")
@@ -113,7 +70,7 @@ def run_toggle(workdir: Path, size: int, tokens: int, cycles: int) -> list[dict]
 
 def report_toggle(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        rounds = run_toggle(Path(tmp), args.size, args.tokens, args.cycles)
+        rounds = run_toggle(Path(tmp), args.size, args.tokens, args.cycles, args.pin)
     rates = {kind: [r["tokens"] / r["seconds"] for r in rounds if r["kind"] == kind]
              for kind in ("plain", "hook")}
     ratios = []
@@ -140,6 +97,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="tokens per round")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per job")
     parser.add_argument("--size", type=int, default=2, help="ranks")
+    parser.add_argument("--pin", action="store_true",
+                        help="each rank on a core of its own (rank %% cores), Linux only")
     parser.add_argument("--inprocess", action="store_true",
                         help="one job, the hook installed and uninstalled between rounds")
     args = parser.parse_args()
@@ -161,7 +120,7 @@ def main() -> None:
                 workdir = Path(tmp) / f"c{cycle}-{n}"
                 workdir.mkdir()
                 rate, cpu = run_job(workdir, args.size, args.tokens, args.rounds,
-                                    kind == "hook")
+                                    kind == "hook", args.pin)
                 got[kind].append(rate)
                 cpus[kind].append(cpu)
             for kind, values in got.items():

@@ -25,16 +25,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(HERE))
 
-from ranks import free_ports  # noqa: E402
+from launch import run_ranks  # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -44,32 +42,10 @@ def quantile(values: list[float], q: float) -> float:
 
 def run_job(workdir: Path, size: int, rounds: int, iterations: int, floats: int,
             pin: bool = False) -> list[dict]:
-    hostfile = workdir / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(size)]))
     records = workdir / "records"
     records.mkdir()
-    procs = []
-    try:
-        for rank in range(size):
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith("MLX_") or k == "MLX_WATCHDOG_HOTPATH"}
-            env.update(PYTHONPATH=str(REPO), MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
-            if pin:
-                env["RING_PIN"] = "1"
-            procs.append(subprocess.Popen(
-                [sys.executable, str(HERE / "ring_rank.py"), str(rounds), str(iterations),
-                 str(floats), str(records)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                cwd=workdir))
-        outs = [p.communicate(timeout=3600) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
-        if p.returncode != 0:
-            sys.exit(f"rank {rank} exited {p.returncode}:\n{err}")
+    outs = run_ranks(workdir, size, [str(HERE / "ring_rank.py"), str(rounds), str(iterations),
+                                     str(floats), str(records)], pin=pin)
     return [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")]
 
 

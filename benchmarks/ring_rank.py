@@ -24,14 +24,9 @@ import os
 import sys
 import time
 
-if os.environ.get("RING_PIN"):
-    # Each rank on a core of its own (set before MLX starts a thread: they inherit it),
-    # so that the scheduler's moves between cores drop out of the figures.
-    os.sched_setaffinity(0, {int(os.environ["MLX_RANK"]) % (os.cpu_count() or 1)})
+import mlx.core as mx
 
-import mlx.core as mx  # noqa: E402
-
-import watchdog  # noqa: E402
+import watchdog
 
 ROUNDS, ITERATIONS, FLOATS = (int(a) for a in sys.argv[1:4])
 RECORD_DIR = sys.argv[4]
