@@ -25,6 +25,7 @@ def compile_fastpath(root: Path) -> Path:
     """Compile the extension in place; returns its path (raises if it cannot)."""
     source = root / SOURCE
     out = source.with_name("_fastpath" + str(sysconfig.get_config_var("EXT_SUFFIX")))
+    out.unlink(missing_ok=True)  # a failed build must not leave an older one to be loaded
     ldshared = sysconfig.get_config_var("LDSHARED")
     if not ldshared:
         raise RuntimeError("this Python does not say how to build extensions (no LDSHARED)")
@@ -42,9 +43,11 @@ class CompiledHotPath(BuildHookInterface):  # type: ignore[misc]
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict) -> None:  # type: ignore[type-arg]
-        if os.environ.get("MLX_WATCHDOG_PURE_BUILD") == "1":
-            return
         root = Path(self.root)
+        if os.environ.get("MLX_WATCHDOG_PURE_BUILD") == "1":
+            for old in (root / SOURCE).parent.glob("_fastpath*.so"):
+                old.unlink()  # an editable install would load it otherwise
+            return
         try:
             out = compile_fastpath(root)
         except Exception as err:  # noqa: BLE001 - the pure-Python path stays

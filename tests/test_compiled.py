@@ -246,3 +246,108 @@ def test_doctor_says_which_hot_path_ranks_run(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(compiled, "_loaded", (None, "not built (no module)"))
     level, text = hot_path_line()
     assert level == WARN and "not built" in text and "xcode-select --install" in text
+
+
+# -- what a review of the C file found: each held on both paths ----------------------
+
+
+def slot_steps(beat: Heartbeat, k: int) -> int:
+    assert beat._writer is not None
+    return int(beat._writer.words[record.slot_base(k) + record.S_STEPS])
+
+
+def in_thread(work: object) -> None:
+    thread = threading.Thread(target=work)  # type: ignore[arg-type]
+    thread.start()
+    thread.join()
+
+
+def test_a_thread_that_gave_its_slot_back_claims_anew(record_dir: Path, hotpath: str) -> None:
+    # A foreign thread (a callback from a C++ pool) loses its Python thread state, and so
+    # its slot, each time it leaves Python, but stays the same OS thread. Coming back it
+    # must claim a slot anew, never write the one it gave back, which another thread
+    # may hold by then.
+    beat = watchdog.install(str(record_dir))
+    try:
+        assert beat.compiled == (hotpath == "compiled")
+        came_back = threading.Event()
+        gone, taken = threading.Event(), threading.Event()
+        first: list[int] = []
+
+        def foreign() -> None:
+            beat.step()
+            first.append(beat._local.slot.k)
+            beat._local.__dict__.clear()  # what the end of its thread state does
+            gone.set()
+            assert taken.wait(10)
+            beat.step()  # back in Python
+            came_back.set()
+
+        def other() -> None:
+            assert gone.wait(10)
+            beat.step()  # takes the slot given back
+            assert beat._local.slot.k == first[0]
+            taken.set()
+            assert came_back.wait(10)
+
+        worker = threading.Thread(target=other)
+        worker.start()
+        in_thread(foreign)
+        worker.join()
+        k = first[0]
+        assert slot_steps(beat, k) == 2  # one step of each thread that held it, no more
+        assert beat.steps == 3
+    finally:
+        watchdog.uninstall()
+
+
+def test_an_interrupt_inside_fail_reaches_the_user(pair: list[Heartbeat]) -> None:
+    # fail() runs Python (it closes the record, it warns): a Ctrl-C handled inside it
+    # is the user's, and must not be swallowed with the hook's own error.
+    def broken_clock() -> int:
+        raise OSError(5, "Input/output error")
+
+    def interrupted_fail(err: BaseException) -> None:
+        raise KeyboardInterrupt
+
+    for beat in pair:
+        beat._clock = broken_clock  # type: ignore[method-assign]
+        beat._fail = interrupted_fail  # type: ignore[method-assign]
+        beat._build()
+        with pytest.raises(KeyboardInterrupt):
+            beat.enter_wait(EVAL)
+
+
+def test_a_wrong_call_raises_like_python_and_keeps_the_record(pair: list[Heartbeat]) -> None:
+    class Op:  # an integer-like op, as numpy's integers are
+        def __index__(self) -> int:
+            return EVAL
+
+    for beat in pair:
+        with pytest.raises(TypeError):
+            beat.step(1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            beat.enter_wait()  # type: ignore[call-arg]
+        beat.exit_wait(beat.enter_wait(Op()), Op())  # type: ignore[arg-type]
+        assert beat.active and beat.waits_completed == 1
+
+
+def test_a_retired_or_unbuilt_path_records_nothing_and_never_crashes(
+        pair: list[Heartbeat]) -> None:
+    from watchdog.rank import _fastpath  # type: ignore[attr-defined]
+
+    fast = pair[1]
+    path = fast._cpath
+    fast.close()  # retires the Path: it lets go of the map and of the Heartbeat
+    assert path.wait(lambda x: x + 1, EVAL, (1,), {}) == 2
+    assert path.enter_wait(EVAL) == 0
+    path.exit_wait(5, EVAL)
+    path.collective(SUM, ARRAYS[0])
+    path.step()
+    assert path.totals() == (0, 0, 0, 0)
+    unbuilt = _fastpath.Path.__new__(_fastpath.Path)  # never initialized
+    assert unbuilt.wait(lambda: 7, EVAL, (), {}) == 7
+    assert unbuilt.enter_wait(EVAL) == 0
+    unbuilt.step()
+    unbuilt.collective(SUM, ARRAYS[0])
+    unbuilt.retire()

@@ -56,6 +56,7 @@ typedef struct {
 } Path;
 
 static PyObject *str_nbytes, *str_dtype;
+static int Path_clear(Path *p);
 
 static inline void put(uint64_t *w, Py_ssize_t i, uint64_t v)
 {
@@ -74,18 +75,53 @@ static inline uint64_t native_now(void)
 #endif
 }
 
+/* Initialized and not retired: only then are claim, fail, stretch, codes and the key
+ * there. Every call that may run Python can retire the Path, so this is checked again
+ * after such a call before any of them is used. */
+static inline int live(const Path *p)
+{
+    return p->claim != NULL;
+}
+
+/* An unsigned 64-bit word from an int, or anything with __index__ (as a store into a
+ * memoryview takes it). */
+static int word_arg(PyObject *o, uint64_t *out)
+{
+    if (PyLong_Check(o)) {
+        *out = PyLong_AsUnsignedLongLong(o);
+    } else {
+        PyObject *i = PyNumber_Index(o);
+        if (i == NULL)
+            return -1;
+        *out = PyLong_AsUnsignedLongLong(i);
+        Py_DECREF(i);
+    }
+    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* A wrong number of arguments is the caller's error, raised as Python would raise it. */
+static int bad_args(Py_ssize_t n, Py_ssize_t want, const char *name)
+{
+    if (n == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, n);
+    return -1;
+}
+
 static int now_ns(Path *p, uint64_t *out)
 {
     if (p->clock == NULL) {
         *out = native_now();
         return 0;
     }
-    PyObject *r = PyObject_CallNoArgs(p->clock);
+    PyObject *clock = Py_NewRef(p->clock);  /* a retire() inside the call drops it */
+    PyObject *r = PyObject_CallNoArgs(clock);
+    Py_DECREF(clock);
     if (r == NULL)
         return -1;
-    *out = PyLong_AsUnsignedLongLong(r);
+    int bad = word_arg(r, out);
     Py_DECREF(r);
-    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+    return bad;
 }
 
 /* The pending error goes to `fail`, unless it is an interrupt, which passes on. */
@@ -102,13 +138,22 @@ static int report(Path *p)
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL && value != NULL)
         PyException_SetTraceback(value, tb);
-    PyObject *r = PyObject_CallOneArg(p->fail, value ? value : Py_None);
-    if (r == NULL)
-        PyErr_Clear();  /* never into the user's program */
-    Py_XDECREF(r);
+    PyObject *r = NULL;
+    if (p->fail != NULL) {  /* NULL: retired already, nothing left to disable */
+        PyObject *fail = Py_NewRef(p->fail);  /* fail() retires, which drops p->fail */
+        r = PyObject_CallOneArg(fail, value ? value : Py_None);
+        Py_DECREF(fail);
+    }
     Py_XDECREF(type);
     Py_XDECREF(value);
     Py_XDECREF(tb);
+    if (r == NULL && PyErr_Occurred()) {
+        /* An interrupt raised by a signal handler inside fail() is the user's. */
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();  /* any other error of fail() never reaches the user's program */
+    }
+    Py_XDECREF(r);
     return 0;
 }
 
@@ -117,13 +162,17 @@ static State *slot_of(Path *p)
     State *st = (State *)PyThread_tss_get(&p->key);
     if (st != NULL)
         return st;
-    PyObject *r = PyObject_CallNoArgs(p->claim);
+    PyObject *claim = Py_NewRef(p->claim);
+    PyObject *r = PyObject_CallNoArgs(claim);
+    Py_DECREF(claim);
     if (r == NULL)
         return NULL;
     long k = PyLong_AsLong(r);
     Py_DECREF(r);
     if (k == -1 && PyErr_Occurred())
         return NULL;
+    if (!live(p))
+        return NULL;  /* retired inside the claim (its key is gone): nothing to record */
     st = (k >= 0 && k < p->nslots) ? &p->states[k] : &p->states[p->nslots];
     if (PyThread_tss_set(&p->key, st) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "cannot keep the thread's slot");
@@ -132,26 +181,15 @@ static State *slot_of(Path *p)
     return st;
 }
 
-static int word_arg(PyObject *o, uint64_t *out)
-{
-    *out = PyLong_AsUnsignedLongLong(o);
-    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
-}
 
-static int bad_args(Py_ssize_t n, Py_ssize_t want, const char *name)
-{
-    if (n == want)
-        return 0;
-    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, n);
-    return -1;
-}
-
-/* Open a wait on this thread's slot. 0: open since *now; 1: not recorded (the error
- * went to `fail`); -1: an interrupt to pass on. */
-static int open_wait(Path *p, PyObject *op_arg, uint64_t *now)
+/* Open a wait on this thread's slot. 0: open since *now, on *out; 1: not recorded
+ * (the error went to `fail`, or the Path is retired); -1: an interrupt to pass on. */
+static int open_wait(Path *p, PyObject *op_arg, uint64_t *now, State **out)
 {
     uint64_t op;
     State *st;
+    if (!live(p))
+        return 1;
     if (word_arg(op_arg, &op) || (st = slot_of(p)) == NULL || now_ns(p, now))
         return report(p) ? -1 : 1;
     if (!st->depth) {
@@ -160,26 +198,25 @@ static int open_wait(Path *p, PyObject *op_arg, uint64_t *now)
         put(st->w, p->at.since, *now);  /* commits: this thread is in a wait since now */
     }
     st->depth++;
+    *out = st;
     return 0;
 }
 
-/* Close the wait opened at `started` (before anything that could let a signal
+/* Close the wait opened on `st` at `started` (before anything that could let a signal
  * handler run), then count it and time it. 0, or -1: an interrupt to pass on. */
-static int close_wait(Path *p, uint64_t started, PyObject *op_arg)
+static int close_wait(Path *p, State *st, uint64_t started, PyObject *op_arg)
 {
     uint64_t op, now;
-    State *st = (State *)PyThread_tss_get(&p->key);
-    if (st == NULL) {
-        PyErr_SetString(PyExc_AttributeError,
-                        "this thread has no slot: exit_wait without enter_wait");
-        return report(p);
-    }
     uint64_t d = st->depth > 1 ? st->depth - 1 : 0;
     if (!d)
-        put(st->w, p->at.since, 0);  /* commits: out of the wait */
+        put(st->w, p->at.since, 0);  /* commits: out of the wait (scratch if retired) */
     st->depth = d;
+    if (!live(p))
+        return 0;  /* retired while the call ran: nothing more to record */
     if (word_arg(op_arg, &op) || now_ns(p, &now))
         return report(p);
+    if (!live(p))
+        return 0;  /* a test clock's Python retired it */
     uint64_t *w = st->w;
     put(w, p->at.progress, now);
     st->completed++;
@@ -203,7 +240,7 @@ static int close_wait(Path *p, uint64_t started, PyObject *op_arg)
             return report(p);
         if (!stretched) {
             st->max_wait = last;
-            put(w, p->at.max_wait, last);
+            put(st->w, p->at.max_wait, last);  /* st->w again: IsTrue may have run Python */
         }
     }
     return 0;
@@ -213,9 +250,10 @@ static int close_wait(Path *p, uint64_t started, PyObject *op_arg)
 static PyObject *enter_wait(Path *p, PyObject *const *args, Py_ssize_t n)
 {
     uint64_t now = 0;
+    State *st = NULL;
     if (bad_args(n, 1, "enter_wait"))
-        return report(p) ? NULL : PyLong_FromLong(0);
-    int done = open_wait(p, args[0], &now);
+        return NULL;
+    int done = open_wait(p, args[0], &now, &st);
     if (done < 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(done ? 0 : now);
@@ -226,13 +264,19 @@ static PyObject *exit_wait(Path *p, PyObject *const *args, Py_ssize_t n)
 {
     uint64_t started;
     if (bad_args(n, 2, "exit_wait"))
-        return report(p) ? NULL : Py_NewRef(Py_None);
+        return NULL;
     int truth = PyObject_IsTrue(args[0]);
-    if (truth == 0)
+    if (truth == 0 || (truth > 0 && !live(p)))
         Py_RETURN_NONE;
     if (truth < 0 || word_arg(args[0], &started))
         return report(p) ? NULL : Py_NewRef(Py_None);
-    if (close_wait(p, started, args[1]) < 0)
+    State *st = (State *)PyThread_tss_get(&p->key);
+    if (st == NULL) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "this thread has no slot: exit_wait without enter_wait");
+        return report(p) ? NULL : Py_NewRef(Py_None);
+    }
+    if (close_wait(p, st, started, args[1]) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -248,14 +292,15 @@ static PyObject *wait(Path *p, PyObject *const *args, Py_ssize_t n)
         return NULL;
     }
     uint64_t now = 0;
-    int opened = open_wait(p, args[1], &now);
+    State *st = NULL;
+    int opened = open_wait(p, args[1], &now, &st);
     if (opened < 0)
         return NULL;
     PyObject *res = PyObject_Call(args[0], args[2], PyDict_GET_SIZE(args[3]) ? args[3] : NULL);
     if (opened == 0) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (close_wait(p, now, args[1]) < 0) {  /* an interrupt from a test clock */
+        if (close_wait(p, st, now, args[1]) < 0) {  /* an interrupt from a test clock */
             Py_XDECREF(res);
             Py_XDECREF(type);
             Py_XDECREF(value);
@@ -273,7 +318,9 @@ static PyObject *collective(Path *p, PyObject *const *args, Py_ssize_t n)
     uint64_t op, nbytes, now;
     State *st;
     if (bad_args(n, 2, "collective"))
-        goto error;
+        return NULL;
+    if (!live(p))
+        Py_RETURN_NONE;
     PyObject *o = PyObject_GetAttr(args[1], str_nbytes);
     if (o == NULL)
         goto error;
@@ -288,6 +335,8 @@ static PyObject *collective(Path *p, PyObject *const *args, Py_ssize_t n)
     Py_DECREF(o);
     if (h == -1 && PyErr_Occurred())
         goto error;
+    if (!live(p))
+        Py_RETURN_NONE;  /* the attributes ran Python that retired it */
     if (PyList_GET_SIZE(p->codes) != 256) {  /* never read past a list someone shrank */
         PyErr_SetString(PyExc_IndexError, "the dtype code table is not 256 long");
         goto error;
@@ -320,7 +369,11 @@ error:
 static PyObject *step(Path *p, PyObject *const *args, Py_ssize_t n)
 {
     State *st;
-    if (bad_args(n, 0, "step") || (st = slot_of(p)) == NULL) {
+    if (bad_args(n, 0, "step"))
+        return NULL;
+    if (!live(p))
+        Py_RETURN_NONE;
+    if ((st = slot_of(p)) == NULL) {
         if (report(p))
             return NULL;
         Py_RETURN_NONE;
@@ -330,7 +383,10 @@ static PyObject *step(Path *p, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
-/* release(k): slot k's thread ended; never leave a wait open behind it. */
+/* release(k): slot k's thread ended (called on that thread). Never leave a wait open
+ * behind it, and forget the slot: a thread Python saw end may come back into Python
+ * as the same OS thread (a callback from a foreign thread), and must then claim a
+ * slot anew rather than write one that another thread may have taken. */
 static PyObject *release(Path *p, PyObject *arg)
 {
     long k = PyLong_AsLong(arg);
@@ -345,11 +401,17 @@ static PyObject *release(Path *p, PyObject *arg)
         st->depth = 0;
         put(st->w, p->at.since, 0);
     }
+    if (p->has_key && PyThread_tss_get(&p->key) == st &&
+        PyThread_tss_set(&p->key, NULL) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot forget the thread's slot");
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
-/* retire(): every later store goes to scratch memory; the record's buffer is let go
- * (so that its map can close). */
+/* retire(): every later call records nothing and every store goes to scratch memory;
+ * the record's buffer is let go (so that its map can close), and so are the Heartbeat's
+ * functions (which hold the Heartbeat, which holds this) and the thread key. */
 static PyObject *retire(Path *p, PyObject *unused)
 {
     for (int k = 0; k <= p->nslots; k++)
@@ -358,6 +420,11 @@ static PyObject *retire(Path *p, PyObject *unused)
         p->has_view = 0;
         PyBuffer_Release(&p->view);
     }
+    if (p->has_key) {
+        p->has_key = 0;
+        PyThread_tss_delete(&p->key);
+    }
+    Path_clear(p);
     Py_RETURN_NONE;
 }
 

@@ -40,10 +40,13 @@ def _load() -> tuple[Any, str]:
             return _loaded
         try:
             from watchdog.rank import _fastpath as fast  # type: ignore[attr-defined]
+
+            before, now, after = time.monotonic_ns(), fast.now(), time.monotonic_ns()
         except ImportError as err:
             _loaded = (None, f"not built ({err})")
+        except Exception as err:  # noqa: BLE001 - a broken build never stops a rank
+            _loaded = (None, f"broken ({err!r})")
         else:
-            before, now, after = time.monotonic_ns(), fast.now(), time.monotonic_ns()
             _loaded = (fast, "") if before <= now <= after else (
                 None, "its clock disagrees with time.monotonic_ns")
     return _loaded
