@@ -9,6 +9,7 @@ skips the compile. `mlx-watchdog doctor` says which path a rank uses.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -29,10 +30,13 @@ def compile_fastpath(root: Path) -> Path:
     ldshared = sysconfig.get_config_var("LDSHARED")
     if not ldshared:
         raise RuntimeError("this Python does not say how to build extensions (no LDSHARED)")
+    # The source's hash goes into the module: the hook refuses a module built from
+    # another version of the file (an editable install not rebuilt after an edit).
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
     command = [*shlex.split(str(ldshared)),
                *shlex.split(str(sysconfig.get_config_var("CCSHARED") or "")),
                "-O2", "-Wall", "-I", sysconfig.get_paths()["include"],
-               str(source), "-o", str(out)]
+               f'-DSOURCE_SHA256="{digest}"', str(source), "-o", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} failed:\n{done.stderr.strip()}")

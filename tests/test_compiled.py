@@ -8,6 +8,7 @@ rest of the hook's tests run over both paths (the `hotpath` fixture).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -351,3 +352,15 @@ def test_a_retired_or_unbuilt_path_records_nothing_and_never_crashes(
     unbuilt.step()
     unbuilt.collective(SUM, ARRAYS[0])
     unbuilt.retire()
+
+
+def test_a_module_built_from_another_source_is_not_used(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    from watchdog.rank import _fastpath  # type: ignore[attr-defined]
+
+    source = Path(compiled.__file__).with_name("_fastpath.c")
+    assert _fastpath.SOURCE_SHA256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    monkeypatch.setattr(_fastpath, "SOURCE_SHA256", "0" * 64)  # as if the file changed since
+    monkeypatch.setattr(compiled, "_loaded", None)
+    fast, why = compiled.choice({})
+    assert fast is None and "stale" in why and "pip install -e ." in why

@@ -639,6 +639,15 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+#ifndef SOURCE_SHA256
+#define SOURCE_SHA256 ""
+#endif
+    /* The sha256 of this file when it was built (hatch_build.py): compiled.py refuses
+     * a module built from another version of the file. */
+    if (PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&PathType);
     if (PyModule_AddObject(m, "Path", (PyObject *)&PathType) < 0) {
         Py_DECREF(&PathType);

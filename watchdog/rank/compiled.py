@@ -10,10 +10,12 @@ the choice. Every other case runs the pure-Python path, which is always there.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from watchdog import record
@@ -47,9 +49,25 @@ def _load() -> tuple[Any, str]:
         except Exception as err:  # noqa: BLE001 - a broken build never stops a rank
             _loaded = (None, f"broken ({err!r})")
         else:
-            _loaded = (fast, "") if before <= now <= after else (
-                None, "its clock disagrees with time.monotonic_ns")
+            if not before <= now <= after:
+                _loaded = (None, "its clock disagrees with time.monotonic_ns")
+            elif _stale(fast):
+                _loaded = (None, "stale: built from another version of _fastpath.c; "
+                                 "rebuild it (pip install -e . in a checkout)")
+            else:
+                _loaded = (fast, "")
     return _loaded
+
+
+def _stale(fast: Any) -> bool:
+    """Was the module built from another version of its source (when the source is
+    there to compare: a checkout, or a wheel, which ships it)?"""
+    source = Path(__file__).with_name("_fastpath.c")
+    try:
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    except OSError:
+        return False
+    return bool(getattr(fast, "SOURCE_SHA256", "")) and fast.SOURCE_SHA256 != digest
 
 
 def choice(env: Mapping[str, str] = os.environ) -> tuple[Any, str]:
