@@ -170,7 +170,9 @@ class Heartbeat:
     def _build(self) -> None:
         """Bind the hot-path functions: real over the record (compiled or Python),
         opening, or nothing."""
-        self._cpath = None
+        if self._cpath is not None:  # a rebuild: the old Path lets go of the map
+            self._cpath.retire()
+            self._cpath = None
         if self._writer is not None:
             path = self._compiled_path() or hotpath.real(
                 self._local, self._claim, self._clock, self._fail, self._stretch)
