@@ -9,13 +9,15 @@
  * Rules, as in hotpath.py: each thread owns one slot (found through a
  * thread-specific key) and is its only writer, so nothing takes a lock; every
  * call that may run Python (the slot claim, a test clock, an attribute of the
- * array) comes before the first store, and the slot's word pointer is read
- * after it, so a record retired meanwhile is never written; the store that
- * commits comes after the data it commits, with release order so that a
- * weakly ordered CPU (Apple silicon) publishes them in that order too. Errors
- * go to the Heartbeat's `fail` (which disables the record), never to the
- * user's program; only an interrupt (KeyboardInterrupt, SystemExit) raised
- * inside a claim passes through, as it does in the Python path.
+ * array) comes before the stores, and after it the Path is checked to be still
+ * live and the slot's word pointer is read again, so a record retired meanwhile
+ * is never written (a retired Path, or one never built, records nothing); the
+ * store that commits comes after the data it commits, with release order so
+ * that a weakly ordered CPU (Apple silicon) publishes them in that order too.
+ * Errors go to the Heartbeat's `fail` (which disables the record), never to the
+ * user's program; an interrupt (KeyboardInterrupt, SystemExit) raised by the
+ * Python the hot path calls (the claim, `fail`, a test clock) passes through,
+ * as it does in the Python path.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
