@@ -961,16 +961,13 @@ def test_a_lazy_open_rewraps_mlx_over_the_real_hot_path(record_dir: Path) -> Non
     """The opening functions cost an extra call; once open, MLX is wrapped anew."""
     beat = watchdog.install(str(record_dir), lazy=True)
     before = mx.eval
-    opening = beat._enter
+    opening = beat._wait
     mx.eval(mx.array(1))
-    assert beat.published and beat._enter is not opening
+    assert beat.published and beat._wait is not opening
     assert mx.eval is not before and sorted(patched()) == sorted(PATCHED)
     free_vars = dict(zip(mx.eval.__code__.co_freevars,
                          (c.cell_contents for c in mx.eval.__closure__ or ()), strict=True))
-    if beat.compiled:  # bound to the real hot path
-        assert free_vars["bracket"] is beat._wait
-    else:
-        assert free_vars["enter"] is beat._enter
+    assert free_vars["bracket"] is beat._wait  # bound to the real hot path
     mx.eval(mx.array(2))
     assert read(beat).waits_completed == 2
     watchdog.uninstall()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog import record
-from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP, HotPath, nothing
+from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP, HotPath
 
 ENV = "MLX_WATCHDOG_HOTPATH"
 CHOICES = ("auto", "compiled", "python")
@@ -92,6 +92,5 @@ def real(fast: Any, words: memoryview, claim: Callable[[], int],
     path = fast.Path(words, tuple(record.slot_base(k) for k in range(record.THREAD_SLOTS)),
                      LAYOUT, claim, fail, stretch, DTYPE_CODES,
                      None if clock is time.monotonic_ns else clock)
-    unused = nothing()  # the wrappers of a compiled path call `wait`
-    return HotPath(path.enter_wait, path.exit_wait, unused.enter, unused.counted,
-                   path.collective, path.step, path.wait), path
+    return HotPath(path.enter_wait, path.exit_wait, path.collective, path.step,
+                   path.wait), path

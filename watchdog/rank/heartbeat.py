@@ -50,8 +50,6 @@ class Heartbeat:
     exit_wait: Callable[[int, int], None]
     collective: Callable[[int, Any], None]
     step: Callable[[], None]
-    _enter: Callable[[int], _Slot | None]
-    _count: Callable[[_Slot, int], None]
     _wait: Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Any]
 
     def __init__(self, writer: RecordWriter | None = None,
@@ -72,7 +70,6 @@ class Heartbeat:
         # The compiled hot path if it is there (compiled.py); `compiled` says which runs.
         self._fast, self.hotpath = compiled.choice()
         self._cpath: Any = None  # the compiled Path over the open record
-        self.compiled = self._fast is not None
         self._scratch = memoryview(bytearray(record.SLOT_SIZE)).cast("Q")
         self._overflow = _Slot(self._scratch)
         self._overflowed = False
@@ -114,6 +111,11 @@ class Heartbeat:
     def active(self) -> bool:
         """Instrumented: the record is open, or opens at the first sign of a rank."""
         return self._writer is not None or self._opener is not None
+
+    @property
+    def compiled(self) -> bool:
+        """The compiled hot path runs (or will, once a lazy record opens)."""
+        return self._fast is not None
 
     @property
     def published(self) -> bool:
@@ -180,8 +182,7 @@ class Heartbeat:
             path = hotpath.opening(self)
         else:
             path = hotpath.nothing()
-        self.enter_wait, self.exit_wait, self._enter, self._count = path[:4]
-        self.collective, self.step, self._wait = path.collective, path.step, path.wait
+        self.enter_wait, self.exit_wait, self.collective, self.step, self._wait = path
 
     def _compiled_path(self) -> hotpath.HotPath | None:
         """The compiled hot path over the open record, or None (pure Python)."""
@@ -193,7 +194,7 @@ class Heartbeat:
                                               self._clock)
         except Exception as err:  # noqa: BLE001 - the pure-Python path still works
             _warn(f"the compiled hot path would not start ({err!r}); using Python's")
-            self._fast, self.compiled = None, False
+            self._fast = None
             self.hotpath = f"pure Python (the compiled one would not start: {err!r})"
             return None
         return path

@@ -41,8 +41,6 @@ class Opening(Protocol):
     exit_wait: Callable[[int, int], None]
     collective: Callable[[int, Any], None]
     step: Callable[[], None]
-    _enter: Callable[[int], Any]
-    _count: Callable[[Any, int], None]
     _wait: Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Any]
 
     def _open_late(self) -> bool: ...
@@ -90,12 +88,10 @@ class HotPath(NamedTuple):
 
     enter_wait: Callable[[int], int]
     exit_wait: Callable[[int, int], None]
-    enter: Callable[[int], Any]  # -> the thread's _Slot, or None
-    counted: Callable[[Any, int], None]  # a wait the wrapper closed: count it
     collective: Callable[[int, Any], None]
     step: Callable[[], None]
     # wait(original, op, args, kwargs): original(*args, **kwargs) inside a wait; what the
-    # wrappers of the compiled path call (one C call brackets the whole wait).
+    # wrappers of MLX's blocking calls call.
     wait: Callable[[Any, int, tuple[Any, ...], dict[str, Any]], Any]
 
 
@@ -108,7 +104,7 @@ def nothing() -> HotPath:
     def none(*args: Any) -> Any:
         return 0
 
-    return HotPath(none, none, none, none, none, none, _bare)
+    return HotPath(none, none, none, none, _bare)
 
 
 def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
@@ -240,7 +236,9 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
             fail(err)
 
     def wait(original: Any, op: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The compiled path's bracket, in Python (for its wrappers if it would not start)."""
+        """A blocking call inside a wait. The close is written out in the `finally`: it
+        comes before any call, so no signal can be delivered between the end of the
+        wait and its close."""
         st = enter(op)
         try:
             return original(*args, **kwargs)
@@ -248,25 +246,21 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
             if st is not None:
                 d = st.depth - 1
                 if d < 1:
-                    with contextlib.suppress(Exception):
+                    try:  # not contextlib.suppress: that is a call before the store
                         st.w[S_SINCE] = 0
+                    except Exception:  # noqa: BLE001, S110 - a closed record: nothing to close
+                        pass
                     d = 0
                 st.depth = d
                 count(st, op)
 
-    return HotPath(enter_wait, exit_wait, enter, count, collective, step, wait)
+    return HotPath(enter_wait, exit_wait, collective, step, wait)
 
 
 def opening(hb: Opening) -> HotPath:
     """Before a late open: each function opens the record, then does its work through
     the real one. Wrappers are rebuilt over the real ones at the open (`on_open`), so
     only references taken before it keep this extra call."""
-    def enter(op: int) -> _Slot | None:
-        return hb._enter(op) if hb._open_late() else None
-
-    def count(st: _Slot, op: int) -> None:
-        hb._count(st, op)
-
     def enter_wait(op: int) -> int:
         return hb.enter_wait(op) if hb._open_late() else 0
 
@@ -287,4 +281,4 @@ def opening(hb: Opening) -> HotPath:
             return hb._wait(original, op, args, kwargs)
         return original(*args, **kwargs)
 
-    return HotPath(enter_wait, exit_wait, enter, count, collective, step, wait)
+    return HotPath(enter_wait, exit_wait, collective, step, wait)

@@ -18,7 +18,7 @@ from watchdog.rank.env import guess_backend
 from watchdog.rank.env import warn as _warn
 from watchdog.rank.heartbeat import Heartbeat
 from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP
-from watchdog.record import OP_CODE, S_SINCE
+from watchdog.record import OP_CODE
 
 # Every entry point of mlx.core (0.32.x) that can block on the scheduler or a peer,
 # found by reading the bindings and timing each against a lazy graph (docs/coverage.md).
@@ -57,7 +57,16 @@ _patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrappe
 
 
 def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
-    wait = _compiled_wait(hb, original, op) if hb.compiled else _python_wait(hb, original, op)
+    """One call of the hot path's `wait` brackets the whole call: it opens the wait,
+    calls the original and closes the wait with no call in between (one C call on the
+    compiled path), so no signal handler can run between the end and the close. This
+    frame stays to carry the entry point's name into stack dumps."""
+    bracket = hb._wait
+
+    @functools.wraps(original)
+    def wait(*args: Any, **kwargs: Any) -> Any:
+        return bracket(original, op, args, kwargs)
+
     if name:
         # Stack dumps (faulthandler, py-spy) name a frame by its code object: with the
         # entry point's own name there, the evidence of a hang reads "in async_eval",
@@ -68,44 +77,6 @@ def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
             if hasattr(code, "co_qualname"):
                 code = code.replace(co_qualname=name)
             func.__code__ = code
-    return wait
-
-
-def _compiled_wait(hb: Heartbeat, original: Any, op: int) -> Any:
-    """Over the compiled hot path: one C call opens the wait, calls the original and
-    closes the wait, so no signal handler can run between the end and the close. This
-    Python frame stays only to carry the entry point's name into stack dumps."""
-    bracket = hb._wait
-
-    @functools.wraps(original)
-    def wait(*args: Any, **kwargs: Any) -> Any:
-        return bracket(original, op, args, kwargs)
-
-    return wait
-
-
-def _python_wait(hb: Heartbeat, original: Any, op: int) -> Any:
-    enter, count = hb._enter, hb._count
-
-    @functools.wraps(original)
-    def wait(*args: Any, **kwargs: Any) -> Any:
-        st = enter(op)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if st is not None:
-                # The close, inlined: it comes before any call, so no signal can be
-                # delivered between the end of the wait and its close.
-                d = st.depth - 1
-                if d < 1:
-                    try:
-                        st.w[S_SINCE] = 0
-                    except Exception:  # noqa: BLE001, S110 - a closed record: nothing to close
-                        pass
-                    d = 0
-                st.depth = d
-                count(st, op)
-
     return wait
 
 
