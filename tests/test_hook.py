@@ -1132,6 +1132,45 @@ def test_waits_inside_idle_or_expect_do_not_stretch_the_learned_deadline(
     assert read(hb).max_wait_ns >= 5 * 10**9  # outside them it counts
 
 
+def test_every_completed_wait_is_counted_in_the_pace_table_by_op(
+        hb: watchdog.Heartbeat) -> None:
+    """The daemon learns a job's pace from these counts: every wait, however short."""
+    def pace() -> dict[str, tuple[int, int]]:
+        got = read(hb).pace
+        assert got is not None, "a v3 record publishes its pace"
+        return {p.op: (p.waits, p.longest_ns) for p in got}
+
+    before = pace()
+    x = mx.ones(4)
+    for _ in range(25):
+        mx.eval(x + 1)
+    (x[0] + 2).item()
+    after = pace()
+    assert after["eval"][0] - before.get("eval", (0, 0))[0] == 25
+    assert after["item"][0] - before.get("item", (0, 0))[0] == 1
+    assert 0 < after["eval"][1] < 10**9  # the longest: a real duration, in ns
+    started = hb.enter_wait(record.OP_CODE["tolist"])
+    hb.exit_wait(started - 3 * 10**9, record.OP_CODE["tolist"])  # it "took" 3 s
+    assert pace()["tolist"] == (1 + before.get("tolist", (0, 0))[0], pytest.approx(
+        3 * 10**9, abs=10**8))
+    # Waits of init, idle() and expect() are not the pace: nothing counted.
+    counted = pace()
+    with hb.idle():
+        mx.eval(x + 3)
+    with hb.expect(60, "checkpoint"):
+        mx.eval(x + 4)
+    started = hb.enter_wait(record.OP_CODE["init"])
+    hb.exit_wait(started, record.OP_CODE["init"])
+    assert pace() == counted
+    # A wait nested in another on the same thread is part of it: only the outer counts.
+    outer = hb.enter_wait(record.OP_CODE["eval"])
+    inner = hb.enter_wait(record.OP_CODE["item"])
+    hb.exit_wait(inner, record.OP_CODE["item"])
+    hb.exit_wait(outer, record.OP_CODE["eval"])
+    assert pace()["eval"][0] == counted["eval"][0] + 1
+    assert pace()["item"] == counted["item"]
+
+
 # -- threads -----------------------------------------------------------------------------------
 
 

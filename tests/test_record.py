@@ -114,7 +114,7 @@ def test_round_trip_every_field(tmp_path: Path) -> None:
     assert (rec.expect_seconds, rec.expect_since_ns, rec.expect_reason) == (900.5, 6000,
                                                                              "checkpoint")
     assert rec.flight == (record.Collective(11, "all_gather", "bfloat16", 4096, 7000),)
-    assert rec.version == 2 and rec.waiting_threads == 1
+    assert rec.version == 3 and rec.waiting_threads == 1
     # The same bytes decode the same way without the file.
     assert record.decode(path.read_bytes()) == rec
 
@@ -462,7 +462,7 @@ def test_concurrent_reads_of_a_live_hot_path_never_see_a_torn_record(tmp_path: P
             while time.monotonic() - started < 30:
                 rec = record.read_fd(fd)  # RecordBusy is a failure: the hot path has no seqlock
                 snapshots += 1
-                assert rec.version == 2
+                assert rec.version == record.RECORD_VERSION
                 assert torn(rec) is None, f"torn snapshot: {torn(rec)}"
                 short += len(rec.flight) < min(FLIGHT_SLOTS, rec.collectives)
                 if previous is not None:
@@ -512,7 +512,7 @@ def test_a_rank_stopped_anywhere_in_its_hot_path_leaves_a_whole_record(tmp_path:
                 fd = os.open(path, os.O_RDONLY)
                 try:
                     rec = record.read_fd(fd, attempts=3)  # busy here is the failure
-                    assert rec.version == 2
+                    assert rec.version == record.RECORD_VERSION
                     assert torn(rec, threads=2) is None, f"stop {stops}: {torn(rec, 2)}"
                 finally:
                     os.close(fd)
@@ -768,6 +768,9 @@ def test_the_python_snippet_in_the_format_doc_reads_a_live_record(tmp_path: Path
     assert [(i, n, op) for i, n, _, op in got["flight"]] == [
         (c.issued_ns, c.nbytes, record.OP_CODE[c.op]) for c in rec.flight]
     assert len(got["flight"]) == 64
+    # The pace table: the one eval counted (the item is still open), as the reader sums it.
+    assert got["pace"] == {record.OP_CODE["eval"]: (1, rec.max_wait_ns)}
+    assert rec.pace == (record.Pace("eval", 1, rec.max_wait_ns),)
     data = put(bytearray(Path(writer.path).read_bytes()), "<H", 8, RECORD_VERSION + 1)
     other_path = tmp_path / "other.rec"
     other_path.write_bytes(bytes(data))

@@ -1,5 +1,5 @@
 /* The hook's hot path, compiled: the same stores as watchdog/rank/hotpath.py's
- * `real()`, in the same order, into the same words of a record v2 thread slot.
+ * `real()`, in the same order, into the same words of a record v3 thread slot.
  *
  * Optional: built at install time when a C compiler is there, and used only if
  * its clock agrees with time.monotonic_ns (watchdog/rank/compiled.py decides and
@@ -36,7 +36,7 @@ typedef struct {
 /* Word indices inside a slot, given by Python (watchdog.record) at construction. */
 typedef struct {
     Py_ssize_t slot_words, since, op, completed, progress, last_wait, max_wait, steps,
-        collectives, ring_at, ring, kind_shift;
+        collectives, ring_at, ring, kind_shift, pace, pace_ops;
     uint64_t init_op;
 } Layout;
 
@@ -231,18 +231,29 @@ static int close_wait(Path *p, State *st, uint64_t started, PyObject *op_arg)
     }
     uint64_t last = now - started;
     put(w, p->at.last_wait, last);
-    /* Waits inside idle() or expect() must not stretch the learned deadline. */
-    if (last > st->max_wait) {
-        if (PyList_GET_SIZE(p->stretch) < 1) {  /* never read past a list someone emptied */
-            PyErr_SetString(PyExc_IndexError, "the stretch list is empty");
-            return report(p);
-        }
-        int stretched = PyObject_IsTrue(PyList_GET_ITEM(p->stretch, 0));
-        if (stretched < 0)
-            return report(p);
-        if (!stretched) {
+    /* Waits inside idle() or expect() are not the rank's normal pace: they are neither
+     * counted in the pace table nor stretch the learned deadline. */
+    if (PyList_GET_SIZE(p->stretch) < 1) {  /* never read past a list someone emptied */
+        PyErr_SetString(PyExc_IndexError, "the stretch list is empty");
+        return report(p);
+    }
+    int stretched = PyObject_IsTrue(PyList_GET_ITEM(p->stretch, 0));
+    if (stretched < 0)
+        return report(p);
+    if (stretched)
+        return 0;
+    if (op >= (uint64_t)p->at.pace_ops) {  /* as the Python path's index would */
+        PyErr_SetString(PyExc_IndexError, "an op code outside the pace table");
+        return report(p);
+    }
+    w = st->w;  /* again: IsTrue may have run Python (and retired the Path) */
+    Py_ssize_t i = p->at.pace + 2 * (Py_ssize_t)op;  /* the op's entry: count, longest */
+    put(w, i, w[i] + 1);
+    if (last > w[i + 1]) {
+        put(w, i + 1, last);
+        if (last > st->max_wait) {
             st->max_wait = last;
-            put(st->w, p->at.max_wait, last);  /* st->w again: IsTrue may have run Python */
+            put(w, p->at.max_wait, last);
         }
     }
     return 0;
@@ -448,7 +459,8 @@ static int layout_from(PyObject *seq, Layout *at)
 {
     Py_ssize_t *fields[] = {&at->slot_words, &at->since, &at->op, &at->completed,
                             &at->progress, &at->last_wait, &at->max_wait, &at->steps,
-                            &at->collectives, &at->ring_at, &at->ring, &at->kind_shift};
+                            &at->collectives, &at->ring_at, &at->ring, &at->kind_shift,
+                            &at->pace, &at->pace_ops};
     const Py_ssize_t nf = (Py_ssize_t)(sizeof fields / sizeof fields[0]);
     if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != nf + 1) {
         PyErr_Format(PyExc_ValueError, "layout: a tuple of %zd ints", nf + 1);
@@ -471,6 +483,11 @@ static int layout_from(PyObject *seq, Layout *at)
     if (at->ring < 1 || at->ring_at < 1 || at->ring_at + 2 * at->ring > at->slot_words ||
         at->kind_shift < 1 || at->kind_shift > 56) {
         PyErr_SetString(PyExc_ValueError, "layout: the ring does not fit the slot");
+        return -1;
+    }
+    if (at->pace < at->ring_at + 2 * at->ring || at->pace_ops < 1 ||
+        at->pace + 2 * at->pace_ops > at->slot_words) {
+        PyErr_SetString(PyExc_ValueError, "layout: the pace table does not fit the slot");
         return -1;
     }
     return 0;

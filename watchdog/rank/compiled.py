@@ -26,7 +26,8 @@ CHOICES = ("auto", "compiled", "python")
 # The words of a slot, in the order the compiled Path takes them.
 LAYOUT = (record.SLOT_WORDS, record.S_SINCE, record.S_OP, record.S_COMPLETED,
           record.S_PROGRESS, record.S_LAST_WAIT, record.S_MAX_WAIT, record.S_STEPS,
-          record.S_COLLECTIVES, record.S_RING, record.RING, record.KIND_SHIFT, INIT_OP)
+          record.S_COLLECTIVES, record.S_RING, record.RING, record.KIND_SHIFT, record.S_PACE,
+          record.PACE_OPS, INIT_OP)
 
 _loaded: tuple[Any, str] | None = None
 

@@ -21,12 +21,14 @@ from typing import Any, NamedTuple, Protocol
 from watchdog.record import (
     KIND_SHIFT,
     OP_CODE,
+    PACE_OPS,
     RING,
     S_COLLECTIVES,
     S_COMPLETED,
     S_LAST_WAIT,
     S_MAX_WAIT,
     S_OP,
+    S_PACE,
     S_PROGRESS,
     S_RING,
     S_SINCE,
@@ -46,6 +48,9 @@ class Opening(Protocol):
     def _open_late(self) -> bool: ...
 
 INIT_OP = OP_CODE["init"]
+# The word of each op code's pace entry in a slot (a list: an index, bounds-checked, that
+# takes an integer-like op as a store into the map does).
+PACE_AT = [S_PACE + 2 * code for code in range(PACE_OPS)]
 # Record dtype code by hash(mx dtype) & 0xFF (MLX hashes a dtype to its own small number).
 DTYPE_CODES: list[int] = [0] * 256
 
@@ -111,6 +116,7 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
          fail: Callable[[BaseException], None], stretch: list[int]) -> HotPath:
     """The hot path over a thread-local slot; `stretch[0]` non-zero inside idle/expect."""
     codes = DTYPE_CODES
+    pace = PACE_AT
 
     def enter(op: int) -> _Slot | None:
         """A blocking call starts: open a wait on this thread's slot; returns it."""
@@ -146,11 +152,17 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
             if op != INIT_OP and not st.depth:
                 last = now - since
                 w[S_LAST_WAIT] = last
-                # Waits inside idle() or expect() are not the rank's normal pace:
-                # they must not stretch the learned deadline.
-                if last > st.max_wait and not stretch[0]:
-                    st.max_wait = last
-                    w[S_MAX_WAIT] = last
+                # Waits inside idle() or expect() are not the rank's normal pace: they
+                # are neither counted in the pace table nor stretch the learned deadline.
+                if not stretch[0]:
+                    i = pace[op]  # the op's pace entry: its count, then its longest
+                    w[i] += 1
+                    i += 1
+                    if last > w[i]:
+                        w[i] = last
+                        if last > st.max_wait:
+                            st.max_wait = last
+                            w[S_MAX_WAIT] = last
         except Exception as err:  # noqa: BLE001
             fail(err)
 
@@ -197,9 +209,15 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
             if op != INIT_OP and not d:
                 last = now - started
                 w[S_LAST_WAIT] = last
-                if last > st.max_wait and not stretch[0]:
-                    st.max_wait = last
-                    w[S_MAX_WAIT] = last
+                if not stretch[0]:
+                    i = pace[op]
+                    w[i] += 1
+                    i += 1
+                    if last > w[i]:
+                        w[i] = last
+                        if last > st.max_wait:
+                            st.max_wait = last
+                            w[S_MAX_WAIT] = last
         except Exception as err:  # noqa: BLE001
             fail(err)
 

@@ -2,7 +2,7 @@
 
 `layout.py` fixes every offset and struct (and documents them byte by byte,
 as docs/record-format.md does), `reader.py` reads either version, `writer.py`
-writes version 2. Everything is importable from `watchdog.record`.
+writes version 3. Everything is importable from `watchdog.record`.
 """
 
 from watchdog.record.layout import (
@@ -24,6 +24,7 @@ from watchdog.record.layout import (
     MAX_WORLD_SIZE,
     OP_CODE,
     OPS,
+    PACE_OPS,
     PY_THREAD_SLOTS,
     READ_ATTEMPTS,
     READ_PATIENCE,
@@ -36,6 +37,7 @@ from watchdog.record.layout import (
     S_MAX_WAIT,
     S_OP,
     S_OWNER,
+    S_PACE,
     S_PROGRESS,
     S_RING,
     S_SINCE,
@@ -45,6 +47,7 @@ from watchdog.record.layout import (
     SIZES,
     SLOT,
     SLOT_HEADER_WORDS,
+    SLOT_OF,
     SLOT_SIZE,
     SLOT_WORDS,
     SLOTS_OFFSET,
@@ -69,6 +72,7 @@ from watchdog.record.layout import (
     V1_HOT,
     V1_HOT_OFFSET,
     V1_SIZE,
+    V2_SLOT_SIZE,
     VERSION,
     W_CREATED,
     W_IDLE_ENDED,
@@ -76,6 +80,7 @@ from watchdog.record.layout import (
     W_SEQ,
     W_THREADS,
     Collective,
+    Pace,
     Record,
     RecordBusy,
     RecordError,
@@ -144,6 +149,11 @@ __all__ = [
     "S_COMPLETED",
     "S_LAST_WAIT",
     "S_MAX_WAIT",
+    "S_PACE",
+    "PACE_OPS",
+    "SLOT_OF",
+    "V2_SLOT_SIZE",
+    "Pace",
     "S_OP",
     "S_OWNER",
     "S_PROGRESS",

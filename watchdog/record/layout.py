@@ -3,11 +3,13 @@
 This module owns every byte of the record; `docs/record-format.md` mirrors
 this docstring. The rank maps the file with `mmap` and is its only writer;
 the daemon and the CLI read it with `pread` and never write. The writer
-writes version 2; the reader reads versions 1 and 2 (a rank started before
-an upgrade keeps being watched).
+writes version 3; the reader reads versions 1, 2 and 3 (a rank started
+before an upgrade keeps being watched).
 
-All integers are little-endian. Offsets are in bytes. Size: 16384 (v2),
-4096 (v1).
+All integers are little-endian. Offsets are in bytes. Size: 24576 (v3),
+16384 (v2), 4096 (v1). Version 3 is version 2 with a pace table at the end
+of each thread slot (so the slots are longer); everything else is where v2
+has it.
 
     region    offset  struct  field
     identity       0  8s      magic  b"MLXWDREC"
@@ -40,8 +42,9 @@ All integers are little-endian. Offsets are in bytes. Size: 16384 (v2),
                               set when they outnumber the table, low bits: count
                  392  15Q     their native thread ids (threading.get_native_id),
                               the main thread excluded (the same offsets in v1)
-    slots        512  13 thread slots of 1136 bytes, slot k at 512 + 1136 k,
-                      each written by one thread only (no lock):
+    slots        512  13 thread slots of 1776 bytes, slot k at 512 + 1776 k
+                      (v2: 1136 bytes, no pace table), each written by one
+                      thread only (no lock):
                    +0 Q       owner: native thread id (0: never used)
                    +8 Q       open wait since (monotonic ns; 0: not in a wait)
                   +16 Q       op of that wait (index into OPS)
@@ -57,9 +60,16 @@ All integers are little-endian. Offsets are in bytes. Size: 16384 (v2),
                       at entry n % 65:
                         +0 Q  issued at (monotonic ns)
                         +8 Q  bytes << 16 | dtype << 8 | op
+                 +1136 40 pace entries of 16 bytes, entry c for op code c
+                      (v3 only), over the thread's completed outermost waits
+                      outside init, hb.idle() and hb.expect():
+                        +0 Q  waits of op c completed
+                        +8 Q  the longest of them (ns)
 
 Hot words are single aligned 8-byte words (one store each) and every
-counter only grows. The hot path writes its own thread's slot with no lock:
+counter only grows (a pace entry's two words too, each on its own: a
+reader may see a count one ahead of its longest). The hot path writes its
+own thread's slot with no lock:
 data words first, then the word that commits them (`open wait since` for a
 wait, the collective count for a flight entry). A reader copies the record
 twice: the identity and cold words are valid when `seq` was even and equal
@@ -79,6 +89,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from watchdog import host
 from watchdog.states import Phase
@@ -87,9 +98,9 @@ from watchdog.states import Phase
 DEFAULT_DIR = host.defaults().record_dir
 
 MAGIC = b"MLXWDREC"
-RECORD_VERSION = 2
-RECORD_SIZE = 16384
-SIZES = {1: 4096, 2: RECORD_SIZE}  # version -> file size; the reader takes either
+RECORD_VERSION = 3
+RECORD_SIZE = 24576
+SIZES = {1: 4096, 2: 16384, 3: RECORD_SIZE}  # version -> file size; the reader takes each
 MAX_SIZE = max(SIZES.values())
 SUFFIX = ".rec"
 STACKS_SUFFIX = ".stacks"  # beside a record: the rank's faulthandler dump
@@ -190,7 +201,7 @@ SEQ_OFFSET = 200
 STATUS_OFFSET = 48
 assert IDENTITY.size == SEQ_OFFSET
 
-# -- version 2 -------------------------------------------------------------------------------
+# -- versions 2 and 3 ------------------------------------------------------------------------
 
 COLD = struct.Struct("<QQQQdQ48s")  # seq, created, idle since, idle ended, expect (3)
 EXPECT = struct.Struct("<dQ48s")
@@ -199,14 +210,22 @@ SLOTS_OFFSET = 512
 THREAD_SLOTS = 13
 SLOT_HEADER_WORDS = 12
 RING = FLIGHT_SLOTS + 1  # one more than a reader gets back: the entry being rewritten
-SLOT_SIZE = SLOT_HEADER_WORDS * 8 + RING * 16
-SLOT_WORDS = SLOT_SIZE // 8
-SLOT = struct.Struct(f"<{SLOT_HEADER_WORDS}Q{2 * RING}Q")
+# The pace table (v3): per op code, the waits completed and the longest, so the
+# daemon learns a job's pace from every wait, not only from those a scan sees.
+PACE_OPS = 40  # op codes 0..39 (OPS has room to grow); a wait of another code is an error
+S_PACE = SLOT_HEADER_WORDS + 2 * RING  # entry c: words S_PACE + 2c (count), + 2c + 1 (longest)
+SLOT_WORDS = S_PACE + 2 * PACE_OPS
+SLOT_SIZE = SLOT_WORDS * 8
+SLOT = struct.Struct(f"<{SLOT_WORDS}Q")
+V2_SLOT_SIZE = S_PACE * 8  # version 2's slot: no pace table
+V2_SLOT = struct.Struct(f"<{S_PACE}Q")
+SLOT_OF = {2: (V2_SLOT, V2_SLOT_SIZE), 3: (SLOT, SLOT_SIZE)}  # version -> slot struct, size
 HOT_OFFSET = SLOTS_OFFSET  # slot 0, where a whole state (`write_hot`) goes
 assert SEQ_OFFSET + COLD.size <= TICKS_OFFSET and EXPECT_OFFSET == SEQ_OFFSET + 32
 assert TICKS_OFFSET + TICKS.size <= THREADS_OFFSET
 assert THREADS_OFFSET + THREADS.size == SLOTS_OFFSET
 assert SLOT.size == SLOT_SIZE and SLOTS_OFFSET + THREAD_SLOTS * SLOT_SIZE <= RECORD_SIZE
+assert SLOTS_OFFSET + THREAD_SLOTS * V2_SLOT_SIZE <= SIZES[2]
 
 # Word indices of the cold region (into `RecordWriter.words`) and of a slot (into a slot view).
 W_SEQ, W_CREATED, W_IDLE_SINCE, W_IDLE_ENDED = (SEQ_OFFSET // 8 + i for i in range(4))
@@ -266,6 +285,14 @@ class Collective:
     issued_ns: int
 
 
+class Pace(NamedTuple):
+    """What a rank's completed waits of one op showed (record v3): how many, the longest."""
+
+    op: str
+    waits: int
+    longest_ns: int
+
+
 @dataclass(frozen=True)
 class Record:
     pid: int
@@ -301,6 +328,9 @@ class Record:
     # the writer does not publish them (an older hook). See docs/record-format.md.
     python_threads: tuple[int, ...] | None = None
     python_threads_overflow: bool = False  # more threads than the table: it is partial
+    # v3: per op, the completed waits outside init/idle/expect (count, longest), every
+    # slot summed; None for a v1/v2 record, which publishes no pace.
+    pace: tuple[Pace, ...] | None = None
 
     @property
     def closed(self) -> bool:

@@ -27,6 +27,7 @@ from watchdog.record.layout import (
     MAX_WORLD_SIZE,
     OP_CODE,
     OPS,
+    PACE_OPS,
     PY_THREAD_SLOTS,
     READ_ATTEMPTS,
     READ_PATIENCE,
@@ -34,12 +35,12 @@ from watchdog.record.layout import (
     RECORD_VERSION,
     RING,
     S_COLLECTIVES,
+    S_PACE,
     S_RING,
     SEQ,
     SEQ_OFFSET,
     SIZES,
-    SLOT,
-    SLOT_SIZE,
+    SLOT_OF,
     SLOTS_OFFSET,
     STATUS_ABANDONED,
     THREAD_SLOTS,
@@ -57,6 +58,7 @@ from watchdog.record.layout import (
     V1_SIZE,
     VERSION,
     Collective,
+    Pace,
     Record,
     RecordBusy,
     RecordError,
@@ -96,9 +98,9 @@ def _identity(buf: bytes) -> tuple[int, tuple[object, ...]]:
 
 
 def decode(buf: bytes, after: bytes | None = None) -> Record:
-    """Decode a copy of a record (v1 or v2), or raise `RecordError`.
+    """Decode a copy of a record (v1, v2 or v3), or raise `RecordError`.
 
-    `after`, for v2, is a second copy taken after `buf`: flight entries that
+    `after`, for v2 and v3, is a second copy taken after `buf`: flight entries that
     may have been rewritten between the two are left out (without it, `buf`
     serves as both, as for a record no one writes).
     """
@@ -107,7 +109,8 @@ def decode(buf: bytes, after: bytes | None = None) -> Record:
     version, ident = _identity(buf)
     if version == 1:
         return _decode_v1(buf, ident)
-    return _decode_v2(buf, buf if after is None or len(after) != len(buf) else after, ident)
+    return _decode_v2(buf, buf if after is None or len(after) != len(buf) else after, ident,
+                      version)
 
 
 def _record(ident: tuple[object, ...], **fields: object) -> Record:
@@ -136,7 +139,21 @@ def _python_threads(buf: bytes) -> dict[str, object]:
     return {"python_threads": table, "python_threads_overflow": bool(head & THREADS_OVERFLOW)}
 
 
-def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
+def _pace(waits: list[int], longest: list[int]) -> tuple[Pace, ...]:
+    """The pace table summed over slots, by op name; codes OPS does not name (a newer
+    writer, or a forged record) are one entry "?", so a record adds at most one kind."""
+    by_name: dict[str, tuple[int, int]] = {}
+    for code in range(PACE_OPS):
+        if waits[code]:
+            name = OPS[code] if 0 < code < len(OPS) else "?"
+            n, m = by_name.get(name, (0, 0))
+            by_name[name] = (n + waits[code], max(m, longest[code]))
+    return tuple(Pace(name, n, m) for name, (n, m) in by_name.items())
+
+
+def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...],
+               version: int = 2) -> Record:
+    """Versions 2 and 3 (3: longer slots, ending in the pace table)."""
     (seq, created, idle_since, idle_ended, expect_seconds, expect_since,
      reason) = COLD.unpack_from(buf, SEQ_OFFSET)
     if not 0.0 <= expect_seconds < math.inf:  # also rejects NaN
@@ -146,9 +163,11 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
     progress, last_wait = created, 0
     open_waits: list[tuple[int, int]] = []  # (since, op) of every thread in a wait
     flight: list[tuple[int, int, int, int]] = []  # (issued, slot, n, kind)
+    slot, slot_size = SLOT_OF[version]
+    pace_waits, pace_longest = [0] * PACE_OPS, [0] * PACE_OPS
     for k in range(THREAD_SLOTS):
-        base = SLOTS_OFFSET + k * SLOT_SIZE
-        words = SLOT.unpack_from(buf, base)
+        base = SLOTS_OFFSET + k * slot_size
+        words = slot.unpack_from(buf, base)
         (_, since, op, _, c, done_at, last, longest, st, n) = words[:10]
         # Entered is derived: each thread has at most one open (outermost) wait.
         entered, completed, steps, collectives = entered + c + bool(since), completed + c, \
@@ -158,6 +177,9 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
             progress, last_wait = done_at, last
         if since:
             open_waits.append((since, op))
+        for code in range(PACE_OPS if version >= 3 else 0):
+            pace_waits[code] += words[S_PACE + 2 * code]
+            pace_longest[code] = max(pace_longest[code], words[S_PACE + 2 * code + 1])
         # Entries n' with later + 1 - RING < n' <= n are whole: committed before the
         # count was read, and not rewritten by the second copy's read. The writer
         # stores entry later + 1 (into the slot of later + 1 - RING) before it commits
@@ -165,7 +187,7 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
         # And an entry must read the same in both copies: one copy is not read in
         # address order everywhere (fast string copies may load out of order), so
         # a count may be newer than an entry read beside it.
-        again = SLOT.unpack_from(after, base) if after is not buf else words
+        again = slot.unpack_from(after, base) if after is not buf else words
         later = again[S_COLLECTIVES]
         for m in range(max(n - FLIGHT_SLOTS, later + 1 - RING, 0) + 1, n + 1):
             i = S_RING + 2 * (m % RING)
@@ -191,9 +213,10 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...]) -> Record:
         waits_completed=completed, steps=steps, phase=phase, op=_name(OPS, op),
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
-        expect_since_ns=expect_since, expect_reason=expect_reason, flight=entries, version=2,
-        waiting_threads=len(open_waits), start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0],
-        **_python_threads(buf))
+        expect_since_ns=expect_since, expect_reason=expect_reason, flight=entries,
+        version=version, waiting_threads=len(open_waits),
+        start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0],
+        pace=_pace(pace_waits, pace_longest) if version >= 3 else None, **_python_threads(buf))
 
 
 def _decode_v1(buf: bytes, ident: tuple[object, ...]) -> Record:
@@ -258,8 +281,8 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
                     whole = after[:IDENTITY.size + 8] + buf[IDENTITY.size + 8:]
                     # A slot that issued more than one collective between the copies
                     # loses flight entries: read again for a closer pair, or settle.
-                    if (version != RECORD_VERSION or attempt >= FLIGHT_RETRIES
-                            or _flight_whole(buf, after)):
+                    if (version not in SLOT_OF or attempt >= FLIGHT_RETRIES
+                            or _flight_whole(buf, after, version)):
                         return decode(whole, after)
                     settle = (whole, after)
         if attempt > 10:
@@ -271,10 +294,11 @@ def read_fd(fd: int, attempts: int = READ_ATTEMPTS, patience: float = READ_PATIE
     raise RecordBusy(f"record stayed mid-write for {attempt + 1} reads", buf)
 
 
-def _flight_whole(before: bytes, after: bytes) -> bool:
+def _flight_whole(before: bytes, after: bytes, version: int = RECORD_VERSION) -> bool:
     """Did every slot issue at most one collective between the two copies?"""
-    offsets = range(SLOTS_OFFSET + S_COLLECTIVES * 8, SLOTS_OFFSET + THREAD_SLOTS * SLOT_SIZE,
-                    SLOT_SIZE)
+    slot_size = SLOT_OF[version][1]
+    offsets = range(SLOTS_OFFSET + S_COLLECTIVES * 8, SLOTS_OFFSET + THREAD_SLOTS * slot_size,
+                    slot_size)
     return all(_WORD.unpack_from(after, o)[0] - _WORD.unpack_from(before, o)[0] <= 1
                for o in offsets)
 

@@ -1,4 +1,4 @@
-"""Writing a record (version 2): created under a staging name, mapped, published.
+"""Writing a record (version 3): created under a staging name, mapped, published.
 
 The rank's hot path writes its thread's slot through `slot(k)` with no lock;
 this class owns the rest: the identity, the cold words under the seqlock, and
@@ -29,6 +29,7 @@ from watchdog.record.layout import (
     S_LAST_WAIT,
     S_MAX_WAIT,
     S_OP,
+    S_PACE,
     S_PROGRESS,
     S_RING,
     S_SINCE,
@@ -56,7 +57,7 @@ from watchdog.states import Phase
 
 
 class RecordWriter:
-    """The rank's side of version 2: creates the file, maps it, hands out thread slots.
+    """The rank's side of version 3: creates the file, maps it, hands out thread slots.
 
     The rank's hot path writes a thread's slot through `slot(k)` (a view of its
     words) with no lock; identity and cold words go under the seqlock
@@ -172,6 +173,11 @@ class RecordWriter:
         w[W_CREATED] = 0
         self.write_idle(phase_since if phase == Phase.IDLE else 0,
                         phase_since if phase == Phase.RUNNING else 0)
+
+    def write_pace(self, op: int, count: int, longest_ns: int) -> None:
+        """Slot 0's pace entry of `op`: `count` completed waits, the longest `longest_ns`."""
+        i = SLOTS_OFFSET // 8 + S_PACE + 2 * op
+        self.words[i], self.words[i + 1] = count, longest_ns
 
     def write_entry(self, number: int, issued_ns: int, nbytes: int, op: int, dtype: int) -> None:
         """Collective `number` of slot 0 (it counts once `write_hot` says so)."""
