@@ -52,6 +52,9 @@ class Tick:
     expect: float = 0.0
     max_wait: float = 0.0
     load: float = 1.0  # runnable threads per core over the interval ending here
+    # Thread 2's demand for a core (run + run-queue share, Linux schedstat) over the
+    # interval ending here; None: the probe reports none (macOS, an old kernel).
+    demand: float | None = None
 
     def record(self, origin: int) -> Record:
         waiting = self.phase in (Phase.WAIT, Phase.INIT)
@@ -71,18 +74,23 @@ def run(ticks: list[Tick], rules: Rules = RULES, origin: int = ORIGIN,
     """Feed the ticks to one Detector; thread 1 idles, thread 2 spins by `spin`."""
     detector = Detector(rules, learned)
     cpu = {1: 0.0, 2: 0.0}
+    wanted = {1: 0.0, 2: 0.0}
     last: float | None = None
     verdicts = []
     for n, tick in enumerate(ticks):
         if last is not None:
             cpu[1] += 0.01 * (tick.at - last)
             cpu[2] += tick.spin * (tick.at - last)
+            wanted[1] += 0.01 * (tick.at - last)
+            wanted[2] += (tick.demand or 0.0) * (tick.at - last)
         last = tick.at
         if churn:  # macOS-style list-position ids: a fresh id every sample
             threads = ((100 + n, cpu[2]),)
         else:
             threads = tuple(cpu.items())
-        sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, tick.status, threads)
+        demand = tuple(wanted.items()) if tick.demand is not None else ()
+        sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, tick.status, threads,
+                               demand=demand)
         verdicts.append(detector.observe(tick.record(origin), sample,
                                          origin + round(tick.at * NS), tick.load))
     return verdicts
@@ -263,6 +271,20 @@ def test_load_scales_each_tick_by_its_own_load() -> None:
     quiet_then_loaded = (waits([float(t) for t in range(10)], spin=0.1)
                          + waits([10.0, 11.0, 12.0], spin=0.1, load=8.0))
     assert outcome(run(quiet_then_loaded))[-1] == (B, False)
+
+
+def test_a_thread_that_wants_a_core_is_spinning_whatever_share_it_gets() -> None:
+    """Linux: a survivor's thread polling a frozen peer on a loaded machine ran 16-88 %
+    of a core per sample but wanted one all the time (run + run-queue time): spinning,
+    even where the load figure lags and says the machine is idle."""
+    starved = waits([float(t) for t in range(13)], spin=0.2, demand=1.0)
+    assert outcome(run(starved))[-1] == (ST, True)
+    # A thread that sleeps in its wait wants no core: blocked, however loaded the machine
+    # (the load-scaled CPU share would have called 0.1 of a core at load 8 a spin).
+    sleeping = waits([float(t) for t in range(13)], spin=0.1, demand=0.1, load=8.0)
+    assert outcome(run(sleeping))[-1] == (B, False)
+    verdicts = run(starved)
+    assert verdicts[-1].busiest_cpu == pytest.approx(0.2)  # the report stays the CPU share
 
 
 def test_thread_churn_is_not_spinning() -> None:

@@ -12,7 +12,7 @@ import pytest
 from watchdog.daemon import learning
 from watchdog.daemon.detector import NS, Detector, Learned, Rules
 from watchdog.daemon.probes import ProcessSample
-from watchdog.record import Record
+from watchdog.record import Pace, Record
 from watchdog.states import Phase, State
 
 ORIGIN = 7_000_000_000_000_000_000
@@ -65,6 +65,81 @@ class Rank:
         self.rec = dataclasses.replace(self.rec, phase=Phase.WAIT, op=op,
                                        wait_since_ns=ORIGIN + round(self.t * NS))
         return self.observe().deadline
+
+
+class PacedRank(Rank):
+    """A rank whose record publishes a pace table (v3): every completed wait counts."""
+
+    def __init__(self, detector: Detector, **fields) -> None:
+        super().__init__(detector, pace=(), **fields)
+        self.table: dict[str, tuple[int, int]] = {}
+
+    def complete(self, op: str, seconds: float, count: int = 1) -> None:
+        """`count` waits of `op`, each `seconds` long, all between two scans."""
+        waits, longest = self.table.get(op, (0, 0))
+        self.table[op] = (waits + count, max(longest, round(seconds * NS)))
+        self.rec = dataclasses.replace(
+            self.rec, pace=tuple(Pace(o, w, m) for o, (w, m) in self.table.items()),
+            waits_completed=self.rec.waits_completed + count)
+        self.t += seconds * count
+
+
+def test_every_completed_wait_teaches_the_pace_not_only_those_a_scan_sees():
+    """An idle mlx_lm.server: evals of milliseconds every 0.1 s, never seen in progress.
+    With the record's pace table the job has a learned deadline within seconds."""
+    detector = Detector(AUTO)
+    rank = PacedRank(detector)
+    rank.observe()
+    for _ in range(5):  # five scans, ten 3 ms evals between each
+        rank.complete("eval", 0.003, count=10)
+        rank.observe()
+    assert detector.learned[JOB]["eval"].count == 50
+    assert rank.deadline_of("eval") == AUTO.auto_floor  # 4 x 3 ms is under the floor
+    assert rank.deadline_of("item") == AUTO.auto_fallback  # a kind never seen
+
+
+def test_the_pace_table_learns_the_longest_and_counts_each_wait_once():
+    detector = Detector(AUTO)
+    rank = PacedRank(detector)
+    rank.complete("eval", 4.0)  # a long first step...
+    rank.observe()
+    for _ in range(3):
+        rank.complete("async_eval", 0.01, count=5)  # ...then short ones (eval's kind)
+        rank.observe()
+        rank.observe()  # a scan with nothing new adds nothing
+    assert detector.learned[JOB]["eval"].count == 16
+    assert detector.learned[JOB]["eval"].longest == pytest.approx(4.0)
+    assert rank.deadline_of("eval") == pytest.approx(16.0)
+
+
+def test_a_wait_that_spanned_a_stop_counts_but_does_not_stretch_the_pace():
+    """A rank paused under a debugger for 10 minutes: the wait it was in lasted 10
+    minutes, which is not how long its job's waits take."""
+    detector = Detector(AUTO)
+    rank = PacedRank(detector)
+    rank.complete("eval", 0.5, count=10)
+    rank.observe()
+    rank.observe(status="stopped")
+    rank.complete("eval", 600.0)  # the wait the stop was in ends after SIGCONT
+    rank.observe()
+    assert detector.learned[JOB]["eval"].count == 11
+    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+    rank.observe()  # the record's longest is still the stop's: never learned later either
+    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+
+
+def test_paced_ranks_of_one_job_learn_together_and_another_owner_apart():
+    detector = Detector(AUTO)
+    one, two = PacedRank(detector), PacedRank(detector, pid=4243, rank=1)
+    stranger = PacedRank(detector, pid=4244, uid=502)
+    one.complete("item", 0.2, count=2)
+    two.complete("item", 3.0, count=2)
+    stranger.complete("item", 50.0, count=10)
+    for rank in (one, two, stranger):
+        rank.observe()
+    assert detector.learned[JOB]["item"].count == 4
+    assert detector.learned[JOB]["item"].longest == pytest.approx(3.0)
+    assert detector.learned[f"502:{BASE.job}"]["item"].longest == pytest.approx(50.0)
 
 
 def test_tiny_waits_never_seen_teach_nothing_and_a_long_eval_is_not_judged_at_the_floor():

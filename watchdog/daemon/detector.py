@@ -60,6 +60,7 @@ class Track:
     """What the detector remembers about one rank between ticks."""
 
     cpu: dict[int, float] = field(default_factory=dict)
+    demand: dict[int, float] = field(default_factory=dict)  # run + run-queue s per thread
     cpu_at_ns: int | None = None
     wait_key: tuple[int, int] = (0, 0)  # (wait started, waits completed): one wait
     # Busiest-thread ratios, scaled by load, over the latest ticks of this wait (bounded: a wait
@@ -75,8 +76,12 @@ class Track:
     first_ns: int = 0  # when the detector first saw this rank
     was_computing: bool = False  # the previous stretch's computing flag
     # The wait a scan last saw in progress: (kind, waits completed when it began,
-    # seconds it had lasted then), or None; learned from when it ends.
+    # seconds it had lasted then), or None; learned from when it ends (a record
+    # without a pace table: v1, v2).
     seen_wait: tuple[str, int, float] | None = None
+    # Per kind, the rank's pace table as last learned from: (waits, longest ns).
+    paced: dict[str, tuple[int, int]] = field(default_factory=dict)
+    stopped: bool = False  # the previous sample found the process stopped
     # Per tick of the current stretch (one wait, or one spell without progress
     # outside a wait): did it look like computing; the busiest Python and
     # non-Python threads' shares (load-scaled).
@@ -143,6 +148,29 @@ class Detector:
             job.setdefault(kind, Learned()).add(lasted)
             self.changed.add(job_key(record))
 
+    def _learn_pace(self, record: Record, track: Track, stopped: bool) -> None:
+        """Learn from every wait the rank completed since the last tick (record v3):
+        its pace table's new waits count for the job, and a longer longest raises
+        the job's. Not the longest of a rank stopped at this tick or the one
+        before: a wait that spanned a SIGSTOP or a debugger's pause lasted as long
+        as the pause, which says nothing of the job's pace (its count still does)."""
+        kinds: dict[str, tuple[int, int]] = {}
+        for pace in record.pace or ():
+            kind = KIND_OF.get(pace.op, pace.op)
+            waits, longest = kinds.get(kind, (0, 0))
+            kinds[kind] = (waits + pace.waits, max(longest, pace.longest_ns))
+        key = job_key(record)
+        for kind, (waits, longest) in kinds.items():
+            seen_waits, seen_longest = track.paced.get(kind, (0, 0))
+            if waits <= seen_waits and longest <= seen_longest:
+                continue
+            track.paced[kind] = (max(waits, seen_waits), max(longest, seen_longest))
+            learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
+            learned.count += max(0, waits - seen_waits)
+            if longest > seen_longest and not stopped:
+                learned.longest = max(learned.longest, longest / NS)
+            self.changed.add(key)
+
     def forget(self, key: tuple[int, float]) -> None:
         self.tracks.pop(key, None)
 
@@ -161,11 +189,14 @@ class Detector:
         python = python_threads(record, sample)
         measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
         tick = ThreadTick(0.0, None, None, None)
+        demand = dict(sample.demand)
+        scale = max(1.0, load)
         if track.cpu_at_ns is not None:
             tick = thread_tick(track.cpu, cpu, track.system, system,
-                               (now_ns - track.cpu_at_ns) / NS, python)
+                               (now_ns - track.cpu_at_ns) / NS, python, scale,
+                               track.demand, demand)
             track.busiest = tick.busiest
-        track.cpu, track.system, track.cpu_at_ns = cpu, system, now_ns
+        track.cpu, track.system, track.demand, track.cpu_at_ns = cpu, system, demand, now_ns
 
         progress = (record.waits_completed, record.collectives, record.steps)
         if progress != track.progress:
@@ -176,14 +207,18 @@ class Detector:
             track.first_ns = track.first_ns or now_ns
             track.progress = progress
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
-        self._learn(record, track, waiting)
+        stopped = sample.status in STOPPED_STATUSES
+        if record.pace is not None:
+            self._learn_pace(record, track, stopped or track.stopped)
+        else:
+            self._learn(record, track, waiting)
+        track.stopped = stopped
         kind = KIND_OF.get(record.op, record.op or "wait") if waiting else NATIVE_KIND
         deadline = deadline_for(record, rules, self._known(record, kind))
         since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                              track.first_ns)) / NS)
         in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
-        scale = max(1.0, load)
 
         # One stretch: a wait, or (outside one) a spell without progress.
         wait_key = ((record.wait_since_ns, record.waits_completed) if waiting
@@ -200,20 +235,19 @@ class Detector:
             for window in (track.busy, track.computing, track.python_busy, track.native_busy):
                 window.clear()
         if measured and cpu:
-            # Scaled by this tick's load: on an oversubscribed machine a
-            # spinning thread gets only 1/load of a core.
-            busy = min(1.0, tick.busiest * scale)
+            # How much a thread wanted a core, not what it got: on a loaded machine a
+            # spinning thread gets a fraction of one (thread_tick).
             if waiting:
-                track.busy.append(busy)
-            track.computing.append(self._computing(record, tick, busy, waiting, scale))
+                track.busy.append(tick.busy)
+            track.computing.append(self._computing(record, tick))
             if tick.python is not None and tick.native is not None:
-                track.python_busy.append(min(1.0, tick.python * scale))
-                track.native_busy.append(min(1.0, tick.native * scale))
+                track.python_busy.append(tick.python)
+                track.native_busy.append(tick.native)
         computing = (_majority(track.computing) if len(track.computing) >= 2
                      else track.was_computing)
         # Waits of init, idle or an expect() window are not the job's pace.
-        if (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
-                and sample.status not in STOPPED_STATUSES):
+        if (waiting and record.pace is None and record.phase == Phase.WAIT
+                and record.expect_seconds == 0 and not stopped):
             track.seen_wait = (kind, record.waits_completed, in_wait)
 
         def verdict(state: State, reason: str, act: bool = False,
@@ -248,12 +282,11 @@ class Detector:
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
 
-    def _computing(self, record: Record, tick: ThreadTick, busy: float, waiting: bool,
-                   scale: float) -> bool:
+    def _computing(self, record: Record, tick: ThreadTick) -> bool:
         """Does this interval look like the rank computing, rather than waiting?"""
-        if busy < WORK_RATIO:
+        if tick.busy < WORK_RATIO:
             return False
-        if tick.python is not None and min(1.0, tick.python * scale) >= WORK_RATIO:
+        if tick.python is not None and tick.python >= WORK_RATIO:
             return True  # a Python thread runs: the user's own work
         if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
             return False  # a thread polling in the kernel (or unknown): waiting on a peer

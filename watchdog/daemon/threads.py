@@ -38,41 +38,59 @@ def busiest_ratio(before: dict[int, float], after: dict[int, float], seconds: fl
 
 @dataclass(frozen=True)
 class ThreadTick:
-    """One interval's view of a rank's threads (see `thread_tick`)."""
+    """One interval's view of a rank's threads (see `thread_tick`). Every share but
+    `busiest` is how much of a core a thread *wanted*: read from its run + run-queue
+    time where the OS keeps it (Linux), else its CPU share scaled up by the load."""
 
-    busiest: float  # the busiest thread's share of a core
+    busiest: float  # the busiest thread's share of a core it got (CPU time; reported)
     kernel_share: float | None  # share of that thread's CPU spent in the kernel; None: unknown
     python: float | None  # busiest Python thread (main included); None: cannot tell
     native: float | None  # busiest thread that runs no Python; None: cannot tell
+    busy: float = 0.0  # the most any one thread wanted a core
+    measured_by: str = "cpu"  # "demand" when the busiest thread's share came from it
 
 
 def thread_tick(before: dict[int, float], after: dict[int, float],
                 sys_before: dict[int, float], sys_after: dict[int, float], seconds: float,
-                python: frozenset[int] | None) -> ThreadTick:
-    """Each thread's use of a core between two samples, summed up.
+                python: frozenset[int] | None, scale: float = 1.0,
+                demand_before: dict[int, float] | None = None,
+                demand_after: dict[int, float] | None = None) -> ThreadTick:
+    """Each thread's use of, and demand for, a core between two samples, summed up.
 
-    `python` is the set of thread ids known to run Python (None: unknown).
+    `python` is the set of thread ids known to run Python (None: unknown). `scale` is
+    the machine's runnable load per core (at least 1): a thread whose demand is not
+    known is taken to have wanted its CPU share times that (on an oversubscribed
+    machine a spinning thread gets only 1/load of a core). A demand known for a thread
+    is its run + run-queue time, which does not fall with the load.
     """
-    busiest, kernel, py, native = 0.0, 0.0, 0.0, 0.0
+    busiest, kernel, py, native, busy, by = 0.0, 0.0, 0.0, 0.0, 0.0, "cpu"
+    wanted_before, wanted_after = demand_before or {}, demand_after or {}
     if seconds > 0:
         for tid, cpu in after.items():
             prior = before.get(tid)
             if prior is None or cpu < prior:
                 continue
             ratio = min((cpu - prior) / seconds, 1.0)
-            if ratio > busiest:
+            asked, had = wanted_after.get(tid), wanted_before.get(tid)
+            if asked is not None and had is not None and asked >= had:
+                share, how = min((asked - had) / seconds, 1.0), "demand"
+            else:
+                share, how = min(ratio * scale, 1.0), "cpu"
+            busiest = max(busiest, ratio)
+            if share > busy:
                 used = cpu - prior
                 spent = sys_after.get(tid, 0.0) - sys_before.get(tid, 0.0)
-                busiest, kernel = ratio, (max(0.0, spent) / used if used > 0 else 0.0)
+                busy, by = share, how
+                kernel = max(0.0, spent) / used if used > 0 else 0.0
             if python is not None:
                 if tid in python:
-                    py = max(py, ratio)
+                    py = max(py, share)
                 else:
-                    native = max(native, ratio)
-    share = kernel if sys_after else None  # a probe without system times cannot tell
+                    native = max(native, share)
+    known = kernel if sys_after else None  # a probe without system times cannot tell
     if python is None:
-        return ThreadTick(busiest, share, None, None)
-    return ThreadTick(busiest, share, py, native)
+        return ThreadTick(busiest, known, None, None, busy, by)
+    return ThreadTick(busiest, known, py, native, busy, by)
 
 
 def python_threads(record: Record, sample: ProcessSample) -> frozenset[int] | None:

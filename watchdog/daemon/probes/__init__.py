@@ -37,6 +37,11 @@ class ProcessSample:
     # Start in clock ticks since boot, as the kernel keeps it (Linux; 0 elsewhere).
     # Unlike start_time it does not move when the wall clock is stepped.
     start_ticks: int = 0
+    # (thread id, seconds it wanted a core: on one, or waiting in the run queue for
+    # one) per thread, where the OS keeps it (Linux schedstat); () elsewhere. A thread
+    # that spins wants a core all the time however busy the machine is, while the
+    # share of a core it gets falls with the load.
+    demand: tuple[tuple[int, float], ...] = ()
 
 
 STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})

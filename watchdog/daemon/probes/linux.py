@@ -1,4 +1,5 @@
-"""Linux: wired memory is /proc/meminfo's Unevictable; stacks from py-spy or gdb."""
+"""Linux: wired memory is /proc/meminfo's Unevictable; a thread's demand for a core from
+schedstat; stacks from py-spy or gdb."""
 
 from __future__ import annotations
 
@@ -26,6 +27,26 @@ def read_start_ticks(pid: int | str, proc: str = "/proc") -> int:
     """The start ticks of `pid` ("self" for this process); raises OSError/ValueError."""
     with open(f"{proc}/{pid}/stat") as f:
         return start_ticks(f.read())
+
+
+def schedstat_seconds(text: str) -> float:
+    """/proc/<pid>/task/<tid>/schedstat ("run_ns wait_ns slices"): the seconds the
+    thread ran plus those it spent runnable in a run queue, waiting for a core."""
+    run, wait = text.split()[:2]
+    return (int(run) + int(wait)) / 1e9
+
+
+def read_demand(pid: int, tids: list[int], proc: str = "/proc") -> tuple[tuple[int, float], ...]:
+    """Each thread's run + run-queue time; a thread gone meanwhile (or a kernel
+    without schedstats) is left out: its share is then read from its CPU time."""
+    found = []
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/schedstat") as f:
+                found.append((tid, schedstat_seconds(f.read())))
+        except (OSError, ValueError):
+            continue
+    return tuple(found)
 
 
 def unevictable_bytes(meminfo: str) -> int:
@@ -65,8 +86,9 @@ class LinuxProbe(Probe):
         self.boot_time = boot_time
 
     def sample(self, pid: int) -> ProcessSample | None:
-        """psutil's sample, plus the start in ticks read before and after it: a
-        pid recycled in between is caught instead of mixing two processes."""
+        """psutil's sample and each thread's demand (schedstat), plus the start in
+        ticks read before and after them: a pid recycled in between is caught
+        instead of mixing two processes."""
         try:
             before = read_start_ticks(pid, self.proc)
         except FileNotFoundError:
@@ -76,6 +98,8 @@ class LinuxProbe(Probe):
         sample = super().sample(pid)
         if sample is None:
             return None
+        # Between the two reads of the start: a pid recycled meanwhile is caught.
+        demand = read_demand(pid, [tid for tid, _ in sample.threads], self.proc)
         try:
             after = read_start_ticks(pid, self.proc)
         except FileNotFoundError:
@@ -86,7 +110,7 @@ class LinuxProbe(Probe):
             return None  # the pid was recycled mid-sample: ours is gone
         start_time = (sample.start_time if self.boot_time is None
                       else after / CLOCK_TICKS + self.boot_time())
-        return replace(sample, start_time=start_time, start_ticks=after)
+        return replace(sample, start_time=start_time, start_ticks=after, demand=demand)
 
     def wired_bytes(self) -> int | None:
         try:
