@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ranks import base_env, free_ports, wait_for
+from ranks import DaemonProc, base_env, free_ports, wait_for
 
 from watchdog import record
 
@@ -154,3 +154,14 @@ class LmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class DefaultDaemon(DaemonProc):
+    """The real daemon at its default settings: only the directories and the address
+    are given, as a user who installs it and changes nothing runs it."""
+
+    def __init__(self, record_dir: Path, state_dir: Path) -> None:
+        super().__init__(record_dir, state_dir)
+        self.argv = [sys.executable, "-m", "watchdog.cli", "run", "--dir", str(record_dir),
+                     "--state-dir", str(state_dir), "--listen", "127.0.0.1:0",
+                     "--log-level", "debug"]

@@ -31,7 +31,8 @@ def incident_rank(rank: Rank) -> dict[str, Any]:
 
 def verdict_of(due: list[Rank], fenced: dict[str, Any] | None) -> str:
     if fenced is not None:
-        return "fenced"
+        # "peer_died": a local rank of the job died and the job cannot finish.
+        return "peer_died" if fenced.get("local") else "fenced"
     return "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
 
 
@@ -51,8 +52,9 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         "verdict": verdict_of(due, fenced),
         "mode": mode,
         "kill_scope": kill_scope,
-        "reason": (f"peer {fenced.get('origin')} fenced the job: {fenced.get('reason')}"
-                   if fenced is not None else worst.reason),
+        "reason": (worst.reason if fenced is None else str(fenced.get("reason"))
+                   if fenced.get("local") else
+                   f"peer {fenced.get('origin')} fenced the job: {fenced.get('reason')}"),
         "ranks": [incident_rank(r) for r in targets],
         "pids": [r.record.pid for r in targets],
         "seconds_without_progress": max(

@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
+# A rank of a job died (crash, signal, uncaught exception): its local peers still alive
+# this long after are ended too. A ring rank exits on its own within milliseconds of
+# "connection to a peer was lost"; mlx_lm.server's rank 0 does not (only its generation
+# thread dies: the server stays up, deaf), nor does a rank whose wait never noticed.
+PEER_DEATH_GRACE = 5.0
 
 
 class Daemon:
@@ -70,6 +75,9 @@ class Daemon:
         # (those unusable for good are kept by self.records)
         self.invalid: dict[str, str] = {}
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
+        # (uid, job) -> (when its live local ranks are ended, why, the dead rank), for
+        # jobs one of whose ranks died (PEER_DEATH_GRACE).
+        self.orphans: dict[tuple[int, str], tuple[float, str, dict[str, Any]]] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
@@ -191,6 +199,7 @@ class Daemon:
         self._sample_wired()
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
+        self._end_orphans(now)
         self.learned.keep(self.detector, self.wall())
         self.counters.observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
@@ -218,9 +227,29 @@ class Daemon:
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
         if crashed and rank.record.world_size > 1 and rank.seen_alive:
+            culprit = culprit_of(self.host, rank, "died")
             self._fence_peers(rank.record.uid, rank.record.job,
                               f"rank {rank.record.rank} died without closing its record",
-                              culprit_of(self.host, rank, "died"))
+                              culprit)
+            self.orphans.setdefault((rank.record.uid, rank.record.job), (
+                now + PEER_DEATH_GRACE,
+                f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
+                "cannot finish without it", culprit))
+
+    def _end_orphans(self, now: float) -> None:
+        """End the local ranks still alive of a job one of whose ranks died."""
+        for key, (due_at, reason, culprit) in list(self.orphans.items()):
+            if now < due_at:
+                continue
+            del self.orphans[key]
+            uid, job = key
+            alive = [r for r in self.ranks.values()
+                     if r.record.job == job and r.record.uid == uid
+                     and r.state not in FINAL and not r.escalating]
+            if alive:
+                self._escalate(uid, job, alive, fenced={
+                    "origin": self.host, "local": True, "reason": reason,
+                    "culprit": culprit})
 
     def _expire(self, now: float) -> None:
         """Forget ranks that have been final for `retention`; remove their records."""
