@@ -6,7 +6,6 @@ download), served by ring ranks on 127.0.0.1 the way `mlx.launch` starts them
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
