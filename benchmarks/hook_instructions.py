@@ -109,11 +109,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(KINDS), default="ring")
     parser.add_argument("--iterations", type=int, default=1000, help="N")
+    parser.add_argument("--kinds", help="a comma-separated subset of the workload's kinds")
     args = parser.parse_args()
     n = args.iterations
     unit = "iteration" if args.workload == "ring" else "token"
     per = {}
-    for kind in KINDS[args.workload]:
+    kinds = args.kinds.split(",") if args.kinds else KINDS[args.workload]
+    for kind in kinds:
         per[kind] = (instructions(args.workload, kind, 6 * n)
                      - instructions(args.workload, kind, n)) / (5 * n)
         print(f"  {kind:<8} {per[kind]:10.0f} instructions per {unit}", flush=True)

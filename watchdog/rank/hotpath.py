@@ -60,12 +60,14 @@ class _Slot:
     (reading a Python attribute is several times cheaper than reading the map)."""
 
     __slots__ = ("w", "k", "depth", "since", "completed", "collectives", "steps",
-                 "max_wait")
+                 "max_wait", "waits", "longest")
 
     def __init__(self, words: memoryview, k: int = -1) -> None:
         self.w, self.k = words, k  # k: its index among the record's slots
         self.depth = self.since = self.completed = self.collectives = self.steps = 0
         self.max_wait = 0
+        # The pace table's words, per op code: completed waits and the longest.
+        self.waits, self.longest = [0] * PACE_OPS, [0] * PACE_OPS
 
 
 class _Release:
@@ -138,36 +140,9 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
             return None
         return st
 
-    def count(st: _Slot, op: int) -> None:
-        """A wait was closed (the wrapper closes it): count it, the progress, and time
-        the thread's outermost wait."""
-        try:
-            since = st.since  # before the clock: a handler that runs there waits anew
-            now = clock()
-            w = st.w
-            w[S_PROGRESS] = now
-            c = st.completed + 1
-            st.completed = c
-            w[S_COMPLETED] = c
-            if op != INIT_OP and not st.depth:
-                last = now - since
-                w[S_LAST_WAIT] = last
-                # Waits inside idle() or expect() are not the rank's normal pace: they
-                # are neither counted in the pace table nor stretch the learned deadline.
-                if not stretch[0]:
-                    i = pace[op]  # the op's pace entry: its count, then its longest
-                    w[i] += 1
-                    i += 1
-                    if last > w[i]:
-                        w[i] = last
-                        if last > st.max_wait:
-                            st.max_wait = last
-                            w[S_MAX_WAIT] = last
-        except Exception as err:  # noqa: BLE001
-            fail(err)
-
-    # The public pair does what `enter` and the wrapper's close + `count` do, written
-    # out again rather than calling them: a Python call costs as much as two stores.
+    # The public pair does what `enter` and the wrapper's close and count do, written
+    # out again rather than calling them: a Python call costs as much as two stores (so
+    # `wait` below writes its close and count out in its `finally` too).
     def enter_wait(op: int) -> int:
         """A blocking call starts; returns its start time for `exit_wait`."""
         try:
@@ -209,12 +184,17 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
             if op != INIT_OP and not d:
                 last = now - started
                 w[S_LAST_WAIT] = last
+                # Waits inside idle() or expect() are not the rank's normal pace: they
+                # are neither counted in the pace table nor stretch the learned deadline.
                 if not stretch[0]:
-                    i = pace[op]
-                    w[i] += 1
-                    i += 1
-                    if last > w[i]:
-                        w[i] = last
+                    waits = st.waits
+                    c = waits[op] + 1  # a list: bounds-checked, takes an integer-like op
+                    waits[op] = c
+                    w[pace[op]] = c  # the op's pace entry: its count, then its longest
+                    longest = st.longest
+                    if last > longest[op]:
+                        longest[op] = last
+                        w[pace[op] + 1] = last
                         if last > st.max_wait:
                             st.max_wait = last
                             w[S_MAX_WAIT] = last
@@ -270,7 +250,31 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
                         pass
                     d = 0
                 st.depth = d
-                count(st, op)
+                try:  # count it, the progress, and time the thread's outermost wait
+                    since = st.since  # before the clock: a handler that runs there waits anew
+                    now = clock()
+                    w = st.w
+                    w[S_PROGRESS] = now
+                    c = st.completed + 1
+                    st.completed = c
+                    w[S_COMPLETED] = c
+                    if op != INIT_OP and not d:
+                        last = now - since
+                        w[S_LAST_WAIT] = last
+                        if not stretch[0]:
+                            waits = st.waits
+                            c = waits[op] + 1
+                            waits[op] = c
+                            w[pace[op]] = c
+                            longest = st.longest
+                            if last > longest[op]:
+                                longest[op] = last
+                                w[pace[op] + 1] = last
+                                if last > st.max_wait:
+                                    st.max_wait = last
+                                    w[S_MAX_WAIT] = last
+                except Exception as err:  # noqa: BLE001
+                    fail(err)
 
     return HotPath(enter_wait, exit_wait, collective, step, wait)
 
