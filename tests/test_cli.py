@@ -111,12 +111,16 @@ def test_with_a_daemon_status_inspect_watch_incidents_node(tmp_path, record_dir,
         assert info["flight_recorder"] and info["flight_recorder"][-1]["op"] == "all_sum"
         numbers = [f["number"] for f in info["flight_recorder"]]
         assert numbers == sorted(numbers)
+        # The pace table: the loop's evals, counted as they complete.
+        assert info["pace"]["eval"]["waits"] > 0
+        assert 0 < info["pace"]["eval"]["longest_seconds"] < 60
         result = invoke(["inspect", pid, "--dir", record_dir])
         assert result.exit_code == 0, result.output
         text = result.stdout
         assert f"pid {pid}" in text and "rank 0/2" in text
         assert "threads (busiest first):" in text and "% of a core" in text
         assert "flight recorder (last" in text and "all_sum" in text
+        assert "completed waits (the pace the auto deadline learns): eval " in text
 
         # watch: two refreshes, each clearing the screen in place on a terminal
         # (color=True: as on a tty; piped, click strips the escape codes).

@@ -47,6 +47,9 @@ def describe(rec: Record) -> dict[str, Any]:
                     "seconds_left": round(rec.expect_seconds
                                           - (now - rec.expect_since_ns) / NS, 3)}
                    if rec.expect_seconds > 0 else None),
+        # Per op, the completed waits the auto deadline learns from (None: an older hook).
+        "pace": ({p.op: {"waits": p.waits, "longest_seconds": p.longest_ns / NS}
+                  for p in rec.pace} if rec.pace is not None else None),
         "dump_signal": rec.dump_signal,
         "threads": _thread_cpu(rec),
         "flight_recorder": [{"number": c.number, "op": c.op, "dtype": c.dtype,
@@ -72,6 +75,10 @@ def render_text(info: dict[str, Any]) -> str:
         e = info["expect"]
         lines.append(f"expect window: {e['seconds']:g}s ({e['reason']}), "
                      f"{e['seconds_left']:.1f}s left")
+    if info["pace"]:
+        lines.append("completed waits (the pace the auto deadline learns): " + ", ".join(
+            f"{op} {p['waits']} (longest {p['longest_seconds']:.3f}s)"
+            for op, p in sorted(info["pace"].items())))
     lines.append("threads (busiest first):")
     for t in info["threads"][:8]:
         lines.append(f"  {t['id']:>8}  {t['cpu_ratio'] * 100:5.1f}% of a core  "

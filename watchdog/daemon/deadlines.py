@@ -32,7 +32,7 @@ class Learned:
     """What a job has shown of one kind of wait: the longest seen, and how many."""
 
     longest: float = 0.0  # seconds
-    count: int = 0  # waits of this kind a scan saw in progress
+    count: int = 0  # waits of this kind completed (v2 records: a scan saw in progress)
 
     def add(self, seconds: float) -> None:
         self.longest = max(self.longest, seconds)
