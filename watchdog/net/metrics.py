@@ -75,6 +75,9 @@ class SnapshotCollector:
             "busiest_thread_cpu": GaugeMetricFamily(
                 PREFIX + "rank_busiest_thread_cpu_ratio",
                 "Share of one core used by the rank's busiest thread", labels=labels),
+            "attempt": GaugeMetricFamily(
+                PREFIX + "rank_attempt", "Which launch of its job the rank belongs to "
+                "(mlx-watchdog launch numbers them from 1)", labels=labels),
         }
         for r in _one_per_label(ranks):
             values = [str(r["job"]), str(r["rank"])]
@@ -102,6 +105,12 @@ class SnapshotCollector:
         for job, n in counters.get("job_kills", {}).items():
             job_kills.add_metric([job], n)
         yield job_kills
+        launches = CounterMetricFamily(
+            PREFIX + "launch_events", "What mlx-watchdog launch did with torn-down jobs "
+            "(restart, refused, gave_up), from launches.jsonl", labels=["event"])
+        for event, n in snap.get("launches", {}).items():
+            launches.add_metric([event], n)
+        yield launches
         yield GaugeMetricFamily(PREFIX + "node_reboot_required",
                                 "1 when the node must be rebooted (wired memory leak or "
                                 "an unkillable rank)", value=1.0 if snap.get("reboot_required")

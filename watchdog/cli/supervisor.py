@@ -1,0 +1,273 @@
+"""`mlx-watchdog launch`: run mlx.launch, watch the attempt, relaunch a torn-down job.
+
+Each attempt runs mlx.launch as a child with the job's one id and the attempt
+number in the ranks' environment (`--env MLX_WATCHDOG_JOB=... --env
+MLX_WATCHDOG_ATTEMPT=n`). Its stdout is the launcher's; its stderr passes
+through a thread that also reads mlx.launch's per-rank exit lines. While it
+runs, the record directory is read a few times a second for the job's local
+ranks (their pids, and their progress: completed waits and steps). When it
+ends, the daemon's journal says whether the watchdog or a fence ended the job.
+relaunch.py turns these facts into a decision; before every attempt the node
+must be fit (health.py); every decision is journalled (launchlog.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+import psutil
+
+from watchdog.cli import relaunch
+from watchdog.cli.health import wait_healthy
+from watchdog.cli.sampling import daemon_status
+from watchdog.daemon import journal, launchlog
+from watchdog.daemon.attempts import ATTEMPT_ENV
+from watchdog.daemon.config import Settings
+from watchdog.daemon.recdir import read_dir
+from watchdog.text import printable
+
+POLL = 0.25  # seconds between looks at the record directory during an attempt
+HANDLED = ("stalled", "blocked", "stopped", "killed", "unkillable")  # the daemon acts on these
+
+
+@dataclass(frozen=True)
+class Plan:
+    mlx_launch: str
+    args: list[str]  # the user's mlx.launch arguments, unchanged
+    job: str
+    job_given: bool  # the user named the job with --env: not added again
+    record_dir: str
+    settings: Settings  # the node's, with the launch options applied
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"mlx-watchdog: {printable(message)}\n")
+    sys.stderr.flush()
+
+
+class Supervisor:
+    def __init__(self, plan: Plan, *, sleep: Callable[[float], bool] | None = None) -> None:
+        self.plan = plan
+        self.settings = plan.settings
+        self.journal_dir = launchlog.journal_dir(self.settings.state_dir)
+        self.interrupted = 0
+        self.stop = threading.Event()  # set by SIGINT/SIGTERM: end waits at once
+        self.child: subprocess.Popen[bytes] | None = None
+        self._sleep = sleep or self.stop.wait
+
+    # -- the journal -----------------------------------------------------------
+
+    def record(self, event: str, attempt: int, **facts: Any) -> None:
+        entry = {"time": time.time(), "host": socket.gethostname(), "uid": os.getuid(),
+                 "job": self.plan.job, "attempt": attempt, "event": event, **facts}
+        try:
+            launchlog.append(self.journal_dir, entry)
+        except OSError as err:
+            say(f"cannot journal the {event} in {self.journal_dir}: {err.strerror or err}")
+
+    # -- signals ---------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        """Ctrl-C or SIGTERM: pass it on to mlx.launch and every rank it started here;
+        a second one ends them with SIGKILL. Never relaunched."""
+        again = bool(self.interrupted)
+        self.interrupted = self.interrupted or signum
+        self.stop.set()
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        try:
+            tree = [psutil.Process(child.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in tree:
+            try:  # psutil checks the process is still the one listed before signalling
+                proc.send_signal(signal.SIGKILL if again else signum)
+            except psutil.Error:
+                continue
+
+    # -- one attempt -----------------------------------------------------------
+
+    def argv(self, number: int) -> list[str]:
+        ours = [] if self.plan.job_given else ["--env", f"MLX_WATCHDOG_JOB={self.plan.job}"]
+        return [self.plan.mlx_launch, *ours, "--env", f"{ATTEMPT_ENV}={number}",
+                *self.plan.args]
+
+    def _watch_records(self, attempt: relaunch.Attempt) -> None:
+        uid = os.getuid()
+        for _path, rec, _why, _st in read_dir(self.plan.record_dir):
+            if rec is not None and rec.job == self.plan.job and rec.uid == uid:
+                attempt.pids.add(rec.pid)
+                attempt.see_progress(rec.waits_completed, rec.steps)
+
+    def _hung_seen(self, attempt: relaunch.Attempt) -> tuple[bool, float]:
+        """Does the daemon hold one of this attempt's ranks as hung or ended by it?
+        And the monotonic time of its last scan (0 without a daemon)."""
+        snap = daemon_status(self.settings.state_dir)
+        if snap is None:
+            return False, 0.0
+        hung = any(isinstance(r, dict) and r.get("pid") in attempt.pids
+                   and r.get("job") == self.plan.job and r.get("state") in HANDLED
+                   for r in snap.get("ranks") or [])
+        return hung, float(snap.get("scan_monotonic") or 0.0)
+
+    def run_attempt(self, number: int) -> relaunch.Attempt:
+        attempt = relaunch.Attempt(number=number, started=time.time())
+        try:
+            child = subprocess.Popen(self.argv(number), stderr=subprocess.PIPE)
+        except OSError as err:
+            raise LaunchFailed(f"cannot run {self.plan.mlx_launch}: {err.strerror}") from None
+        self.child = child
+        assert child.stderr is not None
+        pump = threading.Thread(target=_pump, args=(child.stderr, attempt), daemon=True,
+                                name="stderr")
+        pump.start()
+        hung = False
+        while child.poll() is None:
+            self._watch_records(attempt)
+            hung = hung or self._hung_seen(attempt)[0]
+            try:
+                child.wait(POLL)
+            except subprocess.TimeoutExpired:
+                continue
+        ended = time.monotonic()
+        pump.join(10)
+        attempt.launcher_code = child.returncode
+        attempt.interrupted = self.interrupted
+        self._find_incident(attempt, hung, ended)
+        return attempt
+
+    def _find_incident(self, attempt: relaunch.Attempt, hung: bool, ended: float) -> None:
+        """The daemon journals its incident once the ranks are gone and wired memory
+        has settled, which can be after mlx.launch saw them die: wait for it while
+        the daemon holds one of our ranks as hung, or a rank died of a signal."""
+        s = self.settings
+        signalled = any(code is None or code < 0 for _, code in attempt.exits)
+        until = ended + ((s.grace + s.kill_timeout + s.evidence_timeout + s.settle + 5)
+                         if hung or signalled else 0.0)
+        while True:
+            attempt.incident = relaunch.incident_for(
+                journal.read_incidents(s.state_dir)[0], self.plan.job, attempt)
+            if attempt.incident is not None:
+                for rank in attempt.incident.get("ranks") or []:
+                    if isinstance(rank, dict) and isinstance(rank.get("progress"), int):
+                        attempt.see_progress(rank["progress"], 0)
+                return
+            now = time.monotonic()
+            if now >= until or self.stop.is_set():
+                return
+            hung_now, scanned = self._hung_seen(attempt)
+            if scanned == 0.0 or (scanned > ended + s.interval and not hung_now and not hung):
+                return  # no daemon, or it scanned after the end and holds none of ours
+            self.stop.wait(0.2)
+
+    # -- the attempts ----------------------------------------------------------
+
+    def run(self) -> int:
+        s = self.settings
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._attempts(s)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _attempts(self, s: Settings) -> int:
+        number, stalled_in_a_row = 0, 0
+        while True:
+            number += 1
+            if not self._fit(number):
+                return relaunch.EXIT_REFUSED
+            if self.stop.is_set():
+                return 128 + self.interrupted
+            self.record("launch", number, argv=self.argv(number))
+            attempt = self.run_attempt(number)
+            ending = relaunch.ending_of(attempt)
+            code = relaunch.exit_code(ending, attempt.interrupted)
+            why = relaunch.describe(attempt, ending)
+            progressed = relaunch.progressed(attempt, s.warmup_waits)
+            self.record("ended", number, ending=ending.value, reason=why, exit_code=code,
+                        launcher_code=attempt.launcher_code, progressed=progressed,
+                        waits=attempt.waits, steps=attempt.steps,
+                        incident=(attempt.incident or {}).get("id"))
+            if not relaunch.restartable(ending, s.restart_on) or s.restart == 0:
+                if ending is not relaunch.Ending.CLEAN:
+                    say(f"job {self.plan.job} attempt {number}: {why} (exit {code})")
+                return code
+            stalled_in_a_row = 0 if progressed else stalled_in_a_row + 1
+            if stalled_in_a_row >= s.max_no_progress:
+                reason = (f"{stalled_in_a_row} attempts in a row made no progress past the "
+                          f"warm-up ({s.warmup_waits} waits, no hb.step()); last: {why}")
+                self.record("gave_up", number, reason=reason, exit_code=relaunch.EXIT_GAVE_UP)
+                say(f"job {self.plan.job}: giving up: {reason} (exit "
+                    f"{relaunch.EXIT_GAVE_UP})")
+                return relaunch.EXIT_GAVE_UP
+            if number > s.restart:
+                say(f"job {self.plan.job} attempt {number}: {why}; no restart left of "
+                    f"{s.restart} (exit {code})")
+                return code
+            wait = relaunch.backoff(s.restart_backoff, number)
+            self.record("restart", number + 1, reason=why, backoff=wait,
+                        restarts_left=s.restart - number)
+            say(f"job {self.plan.job} attempt {number}: {why}; relaunching as attempt "
+                f"{number + 1} of {s.restart + 1} in {wait:g}s")
+            if self._sleep(wait):
+                return 128 + self.interrupted
+
+    def _fit(self, number: int) -> bool:
+        """Wait for the node to be fit for attempt `number`; journal a refusal."""
+        health = wait_healthy(self.settings, self.settings.health_timeout,
+                              on_wait=lambda problem: say(
+                                  f"job {self.plan.job}: waiting up to "
+                                  f"{self.settings.health_timeout:g}s before attempt "
+                                  f"{number}: {problem}"),
+                              sleep=self.stop.wait)
+        if self.stop.is_set():
+            return True  # interrupted while waiting: the caller exits 128+signal
+        if health.problem is None:
+            return True
+        self.record("refused", number, reason=health.problem, exit_code=relaunch.EXIT_REFUSED)
+        say(f"job {self.plan.job}: refusing attempt {number}: {health.problem} "
+            f"(exit {relaunch.EXIT_REFUSED})")
+        return False
+
+
+class LaunchFailed(Exception):
+    """mlx.launch could not be started at all."""
+
+
+def _pump(stream: IO[bytes], attempt: relaunch.Attempt) -> None:
+    """Pass mlx.launch's stderr through as it comes, and read its per-rank lines."""
+    out = sys.stderr.buffer
+    pending = b""
+    fd = stream.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        try:
+            out.write(chunk)
+            out.flush()
+        except (OSError, ValueError):
+            pass  # our own stderr is gone: keep reading, or mlx.launch blocks on the pipe
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            attempt.see_line(line.decode(errors="replace"))
+        pending = pending[-4096:]
+    if pending:
+        attempt.see_line(pending.decode(errors="replace"))
