@@ -36,9 +36,11 @@ FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 def _one_per_label(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One rank per (job, rank) label pair: a relaunch within the retention (same
     hostfile, same job id) must not emit duplicate series. Prefer an unkillable
-    rank, then a live one, then an ended one."""
-    def weight(r: dict[str, Any]) -> int:
-        return 2 if r["state"] == State.UNKILLABLE else 0 if r["state"] in ENDED else 1
+    rank, then a live one, then an ended one; of two alike, the later attempt of a job
+    `mlx-watchdog launch` relaunched."""
+    def weight(r: dict[str, Any]) -> tuple[int, int]:
+        return (2 if r["state"] == State.UNKILLABLE else 0 if r["state"] in ENDED else 1,
+                r.get("attempt") or 0)
 
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in ranks:
