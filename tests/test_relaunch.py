@@ -35,8 +35,12 @@ def exited(rank: int, code: int) -> str:
 @pytest.mark.parametrize(("facts", "lines", "ending", "code", "restarted", "with_any"), [
     # mlx.launch exits 0 in every row: its code says nothing of the ranks.
     ({}, [], Ending.CLEAN, 0, False, False),
+    # Ranks that all exited 0 while the watchdog was ending them (resumed by SIGCONT).
+    ({"incident": {"id": "i0", "verdict": "stalled"}}, [], Ending.CLEAN, 0, False, False),
     ({}, [exited(1, 3), exited(0, -15)], Ending.FAILED, 10, False, True),
     ({}, [exited(1, -11), exited(0, -15)], Ending.CRASHED, 10, True, True),
+    ({}, [exited(0, 1), exited(1, -6)], Ending.CRASHED, 10, True, True),  # SIGABRT, 2nd line
+    ({}, [exited(0, -15), exited(1, -15)], Ending.FAILED, 10, False, True),  # a SIGTERM
     ({}, [exited(1, -9)], Ending.CRASHED, 10, True, True),
     ({}, [exited(0, -2)], Ending.FAILED, 10, False, True),  # a rank's own Ctrl-C
     ({}, [WARN.format(0, "was killed")], Ending.FAILED, 10, False, True),
@@ -63,10 +67,12 @@ def test_mlx_launch_failing_itself_is_a_failure_not_a_clean_exit():
 
 
 def test_descriptions_name_the_rank_and_the_signal():
-    a = attempt(exited(1, -11), exited(0, -15))
-    assert relaunch.describe(a, relaunch.ending_of(a)) == "rank 1 died of SIGSEGV"
-    a = attempt(exited(1, 3))
-    assert relaunch.describe(a, relaunch.ending_of(a)) == "rank 1 exited with code 3"
+    a = attempt(exited(0, -15), exited(1, -11))  # in either order: the crash first
+    assert relaunch.describe(a, relaunch.ending_of(a)) == (
+        "rank 1 died of SIGSEGV, rank 0 died of SIGTERM")
+    a = attempt(exited(1, 3), exited(0, 1))
+    assert relaunch.describe(a, relaunch.ending_of(a)) == (
+        "rank 0 exited with code 1, rank 1 exited with code 3")
     a = attempt(incident={"id": "x", "verdict": "blocked", "reason": "in eval for 9s"})
     assert relaunch.describe(a, Ending.WATCHDOG) == (
         "the watchdog ended it (incident x: in eval for 9s)")

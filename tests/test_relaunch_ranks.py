@@ -15,6 +15,7 @@ import pytest
 from ranks import DaemonProc, base_env, http_get, wait_for
 from test_launch import two_free_ports
 
+from watchdog.cli.supervisor import INTERRUPT_GRACE
 from watchdog.daemon import journal
 
 pytestmark = pytest.mark.ranks
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.ranks
 # Rank 1 freezes itself (SIGSTOP) at iteration FREEZE_AFTER of the attempts in FREEZE_ON,
 # or exits 3 at iteration 5 of those in FAIL_ON; rank 0 writes a real reboot flag into
 # FLAG_DIR on the attempts in FLAG_ON before anything else (what the daemon does when a
-# kill leaves wired memory behind). Every other rank finishes ITERATIONS all_sums.
+# kill leaves wired memory behind). Every other rank finishes ITERATIONS all_sums, one
+# each PAUSE seconds.
 PROG = textwrap.dedent("""
     import os, signal, sys, time
     import mlx.core as mx
@@ -36,13 +38,15 @@ PROG = textwrap.dedent("""
     if rank == 0 and attempt in attempts("FLAG_ON"):
         from watchdog.daemon import journal
         journal.set_reboot_flag(os.environ["FLAG_DIR"], "test: wired memory stayed up")
-    for i in range(int(os.environ.get("ITERATIONS", "40"))):
+    for i in range(int(os.environ.get("ITERATIONS", "200"))):
         if rank == 1 and attempt in attempts("FREEZE_ON") and i == int(os.environ["FREEZE_AFTER"]):
             os.kill(os.getpid(), signal.SIGSTOP)
         if rank == 1 and attempt in attempts("FAIL_ON") and i == 5:
             sys.exit(3)
         mx.eval(mx.distributed.all_sum(mx.ones(4)))
-        time.sleep(float(os.environ.get("PAUSE", "0")))
+        # Slow enough that a frozen rank resumed by the watchdog's SIGCONT is still
+        # running when its SIGTERM comes.
+        time.sleep(float(os.environ.get("PAUSE", "0.005")))
     print(f"DONE rank={rank} attempt={attempt}", flush=True)
 """)
 
@@ -220,7 +224,9 @@ def test_a_clean_exit_and_a_ranks_own_failure_are_not_restarted(node, tmp_path):
     assert code == 10, err
     assert kinds(failed.events()) == [("launch", 1), ("ended", 1)]
     assert failed.events()[-1]["launcher_code"] == 0
-    assert f"job {failed.job} attempt 1: rank 1 exited with code 3 (exit 10)" in err
+    # (rank 0 raises and exits 1 when its peer goes: both are said)
+    assert (f"job {failed.job} attempt 1: rank 0 exited with code 1, rank 1 exited with "
+            f"code 3 (exit 10)") in err
     # ...unless asked: --restart-on any relaunches it, and attempt 2 finishes.
     (tmp_path / "any").mkdir()
     anyway = Launch(node, tmp_path / "any", "--restart", "2", "--restart-on", "any",
@@ -237,9 +243,12 @@ def test_ctrl_c_is_not_restarted(node, tmp_path):
     wait_for(lambda: len([r for r in node.status()["ranks"]
                           if r["job"] == launch.job and r["state"] == "running"]) == 2,
              60, what="both ranks running")
+    interrupted = time.monotonic()
     launch.proc.send_signal(signal.SIGINT)
     code, out, err = launch.finish(timeout=60)
     assert code == 130, err
+    # Promptly: a rank left waiting on a peer that went is ended after the interrupt grace.
+    assert time.monotonic() - interrupted < 3 * INTERRUPT_GRACE + 5
     assert kinds(launch.events()) == [("launch", 1), ("ended", 1)]
     assert launch.events()[-1]["ending"] == "interrupted"
     assert launch.incidents() == []

@@ -76,15 +76,32 @@ class Attempt:
 def ending_of(attempt: Attempt) -> Ending:
     if attempt.interrupted:
         return Ending.INTERRUPTED
+    if attempt.launcher_code == 0 and not attempt.exits:
+        # Every rank exited 0, even if the watchdog was ending them (a frozen rank
+        # resumed by its SIGCONT may finish before the SIGTERM lands): done.
+        return Ending.CLEAN
     if attempt.incident is not None:
         return Ending.FENCED if attempt.incident.get("verdict") == "fenced" else Ending.WATCHDOG
-    first = next(((rank, code) for rank, code in attempt.exits if code is not None), None)
-    if first is None:
-        # No rank reported a code: all exited 0, unless mlx.launch itself failed
-        # (a bad argument, a host it could not reach) or only "was killed" lines came.
-        return Ending.CLEAN if attempt.launcher_code == 0 and not attempt.exits else Ending.FAILED
-    # The first rank to end is the cause; mlx.launch then ends the others itself.
-    return Ending.CRASHED if first[1] < 0 and -first[1] != signal.SIGINT else Ending.FAILED
+    # The order of mlx.launch's lines is its threads' (racy), so no line is "the first":
+    # a rank that died of a signal other than SIGINT (Ctrl-C) and SIGTERM (what mlx.launch
+    # ends the other ranks with) crashed; else the ranks failed on their own (a peer's
+    # loss makes a ring rank raise and exit 1), or mlx.launch itself did.
+    return Ending.CRASHED if _crashes(attempt) else Ending.FAILED
+
+
+def _crashes(attempt: Attempt) -> list[tuple[int, int]]:
+    return [(rank, code) for rank, code in attempt.exits
+            if code is not None and code < 0 and -code not in (signal.SIGINT, signal.SIGTERM)]
+
+
+def _one_exit(rank: int, code: int) -> str:
+    if code >= 0:
+        return f"rank {rank} exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"rank {rank} died of {name}"
 
 
 def describe(attempt: Attempt, ending: Ending) -> str:
@@ -97,18 +114,13 @@ def describe(attempt: Attempt, ending: Ending) -> str:
     if ending in (Ending.WATCHDOG, Ending.FENCED):
         who = "a fence ended it" if ending is Ending.FENCED else "the watchdog ended it"
         return f"{who} (incident {inc.get('id')}: {inc.get('reason')})"
-    first = next(((rank, code) for rank, code in attempt.exits if code is not None), None)
-    if first is None:
+    failed = sorted({(rank, code) for rank, code in attempt.exits if code is not None})
+    if not failed:
         return (f"mlx.launch exited with code {attempt.launcher_code}" if attempt.launcher_code
                 else "a rank was killed by mlx.launch")
-    rank, code = first
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"rank {rank} died of {name}"
-    return f"rank {rank} exited with code {code}"
+    crashes = _crashes(attempt)
+    shown = crashes + [f for f in failed if f not in crashes]
+    return ", ".join(_one_exit(rank, code) for rank, code in shown)
 
 
 def exit_code(ending: Ending, interrupted: int = 0) -> int:

@@ -36,7 +36,10 @@ from watchdog.daemon.recdir import read_dir
 from watchdog.text import printable
 
 POLL = 0.25  # seconds between looks at the record directory during an attempt
-HANDLED = ("stalled", "blocked", "stopped", "killed", "unkillable")  # the daemon acts on these
+INTERRUPT_GRACE = 3.0  # seconds the ranks get to end on Ctrl-C before SIGTERM, then SIGKILL
+# A rank of ours in one of these states: the daemon may be ending the job (a rank being
+# ended keeps its state until the response is over, then is `killed`).
+HANDLED = ("suspect", "stalled", "blocked", "stopped")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Supervisor:
         self.settings = plan.settings
         self.journal_dir = launchlog.journal_dir(self.settings.state_dir)
         self.interrupted = 0
+        self.interrupted_at = 0.0
         self.stop = threading.Event()  # set by SIGINT/SIGTERM: end waits at once
         self.child: subprocess.Popen[bytes] | None = None
         self._sleep = sleep or self.stop.wait
@@ -80,8 +84,12 @@ class Supervisor:
         """Ctrl-C or SIGTERM: pass it on to mlx.launch and every rank it started here;
         a second one ends them with SIGKILL. Never relaunched."""
         again = bool(self.interrupted)
-        self.interrupted = self.interrupted or signum
+        if not again:
+            self.interrupted, self.interrupted_at = signum, time.monotonic()
         self.stop.set()
+        self._signal_tree(signal.SIGKILL if again else signum)
+
+    def _signal_tree(self, signum: int) -> None:
         child = self.child
         if child is None or child.poll() is not None:
             return
@@ -92,9 +100,20 @@ class Supervisor:
             return
         for proc in tree:
             try:  # psutil checks the process is still the one listed before signalling
-                proc.send_signal(signal.SIGKILL if again else signum)
+                proc.send_signal(signum)
             except psutil.Error:
                 continue
+
+    def _hurry(self, sent: int) -> int:
+        """After an interrupt, mlx.launch no longer ends the ranks left when one exits
+        (its main thread got the KeyboardInterrupt), and a rank whose peer is gone can
+        wait a long time: SIGTERM what is left after INTERRUPT_GRACE, SIGKILL after
+        twice that. Returns the escalations sent so far."""
+        waited = time.monotonic() - self.interrupted_at
+        if sent < 2 and waited > INTERRUPT_GRACE * (sent + 1):
+            self._signal_tree(signal.SIGKILL if sent else signal.SIGTERM)
+            return sent + 1
+        return sent
 
     # -- one attempt -----------------------------------------------------------
 
@@ -111,7 +130,7 @@ class Supervisor:
                 attempt.see_progress(rec.waits_completed, rec.steps)
 
     def _hung_seen(self, attempt: relaunch.Attempt) -> tuple[bool, float]:
-        """Does the daemon hold one of this attempt's ranks as hung or ended by it?
+        """Does the daemon hold one of this attempt's ranks as hung (maybe ending it)?
         And the monotonic time of its last scan (0 without a daemon)."""
         snap = daemon_status(self.settings.state_dir)
         if snap is None:
@@ -123,17 +142,27 @@ class Supervisor:
 
     def run_attempt(self, number: int) -> relaunch.Attempt:
         attempt = relaunch.Attempt(number=number, started=time.time())
+        # mlx.launch polls its stdin and, at end of file (/dev/null under a service, a
+        # script's redirect), spins a core on it for the whole run: unless stdin is a
+        # terminal, it gets a pipe of ours that stays open, fed from our stdin.
+        terminal = _isatty(0)
         try:
-            child = subprocess.Popen(self.argv(number), stderr=subprocess.PIPE)
+            child = subprocess.Popen(self.argv(number), stderr=subprocess.PIPE,
+                                     stdin=None if terminal else subprocess.PIPE)
         except OSError as err:
             raise LaunchFailed(f"cannot run {self.plan.mlx_launch}: {err.strerror}") from None
         self.child = child
         assert child.stderr is not None
+        if child.stdin is not None:
+            threading.Thread(target=_feed, args=(child.stdin,), daemon=True,
+                             name="stdin").start()
         pump = threading.Thread(target=_pump, args=(child.stderr, attempt), daemon=True,
                                 name="stderr")
         pump.start()
-        hung = False
+        hung, hurried = False, 0
         while child.poll() is None:
+            if self.interrupted:
+                hurried = self._hurry(hurried)
             self._watch_records(attempt)
             hung = hung or self._hung_seen(attempt)[0]
             try:
@@ -152,7 +181,8 @@ class Supervisor:
         has settled, which can be after mlx.launch saw them die: wait for it while
         the daemon holds one of our ranks as hung, or a rank died of a signal."""
         s = self.settings
-        signalled = any(code is None or code < 0 for _, code in attempt.exits)
+        signalled = any(code is None or (code < 0 and -code != signal.SIGINT)
+                        for _, code in attempt.exits)
         until = ended + ((s.grace + s.kill_timeout + s.evidence_timeout + s.settle + 5)
                          if hung or signalled else 0.0)
         while True:
@@ -167,8 +197,12 @@ class Supervisor:
             if now >= until or self.stop.is_set():
                 return
             hung_now, scanned = self._hung_seen(attempt)
-            if scanned == 0.0 or (scanned > ended + s.interval and not hung_now and not hung):
-                return  # no daemon, or it scanned after the end and holds none of ours
+            if scanned == 0.0 or (scanned > ended + s.interval and not hung_now):
+                # No daemon; or it scanned since, and no response to ours is under way
+                # (its ranks keep their hung state until the response ends): a last look.
+                attempt.incident = relaunch.incident_for(
+                    journal.read_incidents(s.state_dir)[0], self.plan.job, attempt)
+                return
             self.stop.wait(0.2)
 
     # -- the attempts ----------------------------------------------------------
@@ -245,6 +279,23 @@ class Supervisor:
 
 class LaunchFailed(Exception):
     """mlx.launch could not be started at all."""
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _feed(pipe: IO[bytes]) -> None:
+    """Our stdin into mlx.launch's, then nothing: the pipe stays open until it exits."""
+    try:
+        while chunk := os.read(0, 65536):
+            pipe.write(chunk)
+            pipe.flush()
+    except (OSError, ValueError):
+        return  # no stdin, or mlx.launch is gone
 
 
 def _pump(stream: IO[bytes], attempt: relaunch.Attempt) -> None:
