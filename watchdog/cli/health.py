@@ -47,17 +47,19 @@ def check(settings: Settings) -> Health:
                 return Health(f"wired memory is {over / 2**20:.0f} MiB above its idle "
                               f"baseline (more than wired_threshold "
                               f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
+    problem = None
     for node in cluster.gather(settings.peers, settings.peer_timeout):
         if not node["ok"]:
+            # Unknown is not sick: a node that is down is no node to start ranks on anyway.
             notes.append(f"peer {node['peer']} unreachable: its reboot flag not checked")
             continue
         status = node["status"]
-        if status.get("reboot_required"):
+        if status.get("reboot_required") and problem is None:
             reason = (status.get("reboot") or {}).get("reason") if isinstance(
                 status.get("reboot"), dict) else None
-            return Health(f"peer {node['peer']} ({printable(str(status.get('host')))}) is "
-                          f"flagged for reboot ({printable(str(reason))})", tuple(notes))
-    return Health(None, tuple(notes))
+            problem = (f"peer {node['peer']} ({printable(str(status.get('host')))}) is "
+                       f"flagged for reboot ({printable(str(reason))})")
+    return Health(problem, tuple(notes))
 
 
 def wait_healthy(settings: Settings, timeout: float, *, poll: float = 0.5,
