@@ -36,7 +36,11 @@ def exited(rank: int, code: int) -> str:
     # mlx.launch exits 0 in every row: its code says nothing of the ranks.
     ({}, [], Ending.CLEAN, 0, False, False),
     # Ranks that all exited 0 while the watchdog was ending them (resumed by SIGCONT).
-    ({"incident": {"id": "i0", "verdict": "stalled"}}, [], Ending.CLEAN, 0, False, False),
+    ({"incident": {"id": "i0", "verdict": "stalled", "outcome": {"4": "gone"}}}, [],
+     Ending.CLEAN, 0, False, False),
+    # --backend mpi: no per-rank lines at all; the incident's outcome tells.
+    ({"incident": {"id": "i3", "verdict": "stalled", "outcome": {"4": "killed"}}}, [],
+     Ending.WATCHDOG, 11, True, True),
     ({}, [exited(1, 3), exited(0, -15)], Ending.FAILED, 10, False, True),
     ({}, [exited(1, -11), exited(0, -15)], Ending.CRASHED, 10, True, True),
     ({}, [exited(0, 1), exited(1, -6)], Ending.CRASHED, 10, True, True),  # SIGABRT, 2nd line

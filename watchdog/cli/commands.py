@@ -80,14 +80,10 @@ def demo(ranks: int, deadline: float, fault: str) -> None:
 
 
 
-LAUNCH_KEYS = ("restart", "restart_on", "restart_backoff", "health_timeout", "max_no_progress",
-               "warmup_waits")
-
-
 def _launch_options(f: Any) -> Any:
     """The launch keys of the settings as flags of `launch` (the config file's keys too)."""
     from watchdog.cli.options import SettingType
-    from watchdog.daemon.config import SPECS
+    from watchdog.daemon.config import LAUNCH_KEYS, SPECS
 
     defaults = Settings()
     for key in reversed(LAUNCH_KEYS):

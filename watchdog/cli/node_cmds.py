@@ -40,6 +40,7 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     if as_json:
         click.echo(json.dumps(items, indent=1))
         return
+    items = [i for i in items if i.get("kind") != "launch" or i.get("event") in SHOWN_EVENTS]
     if not items:
         click.echo("no incidents")
         return
@@ -55,18 +56,17 @@ SHOWN_EVENTS = ("restart", "refused", "gave_up")
 
 
 def _launch_events(state_dir: str) -> list[dict[str, Any]]:
-    """The launcher's journal here, and this user's own when it journals elsewhere."""
+    """The launcher's journal here, and this user's own when a launch by this user
+    could not write here (launchlog.journal_dir)."""
     from watchdog.daemon import launchlog
 
     events = []
-    for directory in dict.fromkeys((state_dir, launchlog.user_state_dir())):
+    for directory in dict.fromkeys((state_dir, launchlog.journal_dir(state_dir))):
         events += [{**event, "kind": "launch"} for event in launchlog.read(directory)[0]]
     return events
 
 
 def _echo_launch_event(event: dict[str, Any]) -> None:
-    if event.get("event") not in SHOWN_EVENTS:
-        return
     when = datetime.fromtimestamp(float(event.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
     what = {"restart": "relaunched as attempt", "refused": "refused attempt",
             "gave_up": "gave up after attempt"}[str(event["event"])]

@@ -76,7 +76,7 @@ class Attempt:
 def ending_of(attempt: Attempt) -> Ending:
     if attempt.interrupted:
         return Ending.INTERRUPTED
-    if attempt.launcher_code == 0 and not attempt.exits:
+    if attempt.launcher_code == 0 and not attempt.exits and not _ended_by(attempt.incident):
         # Every rank exited 0, even if the watchdog was ending them (a frozen rank
         # resumed by its SIGCONT may finish before the SIGTERM lands): done.
         return Ending.CLEAN
@@ -87,6 +87,14 @@ def ending_of(attempt: Attempt) -> Ending:
     # ends the other ranks with) crashed; else the ranks failed on their own (a peer's
     # loss makes a ring rank raise and exit 1), or mlx.launch itself did.
     return Ending.CRASHED if _crashes(attempt) else Ending.FAILED
+
+
+def _ended_by(incident: dict[str, Any] | None) -> bool:
+    """Did the daemon's signals end a rank? (With `--backend mpi`, mlx.launch prints no
+    per-rank lines at all: the incident's outcome is then what says so.)"""
+    outcome = (incident or {}).get("outcome")
+    return isinstance(outcome, dict) and any(
+        result in ("killed", "unkillable") for result in outcome.values())
 
 
 def _crashes(attempt: Attempt) -> list[tuple[int, int]]:

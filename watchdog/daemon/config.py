@@ -147,6 +147,9 @@ SPECS: dict[str, Spec] = {
                          "any hb.step(), is progress)", "whole", "COUNT", low=0),
 }
 HELP = {key: spec.help for key, spec in SPECS.items()}
+# Keys of `mlx-watchdog launch`: in the node's file with the rest, flags of `launch`, not `run`.
+LAUNCH_KEYS = ("restart", "restart_on", "restart_backoff", "health_timeout", "max_no_progress",
+               "warmup_waits")
 KEYS = {f.name for f in dataclasses.fields(Settings)}
 
 
