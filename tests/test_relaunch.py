@@ -230,3 +230,19 @@ def test_incidents_lists_restarts_refusals_and_give_ups(state_dir, tmp_path, mon
                                                 "--json"]).output)
     assert [i.get("event", i.get("id")) for i in items] == ["launch", "i1", "restart",
                                                              "refused"]
+
+
+def test_health_against_the_first_attempts_wired_memory(state_dir, monkeypatch):
+    """The daemon's baseline follows wired memory while no rank is live; the launcher's
+    reading from before attempt 1 does not, unless other jobs' ranks hold memory now."""
+    settings = Settings(state_dir=str(state_dir), wired_threshold=1 << 20)
+    monkeypatch.setattr(health, "wired_now", lambda: 10 << 20)
+    publish_status(state_dir, wired=10 << 20, baseline=10 << 20)  # the daemon: fit
+    alone = health.Reference(wired=2 << 20, others_live=lambda: False)
+    assert health.check(settings, alone).problem == (
+        "wired memory is 8 MiB above where it was before the first attempt (more than "
+        "wired_threshold 1 MiB)")
+    shared = health.Reference(wired=2 << 20, others_live=lambda: True)
+    fit = health.check(settings, shared)
+    assert fit.problem is None and "ranks of other jobs run here" in fit.notes[0]
+    assert health.check(settings, health.Reference(9 << 20, lambda: False)).problem is None

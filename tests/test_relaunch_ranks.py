@@ -38,6 +38,9 @@ PROG = textwrap.dedent("""
     if rank == 0 and attempt in attempts("FLAG_ON"):
         from watchdog.daemon import journal
         journal.set_reboot_flag(os.environ["FLAG_DIR"], "test: wired memory stayed up")
+    if rank == 0 and attempt in attempts("HOLD_ON"):
+        import subprocess
+        subprocess.Popen([sys.executable, os.environ["HOLDER"]], start_new_session=True)
     for i in range(int(os.environ.get("ITERATIONS", "200"))):
         if rank == 1 and attempt in attempts("FREEZE_ON") and i == int(os.environ["FREEZE_AFTER"]):
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -48,6 +51,21 @@ PROG = textwrap.dedent("""
         # running when its SIGTERM comes.
         time.sleep(float(os.environ.get("PAUSE", "0.005")))
     print(f"DONE rank={rank} attempt={attempt}", flush=True)
+""")
+
+
+# What a GPU driver releasing a dead job's buffers late looks like to the probe: wired
+# (on Linux, Unevictable) memory that stays up for a while after the ranks are gone.
+HOLDER = textwrap.dedent("""
+    import ctypes, mmap, os, time
+    size = int(os.environ["HOLD_MB"]) << 20
+    buf = mmap.mmap(-1, size)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mlock(ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(buf))),
+                      ctypes.c_size_t(size)) == 0, os.strerror(ctypes.get_errno())
+    with open(os.environ["HOLDER_PID"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(float(os.environ["HOLD_SECONDS"]))
 """)
 
 
@@ -210,6 +228,45 @@ def test_a_reboot_flag_cleared_during_the_wait_lets_the_relaunch_go_on(node, tmp
         assert kinds(launch.events())[-2:] == [("launch", 2), ("ended", 2)]
     finally:
         journal.clear_reboot_flag(str(node.state_dir))
+
+
+def test_wired_memory_not_back_makes_the_relaunch_wait_for_it(node, tmp_path):
+    """Attempt 1 leaves 64 MiB wired after its ranks are gone: the daemon's baseline
+    follows it (no rank is live), the launcher's reading from before attempt 1 does not;
+    the relaunch waits until the memory is given back, then runs."""
+    holder, holder_pid = tmp_path / "holder.py", tmp_path / "holder.pid"
+    holder.write_text(HOLDER)
+    config = tmp_path / "node.toml"
+    config.write_text(f"wired_threshold = {16 << 20}\n")
+    launch = Launch(node, tmp_path, "--restart", "1", "--health-timeout", "60",
+                    FREEZE_ON="1", FREEZE_AFTER="20", HOLD_ON="1", HOLDER=str(holder),
+                    HOLDER_PID=str(holder_pid), HOLD_MB="64", HOLD_SECONDS="60",
+                    MLX_WATCHDOG_CONFIG=str(config))
+    try:
+        launch.start()
+        wait_for(lambda: any(e["event"] == "restart" for e in launch.events()), 60,
+                 what="the relaunch decided")
+        # The daemon's baseline soon follows the held memory (no rank is live): by its
+        # figures alone the node looks fit, yet attempt 2 does not start.
+        wait_for(lambda: abs(node.status()["wired_bytes"]
+                             - node.status()["wired_baseline_bytes"]) < (16 << 20), 30,
+                 what="the daemon's baseline to follow the held memory")
+        time.sleep(1.0)
+        assert kinds(launch.events())[-1] == ("restart", 2)
+        os.kill(int(holder_pid.read_text()), signal.SIGTERM)  # the memory comes back
+        released = time.time()
+        code, out, err = launch.finish()
+    finally:
+        if holder_pid.exists():
+            try:
+                os.kill(int(holder_pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert code == 0, err
+    assert "DONE rank=0 attempt=2" in out
+    assert f"job {launch.job}: waiting up to 60s before attempt 2: wired memory is" in err
+    attempt2 = [e for e in launch.events() if e["event"] == "launch"][1]
+    assert attempt2["time"] >= released
 
 
 def test_a_clean_exit_and_a_ranks_own_failure_are_not_restarted(node, tmp_path):

@@ -2,9 +2,10 @@
 and `node wait-healthy`.
 
 A node is not fit while it is flagged for reboot (its own `reboot-required`,
-or a peer's `/status` saying so, when `peers` are configured), or while the
-daemon sees wired memory above its idle baseline by more than
-`wired_threshold` (a killed job's memory not yet given back). Waiting helps
+or a peer's `/status` saying so, when `peers` are configured), or while
+wired memory is above its idle baseline by more than `wired_threshold` (a
+killed job's memory not yet given back): the daemon's baseline, and for a
+relaunch also what `launch` read before its first attempt. Waiting helps
 with the second (memory comes back within the settle time, or the daemon
 flags the node) and with the first only if an operator clears the flag.
 """
@@ -30,7 +31,32 @@ class Health:
     notes: tuple[str, ...] = ()
 
 
-def check(settings: Settings) -> Health:
+@dataclass(frozen=True)
+class Reference:
+    """What `launch` measured before its first attempt: the node's wired bytes then.
+
+    The daemon's idle baseline follows wired memory whenever no rank is live, so
+    memory a crashed rank left wired (no kill of the daemon's, no settle check)
+    becomes its new baseline; the launcher's own reading does not move.
+    `others_live` says whether ranks of other jobs run here now (they may hold
+    wired memory legitimately: no verdict then, as the daemon's settle check).
+    """
+
+    wired: int
+    others_live: Callable[[], bool]
+
+
+def wired_now() -> int | None:
+    """This node's wired bytes (the daemon's probe), or None when it cannot be read."""
+    from watchdog.daemon.probes import ProbeError, probe
+
+    try:
+        return probe().wired_bytes()
+    except ProbeError:
+        return None
+
+
+def check(settings: Settings, reference: Reference | None = None) -> Health:
     flag = journal.reboot_flag(settings.state_dir)
     if flag is not None:
         return Health(f"this node is flagged for reboot ({printable(str(flag.get('reason')))}; "
@@ -47,6 +73,17 @@ def check(settings: Settings) -> Health:
                 return Health(f"wired memory is {over / 2**20:.0f} MiB above its idle "
                               f"baseline (more than wired_threshold "
                               f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
+    if reference is not None:
+        now = wired_now()
+        above = None if now is None else now - reference.wired
+        if above is not None and above > settings.wired_threshold:
+            if reference.others_live():
+                notes.append("ranks of other jobs run here: wired memory against the first "
+                             "attempt's not judged")
+            else:
+                return Health(f"wired memory is {above / 2**20:.0f} MiB above where it was "
+                              f"before the first attempt (more than wired_threshold "
+                              f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
     problem = None
     for node in cluster.gather(settings.peers, settings.peer_timeout):
         if not node["ok"]:
@@ -62,7 +99,8 @@ def check(settings: Settings) -> Health:
     return Health(problem, tuple(notes))
 
 
-def wait_healthy(settings: Settings, timeout: float, *, poll: float = 0.5,
+def wait_healthy(settings: Settings, timeout: float, *, reference: Reference | None = None,
+                 poll: float = 0.5,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], object] = time.sleep,
                  on_wait: Callable[[str], None] | None = None) -> Health:
@@ -72,12 +110,12 @@ def wait_healthy(settings: Settings, timeout: float, *, poll: float = 0.5,
     caller can say what it waits for).
     """
     until = clock() + timeout
-    health = check(settings)
+    health = check(settings, reference)
     told = False
     while health.problem is not None and clock() < until:
         if on_wait is not None and not told:
             on_wait(health.problem)
             told = True
         sleep(min(poll, max(0.0, until - clock())))
-        health = check(settings)
+        health = check(settings, reference)
     return health

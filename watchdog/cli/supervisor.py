@@ -27,7 +27,7 @@ from typing import IO, Any
 import psutil
 
 from watchdog.cli import relaunch
-from watchdog.cli.health import wait_healthy
+from watchdog.cli.health import Reference, wait_healthy, wired_now
 from watchdog.cli.sampling import daemon_status
 from watchdog.daemon import journal, launchlog
 from watchdog.daemon.attempts import ATTEMPT_ENV
@@ -67,6 +67,7 @@ class Supervisor:
         self.stop = threading.Event()  # set by SIGINT/SIGTERM: end waits at once
         self.child: subprocess.Popen[bytes] | None = None
         self._sleep = sleep or self.stop.wait
+        self.reference: Reference | None = None  # the node before attempt 1 (health.py)
 
     # -- the journal -----------------------------------------------------------
 
@@ -128,6 +129,16 @@ class Supervisor:
             if rec is not None and rec.job == self.plan.job and rec.uid == uid:
                 attempt.pids.add(rec.pid)
                 attempt.see_progress(rec.waits_completed, rec.steps)
+
+    def _others_live(self) -> bool:
+        """Do ranks of other jobs run here? The daemon's view, else the record directory."""
+        snap = daemon_status(self.settings.state_dir)
+        if snap is not None:
+            return any(isinstance(r, dict) and r.get("job") != self.plan.job
+                       and r.get("state") not in ("exited", "killed")
+                       for r in snap.get("ranks") or [])
+        return any(rec is not None and rec.job != self.plan.job
+                   for _path, rec, _why, _st in read_dir(self.plan.record_dir))
 
     def _hung_seen(self, attempt: relaunch.Attempt) -> tuple[bool, float]:
         """Does the daemon hold one of this attempt's ranks as hung (maybe ending it)?
@@ -225,6 +236,10 @@ class Supervisor:
                 return relaunch.EXIT_REFUSED
             if self.stop.is_set():
                 return 128 + self.interrupted
+            if self.reference is None:
+                wired = wired_now()
+                if wired is not None:
+                    self.reference = Reference(wired, self._others_live)
             self.record("launch", number, argv=self.argv(number))
             attempt = self.run_attempt(number)
             ending = relaunch.ending_of(attempt)
@@ -262,7 +277,7 @@ class Supervisor:
     def _fit(self, number: int) -> bool:
         """Wait for the node to be fit for attempt `number`; journal a refusal."""
         health = wait_healthy(self.settings, self.settings.health_timeout,
-                              on_wait=lambda problem: say(
+                              reference=self.reference, on_wait=lambda problem: say(
                                   f"job {self.plan.job}: waiting up to "
                                   f"{self.settings.health_timeout:g}s before attempt "
                                   f"{number}: {problem}"),
