@@ -237,8 +237,9 @@ def test_wired_memory_not_back_makes_the_relaunch_wait_for_it(node, tmp_path):
     holder, holder_pid = tmp_path / "holder.py", tmp_path / "holder.pid"
     holder.write_text(HOLDER)
     config = tmp_path / "node.toml"
-    config.write_text(f"wired_threshold = {16 << 20}\n")
-    launch = Launch(node, tmp_path, "--restart", "1", "--health-timeout", "60",
+    # The restart budget from the node's config file this time, not the flag.
+    config.write_text(f"wired_threshold = {16 << 20}\nrestart = 1\nhealth_timeout = 60\n")
+    launch = Launch(node, tmp_path,
                     FREEZE_ON="1", FREEZE_AFTER="20", HOLD_ON="1", HOLDER=str(holder),
                     HOLDER_PID=str(holder_pid), HOLD_MB="64", HOLD_SECONDS="60",
                     MLX_WATCHDOG_CONFIG=str(config))

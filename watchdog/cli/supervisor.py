@@ -284,6 +284,9 @@ class Supervisor:
                               sleep=self.stop.wait)
         if self.stop.is_set():
             return True  # interrupted while waiting: the caller exits 128+signal
+        if number == 1:
+            for note in health.notes:  # what could not be checked, said once
+                say(f"job {self.plan.job}: note: {note}")
         if health.problem is None:
             return True
         self.record("refused", number, reason=health.problem, exit_code=relaunch.EXIT_REFUSED)
