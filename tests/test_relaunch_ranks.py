@@ -152,6 +152,11 @@ def test_a_job_frozen_on_its_first_attempt_is_relaunched_and_finishes(node, tmp_
     text = body.decode()
     assert f'mlx_watchdog_rank_attempt{{job="{launch.job}",rank="0"}} 2.0' in text
     assert 'mlx_watchdog_launch_events_total{event="restart"}' in text
+    table = subprocess.run(
+        [sys.executable, "-m", "watchdog.cli", "status", "--dir", str(node.record_dir),
+         "--state-dir", str(node.state_dir)], env=launch.env, capture_output=True, text=True,
+        timeout=60).stdout
+    assert f"{launch.job} #1" in table and f"{launch.job} #2" in table, table
     shown_incidents = subprocess.run(
         [sys.executable, "-m", "watchdog.cli", "incidents", "--state-dir", str(node.state_dir)],
         env=launch.env, capture_output=True, text=True, timeout=60).stdout
