@@ -21,7 +21,7 @@ from watchdog.daemon import journal
 pytestmark = pytest.mark.ranks
 
 # Rank 1 freezes itself (SIGSTOP) at iteration FREEZE_AFTER of the attempts in FREEZE_ON,
-# or exits 3 at iteration 5 of those in FAIL_ON; rank 0 writes a real reboot flag into
+# or exits 3 (dies of SIGKILL) at iteration 5 of those in FAIL_ON (CRASH_ON); rank 0 writes a real reboot flag into
 # FLAG_DIR on the attempts in FLAG_ON before anything else (what the daemon does when a
 # kill leaves wired memory behind). Every other rank finishes ITERATIONS all_sums, one
 # each PAUSE seconds.
@@ -46,6 +46,8 @@ PROG = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGSTOP)
         if rank == 1 and attempt in attempts("FAIL_ON") and i == 5:
             sys.exit(3)
+        if rank == 1 and attempt in attempts("CRASH_ON") and i == 5:
+            os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
         mx.eval(mx.distributed.all_sum(mx.ones(4)))
         # Slow enough that a frozen rank resumed by the watchdog's SIGCONT is still
         # running when its SIGTERM comes.
@@ -297,6 +299,19 @@ def test_a_clean_exit_and_a_ranks_own_failure_are_not_restarted(node, tmp_path):
     code, out, err = anyway.run()
     assert code == 0, err
     assert [e["ending"] for e in anyway.events() if e["event"] == "ended"] == ["failed", "clean"]
+
+
+def test_a_rank_that_crashes_is_relaunched(node, tmp_path):
+    """A rank killed by a signal nobody in the watchdog sent (here SIGKILL, as the OOM
+    killer would) is a crash: relaunched by default; the daemon wrote no incident."""
+    launch = Launch(node, tmp_path, "--restart", "1", CRASH_ON="1")
+    code, out, err = launch.run()
+    assert code == 0, err
+    assert "DONE rank=1 attempt=2" in out
+    ended = [e for e in launch.events() if e["event"] == "ended"]
+    assert [e["ending"] for e in ended] == ["crashed", "clean"]
+    assert ended[0]["reason"].startswith("rank 1 died of SIGKILL")
+    assert ended[0]["incident"] is None and launch.incidents() == []
 
 
 def test_ctrl_c_is_not_restarted(node, tmp_path):
