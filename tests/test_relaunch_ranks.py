@@ -21,10 +21,10 @@ from watchdog.daemon import journal
 pytestmark = pytest.mark.ranks
 
 # Rank 1 freezes itself (SIGSTOP) at iteration FREEZE_AFTER of the attempts in FREEZE_ON,
-# or exits 3 (dies of SIGKILL) at iteration 5 of those in FAIL_ON (CRASH_ON); rank 0 writes a real reboot flag into
-# FLAG_DIR on the attempts in FLAG_ON before anything else (what the daemon does when a
-# kill leaves wired memory behind). Every other rank finishes ITERATIONS all_sums, one
-# each PAUSE seconds.
+# or exits 3 (dies of SIGKILL) at iteration 5 of those in FAIL_ON (CRASH_ON); rank 0
+# writes a real reboot flag into FLAG_DIR on the attempts in FLAG_ON before anything else
+# (what the daemon does when a kill leaves wired memory behind), and starts HOLDER (below)
+# on those in HOLD_ON. Every other rank finishes ITERATIONS all_sums, one each PAUSE s.
 PROG = textwrap.dedent("""
     import os, signal, sys, time
     import mlx.core as mx

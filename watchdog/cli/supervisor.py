@@ -125,6 +125,8 @@ class Supervisor:
 
     def _watch_records(self, attempt: relaunch.Attempt) -> None:
         uid = os.getuid()
+        if not os.path.isdir(self.plan.record_dir):
+            return  # no ranks publish here (yet): no progress to see
         for _path, rec, _why, _st in read_dir(self.plan.record_dir):
             if rec is not None and rec.job == self.plan.job and rec.uid == uid:
                 attempt.pids.add(rec.pid)
@@ -137,8 +139,9 @@ class Supervisor:
             return any(isinstance(r, dict) and r.get("job") != self.plan.job
                        and r.get("state") not in ("exited", "killed")
                        for r in snap.get("ranks") or [])
-        return any(rec is not None and rec.job != self.plan.job
-                   for _path, rec, _why, _st in read_dir(self.plan.record_dir))
+        return os.path.isdir(self.plan.record_dir) and any(
+            rec is not None and rec.job != self.plan.job
+            for _path, rec, _why, _st in read_dir(self.plan.record_dir))
 
     def _hung_seen(self, attempt: relaunch.Attempt) -> tuple[bool, float]:
         """Does the daemon hold one of this attempt's ranks as hung (maybe ending it)?
@@ -284,7 +287,7 @@ class Supervisor:
                               sleep=self.stop.wait)
         if self.stop.is_set():
             return True  # interrupted while waiting: the caller exits 128+signal
-        if number == 1:
+        if number == 1 and self.settings.restart:
             for note in health.notes:  # what could not be checked, said once
                 say(f"job {self.plan.job}: note: {note}")
         if health.problem is None:
