@@ -8,7 +8,8 @@ runs, the record directory is read a few times a second for the job's local
 ranks (their pids, and their progress: completed waits and steps). When it
 ends, the daemon's journal says whether the watchdog or a fence ended the job.
 relaunch.py turns these facts into a decision; before every attempt the node
-must be fit (health.py); every decision is journalled (launchlog.py).
+must be fit (health.py); every decision is journalled (launchlog.py); the
+pipes and signals to the child are childio.py's.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
-import psutil
-
-from watchdog.cli import relaunch
+from watchdog.cli import childio, relaunch
 from watchdog.cli.health import Reference, wait_healthy, wired_now
 from watchdog.cli.sampling import daemon_status
 from watchdog.daemon import journal, launchlog
@@ -91,19 +90,8 @@ class Supervisor:
         self._signal_tree(signal.SIGKILL if again else signum)
 
     def _signal_tree(self, signum: int) -> None:
-        child = self.child
-        if child is None or child.poll() is not None:
-            return
-        try:
-            tree = [psutil.Process(child.pid)]
-            tree += tree[0].children(recursive=True)
-        except psutil.Error:
-            return
-        for proc in tree:
-            try:  # psutil checks the process is still the one listed before signalling
-                proc.send_signal(signum)
-            except psutil.Error:
-                continue
+        if self.child is not None:
+            childio.signal_tree(self.child, signum)
 
     def _hurry(self, sent: int) -> int:
         """After an interrupt, mlx.launch no longer ends the ranks left when one exits
@@ -159,7 +147,7 @@ class Supervisor:
         # mlx.launch polls its stdin and, at end of file (/dev/null under a service, a
         # script's redirect), spins a core on it for the whole run: unless stdin is a
         # terminal, it gets a pipe of ours that stays open, fed from our stdin.
-        terminal = _isatty(0)
+        terminal = childio.isatty(0)
         try:
             child = subprocess.Popen(self.argv(number), stderr=subprocess.PIPE,
                                      stdin=None if terminal else subprocess.PIPE)
@@ -168,9 +156,9 @@ class Supervisor:
         self.child = child
         assert child.stderr is not None
         if child.stdin is not None:
-            threading.Thread(target=_feed, args=(child.stdin,), daemon=True,
+            threading.Thread(target=childio.feed, args=(child.stdin,), daemon=True,
                              name="stdin").start()
-        pump = threading.Thread(target=_pump, args=(child.stderr, attempt), daemon=True,
+        pump = threading.Thread(target=childio.pump, args=(child.stderr, attempt), daemon=True,
                                 name="stderr")
         pump.start()
         hung, hurried = False, 0
@@ -300,46 +288,3 @@ class Supervisor:
 
 class LaunchFailed(Exception):
     """mlx.launch could not be started at all."""
-
-
-def _isatty(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
-
-
-def _feed(pipe: IO[bytes]) -> None:
-    """Our stdin into mlx.launch's, then nothing: the pipe stays open until it exits."""
-    try:
-        while chunk := os.read(0, 65536):
-            pipe.write(chunk)
-            pipe.flush()
-    except (OSError, ValueError):
-        return  # no stdin, or mlx.launch is gone
-
-
-def _pump(stream: IO[bytes], attempt: relaunch.Attempt) -> None:
-    """Pass mlx.launch's stderr through as it comes, and read its per-rank lines."""
-    out = sys.stderr.buffer
-    pending = b""
-    fd = stream.fileno()
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        try:
-            out.write(chunk)
-            out.flush()
-        except (OSError, ValueError):
-            pass  # our own stderr is gone: keep reading, or mlx.launch blocks on the pipe
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            attempt.see_line(line.decode(errors="replace"))
-        pending = pending[-4096:]
-    if pending:
-        attempt.see_line(pending.decode(errors="replace"))
