@@ -179,10 +179,14 @@ LAUNCH_PROBE = ("import json, os; from watchdog.rank import hook; "
 def watchdog_launch(*extra: str, env: dict[str, str] | None = None
                     ) -> tuple[dict[str, str], str]:
     """Rank -> job id, printed by two real local ranks of `mlx-watchdog launch -n 2`."""
-    done = subprocess.run(
-        [sys.executable, "-m", "watchdog.cli", "launch", "-n", "2", *extra, "--",
-         sys.executable, "-c", LAUNCH_PROBE],
-        capture_output=True, text=True, timeout=180, env=dict(os.environ, **(env or {})))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as state:  # the launcher journals there
+        done = subprocess.run(
+            [sys.executable, "-m", "watchdog.cli", "launch", "-n", "2", *extra, "--",
+             sys.executable, "-c", LAUNCH_PROBE],
+            capture_output=True, text=True, timeout=180,
+            env=dict(os.environ, MLX_WATCHDOG_STATE_DIR=state, **(env or {})))
     assert done.returncode == 0, done.stderr
     jobs = dict(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
     return jobs, done.stderr

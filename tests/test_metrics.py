@@ -35,9 +35,11 @@ FAMILIES = {
     P + "rank_seconds_since_progress": "gauge",
     P + "rank_deadline_seconds": "gauge",
     P + "rank_busiest_thread_cpu_ratio": "gauge",
+    P + "rank_attempt": "gauge",
     P + "stalls": "counter",
     P + "kills": "counter",
     P + "job_kills": "counter",
+    P + "launch_events": "counter",
     P + "node_reboot_required": "gauge",
     P + "wired_memory_bytes": "gauge",
     P + "invalid_records": "counter",
@@ -55,10 +57,11 @@ RANK_VALUES = {
     P + "rank_seconds_since_progress": "seconds_since_progress",
     P + "rank_deadline_seconds": "deadline_seconds",
     P + "rank_busiest_thread_cpu_ratio": "busiest_thread_cpu",
+    P + "rank_attempt": "attempt",
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
 # Labels a series may carry; pid and thread ids never (unbounded cardinality).
-ALLOWED_LABELS = {"job", "rank", "state", "verdict", "signal", "le", "version"}
+ALLOWED_LABELS = {"job", "rank", "state", "verdict", "signal", "le", "version", "event"}
 
 
 def rank(job: str, n: int, state: str, **values: object) -> dict:
@@ -67,7 +70,7 @@ def rank(job: str, n: int, state: str, **values: object) -> dict:
             "backend": "ring", "state": state, "phase": "wait", "progress": 100 + n,
             "collectives": 50 + n, "steps": 10 + n, "seconds_since_progress": 0.5 + n,
             "seconds_in_wait": 0.5 + n, "deadline_seconds": 30.0,
-            "busiest_thread_cpu": 0.25 * n, "current_op": "eval (all_sum #50)",
+            "busiest_thread_cpu": 0.25 * n, "attempt": 1 + n, "current_op": "eval (all_sum #50)",
             "reason": "", "source": "daemon"}
     base.update(values)
     return base
@@ -90,6 +93,7 @@ def snapshot(**over: object) -> dict:
                      "probe_errors": 4, "loop_errors": 0, "scan_buckets": buckets,
                      "scan_sum": 42.5, "scan_count": sum(buckets)},
         "scan_bucket_bounds": list(SCAN_BUCKETS),
+        "launches": {"restart": 2, "refused": 1, "gave_up": 0},
     }
     snap.update(over)
     return snap

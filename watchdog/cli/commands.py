@@ -80,24 +80,61 @@ def demo(ranks: int, deadline: float, fault: str) -> None:
 
 
 
+def _launch_options(f: Any) -> Any:
+    """The launch keys of the settings as flags of `launch` (the config file's keys too)."""
+    from watchdog.cli.options import SettingType
+    from watchdog.daemon.config import LAUNCH_KEYS, SPECS
+
+    defaults = Settings()
+    for key in reversed(LAUNCH_KEYS):
+        f = click.option("--" + key.replace("_", "-"), key, type=SettingType(key),
+                         help=f"{SPECS[key].help.removeprefix('launch: ')} "
+                              f"[{getattr(defaults, key)}]")(f)
+    return f
+
+
 @cli.command(context_settings={"ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
+@state_option
+@_launch_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def launch(args: tuple[str, ...]) -> None:
-    """mlx.launch ARGS with a fresh MLX_WATCHDOG_JOB, the same on every rank of the launch."""
-    from watchdog.cli.launcher import JOB_ENV, LauncherError, find_mlx_launch, launch_argv
+@click.pass_obj
+def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any) -> None:
+    """mlx.launch ARGS with one MLX_WATCHDOG_JOB on every rank; relaunch it when torn down.
+
+    Exit status: 0 every rank exited 0; 10 a rank failed or crashed; 11 the
+    watchdog or a fence ended the job; 12 refused (node flagged for reboot, or
+    wired memory not back); 13 gave up (no progress); 130 interrupted.
+    """
+    import dataclasses
+
+    from watchdog.cli.launcher import (
+        JOB_ENV,
+        LauncherError,
+        find_mlx_launch,
+        named_env,
+        new_job_id,
+    )
+    from watchdog.cli.options import DIR_ENV
+    from watchdog.cli.supervisor import LaunchFailed, Plan, Supervisor
 
     try:
-        argv = launch_argv(find_mlx_launch(), list(args), os.environ)
+        mlx_launch = find_mlx_launch()
     except LauncherError as err:
         raise click.ClickException(str(err)) from None
-    job = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{JOB_ENV}=")), None)
-    if job:
-        click.echo(f"mlx-watchdog: job {job}", err=True)
+    given = named_env(list(args), JOB_ENV)
+    job = given or os.environ.get(JOB_ENV) or new_job_id()
+    settings = dataclasses.replace(
+        node.settings, state_dir=state_dir,
+        **{k: v for k, v in options.items() if v is not None})
+    record_dir = named_env(list(args), DIR_ENV) or os.environ.get(DIR_ENV) or settings.dir
+    click.echo(f"mlx-watchdog: job {job}", err=True)
+    plan = Plan(mlx_launch=mlx_launch, args=list(args), job=job, job_given=given is not None,
+                record_dir=record_dir, settings=settings)
     try:
-        os.execv(argv[0], argv)
-    except OSError as err:
-        raise click.ClickException(f"cannot run {argv[0]}: {err.strerror}") from None
+        sys.exit(Supervisor(plan).run())
+    except LaunchFailed as err:
+        raise click.ClickException(str(err)) from None
 
 
 for command in (status.status, status.watch, status.inspect, node_cmds.incidents, node_cmds.node,

@@ -31,13 +31,18 @@ def new_job_id(now: float | None = None) -> str:
 
 def named_job(args: list[str]) -> str | None:
     """The MLX_WATCHDOG_JOB already given with --env, if any (before the command)."""
+    return named_env(args, JOB_ENV)
+
+
+def named_env(args: list[str], key: str) -> str | None:
+    """The value of `key` given to mlx.launch with --env, if any (before the command)."""
     for i, arg in enumerate(args):
         value = None
         if arg == "--env" and i + 1 < len(args):
             value = args[i + 1]
         elif arg.startswith("--env="):
             value = arg[len("--env="):]
-        if value is not None and value.startswith(f"{JOB_ENV}="):
+        if value is not None and value.startswith(f"{key}="):
             return value.split("=", 1)[1]
         if arg == "--":
             break

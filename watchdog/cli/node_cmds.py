@@ -26,9 +26,13 @@ def _existing_state_dir(state_dir: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--last", type=click.IntRange(min=1), help="Only the last N incidents.")
 def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
-    """The incident journal: what the watchdog found and did."""
+    """The incident journal: what the watchdog found and did, and what `launch` did
+    about it (restarts, refusals, give-ups)."""
     _existing_state_dir(state_dir)
     items, bad = journal.read_incidents(state_dir)
+    items += _launch_events(state_dir)
+    items.sort(key=lambda item: float(item.get("time") or 0)
+               if isinstance(item.get("time"), (int, float)) else 0.0)
     if last:
         items = items[-last:]
     if bad:
@@ -36,17 +40,46 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     if as_json:
         click.echo(json.dumps(items, indent=1))
         return
+    items = [i for i in items if i.get("kind") != "launch" or i.get("event") in SHOWN_EVENTS]
     if not items:
         click.echo("no incidents")
         return
     for inc in items:
-        _echo_incident(inc)
+        if inc.get("kind") == "launch":
+            _echo_launch_event(inc)
+        else:
+            _echo_incident(inc)
+
+
+# The launcher's events shown among the incidents; "launch" and "ended" only with --json.
+SHOWN_EVENTS = ("restart", "refused", "gave_up")
+
+
+def _launch_events(state_dir: str) -> list[dict[str, Any]]:
+    """The launcher's journal here, and this user's own when a launch by this user
+    could not write here (launchlog.journal_dir)."""
+    from watchdog.daemon import launchlog
+
+    events = []
+    for directory in dict.fromkeys((state_dir, launchlog.journal_dir(state_dir))):
+        events += [{**event, "kind": "launch"} for event in launchlog.read(directory)[0]]
+    return events
+
+
+def _echo_launch_event(event: dict[str, Any]) -> None:
+    when = datetime.fromtimestamp(float(event.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
+    what = {"restart": "relaunched as attempt", "refused": "refused attempt",
+            "gave_up": "gave up after attempt"}[str(event["event"])]
+    click.echo(printable(f"{when}  launch  job {event.get('job')}  {what} "
+                         f"{event.get('attempt')}"))
+    click.echo(printable(f"    {event.get('reason', '')}"))
 
 
 def _echo_incident(inc: dict[str, Any]) -> None:
     when = datetime.fromtimestamp(float(inc.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
     ranks = ",".join(str(r.get("rank")) for r in inc.get("ranks", []))
-    lines = [f"{when}  {inc.get('id')}  job {inc.get('job')}  {inc.get('verdict')}  "
+    attempt = f" attempt {inc['attempt']}" if inc.get("attempt") is not None else ""
+    lines = [f"{when}  {inc.get('id')}  job {inc.get('job')}{attempt}  {inc.get('verdict')}  "
              f"ranks {ranks}  {inc.get('action', '')}", f"    {inc.get('reason', '')}"]
     if inc.get("culprit"):
         c = inc["culprit"]
@@ -124,3 +157,37 @@ def clear_reboot(state_dir: str) -> None:
         raise click.ClickException(f"permission denied in {state_dir} (run as root)") from None
     click.echo("reboot flag cleared" if cleared else "no reboot flag was set")
 
+
+
+@node.command("wait-healthy")
+@state_option
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Seconds to wait for a fit node before refusing [the config's "
+                   "health_timeout, 120].")
+@click.option("--quiet", "-q", is_flag=True, help="Say nothing when the node is fit.")
+@click.pass_obj
+def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: bool) -> None:
+    """Wait until this node is fit to start a job on, else exit 12.
+
+    Fit: no reboot flag here or on a configured peer, and wired memory back
+    near the daemon's idle baseline. For a launchd `KeepAlive` or systemd
+    `Restart=always` service, as its first step (`ExecStartPre=`), so a crash
+    loop never starts a server into a node that needs a reboot.
+    """
+    import dataclasses
+
+    from watchdog.cli.health import wait_healthy
+    from watchdog.cli.relaunch import EXIT_REFUSED
+
+    settings = dataclasses.replace(node_.settings, state_dir=state_dir)
+    health = wait_healthy(settings, settings.health_timeout if timeout is None else timeout,
+                          on_wait=lambda problem: click.echo(
+                              f"mlx-watchdog: waiting for a fit node: {problem}", err=True))
+    for note in health.notes:
+        if not quiet:
+            click.echo(f"mlx-watchdog: note: {note}", err=True)
+    if health.problem is not None:
+        click.echo(f"mlx-watchdog: node not fit: {health.problem}", err=True)
+        sys.exit(EXIT_REFUSED)
+    if not quiet:
+        click.echo("node fit to start a job", err=True)

@@ -93,17 +93,20 @@ class SettingType(click.ParamType):  # type: ignore[type-arg]
 
 
 def settings_options(f: Any) -> Any:
-    """One option per setting, so every key of the TOML file is also a flag.
+    """One option per setting, so every key of the TOML file is also a flag (those of
+    `launch` are its flags instead).
 
     Each option's type is the setting's own (`SettingType`): a bad value gets the
     same one-line message from the file or the command line, and --help shows
     the unit. Defaults stay None here, so the file's value wins over no flag.
     """
-    from watchdog.daemon.config import SPECS
+    from watchdog.daemon.config import LAUNCH_KEYS, SPECS
 
     envvars = {"dir": DIR_ENV, "state_dir": STATE_ENV, "secret": "MLX_WATCHDOG_SECRET"}
     defaults = Settings()
     for field in reversed(dataclasses.fields(Settings)):
+        if field.name in LAUNCH_KEYS:
+            continue  # the daemon has no use for them: flags of `launch`
         flag = "--" + field.name.replace("_", "-")
         spec = SPECS[field.name]
         default = getattr(defaults, field.name)

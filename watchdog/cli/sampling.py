@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from watchdog.daemon import journal
+from watchdog.daemon.attempts import attempt_of
 from watchdog.daemon.detector import Detector, Rules, Verdict
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.recdir import read_dir, read_record
@@ -68,7 +69,8 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
         state = verdict.state if verdict else State.EXITED
         found.append((_fresh(paths[rec.pid], rec), state, verdict, ""))
     found.sort(key=lambda f: (f[0].job, f[0].rank, f[0].pid))
-    return [rank_json(r, s, v, reason=why, source="sampled") for r, s, v, why in found], invalid
+    return [rank_json(r, s, v, reason=why, source="sampled", attempt=attempt_of(r.pid))
+            for r, s, v, why in found], invalid
 
 
 def _fresh(path: str, rec: Record) -> Record:

@@ -48,7 +48,9 @@ COLUMNS = ("PID", "JOB", "RANK", "STATE", "PHASE", "PROGRESS", "COLL", "SINCE", 
 def table(ranks: list[dict[str, Any]]) -> str:
     rows: list[tuple[str, ...]] = [COLUMNS]
     for r in ranks:
-        cells = (r["pid"], r["job"], f"{r['rank']}/{r['world_size']}", r["state"], r["phase"],
+        # The attempt of a relaunched job (`launch --restart`), when the daemon knows it.
+        job = r["job"] if r.get("attempt") is None else f"{r['job']} #{r['attempt']}"
+        cells = (r["pid"], job, f"{r['rank']}/{r['world_size']}", r["state"], r["phase"],
                  r["progress"], r["collectives"], _fmt(r.get("seconds_since_progress"), ".1f"),
                  _fmt(r.get("deadline_seconds"), ".0f"),
                  _fmt(r.get("busiest_thread_cpu"), ".2f"), r.get("current_op") or "")

@@ -56,6 +56,13 @@ class Settings:
     peers: tuple[str, ...] = field(default_factory=tuple)
     peer_timeout: float = 1.0
     secret: str | None = None
+    # `mlx-watchdog launch` (the daemon ignores these): relaunching a torn-down job.
+    restart: int = 0
+    restart_on: str = "torn-down"
+    restart_backoff: float = 3.0
+    health_timeout: float = 120.0
+    max_no_progress: int = 3
+    warmup_waits: int = 10
 
     def rules(self) -> Rules:
         return Rules(deadline=self.deadline, auto_factor=self.auto_factor,
@@ -124,8 +131,25 @@ SPECS: dict[str, Spec] = {
     "peer_timeout": _seconds("seconds to wait for each peer"),
     "secret": Spec("shared secret for job fences between nodes (unset: fences off)", "secret",
                    "TEXT"),
+    "restart": Spec("launch: relaunch a torn-down job up to this many times", "whole", "COUNT",
+                    low=0),
+    "restart_on": Spec("launch: torn-down (the watchdog or a fence ended it, or a rank died "
+                       "of a signal) or any (also a rank's own non-zero exit)", "choice",
+                       choices=("torn-down", "any")),
+    "restart_backoff": Spec("launch: seconds before the first relaunch, doubled each time "
+                            "(at most 60)", "number", "SECONDS", low=0),
+    "health_timeout": Spec("launch, node wait-healthy: seconds to wait for a fit node (no "
+                           "reboot flag, wired memory back) before refusing", "number",
+                           "SECONDS", low=0),
+    "max_no_progress": Spec("launch: give up after this many attempts in a row without "
+                            "progress past the warm-up", "whole", "COUNT", low=1),
+    "warmup_waits": Spec("launch: completed waits of a rank that are still warm-up (more, or "
+                         "any hb.step(), is progress)", "whole", "COUNT", low=0),
 }
 HELP = {key: spec.help for key, spec in SPECS.items()}
+# Keys of `mlx-watchdog launch`: in the node's file with the rest, flags of `launch`, not `run`.
+LAUNCH_KEYS = ("restart", "restart_on", "restart_backoff", "health_timeout", "max_no_progress",
+               "warmup_waits")
 KEYS = {f.name for f in dataclasses.fields(Settings)}
 
 

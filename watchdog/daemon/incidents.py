@@ -25,6 +25,7 @@ def incident_rank(rank: Rank) -> dict[str, Any]:
             "phase": rank.record.phase.label, "op": rank.record.op,
             "seconds_in_wait": round(v.seconds_in_wait, 3) if v else None,
             "busiest_thread_cpu": round(v.busiest_cpu, 3) if v else None,
+            "attempt": rank.attempt,
             "progress": rank.record.waits_completed,
             "collectives": rank.record.collectives}
 
@@ -48,6 +49,8 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         "time": wall,
         "host": host,
         "job": job,
+        # Which launch of the job (`mlx-watchdog launch` numbers them), when known.
+        "attempt": max((r.attempt for r in targets if r.attempt is not None), default=None),
         "uid": uid,
         "verdict": verdict_of(due, fenced),
         "mode": mode,

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from watchdog import __version__, record
-from watchdog.daemon import journal, learning
+from watchdog.daemon import attempts, journal, launchlog, learning
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector
 from watchdog.daemon.enforcer import (
@@ -80,6 +80,7 @@ class Daemon:
         self.orphans: dict[tuple[int, str], tuple[float, str, dict[str, Any]]] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
+        self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
         self.wired: int | None = None
         self.baseline: int | None = None
@@ -206,7 +207,7 @@ class Daemon:
         self.publish()
 
     def _add(self, path: str, rec: Record) -> Rank:
-        rank = Rank(path, rec)
+        rank = Rank(path, rec, attempt=attempts.attempt_of(rec.pid))
         self.ranks[rank.key] = rank
         # Present from the job's first sight, so increase() sees its first kills.
         self.counters.job_kills.setdefault(rec.job, 0)
@@ -432,7 +433,7 @@ class Daemon:
             started=self.started, wired=(self.wired, self.baseline),
             # A directory full of junk must not make every scan write megabytes.
             invalid={**self.records.unusable(INVALID_LISTED), **transient},
-            invalid_count=len(self.records.bad) + len(transient))
+            invalid_count=len(self.records.bad) + len(transient), launches=self.launches.get())
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot)

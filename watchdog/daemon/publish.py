@@ -51,11 +51,12 @@ class Counters:
 
 def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: Counters,
              scanned: tuple[float, float], started: float, wired: tuple[int | None, int | None],
-             invalid: dict[str, str], invalid_count: int) -> dict[str, Any]:
+             invalid: dict[str, str], invalid_count: int,
+             launches: dict[str, int] | None = None) -> dict[str, Any]:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
-    `wired` the wired bytes now and at rest."""
+    `wired` the wired bytes now and at rest, `launches` the launcher's counted events."""
     flag = journal.reboot_flag(settings.state_dir)
-    shown = [rank_json(r.record, r.state, r.verdict, reason=r.reason)
+    shown = [rank_json(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt)
              for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
     return {
         "host": host,
@@ -76,5 +77,6 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         "invalid_records": invalid,
         "invalid_files": invalid_count,
         "counters": counters.as_json(),
+        "launches": dict(launches or {}),
         "scan_bucket_bounds": list(SCAN_BUCKETS),
     }

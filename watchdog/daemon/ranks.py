@@ -60,6 +60,7 @@ class Rank:
     # whose pid was already gone at first sight proves nothing (anyone can
     # write one naming a dead pid and any job), so its "crash" fences no one.
     seen_alive: bool = False
+    attempt: int | None = None  # of its job, from `mlx-watchdog launch` (attempts.py)
 
     @property
     def key(self) -> tuple[int, float]:

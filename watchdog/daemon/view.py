@@ -20,7 +20,8 @@ def current_op(record: Record) -> str:
 
 
 def rank_json(record: Record, state: State, verdict: Verdict | None, *,
-              reason: str = "", source: str = "daemon") -> dict[str, Any]:
+              reason: str = "", source: str = "daemon", attempt: int | None = None
+              ) -> dict[str, Any]:
     return {
         "pid": record.pid,
         "host": record.host,
@@ -28,6 +29,7 @@ def rank_json(record: Record, state: State, verdict: Verdict | None, *,
         "uid": record.uid,
         "rank": record.rank,
         "world_size": record.world_size,
+        "attempt": attempt,
         "backend": record.backend,
         "state": state.value,
         "phase": record.phase.label,

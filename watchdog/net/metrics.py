@@ -36,9 +36,11 @@ FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 def _one_per_label(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One rank per (job, rank) label pair: a relaunch within the retention (same
     hostfile, same job id) must not emit duplicate series. Prefer an unkillable
-    rank, then a live one, then an ended one."""
-    def weight(r: dict[str, Any]) -> int:
-        return 2 if r["state"] == State.UNKILLABLE else 0 if r["state"] in ENDED else 1
+    rank, then a live one, then an ended one; of two alike, the later attempt of a job
+    `mlx-watchdog launch` relaunched."""
+    def weight(r: dict[str, Any]) -> tuple[int, int]:
+        return (2 if r["state"] == State.UNKILLABLE else 0 if r["state"] in ENDED else 1,
+                r.get("attempt") or 0)
 
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in ranks:
@@ -75,6 +77,9 @@ class SnapshotCollector:
             "busiest_thread_cpu": GaugeMetricFamily(
                 PREFIX + "rank_busiest_thread_cpu_ratio",
                 "Share of one core used by the rank's busiest thread", labels=labels),
+            "attempt": GaugeMetricFamily(
+                PREFIX + "rank_attempt", "Which launch of its job the rank belongs to "
+                "(mlx-watchdog launch numbers them from 1)", labels=labels),
         }
         for r in _one_per_label(ranks):
             values = [str(r["job"]), str(r["rank"])]
@@ -102,6 +107,12 @@ class SnapshotCollector:
         for job, n in counters.get("job_kills", {}).items():
             job_kills.add_metric([job], n)
         yield job_kills
+        launches = CounterMetricFamily(
+            PREFIX + "launch_events", "What mlx-watchdog launch did with torn-down jobs "
+            "(restart, refused, gave_up), from launches.jsonl", labels=["event"])
+        for event, n in snap.get("launches", {}).items():
+            launches.add_metric([event], n)
+        yield launches
         yield GaugeMetricFamily(PREFIX + "node_reboot_required",
                                 "1 when the node must be rebooted (wired memory leak or "
                                 "an unkillable rank)", value=1.0 if snap.get("reboot_required")

@@ -1,0 +1,121 @@
+"""Is this node fit to start a job on? The one check behind `launch`'s relaunch gate
+and `node wait-healthy`.
+
+A node is not fit while it is flagged for reboot (its own `reboot-required`,
+or a peer's `/status` saying so, when `peers` are configured), or while
+wired memory is above its idle baseline by more than `wired_threshold` (a
+killed job's memory not yet given back): the daemon's baseline, and for a
+relaunch also what `launch` read before its first attempt. Waiting helps
+with the second (memory comes back within the settle time, or the daemon
+flags the node) and with the first only if an operator clears the flag.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from watchdog.cli.sampling import daemon_status
+from watchdog.daemon import journal
+from watchdog.daemon.config import Settings
+from watchdog.net import cluster
+from watchdog.text import printable
+
+
+@dataclass(frozen=True)
+class Health:
+    """One look at the node: `problem` is None when fit; `notes` say what was not checked."""
+
+    problem: str | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What `launch` measured before its first attempt: the node's wired bytes then.
+
+    The daemon's idle baseline follows wired memory whenever no rank is live, so
+    memory a crashed rank left wired (no kill of the daemon's, no settle check)
+    becomes its new baseline; the launcher's own reading does not move.
+    `others_live` says whether ranks of other jobs run here now (they may hold
+    wired memory legitimately: no verdict then, as the daemon's settle check).
+    """
+
+    wired: int
+    others_live: Callable[[], bool]
+
+
+def wired_now() -> int | None:
+    """This node's wired bytes (the daemon's probe), or None when it cannot be read."""
+    from watchdog.daemon.probes import ProbeError, probe
+
+    try:
+        return probe().wired_bytes()
+    except ProbeError:
+        return None
+
+
+def check(settings: Settings, reference: Reference | None = None) -> Health:
+    flag = journal.reboot_flag(settings.state_dir)
+    if flag is not None:
+        return Health(f"this node is flagged for reboot ({printable(str(flag.get('reason')))}; "
+                      f"clear it with `mlx-watchdog node clear-reboot` after rebooting)")
+    notes = []
+    snap = daemon_status(settings.state_dir)
+    if snap is None:
+        notes.append("no daemon running here: wired memory not checked")
+    else:
+        wired, baseline = snap.get("wired_bytes"), snap.get("wired_baseline_bytes")
+        if isinstance(wired, int) and isinstance(baseline, int):
+            over = wired - baseline
+            if over > settings.wired_threshold:
+                return Health(f"wired memory is {over / 2**20:.0f} MiB above its idle "
+                              f"baseline (more than wired_threshold "
+                              f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
+    if reference is not None:
+        now = wired_now()
+        above = None if now is None else now - reference.wired
+        if above is not None and above > settings.wired_threshold:
+            if reference.others_live():
+                notes.append("ranks of other jobs run here: wired memory against the first "
+                             "attempt's not judged")
+            else:
+                return Health(f"wired memory is {above / 2**20:.0f} MiB above where it was "
+                              f"before the first attempt (more than wired_threshold "
+                              f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
+    problem = None
+    for node in cluster.gather(settings.peers, settings.peer_timeout):
+        if not node["ok"]:
+            # Unknown is not sick: a node that is down is no node to start ranks on anyway.
+            notes.append(f"peer {node['peer']} unreachable: its reboot flag not checked")
+            continue
+        status = node["status"]
+        if status.get("reboot_required") and problem is None:
+            reason = (status.get("reboot") or {}).get("reason") if isinstance(
+                status.get("reboot"), dict) else None
+            problem = (f"peer {node['peer']} ({printable(str(status.get('host')))}) is "
+                       f"flagged for reboot ({printable(str(reason))})")
+    return Health(problem, tuple(notes))
+
+
+def wait_healthy(settings: Settings, timeout: float, *, reference: Reference | None = None,
+                 poll: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] = time.sleep,
+                 on_wait: Callable[[str], None] | None = None) -> Health:
+    """Check until the node is fit or `timeout` seconds pass; the last look.
+
+    `on_wait` hears the problem once, when the first look finds one (so a
+    caller can say what it waits for).
+    """
+    until = clock() + timeout
+    health = check(settings, reference)
+    told = False
+    while health.problem is not None and clock() < until:
+        if on_wait is not None and not told:
+            on_wait(health.problem)
+            told = True
+        sleep(min(poll, max(0.0, until - clock())))
+        health = check(settings, reference)
+    return health

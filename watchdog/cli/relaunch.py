@@ -1,0 +1,179 @@
+"""What `mlx-watchdog launch` makes of an attempt: how it ended, whether to relaunch,
+the exit code. Pure: the supervisor (supervisor.py) gathers the facts.
+
+mlx.launch exits 0 whatever its ranks do; the facts that count are its
+per-rank lines on stderr ("Node with rank 1 exited with code 3"), the
+incident the daemon journals when it ends the job, and whether the launch was
+interrupted. An attempt ends one way:
+
+    ending       what happened                                 relaunched   exit code
+    clean        every rank exited 0                           never        0
+    failed       a rank exited non-zero on its own             with `any`   10
+    crashed      a rank died of a signal the watchdog didn't   yes          10
+                 send (SIGSEGV, the OOM killer's SIGKILL...)
+    watchdog     the daemon ended the job (its incident)       yes          11
+    fenced       a peer node's fence ended it (its incident)   yes          11
+    interrupted  Ctrl-C (SIGINT) or SIGTERM to the launcher    never        130 / 143
+
+and the launcher adds two endings of its own: `refused` (12: the node is not
+fit for a relaunch) and `gave up` (13: attempts in a row without progress).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+EXIT_OK = 0
+EXIT_RANKS_FAILED = 10
+EXIT_TORN_DOWN = 11
+EXIT_REFUSED = 12
+EXIT_GAVE_UP = 13
+MAX_BACKOFF = 60.0
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# mlx.launch's report of each rank that did not exit 0 (mlx/_distributed_utils/launch.py).
+_RANK_LINE = re.compile(r"\[WARN\] Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
+
+
+class Ending(enum.Enum):
+    CLEAN = "clean"
+    FAILED = "failed"
+    CRASHED = "crashed"
+    WATCHDOG = "watchdog"
+    FENCED = "fenced"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass
+class Attempt:
+    """The facts of one attempt, filled in by the supervisor."""
+
+    number: int
+    started: float  # wall time, to match the daemon's incidents
+    launcher_code: int | None = None
+    exits: list[tuple[int, int | None]] = field(default_factory=list)  # (rank, code); None: killed
+    interrupted: int = 0  # the signal that interrupted the launch, or 0
+    incident: dict[str, Any] | None = None
+    pids: set[int] = field(default_factory=set)  # local ranks seen in the record directory
+    waits: int = 0  # the most waits any rank completed
+    steps: int = 0  # the most hb.step() any rank made
+
+    def see_line(self, line: str) -> None:
+        """One line of mlx.launch's stderr."""
+        match = _RANK_LINE.search(_ANSI.sub("", line))
+        if match:
+            code = match.group(2)
+            self.exits.append((int(match.group(1)), int(code) if code is not None else None))
+
+    def see_progress(self, waits: int, steps: int) -> None:
+        self.waits, self.steps = max(self.waits, waits), max(self.steps, steps)
+
+
+def ending_of(attempt: Attempt) -> Ending:
+    if attempt.interrupted:
+        return Ending.INTERRUPTED
+    if attempt.launcher_code == 0 and not attempt.exits and not _ended_by(attempt.incident):
+        # Every rank exited 0, even if the watchdog was ending them (a frozen rank
+        # resumed by its SIGCONT may finish before the SIGTERM lands): done.
+        return Ending.CLEAN
+    if attempt.incident is not None:
+        return Ending.FENCED if attempt.incident.get("verdict") == "fenced" else Ending.WATCHDOG
+    # The order of mlx.launch's lines is its threads' (racy), so no line is "the first":
+    # a rank that died of a signal other than SIGINT (Ctrl-C) and SIGTERM (what mlx.launch
+    # ends the other ranks with) crashed; else the ranks failed on their own (a peer's
+    # loss makes a ring rank raise and exit 1), or mlx.launch itself did.
+    return Ending.CRASHED if _crashes(attempt) else Ending.FAILED
+
+
+def _ended_by(incident: dict[str, Any] | None) -> bool:
+    """Did the daemon's signals end a rank? (With `--backend mpi`, mlx.launch prints no
+    per-rank lines at all: the incident's outcome is then what says so.)"""
+    outcome = (incident or {}).get("outcome")
+    return isinstance(outcome, dict) and any(
+        result in ("killed", "unkillable") for result in outcome.values())
+
+
+def _crashes(attempt: Attempt) -> list[tuple[int, int]]:
+    return [(rank, code) for rank, code in attempt.exits
+            if code is not None and code < 0 and -code not in (signal.SIGINT, signal.SIGTERM)]
+
+
+def _one_exit(rank: int, code: int) -> str:
+    if code >= 0:
+        return f"rank {rank} exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"rank {rank} died of {name}"
+
+
+def describe(attempt: Attempt, ending: Ending) -> str:
+    """One line: why the attempt ended."""
+    inc = attempt.incident or {}
+    if ending is Ending.CLEAN:
+        return "every rank exited 0"
+    if ending is Ending.INTERRUPTED:
+        return f"interrupted ({signal.Signals(attempt.interrupted).name})"
+    if ending in (Ending.WATCHDOG, Ending.FENCED):
+        who = "a fence ended it" if ending is Ending.FENCED else "the watchdog ended it"
+        return f"{who} (incident {inc.get('id')}: {inc.get('reason')})"
+    failed = sorted({(rank, code) for rank, code in attempt.exits if code is not None})
+    if not failed:
+        return (f"mlx.launch exited with code {attempt.launcher_code}" if attempt.launcher_code
+                else "a rank was killed by mlx.launch")
+    crashes = _crashes(attempt)
+    shown = crashes + [f for f in failed if f not in crashes]
+    return ", ".join(_one_exit(rank, code) for rank, code in shown)
+
+
+def exit_code(ending: Ending, interrupted: int = 0) -> int:
+    if ending is Ending.INTERRUPTED:
+        return 128 + interrupted
+    return {Ending.CLEAN: EXIT_OK, Ending.FAILED: EXIT_RANKS_FAILED,
+            Ending.CRASHED: EXIT_RANKS_FAILED, Ending.WATCHDOG: EXIT_TORN_DOWN,
+            Ending.FENCED: EXIT_TORN_DOWN}[ending]
+
+
+def restartable(ending: Ending, restart_on: str) -> bool:
+    """Torn down (by the watchdog, a fence, a signal) is relaunched; a rank's own
+    failure only with `any`; a clean exit and an interrupt never."""
+    if ending in (Ending.WATCHDOG, Ending.FENCED, Ending.CRASHED):
+        return True
+    return ending is Ending.FAILED and restart_on == "any"
+
+
+def progressed(attempt: Attempt, warmup_waits: int) -> bool:
+    """Did the job get past its warm-up: a user step, or more waits than the warm-up's?"""
+    return attempt.steps > 0 or attempt.waits > warmup_waits
+
+
+def backoff(base: float, restart: int) -> float:
+    """Seconds before relaunch number `restart` (1, 2, ...): doubling, capped."""
+    return min(MAX_BACKOFF, base * 2 ** (restart - 1)) if base > 0 else 0.0
+
+
+def incident_for(incidents: list[dict[str, Any]], job: str, attempt: Attempt,
+                 slack: float = 1.0) -> dict[str, Any] | None:
+    """The daemon's incident that ended this attempt of `job`, if any (newest first).
+
+    The job keeps its name across attempts, so an incident counts only if it
+    came after the attempt started, names this attempt when it names one, and
+    ended ranks we saw when we saw any.
+    """
+    for found in reversed(incidents):
+        if found.get("job") != job or not isinstance(found.get("time"), (int, float)):
+            continue
+        if found["time"] < attempt.started - slack:
+            continue  # an earlier attempt's (appended in the order responses ended)
+        if found.get("attempt") not in (None, attempt.number):
+            continue
+        pids = {p for p in found.get("pids") or [] if isinstance(p, int)}
+        if attempt.pids and pids and not pids & attempt.pids:
+            continue
+        return dict(found)
+    return None
