@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from watchdog import __version__, record
-from watchdog.daemon import journal, learning
+from watchdog.daemon import journal, learning, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector
 from watchdog.daemon.enforcer import (
@@ -90,6 +90,10 @@ class Daemon:
             lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
             lambda: self.snapshot, lambda: self.baseline)
         self.wake = threading.Event()  # set by the exit watcher: scan now
+        # Ranks of responses an earlier daemon left unfinished (pending.py): being
+        # completed (not judged meanwhile), or ended by it before we saw them.
+        self.replaying: set[tuple[int, float]] = set()
+        self.ended_by_us: dict[tuple[int, float], str] = {}  # key -> incident id
         self.exits = ExitWatcher(self.wake)
 
     # -- one tick --------------------------------------------------------------
@@ -189,6 +193,7 @@ class Daemon:
         self._expire(now)
         self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
         self._sample_wired()
+        self.enforcer.backlog.flush()  # what a full or failing disk held back
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
         self.learned.keep(self.detector, self.wall())
@@ -199,6 +204,8 @@ class Daemon:
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec)
         self.ranks[rank.key] = rank
+        if rank.key in self.replaying or rank.key in self.ended_by_us:
+            rank.escalating = True  # an earlier daemon's response has it: not judged again
         # Present from the job's first sight, so increase() sees its first kills.
         self.counters.job_kills.setdefault(rec.job, 0)
         log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
@@ -206,6 +213,12 @@ class Daemon:
         return rank
 
     def _gone(self, rank: Rank, now: float, status: int) -> None:
+        incident = self.ended_by_us.pop(rank.key, None)
+        if incident is not None:
+            # Ended by an earlier daemon's response, completed at our start: a kill.
+            transition(rank, Edge.KILLED, now, f"ended by the watchdog (incident {incident})")
+            self._remove_record(rank)
+            return
         if not transition(rank, Edge.EXITED, now, {
                 record.STATUS_CLOSED: "exited",
                 record.STATUS_ERROR: "exited on an uncaught exception",
@@ -330,6 +343,7 @@ class Daemon:
 
     def _retry(self, keys: list[tuple[int, float]]) -> None:
         """An escalation that failed did not end its wait: judge those ranks afresh."""
+        self.replaying.difference_update(keys)
         for key in keys:
             rank = self.ranks.get(key)
             if rank is not None:
@@ -372,9 +386,12 @@ class Daemon:
         for name in outcome.signals_sent:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1
+        self.replaying.difference_update(keys)
         for key in keys:
             rank = self.ranks.get(key)
             if rank is None:
+                if outcome.results.get(key[0]) == KILLED:  # a replay's, not yet seen
+                    self.ended_by_us[key] = outcome.incident["id"]
                 continue
             result = outcome.results.get(rank.record.pid)
             if result == KILLED:
@@ -391,6 +408,20 @@ class Daemon:
                 rank.acted_on = None
             rank.escalating = False
 
+    def replay(self) -> None:
+        """Complete, on the workers, every response an earlier daemon journaled and
+        did not close (killed mid-ladder or mid-settle): its kill is recorded as
+        one, its flag raised, and its ranks are not judged again meanwhile."""
+        for entry in pending.unfinished(self.settings.state_dir):
+            keys = [(t.pid, t.start_time) for t in entry["targets"]]
+            self.replaying.update(keys)
+
+            def others_live(keys: list[tuple[int, float]] = keys) -> bool:
+                return any(r.state not in FINAL for k, r in self.ranks.items() if k not in keys)
+
+            self.responses.adopt(self.executor.submit(self.enforcer.complete, entry, others_live),
+                                 keys, self.clock_ns() / 1e9)
+
     # -- publishing ------------------------------------------------------------
 
     def publish(self) -> None:
@@ -403,7 +434,8 @@ class Daemon:
             started=self.started, wired=(self.wired, self.baseline),
             # A directory full of junk must not make every scan write megabytes.
             invalid={**self.records.unusable(INVALID_LISTED), **transient},
-            invalid_count=len(self.records.bad) + len(transient))
+            invalid_count=len(self.records.bad) + len(transient),
+            backlog=self.enforcer.backlog.state())
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot)
@@ -426,6 +458,7 @@ class Daemon:
         from watchdog.net.notify import notify
 
         self.exits.start()
+        self.replay()
         try:
             journal.publish_pointer(self.settings.dir, self.settings.state_dir,
                                     self.settings.listen)

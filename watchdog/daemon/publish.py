@@ -51,10 +51,16 @@ class Counters:
 
 def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: Counters,
              scanned: tuple[float, float], started: float, wired: tuple[int | None, int | None],
-             invalid: dict[str, str], invalid_count: int) -> dict[str, Any]:
+             invalid: dict[str, str], invalid_count: int,
+             backlog: dict[str, Any] | None = None) -> dict[str, Any]:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
     `wired` the wired bytes now and at rest."""
     flag = journal.reboot_flag(settings.state_dir)
+    backlog = backlog or {}
+    if flag is None and backlog.get("reboot_flags_unwritten"):
+        # The flag could not be written (a full disk): the node needs its reboot all
+        # the same, and says so from memory until the file is there.
+        flag = {"reason": backlog["reboot_flags_unwritten"][0], "unwritten": True}
     shown = [rank_json(r.record, r.state, r.verdict, reason=r.reason)
              for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
     return {
@@ -76,5 +82,6 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         "invalid_records": invalid,
         "invalid_files": invalid_count,
         "counters": counters.as_json(),
+        "unwritten": backlog,
         "scan_bucket_bounds": list(SCAN_BUCKETS),
     }

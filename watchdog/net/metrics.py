@@ -115,6 +115,14 @@ class SnapshotCollector:
                                   value=counters.get("probe_errors", 0))
         yield CounterMetricFamily(PREFIX + "loop_errors", "Scans that failed with an error",
                                   value=counters.get("loop_errors", 0))
+        unwritten = snap.get("unwritten") or {}
+        yield GaugeMetricFamily(PREFIX + "unwritten_records", "Incidents and reboot flags held "
+                                "in memory because writing them failed (retried each scan)",
+                                value=float(len(unwritten.get("incidents_unwritten", []))
+                                            + len(unwritten.get("reboot_flags_unwritten", []))))
+        yield CounterMetricFamily(PREFIX + "state_write_failures", "Failed writes of incidents, "
+                                  "reboot flags and their write-ahead entries",
+                                  value=unwritten.get("write_failures", 0))
         bounds = snap.get("scan_bucket_bounds", [])
         if bounds:
             cumulative, buckets = 0, []
