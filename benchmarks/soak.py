@@ -112,6 +112,8 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         os.setgroups([])
         os.setgid(OTHER_UID)
         os.setuid(OTHER_UID)
+        # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
+        __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         me = os.getpid()
         common = dict(uid=OTHER_UID, host="stranger", job=job, backend="ring", dump_signal=0)
         for name, fields in (
