@@ -10,20 +10,27 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import signal
+import socket
 import stat
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from ranks import DaemonProc, wait_for
+from ranks import DaemonProc, http_get, wait_for
 from test_lost_records import small_disk
-from users import OTHER_UID, publish
+from users import OTHER_UID, UserProc, publish
 
 from watchdog import record
 from watchdog.daemon import evidence, journal
+from watchdog.daemon.loop import MAX_RANKS_PER_UID
 from watchdog.daemon.probes.linux import read_start_ticks
+from watchdog.net import metrics
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 
@@ -194,3 +201,127 @@ def test_a_setuid_or_undumpable_process_is_never_traced_or_signalled(
             assert not (state_dir / "evidence").exists()
     finally:
         attacker.close()
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+
+
+def _tight(daemon: DaemonProc, limit: int = 256) -> None:
+    """The daemon at a small descriptor limit (launchd's default is 256)."""
+    assert daemon.proc is not None
+    resource.prlimit(daemon.proc.pid, resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def test_slow_http_clients_cannot_take_the_daemons_descriptors(record_dir, state_dir):
+    """Item 2: 400 connections, each sending a byte a second, against a daemon at a
+    256-descriptor limit: each is cut within the whole-request time (or refused),
+    the scan still lists and probes, and a hung rank is ended during the attack."""
+    daemon = DaemonProc(record_dir, state_dir).start()
+    proc = _sleeper()
+    socks: list[socket.socket] = []
+    ended: dict[int, float] = {}  # socket index -> when the server closed it
+    stop = threading.Event()
+    try:
+        _tight(daemon)
+        url = daemon.url()  # type: ignore[attr-defined]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        connected: dict[int, float] = {}  # socket index -> when it connected
+        for _ in range(400):
+            s = socket.socket()
+            s.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                s.connect((host, int(port)))
+                connected[len(socks)] = time.monotonic()
+            s.setblocking(False)
+            socks.append(s)
+
+        def trickle() -> None:
+            while not stop.is_set():
+                for i, s in enumerate(socks):
+                    if i in ended:
+                        continue
+                    try:
+                        if s.recv(1) == b"":
+                            ended[i] = time.monotonic()
+                            continue
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    except OSError:
+                        ended[i] = time.monotonic()
+                        continue
+                    with contextlib.suppress(OSError):
+                        s.send(b"G")
+                stop.wait(1.0)
+
+        attack = threading.Thread(target=trickle, daemon=True)
+        attack.start()
+        publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
+        wait_for(lambda: proc.poll() is not None, 20, what="the hung rank ended mid-attack")
+        assert len(connected) > 300, len(connected)  # refused ones are accepted, then closed
+        wait_for(lambda: set(connected) <= set(ended), metrics.REQUEST_SECONDS + 4,
+                 what="every slow connection cut or refused")
+        assert max(ended[i] - connected[i] for i in connected) < metrics.REQUEST_SECONDS + 4
+        assert "Too many open files" not in daemon.log()
+        stop.set()
+        attack.join(5)
+        code, _, _ = http_get(daemon.url() + "/healthz")  # type: ignore[attr-defined]
+        assert code == 200
+        assert daemon.alive()
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+        proc.kill()
+        proc.wait()
+        daemon.stop()
+
+
+def test_a_daemon_that_cannot_list_its_directory_is_not_healthy(tmp_path, state_dir):
+    """Item 2: a scan that cannot list the record directory is no sign of health:
+    /healthz says so (and no WATCHDOG=1 goes to systemd)."""
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    with DaemonProc(record_dir, state_dir) as daemon:
+        url = daemon.url()  # type: ignore[attr-defined]
+        assert http_get(url + "/healthz")[0] == 200
+        aside = record_dir.rename(tmp_path / "aside")
+        record_dir.write_text("not a directory")  # listing fails: ENOTDIR
+        wait_for(lambda: http_get(url + "/healthz")[0] == 503, 10, what="unhealthy")
+        record_dir.unlink()
+        aside.rename(record_dir)
+        wait_for(lambda: http_get(url + "/healthz")[0] == 200, 10, what="healthy again")
+
+
+def test_many_records_of_one_user_cannot_blind_the_daemon(record_dir, state_dir):
+    """Item 3: 300 sleeping processes of uid 65534, each with a valid record, against a
+    daemon at a 256-descriptor limit: pidfds are capped and shared fairly, the
+    user's watched ranks are capped, and root's hung rank is still ended."""
+    os.chmod(record_dir, 0o1777)
+    daemon = DaemonProc(record_dir, state_dir).start()
+    crowd: list[UserProc] = []
+    proc = _sleeper()
+    try:
+        _tight(daemon)
+        for n in range(300):
+            child = UserProc()
+            crowd.append(child)
+            publish(record_dir, child.pid, OTHER_UID, "crowd", hung=False, world_size=1,
+                    rank=n % 1)
+        wait_for(lambda: sum(r["uid"] == OTHER_UID for r in daemon.status()["ranks"]) >= 256,
+                 60, what="the crowd watched")
+        publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
+        started = time.monotonic()
+        wait_for(lambda: proc.poll() is not None, 30, what="root's hung rank ended")
+        assert time.monotonic() - started < 30
+        watched = sum(r["uid"] == OTHER_UID for r in daemon.status()["ranks"])
+        assert watched == MAX_RANKS_PER_UID, watched
+        assert "Too many open files" not in daemon.log()
+        assert all(c.signals() == [] for c in crowd), "a healthy rank was signalled"
+        assert daemon.alive()
+    finally:
+        for child in crowd:
+            child.close()
+        proc.kill()
+        proc.wait()
+        daemon.stop()

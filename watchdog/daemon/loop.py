@@ -10,6 +10,7 @@ metrics endpoint, `/status` and `status.json`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
+# Live ranks watched per owner uid: one user's thousands of records (each a real,
+# sleeping process) cost probes every scan; they must not starve another user's.
+MAX_RANKS_PER_UID = 256
 
 
 class Daemon:
@@ -77,6 +81,9 @@ class Daemon:
         self.baseline: int | None = None
         self.last_scan_wall = 0.0
         self.last_scan_mono = 0.0
+        # Why the last scan was blind ("" when it was not): it could not list the
+        # directory or ran out of descriptors probing. Such a scan is no sign of health.
+        self.scan_trouble = ""
         self.started = wall()
         # Before the first scan: enough for /metrics to show the start time.
         self.snapshot: dict[str, Any] = {"host": self.host, "version": __version__,
@@ -125,6 +132,11 @@ class Daemon:
         due: dict[tuple[int, str], list[Rank]] = {}
         load = self.probe.load_per_cpu()
         watched = {r.path for r in self.ranks.values()}
+        trouble: list[str] = []
+        per_uid: dict[int, int] = {}
+        for r in self.ranks.values():
+            if r.state not in FINAL:
+                per_uid[r.record.uid] = per_uid.get(r.record.uid, 0) + 1
         for path, rec, why, st in self.records.read(watched):
             if rec is None:
                 self._report_invalid(path, why, st)
@@ -148,6 +160,8 @@ class Daemon:
             except ProbeError as err:
                 self.counters.probe_errors += 1
                 log.warning("probe failed for pid %s: %s", rec.pid, err)
+                if getattr(err.__cause__, "errno", None) in (errno.EMFILE, errno.ENFILE):
+                    trouble.append("out of file descriptors while probing")
                 if rank is not None:
                     seen.add(key)
                 continue
@@ -161,7 +175,13 @@ class Daemon:
                 self.records.mark_bad(path, st, why)
                 self._report_invalid(path, why, st)
                 continue
+            if rank is None and per_uid.get(rec.uid, 0) >= MAX_RANKS_PER_UID:
+                self._report_invalid(path, f"uid {rec.uid} already has {MAX_RANKS_PER_UID} "
+                                     "ranks watched (the most per user)", st)
+                continue
             seen.add(key)
+            if rank is None:
+                per_uid[rec.uid] = per_uid.get(rec.uid, 0) + 1
             rank = rank or self._add(path, rec)
             rank.record, rank.seen_alive = rec, True
             if rec.status != record.STATUS_OPEN and not rank.escalating:
@@ -191,12 +211,19 @@ class Daemon:
             if self.signaller.identify(rank.target()) in (GONE, NOT_OURS):
                 self._gone(rank, now, status=rank.record.status)
         self._expire(now)
-        self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
+        live: dict[int, list[int]] = {}
+        for r in self.ranks.values():
+            if r.state not in FINAL:
+                live.setdefault(r.record.uid, []).append(r.record.pid)
+        self.exits.watch(live)  # pidfds shared out fairly between the users
         self._sample_wired()
         self.enforcer.backlog.flush()  # what a full or failing disk held back
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
         self.learned.keep(self.detector, self.wall())
+        if not self.records.listed:
+            trouble.append(f"cannot list {self.settings.dir}")
+        self.scan_trouble = "; ".join(sorted(set(trouble)))
         self.counters.observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
@@ -443,9 +470,10 @@ class Daemon:
             log.warning("cannot write status.json: %s", err)
 
     def healthy(self) -> bool:
-        """The loop completed a scan recently (used by /healthz and the systemd ping)."""
-        return journal.scan_is_recent(self.last_scan_mono, self.settings.interval,
-                                      time.monotonic())
+        """The loop completed a scan recently, and that scan could see (used by /healthz
+        and the systemd ping): a scan that cannot list or probe watches nothing."""
+        return not self.scan_trouble and journal.scan_is_recent(
+            self.last_scan_mono, self.settings.interval, time.monotonic())
 
     # -- the loop ----------------------------------------------------------------
 
