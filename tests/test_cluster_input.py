@@ -88,10 +88,11 @@ def test_cluster_status_survives_a_malformed_peer(peer):
 
 
 @pytest.mark.ranks
-def test_the_slow_peer_hold_still_sees_the_computing_rank(peer):
+def test_the_slow_peer_hold_still_sees_the_computing_rank(peer, tmp_path):
     """Peers.view (which the slow-peer hold asks) with a malformed rank in the answer:
     the good rank computing on the peer is still reported, so the job is held."""
-    peers = Peers(SimpleNamespace(peers=(peer,), peer_timeout=5.0, secret=""),  # type: ignore[arg-type]
+    peers = Peers(SimpleNamespace(peers=(peer,), peer_timeout=5.0, secret="",
+                                  state_dir=str(tmp_path)),  # type: ignore[arg-type]
                   "here", None, 0.0)  # type: ignore[arg-type]
     local = {"host": "here", "ranks": [rank(host="here", pid=20, rank=0, state="suspect",
                                             phase="wait", computing=False)]}
