@@ -31,6 +31,7 @@ from watchdog.daemon.deadlines import (
     Rules,
     deadline_for,
     job_key,
+    kind_of,
 )
 from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.daemon.threads import (
@@ -177,7 +178,7 @@ class Detector:
             track.progress = progress
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         self._learn(record, track, waiting)
-        kind = KIND_OF.get(record.op, record.op or "wait") if waiting else NATIVE_KIND
+        kind = kind_of(record.op) if waiting else NATIVE_KIND
         deadline = deadline_for(record, rules, self._known(record, kind))
         since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
