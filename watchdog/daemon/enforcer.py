@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.daemon import pending
+from watchdog.daemon import journal, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.evidence import Evidence
 from watchdog.daemon.probes import Probe, ProbeError
@@ -270,8 +270,8 @@ class Enforcer:
         """
         incident, targets = entry["incident"], entry["targets"]
         baseline = entry.get("baseline")
-        if "closed_at" in incident:  # all done but the journal line
-            self.close(incident, None)
+        if "closed_at" in incident:  # all done but the journal line, or the flag
+            self._reclose(incident, baseline)
             return Outcome(incident, {}, ())
         log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
                     incident["id"], incident.get("job"))
@@ -306,11 +306,31 @@ class Enforcer:
         sent = tuple(sig["signal"] for sig in incident["signals"] if sig["result"] == SENT)
         return Outcome(incident, outcome, sent)
 
+    def _reclose(self, incident: dict[str, Any], baseline: int | None) -> None:
+        """A closed incident an earlier daemon could not finish writing: its line
+        and its reboot flag, whichever is not on disk yet (never twice)."""
+        state_dir = self.settings.state_dir
+        written = any(i.get("id") == incident["id"]
+                      for i in journal.read_incidents(state_dir)[0])
+        flag = None
+        reason = incident.get("reboot_required")
+        present = journal.reboot_flag(state_dir) or {}
+        if reason and not any(r.get("incident") == incident["id"]
+                              for r in present.get("reasons", []) if isinstance(r, dict)):
+            flag = {"reason": reason, "time": self.wall(), "incident": incident["id"],
+                    "wired_baseline": baseline, "wired_after": incident.get("wired_after")}
+        if written:
+            self.backlog.written(incident["id"])
+        self.backlog.add(None if written else incident, flag)
+
     def close(self, incident: dict[str, Any], flag: dict[str, Any] | None) -> None:
         """Journal the incident and the flag, each on its own: one failed write
         neither skips the other nor loses itself (held and retried each scan)."""
         incident["reboot_required"] = incident.get("reboot_required", False)
         incident["closed_at"] = self.wall()
+        # Closed in its entry too: a restart before both writes are done completes
+        # only the writes (never the ladder again, never a second line).
+        self.write_ahead(incident)
         self.backlog.add(incident, flag)
 
 

@@ -92,14 +92,23 @@ class Backlog:
         self.incidents: list[dict[str, Any]] = []
         self.flags: list[dict[str, Any]] = []  # {"reason": ..., figures}
         self.failures = 0  # writes that failed (a metric)
+        # Incidents written whose flag is not yet: their write-ahead entry stays, so a
+        # restart meanwhile still raises the flag (Enforcer.complete).
+        self._written: set[str] = set()
         self._lock = threading.Lock()
 
-    def add(self, incident: dict[str, Any], flag: dict[str, Any] | None) -> None:
+    def add(self, incident: dict[str, Any] | None, flag: dict[str, Any] | None) -> None:
         with self._lock:
             if flag is not None:
                 self.flags.append(flag)
-            self.incidents.append(incident)
+            if incident is not None:
+                self.incidents.append(incident)
         self.flush()
+
+    def written(self, incident_id: str) -> None:
+        """That incident's line is on disk already (an earlier daemon wrote it)."""
+        with self._lock:
+            self._written.add(incident_id)
 
     def flush(self) -> None:
         """Write what is held: flags first (the node's safety), then the incidents.
@@ -125,11 +134,15 @@ class Backlog:
                               "each scan", incident.get("id"), err)
                     break
                 self.incidents.pop(0)
+                self._written.add(incident["id"])
+            flagged = {f.get("incident") for f in self.flags}
+            for incident_id in sorted(self._written - flagged):
+                self._written.discard(incident_id)
                 try:
-                    done(self.state_dir, incident["id"])
+                    done(self.state_dir, incident_id)
                 except OSError as err:
                     log.warning("cannot remove the pending entry of incident %s: %s",
-                                incident.get("id"), err)
+                                incident_id, err)
 
     def state(self) -> dict[str, Any]:
         """For /status and the metrics."""
