@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -147,6 +148,9 @@ def test_evidence_a_rank_grows_without_end_cannot_fill_the_state_disk(tmp_path, 
             assert dumps[0].stat().st_size <= evidence.MAX_DUMP_BYTES + 200
             copied = dumps[0].read_bytes()
             assert copied.startswith(b"Thread 0x1") and b"cut here" in copied  # a GiB, cut
+            if shutil.which("gdb") or shutil.which("py-spy"):  # read through its pipe
+                natives = [p for p in inc["evidence"] if p.endswith("-native.txt")]
+                assert natives and 0 < os.path.getsize(natives[0]) <= evidence.NATIVE_READ_LIMIT
             # Evidence is root's alone; the journal's room is left.
             for path in inc["evidence"]:
                 assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path

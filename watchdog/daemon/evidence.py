@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,11 +86,26 @@ def _copy_dump(target: Target, offset: int, out: str, limit: int = MAX_DUMP_BYTE
                 dst.write(b"\n[mlx-watchdog: cut here, at the evidence size or time limit]\n")
 
 
-def _limit_output(limit: int) -> None:
-    """In the sampler's child: no file it writes grows past `limit` bytes."""
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, until: float) -> bool:
+    """Copy the sampler's output to `dst`, at most `limit` bytes, until `until`
+    (monotonic); False when time ran out first."""
+    assert proc.stdout is not None
+    fd, left = proc.stdout.fileno(), limit
+    while True:
+        wait = until - time.monotonic()
+        if wait <= 0:
+            return False
+        ready, _, _ = select.select([fd], [], [], min(wait, 0.5))
+        if not ready:
+            continue
+        chunk = os.read(fd, _CHUNK)
+        if not chunk:
+            return True
+        dst.write(chunk[:left])
+        left -= min(left, len(chunk))
+        if left == 0:
+            dst.write(b"\n[mlx-watchdog: cut here, at the evidence size limit]\n")
+            return True
 
 
 def prune(folder: str, keep: int = KEEP_INCIDENTS, keep_bytes: int = KEEP_BYTES,
@@ -227,13 +242,20 @@ class Evidence:
         try:
             with os.fdopen(_private(out), "wb") as dst:
                 # The sampler prints what the rank's owner controls (names, frames,
-                # a deep recursion): its output file is capped by RLIMIT_FSIZE.
-                subprocess.run(command, stdout=dst, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, timeout=timeout, check=False,
-                               preexec_fn=(lambda: _limit_output(room))  # noqa: PLW1509
-                               if sys.platform != "win32" else None)
-        except subprocess.TimeoutExpired:
-            log.info("%s timed out after %.1fs on pid %s", command[0], timeout, target.pid)
+                # a deep recursion): its output is read through a pipe, cut at
+                # `room` bytes and at the time box.
+                proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                try:
+                    if not _drain(proc, dst, room, time.monotonic() + timeout):
+                        log.info("%s timed out after %.1fs on pid %s", command[0], timeout,
+                                 target.pid)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                    proc.wait()
+                    if proc.stdout is not None:
+                        proc.stdout.close()
         except OSError as err:
             log.warning("%s failed on pid %s: %s", command[0], target.pid, err)
             return None
