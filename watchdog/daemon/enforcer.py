@@ -93,12 +93,10 @@ class Enforcer:
                       incident["id"], err)
 
     def _signal(self, incident: dict[str, Any], target: Target, signum: int) -> str:
-        sent = {"pid": target.pid, "rank": target.rank, "signal": signal.Signals(signum).name,
-                "time": self.wall(), "result": "pending"}
-        incident["signals"].append(sent)
-        # Journaled before it is sent: a daemon killed right after knows it was.
-        self.write_ahead(incident)
-        result = sent["result"] = self.signaller.send(target, signum)
+        result = self.signaller.send(target, signum)
+        incident["signals"].append({"pid": target.pid, "rank": target.rank,
+                                    "signal": signal.Signals(signum).name,
+                                    "time": self.wall(), "result": result})
         log.info("%s to pid %s (job %s rank %s): %s", signal.Signals(signum).name,
                  target.pid, target.job, target.rank, result)
         return result
@@ -119,6 +117,12 @@ class Enforcer:
     def end(self, incident: dict[str, Any], targets: list[Target]) -> dict[int, str]:
         """SIGCONT, SIGTERM, grace, SIGKILL, confirm. Returns pid -> outcome."""
         incident.setdefault("signals", [])
+        # Journaled before the first signal of each round, not before each signal:
+        # a write (an fsync) between a SIGCONT and the SIGTERM that follows would
+        # let a resumed rank see its peer die and exit first. A target gone after
+        # the ladder began was ended by it (Enforcer.complete).
+        incident["ladder"] = "begun"
+        self.write_ahead(incident)
         outcome = {}
         for target in targets:
             # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
@@ -132,6 +136,8 @@ class Enforcer:
                 outcome[target.pid] = result
         left = self._wait_gone([t for t in live if t.pid not in outcome],
                                self.settings.grace)
+        if left:
+            self.write_ahead(incident)  # SIGCONT and SIGTERM as sent, before the SIGKILLs
         for target in left:
             self._signal(incident, target, signal.SIGKILL)
         left = self._wait_gone(left, self.settings.kill_timeout)
@@ -279,8 +285,11 @@ class Enforcer:
         incident["completed_at_start"] = self.wall()
         self._responses[incident["id"]] = (targets, baseline)
         try:
-            signalled = {s["pid"] for s in incident["signals"]
-                         if s.get("signal") in ("SIGTERM", "SIGKILL")}
+            # The ladder had begun: every target may have had its signals (they are
+            # journaled per round); else only those the journal names.
+            signalled = ({t.pid for t in targets} if incident.get("ladder") else
+                         {s["pid"] for s in incident["signals"]
+                          if s.get("signal") in ("SIGTERM", "SIGKILL")})
             fresh = self.wall() - float(incident.get("time", 0.0)) < self.replay_within()
             outcome: dict[int, str] = {}
             live = []

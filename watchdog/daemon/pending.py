@@ -2,8 +2,8 @@
 memory until it is on disk.
 
 Before the enforcer signals anything it writes `<state-dir>/pending/<incident>.json`
-(durably): the verdict, the targets' identities and each signal it is about to
-send. The entry goes once the incident line is in `incidents.jsonl`. A daemon
+(durably): the verdict, the targets' identities, each round of signals before
+it is sent, the outcome before the wired-memory settle. The entry goes once the incident line is in `incidents.jsonl`. A daemon
 killed in between (SIGKILL, a crash, launchd or systemd restarting it mid-settle)
 leaves the entry, and the next daemon completes it at start (`Replay`), so a kill
 is never taken for a crash and never goes unrecorded.
