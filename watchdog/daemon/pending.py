@@ -3,10 +3,11 @@ memory until it is on disk.
 
 Before the enforcer signals anything it writes `<state-dir>/pending/<incident>.json`
 (durably): the verdict, the targets' identities, each round of signals before
-it is sent, the outcome before the wired-memory settle. The entry goes once the incident line is in `incidents.jsonl`. A daemon
-killed in between (SIGKILL, a crash, launchd or systemd restarting it mid-settle)
-leaves the entry, and the next daemon completes it at start (`Replay`), so a kill
-is never taken for a crash and never goes unrecorded.
+it is sent, the outcome before the wired-memory settle. The entry goes once the
+incident line (and its reboot flag) are on disk. A daemon killed in between
+(SIGKILL, a crash, launchd or systemd restarting it mid-settle) leaves the
+entry, and the next daemon completes it at start (`Enforcer.complete`), so a
+kill is never taken for a crash and never goes unrecorded.
 
 A write that fails (a full or read-only state disk) loses nothing either: the
 incident and the reboot flag are written independently, and whichever failed is
