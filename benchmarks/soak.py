@@ -21,7 +21,14 @@ its own hung in a wait since boot that names a running job (its job id, a
 rank, its world size), a record forging one of that job's ranks (its pid, the
 stranger's uid) and one claiming a world of 2**31-1 ranks. The stranger's own
 hang must be ended (it is a hang of the stranger's job); no real rank may be
-touched for any of it.
+touched for any of it. The same user also runs the attacks of issue 20 for the
+whole soak: its hung record names SIGUSR2 for stack dumps and grows its dump
+file to a sparse GiB on it (the state dir is a 64 MiB tmpfs); a process of it
+keeps 64 HTTP connections to the daemon open, trickling a byte a second; a
+crowd of 40 sleeping processes of it publish valid records (the daemon runs at
+a 256-descriptor limit); one of them waits on ever-new unknown op codes. None
+of the crowd may be signalled, the state disk must keep room, no response may
+be left unfinished, and the learned kinds of that user stay bounded.
 
 An oracle then checks every incident of `incidents.jsonl` and every process
 exit against what was injected, and prints the figures. Exit status 1 when
@@ -40,6 +47,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -112,17 +120,27 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         os.setgroups([])
         os.setgid(OTHER_UID)
         os.setuid(OTHER_UID)
+        # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
+        __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         me = os.getpid()
+        # Item 1 of issue 20: the dump signal grows the dump file to a sparse GiB.
+        stacks = os.open(f"{me}.stacks", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+        def grow(_signum: int, _frame: object) -> None:
+            os.write(stacks, b"Thread 0x1 (most recent call first):\n")
+            os.ftruncate(stacks, 1 << 30)
+
+        signal.signal(signal.SIGUSR2, grow)
         common = dict(uid=OTHER_UID, host="stranger", job=job, backend="ring", dump_signal=0)
         for name, fields in (
                 (f"{me}.rec", dict(pid=me, start_time=psutil.Process().create_time(),
                                    start_ticks=read_start_ticks("self"), rank=size - 1,
-                                   world_size=size)),
+                                   world_size=size, dump_signal=int(signal.SIGUSR2))),
                 (f"{me}-forged.rec", dict(pid=victim, start_time=victim_start, rank=0,
                                           world_size=size)),
                 (f"{me}-huge.rec", dict(pid=me, start_time=psutil.Process().create_time(),
                                         rank=2**31 - 2, world_size=2**31 - 1))):
-            writer = record.RecordWriter(name, **fields, **common)
+            writer = record.RecordWriter(name, **{**common, **fields})  # type: ignore[arg-type]
             writer.begin()
             writer.write_hot(1, 1, 0, 0, Phase.WAIT, record.OP_CODE["all_sum"], 1, 1, 1, 0, 0)
             writer.write_expect(0.5, 1, "")
@@ -130,6 +148,92 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
             writer.close(record.STATUS_OPEN, remove=False)
         while True:
             time.sleep(1)
+    finally:
+        os._exit(1)
+
+
+def _become_other_user() -> None:
+    os.setgroups([])
+    os.setgid(OTHER_UID)
+    os.setuid(OTHER_UID)
+    __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as after an exec
+
+
+def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
+    """A sleeping process of OTHER_UID with a valid, healthy record of its own (issue
+    20, item 3); with `mint`, its record waits on a new unknown op code every second
+    (item 5)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.chdir(record_dir)
+        _become_other_user()
+        me = os.getpid()
+        writer = record.RecordWriter(
+            f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
+            host="crowd", job=f"crowd-{n}", rank=0, world_size=1, backend="ring",
+            dump_signal=0, start_ticks=read_start_ticks("self"))
+        code, done = len(record.OPS) + 1, 0
+        while True:
+            now = time.monotonic_ns()
+            writer.begin()
+            if mint:
+                writer.write_hot(done, done + 1, done, 0, Phase.WAIT, code, now, now, now, 0, 0)
+            else:
+                writer.write_hot(done, done, done, 0, Phase.RUNNING, 0, now, 0, now, 0, 0)
+            writer.end()
+            time.sleep(0.6 if mint else 1.0)
+            if mint:  # the wait returns: the daemon learns it under its op code's kind
+                done, code = done + 1, code + 1 if code < 250 else len(record.OPS) + 1
+                now2 = time.monotonic_ns()
+                writer.begin()
+                writer.write_hot(done, done, done, 0, Phase.RUNNING, 0, now2, 0, now2,
+                                 now2 - now, now2 - now)
+                writer.end()
+                time.sleep(0.4)
+    finally:
+        os._exit(1)
+
+
+def spawn_slow_client(host: str, port: int, connections: int = 64) -> int:
+    """A process of OTHER_UID holding `connections` HTTP connections to the daemon,
+    each sending a byte a second and reopened when cut (issue 20, item 2)."""
+    import socket
+
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _become_other_user()
+        socks: list[socket.socket | None] = [None] * connections
+        while True:
+            for i, s in enumerate(socks):
+                if s is None:
+                    s = socket.socket()
+                    s.settimeout(0.2)
+                    try:
+                        s.connect((host, port))
+                    except OSError:
+                        s.close()
+                        continue
+                    s.setblocking(False)
+                    socks[i] = s
+                try:
+                    if s.recv(1) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+                    socks[i] = None
+                    continue
+                try:
+                    s.send(b"G")
+                except OSError:
+                    s.close()
+                    socks[i] = None
+            time.sleep(1.0)
     finally:
         os._exit(1)
 
@@ -185,11 +289,20 @@ class Soak:
         self.record_dir.mkdir(parents=True, exist_ok=True)
         self.strangers: dict[int, Stranger] = {}
         self.use_strangers = config.strangers and os.geteuid() == 0
+        self.crowd: list[int] = []  # the second user's sleeping processes (issue 20)
+        self.slow_client: int | None = None
+        self.state_dir = self.workdir / "state"
+        self.state_mounted = False
         if self.use_strangers:
             os.chmod(self.workdir, 0o711)
             os.chmod(self.record_dir, 0o1777)  # as under the service: sticky, anyone writes
+            # A small state disk, so a dump file grown without end would fill it.
+            self.state_dir.mkdir(exist_ok=True)
+            self.state_mounted = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs",
+                 str(self.state_dir)], capture_output=True).returncode == 0
         self.daemon = DaemonProc(
-            self.record_dir, self.workdir / "state", deadline=config.deadline,
+            self.record_dir, self.state_dir, deadline=config.deadline,
             blocked_deadline=config.blocked_deadline, interval=config.interval,
             grace=config.grace, evidence_timeout=config.evidence_timeout, kill_timeout=3,
             retention=30)
@@ -345,11 +458,48 @@ class Soak:
                 return False
         return True
 
+    def hostile_start(self) -> None:
+        """The second user's attacks of issue 20, for the whole soak (see the docstring)."""
+        assert self.daemon.proc is not None
+        import resource
+
+        resource.prlimit(self.daemon.proc.pid, resource.RLIMIT_NOFILE, (256, 256))
+        for n in range(40):
+            self.crowd.append(spawn_crowd_member(self.record_dir, n, mint=n == 0))
+        host, port = self.daemon.url().removeprefix("http://").rsplit(":", 1)  # type: ignore[attr-defined]
+        self.slow_client = spawn_slow_client(host, int(port))
+        self.say(f"hostile user: crowd {len(self.crowd)}, slow client {self.slow_client}")
+
+    def hostile_figures(self) -> dict[str, Any]:
+        """What the attacks of issue 20 left: each must be zero or within its bound."""
+        crowd_gone = [pid for pid in self.crowd if os.waitpid(pid, os.WNOHANG)[0]]
+        pending = list((self.state_dir / "pending").glob("*.json"))
+        unwritten = self.daemon.status().get("unwritten") or {}
+        dumps = [f.stat().st_size for f in (self.state_dir / "evidence").glob("*/*-python.txt")]
+        try:
+            learned = json.loads((self.state_dir / "learned.json").read_text())["jobs"]
+        except (OSError, ValueError, KeyError):
+            learned = {}
+        kinds = {k for job, entry in learned.items() if job.startswith(f"{OTHER_UID}:")
+                 for k in entry.get("kinds", {})}
+        stats = os.statvfs(self.state_dir)
+        return {"crowd": len(self.crowd), "crowd_ended": len(crowd_gone),
+                "pending_left": len(pending),
+                "unwritten": len(unwritten.get("incidents_unwritten", []))
+                + len(unwritten.get("reboot_flags_unwritten", [])),
+                "largest_dump_bytes": max(dumps, default=0),
+                "state_free_bytes": stats.f_bavail * stats.f_frsize,
+                "state_disk": "tmpfs 64 MiB" if self.state_mounted else "the work dir",
+                "learned_kinds_of_user": sorted(kinds),
+                "too_many_open_files": self.daemon.log().count("Too many open files")}
+
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.daemon.start()
         began = time.monotonic()
         try:
+            if self.use_strangers:
+                self.hostile_start()
             next_fault = began + self.rng.uniform(*cfg.fault_gap)
             next_stranger = began + self.rng.uniform(*cfg.stranger_gap)
             while time.monotonic() < began + cfg.seconds:
@@ -367,8 +517,12 @@ class Soak:
                 time.sleep(0.05)
             self.tick()
             time.sleep(1.0)  # the last incidents' journal lines
+            hostile = self.hostile_figures() if self.use_strangers else None
             self.cleanup()
             figures = self.oracle()
+            figures["hostile"] = hostile
+            if hostile is not None:
+                figures["problems"] += hostile_problems(hostile)
             figures["wall_seconds"] = round(time.monotonic() - began, 1)
             figures["daemon_alive"] = self.daemon.alive()
             if failed(figures):  # the daemon's log and the ranks' logs say why
@@ -378,10 +532,21 @@ class Soak:
         finally:
             self.cleanup()
             self.daemon.stop()
+            if self.state_mounted:
+                subprocess.run(["umount", "-l", str(self.state_dir)], check=False)
             if not cfg.keep and cfg.workdir is None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
     def cleanup(self) -> None:
+        for pid in [*self.crowd, *([self.slow_client] if self.slow_client else [])]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass  # reaped already
+            except ProcessLookupError:
+                pass
+        self.crowd, self.slow_client = [], None
         for stranger in self.strangers.values():
             if stranger.code is None:
                 stranger.cleanup = True
@@ -533,9 +698,29 @@ class Soak:
         }
 
 
+def hostile_problems(h: dict[str, Any]) -> list[str]:
+    """What the second user's attacks of issue 20 must not achieve."""
+    problems = []
+    if h["crowd_ended"]:
+        problems.append(f"{h['crowd_ended']} of the crowd's healthy processes ended")
+    if h["pending_left"] or h["unwritten"]:
+        problems.append(f"responses left unfinished ({h['pending_left']}) or unwritten "
+                        f"({h['unwritten']})")
+    if h["largest_dump_bytes"] > (1 << 20) + 200:
+        problems.append(f"a dump copy of {h['largest_dump_bytes']} bytes")
+    if h["state_free_bytes"] < 8 << 20:
+        problems.append(f"the state disk has {h['state_free_bytes']} bytes left")
+    if any(k.startswith("?") for k in h["learned_kinds_of_user"]):
+        problems.append(f"unknown op codes became kinds: {h['learned_kinds_of_user']}")
+    if h["too_many_open_files"]:
+        problems.append(f"{h['too_many_open_files']} 'Too many open files' in the daemon's log")
+    return problems
+
+
 def failed(figures: dict[str, Any]) -> bool:
     return bool(figures["wrong_kills"] or figures["hangs_missed"] or figures["culprit_errors"]
-                or figures["bad_exits"] or figures["wrong_results"])
+                or figures["bad_exits"] or figures["wrong_results"]
+                or (figures.get("hostile") and hostile_problems(figures["hostile"])))
 
 
 def report(figures: dict[str, Any]) -> str:
@@ -568,6 +753,15 @@ def report(figures: dict[str, Any]) -> str:
         f"{f['strangers']['own_hang_missed']}",
         f"incidents           {f['incidents']}; daemon alive at the end: {f['daemon_alive']}",
     ]
+    if f.get("hostile"):
+        h = f["hostile"]
+        lines.append(
+            f"hostile user        crowd {h['crowd']} (ended {h['crowd_ended']}), 64 slow HTTP "
+            f"connections, daemon at 256 descriptors (EMFILE {h['too_many_open_files']}); "
+            f"largest dump {h['largest_dump_bytes']} B, state free "
+            f"{h['state_free_bytes'] >> 20} MiB ({h['state_disk']}); pending "
+            f"{h['pending_left']}, unwritten {h['unwritten']}; learned kinds "
+            f"{h['learned_kinds_of_user']}")
     lines += [f"PROBLEM: {p}" for p in f["problems"]]
     if f.get("kept"):
         lines.append(f"logs kept in {f['kept']} (daemon-*.log, jobs/*/rank*.log)")

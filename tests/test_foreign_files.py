@@ -54,6 +54,8 @@ def _install_as_other_user(directory: str, plant: tuple[str, ...]):
             os.setgroups([])
             os.setgid(OTHER_UID)
             os.setuid(OTHER_UID)
+            # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
+            __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
             os.read(go_r, 1)
             os.environ["MLX_WATCHDOG_DUMP_SIGNAL"] = str(int(signal.SIGUSR1))
             hb = hook.install(directory, job="jforeign")

@@ -45,6 +45,8 @@ FAMILIES = {
     P + "invalid_records": "counter",
     P + "probe_errors": "counter",
     P + "loop_errors": "counter",
+    P + "unwritten_records": "gauge",
+    P + "state_write_failures": "counter",
     P + "scan_duration_seconds": "histogram",
     P + "last_scan_timestamp_seconds": "gauge",
     P + "build_info": "gauge",

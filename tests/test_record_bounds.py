@@ -84,11 +84,16 @@ def test_cluster_status_stays_fast_on_a_peer_claiming_a_huge_world(tmp_path):
 def test_a_peer_status_with_wrongly_typed_numbers_is_judged_without_an_error():
     from watchdog.net import cluster
 
+    # Wrongly typed ranks are dropped (issue 20, item 9: never the view); the
+    # well-typed one is judged.
     ranks = [{"rank": "0", "pid": None, "job": "j", "state": "stalled", "phase": "wait",
               "world_size": "2"},
              {"rank": 1, "pid": "x", "job": "j", "state": "stopped", "phase": "wait",
-              "world_size": 2.5}]
+              "world_size": 2.5},
+             {"rank": 1, "pid": 7, "job": "j", "state": "stopped", "phase": "wait",
+              "world_size": 2}]
     view = cluster.analyze([{"peer": "a:1", "ok": True, "status": {"ranks": ranks}}])
     (job,) = view["jobs"]
     assert job["state"] == "hung" and job["world_size"] == 2
+    assert [r["pid"] for r in job["ranks"]] == [7] and job["missing_ranks"] == [0]
     assert cluster.render_text(view)

@@ -9,6 +9,7 @@ it receives on a pipe, so a test can assert a process was never signalled
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
@@ -39,6 +40,9 @@ class UserProc:
                     os.setgroups([])
                     os.setgid(uid)
                     os.setuid(uid)
+                    # setuid() cleared the dumpable flag; a process that user started
+                    # (an exec) has it, and the daemon refuses one without it.
+                    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
 
                 def report(signum: int, _frame: object) -> None:
                     os.write(write, bytes([signum]))

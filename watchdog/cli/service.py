@@ -166,7 +166,8 @@ _PLIST_NOTES = {
         "A LaunchDaemon, so it runs as root: ending other users' ranks and\n"
         "\t     rebooting need it. Load with: launchctl bootstrap system <this file>\n"
         "\t     No SoftResourceLimits/HardResourceLimits: on a system daemon a\n"
-        "\t     NumberOfFiles limit changes kern.maxfiles for the whole machine."
+        "\t     NumberOfFiles limit changes kern.maxfiles for the whole machine;\n"
+        "\t     the daemon raises its own soft open-files limit at start instead."
     ),
     "ExitTimeOut": (
         "Seconds from SIGTERM to SIGKILL: at least the daemon's own shutdown\n"
@@ -267,6 +268,10 @@ WatchdogSec=30
 ExecStart={exec_start}
 Restart=always
 RestartSec=2
+# Descriptors: one pidfd per watched rank, the HTTP clients, the probes.
+# The daemon also raises its soft limit itself (to 65536 at most);
+# this sets the hard one it may raise to.
+LimitNOFILE=65536
 
 {directories}
 

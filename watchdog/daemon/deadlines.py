@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchdog.record import Record
+from watchdog.record.layout import OPS
 from watchdog.states import Phase
 
 
@@ -46,6 +47,16 @@ NATIVE_KIND = "native"  # the backstop's spells outside a known wait
 # learn from). A conversion (`item`, `print(a)`, ...) stays its own kind: a tiny
 # `.item()` says nothing about the pace of a big eval.
 KIND_OF = {"async_eval": "eval", "synchronize": "eval"}
+# An op code this daemon has no name for (a newer hook, or any user's forgery):
+# all such codes are one kind, so a record cannot mint kinds without end.
+OTHER_KIND = "other"
+
+
+def kind_of(op: str) -> str:
+    """The kind of wait an op name (as the record reader gives it) is learned under."""
+    if op in OPS:
+        return KIND_OF.get(op, op or "wait")
+    return OTHER_KIND
 
 
 def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -> float:

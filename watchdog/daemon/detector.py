@@ -31,6 +31,7 @@ from watchdog.daemon.deadlines import (
     Rules,
     deadline_for,
     job_key,
+    kind_of,
 )
 from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.daemon.threads import (
@@ -156,7 +157,7 @@ class Detector:
         as the pause, which says nothing of the job's pace (its count still does)."""
         kinds: dict[str, tuple[int, int]] = {}
         for pace in record.pace or ():
-            kind = KIND_OF.get(pace.op, pace.op)
+            kind = kind_of(pace.op)
             waits, longest = kinds.get(kind, (0, 0))
             kinds[kind] = (waits + pace.waits, max(longest, pace.longest_ns))
         key = job_key(record)
@@ -213,7 +214,7 @@ class Detector:
         else:
             self._learn(record, track, waiting)
         track.stopped = stopped
-        kind = KIND_OF.get(record.op, record.op or "wait") if waiting else NATIVE_KIND
+        kind = kind_of(record.op) if waiting else NATIVE_KIND
         deadline = deadline_for(record, rules, self._known(record, kind))
         since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,

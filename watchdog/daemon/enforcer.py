@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.daemon import journal
+from watchdog.daemon import journal, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.evidence import Evidence
 from watchdog.daemon.probes import Probe, ProbeError
@@ -33,6 +33,8 @@ from watchdog.daemon.signaller import (
     Signaller,
     Target,
 )
+from watchdog.record import RecordError, read_path
+from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
 
 __all__ = ["DENIED", "DUMP_SIGNALS", "GONE", "KILLED", "NOT_OURS", "OURS", "SENT", "UNKILLABLE",
            "UNKNOWN", "Enforcer", "Outcome", "Signaller", "Target"]
@@ -65,12 +67,30 @@ class Enforcer:
         self.wall = wall
         self.evidence = Evidence(settings.state_dir, settings.evidence_timeout, signaller,
                                  probe, clock=clock, sleep=sleep)
+        # Incidents and reboot flags a failed write left in memory (pending.py).
+        self.backlog = pending.Backlog(settings.state_dir)
+        # incident id -> (targets, baseline): what write-ahead entries hold
+        self._responses: dict[str, tuple[list[Target], int | None]] = {}
 
     def capture(self, incident_id: str, targets: list[Target]) -> list[str]:
         """Stack dumps of every target, time-boxed; their files."""
         return self.evidence.capture(incident_id, targets)
 
     # -- the ladder ------------------------------------------------------------
+
+    def write_ahead(self, incident: dict[str, Any]) -> None:
+        """The response so far, on disk before its next step. A failed write is
+        reported and the kill goes on: a hung job must end whatever the disk does."""
+        response = self._responses.get(incident.get("id", ""))
+        if response is None:
+            return  # a ladder run on its own (tests): nothing to journal
+        targets, baseline = response
+        try:
+            pending.write_ahead(self.settings.state_dir, incident, targets, baseline)
+        except OSError as err:
+            self.backlog.failures += 1
+            log.error("cannot journal incident %s before acting (%s); acting anyway",
+                      incident["id"], err)
 
     def _signal(self, incident: dict[str, Any], target: Target, signum: int) -> str:
         result = self.signaller.send(target, signum)
@@ -97,6 +117,12 @@ class Enforcer:
     def end(self, incident: dict[str, Any], targets: list[Target]) -> dict[int, str]:
         """SIGCONT, SIGTERM, grace, SIGKILL, confirm. Returns pid -> outcome."""
         incident.setdefault("signals", [])
+        # Journaled before the first signal of each round, not before each signal:
+        # a write (an fsync) between a SIGCONT and the SIGTERM that follows would
+        # let a resumed rank see its peer die and exit first. A target gone after
+        # the ladder began was ended by it (Enforcer.complete).
+        incident["ladder"] = "begun"
+        self.write_ahead(incident)
         outcome = {}
         for target in targets:
             # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
@@ -110,6 +136,8 @@ class Enforcer:
                 outcome[target.pid] = result
         left = self._wait_gone([t for t in live if t.pid not in outcome],
                                self.settings.grace)
+        if left:
+            self.write_ahead(incident)  # SIGCONT and SIGTERM as sent, before the SIGKILLs
         for target in left:
             self._signal(incident, target, signal.SIGKILL)
         left = self._wait_gone(left, self.settings.kill_timeout)
@@ -162,10 +190,22 @@ class Enforcer:
         peer timeout); `evidence=False` skips stack dumps (a fenced job is
         known dead, and its peers wait on its end).
         """
-        state_dir = self.settings.state_dir
         outcome: dict[int, str] = {}
         incident["signals"] = []
         incident["wired_before"] = self._wired()
+        incident["wired_baseline"] = baseline
+        self._responses[incident["id"]] = (targets, baseline)
+        try:
+            return self._handle(incident, targets, baseline, others_live, cluster, evidence,
+                                outcome)
+        finally:
+            self._responses.pop(incident["id"], None)
+
+    def _handle(self, incident: dict[str, Any], targets: list[Target], baseline: int | None,
+                others_live: Callable[[], bool],
+                cluster: Callable[[], dict[str, Any] | None] | None, evidence: bool,
+                outcome: dict[int, str]) -> Outcome:
+        flag: dict[str, Any] | None = None
         if cluster is not None:
             try:
                 incident["cluster"] = cluster()
@@ -178,6 +218,8 @@ class Enforcer:
             incident["action"] = "observed (mode observe: nothing signalled)"
             incident["outcome"] = {}
         else:
+            incident["action"] = "ending"
+            self.write_ahead(incident)  # the verdict, before the first signal (evidence's)
             try:
                 incident["evidence"] = self.capture(incident["id"], targets) if evidence else []
             except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
@@ -185,28 +227,132 @@ class Enforcer:
                 incident["evidence"] = []
                 incident["evidence_error"] = str(err)
             incident["action"] = "ended"
-            outcome = self.end(incident, targets)
+            outcome.update(self.end(incident, targets))
             incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
             # Parsed after the kill, which must not wait on it.
             hot = self.evidence.hot_frames(incident["id"], targets, incident["evidence"])
             if hot:
                 incident["native_hot"] = hot
-            unkillable = [pid for pid, result in outcome.items() if result == UNKILLABLE]
-            incident.update(self.settle_wired(baseline, others_live))
-            reasons = []
-            if unkillable:
-                reasons.append(f"pids {unkillable} survived SIGKILL for "
-                               f"{self.settings.kill_timeout:g}s")
-            if incident.get("wired_check") == "leaked":
-                reasons.append("wired memory stayed above the baseline after the kill")
-            if reasons:
-                flag = journal.set_reboot_flag(
-                    state_dir, "; ".join(reasons), time=self.wall(), incident=incident["id"],
-                    wired_baseline=baseline, wired_after=incident.get("wired_after"))
-                incident["reboot_required"] = flag["reason"]
-                log.error("node flagged for reboot: %s", "; ".join(reasons))
-        incident["reboot_required"] = incident.get("reboot_required", False)
-        incident["closed_at"] = self.wall()
-        journal.append_incident(state_dir, incident)
+            self.write_ahead(incident)  # the outcome, before the settle (up to minutes)
+            flag = self._settle(incident, outcome, baseline, others_live)
+        self.close(incident, flag)
         sent = tuple(sig["signal"] for sig in incident["signals"] if sig["result"] == SENT)
         return Outcome(incident, outcome, sent)
+
+    def _settle(self, incident: dict[str, Any], outcome: dict[int, str], baseline: int | None,
+                others_live: Callable[[], bool]) -> dict[str, Any] | None:
+        """The wired-memory settle after a kill; the reboot flag it calls for, if any."""
+        unkillable = [pid for pid, result in outcome.items() if result == UNKILLABLE]
+        incident.update(self.settle_wired(baseline, others_live))
+        reasons = []
+        if unkillable:
+            reasons.append(f"pids {unkillable} survived SIGKILL for "
+                           f"{self.settings.kill_timeout:g}s")
+        if incident.get("wired_check") == "leaked":
+            reasons.append("wired memory stayed above the baseline after the kill")
+        if not reasons:
+            return None
+        flag = {"reason": "; ".join(reasons), "time": self.wall(),
+                "incident": incident["id"], "wired_baseline": baseline,
+                "wired_after": incident.get("wired_after")}
+        incident["reboot_required"] = flag["reason"]
+        log.error("node flagged for reboot: %s", "; ".join(reasons))
+        return flag
+
+    def replay_within(self) -> float:
+        """Seconds after its verdict an interrupted response is still completed at
+        start: every step's bound, as for a response presumed stuck."""
+        s = self.settings
+        return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
+                    + s.settle) + 30.0
+
+    def complete(self, entry: dict[str, Any], others_live: Callable[[], bool]) -> Outcome:
+        """At start: finish a response an earlier daemon journaled and never closed.
+
+        A target still ours, whose wait has not returned, goes down the rest of
+        the ladder (its verdict stands, and an interrupted SIGTERM must not
+        leave it half-ended); one gone after a signal was journaled was ended
+        by us, never a crash. The settle and the flag follow as usual.
+        """
+        incident, targets = entry["incident"], entry["targets"]
+        baseline = entry.get("baseline")
+        if "closed_at" in incident:  # all done but the journal line, or the flag
+            self._reclose(incident, baseline)
+            return Outcome(incident, {}, ())
+        log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
+                    incident["id"], incident.get("job"))
+        incident.setdefault("signals", [])
+        incident["completed_at_start"] = self.wall()
+        self._responses[incident["id"]] = (targets, baseline)
+        try:
+            # The ladder had begun: every target may have had its signals (they are
+            # journaled per round); else only those the journal names.
+            signalled = ({t.pid for t in targets} if incident.get("ladder") else
+                         {s["pid"] for s in incident["signals"]
+                          if s.get("signal") in ("SIGTERM", "SIGKILL")})
+            fresh = self.wall() - float(incident.get("time", 0.0)) < self.replay_within()
+            outcome: dict[int, str] = {}
+            live = []
+            for target in targets:
+                who = self.signaller.identify(target)
+                if who == OURS and (fresh and self.settings.mode == "enforce"
+                                    and incident.get("action") in ("ending", "ended")
+                                    and not _progressed(incident, target)):
+                    live.append(target)
+                elif who == OURS:
+                    outcome[target.pid] = UNKNOWN  # left to the scan to judge afresh
+                else:
+                    outcome[target.pid] = KILLED if target.pid in signalled else who
+            if live:
+                incident["action"] = "ended"
+                outcome.update(self.end(incident, live))
+            incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
+            flag = (self._settle(incident, outcome, baseline, others_live)
+                    if any(r in (KILLED, UNKILLABLE) for r in outcome.values()) else None)
+            self.close(incident, flag)
+        finally:
+            self._responses.pop(incident["id"], None)
+        sent = tuple(sig["signal"] for sig in incident["signals"] if sig["result"] == SENT)
+        return Outcome(incident, outcome, sent)
+
+    def _reclose(self, incident: dict[str, Any], baseline: int | None) -> None:
+        """A closed incident an earlier daemon could not finish writing: its line
+        and its reboot flag, whichever is not on disk yet (never twice)."""
+        state_dir = self.settings.state_dir
+        written = any(i.get("id") == incident["id"]
+                      for i in journal.read_incidents(state_dir)[0])
+        flag = None
+        reason = incident.get("reboot_required")
+        present = journal.reboot_flag(state_dir) or {}
+        if reason and not any(r.get("incident") == incident["id"]
+                              for r in present.get("reasons", []) if isinstance(r, dict)):
+            flag = {"reason": reason, "time": self.wall(), "incident": incident["id"],
+                    "wired_baseline": baseline, "wired_after": incident.get("wired_after")}
+        if written:
+            self.backlog.written(incident["id"])
+        self.backlog.add(None if written else incident, flag)
+
+    def close(self, incident: dict[str, Any], flag: dict[str, Any] | None) -> None:
+        """Journal the incident and the flag, each on its own: one failed write
+        neither skips the other nor loses itself (held and retried each scan)."""
+        incident["reboot_required"] = incident.get("reboot_required", False)
+        incident["closed_at"] = self.wall()
+        # Closed in its entry too: a restart before both writes are done completes
+        # only the writes (never the ladder again, never a second line).
+        self.write_ahead(incident)
+        self.backlog.add(incident, flag)
+
+
+def _progressed(incident: dict[str, Any], target: Target) -> bool:
+    """The target's wait returned since the verdict (its record counts more
+    completed waits than the incident saw): no longer hung, not to be ended."""
+    seen = next((r.get("progress") for r in incident.get("ranks", [])
+                 if r.get("pid") == target.pid), None)
+    if not isinstance(seen, int) or not target.stacks_path:
+        return False
+    path = target.stacks_path[: -len(STACKS_SUFFIX)] + SUFFIX
+    try:
+        rec = read_path(path)
+    except RecordError:
+        return False  # unreadable or removed: the identity check decides
+    return rec.pid == target.pid and rec.waits_completed > seen

@@ -1,12 +1,21 @@
 """Evidence of a hang, time-boxed: every rank's Python stacks (faulthandler, on the
 dump signal its record names) and native stacks (`sample`, `py-spy` or `gdb`),
 copied under `<state-dir>/evidence/<incident>/`, and the hot frames the probe
-can parse from them."""
+can parse from them.
+
+The rank's owner controls its dump file and much of what a sampler prints, and
+the state disk also holds the journal: so every copy is bounded in bytes and
+inside the evidence time box, no evidence is written into the room kept for the
+journal (`reserve`), and the evidence kept is bounded in count, bytes and age,
+oldest first. Evidence is root's alone to read (0700 folders, 0600 files): a
+native backtrace shows addresses and frames of the rank's libraries.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import stat
 import subprocess
@@ -21,20 +30,110 @@ from watchdog.daemon.signaller import DUMP_SIGNALS, SENT, Signaller, Target
 log = logging.getLogger(__name__)
 
 
-def _copy_dump(target: Target, offset: int, out: str) -> None:
+MAX_DUMP_BYTES = 1 << 20  # a faulthandler dump of 64 threads is tens of kB
+NATIVE_READ_LIMIT = 8 << 20  # a sample report is ~100 kB; a runaway one is cut here
+KEEP_INCIDENTS = 100  # evidence folders kept, newest first
+KEEP_BYTES = 256 << 20  # evidence bytes kept in all
+KEEP_SECONDS = 30 * 86400.0  # evidence older than this goes
+RESERVE_BYTES = 64 << 20  # free space evidence leaves for the journal (a quarter of a small disk)
+_CHUNK = 64 << 10
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes a non-root writer may still use on `directory`'s disk (0: unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def reserve_for(directory: str) -> int:
+    """The room kept for the journal: RESERVE_BYTES, or a quarter of a small disk."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return RESERVE_BYTES
+    return max(1 << 20, min(RESERVE_BYTES, st.f_blocks * st.f_frsize // 4))
+
+
+def _private(path: str) -> int:
+    """A new evidence file, readable by root alone."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+
+
+def _copy_dump(target: Target, offset: int, out: str, limit: int = MAX_DUMP_BYTES,
+               until: float = float("inf"), clock: Callable[[], float] = time.monotonic) -> None:
     """Copy what the rank appended to its dump file, and nothing else: the
-    directory is shared, so a link or another user's file there is refused."""
+    directory is shared, so a link or another user's file there is refused.
+    At most `limit` bytes, and no later than `until`: the rank's owner may grow
+    the file without end (a sparse gigabyte costs them nothing)."""
     fd = os.open(target.stacks_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as src:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != target.uid:
             raise OSError(f"{target.stacks_path} is not the rank's own regular file")
         src.seek(offset)
-        with open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        with os.fdopen(_private(out), "wb") as dst:
+            left = limit
+            while left > 0 and clock() < until:
+                chunk = src.read(min(_CHUNK, left))
+                if not chunk:
+                    return
+                dst.write(chunk)
+                left -= len(chunk)
+            if src.read(1):
+                dst.write(b"\n[mlx-watchdog: cut here, at the evidence size or time limit]\n")
 
 
-NATIVE_READ_LIMIT = 8 << 20  # a sample report is ~100 kB; a runaway one is cut here
+def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, until: float) -> bool:
+    """Copy the sampler's output to `dst`, at most `limit` bytes, until `until`
+    (monotonic); False when time ran out first."""
+    assert proc.stdout is not None
+    fd, left = proc.stdout.fileno(), limit
+    while True:
+        wait = until - time.monotonic()
+        if wait <= 0:
+            return False
+        ready, _, _ = select.select([fd], [], [], min(wait, 0.5))
+        if not ready:
+            continue
+        chunk = os.read(fd, _CHUNK)
+        if not chunk:
+            return True
+        dst.write(chunk[:left])
+        left -= min(left, len(chunk))
+        if left == 0:
+            dst.write(b"\n[mlx-watchdog: cut here, at the evidence size limit]\n")
+            return True
+
+
+def prune(folder: str, keep: int = KEEP_INCIDENTS, keep_bytes: int = KEEP_BYTES,
+          keep_seconds: float = KEEP_SECONDS, now: float | None = None) -> list[str]:
+    """Remove the oldest incident folders past `keep`, `keep_bytes` or `keep_seconds`;
+    the removed ones. The folders are ours (root's, 0700): nothing else is there."""
+    now = time.time() if now is None else now
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    sized = []
+    for entry in entries:
+        try:
+            files = [f.stat(follow_symlinks=False) for f in os.scandir(entry.path)]
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        sized.append((mtime, entry.path, sum(f.st_blocks * 512 for f in files)))
+    sized.sort(reverse=True)  # newest first
+    removed, total = [], 0
+    for count, (mtime, path, size) in enumerate(sized):
+        total += size
+        if count < keep and total <= keep_bytes and now - mtime <= keep_seconds:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _native_path(folder: str, target: Target) -> str:
@@ -65,10 +164,17 @@ class Evidence:
         stopped rank is not asked (its handler cannot run until resumed).
         Native samplers run one per target, side by side, in what time is left.
         """
-        folder = os.path.join(self.state_dir, "evidence", incident_id)
-        os.makedirs(folder, exist_ok=True)
+        root = os.path.join(self.state_dir, "evidence")
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)  # also a folder an older daemon made 0755
+        removed = prune(root)
+        if removed:
+            log.info("removed %d old evidence folders (kept at most %d, %d MiB, %d days)",
+                     len(removed), KEEP_INCIDENTS, KEEP_BYTES >> 20, KEEP_SECONDS // 86400)
+        folder = os.path.join(root, incident_id)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         until = self.clock() + self.timeout
-        files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0))
+        files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0), until)
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
             native = pool.map(lambda t: self._native_stacks(t, folder, until), targets)
             files += [path for path in native if path]
@@ -83,7 +189,12 @@ class Evidence:
         return (same_process(sample, target.start_time, target.uid, target.start_ticks)
                 and sample is not None and sample.status not in STOPPED_STATUSES)
 
-    def _python_stacks(self, targets: list[Target], folder: str, until: float) -> list[str]:
+    def _room(self, wanted: int) -> int:
+        """Bytes evidence may still take without eating the journal's reserve."""
+        return max(0, min(wanted, free_bytes(self.state_dir) - reserve_for(self.state_dir)))
+
+    def _python_stacks(self, targets: list[Target], folder: str, until: float,
+                       copy_until: float) -> list[str]:
         asked: dict[Target, int] = {}  # target -> size of its dump file before asking
         for target in targets:
             if target.dump_signal not in DUMP_SIGNALS or not target.stacks_path:
@@ -104,8 +215,13 @@ class Evidence:
         files = []
         for target, before in grown.items():
             out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")
+            room = self._room(MAX_DUMP_BYTES)
+            if room <= 0:
+                log.warning("not copying the stack dump of pid %s: the state disk is nearly "
+                            "full (its last room is kept for the journal)", target.pid)
+                continue
             try:
-                _copy_dump(target, before, out)
+                _copy_dump(target, before, out, room, copy_until, self.clock)
             except OSError as err:
                 log.warning("copying stack dump of pid %s failed: %s", target.pid, err)
                 continue
@@ -118,12 +234,28 @@ class Evidence:
         if not command or timeout <= 0.5 or not self.signaller.alive(target):
             return None
         out = _native_path(folder, target)
+        room = self._room(NATIVE_READ_LIMIT)
+        if room <= 0:
+            log.warning("not sampling pid %s: the state disk is nearly full (its last room "
+                        "is kept for the journal)", target.pid)
+            return None
         try:
-            with open(out, "wb") as dst:
-                subprocess.run(command, stdout=dst, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            log.info("%s timed out after %.1fs on pid %s", command[0], timeout, target.pid)
+            with os.fdopen(_private(out), "wb") as dst:
+                # The sampler prints what the rank's owner controls (names, frames,
+                # a deep recursion): its output is read through a pipe, cut at
+                # `room` bytes and at the time box.
+                proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                try:
+                    if not _drain(proc, dst, room, time.monotonic() + timeout):
+                        log.info("%s timed out after %.1fs on pid %s", command[0], timeout,
+                                 target.pid)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                    proc.wait()
+                    if proc.stdout is not None:
+                        proc.stdout.close()
         except OSError as err:
             log.warning("%s failed on pid %s: %s", command[0], target.pid, err)
             return None

@@ -9,6 +9,7 @@ stays until an operator runs `mlx-watchdog node clear-reboot`.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -120,8 +121,17 @@ def append_incident(state_dir: str, incident: dict[str, Any]) -> None:
     fd = os.open(os.path.join(state_dir, INCIDENTS),
                  os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
-        os.write(fd, line)
-        os.fsync(fd)  # an incident is rare and is the record of a kill: keep it
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)")
+            os.fsync(fd)  # an incident is rare and is the record of a kill: keep it
+        except OSError:
+            # A full disk can take half a line: cut it off, so that the retry
+            # (pending.Backlog) leaves one whole line and no torn one.
+            os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)
 

@@ -5,8 +5,12 @@ longest wait seen and how many were seen, with the wall time the job was last
 updated. A relaunch of the same job (same job id, e.g. `MLX_WATCHDOG_JOB`)
 starts from what its earlier runs showed, as NVRx keeps its timeouts between
 runs. The file is bounded: jobs unseen for `KEEP_SECONDS` and the oldest past
-`MAX_JOBS` are dropped. An unreadable or malformed file is reported and
-ignored: learning starts afresh, the fallback deadline applies meanwhile.
+`MAX_JOBS` are dropped, and so are a job's kinds past `MAX_KINDS_PER_JOB` (the
+least seen) and a uid's jobs past `MAX_JOBS_PER_UID` (the oldest): any user
+may publish records, and one must not crowd out every other user's learning.
+What is written always fits `MAX_BYTES`, which the loader refuses past. An
+unreadable or malformed file is reported and ignored: learning starts afresh,
+the fallback deadline applies meanwhile.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ VERSION = 1
 MAX_JOBS = 500
 KEEP_SECONDS = 30 * 86400.0
 MAX_BYTES = 4 << 20
+MAX_KINDS_PER_JOB = 48  # the named kinds of wait, "other", "wait" and "native", with room
+MAX_JOBS_PER_UID = 64
 
 
 def _learned(raw: Any) -> Learned | None:
@@ -80,14 +86,44 @@ def prune(learned: dict[str, dict[str, Learned]], updated: dict[str, float], now
     for job in [j for j in learned if now - updated.get(j, now) > KEEP_SECONDS]:
         del learned[job]
         updated.pop(job, None)
+    for kinds in learned.values():
+        if len(kinds) > MAX_KINDS_PER_JOB:
+            for kind in sorted(kinds, key=lambda k: kinds[k].count)[
+                    : len(kinds) - MAX_KINDS_PER_JOB]:
+                del kinds[kind]
+    by_uid: dict[str, list[str]] = {}
+    for job in learned:
+        by_uid.setdefault(job.split(":", 1)[0], []).append(job)  # "<uid>:<job>"
+    for jobs in by_uid.values():
+        if len(jobs) > MAX_JOBS_PER_UID:
+            for job in sorted(jobs, key=lambda j: updated.get(j, now))[
+                    : len(jobs) - MAX_JOBS_PER_UID]:
+                del learned[job]
+                updated.pop(job, None)
     if len(learned) > MAX_JOBS:
         for job in sorted(learned, key=lambda j: updated.get(j, now))[: len(learned) - MAX_JOBS]:
             del learned[job]
             updated.pop(job, None)
 
 
+def _encoded(learned: dict[str, dict[str, Learned]], updated: dict[str, float]) -> int:
+    """The bytes the file would take (as write_json_atomic writes it)."""
+    jobs = {job: {"updated": updated.get(job, 0.0),
+                  "kinds": {k: {"longest": round(v.longest, 6), "count": v.count}
+                            for k, v in kinds.items()}}
+            for job, kinds in learned.items()}
+    return len(json.dumps({"version": VERSION, "jobs": jobs}, indent=1, sort_keys=True)) + 1
+
+
 def save(state_dir: str, learned: dict[str, dict[str, Learned]],
          updated: dict[str, float]) -> None:
+    # Never a file the loader would refuse: the oldest jobs go until it fits
+    # (job ids and kinds are text anyone may choose, up to the record's bounds).
+    while learned and _encoded(learned, updated) > MAX_BYTES:
+        oldest = sorted(learned, key=lambda j: updated.get(j, 0.0))
+        for job in oldest[: max(1, len(oldest) // 8)]:
+            del learned[job]
+            updated.pop(job, None)
     jobs = {job: {"updated": updated.get(job, 0.0),
                   "kinds": {k: {"longest": round(v.longest, 6), "count": v.count}
                             for k, v in kinds.items()}}

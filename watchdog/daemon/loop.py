@@ -10,6 +10,7 @@ metrics endpoint, `/status` and `status.json`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -19,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from watchdog import __version__, record
-from watchdog.daemon import attempts, journal, launchlog, learning
+from watchdog.daemon import attempts, journal, launchlog, learning, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector
 from watchdog.daemon.enforcer import (
@@ -54,6 +55,9 @@ HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is aske
 # "connection to a peer was lost"; mlx_lm.server's rank 0 does not (only its generation
 # thread dies: the server stays up, deaf), nor does a rank whose wait never noticed.
 PEER_DEATH_GRACE = 5.0
+# Live ranks watched per owner uid: one user's thousands of records (each a real,
+# sleeping process) cost probes every scan; they must not starve another user's.
+MAX_RANKS_PER_UID = 256
 
 
 class Daemon:
@@ -86,6 +90,9 @@ class Daemon:
         self.baseline: int | None = None
         self.last_scan_wall = 0.0
         self.last_scan_mono = 0.0
+        # Why the last scan was blind ("" when it was not): it could not list the
+        # directory or ran out of descriptors probing. Such a scan is no sign of health.
+        self.scan_trouble = ""
         self.started = wall()
         # Before the first scan: enough for /metrics to show the start time.
         self.snapshot: dict[str, Any] = {"host": self.host, "version": __version__,
@@ -99,6 +106,10 @@ class Daemon:
             lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
             lambda: self.snapshot, lambda: self.baseline)
         self.wake = threading.Event()  # set by the exit watcher: scan now
+        # Ranks of responses an earlier daemon left unfinished (pending.py): being
+        # completed (not judged meanwhile), or ended by it before we saw them.
+        self.replaying: set[tuple[int, float]] = set()
+        self.ended_by_us: dict[tuple[int, float], str] = {}  # key -> incident id
         self.exits = ExitWatcher(self.wake)
 
     # -- one tick --------------------------------------------------------------
@@ -130,6 +141,11 @@ class Daemon:
         due: dict[tuple[int, str], list[Rank]] = {}
         load = self.probe.load_per_cpu()
         watched = {r.path for r in self.ranks.values()}
+        trouble: list[str] = []
+        per_uid: dict[int, int] = {}
+        for r in self.ranks.values():
+            if r.state not in FINAL:
+                per_uid[r.record.uid] = per_uid.get(r.record.uid, 0) + 1
         for path, rec, why, st in self.records.read(watched):
             if rec is None:
                 self._report_invalid(path, why, st)
@@ -153,6 +169,8 @@ class Daemon:
             except ProbeError as err:
                 self.counters.probe_errors += 1
                 log.warning("probe failed for pid %s: %s", rec.pid, err)
+                if getattr(err.__cause__, "errno", None) in (errno.EMFILE, errno.ENFILE):
+                    trouble.append("out of file descriptors while probing")
                 if rank is not None:
                     seen.add(key)
                 continue
@@ -166,7 +184,13 @@ class Daemon:
                 self.records.mark_bad(path, st, why)
                 self._report_invalid(path, why, st)
                 continue
+            if rank is None and per_uid.get(rec.uid, 0) >= MAX_RANKS_PER_UID:
+                self._report_invalid(path, f"uid {rec.uid} already has {MAX_RANKS_PER_UID} "
+                                     "ranks watched (the most per user)", st)
+                continue
             seen.add(key)
+            if rank is None:
+                per_uid[rec.uid] = per_uid.get(rec.uid, 0) + 1
             rank = rank or self._add(path, rec)
             rank.record, rank.seen_alive = rec, True
             if rec.status != record.STATUS_OPEN and not rank.escalating:
@@ -196,12 +220,20 @@ class Daemon:
             if self.signaller.identify(rank.target()) in (GONE, NOT_OURS):
                 self._gone(rank, now, status=rank.record.status)
         self._expire(now)
-        self.exits.watch({r.record.pid for r in self.ranks.values() if r.state not in FINAL})
+        live: dict[int, list[int]] = {}
+        for r in self.ranks.values():
+            if r.state not in FINAL:
+                live.setdefault(r.record.uid, []).append(r.record.pid)
+        self.exits.watch(live)  # pidfds shared out fairly between the users
         self._sample_wired()
+        self.enforcer.backlog.flush()  # what a full or failing disk held back
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
         self._end_orphans(now)
         self.learned.keep(self.detector, self.wall())
+        if not self.records.listed:
+            trouble.append(f"cannot list {self.settings.dir}")
+        self.scan_trouble = "; ".join(sorted(set(trouble)))
         self.counters.observe_scan(time.monotonic() - started)
         self.last_scan_wall, self.last_scan_mono = self.wall(), time.monotonic()
         self.publish()
@@ -209,6 +241,8 @@ class Daemon:
     def _add(self, path: str, rec: Record) -> Rank:
         rank = Rank(path, rec, attempt=attempts.attempt_of(rec.pid))
         self.ranks[rank.key] = rank
+        if rank.key in self.replaying or rank.key in self.ended_by_us:
+            rank.escalating = True  # an earlier daemon's response has it: not judged again
         # Present from the job's first sight, so increase() sees its first kills.
         self.counters.job_kills.setdefault(rec.job, 0)
         log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
@@ -216,6 +250,12 @@ class Daemon:
         return rank
 
     def _gone(self, rank: Rank, now: float, status: int) -> None:
+        incident = self.ended_by_us.pop(rank.key, None)
+        if incident is not None:
+            # Ended by an earlier daemon's response, completed at our start: a kill.
+            transition(rank, Edge.KILLED, now, f"ended by the watchdog (incident {incident})")
+            self._remove_record(rank)
+            return
         if not transition(rank, Edge.EXITED, now, {
                 record.STATUS_CLOSED: "exited",
                 record.STATUS_ERROR: "exited on an uncaught exception",
@@ -360,6 +400,7 @@ class Daemon:
 
     def _retry(self, keys: list[tuple[int, float]]) -> None:
         """An escalation that failed did not end its wait: judge those ranks afresh."""
+        self.replaying.difference_update(keys)
         for key in keys:
             rank = self.ranks.get(key)
             if rank is not None:
@@ -402,9 +443,12 @@ class Daemon:
         for name in outcome.signals_sent:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1
+        self.replaying.difference_update(keys)
         for key in keys:
             rank = self.ranks.get(key)
             if rank is None:
+                if outcome.results.get(key[0]) == KILLED:  # a replay's, not yet seen
+                    self.ended_by_us[key] = outcome.incident["id"]
                 continue
             result = outcome.results.get(rank.record.pid)
             if result == KILLED:
@@ -421,6 +465,20 @@ class Daemon:
                 rank.acted_on = None
             rank.escalating = False
 
+    def replay(self) -> None:
+        """Complete, on the workers, every response an earlier daemon journaled and
+        did not close (killed mid-ladder or mid-settle): its kill is recorded as
+        one, its flag raised, and its ranks are not judged again meanwhile."""
+        for entry in pending.unfinished(self.settings.state_dir):
+            keys = [(t.pid, t.start_time) for t in entry["targets"]]
+            self.replaying.update(keys)
+
+            def others_live(keys: list[tuple[int, float]] = keys) -> bool:
+                return any(r.state not in FINAL for k, r in self.ranks.items() if k not in keys)
+
+            self.responses.adopt(self.executor.submit(self.enforcer.complete, entry, others_live),
+                                 keys, self.clock_ns() / 1e9)
+
     # -- publishing ------------------------------------------------------------
 
     def publish(self) -> None:
@@ -433,7 +491,8 @@ class Daemon:
             started=self.started, wired=(self.wired, self.baseline),
             # A directory full of junk must not make every scan write megabytes.
             invalid={**self.records.unusable(INVALID_LISTED), **transient},
-            invalid_count=len(self.records.bad) + len(transient), launches=self.launches.get())
+            invalid_count=len(self.records.bad) + len(transient),
+            launches=self.launches.get(), backlog=self.enforcer.backlog.state())
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot)
@@ -441,9 +500,10 @@ class Daemon:
             log.warning("cannot write status.json: %s", err)
 
     def healthy(self) -> bool:
-        """The loop completed a scan recently (used by /healthz and the systemd ping)."""
-        return journal.scan_is_recent(self.last_scan_mono, self.settings.interval,
-                                      time.monotonic())
+        """The loop completed a scan recently, and that scan could see (used by /healthz
+        and the systemd ping): a scan that cannot list or probe watches nothing."""
+        return not self.scan_trouble and journal.scan_is_recent(
+            self.last_scan_mono, self.settings.interval, time.monotonic())
 
     # -- the loop ----------------------------------------------------------------
 
@@ -456,6 +516,7 @@ class Daemon:
         from watchdog.net.notify import notify
 
         self.exits.start()
+        self.replay()
         try:
             journal.publish_pointer(self.settings.dir, self.settings.state_dir,
                                     self.settings.listen)

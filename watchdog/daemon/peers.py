@@ -8,6 +8,7 @@ named by its owner's uid with its id, so no fence can reach another user's job.
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -22,7 +23,8 @@ class Peers:
                  started: float) -> None:
         self.settings, self.host, self.executor = settings, host, executor
         self.started = started  # a fence signed before we started is refused
-        self.nonces = fence.NonceCache()
+        # Kept on disk: a restart must not forget the fences it accepted (fence.py).
+        self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
 
     def view(self, uid: int, job: str, local: dict[str, Any]) -> dict[str, Any] | None:
         """This job of this owner across every node (peers asked within peer_timeout,

@@ -52,10 +52,16 @@ class Counters:
 def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: Counters,
              scanned: tuple[float, float], started: float, wired: tuple[int | None, int | None],
              invalid: dict[str, str], invalid_count: int,
-             launches: dict[str, int] | None = None) -> dict[str, Any]:
+             launches: dict[str, int] | None = None,
+             backlog: dict[str, Any] | None = None) -> dict[str, Any]:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
     `wired` the wired bytes now and at rest, `launches` the launcher's counted events."""
     flag = journal.reboot_flag(settings.state_dir)
+    backlog = backlog or {}
+    if flag is None and backlog.get("reboot_flags_unwritten"):
+        # The flag could not be written (a full disk): the node needs its reboot all
+        # the same, and says so from memory until the file is there.
+        flag = {"reason": backlog["reboot_flags_unwritten"][0], "unwritten": True}
     shown = [rank_json(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt)
              for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
     return {
@@ -78,5 +84,6 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         "invalid_files": invalid_count,
         "counters": counters.as_json(),
         "launches": dict(launches or {}),
+        "unwritten": backlog,
         "scan_bucket_bounds": list(SCAN_BUCKETS),
     }

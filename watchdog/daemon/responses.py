@@ -52,6 +52,11 @@ class Responses:
         self.pending[future] = keys
         self.since[future] = now
 
+    def adopt(self, future: Future[Outcome], keys: list[Key], now: float) -> None:
+        """A response started elsewhere (an earlier daemon's, completed at start)."""
+        self.pending[future] = keys
+        self.since[future] = now
+
     def respond(self, uid: int, job: str, incident: dict[str, Any], targets: list[Target],
                 others_live: Callable[[], bool], ask_peers: bool, may_hold: bool,
                 evidence: bool) -> Outcome:

@@ -18,12 +18,36 @@ class CannotStart(Exception):
     """The daemon cannot start; the message is one sentence for the user."""
 
 
+NOFILE_WANTED = 65536  # descriptors: records, pidfds, probes and HTTP of a busy node
+
+
+def raise_nofile() -> None:
+    """Raise the soft descriptor limit toward the hard one (systemd's default soft
+    limit is 1024; launchd's 256): the daemon must not run out before a user does."""
+    import resource
+
+    log = logging.getLogger("watchdog")
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = NOFILE_WANTED if hard == resource.RLIM_INFINITY else min(hard, NOFILE_WANTED)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            except ValueError:
+                wanted = min(wanted, 10240)  # macOS: at most OPEN_MAX below an infinite hard
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            log.info("raised the open-files limit from %s to %s", soft, wanted)
+    except (ValueError, OSError) as err:
+        log.warning("cannot raise the open-files limit: %s", err)
+
+
 def run_daemon(settings: Settings, log_level: str = "info") -> None:
     """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
     dirs.prepare(settings.dir, settings.state_dir)
+    raise_nofile()
     daemon = Daemon(settings)
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,

@@ -33,6 +33,43 @@ def fetch(peer: str, timeout: float) -> dict[str, Any]:
         return {"peer": peer, "ok": False, "error": str(getattr(err, "reason", err))}
 
 
+# What a rank of a peer's /status must hold to be lined up: field -> allowed types
+# (None: the field may be missing or null). A peer's answer is untrusted input.
+_INT, _STR, _OPT = (int,), (str,), (type(None),)
+RANK_FIELDS: dict[str, tuple[type, ...]] = {
+    "job": _STR, "host": _STR + _OPT, "pid": _INT + _OPT, "uid": _INT + _OPT,
+    "rank": _INT + _OPT, "world_size": _INT + _OPT, "state": _STR + _OPT,
+    "phase": _STR + _OPT, "reason": _STR + _OPT, "progress": _INT + _OPT,
+    "collectives": _INT + _OPT, "computing": (bool,) + _OPT, "last_collective": (dict,) + _OPT,
+}
+COLLECTIVE_FIELDS: dict[str, tuple[type, ...]] = {"number": _INT + _OPT, "op": _STR + _OPT}
+
+
+def _fits(item: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> bool:
+    for name, types in fields.items():
+        value = item.get(name)
+        # bool is an int to isinstance: only "computing" may be one.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return False
+    return True
+
+
+def valid_ranks(status: Any) -> list[dict[str, Any]]:
+    """The ranks of one node's /status whose every field the view reads has its type;
+    a malformed rank is dropped, never the view (nor the hold that relies on it)."""
+    ranks = status.get("ranks") if isinstance(status, dict) else None
+    if not isinstance(ranks, list):
+        return []
+    return [r for r in ranks if isinstance(r, dict) and _fits(r, RANK_FIELDS)
+            and _fits(r.get("last_collective") or {}, COLLECTIVE_FIELDS)]
+
+
+def _node_field(node: dict[str, Any], name: str, types: tuple[type, ...]) -> Any:
+    status = node.get("status")
+    value = status.get(name) if isinstance(status, dict) else None
+    return value if isinstance(value, types) else None
+
+
 def gather(peers: list[str] | tuple[str, ...], timeout: float) -> list[dict[str, Any]]:
     if not peers:
         return []
@@ -122,9 +159,7 @@ def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     for node in nodes:
         if not node["ok"]:
             continue
-        for rank in node["status"].get("ranks", []):
-            if not isinstance(rank, dict) or not isinstance(rank.get("job"), str):
-                continue
+        for rank in valid_ranks(node["status"]):
             key = (rank.get("host"), rank.get("pid"))
             if key not in seen:
                 seen.add(key)
@@ -133,8 +168,8 @@ def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
                 jobs.setdefault((owner, rank["job"]), []).append({**rank, "node": node["peer"]})
     return {
         "nodes": [{"peer": n["peer"], "ok": n["ok"], "error": n.get("error"),
-                   "host": n.get("status", {}).get("host"),
-                   "reboot_required": n.get("status", {}).get("reboot_required")}
+                   "host": _node_field(n, "host", (str,)),
+                   "reboot_required": _node_field(n, "reboot_required", (bool,))}
                   for n in nodes],
         "jobs": [judge_job(job, ranks, unreachable, uid if uid >= 0 else None)
                  for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])],

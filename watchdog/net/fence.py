@@ -6,9 +6,12 @@ HMAC-SHA256 over "<timestamp>.<body>"; the body names the job by its owner's
 uid and its id (a job id alone is anyone's to claim) and carries a random
 nonce. A
 receiver accepts it only with a valid signature, a timestamp within
-`WINDOW` seconds of its own clock and not before the receiver started (the
-nonces it saw before a restart are forgotten, so older fences are refused
-instead), and a nonce it has not seen in that window.
+`WINDOW` seconds of its own clock and not before the receiver started, and a
+nonce it has not seen in that window. The nonces it accepted are kept on disk
+(`<state-dir>/fence-nonces.jsonl`) for twice the window, so a restart does not
+forget them: comparing the sender's timestamp with the receiver's start alone
+lets the same bytes in again when the sender's clock is ahead. If the file
+cannot be read at start, every fence is refused for that long instead.
 """
 
 from __future__ import annotations
@@ -51,22 +54,92 @@ def make(secret: str, job: str, origin: str, reason: str, culprit: dict[str, Any
                   SIGNATURE: sign(secret, timestamp, body)}
 
 
-class NonceCache:
-    """Nonces seen within the window; bounded, oldest forgotten first."""
+NONCES = "fence-nonces.jsonl"
+COMPACT_EVERY = 1000  # appended lines before the file is rewritten with the live ones
 
-    def __init__(self, limit: int = 100_000) -> None:
+
+class NonceCache:
+    """Nonces seen within the window; bounded, oldest forgotten first.
+
+    With `path`, each accepted nonce is also appended there (one JSON line, fsynced)
+    and the fresh ones are read back at start, so a restarted receiver still knows
+    them. `blind_until` (wall time) is set when that file could not be read: until
+    then the caller refuses every fence.
+    """
+
+    def __init__(self, limit: int = 100_000, path: str | None = None,
+                 now: float | None = None) -> None:
         self._seen: OrderedDict[str, float] = OrderedDict()
         self._limit = limit
         self._lock = threading.Lock()
+        self._path = path
+        self._appended = 0
+        self.blind_until = 0.0
+        if path is not None:
+            self._load(path, time.time() if now is None else now)
+
+    def _load(self, path: str, now: float) -> None:
+        try:
+            with open(path, "rb") as f:
+                lines = f.read(64 << 20).splitlines()
+        except FileNotFoundError:
+            return
+        except OSError:
+            self.blind_until = now + 2 * WINDOW  # what it held is unknown: refuse meanwhile
+            return
+        for line in lines:
+            try:
+                nonce, seen = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a torn last line: its fence was not acknowledged
+            if isinstance(nonce, str) and isinstance(seen, (int, float)) \
+                    and seen >= now - 2 * WINDOW:
+                self._seen[nonce] = float(seen)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Rewrite the file with the nonces still in the window (atomic)."""
+        assert self._path is not None
+        tmp = self._path + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                for nonce, seen in self._seen.items():
+                    f.write(json.dumps([nonce, seen]) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path)
+            self._appended = 0
+        except OSError:
+            return  # the appended file still holds them all
+
+    def _persist(self, nonce: str, now: float) -> None:
+        assert self._path is not None
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, (json.dumps([nonce, now]) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._appended += 1
+        if self._appended >= COMPACT_EVERY:
+            self._compact()
 
     def add(self, nonce: str, now: float) -> bool:
-        """False if the nonce was already used (a replay)."""
+        """False if the nonce was already used (a replay), or cannot be kept.
+
+        A nonce that cannot be written down is refused: accepted, it could be
+        replayed after the next restart."""
         with self._lock:
             while self._seen and (next(iter(self._seen.values())) < now - 2 * WINDOW
                                   or len(self._seen) >= self._limit):
                 self._seen.popitem(last=False)
             if nonce in self._seen:
                 return False
+            if self._path is not None:
+                try:
+                    self._persist(nonce, now)
+                except OSError as err:
+                    raise FenceRejected(f"cannot keep the nonce ({err.strerror})") from None
             self._seen[nonce] = now
             return True
 
@@ -88,6 +161,9 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
         raise FenceRejected("bad timestamp") from None
     if not abs(now - sent) <= WINDOW:
         raise FenceRejected(f"stale timestamp ({now - sent:+.1f}s)")
+    if now < nonces.blind_until:
+        raise FenceRejected("the nonces seen before this daemon started are unknown; "
+                            "fences are refused until they would be stale")
     if not_before is not None and sent < not_before:
         # The nonce cache lives in memory: a fence signed before this receiver
         # started may have been seen by its previous run, so it is replayable.

@@ -5,13 +5,21 @@ each scrape, so ranks that go away disappear; nothing is registered at import
 time. `serve()` runs one `ThreadingHTTPServer` with three GET routes:
 `/metrics`, `/status` and `/healthz`. Every other method or path is refused;
 no request can change state.
+
+Any local user can connect, so the endpoint is bounded: at most
+`MAX_CONNECTIONS` at once (one more is closed at accept), and each connection
+gets `REQUEST_SECONDS` in all (the socket timeout is per `recv`: a client
+sending a byte every few seconds would hold its thread and descriptor for ever
+without a whole-request limit). The daemon's descriptors stay the scan's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +37,8 @@ from watchdog.states import ENDED, State
 log = logging.getLogger(__name__)
 PREFIX = "mlx_watchdog_"
 MAX_FENCE_BODY = 64 << 10
+MAX_CONNECTIONS = 32  # served at once; Prometheus, a dashboard and a few CLIs need a handful
+REQUEST_SECONDS = 10.0  # a whole request, from accept to the last byte sent
 FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 
 
@@ -126,6 +136,14 @@ class SnapshotCollector:
                                   value=counters.get("probe_errors", 0))
         yield CounterMetricFamily(PREFIX + "loop_errors", "Scans that failed with an error",
                                   value=counters.get("loop_errors", 0))
+        unwritten = snap.get("unwritten") or {}
+        yield GaugeMetricFamily(PREFIX + "unwritten_records", "Incidents and reboot flags held "
+                                "in memory because writing them failed (retried each scan)",
+                                value=float(len(unwritten.get("incidents_unwritten", []))
+                                            + len(unwritten.get("reboot_flags_unwritten", []))))
+        yield CounterMetricFamily(PREFIX + "state_write_failures", "Failed writes of incidents, "
+                                  "reboot flags and their write-ahead entries",
+                                  value=unwritten.get("write_failures", 0))
         bounds = snap.get("scan_bucket_bounds", [])
         if bounds:
             cumulative, buckets = 0, []
@@ -215,13 +233,49 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64  # socketserver's 5 drops a burst of scrapes and CLIs
 
     def __init__(self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
                  healthy: Callable[[], bool], fence: FenceHandler | None) -> None:
         self.snapshot = snapshot
         self.healthy = healthy
         self.fence = fence
+        self.open: dict[socket.socket, float] = {}  # connection -> monotonic accept time
+        self.refused = 0
+        self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            full = len(self.open) >= MAX_CONNECTIONS
+            if not full:
+                self.open[request] = time.monotonic()
+        if full:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("http: %d connections open, refusing more (%d refused so far)",
+                            MAX_CONNECTIONS, self.refused)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self.open.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Between accepts (every poll): cut connections past their whole-request time."""
+        now = time.monotonic()
+        with self._open_lock:
+            late = [conn for conn, since in self.open.items() if now - since > REQUEST_SECONDS]
+        for conn in late:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # the handler's recv/send then ends at once
+            except OSError:
+                continue
 
 
 def serve(address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
@@ -233,6 +287,7 @@ def serve(address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
     without it every POST is refused.
     """
     server = _Server(address, snapshot, healthy, fence)
-    thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
+                              name="http", daemon=True)
     thread.start()
     return server

@@ -23,6 +23,12 @@ from watchdog.states import Phase
 _open_lock = threading.Lock()  # two threads' first waits open one record
 
 
+def _reset_open_lock() -> None:
+    """In a forked child: a fresh lock (the parent's may be held by a thread gone)."""
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
 class Heartbeat:
     """This process's counters and phase, kept in its mapped record.
 
@@ -80,7 +86,7 @@ class Heartbeat:
         self._slots = [_Slot(writer.slot(k), k) for k in range(record.THREAD_SLOTS)] \
             if writer is not None else []
         self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
-        self._build()
+        self._build(writer)
 
     def _open_late(self) -> bool:
         """Open the record now (the cold path, taken once); False if there is none."""
@@ -97,8 +103,11 @@ class Heartbeat:
                     if self._closed:  # uninstall() won the race: publish nothing
                         writer.close(record.STATUS_CLOSED, remove=True)
                         return False
-                    self._writer = writer
+                    # The path is built first, the writer published last: another
+                    # thread's first wait meanwhile sees no record yet and calls the
+                    # original, instead of the opening wrapper calling itself.
                     self._take(writer)
+                    self._writer = writer
             self._cold_update(lambda now: None)  # idle/expect entered before the open
         except Exception as err:  # noqa: BLE001 - never into the user's program
             _warn(f"not instrumenting this process: {err}")
@@ -169,14 +178,15 @@ class Heartbeat:
         slot = self._claim()
         return slot.k if slot is not self._overflow else -1
 
-    def _build(self) -> None:
+    def _build(self, writer: RecordWriter | None = None) -> None:
         """Bind the hot-path functions: real over the record (compiled or Python),
-        opening, or nothing."""
+        opening, or nothing. `writer`: the record about to be published."""
+        writer = writer if writer is not None else self._writer
         if self._cpath is not None:  # a rebuild: the old Path lets go of the map
             self._cpath.retire()
             self._cpath = None
-        if self._writer is not None:
-            path = self._compiled_path() or hotpath.real(
+        if writer is not None:
+            path = self._compiled_path(writer) or hotpath.real(
                 self._local, self._claim, self._clock, self._fail, self._stretch)
         elif self._opener is not None:
             path = hotpath.opening(self)
@@ -184,12 +194,12 @@ class Heartbeat:
             path = hotpath.nothing()
         self.enter_wait, self.exit_wait, self.collective, self.step, self._wait = path
 
-    def _compiled_path(self) -> hotpath.HotPath | None:
+    def _compiled_path(self, writer: RecordWriter) -> hotpath.HotPath | None:
         """The compiled hot path over the open record, or None (pure Python)."""
-        if self._fast is None or self._writer is None:
+        if self._fast is None:
             return None
         try:
-            path, self._cpath = compiled.real(self._fast, self._writer.words,
+            path, self._cpath = compiled.real(self._fast, writer.words,
                                               self._claim_index, self._fail, self._stretch,
                                               self._clock)
         except Exception as err:  # noqa: BLE001 - the pure-Python path still works
@@ -234,15 +244,18 @@ class Heartbeat:
 
     def _cold_update(self, change: Callable[[int], object]) -> None:
         """Apply a change to the idle depth or the expect stack, and publish both."""
+        opening = False
         try:
             with self._cold:
                 now = self._clock()
                 change(now)
                 self._stretch[0] = self._idle_depth + len(self._expects)
                 writer = self._writer
+                # The late open takes _open_lock, then _cold: it is called below,
+                # with _cold let go, never inside it (the other lock order deadlocks
+                # against another thread's open).
+                opening = writer is None and self._opener is not None
                 if writer is None:
-                    if self._opener is not None:
-                        self._open_late()  # publishes the change once open
                     return
                 seconds, since, reason = self._expects[-1] if self._expects else (0.0, 0, "")
                 writer.begin()
@@ -253,6 +266,9 @@ class Heartbeat:
                     writer.end()
         except Exception as err:  # noqa: BLE001
             self._fail(err)
+        finally:
+            if opening:
+                self._open_late()  # publishes the change once open
 
     # -- identity and lifetime -----------------------------------------------
 

@@ -31,7 +31,7 @@ from watchdog.rank.env import (
     record_dir,
 )
 from watchdog.rank.env import warn as _warn
-from watchdog.rank.heartbeat import Heartbeat
+from watchdog.rank.heartbeat import Heartbeat, _reset_open_lock
 from watchdog.rank.patches import _instrument, _restore
 from watchdog.record import RecordWriter
 
@@ -142,7 +142,6 @@ def install(directory: str | None = None, job: str | None = None, *,
             return _current
         _current = hb
         atexit.register(_close_at_exit)
-        os.register_at_fork(after_in_child=_after_fork_in_child)
         return hb
 
 
@@ -195,6 +194,15 @@ def _close_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _install_lock
+    # A lock another thread held at the fork stays held in the child for ever
+    # (that thread is not there to let go): the child starts with fresh ones.
+    _install_lock = threading.RLock()
+    _reset_open_lock()
     if _current is not None:
         _current._forget_after_fork()
     _forget_dump_after_fork()
+
+
+# Registered once, at import: the locks need it whether or not install() ran.
+os.register_at_fork(after_in_child=_after_fork_in_child)

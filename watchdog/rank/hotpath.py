@@ -283,23 +283,26 @@ def opening(hb: Opening) -> HotPath:
     """Before a late open: each function opens the record, then does its work through
     the real one. Wrappers are rebuilt over the real ones at the open (`on_open`), so
     only references taken before it keep this extra call."""
+    # Each one calls the real path only once it is bound: should it find itself
+    # still in place (another thread's open half done), it does without, and the
+    # original runs; never a call of itself, which recurses until RecursionError.
     def enter_wait(op: int) -> int:
-        return hb.enter_wait(op) if hb._open_late() else 0
+        return hb.enter_wait(op) if hb._open_late() and hb.enter_wait is not enter_wait else 0
 
     def exit_wait(started: int, op: int) -> None:
-        if started:
+        if started and hb.exit_wait is not exit_wait:
             hb.exit_wait(started, op)
 
     def collective(op: int, out: Any) -> None:
-        if hb._open_late():
+        if hb._open_late() and hb.collective is not collective:
             hb.collective(op, out)
 
     def step() -> None:
-        if hb._open_late():
+        if hb._open_late() and hb.step is not step:
             hb.step()
 
     def wait(original: Any, op: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if hb._open_late():
+        if hb._open_late() and hb._wait is not wait:
             return hb._wait(original, op, args, kwargs)
         return original(*args, **kwargs)
 

@@ -42,6 +42,13 @@ class ProcessSample:
     # that spins wants a core all the time however busy the machine is, while the
     # share of a core it gets falls with the load.
     demand: tuple[tuple[int, float], ...] = ()
+    # Every uid of the process: real, effective, saved, and on Linux the
+    # filesystem uid; () when unknown. A setuid process (`su`, `sudo`) keeps its
+    # caller's real uid: by that alone it would pass for the caller's rank.
+    uids: tuple[int, ...] = ()
+    # False when the kernel marks it not dumpable (setuid, or PR_SET_DUMPABLE 0):
+    # it must not be traced or signalled for its user; None when unknown.
+    dumpable: bool | None = None
 
 
 STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
@@ -67,7 +74,8 @@ class Probe:
                 if status in GONE_STATUSES:
                     return None
                 start_time = proc.create_time()
-                uid = proc.uids().real
+                uids = tuple(proc.uids())
+                uid = uids[0]
                 try:
                     listed = proc.threads()
                 except psutil.AccessDenied:
@@ -82,7 +90,7 @@ class Probe:
         system = tuple((t.id, t.system_time) for t in listed)
         main = self.main_thread(pid, [t.id for t in listed])
         return ProcessSample(pid, start_time, uid, status, threads, system, main,
-                             self.native_ids)
+                             self.native_ids, uids=uids)
 
     def wired_bytes(self) -> int | None:
         return None
@@ -108,12 +116,18 @@ def same_process(sample: ProcessSample | None, start_time: float, uid: int,
                  start_ticks: int = 0) -> bool:
     """The identity rule: same pid (implied), same start, same owner.
 
+    The owner is every uid of the process (real, effective, saved, filesystem),
+    and the process must be dumpable: a user's `su` waiting for its password has
+    their real uid but root's powers, and is not theirs to have traced or ended.
+
     The start is compared in clock ticks since boot when both sides know them:
     an epoch start time is ticks + the *current* boot time, which moves when
     the wall clock is stepped (NTP, `date -s`, a VM resume). Records of old
     hooks (no ticks) fall back to the epoch start time.
     """
     if sample is None or sample.uid != uid:
+        return False
+    if any(other != uid for other in sample.uids) or sample.dumpable is False:
         return False
     if start_ticks and sample.start_ticks:
         return sample.start_ticks == start_ticks

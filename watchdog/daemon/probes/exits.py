@@ -12,6 +12,12 @@ EV_ERROR with the errno in `data` when the event list has room, and raises
 (ProcessLookupError for ESRCH) only when it has none. CPython retries a
 kevent interrupted by a signal (PEP 475), so EINTR is handled only in case.
 Tests pass a scripted `select`-like module as `kq`.
+
+Descriptors are bounded: at most `max_pidfds()` pidfds (a quarter of the soft
+open-files limit, at most MAX_PIDFDS), handed out in turn across the owners'
+uids, so one user's many records cannot take them all; a pid without one is
+seen at the next scan as before. A pidfd that cannot be opened for want of
+descriptors (EMFILE) is not taken for an exit.
 """
 
 from __future__ import annotations
@@ -27,6 +33,26 @@ from watchdog import host
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.2  # how soon a change of the watched set takes effect
+MAX_PIDFDS = 1024
+
+
+def max_pidfds() -> int:
+    """Pidfds the watcher may hold: a quarter of the soft limit, at most MAX_PIDFDS."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_PIDFDS if soft == resource.RLIM_INFINITY else max(8, min(MAX_PIDFDS, soft // 4))
+
+
+def fair(pids_by_uid: dict[int, list[int]], limit: int) -> set[int]:
+    """At most `limit` pids, taken in turn from each uid's list (in its order)."""
+    chosen: set[int] = set()
+    queues = [list(pids) for _, pids in sorted(pids_by_uid.items())]
+    while len(chosen) < limit and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < limit:
+                chosen.add(queue.pop(0))
+    return chosen
 
 
 class ExitWatcher:
@@ -44,7 +70,10 @@ class ExitWatcher:
     def available(self) -> bool:
         return self._kq is not None or hasattr(os, "pidfd_open")
 
-    def watch(self, pids: set[int]) -> None:
+    def watch(self, pids: set[int] | dict[int, list[int]]) -> None:
+        """The pids to watch, or the pids of each owner's uid (shared out fairly)."""
+        if isinstance(pids, dict):
+            pids = fair(pids, max_pidfds())
         self._wanted = frozenset(pids)  # one reference swap: no lock needed
 
     def start(self) -> None:
@@ -74,11 +103,18 @@ class ExitWatcher:
             wanted = self._wanted
             for pid in [p for p in fds if p not in wanted]:
                 os.close(fds.pop(pid))
-            for pid in wanted - fds.keys():
+            limit = max_pidfds()
+            for pid in sorted(wanted - fds.keys()):
+                if len(fds) >= limit:
+                    break  # the rest are seen by the scan
                 try:
                     fds[pid] = os.pidfd_open(pid)
-                except OSError:
+                except ProcessLookupError:
                     self.wake.set()  # already gone: let the scan see it now
+                except OSError as err:
+                    if err.errno in (errno.EMFILE, errno.ENFILE):
+                        break  # out of descriptors: no exit to report, and none to spend
+                    self.wake.set()
             poller = select.poll()
             for fd in fds.values():
                 poller.register(fd, select.POLLIN)

@@ -108,9 +108,28 @@ class LinuxProbe(Probe):
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         if after != before:
             return None  # the pid was recycled mid-sample: ours is gone
+        uids, dumpable = self._credentials(pid)
         start_time = (sample.start_time if self.boot_time is None
                       else after / CLOCK_TICKS + self.boot_time())
-        return replace(sample, start_time=start_time, start_ticks=after, demand=demand)
+        return replace(sample, start_time=start_time, start_ticks=after, demand=demand,
+                       uids=uids or sample.uids, dumpable=dumpable)
+
+    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None]:
+        """(real, effective, saved, fs uids; dumpable) from /proc, or ((), None).
+
+        The kernel gives a process that is not dumpable /proc files owned by
+        root (proc(5)): for a non-root process, that owner is its dumpable flag.
+        """
+        try:
+            with open(f"{self.proc}/{pid}/status") as f:
+                owner = os.fstat(f.fileno()).st_uid  # the files', not the folder's
+                line = next((ln for ln in f if ln.startswith("Uid:")), "")
+            uids = tuple(int(u) for u in line.split()[1:5])
+        except (OSError, ValueError):
+            return (), None
+        if len(uids) != 4:
+            return (), None
+        return uids, (owner == uids[0]) if uids[0] != 0 else True
 
     def wired_bytes(self) -> int | None:
         try:

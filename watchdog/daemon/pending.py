@@ -1,0 +1,153 @@
+"""What a response to a hung job must not lose: journaled before it acts, kept in
+memory until it is on disk.
+
+Before the enforcer signals anything it writes `<state-dir>/pending/<incident>.json`
+(durably): the verdict, the targets' identities, each round of signals before
+it is sent, the outcome before the wired-memory settle. The entry goes once the
+incident line (and its reboot flag) are on disk. A daemon killed in between
+(SIGKILL, a crash, launchd or systemd restarting it mid-settle) leaves the
+entry, and the next daemon completes it at start (`Enforcer.complete`), so a
+kill is never taken for a crash and never goes unrecorded.
+
+A write that fails (a full or read-only state disk) loses nothing either: the
+incident and the reboot flag are written independently, and whichever failed is
+held in memory (`Backlog`), shown in `/status` and the metrics, and tried again
+every scan.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import asdict
+from typing import Any
+
+from watchdog.daemon import journal
+from watchdog.daemon.signaller import Target
+
+log = logging.getLogger(__name__)
+
+PENDING = "pending"  # the directory of unfinished responses, in the state dir
+MAX_PENDING = 256  # entries read at start; more is not a watchdog's own doing
+
+
+def _path(state_dir: str, incident_id: str) -> str:
+    # The id is ours (a timestamp and hex), never a rank's text: safe as a file name.
+    return os.path.join(state_dir, PENDING, f"{incident_id}.json")
+
+
+def write_ahead(state_dir: str, incident: dict[str, Any], targets: list[Target],
+                baseline: int | None) -> None:
+    """The response as it stands, durably, before its next step; raises OSError."""
+    os.makedirs(os.path.join(state_dir, PENDING), mode=0o700, exist_ok=True)
+    journal.write_json_atomic(_path(state_dir, incident["id"]), {
+        "incident": incident, "targets": [asdict(t) for t in targets], "baseline": baseline},
+        durable=True)
+
+
+def done(state_dir: str, incident_id: str) -> None:
+    """The incident is in the journal: its entry goes."""
+    try:
+        os.unlink(_path(state_dir, incident_id))
+    except FileNotFoundError:
+        return
+
+
+def unfinished(state_dir: str) -> list[dict[str, Any]]:
+    """Every entry left by an earlier daemon, oldest first (unreadable ones reported)."""
+    folder = os.path.join(state_dir, PENDING)
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:MAX_PENDING]
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        log.error("cannot list %s: %s", folder, err)
+        return []
+    entries = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            with open(path, "rb") as f:
+                entry = json.loads(f.read(4 << 20))
+            incident, targets = entry["incident"], [Target(**t) for t in entry["targets"]]
+            if not isinstance(incident, dict) or not isinstance(incident.get("id"), str):
+                raise ValueError("no incident id")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.error("unfinished response %s is unreadable (%s); left in place", path, err)
+            continue
+        entries.append({"incident": incident, "targets": targets,
+                        "baseline": entry.get("baseline")})
+    return entries
+
+
+class Backlog:
+    """Incidents and reboot flags not yet on disk, tried again until they are.
+
+    Shared by the response threads and the scan, hence the lock.
+    """
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self.incidents: list[dict[str, Any]] = []
+        self.flags: list[dict[str, Any]] = []  # {"reason": ..., figures}
+        self.failures = 0  # writes that failed (a metric)
+        # Incidents written whose flag is not yet: their write-ahead entry stays, so a
+        # restart meanwhile still raises the flag (Enforcer.complete).
+        self._written: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, incident: dict[str, Any] | None, flag: dict[str, Any] | None) -> None:
+        with self._lock:
+            if flag is not None:
+                self.flags.append(flag)
+            if incident is not None:
+                self.incidents.append(incident)
+        self.flush()
+
+    def written(self, incident_id: str) -> None:
+        """That incident's line is on disk already (an earlier daemon wrote it)."""
+        with self._lock:
+            self._written.add(incident_id)
+
+    def flush(self) -> None:
+        """Write what is held: flags first (the node's safety), then the incidents.
+        Each independently of the other; what fails stays for the next scan."""
+        with self._lock:
+            while self.flags:
+                flag = self.flags[0]
+                try:
+                    journal.set_reboot_flag(self.state_dir, **flag)
+                except OSError as err:
+                    self.failures += 1
+                    log.error("cannot write the reboot flag (%s); held in memory, tried "
+                              "again each scan: %s", flag["reason"], err)
+                    break
+                self.flags.pop(0)
+            while self.incidents:
+                incident = self.incidents[0]
+                try:
+                    journal.append_incident(self.state_dir, incident)
+                except OSError as err:
+                    self.failures += 1
+                    log.error("cannot write incident %s (%s); held in memory, tried again "
+                              "each scan", incident.get("id"), err)
+                    break
+                self.incidents.pop(0)
+                self._written.add(incident["id"])
+            flagged = {f.get("incident") for f in self.flags}
+            for incident_id in sorted(self._written - flagged):
+                self._written.discard(incident_id)
+                try:
+                    done(self.state_dir, incident_id)
+                except OSError as err:
+                    log.warning("cannot remove the pending entry of incident %s: %s",
+                                incident_id, err)
+
+    def state(self) -> dict[str, Any]:
+        """For /status and the metrics."""
+        with self._lock:
+            return {"reboot_flags_unwritten": [f["reason"] for f in self.flags],
+                    "incidents_unwritten": [i.get("id") for i in self.incidents],
+                    "write_failures": self.failures}
