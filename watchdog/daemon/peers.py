@@ -3,11 +3,19 @@ job fences sent to the peers and checked when they come in.
 
 Only with `peers` configured (and, for fences, a shared `secret`); a job is
 named by its owner's uid with its id, so no fence can reach another user's job.
+
+The peers are asked ahead of need: while a rank of ours waits past half its
+deadline, their `/status` is fetched in the background every PREFETCH_EVERY
+seconds, so a verdict finds an answer (or the timeout of an unreachable peer)
+already there and its first signal does not wait on the network.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -16,18 +24,52 @@ from watchdog.net import cluster, fence
 
 log = logging.getLogger(__name__)
 
+PREFETCH_EVERY = 2.0  # seconds between background asks while a rank of ours waits long
+FRESH = 3.0  # seconds a background answer stands in for asking at a verdict
+
 
 class Peers:
     def __init__(self, settings: Settings, host: str, executor: Executor,
-                 started: float) -> None:
+                 started: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.host, self.executor = settings, host, executor
         self.started = started  # a fence signed before we started is refused
         self.nonces = fence.NonceCache()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._asked: tuple[float, list[dict[str, Any]]] | None = None  # (when, answers)
+        self._asking = False
+
+    def prefetch(self) -> None:
+        """Ask every peer in the background, unless an answer is recent or on its way."""
+        if not self.settings.peers:
+            return
+        began = self.clock()
+        with self._lock:
+            if self._asking or (self._asked and began - self._asked[0] < PREFETCH_EVERY):
+                return
+            self._asking = True
+
+        def ask() -> None:
+            try:
+                nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+                with self._lock:
+                    self._asked = (began, nodes)  # as old as the question, not the answer
+            finally:
+                self._asking = False
+
+        self.executor.submit(ask)
+
+    def _remote(self) -> list[dict[str, Any]]:
+        """Every peer's answer: the background one if recent, else asked now."""
+        asked = self._asked
+        if asked is not None and self.clock() - asked[0] <= FRESH:
+            return list(asked[1])
+        return cluster.gather(self.settings.peers, self.settings.peer_timeout)
 
     def view(self, uid: int, job: str, local: dict[str, Any]) -> dict[str, Any] | None:
-        """This job of this owner across every node (peers asked within peer_timeout,
-        `local` our own snapshot), or None."""
-        nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+        """This job of this owner across every node (the peers' answers within
+        peer_timeout, or a recent background one; `local` our own snapshot), or None."""
+        nodes = self._remote()
         nodes.append({"peer": "local", "ok": True, "status": local})
         for view in cluster.analyze(nodes)["jobs"]:
             if view["job"] == job and view.get("uid") == uid:
