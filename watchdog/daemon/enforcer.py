@@ -143,7 +143,8 @@ class Enforcer:
         # process that could not be probed is "unknown", never a false alarm.
         survivors = {t.pid for t in left if self.signaller.identify(t) == OURS}
         for target in live:
-            if target not in left and target.pid not in outcome and self._ending_itself(target):
+            if (target not in left and target.pid not in outcome and target not in ending
+                    and self._ending_itself(target)):
                 outcome[target.pid] = EXITED  # it reached its exit on its own error first
             outcome.setdefault(target.pid, KILLED if target not in left else
                                UNKILLABLE if target.pid in survivors else UNKNOWN)
