@@ -260,31 +260,37 @@ def test_a_job_the_watchdog_ended_says_so():
 
 
 def test_peers_are_asked_ahead_of_a_verdict_and_the_answer_is_used(monkeypatch):
+    """An unreachable peer found by the background ask is not waited on again at the
+    verdict; a peer that answers is asked again (its answer must be current)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from watchdog.daemon import peers as peers_mod
     from watchdog.daemon.config import Settings
 
-    asked: list[float] = []
+    asked: list[tuple[float, tuple[str, ...]]] = []
     now = [100.0]
 
     def gather(peer_list, timeout):
-        asked.append(now[0])
-        return [{"peer": p, "ok": False, "error": "timed out"} for p in peer_list]
+        asked.append((now[0], tuple(peer_list)))
+        return [{"peer": p, "ok": False, "error": "timed out"} if p == "b:9753" else
+                {"peer": p, "ok": True, "status": {"host": "c", "ranks": []}}
+                for p in peer_list]
 
     monkeypatch.setattr(peers_mod.cluster, "gather", gather)
     with ThreadPoolExecutor(1) as pool:
-        peers = peers_mod.Peers(Settings(peers=("b:9753",)), "a", pool, 0.0,
+        peers = peers_mod.Peers(Settings(peers=("b:9753", "c:9753")), "a", pool, 0.0,
                                 clock=lambda: now[0])
         peers.prefetch()
         pool.submit(lambda: None).result()  # the background ask has run
-        assert asked == [100.0]
+        assert asked == [(100.0, ("b:9753", "c:9753"))]
         peers.prefetch()  # an answer is recent: not asked again
         pool.submit(lambda: None).result()
+        assert len(asked) == 1
         now[0] += peers_mod.PREFETCH_EVERY - 0.1
         local = {"host": "a", "ranks": [dict(rank(0, "stalled", world=2), uid=0)]}
-        view = peers.view(0, "j", local)  # the verdict: answered from the background ask
-        assert asked == [100.0] and view is not None and view["unreachable"] == ["b:9753"]
-        now[0] += peers_mod.FRESH  # too old to stand in: asked at the verdict
+        view = peers.view(0, "j", local)  # the verdict
+        assert asked[1:] == [(now[0], ("c:9753",))]  # only the peer that answers
+        assert view is not None and view["unreachable"] == ["b:9753"]
+        now[0] += peers_mod.FRESH  # too old to stand in: every peer asked at the verdict
         peers.view(0, "j", local)
-        assert len(asked) == 2
+        assert asked[-1] == (now[0], ("b:9753", "c:9753"))

@@ -6,8 +6,9 @@ named by its owner's uid with its id, so no fence can reach another user's job.
 
 The peers are asked ahead of need: while a rank of ours waits past half its
 deadline, their `/status` is fetched in the background every PREFETCH_EVERY
-seconds, so a verdict finds an answer (or the timeout of an unreachable peer)
-already there and its first signal does not wait on the network.
+seconds, so a verdict finds which peers are unreachable already known and its
+first signal does not wait out their timeout again (those that answer are asked
+again at the verdict: their answer must be current, and it takes milliseconds).
 """
 
 from __future__ import annotations
@@ -60,11 +61,16 @@ class Peers:
         self.executor.submit(ask)
 
     def _remote(self) -> list[dict[str, Any]]:
-        """Every peer's answer: the background one if recent, else asked now."""
-        asked = self._asked
+        """Every peer's answer. A peer that answered is asked again now (it answers in
+        milliseconds, and what it says must be current: a rank that started computing
+        a moment ago); one that did not answer a recent background ask is not waited
+        on again (an unreachable peer holds nothing anyway)."""
+        asked, peers = self._asked, self.settings.peers
+        down: list[dict[str, Any]] = []
         if asked is not None and self.clock() - asked[0] <= FRESH:
-            return list(asked[1])
-        return cluster.gather(self.settings.peers, self.settings.peer_timeout)
+            down = [n for n in asked[1] if not n["ok"] and n["peer"] in peers]
+        ask = [p for p in peers if p not in {n["peer"] for n in down}]
+        return down + (cluster.gather(ask, self.settings.peer_timeout) if ask else [])
 
     def view(self, uid: int, job: str, local: dict[str, Any]) -> dict[str, Any] | None:
         """This job of this owner across every node (the peers' answers within
