@@ -28,8 +28,11 @@ PORT = 9753  # every host has its own port space: the same port on each
 RING_PORT = 5151
 SECRET = "bed-secret-not-for-production"
 # The bed proves mechanisms, not defaults: short timings keep each fault to seconds.
-TIMINGS: dict[str, object] = dict(deadline=2, interval=0.25, peer_timeout=0.5, grace=1,
-                                  kill_timeout=3, evidence_timeout=1, blocked_deadline=30,
+# The peer timeout is the default's, so a query that waited on an unreachable peer
+# would show in the time from the verdict to the first signal; the deadline leaves
+# the background ask, started at half of it, the time to finish.
+TIMINGS: dict[str, object] = dict(deadline=3, interval=0.25, peer_timeout=1.0, grace=1,
+                                  kill_timeout=3, evidence_timeout=0.3, blocked_deadline=30,
                                   settle=2)
 
 

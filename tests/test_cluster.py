@@ -255,6 +255,9 @@ def test_a_job_the_watchdog_ended_says_so():
     done = cluster.judge_job("j", [rank(0, "exited", "running", world=2),
                                    rank(1, "exited", "running", world=2)], [])
     assert done["state"] == "ended"
+    # Its peer ended, a stopped rank left behind (outside a wait): hung, and named.
+    left = cluster.judge_job("j", [killed, rank(1, "stopped", "running", world=2)], [])
+    assert left["state"] == "hung" and left["culprit"]["state"] == "stopped"
     text = cluster.render_text({"nodes": [], "jobs": [view]})
     assert "ENDED" in text and "evidence: rank 0 on mac0: killed" in text
 

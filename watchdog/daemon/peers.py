@@ -38,7 +38,7 @@ class Peers:
         self.clock = clock
         self._lock = threading.Lock()
         self._asked: tuple[float, list[dict[str, Any]]] | None = None  # (when, answers)
-        self._asking = False
+        self._asking: Future[None] | None = None  # a background ask under way
 
     def prefetch(self) -> None:
         """Ask every peer in the background, unless an answer is recent or on its way."""
@@ -46,25 +46,32 @@ class Peers:
             return
         began = self.clock()
         with self._lock:
-            if self._asking or (self._asked and began - self._asked[0] < PREFETCH_EVERY):
+            if self._asking is not None or (
+                    self._asked and began - self._asked[0] < PREFETCH_EVERY):
                 return
-            self._asking = True
 
-        def ask() -> None:
-            try:
-                nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
-                with self._lock:
-                    self._asked = (began, nodes)  # as old as the question, not the answer
-            finally:
-                self._asking = False
+            def ask() -> None:
+                try:
+                    nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+                    with self._lock:
+                        self._asked = (began, nodes)  # as old as the question, not the answer
+                finally:
+                    with self._lock:
+                        self._asking = None
 
-        self.executor.submit(ask)
+            self._asking = self.executor.submit(ask)
 
     def _remote(self) -> list[dict[str, Any]]:
         """Every peer's answer. A peer that answered is asked again now (it answers in
         milliseconds, and what it says must be current: a rank that started computing
         a moment ago); one that did not answer a recent background ask is not waited
         on again (an unreachable peer holds nothing anyway)."""
+        asking = self._asking
+        if asking is not None:  # under way: its answer comes sooner than a new one's
+            try:
+                asking.result(timeout=self.settings.peer_timeout + 1.0)
+            except Exception:  # noqa: BLE001, S110 - then ask anew below
+                pass
         asked, peers = self._asked, self.settings.peers
         down: list[dict[str, Any]] = []
         if asked is not None and self.clock() - asked[0] <= FRESH:

@@ -77,6 +77,9 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
     troubled = [r for r in ranks if r.get("state") in (ENDED | {State.STOPPED})]
     if waiting and troubled:
         hung = True
+    stopped_live = [r for r in ranks if r.get("state") == State.STOPPED]
+    if stopped_live and any(r.get("state") in ENDED for r in ranks):
+        hung = True  # its peers are gone and a stopped rank of it is left behind
     # A rank behind an unreachable node cannot be seen: while another rank of the
     # job waits (on it, perhaps), the job is not known to be healthy.
     unknown = not hung and bool(waiting and missing and unreachable)
