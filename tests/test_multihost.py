@@ -108,10 +108,11 @@ def start(bed: Bed, fences: bool, mode: str = "loop", *args: str):
     job = bed.ring(mode, *args)
     job.wait_running(collectives=3 if mode == "loop" else 1)
     code, view, err = bed.hosts[0].cluster_status()
-    healthy = job_of(view)
-    assert code == 0 and healthy["state"] == "healthy", (code, view, err)
-    assert {r["host"] for r in healthy["ranks"]} == {h.name for h in bed.hosts}
-    return daemons, job, healthy["job"]
+    seen = job_of(view)
+    if mode == "loop":  # (a slow peer's job may already wait on it: not judged here)
+        assert code == 0 and seen["state"] == "healthy", (code, view, err)
+    assert {r["host"] for r in seen["ranks"]} == {h.name for h in bed.hosts}
+    return daemons, job, seen["job"]
 
 
 @pytest.mark.parametrize("fences", [True, False], ids=["fences", "no-fences"])
@@ -130,6 +131,8 @@ def test_a_stopped_rank(hosts, fences):
         assert elapsed < BOUND
         mine = incident(d0, job_id)
         assert mine["verdict"] == "stalled", mine
+        wait_for(lambda: d0.status()["counters"]["stalls"]["stalled"] == 1, 10,
+                 what="the stall counted once it was acted on")
         # Rank 0 is ended by its daemon, or first by the ring's own error once the
         # fence has ended rank 1: either way not left running.
         assert set(mine["outcome"]) == {str(job.pids[0])}, mine["outcome"]
@@ -280,6 +283,8 @@ def test_a_slow_peer_is_held_across_hosts(hosts):
     assert held, f"rank 0 was never held: the test proved nothing ({states})"
     assert "stalled" not in states, states
     assert incidents_of(d0, job_id) == [] and incidents_of(d1, job_id) == []
+    # A hold re-asked about is no stall acted on (mlx_watchdog_stalls_total).
+    assert d0.status()["counters"]["stalls"] == {"stalled": 0, "blocked": 0}
     log = d0.log()
     assert [line for line in log.splitlines() if job_id in line and "ending" in line] == []
     assert any("held" in line for line in log.splitlines() if job_id in line)

@@ -280,8 +280,6 @@ class Daemon:
             wall=self.wall(), host=self.host, uid=uid, job=job, mode=self.settings.mode,
             kill_scope=self.settings.kill_scope, due=due, targets=targets, local=local,
             fenced=fenced)
-        if fenced is None:
-            self.counters.stalls[incident["verdict"]] += 1
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
             log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
@@ -381,6 +379,11 @@ class Daemon:
                 transition(rank, Edge.HELD, now, rank.held_reason)
 
     def _ended(self, keys: list[tuple[int, float]], outcome: Outcome, now: float) -> None:
+        # A hang acted on (not a fence, not a hold: a hold re-asked every 5 s is no
+        # new stall) counts once its response is done.
+        verdict = outcome.incident.get("verdict")
+        if verdict in self.counters.stalls:
+            self.counters.stalls[verdict] += 1
         for name in outcome.signals_sent:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1
