@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -133,7 +134,7 @@ class Bed:
     def __init__(self, workdir: Path, count: int = 2) -> None:
         assert count == 2, "one veth pair joins two hosts"
         self.workdir = Path(workdir)
-        self.tag = f"wd{os.getpid() % 100000}"
+        self.tag = f"wd{os.getpid()}"  # a veth name fits: at most 15 characters
         self.procs: list[subprocess.Popen[bytes]] = []
         self._ids = 0
         net = os.getpid() % 60000
@@ -152,8 +153,8 @@ class Bed:
         why = cannot_build()
         if why:
             raise RuntimeError(why)
+        self._remove_leftovers()
         for host in self.hosts:
-            _run("ip", "netns", "del", host.ns, check=False)  # a leftover of a killed run
             _run("ip", "netns", "add", host.ns)
             self.built.append(host.ns)
             host.sh("ip", "link", "set", "lo", "up")
@@ -164,6 +165,16 @@ class Bed:
             host.sh("ip", "addr", "add", f"{host.address}/24", "dev", self.veth(host.index))
             host.sh("ip", "link", "set", self.veth(host.index), "up")
         return self
+
+    def _remove_leftovers(self) -> None:
+        """Namespaces of a bed whose test run was killed before its finalizer ran
+        (named after that run's pid, which is gone), and this run's own names."""
+        listed = _run("ip", "netns", "list", check=False).stdout.split()
+        for name in listed:
+            match = re.fullmatch(r"wd(\d+)h\d", name)
+            if match and (name.startswith(self.tag + "h")
+                          or not os.path.exists(f"/proc/{match.group(1)}")):
+                _run("ip", "netns", "del", name, check=False)
 
     def heal(self) -> None:
         for host in self.hosts:
