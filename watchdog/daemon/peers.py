@@ -59,7 +59,10 @@ class Peers:
                     with self._lock:
                         self._asking = None
 
-            self._asking = self.executor.submit(ask)
+            try:
+                self._asking = self.executor.submit(ask)
+            except RuntimeError:  # the executor is shut down: the daemon is stopping
+                self._asking = None
 
     def _remote(self) -> list[dict[str, Any]]:
         """Every peer's answer. A peer that answered is asked again now (it answers in
