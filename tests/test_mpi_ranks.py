@@ -4,8 +4,10 @@ them, `mpirun -np 2 -x MLX_WATCHDOG=1 python prog.py`, and the real daemon.
 MPI's wait on a peer busy-polls in user space (the JACCL shape): a frozen peer must
 still end the job, and a peer computing in Python must still hold it. Both rest on
 every rank of one mpirun being one job, which nothing but mpirun's own environment
-says. MLX_MPI_LIBNAME is MLX's own variable (`mlx.launch --backend mpi` sets it too):
-Debian's openmpi-bin ships libmpi.so.40 without the libmpi.so link MLX looks for.
+says. MLX_MPI_LIBNAME, MLX's own variable (`mlx.launch --backend mpi` sets it too), is
+passed only where needed: Debian's openmpi-bin ships libmpi.so.40 without the
+libmpi.so link MLX looks for (libopenmpi-dev has it). MLX_WATCHDOG_DIR is the test's
+own record directory.
 Every rank binds loopback (btl tcp on lo, the runtime's oob on lo)."""
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "s
 DEADLINE = 2.0
 
 
-def mpi_libname() -> str:
+def mpi_libname() -> str | None:
+    """None when MLX finds libmpi.so by itself; else the versioned name to give it."""
     for name in ("libmpi.so", "libmpi.so.40", "libmpi.40.dylib"):
         for base in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib",
                      "/usr/local/lib", "/opt/homebrew/lib"):
             if os.path.exists(os.path.join(base, name)):
-                return name
+                return None if name == "libmpi.so" else name
     raise AssertionError("no Open MPI library (libmpi): .ci/run installs openmpi-bin")
 
 
@@ -48,9 +51,12 @@ class MpiJob:
                  size: int = 2) -> None:
         assert shutil.which("mpirun"), "mpirun not found: .ci/run installs openmpi-bin"
         self.record_dir, self.log_path = record_dir, workdir / f"mpirun-{id(self)}.log"
-        env = base_env(record_dir, MLX_WATCHDOG="1", MLX_MPI_LIBNAME=mpi_libname())
+        libname = mpi_libname()
+        env = base_env(record_dir, MLX_WATCHDOG="1",
+                       **({"MLX_MPI_LIBNAME": libname} if libname else {}))
         env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMI"))}
-        argv = [*MPIRUN, "-np", str(size), "-x", "MLX_WATCHDOG=1", "-x", "MLX_MPI_LIBNAME",
+        argv = [*MPIRUN, "-np", str(size), "-x", "MLX_WATCHDOG=1",
+                *(["-x", "MLX_MPI_LIBNAME"] if libname else []),
                 sys.executable, str(MPI_PROG), mode, *args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
