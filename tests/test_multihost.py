@@ -214,22 +214,24 @@ def test_a_partition(hosts, how, fences):
     assert job_of(view)["state"] != "healthy", view
 
 
-def test_a_host_dies(hosts):
+@pytest.mark.parametrize("fences", [True, False], ids=["fences", "no-fences"])
+def test_a_host_dies(hosts, fences):
     """Host 1's link goes down, then its rank and daemon are killed: host 0 ends rank 0
-    on its own; its cluster view never calls the job healthy."""
-    (d0, d1), job, job_id = start(hosts, True)
+    on its own (no fence can reach it either way); its cluster view never calls the
+    job healthy."""
+    (d0, d1), job, job_id = start(hosts, fences)
     h0, h1 = hosts.hosts
     h1.link(False)
     job.signal(1, signal.SIGKILL)
     d1.proc.kill()
     began = time.monotonic()
     states = never_healthy_while_cut_off(h0, job, BOUND)
-    elapsed = ended_within(job, began, BOUND, "host death")
+    elapsed = ended_within(job, began, BOUND, "host death" + ("" if fences else ", no fences"))
     assert elapsed < BOUND and ("unknown" in states or "hung" in states), states
     inc = incident(d0, job_id)
     assert inc["verdict"] == "stalled" and inc["outcome"] == {str(job.pids[0]): "killed"}
     assert h1.endpoint in inc["cluster"]["unreachable"]
-    verdict_to_first_signal(inc, "host death")
+    verdict_to_first_signal(inc, "host death" + ("" if fences else ", no fences"))
     code, view, _ = h0.cluster_status()
     gone = job_of(view)
     assert gone["state"] == "ended" and "ended by the watchdog" in gone["evidence"], gone
