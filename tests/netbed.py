@@ -33,7 +33,7 @@ SECRET = "bed-secret-not-for-production"
 # would show in the time from the verdict to the first signal; the deadline leaves
 # the background ask, started at half of it, the time to finish.
 # A slow peer's excuse ends at the blocked deadline: 90 s, because a computation
-# sized at 9 s can take 30 s and more on a loaded machine (seen here).
+# sized at 9 s has taken 35 and 90 s on this loaded machine.
 TIMINGS: dict[str, object] = dict(deadline=3, interval=0.25, peer_timeout=1.0, grace=1,
                                   kill_timeout=3, evidence_timeout=0.3, blocked_deadline=90,
                                   settle=2)
