@@ -34,6 +34,8 @@ Modes:
                   an estimated S seconds, then shorter ones until S have passed)
                   before its all_sum while rank 0 waits in that all_sum; prints
                   "slowpeer done" after the round and exits 0
+  pyslowpeer S    the same shape, but rank 1 computes in pure Python for S seconds (by
+                  the clock, so a loaded machine cannot stretch it); "slowpeer done"
   prefill S T P   a generation's shape: a long first step (every rank computes ~S s in
                   one eval, rank 1 half as long again, so rank 0 then waits in the
                   all_sum), short checked rounds for T s (rank 0 decides the end and
@@ -291,6 +293,16 @@ elif MODE == "slowpeer":
         print(f"slowpeer computed {time.monotonic() - began:.1f}s", flush=True)
         x = x + 0 * y.sum()
     got = mx.distributed.all_sum(x)
+    mx.eval(got)
+    print(f"slowpeer done {got[0].item()}", flush=True)
+elif MODE == "pyslowpeer":
+    one_round()
+    if rank == 1:
+        print("slowpeer: computing in Python", flush=True)
+        end, n = time.monotonic() + ARG, 0
+        while time.monotonic() < end:
+            n += 1  # holds the GIL, never calls MLX: the user's own work
+    got = mx.distributed.all_sum(mx.ones(16))
     mx.eval(got)
     print(f"slowpeer done {got[0].item()}", flush=True)
 elif MODE == "prefill":

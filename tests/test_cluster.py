@@ -224,3 +224,76 @@ def test_an_unreachable_peer_never_blocks_a_local_kill(tmp_path, record_dir, sta
             assert inc["culprit"]["rank"] == 1
     finally:
         silent.close()
+
+
+# -- never healthy while it cannot be checked; what happened to an ended job ----------
+
+
+def test_a_rank_behind_an_unreachable_node_while_another_waits_is_unknown():
+    view = cluster.judge_job("j", [rank(0, "running", world=2)], ["b:9753"])
+    assert view["state"] == "unknown" and view["missing_ranks"] == [1]
+    assert view["culprit"]["rank"] == 1 and "unreachable: b:9753" in view["culprit"]["reason"]
+    assert "rank 1 is not reported" in view["evidence"]
+    # Nothing waits: the job runs on, with a node out of sight (the node line says so).
+    running = cluster.judge_job("j", [rank(0, phase="running", world=2)], ["b:9753"])
+    assert running["state"] == "healthy"
+    # Every node answered and a rank is missing: that rank exited and was forgotten.
+    assert cluster.judge_job("j", [rank(0, world=2)], [])["state"] == "healthy"
+
+
+def test_a_job_the_watchdog_ended_says_so():
+    killed = dict(rank(0, "killed", "wait", world=2), reason="ended by the watchdog "
+                  "(incident 20260101T000000-abc123)")
+    exited = dict(rank(1, "exited", "wait", world=2), reason="exited on an uncaught exception")
+    view = cluster.judge_job("j", [killed, exited], [])
+    assert view["state"] == "ended" and view["culprit"] is None
+    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in view["evidence"]
+    assert "rank 1 on mac1: exited (exited on an uncaught exception)" in view["evidence"]
+    # One rank killed, its peer behind an unreachable node: ended, not unknown.
+    assert cluster.judge_job("j", [killed], ["b:9753"])["state"] == "ended"
+    # A clean end: every rank exited.
+    done = cluster.judge_job("j", [rank(0, "exited", "running", world=2),
+                                   rank(1, "exited", "running", world=2)], [])
+    assert done["state"] == "ended"
+    # Its peer ended, a stopped rank left behind (outside a wait): hung, and named.
+    left = cluster.judge_job("j", [killed, rank(1, "stopped", "running", world=2)], [])
+    assert left["state"] == "hung" and left["culprit"]["state"] == "stopped"
+    text = cluster.render_text({"nodes": [], "jobs": [view]})
+    assert "ENDED" in text and "evidence: rank 0 on mac0: killed" in text
+
+
+def test_peers_are_asked_ahead_of_a_verdict_and_the_answer_is_used(monkeypatch):
+    """An unreachable peer found by the background ask is not waited on again at the
+    verdict; a peer that answers is asked again (its answer must be current)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from watchdog.daemon import peers as peers_mod
+    from watchdog.daemon.config import Settings
+
+    asked: list[tuple[float, tuple[str, ...]]] = []
+    now = [100.0]
+
+    def gather(peer_list, timeout):
+        asked.append((now[0], tuple(peer_list)))
+        return [{"peer": p, "ok": False, "error": "timed out"} if p == "b:9753" else
+                {"peer": p, "ok": True, "status": {"host": "c", "ranks": []}}
+                for p in peer_list]
+
+    monkeypatch.setattr(peers_mod.cluster, "gather", gather)
+    with ThreadPoolExecutor(1) as pool:
+        peers = peers_mod.Peers(Settings(peers=("b:9753", "c:9753")), "a", pool, 0.0,
+                                clock=lambda: now[0])
+        peers.prefetch()
+        pool.submit(lambda: None).result()  # the background ask has run
+        assert asked == [(100.0, ("b:9753", "c:9753"))]
+        peers.prefetch()  # an answer is recent: not asked again
+        pool.submit(lambda: None).result()
+        assert len(asked) == 1
+        now[0] += peers_mod.PREFETCH_EVERY - 0.1
+        local = {"host": "a", "ranks": [dict(rank(0, "stalled", world=2), uid=0)]}
+        view = peers.view(0, "j", local)  # the verdict
+        assert asked[1:] == [(now[0], ("c:9753",))]  # only the peer that answers
+        assert view is not None and view["unreachable"] == ["b:9753"]
+        now[0] += peers_mod.FRESH  # too old to stand in: every peer asked at the verdict
+        peers.view(0, "j", local)
+        assert asked[-1] == (now[0], ("b:9753", "c:9753"))

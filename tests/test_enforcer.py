@@ -413,3 +413,72 @@ def test_capture_copies_the_new_faulthandler_dump(tmp_path: Path, state_dir: Pat
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- a rank already leaving on its own (the backend's) error -------------------------
+
+
+def _record(tmp_path: Path, pid: int, status: int | None = None):
+    """A real record naming `pid` (the fakes' start time); closed with `status` if given."""
+    from watchdog import record
+
+    writer = record.RecordWriter(str(tmp_path / f"{pid}.rec"), pid=pid, start_time=1.7e9,
+                                 uid=0, host="node-a", job="job-1", rank=0, world_size=2,
+                                 backend="ring", dump_signal=0)
+    if status is not None:
+        writer.close(status, remove=False)
+    return writer
+
+
+def test_a_rank_whose_record_says_it_is_leaving_on_an_error_is_not_signalled(tmp_path,
+                                                                             state_dir):
+    from watchdog import record
+    from watchdog.daemon.enforcer import EXITED
+
+    _record(tmp_path, 101, record.STATUS_ERROR)
+    fake = FakeSignaller({})  # gone by the time the ladder looks again: it left on its own
+    enf, clock = enforcer(state_dir, fake)
+    leaving = dataclasses.replace(target(101), record_path=str(tmp_path / "101.rec"))
+    assert enf.end({}, [leaving]) == {101: EXITED}
+    assert fake.sent == []
+
+
+def test_a_rank_leaving_on_an_error_that_does_not_go_gets_the_ladder(tmp_path, state_dir):
+    from watchdog import record
+
+    _record(tmp_path, 102, record.STATUS_ERROR)
+    fake = FakeSignaller({102: DIES_ON_TERM})
+    enf, clock = enforcer(state_dir, fake, grace=2.0)
+    stuck = dataclasses.replace(target(102), record_path=str(tmp_path / "102.rec"))
+    start = clock.now()
+    outcome = enf.end({}, [stuck])
+    # Waited out the grace unsignalled, then SIGCONT and SIGTERM ended it: that is ours.
+    assert clock.now() - start >= 2.0 and fake.names()[:2] == ["SIGCONT", "SIGTERM"]
+    assert outcome == {102: "killed"}
+
+
+def test_a_rank_that_reached_its_error_exit_during_the_ladder_is_not_a_kill(tmp_path,
+                                                                             state_dir):
+    """The ring raised on the rank an instant before the fence's SIGTERM: its exit ran
+    (the hook wrote the error close, which SIGTERM's default action never reaches)."""
+    from watchdog import record
+    from watchdog.daemon.enforcer import EXITED
+
+    writer = _record(tmp_path, 103)
+
+    class ExitsOnItsOwn(FakeSignaller):
+        def send(self, target, signum):
+            if signum == signal.SIGTERM and writer is not None:
+                writer.close(record.STATUS_ERROR, remove=False)  # its own exit, first
+            return super().send(target, signum)
+
+    fake = ExitsOnItsOwn({103: DIES_ON_TERM})
+    enf, _ = enforcer(state_dir, fake)
+    racing = dataclasses.replace(target(103), record_path=str(tmp_path / "103.rec"))
+    assert enf.end({}, [racing]) == {103: EXITED}
+    # The same, with a record still open after the SIGTERM: the watchdog's kill.
+    _record(tmp_path, 104)
+    plain = FakeSignaller({104: DIES_ON_TERM})
+    enf, _ = enforcer(state_dir, plain)
+    assert enf.end({}, [dataclasses.replace(target(104), record_path=str(
+        tmp_path / "104.rec"))]) == {104: "killed"}

@@ -227,3 +227,80 @@ def test_a_device_file_that_is_not_json_is_hashed_as_text(tmp_path):
     c.write_text("rdma_en5")
     jobs = [hook.job_id({"MLX_IBV_DEVICES": str(p)}) for p in (a, b, c)]
     assert jobs[0] == jobs[1] != jobs[2]
+
+
+# -- MPI: what mpirun (Open MPI) and mpiexec (MPICH's Hydra) give each rank -----------
+
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
+          "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+MPI_PROBE = ("import json, os; from watchdog.rank import env, hook; "
+             "print(json.dumps([hook.job_id(), *env.env_rank_size(os.environ), "
+             "env.guess_backend(os.environ)]))")
+
+
+def mpirun_views(size: int = 2) -> list[list[Any]]:
+    """[job, rank, size, backend] of each rank of one real `mpirun -np SIZE`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMI"))}
+    done = subprocess.run([*MPIRUN, "-np", str(size), sys.executable, "-c", MPI_PROBE],
+                          capture_output=True, text=True, timeout=120, env=clean)
+    assert done.returncode == 0, done.stderr
+    return sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+
+
+def test_ranks_of_one_mpirun_agree_and_the_next_mpirun_is_another_job():
+    first, second = mpirun_views(), mpirun_views()
+    assert [v[1:] for v in first] == [[0, 2, "mpi"], [1, 2, "mpi"]]
+    assert len({v[0] for v in first}) == 1 and first[0][0].startswith("j")
+    assert first[0][0] != second[0][0]  # PMIX_NAMESPACE is launch-unique
+
+
+# Open MPI 5 (PRRTE) names the namespace after mpirun's host and pid.
+OMPI5 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+         "PMIX_NAMESPACE": "prterun-studio-1-4242@1", "PMIX_RANK": "1"}
+# MPICH's Hydra (mpiexec.hydra): PMI_RANK, PMI_SIZE, a per-rank PMI_FD.
+HYDRA = {"PMI_RANK": "3", "PMI_SIZE": "4", "PMI_FD": "7", "MPI_LOCALRANKID": "1"}
+
+
+def test_open_mpi_5_and_a_bare_pmix_namespace():
+    assert (launchenv.backend(OMPI5), launchenv.rank(OMPI5), launchenv.world_size(OMPI5)) == (
+        "mpi", 1, 4)
+    other_rank = dict(OMPI5, OMPI_COMM_WORLD_RANK="0", PMIX_RANK="0")
+    assert launchenv.job_id(OMPI5, 10, 1) == launchenv.job_id(other_rank, 11, 2)  # any node
+    assert launchenv.job_id(OMPI5, 10) != launchenv.job_id(
+        dict(OMPI5, PMIX_NAMESPACE="prterun-studio-1-4243@1"), 10)
+    pmix = {"PMIX_NAMESPACE": "ns7", "PMIX_RANK": "2"}  # another PMIx launcher: no size
+    assert (launchenv.backend(pmix), launchenv.rank(pmix), launchenv.world_size(pmix)) == (
+        "mpi", 2, 0)
+
+
+def test_mpich_hydra_agrees_within_a_node_and_slurm_across_nodes():
+    assert (launchenv.backend(HYDRA), launchenv.rank(HYDRA), launchenv.world_size(HYDRA)) == (
+        "mpi", 3, 4)
+    mate = dict(HYDRA, PMI_RANK="2", PMI_FD="6")
+    # Nothing Hydra passes is shared between nodes: ranks agree through their proxy.
+    assert launchenv.job_id(HYDRA, 100, 50) == launchenv.job_id(mate, 101, 50)
+    assert launchenv.job_id(HYDRA, 100, 50) != launchenv.job_id(HYDRA, 100, 51)
+    slurm = dict(HYDRA, SLURM_JOB_ID="881", SLURM_STEP_ID="0")
+    assert launchenv.job_id(slurm, 100, 50) == launchenv.job_id(dict(slurm, PMI_RANK="0"), 9, 8)
+    assert launchenv.job_id(slurm, 1, 2) != launchenv.job_id(dict(slurm, SLURM_STEP_ID="1"), 1, 2)
+    assert launchenv.job_id(dict(HYDRA, MLX_WATCHDOG_JOB="train"), 1, 2) == "train"
+
+
+def test_an_mlx_backend_launched_by_mpirun_keeps_its_own_identity(tmp_path):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([["10.0.0.1:5000"], ["10.0.0.2:5000"]]))
+    ring = dict(OMPI5, MLX_HOSTFILE=str(hostfile), MLX_RANK="0")
+    assert (launchenv.backend(ring), launchenv.rank(ring), launchenv.world_size(ring)) == (
+        "ring", 0, 2)
+    assert launchenv.job_id(ring, 1) == launchenv.job_id({"MLX_HOSTFILE": str(hostfile)}, 2)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"PMI_RANK": "x", "PMI_SIZE": "2"}, ("mpi", -1, 2)),
+    ({"OMPI_COMM_WORLD_SIZE": "two"}, ("mpi", -1, 0)),
+    ({"PMIX_NAMESPACE": "", "PMIX_RANK": "0"}, ("", -1, 0)),
+    ({"PMI_SIZE": "2"}, ("", -1, 0)),
+])
+def test_odd_mpi_environments_never_raise(env, expected):
+    assert (launchenv.backend(env), launchenv.rank(env), launchenv.world_size(env)) == expected
+    assert launchenv.job_id(env, 5) == "pid5"  # nothing shared: a job of one

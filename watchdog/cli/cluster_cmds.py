@@ -8,7 +8,7 @@ import time
 
 import click
 
-from watchdog.cli.options import Node
+from watchdog.cli.options import Node, state_option
 
 
 @click.group()
@@ -25,11 +25,15 @@ def cluster() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@state_option
 @click.pass_obj
 def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str | None,
-                   timeout: float, as_json: bool, watch: bool, interval: float) -> None:
-    """Gather /status from each HOST:PORT and judge every job; exit 1 if one is hung,
-    2 if no node answered."""
+                   timeout: float, as_json: bool, watch: bool, interval: float,
+                   state_dir: str) -> None:
+    """Gather /status from each HOST:PORT (and this node's daemon, read from its state
+    directory) and judge every job; exit 1 if one is hung or cannot be checked (a rank
+    behind an unreachable node while another waits), 2 if no node answered."""
+    from watchdog.cli.sampling import daemon_status
     from watchdog.daemon.config import load, parse_listen
     from watchdog.net import cluster as cluster_view
 
@@ -42,7 +46,13 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
     if not peers:
         raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
     while True:
-        view = cluster_view.analyze(cluster_view.gather(peers, timeout))
+        nodes = cluster_view.gather(peers, timeout)
+        # This node's own daemon, read from its status.json: a node cut off from the
+        # network (its own address unreachable too) still shows its own ranks.
+        local = daemon_status(state_dir)
+        if local is not None:
+            nodes.append({"peer": "local", "ok": True, "status": local})
+        view = cluster_view.analyze(nodes)
         if as_json:
             click.echo(json.dumps(view, indent=1))
         else:
@@ -51,7 +61,7 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
         if not watch:
             break
         time.sleep(interval)
-    if any(job["state"] == "hung" for job in view["jobs"]):
+    if any(job["state"] in ("hung", "unknown") for job in view["jobs"]):
         sys.exit(1)
     if not any(node["ok"] for node in view["nodes"]):
         click.echo("no node answered", err=True)

@@ -293,7 +293,8 @@ class Detector:
             return False  # a thread polling in the kernel (or unknown): waiting on a peer
         # Busy in user space. On a backend whose peer wait spins in the kernel,
         # or with no peer at all, that is computation; elsewhere (JACCL polls
-        # its completion queue in user space) it may be the wait itself.
+        # its completion queue in user space, MPI its progress engine; measured:
+        # ~100% user, 0% system with a peer frozen) it may be the wait itself.
         return record.backend in KERNEL_SPIN_BACKENDS or 0 < record.world_size <= 1
 
     def _outside(self, record: Record, track: Track, deadline: float, since: float,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchdog import record
 from watchdog.daemon import journal, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.evidence import Evidence
@@ -23,6 +24,7 @@ from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.signaller import (
     DENIED,
     DUMP_SIGNALS,
+    EXITED,
     GONE,
     KILLED,
     NOT_OURS,
@@ -36,8 +38,8 @@ from watchdog.daemon.signaller import (
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
 
-__all__ = ["DENIED", "DUMP_SIGNALS", "GONE", "KILLED", "NOT_OURS", "OURS", "SENT", "UNKILLABLE",
-           "UNKNOWN", "Enforcer", "Outcome", "Signaller", "Target"]
+__all__ = ["DENIED", "DUMP_SIGNALS", "EXITED", "GONE", "KILLED", "NOT_OURS", "OURS", "SENT",
+           "UNKILLABLE", "UNKNOWN", "Enforcer", "Outcome", "Signaller", "Target"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,20 @@ class Enforcer:
             left = [t for t in left if self._not_gone(t)]
         return left
 
+    def _ending_itself(self, target: Target) -> bool:
+        """Its record says the rank is leaving on an uncaught exception (the backend's
+        own error: "[ring] connection to a peer was lost"). The hook writes that at
+        exit, which a SIGTERM's default action never reaches: so a rank found so
+        after the ladder ended on its own error, not by the watchdog's signal."""
+        if not target.record_path:
+            return False
+        try:
+            rec = record.read_path(target.record_path)
+        except (record.RecordError, OSError):
+            return False  # removed, or unreadable: nothing proves it
+        return (rec.status == record.STATUS_ERROR and rec.pid == target.pid
+                and rec.start_time == target.start_time)
+
     def end(self, incident: dict[str, Any], targets: list[Target]) -> dict[int, str]:
         """SIGCONT, SIGTERM, grace, SIGKILL, confirm. Returns pid -> outcome."""
         incident.setdefault("signals", [])
@@ -124,6 +140,16 @@ class Enforcer:
         incident["ladder"] = "begun"
         self.write_ahead(incident)
         outcome = {}
+        # A rank already leaving on its own error gets the grace to finish, unsignalled.
+        ending = [t for t in targets if self._ending_itself(t)]
+        if ending:
+            left = self._wait_gone(ending, self.settings.grace)
+            for target in ending:
+                if target not in left:
+                    outcome[target.pid] = EXITED
+                    log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
+                             target.pid, target.job, target.rank)
+        targets = [t for t in targets if t.pid not in outcome]
         for target in targets:
             # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
             result = self._signal(incident, target, signal.SIGCONT)
@@ -145,6 +171,9 @@ class Enforcer:
         # process that could not be probed is "unknown", never a false alarm.
         survivors = {t.pid for t in left if self.signaller.identify(t) == OURS}
         for target in live:
+            if (target not in left and target.pid not in outcome and target not in ending
+                    and self._ending_itself(target)):
+                outcome[target.pid] = EXITED  # it reached its exit on its own error first
             outcome.setdefault(target.pid, KILLED if target not in left else
                                UNKILLABLE if target.pid in survivors else UNKNOWN)
         return outcome

@@ -44,7 +44,7 @@ from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.responses import Responses
 from watchdog.net import fence
 from watchdog.record import Record
-from watchdog.states import FINAL, State
+from watchdog.states import FINAL, WAITING_LONG, State
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,8 @@ class Daemon:
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 due.setdefault((rec.uid, rec.job), []).append(rank)
         due = hold(due, self.ranks.values(), self.detector.rules, now)
+        if self.settings.peers and any(r.state in WAITING_LONG for r in self.ranks.values()):
+            self.peers.prefetch()  # a verdict may come: its peers' answers ready by then
         for key, rank in self.ranks.items():
             if key in seen or rank.state in FINAL:
                 continue
@@ -268,10 +270,13 @@ class Daemon:
         log.info("pid %s (job %s rank %s) %s", rank.record.pid, rank.record.job,
                  rank.record.rank, rank.reason)
         if crashed and rank.record.world_size > 1 and rank.seen_alive:
-            culprit = culprit_of(self.host, rank, "died")
+            # The reason says what happened: an uncaught exception (often the
+            # backend's own error on a lost peer) is not a death without a trace.
+            how = ("exited on an uncaught exception" if status == record.STATUS_ERROR
+                   else "died without closing its record")
+            culprit = culprit_of(self.host, rank, how)
             self._fence_peers(rank.record.uid, rank.record.job,
-                              f"rank {rank.record.rank} died without closing its record",
-                              culprit)
+                              f"rank {rank.record.rank} {how}", culprit)
             self.orphans.setdefault((rank.record.uid, rank.record.job), (
                 now + PEER_DEATH_GRACE,
                 f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
@@ -344,12 +349,17 @@ class Daemon:
             wall=self.wall(), host=self.host, uid=uid, job=job, mode=self.settings.mode,
             kill_scope=self.settings.kill_scope, due=due, targets=targets, local=local,
             fenced=fenced)
-        if fenced is None:
-            self.counters.stalls[incident["verdict"]] += 1
-        log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
-                  "ending" if self.settings.mode == "enforce" else "observing",
-                  len(targets), sorted(r.record.rank for r in targets))
+        ask_peers = bool(self.settings.peers) and fenced is None
+        if not ask_peers:  # else the response logs it, once it knows it will not hold
+            log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
+                      "ending" if self.settings.mode == "enforce" else "observing",
+                      len(targets), sorted(r.record.rank for r in targets))
+        now = self.clock_ns() / 1e9
         for rank in targets:
+            if ask_peers and rank.held_reason and now - rank.held_until < HOLD_RECHECK:
+                # Held by a computing peer before: it stays shown held while the
+                # peers are asked again, instead of flipping to the verdict's state.
+                transition(rank, Edge.HELD, now, rank.held_reason)
             rank.escalating = True
         keys = [r.key for r in targets]
         others = [r for r in self.ranks.values() if r.key not in keys]
@@ -363,10 +373,9 @@ class Daemon:
             r.verdict is not None
             and r.verdict.seconds_in_wait < max(r.verdict.deadline, rules.blocked_deadline)
             for r in due)
-        self.responses.start(keys, self.clock_ns() / 1e9, uid, job, incident,
+        self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
-                             ask_peers=bool(self.settings.peers) and fenced is None,
-                             may_hold=may_hold, evidence=fenced is None)
+                             ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None)
 
     # -- the cluster: views and fences -------------------------------------------
 
@@ -440,6 +449,11 @@ class Daemon:
                 transition(rank, Edge.HELD, now, rank.held_reason)
 
     def _ended(self, keys: list[tuple[int, float]], outcome: Outcome, now: float) -> None:
+        # A hang acted on (not a fence, not a hold: a hold re-asked every 5 s is no
+        # new stall) counts once its response is done.
+        verdict = outcome.incident.get("verdict")
+        if verdict in self.counters.stalls:
+            self.counters.stalls[verdict] += 1
         for name in outcome.signals_sent:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1

@@ -3,12 +3,21 @@ job fences sent to the peers and checked when they come in.
 
 Only with `peers` configured (and, for fences, a shared `secret`); a job is
 named by its owner's uid with its id, so no fence can reach another user's job.
+
+The peers are asked ahead of need: while a rank of ours waits past half its
+deadline, their `/status` is fetched in the background every PREFETCH_EVERY
+seconds, so a verdict finds which peers are unreachable already known and its
+first signal does not wait out their timeout again (those that answer are asked
+again at the verdict: their answer must be current, and it takes milliseconds).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -17,19 +26,68 @@ from watchdog.net import cluster, fence
 
 log = logging.getLogger(__name__)
 
+PREFETCH_EVERY = 2.0  # seconds between background asks while a rank of ours waits long
+FRESH = 3.0  # seconds a background answer stands in for asking at a verdict
+
 
 class Peers:
     def __init__(self, settings: Settings, host: str, executor: Executor,
-                 started: float) -> None:
+                 started: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.host, self.executor = settings, host, executor
         self.started = started  # a fence signed before we started is refused
         # Kept on disk: a restart must not forget the fences it accepted (fence.py).
         self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._asked: tuple[float, list[dict[str, Any]]] | None = None  # (when, answers)
+        self._asking: Future[None] | None = None  # a background ask under way
+
+    def prefetch(self) -> None:
+        """Ask every peer in the background, unless an answer is recent or on its way."""
+        if not self.settings.peers:
+            return
+        began = self.clock()
+        with self._lock:
+            if self._asking is not None or (
+                    self._asked and began - self._asked[0] < PREFETCH_EVERY):
+                return
+
+            def ask() -> None:
+                try:
+                    nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+                    with self._lock:
+                        self._asked = (began, nodes)  # as old as the question, not the answer
+                finally:
+                    with self._lock:
+                        self._asking = None
+
+            try:
+                self._asking = self.executor.submit(ask)
+            except RuntimeError:  # the executor is shut down: the daemon is stopping
+                self._asking = None
+
+    def _remote(self) -> list[dict[str, Any]]:
+        """Every peer's answer. A peer that answered is asked again now (it answers in
+        milliseconds, and what it says must be current: a rank that started computing
+        a moment ago); one that did not answer a recent background ask is not waited
+        on again (an unreachable peer holds nothing anyway)."""
+        asking = self._asking
+        if asking is not None:  # under way: its answer comes sooner than a new one's
+            try:
+                asking.result(timeout=self.settings.peer_timeout + 1.0)
+            except Exception:  # noqa: BLE001, S110 - then ask anew below
+                pass
+        asked, peers = self._asked, self.settings.peers
+        down: list[dict[str, Any]] = []
+        if asked is not None and self.clock() - asked[0] <= FRESH:
+            down = [n for n in asked[1] if not n["ok"] and n["peer"] in peers]
+        ask = [p for p in peers if p not in {n["peer"] for n in down}]
+        return down + (cluster.gather(ask, self.settings.peer_timeout) if ask else [])
 
     def view(self, uid: int, job: str, local: dict[str, Any]) -> dict[str, Any] | None:
-        """This job of this owner across every node (peers asked within peer_timeout,
-        `local` our own snapshot), or None."""
-        nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+        """This job of this owner across every node (the peers' answers within
+        peer_timeout, or a recent background one; `local` our own snapshot), or None."""
+        nodes = self._remote()
         nodes.append({"peer": "local", "ok": True, "status": local})
         for view in cluster.analyze(nodes)["jobs"]:
             if view["job"] == job and view.get("uid") == uid:

@@ -73,7 +73,7 @@ class Rank:
     def target(self) -> Target:
         rec = self.record
         return Target(rec.pid, rec.start_time, rec.uid, rec.job, rec.rank, rec.dump_signal,
-                      record.stacks_path(self.path), rec.start_ticks)
+                      record.stacks_path(self.path), rec.start_ticks, self.path)
 
 
 def _live_idle(rank: Rank) -> bool:

@@ -72,6 +72,9 @@ class Responses:
                 names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
                 return Outcome(incident, held=f"held: rank {names} of the job is computing "
                                               "(a slow peer, not a hang)")
+            log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
+                      "ending" if self.settings.mode == "enforce" else "observing",
+                      len(targets), sorted(t.rank for t in targets))
         if evidence and self.settings.mode == "enforce":  # a verdict of ours, not a fence
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).

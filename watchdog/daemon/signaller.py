@@ -26,8 +26,10 @@ SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
 # failed) is never taken as a match: nothing is signalled on it, and it is
 # never taken as proof that a process ended or survived either.
 OURS, UNKNOWN = "ours", "unknown"
-# How the ladder left a rank: gone after it, or positively still there after SIGKILL.
-KILLED, UNKILLABLE = "killed", "unkillable"
+# How the ladder left a rank: gone after it, or positively still there after SIGKILL;
+# or EXITED: it was ending on its own error (the backend's, its record says so), so
+# its end is not the watchdog's.
+KILLED, UNKILLABLE, EXITED = "killed", "unkillable", "exited"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Target:
     dump_signal: int = 0
     stacks_path: str = ""
     start_ticks: int = 0  # clock ticks since boot (Linux); 0: unknown, compare start_time
+    record_path: str = ""  # its record, read to tell a rank ending on its own error
 
 
 class Signaller:

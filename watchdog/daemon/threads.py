@@ -16,7 +16,8 @@ WORK_RATIO = 0.25
 # A busy thread spending less than this share of its CPU in the kernel computes;
 # a ring rank polling a peer spends ~85% there (docs/architecture.md).
 KERNEL_SHARE = 0.3
-# Backends whose wait on a peer polls sockets, i.e. spins in the kernel.
+# Backends whose wait on a peer polls sockets, i.e. spins in the kernel. Not jaccl
+# or mpi: their waits poll in user space, where computation runs too.
 KERNEL_SPIN_BACKENDS = frozenset({"ring"})
 
 

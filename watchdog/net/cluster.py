@@ -3,7 +3,10 @@
 On a cluster with one rank per Mac, each daemon sees one rank and cannot tell
 a rank waiting on a frozen peer from the frozen peer itself. Lining up all
 ranks of a job does: the waiting ranks sit in the same collective, and the
-culprit is the one that is stopped, gone, elsewhere, or furthest behind.
+culprit is the one that is stopped, gone, elsewhere, or furthest behind. A job
+is `healthy` only when nothing says otherwise: `hung`, `unknown` (a rank behind
+an unreachable node while another waits) and `ended` (every rank gone, or the
+watchdog ended some; each rank with what happened to it) are told apart.
 `analyze` is pure; `gather` does the HTTP, concurrently, with a timeout each.
 """
 
@@ -111,11 +114,27 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
     troubled = [r for r in ranks if r.get("state") in (ENDED | {State.STOPPED})]
     if waiting and troubled:
         hung = True
+    stopped_live = [r for r in ranks if r.get("state") == State.STOPPED]
+    if stopped_live and any(r.get("state") in ENDED for r in ranks):
+        hung = True  # its peers are gone and a stopped rank of it is left behind
+    # A rank behind an unreachable node cannot be seen: while another rank of the
+    # job waits (on it, perhaps), the job is not known to be healthy.
+    unknown = not hung and bool(waiting and missing and unreachable)
+    # Every rank gone, or the watchdog ended some: the job is over, whatever waits.
+    ended = not hung and not unknown and bool(ranks) and (
+        all(r.get("state") in ENDED for r in ranks)
+        or any(r.get("state") == State.KILLED for r in ranks))
+    state = "hung" if hung else "unknown" if unknown else "ended" if ended else "healthy"
     view: dict[str, Any] = {"job": job, "uid": uid, "world_size": world,
-                            "state": "hung" if hung else "healthy", "ranks": ranks,
+                            "state": state, "ranks": ranks,
                             "missing_ranks": missing,
                             "culprit": None, "evidence": ""}
-    if not hung:
+    if ended:
+        view["evidence"] = "; ".join(
+            f"rank {r.get('rank')} on {r.get('host')}: {r.get('state')}"
+            + (f" ({r.get('reason')})" if r.get("reason") else "") for r in ranks)
+        return view
+    if not hung and not unknown:
         return view
     names = ",".join(str(r.get("rank")) for r in waiting)
     wait_note = f"ranks {names} wait in {_where(waiting[0])}" if waiting else "no rank waits"
@@ -197,6 +216,7 @@ def render_text(view: dict[str, Any]) -> str:
             c = job["culprit"]
             lines.append(f"  culprit: rank {c['rank']} on {c['host'] or c['node'] or '?'}"
                          f" (pid {c['pid']}): {c['reason']}")
+        if job["evidence"]:
             lines.append(f"  evidence: {job['evidence']}")
     if not view["jobs"]:
         lines.append("no ranks on any reachable node")

@@ -27,10 +27,11 @@ def job_id(env: Mapping[str, str] = os.environ) -> str:
     """A job id that every rank of one launch derives alike, with no configuration.
 
     MLX_WATCHDOG_JOB if set; else a hash of the hostfile's or the JACCL device
-    file's contents and the coordinator (watchdog/launchenv.py), the same text
-    on every node of a launch, wherever the launcher wrote it.
+    file's contents and the coordinator, or of MPI's job namespace
+    (watchdog/rank/launchenv.py), the same text on every node of a launch,
+    wherever the launcher wrote it.
     """
-    return launchenv.job_id(env, os.getpid())
+    return launchenv.job_id(env, os.getpid(), os.getppid())
 
 
 def env_rank_size(env: Mapping[str, str]) -> tuple[int, int]:

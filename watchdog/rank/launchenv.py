@@ -12,11 +12,21 @@ launch.py) gives each rank, besides MLX_RANK:
   JACCL_RING first and the MLX_ spellings second (jaccl.cpp Config::from_env);
   the same order is used here.
 - nccl: MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT.
+- mpi (`mpirun`, or `mlx.launch --backend mpi`, which runs mpirun): no MLX_
+  variable at all. Open MPI gives every rank OMPI_COMM_WORLD_RANK/SIZE and, from
+  its PMIx server, PMIX_NAMESPACE: the job's name, the same on every node of
+  one mpirun and different for the next one (4.x "2135293953", 5.x
+  "prterun-<host>-<pid>@1"). MPICH's Hydra gives PMI_RANK, PMI_SIZE and a
+  per-rank PMI_FD (or PMI_PORT), and nothing shared between nodes; under
+  Slurm, SLURM_JOB_ID and SLURM_STEP_ID are the step's on every node.
 
 The job id hashes file contents, never the per-node paths, so every rank of a
 launch derives the same id. Nothing mlx.launch passes differs between two
 launches of the same hostfile and ports; a launch-unique id must come from
-MLX_WATCHDOG_JOB (`mlx.launch --env MLX_WATCHDOG_JOB=...`).
+MLX_WATCHDOG_JOB (`mlx.launch --env MLX_WATCHDOG_JOB=...`). An MPI job's id is
+launch-unique already (the PMIx namespace), but for Hydra outside Slurm: there
+the ranks of one node agree (they share Hydra's proxy as their parent) and
+ranks on different nodes need MLX_WATCHDOG_JOB (`mpiexec -genv ...`).
 """
 
 from __future__ import annotations
@@ -46,6 +56,20 @@ def devices_path(env: Env) -> str:
 
 def coordinator(env: Env) -> str:
     return first(env, "JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR")
+
+
+def _number(env: Env, *names: str) -> int | None:
+    raw = first(env, *names)
+    return int(raw) if raw.isdigit() else None
+
+
+def mpi(env: Env) -> str:
+    """Which MPI launched this process: "openmpi", "mpich" (PMI, e.g. Hydra), or ""."""
+    if env.get("OMPI_COMM_WORLD_SIZE") or (env.get("PMIX_NAMESPACE") and env.get("PMIX_RANK")):
+        return "openmpi"
+    if env.get("PMI_SIZE") and env.get("PMI_RANK"):
+        return "mpich"
+    return ""
 
 
 def _read(path: str) -> str | None:
@@ -80,13 +104,17 @@ def backend(env: Env) -> str:
         return "ring"
     if env.get("NCCL_HOST_IP") and env.get("MLX_WORLD_SIZE"):
         return "nccl"
+    if mpi(env):
+        return "mpi"
     return ""
 
 
 def rank(env: Env) -> int:
-    raw = first(env, "JACCL_RANK", "MLX_RANK") if backend(env) == "jaccl" else env.get(
-        "MLX_RANK", "")
-    return int(raw) if raw.isdigit() else -1
+    kind = backend(env)
+    names = {"jaccl": ("JACCL_RANK", "MLX_RANK"),
+             "mpi": ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")}.get(kind, ("MLX_RANK",))
+    found = _number(env, *names)
+    return -1 if found is None else found
 
 
 def world_size(env: Env) -> int:
@@ -99,12 +127,30 @@ def world_size(env: Env) -> int:
     if kind == "ring":
         data = _json(_read(env["MLX_HOSTFILE"]))
         return len(data) if isinstance(data, list) else 0
+    if kind == "mpi":
+        return _number(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE") or 0
     size = env.get("MLX_WORLD_SIZE", "")
     return int(size) if size.isdigit() else 0
 
 
-def job_id(env: Env, pid: int) -> str:
-    """MLX_WATCHDOG_JOB, else a hash every rank of the launch computes alike."""
+def _mpi_parts(env: Env, ppid: int | None) -> list[str]:
+    """What every rank of one MPI launch shares (see the module's docstring)."""
+    if not mpi(env):
+        return []
+    if env.get("PMIX_NAMESPACE"):
+        return ["mpi:" + env["PMIX_NAMESPACE"]]
+    if env.get("SLURM_JOB_ID"):
+        return [f"mpi:slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}"]
+    if env.get("OMPI_MCA_orte_hnp_uri"):  # Open MPI without PMIx: mpirun's own address
+        return ["mpi:" + env["OMPI_MCA_orte_hnp_uri"]]
+    # Hydra outside Slurm: nothing shared between nodes; the ranks of one node
+    # share their parent, Hydra's proxy.
+    return [f"mpi:hydra:{ppid}:{env.get('PMI_SIZE', '')}"] if ppid else []
+
+
+def job_id(env: Env, pid: int, ppid: int | None = None) -> str:
+    """MLX_WATCHDOG_JOB, else a hash every rank of the launch computes alike
+    (`ppid`, the parent's pid, for an MPI launch that shares nothing else)."""
     if env.get("MLX_WATCHDOG_JOB"):
         return env["MLX_WATCHDOG_JOB"]
     parts = []
@@ -124,6 +170,8 @@ def job_id(env: Env, pid: int) -> str:
     for key in ("MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT"):
         if env.get(key):
             parts.append(f"{key}={env[key]}")
+    if not parts:  # an MPI launch of another backend's ranks has its own id already
+        parts = _mpi_parts(env, ppid)
     if not parts:
         return f"pid{pid}"  # not a distributed launch: a job of one
     return "j" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:11]
