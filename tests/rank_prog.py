@@ -51,6 +51,10 @@ import mlx.core as mx
 
 MODE = sys.argv[1]
 ARG = float(sys.argv[2]) if len(sys.argv) > 2 and MODE != "consume" else 0.0
+# A chain of 512 x 512 matmuls divided by sqrt(512) keeps its values near 1; divided by
+# 512 they sink toward denormals, which the CPU computes ten times slower or worse: a
+# "5 s" slow peer then computed for 50 s and outlived the daemon's blocked deadline.
+NORM = 512 ** 0.5
 
 hb = None
 if MODE != "zero":
@@ -271,9 +275,9 @@ elif MODE == "slowpeer":
     if rank == 1:
         # Sized before the round, so that after it rank 1 goes straight into one
         # long eval while rank 0 waits in the all_sum for it.
-        mx.eval((a @ a) / 512.0)  # warm up
+        mx.eval((a @ a) / NORM)  # warm up
         began = time.monotonic()
-        mx.eval((((a @ a) / 512.0) @ a) / 512.0)
+        mx.eval((((a @ a) / NORM) @ a) / NORM)
         per = max((time.monotonic() - began) / 2, 1e-4)
         steps = max(1, int(ARG / per))
         print(f"slowpeer: {steps} matmuls of {per * 1000:.1f} ms", flush=True)
@@ -285,7 +289,7 @@ elif MODE == "slowpeer":
         began, y, n = time.monotonic(), a, steps
         while True:
             for _ in range(n):
-                y = (y @ a) / 512.0
+                y = (y @ a) / NORM
             mx.eval(y)
             if time.monotonic() - began >= ARG:
                 break
@@ -308,17 +312,17 @@ elif MODE == "pyslowpeer":
 elif MODE == "prefill":
     short_for = float(sys.argv[3])
     a = mx.random.normal((512, 512), key=mx.random.key(rank))
-    mx.eval((a @ a) / 512.0)  # warm up
+    mx.eval((a @ a) / NORM)  # warm up
     per = 1.0
     for _ in range(3):  # the fastest of three: the step errs long, never short
         began = time.monotonic()
-        mx.eval((((a @ a) / 512.0) @ a) / 512.0)
+        mx.eval((((a @ a) / NORM) @ a) / NORM)
         per = min(per, max((time.monotonic() - began) / 2, 1e-4))
 
     def long_step(seconds):
         y = a
         for _ in range(max(1, int(seconds * (1.5 if rank == 1 else 1.0) / per))):
-            y = (y @ a) / 512.0
+            y = (y @ a) / NORM
         got = mx.distributed.all_sum(mx.ones(16) + 0 * y.sum())
         began = time.monotonic()
         mx.eval(got)  # one eval: the compute, then the all_sum
