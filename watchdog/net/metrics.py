@@ -3,8 +3,9 @@
 `SnapshotCollector` builds every family from the daemon's latest snapshot on
 each scrape, so ranks that go away disappear; nothing is registered at import
 time. `serve()` runs one `ThreadingHTTPServer` with three GET routes:
-`/metrics`, `/status` and `/healthz`. Every other method or path is refused;
-no request can change state.
+`/metrics`, `/status` and `/healthz`, and `POST /fence` when a secret is set
+(a peer's signed request to end a job's ranks: the one request that changes
+state, authenticated in `net/fence.py`). Every other method or path is refused.
 
 Any local user can connect, so the endpoint is bounded: at most
 `MAX_CONNECTIONS` at once (one more is closed at accept), and each connection
