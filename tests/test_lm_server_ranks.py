@@ -239,6 +239,9 @@ def test_a_killed_peer_takes_its_job_down_and_is_named(
     with LmServer(tmp_path, records, model) as server:
         server.chat("hello", 16)
         job = job_of(server)
+        # The daemon has seen both alive (a record first seen dead may be a leftover).
+        wait_for(lambda: set(server.pids) <= set(daemon.ranks()), 30, interval=0.2,
+                 what="the daemon watching both ranks")
         server.signal(1, signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: server.procs[0].poll() is not None, 60, interval=0.2,

@@ -235,7 +235,10 @@ class Demo(DemoJob):
                     result.problems.append(f"rank {result.victim} is not among the hung "
                                            f"ranks {hung} of the incident")
                 outcome = inc.get("outcome") or {}
-                ended = sorted(r.rank for r in self.ranks if outcome.get(str(r.pid)) == "killed")
+                # "exited": a rank that left on the ring's own error once the watchdog had
+                # ended a peer (the teardown all the same, not a kill of its own).
+                ended = sorted(r.rank for r in self.ranks
+                               if outcome.get(str(r.pid)) in ("killed", "exited"))
                 missing = [r.rank for r in self.ranks if r.rank not in ended]
                 if missing:
                     result.problems.append(f"ranks {_ranks(missing)} were not ended by the "
