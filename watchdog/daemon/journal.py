@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 INCIDENTS = "incidents.jsonl"
@@ -136,25 +137,32 @@ def append_incident(state_dir: str, incident: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read_incidents(state_dir: str) -> tuple[list[dict[str, Any]], int]:
-    """All well-formed incidents, oldest first, and how many lines were not."""
-    incidents: list[dict[str, Any]] = []
+def read_lines(path: str, keep: Callable[[dict[str, Any]], bool] = lambda item: True
+               ) -> tuple[list[dict[str, Any]], int]:
+    """A JSON-lines journal: its well-formed objects `keep` accepts, oldest first, and
+    how many lines were not. A missing file (or folder) is an empty journal."""
+    items: list[dict[str, Any]] = []
     bad = 0
     try:
-        with open(os.path.join(state_dir, INCIDENTS), "rb") as f:
+        with open(path, "rb") as f:
             for raw in f:
                 try:
                     item = json.loads(raw)
                 except ValueError:
                     bad += 1
                     continue
-                if isinstance(item, dict):
-                    incidents.append(item)
+                if isinstance(item, dict) and keep(item):
+                    items.append(item)
                 else:
                     bad += 1
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass
-    return incidents, bad
+    return items, bad
+
+
+def read_incidents(state_dir: str) -> tuple[list[dict[str, Any]], int]:
+    """All well-formed incidents, oldest first, and how many lines were not."""
+    return read_lines(os.path.join(state_dir, INCIDENTS))
 
 
 def reboot_flag(state_dir: str) -> dict[str, Any] | None:

@@ -16,6 +16,8 @@ import json
 import os
 from typing import Any
 
+from watchdog.daemon import journal
+
 LAUNCHES = "launches.jsonl"
 COUNTED = ("restart", "refused", "gave_up")  # the events /metrics counts
 
@@ -51,23 +53,8 @@ def append(directory: str, event: dict[str, Any]) -> str:
 
 def read(directory: str) -> tuple[list[dict[str, Any]], int]:
     """All well-formed events, oldest first, and how many lines were not."""
-    events: list[dict[str, Any]] = []
-    bad = 0
-    try:
-        with open(os.path.join(directory, LAUNCHES), "rb") as f:
-            for raw in f:
-                try:
-                    item = json.loads(raw)
-                except ValueError:
-                    bad += 1
-                    continue
-                if isinstance(item, dict) and isinstance(item.get("event"), str):
-                    events.append(item)
-                else:
-                    bad += 1
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    return events, bad
+    return journal.read_lines(os.path.join(directory, LAUNCHES),
+                              lambda item: isinstance(item.get("event"), str))
 
 
 class Counts:
