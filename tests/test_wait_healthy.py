@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ranks import REPO, DaemonProc
 from test_launchd import BIN, calls
-from test_service import LAUNCHD_KEYS, SYSTEMD_ANALYZE, unit_settings, verify
+from test_service import LAUNCHD_KEYS, unit_settings, verify
 
 from watchdog.cli.relaunch import EXIT_REFUSED
 from watchdog.daemon import journal
@@ -111,7 +111,6 @@ def test_the_launch_agent_never_starts_its_server_into_a_flagged_node(tmp_path, 
             "rebooting)")
 
 
-@pytest.mark.skipif(not os.path.exists(SYSTEMD_ANALYZE), reason="needs systemd-analyze")
 def test_the_example_unit_verifies_and_waits_before_it_starts(tmp_path):
     settings = unit_settings(UNIT.read_text())
     (pre,) = settings[("Service", "ExecStartPre")]
