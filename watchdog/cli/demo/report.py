@@ -40,7 +40,11 @@ def incident_lines(inc: dict[str, Any], state_dir: str, t0_wall: float) -> list[
         except OSError:
             size = 0
         out.append(f"    {os.path.relpath(path, state_dir)} ({size} bytes)")
-    frames = stack_excerpt(evidence)
+    # The hung rank's own dump first: evidence is listed in the order it was captured.
+    hung = [f"rank{r.get('rank')}-pid{r.get('pid')}-" for r in inc.get("ranks", [])
+            if r.get("state") in PAST_DEADLINE]
+    frames = stack_excerpt(sorted(evidence, key=lambda p: not any(
+        os.path.basename(p).startswith(h) for h in hung)))
     if frames:
         out.append("  where the hung rank waits (its Python stack dump):")
         for frame in frames:
