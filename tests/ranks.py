@@ -268,3 +268,10 @@ def samples(families: dict, name: str, **labels: str) -> dict[tuple, float]:
 def value(families: dict, name: str, **labels: str) -> float | None:
     """The one sample named `name` with exactly these labels, or None."""
     return samples(families, name, **labels).get(tuple(sorted(labels.items())))
+
+
+def torn_down(outcome: dict[str, str]) -> bool:
+    """An incident's outcome of a whole job ended by the watchdog: every rank killed, but
+    for a rank that was already leaving on the ring's own error (its peer ended a moment
+    before) when the ladder reached it, which is "exited"."""
+    return "killed" in outcome.values() and set(outcome.values()) <= {"killed", "exited"}

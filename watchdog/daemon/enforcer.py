@@ -170,10 +170,11 @@ class Enforcer:
         # "unkillable" (and the reboot flag) only on a positive match: a
         # process that could not be probed is "unknown", never a false alarm.
         survivors = {t.pid for t in left if self.signaller.identify(t) == OURS}
+        # A rank found leaving on its own error *before* the ladder was left alone above.
+        # One that reached its error exit while the ladder ran is still the ladder's: its
+        # peers' signals caused that error, and SIGTERM often ends it mid-exit (it then
+        # dies of the signal), so which came first cannot be told apart reliably.
         for target in live:
-            if (target not in left and target.pid not in outcome and target not in ending
-                    and self._ending_itself(target)):
-                outcome[target.pid] = EXITED  # it reached its exit on its own error first
             outcome.setdefault(target.pid, KILLED if target not in left else
                                UNKILLABLE if target.pid in survivors else UNKNOWN)
         return outcome
