@@ -24,6 +24,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.enforcer import OURS, UNKNOWN, Enforcer, Outcome, Signaller
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
+from watchdog.daemon.ranks import Edge, transition
 from watchdog.states import State
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
@@ -123,7 +124,7 @@ def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
         try:
             daemon.scan()
             (watched,) = daemon.ranks.values()
-            watched.escalating, watched.acted_on = True, (1, 0)
+            assert transition(watched, Edge.ESCALATED, 0.0, wait=(1, 0))
             done: Future = Future()
             done.set_result(Outcome({"id": "i", "job": "j", "uid": 0, "verdict": "blocked",
                                      "outcome": {str(rank.pid): UNKNOWN}, "signals": []},

@@ -17,7 +17,8 @@ Jobs = dict[tuple[int, str], list[Rank]]  # (uid, job) -> its due ranks
 
 
 def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
-    """The due ranks to act on; the others are held (state `suspect`, with why)."""
+    """The due ranks to act on; the others are held (state `suspect`, with why). Each one
+    kept is escalated by the caller, with the wait it is acted on for (ranks.py)."""
     table = list(ranks)
     kept: Jobs = {}
     for (uid, job), found in due.items():
@@ -34,11 +35,8 @@ def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
             why = hold_reason(rank.verdict, mates, rules, rec.rank)
             if why:
                 if rank.hold_note != why:  # logged once per change, not every scan
-                    rank.hold_note = why
                     log.info("job %s rank %s: %s; %s", job, rec.rank, rank.verdict.reason, why)
-                transition(rank, Edge.HELD, now, f"{rank.verdict.reason}; {why}")
+                transition(rank, Edge.HELD, now, f"{rank.verdict.reason}; {why}", note=why)
                 continue
-            rank.hold_note = ""
-            rank.acted_on = (rec.wait_since_ns, rec.waits_completed)  # one incident per wait
-            kept.setdefault((uid, job), []).append(rank)
+            kept.setdefault((uid, job), []).append(rank)  # escalated: loop._escalate
     return kept

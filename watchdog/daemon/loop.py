@@ -244,7 +244,8 @@ class Daemon:
         rank = Rank(path, rec, attempt=attempts.attempt_of(rec.pid))
         self.ranks[rank.key] = rank
         if rank.key in self.replaying or rank.key in self.ended_by_us:
-            rank.escalating = True  # an earlier daemon's response has it: not judged again
+            # An earlier daemon's response has it: not judged again.
+            transition(rank, Edge.ESCALATED, 0.0)
         # Present from the job's first sight, so increase() sees its first kills.
         self.counters.job_kills.setdefault(rec.job, 0)
         log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
@@ -355,12 +356,15 @@ class Daemon:
                       "ending" if self.settings.mode == "enforce" else "observing",
                       len(targets), sorted(r.record.rank for r in targets))
         now = self.clock_ns() / 1e9
+        acted = set() if fenced else {r.key for r in due}  # a fence is no verdict on a wait
         for rank in targets:
             if ask_peers and rank.held_reason and now - rank.held_until < HOLD_RECHECK:
                 # Held by a computing peer before: it stays shown held while the
                 # peers are asked again, instead of flipping to the verdict's state.
                 transition(rank, Edge.HELD, now, rank.held_reason)
-            rank.escalating = True
+            rec = rank.record
+            transition(rank, Edge.ESCALATED, now, wait=(rec.wait_since_ns, rec.waits_completed)
+                       if rank.key in acted else None)
         keys = [r.key for r in targets]
         others = [r for r in self.ranks.values() if r.key not in keys]
 
@@ -413,7 +417,7 @@ class Daemon:
         for key in keys:
             rank = self.ranks.get(key)
             if rank is not None:
-                rank.escalating, rank.acted_on = False, None
+                transition(rank, Edge.RETRIED, self.clock_ns() / 1e9)
 
     @property
     def pending(self) -> dict[Future[Outcome], list[tuple[int, float]]]:
@@ -440,13 +444,13 @@ class Daemon:
                         now: float) -> None:
         """A rank of the job computes on another node: leave these alone a while."""
         log.info("job %s: %s", outcome.incident.get("job"), outcome.held)
-        self._retry(keys)
+        self.replaying.difference_update(keys)
         for key in keys:
             rank = self.ranks.get(key)
             if rank is not None:
-                rank.held_until, rank.held_reason = now + HOLD_RECHECK, (
-                    f"{rank.verdict.reason if rank.verdict else ''}; {outcome.held}")
-                transition(rank, Edge.HELD, now, rank.held_reason)
+                transition(rank, Edge.PEER_HELD, now,
+                           f"{rank.verdict.reason if rank.verdict else ''}; {outcome.held}",
+                           until=now + HOLD_RECHECK)
 
     def _ended(self, keys: list[tuple[int, float]], outcome: Outcome, now: float) -> None:
         # A hang acted on (not a fence, not a hold: a hold re-asked every 5 s is no
@@ -476,8 +480,9 @@ class Daemon:
             elif result == UNKNOWN:
                 # Its identity could not be checked, so it was left alone:
                 # judged afresh next scan rather than given up for this wait.
-                rank.acted_on = None
-            rank.escalating = False
+                transition(rank, Edge.RETRIED, now)
+            else:  # observed, or not ended by us (gone, not ours, denied, its own exit)
+                transition(rank, Edge.RELEASED, now)
 
     def replay(self) -> None:
         """Complete, on the workers, every response an earlier daemon journaled and

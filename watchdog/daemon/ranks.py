@@ -1,19 +1,36 @@
 """A watched rank and its lifecycle: every change of state goes through `transition`.
 
-The daemon's scan, its hold, the exit watcher and the end of an escalation
-move a rank from state to state; each does it by naming an `Edge`, and the
-table below says from which states that edge may be taken. A rank in a final
-state (`killed`, `unkillable`, `exited`) stays there, but for the one way out
-of `unkillable`: it went after all.
+The daemon's scan, its hold, the exit watcher and each response move a rank from
+state to state; each does it by naming an `Edge`, and the table below says from
+which states that edge may be taken and what it sets. A rank has two parts to its
+life: the state users see (`State`: running, stalled, killed, ...) and whether a
+response has it (`escalating`: not judged meanwhile), with the two marks the
+responses leave on it: the wait an incident was raised for (`acted_on`: one
+incident per wait) and a peer node's hold (`held_until`, `held_reason`). Only
+`transition` writes any of them. A rank in a final state (`killed`, `unkillable`,
+`exited`) stays there, but for the one way out of `unkillable`: it went after all.
 
-    edge        from                          to             why
-    judged      any live, not escalating      the verdict's  a scan judged it
-    abandoned   any live, not escalating      abandoned      its record is closed, the process runs
-    held        any live, not escalating      suspect        due, but a rank of its job computes
-    exited      any live, not escalating      exited         gone on its own
-    killed      escalating                    killed         the ladder ended it
-    unkillable  escalating                    unkillable     still there after SIGKILL
-    went_late   unkillable                    killed         it went after being declared unkillable
+    edge        from                      to                 sets, and why
+    judged      live, not escalating      the verdict's      a scan judged it
+    abandoned   live, not escalating      abandoned          its record is closed, the process runs
+    held        live, not escalating      suspect            due, but a rank of its job computes
+                                                             (`note`: the local hold, logged once)
+    escalated   live, not escalating      (kept), escalating a response has it; `wait`: the wait
+                                                             it was raised for (acted_on)
+    peer_held   escalating                suspect            a peer node computes: left alone
+                                                             until `until`, its wait not acted on
+    released    escalating                (kept)             the response is done without ending
+                                                             it (observed, gone, not ours, denied)
+    retried     escalating                (kept), acted_on   the response failed, ran overdue or
+                                          cleared            could not identify it: judged afresh
+    exited      live, not escalating      exited             gone on its own
+    killed      escalating                killed             the ladder ended it
+    unkillable  escalating                unkillable         still there after SIGKILL
+    went_late   unkillable                killed             it went after being declared unkillable
+
+The escalation ladder itself (evidence, SIGCONT, SIGTERM, grace, SIGKILL, settle)
+runs on a worker, step after step under its write-ahead journal (enforcer.py); a
+rank is `escalating` for all of it, and its end is one of the last five edges.
 """
 
 from __future__ import annotations
@@ -34,6 +51,10 @@ class Edge(enum.Enum):
     ABANDONED = "abandoned"
     HELD = "held"
     EXITED = "exited"
+    ESCALATED = "escalated"
+    PEER_HELD = "peer_held"
+    RELEASED = "released"
+    RETRIED = "retried"
     KILLED = "killed"
     UNKILLABLE = "unkillable"
     WENT_LATE = "went_late"
@@ -48,9 +69,10 @@ class Rank:
     state: State = State.RUNNING
     verdict: Verdict | None = None
     reason: str = ""
-    escalating: bool = False
+    escalating: bool = False  # a response has it: not judged meanwhile
     gone_at: float | None = None  # monotonic seconds when it reached a final state
-    acted_on: tuple[int, int] | None = None  # the wait an incident was raised for
+    # The wait an incident was raised for, (wait_since_ns, waits_completed).
+    acted_on: tuple[int, int] | None = None
     # A peer node said another rank of the job computes: left alone until then
     # (monotonic seconds), when the cluster is asked again.
     held_until: float = 0.0
@@ -85,6 +107,10 @@ ALLOWED: dict[Edge, Callable[[Rank], bool]] = {
     Edge.JUDGED: _live_idle,
     Edge.ABANDONED: _live_idle,
     Edge.HELD: _live_idle,
+    Edge.ESCALATED: _live_idle,
+    Edge.PEER_HELD: lambda rank: rank.escalating and rank.live,
+    Edge.RELEASED: lambda rank: rank.escalating and rank.live,
+    Edge.RETRIED: lambda rank: rank.escalating and rank.live,
     Edge.EXITED: _live_idle,
     Edge.KILLED: lambda rank: rank.escalating and rank.live,
     Edge.UNKILLABLE: lambda rank: rank.escalating and rank.live,
@@ -93,11 +119,14 @@ ALLOWED: dict[Edge, Callable[[Rank], bool]] = {
 
 
 def transition(rank: Rank, edge: Edge, now: float, reason: str = "",
-               verdict: Verdict | None = None) -> bool:
+               verdict: Verdict | None = None, *, wait: tuple[int, int] | None = None,
+               note: str | None = None, until: float = 0.0) -> bool:
     """Take `edge` if the rank's state allows it; returns whether it was taken.
 
     `verdict` is the detector's, for `judged` (its state and reason become the
-    rank's); `reason` says why for every other edge.
+    rank's); `reason` says why for every other edge. `wait` is the wait an
+    `escalated` rank's incident was raised for, `note` a local hold's why (`held`),
+    `until` when a `peer_held` rank's hold ends.
     """
     if not ALLOWED[edge](rank):
         return False
@@ -108,6 +137,20 @@ def transition(rank: Rank, edge: Edge, now: float, reason: str = "",
         rank.state, rank.verdict, rank.reason = State.ABANDONED, None, reason
     elif edge is Edge.HELD:
         rank.state, rank.reason = State.SUSPECT, reason
+        if note is not None:
+            rank.hold_note = note
+    elif edge is Edge.ESCALATED:
+        rank.escalating = True
+        if wait is not None:  # one incident per wait; a local hold of it is over
+            rank.acted_on, rank.hold_note = wait, ""
+    elif edge is Edge.PEER_HELD:
+        rank.escalating, rank.acted_on = False, None
+        rank.held_until, rank.held_reason = until, reason
+        rank.state, rank.reason = State.SUSPECT, reason
+    elif edge is Edge.RELEASED:
+        rank.escalating = False
+    elif edge is Edge.RETRIED:
+        rank.escalating, rank.acted_on = False, None
     elif edge in (Edge.EXITED, Edge.KILLED, Edge.WENT_LATE):
         rank.state = State.EXITED if edge is Edge.EXITED else State.KILLED
         rank.gone_at, rank.reason = now, reason
