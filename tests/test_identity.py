@@ -21,9 +21,10 @@ from users import UserProc, publish
 
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
-from watchdog.daemon.enforcer import OURS, UNKNOWN, Enforcer, Outcome, Signaller
+from watchdog.daemon.enforcer import Enforcer, Outcome
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
+from watchdog.daemon.signaller import OURS, UNKNOWN, Signaller
 from watchdog.states import State
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from watchdog.daemon.detector import NS, busiest_ratio
+from watchdog.daemon.detector import NS
 from watchdog.daemon.probes import ProbeError, probe, same_process
+from watchdog.daemon.threads import busiest_ratio
 from watchdog.daemon.view import current_op
 from watchdog.record import Record
 from watchdog.text import printable

@@ -14,7 +14,8 @@ from typing import Any
 
 from watchdog.daemon import journal
 from watchdog.daemon.attempts import attempt_of
-from watchdog.daemon.detector import Detector, Rules, Verdict
+from watchdog.daemon.deadlines import Rules
+from watchdog.daemon.detector import Detector, Verdict
 from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
 from watchdog.daemon.recdir import read_dir, read_record
 from watchdog.daemon.view import rank_json

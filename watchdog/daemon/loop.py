@@ -23,16 +23,7 @@ from watchdog import __version__, record
 from watchdog.daemon import attempts, journal, launchlog, learning, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector
-from watchdog.daemon.enforcer import (
-    GONE,
-    KILLED,
-    NOT_OURS,
-    UNKILLABLE,
-    UNKNOWN,
-    Enforcer,
-    Outcome,
-    Signaller,
-)
+from watchdog.daemon.enforcer import Enforcer, Outcome
 from watchdog.daemon.holds import hold
 from watchdog.daemon.incidents import culprit_of, new_incident
 from watchdog.daemon.peers import Peers
@@ -42,6 +33,7 @@ from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.responses import Responses
+from watchdog.daemon.signaller import GONE, KILLED, NOT_OURS, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.net import fence
 from watchdog.record import Record
 from watchdog.states import FINAL, WAITING_LONG, State

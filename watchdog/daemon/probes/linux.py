@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, _which
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -151,10 +151,10 @@ class LinuxProbe(Probe):
             return super().load_per_cpu()
 
     def stack_command(self, pid: int) -> list[str] | None:
-        pyspy = _which("py-spy")
+        pyspy = find_tool("py-spy")
         if pyspy:
             return [pyspy, "dump", "--native", "--pid", str(pid)]
-        gdb = _which("gdb")
+        gdb = find_tool("gdb")
         if gdb:
             return [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"]
         return None
