@@ -29,7 +29,8 @@ from watchdog.states import State
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
-from watchdog.daemon.probes.linux import LinuxProbe, read_start_ticks  # noqa: E402
+from watchdog.daemon.probes.linux import LinuxProbe  # noqa: E402
+from watchdog.procstat import read_start_ticks  # noqa: E402
 
 
 class FailingProbe(Probe):

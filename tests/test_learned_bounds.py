@@ -19,7 +19,7 @@ from users import OTHER_UID, UserProc
 from watchdog import record
 from watchdog.daemon import learning
 from watchdog.daemon.deadlines import OTHER_KIND, Learned, kind_of
-from watchdog.daemon.probes.linux import read_start_ticks
+from watchdog.procstat import read_start_ticks
 from watchdog.record import RecordWriter, layout
 from watchdog.record.layout import OPS
 from watchdog.states import Phase

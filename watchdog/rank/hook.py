@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from watchdog import record
+from watchdog.procstat import read_start_ticks
 from watchdog.rank.dumps import close_dump, register_dump
 from watchdog.rank.dumps import forget_after_fork as _forget_dump_after_fork
 from watchdog.rank.env import (
@@ -62,9 +63,7 @@ def _start_ticks() -> int:
     """This process's start in clock ticks since boot (Linux), 0 when unknown:
     the daemon's identity check that a wall-clock step does not move."""
     try:
-        with open("/proc/self/stat") as f:
-            stat_line = f.read()
-        return int(stat_line[stat_line.rindex(")") + 2:].split()[19])
+        return read_start_ticks("self")
     except (OSError, ValueError, IndexError):
         return 0
 
