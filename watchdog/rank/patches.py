@@ -139,6 +139,7 @@ def learn_dtypes(mx: Any) -> None:
 
 
 def instrument(hb: Heartbeat, mx: Any) -> None:
+    """Wrap every wait and collective of `mx` over `hb`'s hot path (hook.install)."""
     learn_dtypes(mx)
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
@@ -156,6 +157,7 @@ def instrument(hb: Heartbeat, mx: Any) -> None:
 
 
 def restore() -> None:
+    """Put every original back, except one someone else re-patched since."""
     while _patches:
         owner, name, original, wrapper = _patches.pop()
         if getattr(owner, name, None) is wrapper:
