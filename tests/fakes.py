@@ -1,6 +1,6 @@
 """Fakes for the pure/unit layer: a clock, a signaller and a probe.
 
-They stand in for the OS seams (`probes.Probe`, `enforcer.Signaller`) and for
+They stand in for the OS seams (`probes.Probe`, `signaller.Signaller`) and for
 time, so the ladder runs instantly and records what it would have done. They
 are used by the unit tests only; MLX is never faked.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
-from watchdog.daemon.enforcer import GONE, OURS, SENT, Target
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
+from watchdog.daemon.signaller import GONE, OURS, SENT, Target
 
 
 class FakeClock:
@@ -47,7 +47,7 @@ STOPPED = "stopped"  # SIGSTOPped: SIGTERM waits for SIGCONT; SIGKILL ends it an
 class FakeSignaller:
     """Records every (pid, signal) and simulates how each process reacts.
 
-    Same duck type as `enforcer.Signaller`: `alive(target)` and
+    Same duck type as `signaller.Signaller`: `alive(target)` and
     `send(target, signum) -> result`. Unknown pids are already gone.
     """
 

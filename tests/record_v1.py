@@ -12,8 +12,8 @@ import mmap
 import os
 import struct
 
-from watchdog.record import IDENTITY, MAGIC, STATUS_OPEN
-from watchdog.record.layout import _field
+from watchdog.record import STATUS_OPEN
+from watchdog.record.layout import IDENTITY, MAGIC, encode_text
 from watchdog.states import Phase
 
 SIZE = 4096
@@ -54,8 +54,8 @@ class V1Writer:
         self.begin()
         IDENTITY.pack_into(self._map, 0, MAGIC, 1, 0, SIZE, i["pid"], i["start_time"], i["uid"],
                            rank, world_size, i["dump_signal"], STATUS_OPEN, 0,
-                           _field(str(i["host"]), 64), _field(str(i["job"]), 64),
-                           _field(str(i["backend"]), 16))
+                           encode_text(str(i["host"]), 64), encode_text(str(i["job"]), 64),
+                           encode_text(str(i["backend"]), 16))
         self.end()
 
     def begin(self) -> None:
@@ -72,7 +72,7 @@ class V1Writer:
                         issued_ns, nbytes, op, dtype, 0)
 
     def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
-        EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, _field(reason, 48))
+        EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, encode_text(reason, 48))
 
     def close(self, status: int, *, remove: bool = True) -> None:
         self.begin()

@@ -23,7 +23,7 @@ from ranks import DaemonProc, RingJob, http_get, wait_for
 
 from watchdog import record
 from watchdog.daemon import journal
-from watchdog.record import OP_CODE, RECORD_SIZE, RecordWriter
+from watchdog.record import OP_CODE, RECORD_SIZE, RecordWriter, layout
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -249,7 +249,7 @@ def garbage_files(record_dir: Path, template: bytes, count: int, seed: int = 1) 
     """`count` files of fuzzed records in the directory; returns how many of each kind."""
     rng = random.Random(seed)
     kinds: dict[str, int] = {}
-    seq_at, hot_at = record.SEQ_OFFSET, record.HOT_OFFSET
+    seq_at, hot_at = layout.SEQ_OFFSET, layout.HOT_OFFSET
     for i in range(count):
         kind = ("random", "bitflip", "truncated", "version", "odd_seq", "absurd",
                 "stale", "text")[i % 8]

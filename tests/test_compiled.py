@@ -23,7 +23,7 @@ import watchdog
 from watchdog import record
 from watchdog.rank import compiled, patches
 from watchdog.rank.heartbeat import Heartbeat
-from watchdog.record import RecordWriter
+from watchdog.record import RecordWriter, layout
 
 EVAL, ITEM, INIT = record.OP_CODE["eval"], record.OP_CODE["item"], record.OP_CODE["init"]
 SUM, GATHER = record.OP_CODE["all_sum"], record.OP_CODE["all_gather"]
@@ -54,11 +54,11 @@ def slots(writer: RecordWriter) -> bytes:
     differs between the two runs and is written by the same Python code in both)."""
     with open(writer.path, "rb") as f:
         data = bytearray(f.read())
-    for k in range(record.THREAD_SLOTS):
-        at = 8 * (record.slot_base(k) + record.S_OWNER)
+    for k in range(layout.THREAD_SLOTS):
+        at = 8 * (layout.slot_base(k) + layout.S_OWNER)
         data[at:at + 8] = bytes(8)
-    return bytes(data[record.SLOTS_OFFSET:
-                      record.SLOTS_OFFSET + record.THREAD_SLOTS * record.SLOT_SIZE])
+    return bytes(data[layout.SLOTS_OFFSET:
+                      layout.SLOTS_OFFSET + layout.THREAD_SLOTS * layout.SLOT_SIZE])
 
 
 @pytest.fixture
@@ -142,18 +142,18 @@ def test_both_paths_write_the_same_bytes(pair: list[Heartbeat], script: list[tup
 def test_the_same_bytes_include_a_full_flight_ring_and_nested_waits(pair: list[Heartbeat]
                                                                    ) -> None:
     script: list[tuple[object, ...]] = [("enter", EVAL), ("enter", ITEM)]
-    script += [("collective", SUM, i % len(ARRAYS)) for i in range(3 * record.RING + 5)]
+    script += [("collective", SUM, i % len(ARRAYS)) for i in range(3 * layout.RING + 5)]
     script += [("exit", 0), ("step",), ("exit", 0), ("wrapped", ITEM), ("thread", 3)]
     for beat in pair:
         play(beat, script)
     python, fast = (slots(b._writer) for b in pair)  # type: ignore[arg-type]
     assert python == fast
     rec = record.read_path(pair[1].path)  # type: ignore[arg-type]
-    assert rec.collectives == 3 * record.RING + 5 and rec.waits_completed == 2 + 1 + 3
+    assert rec.collectives == 3 * layout.RING + 5 and rec.waits_completed == 2 + 1 + 3
     assert [c.dtype for c in rec.flight[-2:]] == [
         record.DTYPES[record.DTYPE_CODE[str(a.dtype).split(".")[-1]]]
-        for a in (ARRAYS[(3 * record.RING + 3) % len(ARRAYS)],
-                  ARRAYS[(3 * record.RING + 4) % len(ARRAYS)])]
+        for a in (ARRAYS[(3 * layout.RING + 3) % len(ARRAYS)],
+                  ARRAYS[(3 * layout.RING + 4) % len(ARRAYS)])]
 
 
 def test_the_compiled_bracket_passes_the_result_and_the_error_through(pair: list[Heartbeat]
@@ -219,7 +219,8 @@ def test_a_compiled_path_that_will_not_start_leaves_the_python_one(
         record_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         ) -> None:
     monkeypatch.delenv(compiled.ENV, raising=False)
-    monkeypatch.setattr(compiled, "LAYOUT", compiled.LAYOUT[:-1])  # a layout it refuses
+    refused = {k: v for k, v in compiled.LAYOUT.items() if k != "init_op"}  # a name missing
+    monkeypatch.setattr(compiled, "LAYOUT", refused)
     beat = watchdog.install(str(record_dir))
     try:
         assert not beat.compiled and "would not start" in beat.hotpath
@@ -228,6 +229,25 @@ def test_a_compiled_path_that_will_not_start_leaves_the_python_one(
     finally:
         watchdog.uninstall()
     assert "the compiled hot path would not start" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"init_op": None}, "layout: no init_op"),  # None: the name left out
+    ({"spare": 1}, "layout: unknown name 'spare'"),
+    ({"ring": "65"}, "integer"),
+])
+def test_the_compiled_path_takes_its_layout_by_name_and_refuses_any_other(
+        change: dict[str, object], error: str) -> None:
+    fast, _ = compiled.choice({})
+    assert fast is not None, "the compiled hot path is built in place for the tests"
+    given = {**compiled.LAYOUT, **change}
+    given = {k: v for k, v in given.items() if v is not None}
+    words = memoryview(bytearray(record.RECORD_SIZE)).cast("Q")
+    with pytest.raises((ValueError, TypeError), match=error):
+        fast.Path(words, (layout.slot_base(0),), given, lambda: 0, lambda err: None, [0],
+                  [0] * 256)
+    fast.Path(words, (layout.slot_base(0),), dict(reversed(compiled.LAYOUT.items())),
+              lambda: 0, lambda err: None, [0], [0] * 256)  # any order: names, not places
 
 
 def test_doctor_says_which_hot_path_ranks_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,7 +274,7 @@ def test_doctor_says_which_hot_path_ranks_run(monkeypatch: pytest.MonkeyPatch) -
 
 def slot_steps(beat: Heartbeat, k: int) -> int:
     assert beat._writer is not None
-    return int(beat._writer.words[record.slot_base(k) + record.S_STEPS])
+    return int(beat._writer.words[layout.slot_base(k) + layout.S_STEPS])
 
 
 def in_thread(work: object) -> None:

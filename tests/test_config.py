@@ -21,7 +21,7 @@ from watchdog.daemon.config import (
     load_file,
     parse_listen,
 )
-from watchdog.daemon.detector import Rules
+from watchdog.daemon.deadlines import Rules
 
 if sys.version_info >= (3, 11):
     import tomllib

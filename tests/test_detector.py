@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from watchdog.daemon.detector import NS, Detector, Learned, Rules, busiest_ratio, deadline_for
+from watchdog.daemon.deadlines import Learned, Rules, deadline_for
+from watchdog.daemon.detector import NS, Detector
 from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.threads import busiest_ratio
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

@@ -15,9 +15,9 @@ import struct
 import pytest
 from users import UserProc, publish
 
-from watchdog import record
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
+from watchdog.record import layout
 from watchdog.states import State
 
 
@@ -56,8 +56,8 @@ def test_a_failed_listing_and_a_busy_blank_record_keep_a_live_rank_watched(
         # Mid-write for good, with the identity blanked: unreadable, not gone.
         healthy = path.read_bytes()
         with open(path, "r+b") as f:
-            f.write(bytes(len(record.MAGIC)))
-            f.seek(record.SEQ_OFFSET)
+            f.write(bytes(len(layout.MAGIC)))
+            f.seek(layout.SEQ_OFFSET)
             f.write(struct.pack("<Q", 7))
         for _ in range(3):
             daemon.scan()

@@ -21,8 +21,8 @@ import pytest
 from watchdog import record
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
-from watchdog.daemon.probes.linux import read_start_ticks
 from watchdog.daemon.recdir import find_record
+from watchdog.procstat import read_start_ticks
 from watchdog.rank import hook
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second uid"),

@@ -33,6 +33,7 @@ import pytest
 import watchdog
 from watchdog import record
 from watchdog.rank import hook, patches  # noqa: E402
+from watchdog.record import layout
 from watchdog.states import Phase
 
 REPO = Path(__file__).resolve().parent.parent
@@ -792,8 +793,8 @@ def test_a_failing_hot_path_never_reaches_user_code(
     # The hot path binds the clock when it is built: rebuild it, and wrap MLX again.
     hb._clock = broken_clock  # type: ignore[method-assign]
     hb._build()
-    patches._restore()
-    patches._instrument(hb, mx)
+    patches.restore()
+    patches.instrument(hb, mx)
     if first == "wait":
         assert (mx.arange(3) * 2).tolist() == [0, 2, 4]
     elif first == "collective":
@@ -1226,18 +1227,18 @@ def test_a_thread_gets_its_own_slot_and_gives_it_back_when_it_ends(
         mx.distributed.all_sum(mx.ones(2))
         owners.append(threading.get_native_id())
 
-    for _ in range(3 * record.THREAD_SLOTS):  # more threads than slots, one after another
+    for _ in range(3 * layout.THREAD_SLOTS):  # more threads than slots, one after another
         thread = threading.Thread(target=work)
         thread.start()
         thread.join()
     rec = read(hb)
-    assert rec.waits_completed == 1 + 3 * record.THREAD_SLOTS
-    assert rec.collectives == 3 * record.THREAD_SLOTS
+    assert rec.waits_completed == 1 + 3 * layout.THREAD_SLOTS
+    assert rec.collectives == 3 * layout.THREAD_SLOTS
     assert len(rec.flight) == min(64, rec.collectives)
     assert hb._free, "an ended thread's slot was not given back"
     raw = Path(hb.path or "").read_bytes()
-    slot_owner = [int.from_bytes(raw[record.SLOTS_OFFSET + k * record.SLOT_SIZE:][:8], "little")
-                  for k in range(record.THREAD_SLOTS)]
+    slot_owner = [int.from_bytes(raw[layout.SLOTS_OFFSET + k * layout.SLOT_SIZE:][:8], "little")
+                  for k in range(layout.THREAD_SLOTS)]
     assert slot_owner[0] == threading.get_native_id()
     assert slot_owner[1] == owners[-1]  # the one free slot, taken again and again
     assert set(slot_owner[2:]) == {0}
@@ -1245,7 +1246,7 @@ def test_a_thread_gets_its_own_slot_and_gives_it_back_when_it_ends(
 
 def test_more_threads_than_slots_at_once_warn_once_and_never_break(
         hb: watchdog.Heartbeat, capsys: pytest.CaptureFixture[str]) -> None:
-    count = record.THREAD_SLOTS + 3
+    count = layout.THREAD_SLOTS + 3
     inside, release = threading.Barrier(count + 1), threading.Event()
 
     def work() -> None:
@@ -1261,7 +1262,7 @@ def test_more_threads_than_slots_at_once_warn_once_and_never_break(
     try:
         inside.wait(30)
         rec = read(hb)
-        assert rec.waiting_threads == record.THREAD_SLOTS  # the others are not recorded
+        assert rec.waiting_threads == layout.THREAD_SLOTS  # the others are not recorded
     finally:
         release.set()
         for thread in threads:

@@ -30,8 +30,8 @@ from users import OTHER_UID, UserProc, publish
 from watchdog import record
 from watchdog.daemon import evidence, journal
 from watchdog.daemon.loop import MAX_RANKS_PER_UID
-from watchdog.daemon.probes.linux import read_start_ticks
 from watchdog.net import metrics
+from watchdog.procstat import read_start_ticks
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

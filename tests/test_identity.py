@@ -21,15 +21,17 @@ from users import UserProc, publish
 
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
-from watchdog.daemon.enforcer import OURS, UNKNOWN, Enforcer, Outcome, Signaller
+from watchdog.daemon.enforcer import Enforcer, Outcome
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
 from watchdog.daemon.ranks import Edge, transition
+from watchdog.daemon.signaller import OURS, UNKNOWN, Signaller
 from watchdog.states import State
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
-from watchdog.daemon.probes.linux import LinuxProbe, read_start_ticks  # noqa: E402
+from watchdog.daemon.probes.linux import LinuxProbe  # noqa: E402
+from watchdog.procstat import read_start_ticks  # noqa: E402
 
 
 class FailingProbe(Probe):

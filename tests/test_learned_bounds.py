@@ -19,8 +19,8 @@ from users import OTHER_UID, UserProc
 from watchdog import record
 from watchdog.daemon import learning
 from watchdog.daemon.deadlines import OTHER_KIND, Learned, kind_of
-from watchdog.daemon.probes.linux import read_start_ticks
-from watchdog.record import RecordWriter
+from watchdog.procstat import read_start_ticks
+from watchdog.record import RecordWriter, layout
 from watchdog.record.layout import OPS
 from watchdog.states import Phase
 
@@ -76,7 +76,7 @@ def test_a_record_waiting_on_new_op_codes_teaches_one_kind(record_dir, state_dir
             for n in range(12):  # 12 waits, each on an op code nobody knows
                 # Codes past the op table: in the pace table (up to PACE_OPS) as it counts
                 # them, and far past it in the wait's op word, as a forger may write.
-                code = len(OPS) + n % (record.PACE_OPS - len(OPS))
+                code = len(OPS) + n % (layout.PACE_OPS - len(OPS))
                 began = time.monotonic_ns()
                 writer.begin()
                 writer.write_hot(n, n + 1, n, 0, Phase.WAIT, len(OPS) + 100 + n, began, began,

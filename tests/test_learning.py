@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.daemon import learning
-from watchdog.daemon.detector import NS, Detector, Learned, Rules
+from watchdog.daemon.deadlines import Learned, Rules
+from watchdog.daemon.detector import NS, Detector
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Pace, Record
 from watchdog.states import Phase, State

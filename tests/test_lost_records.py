@@ -24,7 +24,7 @@ from ranks import DaemonProc, http_get, wait_for
 
 from watchdog import record
 from watchdog.daemon import journal
-from watchdog.daemon.probes.linux import read_start_ticks
+from watchdog.procstat import read_start_ticks
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

@@ -22,22 +22,23 @@ from record_v1 import V1Writer
 
 from watchdog import record
 from watchdog.record import (
-    FLIGHT_SLOTS,
     RECORD_SIZE,
     RECORD_VERSION,
     Record,
     RecordBusy,
     RecordError,
     RecordWriter,
+    layout,
 )
+from watchdog.record.layout import FLIGHT_SLOTS
 from watchdog.states import Phase
 
 REPO = Path(__file__).resolve().parent.parent
 # Offsets of single fields, from the layout's own constants.
-SLOT0 = record.SLOTS_OFFSET
-SINCE_AT = SLOT0 + 8 * record.S_SINCE
-OP_AT = SLOT0 + 8 * record.S_OP
-REASON_AT = record.EXPECT_OFFSET + 16
+SLOT0 = layout.SLOTS_OFFSET
+SINCE_AT = SLOT0 + 8 * layout.S_SINCE
+OP_AT = SLOT0 + 8 * layout.S_OP
+REASON_AT = layout.EXPECT_OFFSET + 16
 
 IDENTITY = dict(pid=4242, start_time=1700000000.25, uid=501, host="mac-studio-1",
                 job="j0123456789a", rank=2, world_size=3, backend="ring", dump_signal=12)
@@ -325,7 +326,7 @@ def test_concurrent_reads_of_a_v1_record_never_see_a_torn_record(tmp_path: Path)
     assert int(out.split()[-1]) >= max(seen)
 
 
-V1_SIZE = record.SIZES[1]
+V1_SIZE = layout.SIZES[1]
 THREADS = 3
 
 # A rank's hot path at full speed in THREADS threads: each loops enter_wait, a collective,
@@ -409,13 +410,13 @@ def torn(rec: Record, threads: int = THREADS) -> str | None:
 def raw_ring_torn(raw: bytes) -> bool:
     """The control: each slot's ring read naively from one copy, with the entry that may be
     in rewrite (the 65th): does it hold an entry that is not whole?"""
-    for k in range(record.THREAD_SLOTS):
-        words = record.SLOT.unpack_from(raw, record.SLOTS_OFFSET + k * record.SLOT_SIZE)
-        n = words[record.S_COLLECTIVES]
+    for k in range(layout.THREAD_SLOTS):
+        words = layout.SLOT.unpack_from(raw, layout.SLOTS_OFFSET + k * layout.SLOT_SIZE)
+        n = words[layout.S_COLLECTIVES]
         prev = None
-        for m in range(max(1, n - record.RING + 1), n + 1):
-            i = record.S_RING + 2 * (m % record.RING)
-            issued, nbytes = words[i], words[i + 1] >> record.KIND_SHIFT
+        for m in range(max(1, n - layout.RING + 1), n + 1):
+            i = layout.S_RING + 2 * (m % layout.RING)
+            issued, nbytes = words[i], words[i + 1] >> layout.KIND_SHIFT
             if nbytes // 16 != m or (prev is not None and issued < prev):
                 return True
             prev = issued
@@ -561,9 +562,9 @@ CORRUPTIONS = {
     "size field of v1": lambda b: put(b, "<I", 12, V1_SIZE),
     "pid 0": lambda b: put(b, "<q", 16, 0),
     "pid negative": lambda b: put(b, "<q", 16, -5),
-    "expect NaN": lambda b: put(b, "<d", record.EXPECT_OFFSET, math.nan),
-    "expect negative": lambda b: put(b, "<d", record.EXPECT_OFFSET, -1.0),
-    "expect -inf": lambda b: put(b, "<d", record.EXPECT_OFFSET, -math.inf),
+    "expect NaN": lambda b: put(b, "<d", layout.EXPECT_OFFSET, math.nan),
+    "expect negative": lambda b: put(b, "<d", layout.EXPECT_OFFSET, -1.0),
+    "expect -inf": lambda b: put(b, "<d", layout.EXPECT_OFFSET, -math.inf),
     "all zero": lambda b: bytearray(RECORD_SIZE),
     "all ones": lambda b: bytearray(b"\xff" * RECORD_SIZE),
 }
@@ -707,7 +708,7 @@ def test_non_utf8_text_decodes_without_error(tmp_path: Path) -> None:
 def test_unknown_op_and_dtype_codes_decode_as_placeholders(tmp_path: Path) -> None:
     data = valid_bytes(tmp_path)
     put(data, "<QQ", SINCE_AT, 5, 999)  # in a wait on op 999
-    put(data, "<QQ", SLOT0 + 8 * (record.S_RING + 2), 9, 9 << 16 | 200 << 8 | 250)
+    put(data, "<QQ", SLOT0 + 8 * (layout.S_RING + 2), 9, 9 << 16 | 200 << 8 | 250)
     rec = record.decode(bytes(data))
     assert rec.op == "?999" and rec.phase is Phase.WAIT
     assert record.Collective(1, "?250", "?200", 9, 9) in rec.flight

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 from watchdog import record
-from watchdog.record import IDENTITY, IDENTITY_OFFSET, RecordError
+from watchdog.record import RecordError, layout
+from watchdog.record.layout import IDENTITY, IDENTITY_OFFSET
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +53,7 @@ def test_out_of_bounds_integers_make_a_record_unusable(good, change):
 
 
 def test_an_infinite_expect_window_is_corrupt(good):
-    record.EXPECT.pack_into(good, record.EXPECT_OFFSET, float("inf"), 1, b"")
+    layout.EXPECT.pack_into(good, layout.EXPECT_OFFSET, float("inf"), 1, b"")
     with pytest.raises(RecordError):
         record.decode(bytes(good))
 

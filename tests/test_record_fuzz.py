@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from record_v1 import V1Writer
 
 from watchdog import record
-from watchdog.record import RECORD_SIZE, Record, RecordError, RecordWriter
+from watchdog.record import RECORD_SIZE, Record, RecordError, RecordWriter, layout
 from watchdog.states import Phase
 
 FUZZ = settings(max_examples=300, deadline=None,
@@ -29,10 +29,10 @@ FUZZ = settings(max_examples=300, deadline=None,
                                        HealthCheck.large_base_example, HealthCheck.data_too_large,
                                        HealthCheck.too_slow])
 QUICK = 1.0  # seconds any single read may take, with room for a loaded machine
-SINCE_AT = record.SLOTS_OFFSET + 8 * record.S_SINCE
-OP_AT = record.SLOTS_OFFSET + 8 * record.S_OP
-SEQ_AT = record.SEQ_OFFSET
-V1_SIZE = record.SIZES[1]
+SINCE_AT = layout.SLOTS_OFFSET + 8 * layout.S_SINCE
+OP_AT = layout.SLOTS_OFFSET + 8 * layout.S_OP
+SEQ_AT = layout.SEQ_OFFSET
+V1_SIZE = layout.SIZES[1]
 
 
 def build_valid() -> bytes:
@@ -202,37 +202,37 @@ U64 = st.integers(0, 2**64 - 1)
 
 
 @FUZZ
-@given(slots=st.lists(st.lists(U64, min_size=10, max_size=10), min_size=record.THREAD_SLOTS,
-                      max_size=record.THREAD_SLOTS),
+@given(slots=st.lists(st.lists(U64, min_size=10, max_size=10), min_size=layout.THREAD_SLOTS,
+                      max_size=layout.THREAD_SLOTS),
        cold=st.lists(U64, min_size=3, max_size=3),
        expect=st.floats(allow_nan=True, allow_infinity=True), pid=st.integers(-2**63, 2**63 - 1),
        start=st.floats(allow_nan=True, allow_infinity=True),
-       entries=st.lists(st.tuples(st.integers(0, record.THREAD_SLOTS - 1),
-                                  st.integers(0, record.RING - 1), U64, U64), max_size=40))
+       entries=st.lists(st.tuples(st.integers(0, layout.THREAD_SLOTS - 1),
+                                  st.integers(0, layout.RING - 1), U64, U64), max_size=40))
 def test_absurd_numbers_decode_as_they_are(scratch: Path, slots: list[list[int]],
                                            cold: list[int], expect: float, pid: int,
                                            start: float,
                                            entries: list[tuple[int, int, int, int]]) -> None:
     data = bytearray(VALID)
     for k, words in enumerate(slots):
-        struct.pack_into("<10Q", data, record.SLOTS_OFFSET + k * record.SLOT_SIZE, *words)
+        struct.pack_into("<10Q", data, layout.SLOTS_OFFSET + k * layout.SLOT_SIZE, *words)
     for k, i, issued, kind in entries:
-        struct.pack_into("<QQ", data, record.SLOTS_OFFSET + k * record.SLOT_SIZE + 96 + 16 * i,
+        struct.pack_into("<QQ", data, layout.SLOTS_OFFSET + k * layout.SLOT_SIZE + 96 + 16 * i,
                          issued, kind)
     struct.pack_into("<3Q", data, SEQ_AT + 8, *cold)
-    struct.pack_into("<d", data, record.EXPECT_OFFSET, expect)
+    struct.pack_into("<d", data, layout.EXPECT_OFFSET, expect)
     struct.pack_into("<qd", data, 16, pid, start)
     rec = decode_checked(bytes(data))
     # Bounded since issue 11: pids past a C int, infinite or NaN times are corrupt.
-    if not 0 < pid <= record.MAX_PID or not 0 <= expect < math.inf or not math.isfinite(start):
+    if not 0 < pid <= layout.MAX_PID or not 0 <= expect < math.inf or not math.isfinite(start):
         assert rec is None
         return
     assert rec is not None
-    assert rec.collectives == sum(w[record.S_COLLECTIVES] for w in slots)
-    assert rec.waits_completed == sum(w[record.S_COMPLETED] for w in slots)
-    assert rec.steps == sum(w[record.S_STEPS] for w in slots)
-    assert rec.max_wait_ns == max(w[record.S_MAX_WAIT] for w in slots)
-    open_waits = sorted((w[record.S_SINCE], w[record.S_OP]) for w in slots if w[record.S_SINCE])
+    assert rec.collectives == sum(w[layout.S_COLLECTIVES] for w in slots)
+    assert rec.waits_completed == sum(w[layout.S_COMPLETED] for w in slots)
+    assert rec.steps == sum(w[layout.S_STEPS] for w in slots)
+    assert rec.max_wait_ns == max(w[layout.S_MAX_WAIT] for w in slots)
+    open_waits = sorted((w[layout.S_SINCE], w[layout.S_OP]) for w in slots if w[layout.S_SINCE])
     assert rec.waiting_threads == len(open_waits)
     assert rec.wait_since_ns == (open_waits[0][0] if open_waits else 0)
     assert rec.phase is (Phase.IDLE if cold[1] else Phase.INIT if any(
@@ -241,14 +241,14 @@ def test_absurd_numbers_decode_as_they_are(scratch: Path, slots: list[list[int]]
     assert rec.expect_seconds == expect and rec.pid == pid
     assert rec.start_time == start
     assert isinstance(rec.op, str) and all(isinstance(c.op, str) for c in rec.flight)
-    assert len(rec.flight) <= record.FLIGHT_SLOTS
+    assert len(rec.flight) <= layout.FLIGHT_SLOTS
     numbers = [c.number for c in rec.flight]
     assert numbers == sorted(numbers)
     assert same(read_checked(scratch, bytes(data)), rec)
 
 
 TEXT_FIELDS = {"host": (56, 64), "job": (120, 64), "backend": (184, 16),
-               "expect_reason": (record.EXPECT_OFFSET + 16, 48)}
+               "expect_reason": (layout.EXPECT_OFFSET + 16, 48)}
 
 
 @FUZZ

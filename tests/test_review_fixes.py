@@ -26,7 +26,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.net import fence
 from watchdog.rank import hook
-from watchdog.record import RecordWriter
+from watchdog.record import RecordWriter, layout
 
 SECRET = "correct horse battery staple"
 
@@ -42,7 +42,7 @@ def test_the_seqlock_reader_reads_seq_before_the_identity(record_dir, monkeypatc
     w.set_identity(rank=1, world_size=2, job="new-job")
     w.close(record.STATUS_OPEN, remove=False)
     new = path.read_bytes()
-    torn = old[:record.SEQ_OFFSET] + new[record.SEQ_OFFSET:]  # old identity, new seq
+    torn = old[:layout.SEQ_OFFSET] + new[layout.SEQ_OFFSET:]  # old identity, new seq
     state = {"copied": False}
     real_pread = os.pread
 

@@ -11,7 +11,7 @@ import psutil
 from watchdog import record
 from watchdog.rank.heartbeat import Heartbeat
 from watchdog.rank.patches import _wrap_thread_start
-from watchdog.record import RecordWriter
+from watchdog.record import RecordWriter, layout
 
 
 def writer(path: Path) -> RecordWriter:
@@ -50,14 +50,14 @@ def test_more_threads_than_slots_is_marked_partial(tmp_path: Path) -> None:
     hb = Heartbeat(writer(tmp_path / "1.rec"))
     release = threading.Event()
     workers = [threading.Thread(target=release.wait, daemon=True)
-               for _ in range(record.PY_THREAD_SLOTS + 1)]
+               for _ in range(layout.PY_THREAD_SLOTS + 1)]
     for t in workers:
         t.start()
     try:
         hb.publish_threads()
         rec = record.read_path(hb.path)
         assert rec.python_threads_overflow
-        assert len(rec.python_threads or ()) == record.PY_THREAD_SLOTS
+        assert len(rec.python_threads or ()) == layout.PY_THREAD_SLOTS
     finally:
         release.set()
         for t in workers:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from watchdog import record
-from watchdog.daemon.probes.linux import read_start_ticks
+from watchdog.procstat import read_start_ticks
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

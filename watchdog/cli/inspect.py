@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from watchdog.daemon.detector import NS, busiest_ratio
-from watchdog.daemon.probes import ProbeError, probe, same_process
+from watchdog.daemon.detector import NS
+from watchdog.daemon.observation import observe
+from watchdog.daemon.probes import ProbeError, probe
+from watchdog.daemon.threads import busiest_ratio
 from watchdog.daemon.view import current_op
 from watchdog.record import Record
 from watchdog.text import printable
@@ -15,14 +17,15 @@ from watchdog.text import printable
 def _thread_cpu(rec: Record, pause: float = 0.5) -> list[dict[str, Any]]:
     """Each thread's share of a core over `pause` seconds, busiest first."""
     p = probe()
+    first = observe(rec, p).sample  # None: not the record's process (or not readable)
+    if first is None:
+        return []
+    time.sleep(pause)
     try:
-        first = p.sample(rec.pid)
-        time.sleep(pause)
         second = p.sample(rec.pid)
     except ProbeError:
         return []
-    if (not same_process(first, rec.start_time, rec.uid, rec.start_ticks) or second is None
-            or first is None):
+    if second is None:
         return []
     before = dict(first.threads)
     rows = [{"id": tid, "cpu_seconds": round(cpu, 3),

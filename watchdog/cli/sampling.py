@@ -14,11 +14,13 @@ from typing import Any
 
 from watchdog.daemon import journal
 from watchdog.daemon.attempts import attempt_of
-from watchdog.daemon.detector import Detector, Rules, Verdict
-from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
+from watchdog.daemon.deadlines import Rules
+from watchdog.daemon.detector import Detector, Verdict
+from watchdog.daemon.observation import Seen, observe
+from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.recdir import read_dir, read_record
 from watchdog.daemon.view import rank_json
-from watchdog.record import STATUS_OPEN, Record
+from watchdog.record import Record
 from watchdog.states import State
 
 SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
@@ -37,16 +39,14 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
         if rec is None:
             invalid[path] = why
             continue
-        try:
-            sample = probe_.sample(rec.pid)
-        except ProbeError as err:
-            invalid[path] = str(err)
-            continue
-        if sample is None:
+        look = observe(rec, probe_)
+        if look.seen is Seen.UNKNOWN:
+            invalid[path] = str(look.error)
+        elif look.seen is Seen.GONE:
             found.append((rec, State.EXITED, None, "exited without closing its record"))
-        elif not same_process(sample, rec.start_time, rec.uid, rec.start_ticks):
+        elif look.seen is Seen.NOT_OURS:
             invalid[path] = f"stale: pid {rec.pid} is now another process"
-        elif rec.status != STATUS_OPEN:  # frozen words: reported, never judged
+        elif look.seen is Seen.CLOSED:  # frozen words: reported, never judged
             found.append((rec, State.ABANDONED, None, "record closed while the process runs"))
         else:
             live.append(rec)

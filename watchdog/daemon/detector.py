@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from watchdog.daemon.deadlines import (
-    KIND_OF,
     NATIVE_KIND,
     Learned,
     Rules,
@@ -40,17 +39,13 @@ from watchdog.daemon.threads import (
     QUIET_RATIO,
     WORK_RATIO,
     ThreadTick,
-    busiest_ratio,
     python_threads,
     thread_tick,
 )
 from watchdog.record import Record
 from watchdog.states import Phase, State
 
-# What callers import from here (the detector's whole vocabulary, in one place).
-__all__ = ["KIND_OF", "NATIVE_KIND", "NS", "Detector", "Learned", "Rules", "ThreadTick",
-           "Track", "Verdict", "busiest_ratio", "deadline_for", "hold_reason", "job_key",
-           "python_threads", "thread_tick"]
+__all__ = ["NS", "Detector", "Track", "Verdict", "hold_reason"]
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32

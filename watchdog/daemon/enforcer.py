@@ -22,12 +22,8 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.evidence import Evidence
 from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.signaller import (
-    DENIED,
-    DUMP_SIGNALS,
     EXITED,
-    GONE,
     KILLED,
-    NOT_OURS,
     OURS,
     SENT,
     UNKILLABLE,
@@ -37,9 +33,6 @@ from watchdog.daemon.signaller import (
 )
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
-
-__all__ = ["DENIED", "DUMP_SIGNALS", "EXITED", "GONE", "KILLED", "NOT_OURS", "OURS", "SENT",
-           "UNKILLABLE", "UNKNOWN", "Enforcer", "Outcome", "Signaller", "Target"]
 
 log = logging.getLogger(__name__)
 

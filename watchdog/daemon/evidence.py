@@ -24,8 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, same_process
-from watchdog.daemon.signaller import DUMP_SIGNALS, SENT, Signaller, Target
+from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError
+from watchdog.daemon.signaller import DUMP_SIGNALS, OURS, SENT, Signaller, Target
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +181,15 @@ class Evidence:
         return files
 
     def _running(self, target: Target) -> bool:
+        """Not stopped (a stopped rank cannot run its dump handler), and the target:
+        the status from the probe, the identity as the signaller checks it."""
         try:
             sample = self.probe.sample(target.pid)
         except ProbeError as err:
             log.info("not asking pid %s for its stacks: %s", target.pid, err)
             return False
-        return (same_process(sample, target.start_time, target.uid, target.start_ticks)
-                and sample is not None and sample.status not in STOPPED_STATUSES)
+        return (sample is not None and sample.status not in STOPPED_STATUSES
+                and self.signaller.identify(target) == OURS)
 
     def _room(self, wanted: int) -> int:
         """Bytes evidence may still take without eating the journal's reserve."""

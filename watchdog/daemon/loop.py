@@ -23,25 +23,18 @@ from watchdog import __version__, record
 from watchdog.daemon import attempts, journal, launchlog, learning, pending
 from watchdog.daemon.config import Settings
 from watchdog.daemon.detector import Detector
-from watchdog.daemon.enforcer import (
-    GONE,
-    KILLED,
-    NOT_OURS,
-    UNKILLABLE,
-    UNKNOWN,
-    Enforcer,
-    Outcome,
-    Signaller,
-)
+from watchdog.daemon.enforcer import Enforcer, Outcome
 from watchdog.daemon.holds import hold
 from watchdog.daemon.incidents import culprit_of, new_incident
+from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.peers import Peers
-from watchdog.daemon.probes import Probe, ProbeError, probe, same_process
+from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.responses import Responses
+from watchdog.daemon.signaller import GONE, KILLED, NOT_OURS, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.net import fence
 from watchdog.record import Record
 from watchdog.states import FINAL, WAITING_LONG, State
@@ -164,21 +157,21 @@ class Daemon:
                         rank.target()) in (GONE, NOT_OURS):
                     transition(rank, Edge.WENT_LATE, now, "ended after being declared unkillable")
                 continue
-            try:
-                sample = self.probe.sample(rec.pid)
-            except ProbeError as err:
+            look = observe(rec, self.probe)
+            if look.seen is Seen.UNKNOWN:
                 self.counters.probe_errors += 1
-                log.warning("probe failed for pid %s: %s", rec.pid, err)
-                if getattr(err.__cause__, "errno", None) in (errno.EMFILE, errno.ENFILE):
+                log.warning("probe failed for pid %s: %s", rec.pid, look.error)
+                cause = look.error.__cause__ if look.error is not None else None
+                if getattr(cause, "errno", None) in (errno.EMFILE, errno.ENFILE):
                     trouble.append("out of file descriptors while probing")
                 if rank is not None:
                     seen.add(key)
                 continue
-            if sample is None:
+            if look.seen is Seen.GONE:
                 seen.add(key)
                 self._gone(rank or self._add(path, rec), now, status=rec.status)
                 continue
-            if not same_process(sample, rec.start_time, rec.uid, rec.start_ticks):
+            if look.seen is Seen.NOT_OURS:
                 why = (f"stale or forged: pid {rec.pid} is now another process "
                        "(start time or owner differ)")
                 self.records.mark_bad(path, st, why)
@@ -193,7 +186,7 @@ class Daemon:
                 per_uid[rec.uid] = per_uid.get(rec.uid, 0) + 1
             rank = rank or self._add(path, rec)
             rank.record, rank.seen_alive = rec, True
-            if rec.status != record.STATUS_OPEN and not rank.escalating:
+            if look.seen is Seen.CLOSED and not rank.escalating:
                 # A live process behind a closed record: the hook gave up on it
                 # (an internal error) or the rank is on its way out. Its words
                 # are frozen, so a frozen WAIT is no hang: reported, never judged.
@@ -202,6 +195,8 @@ class Daemon:
                            if rec.status == record.STATUS_ABANDONED
                            else "record closed while the process runs; not judged")
                 continue
+            sample = look.sample
+            assert sample is not None  # LIVE and CLOSED come with their sample
             verdict = self.detector.observe(rec, sample, now_ns, load)
             rank.verdict, rank.reason = verdict, verdict.reason
             transition(rank, Edge.JUDGED, now, verdict=verdict)

@@ -24,11 +24,11 @@ from collections.abc import Collection, Iterator
 from typing import NamedTuple
 
 from watchdog import record
-from watchdog.record import Record, RecordError
+from watchdog.record import Record, RecordError, layout
 
 log = logging.getLogger(__name__)
 
-RECORD_SIZES = frozenset(record.SIZES.values())
+RECORD_SIZES = frozenset(layout.SIZES.values())
 MAX_READS_PER_SCAN = 4096  # files opened per scan, besides those already watched
 
 
@@ -62,8 +62,8 @@ def _read(path: str, st: os.stat_result | None
             # A rank stopped inside set_identity shows our magic or, while
             # struct.pack_into has blanked it, zeros: it may read fine next
             # scan. Any other magic is junk with an odd word where seq goes.
-            magic = err.last[:len(record.MAGIC)]
-            return None, str(err), st, magic not in (record.MAGIC, bytes(len(record.MAGIC)))
+            magic = err.last[:len(layout.MAGIC)]
+            return None, str(err), st, magic not in (layout.MAGIC, bytes(len(layout.MAGIC)))
     except RecordError as err:
         if isinstance(err.__cause__, FileNotFoundError):
             return None, "", None, False  # the rank closed and removed it meanwhile

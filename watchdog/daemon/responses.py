@@ -16,8 +16,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from watchdog.daemon.config import Settings
-from watchdog.daemon.enforcer import Enforcer, Outcome, Target
+from watchdog.daemon.enforcer import Enforcer, Outcome
 from watchdog.daemon.peers import Peers
+from watchdog.daemon.signaller import Target
 
 log = logging.getLogger(__name__)
 

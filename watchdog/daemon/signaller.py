@@ -13,7 +13,9 @@ import os
 import signal
 from dataclasses import dataclass
 
-from watchdog.daemon.probes import Probe, ProbeError, same_process
+from watchdog.daemon import observation
+from watchdog.daemon.observation import Seen
+from watchdog.daemon.probes import Probe
 
 # Signals a record may name for its stack dump. Anything else (a forged record
 # asking for SIGKILL, say) is ignored.
@@ -30,6 +32,9 @@ OURS, UNKNOWN = "ours", "unknown"
 # or EXITED: it was ending on its own error (the backend's, its record says so), so
 # its end is not the watchdog's.
 KILLED, UNKILLABLE, EXITED = "killed", "unkillable", "exited"
+# An identity check as a signal result (`observation.identify` never says CLOSED: a
+# target is a process, not a record).
+_SAID = {Seen.LIVE: OURS, Seen.GONE: GONE, Seen.NOT_OURS: NOT_OURS, Seen.UNKNOWN: UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -55,14 +60,8 @@ class Signaller:
 
     def identify(self, target: Target) -> str:
         """OURS, GONE, NOT_OURS, or UNKNOWN when the probe failed."""
-        try:
-            sample = self.probe.sample(target.pid)
-        except ProbeError:
-            return UNKNOWN
-        if sample is None:
-            return GONE
-        return OURS if same_process(sample, target.start_time, target.uid,
-                                    target.start_ticks) else NOT_OURS
+        return _SAID[observation.identify(self.probe, target.pid, target.start_time,
+                                          target.uid, target.start_ticks).seen]
 
     def alive(self, target: Target) -> bool:
         """Positively still the process the record describes (a failed probe is not)."""

@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -33,7 +34,8 @@ typedef struct {
     uint64_t completed, collectives, steps, max_wait;
 } State;
 
-/* Word indices inside a slot, given by Python (watchdog.record) at construction. */
+/* Word indices inside a slot, given by Python (watchdog.record) at construction, each
+ * by its name (layout_names below). */
 typedef struct {
     Py_ssize_t slot_words, since, op, completed, progress, last_wait, max_wait, steps,
         collectives, ring_at, ring, kind_shift, pace, pace_ops;
@@ -455,24 +457,69 @@ static PyObject *totals(Path *p, PyObject *unused)
                          (unsigned long long)open, (unsigned long long)steps);
 }
 
-static int layout_from(PyObject *seq, Layout *at)
+/* Every word of Layout by its name: Python passes a dict of exactly these names
+ * (watchdog/rank/compiled.py LAYOUT), so no order is matched by hand, and a name
+ * missing or unknown is an error rather than a word written in the wrong place. */
+static const struct {
+    const char *name;
+    size_t at;
+    int is_word; /* 1: uint64_t (an op code), 0: Py_ssize_t (an index or a count) */
+} layout_names[] = {
+    {"slot_words", offsetof(Layout, slot_words), 0},
+    {"since", offsetof(Layout, since), 0},
+    {"op", offsetof(Layout, op), 0},
+    {"completed", offsetof(Layout, completed), 0},
+    {"progress", offsetof(Layout, progress), 0},
+    {"last_wait", offsetof(Layout, last_wait), 0},
+    {"max_wait", offsetof(Layout, max_wait), 0},
+    {"steps", offsetof(Layout, steps), 0},
+    {"collectives", offsetof(Layout, collectives), 0},
+    {"ring_at", offsetof(Layout, ring_at), 0},
+    {"ring", offsetof(Layout, ring), 0},
+    {"kind_shift", offsetof(Layout, kind_shift), 0},
+    {"pace", offsetof(Layout, pace), 0},
+    {"pace_ops", offsetof(Layout, pace_ops), 0},
+    {"init_op", offsetof(Layout, init_op), 1},
+};
+
+static int layout_from(PyObject *names, Layout *at)
 {
-    Py_ssize_t *fields[] = {&at->slot_words, &at->since, &at->op, &at->completed,
-                            &at->progress, &at->last_wait, &at->max_wait, &at->steps,
-                            &at->collectives, &at->ring_at, &at->ring, &at->kind_shift,
-                            &at->pace, &at->pace_ops};
-    const Py_ssize_t nf = (Py_ssize_t)(sizeof fields / sizeof fields[0]);
-    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != nf + 1) {
-        PyErr_Format(PyExc_ValueError, "layout: a tuple of %zd ints", nf + 1);
+    const Py_ssize_t nf = (Py_ssize_t)(sizeof layout_names / sizeof layout_names[0]);
+    if (!PyDict_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "layout: a dict of word names to ints");
         return -1;
     }
     for (Py_ssize_t i = 0; i < nf; i++) {
-        *fields[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, i));
-        if (*fields[i] == -1 && PyErr_Occurred())
+        PyObject *value = PyDict_GetItemString(names, layout_names[i].name); /* borrowed */
+        if (value == NULL) {
+            PyErr_Format(PyExc_ValueError, "layout: no %s", layout_names[i].name);
             return -1;
+        }
+        char *field = (char *)at + layout_names[i].at;
+        if (layout_names[i].is_word) {
+            if (word_arg(value, (uint64_t *)field))
+                return -1;
+        } else {
+            Py_ssize_t v = PyLong_AsSsize_t(value);
+            if (v == -1 && PyErr_Occurred())
+                return -1;
+            *(Py_ssize_t *)field = v;
+        }
     }
-    if (word_arg(PyTuple_GET_ITEM(seq, nf), &at->init_op))
-        return -1;
+    if (PyDict_GET_SIZE(names) != nf) { /* every name above was found: the rest are extra */
+        PyObject *key;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(names, &pos, &key, NULL)) {
+            int known = 0;
+            for (Py_ssize_t i = 0; i < nf && !known; i++)
+                known = PyUnicode_Check(key) &&
+                        PyUnicode_CompareWithASCIIString(key, layout_names[i].name) == 0;
+            if (!known) {
+                PyErr_Format(PyExc_ValueError, "layout: unknown name %R", key);
+                return -1;
+            }
+        }
+    }
     Py_ssize_t words[] = {at->since, at->op, at->completed, at->progress, at->last_wait,
                           at->max_wait, at->steps, at->collectives};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
@@ -502,9 +549,10 @@ static int Path_init(Path *p, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "a Path is built once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OOOO!O!|O", names, &buffer,
-                                     &PyTuple_Type, &offsets, &layout, &claim, &fail,
-                                     &PyList_Type, &stretch, &PyList_Type, &codes, &clock))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OOO!O!|O", names, &buffer,
+                                     &PyTuple_Type, &offsets, &PyDict_Type, &layout, &claim,
+                                     &fail, &PyList_Type, &stretch, &PyList_Type, &codes,
+                                     &clock))
         return -1;
     if (layout_from(layout, &p->at))
         return -1;
@@ -621,7 +669,7 @@ static PyTypeObject PathType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "watchdog.rank._fastpath.Path",
     .tp_doc = "One record's hot path: Path(buffer, offsets, layout, claim, fail, "
-              "stretch, codes, clock=None)",
+              "stretch, codes, clock=None); layout: {word name: index}",
     .tp_basicsize = sizeof(Path),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

@@ -18,16 +18,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from watchdog import record
 from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP, HotPath
+from watchdog.record import layout
 
 ENV = "MLX_WATCHDOG_HOTPATH"
 CHOICES = ("auto", "compiled", "python")
-# The words of a slot, in the order the compiled Path takes them.
-LAYOUT = (record.SLOT_WORDS, record.S_SINCE, record.S_OP, record.S_COMPLETED,
-          record.S_PROGRESS, record.S_LAST_WAIT, record.S_MAX_WAIT, record.S_STEPS,
-          record.S_COLLECTIVES, record.S_RING, record.RING, record.KIND_SHIFT, record.S_PACE,
-          record.PACE_OPS, INIT_OP)
+# The words of a slot, by the names of the compiled Path's `Layout` fields: it takes
+# exactly these names (a missing or unknown one is an error), so no order is matched
+# by hand on either side.
+LAYOUT = {"slot_words": layout.SLOT_WORDS, "since": layout.S_SINCE, "op": layout.S_OP,
+          "completed": layout.S_COMPLETED, "progress": layout.S_PROGRESS,
+          "last_wait": layout.S_LAST_WAIT, "max_wait": layout.S_MAX_WAIT,
+          "steps": layout.S_STEPS, "collectives": layout.S_COLLECTIVES,
+          "ring_at": layout.S_RING, "ring": layout.RING, "kind_shift": layout.KIND_SHIFT,
+          "pace": layout.S_PACE, "pace_ops": layout.PACE_OPS, "init_op": INIT_OP}
 
 _loaded: tuple[Any, str] | None = None
 
@@ -90,7 +94,7 @@ def real(fast: Any, words: memoryview, claim: Callable[[], int],
     """The compiled hot path over a record's words; returns it and its Path (for
     `release`, `retire` and `totals`). A test clock is called from C; the real one is
     read in C."""
-    path = fast.Path(words, tuple(record.slot_base(k) for k in range(record.THREAD_SLOTS)),
+    path = fast.Path(words, tuple(layout.slot_base(k) for k in range(layout.THREAD_SLOTS)),
                      LAYOUT, claim, fail, stretch, DTYPE_CODES,
                      None if clock is time.monotonic_ns else clock)
     return HotPath(path.enter_wait, path.exit_wait, path.collective, path.step,

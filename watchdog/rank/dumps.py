@@ -20,7 +20,7 @@ def _open_nofollow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW, 0o644)
 
 
-def _register_dump(signum: int, path: str) -> int:
+def register_dump(signum: int, path: str) -> int:
     """faulthandler on `signum`, writing every thread's stack next to the record."""
     global _dump_file, _dump_signum
     if not signum:
@@ -51,7 +51,7 @@ def _register_dump(signum: int, path: str) -> int:
     return signum
 
 
-def _close_dump() -> None:
+def close_dump() -> None:
     """Unregister the dump handler; remove its file unless it holds a dump."""
     global _dump_file, _dump_signum
     file, _dump_file = _dump_file, None

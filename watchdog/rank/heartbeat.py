@@ -16,14 +16,14 @@ from typing import Any
 from watchdog import record
 from watchdog.rank import compiled, hotpath
 from watchdog.rank.env import warn as _warn
-from watchdog.rank.hotpath import _Release, _Slot
-from watchdog.record import RecordWriter
+from watchdog.rank.hotpath import Release, Slot
+from watchdog.record import RecordWriter, layout
 from watchdog.states import Phase
 
 _open_lock = threading.Lock()  # two threads' first waits open one record
 
 
-def _reset_open_lock() -> None:
+def reset_open_lock() -> None:
     """In a forked child: a fresh lock (the parent's may be held by a thread gone)."""
     global _open_lock
     _open_lock = threading.Lock()
@@ -76,14 +76,14 @@ class Heartbeat:
         # The compiled hot path if it is there (compiled.py); `compiled` says which runs.
         self._fast, self.hotpath = compiled.choice()
         self._cpath: Any = None  # the compiled Path over the open record
-        self._scratch = memoryview(bytearray(record.SLOT_SIZE)).cast("Q")
-        self._overflow = _Slot(self._scratch)
+        self._scratch = memoryview(bytearray(layout.SLOT_SIZE)).cast("Q")
+        self._overflow = Slot(self._scratch)
         self._overflowed = False
         self._take(writer)
 
     def _take(self, writer: RecordWriter | None) -> None:
         """Use `writer`'s slots, and build the hot path over them."""
-        self._slots = [_Slot(writer.slot(k), k) for k in range(record.THREAD_SLOTS)] \
+        self._slots = [Slot(writer.slot(k), k) for k in range(layout.THREAD_SLOTS)] \
             if writer is not None else []
         self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
         self._build(writer)
@@ -156,7 +156,7 @@ class Heartbeat:
 
     # -- the hot path --------------------------------------------------------
 
-    def _claim(self) -> _Slot:
+    def _claim(self) -> Slot:
         """This thread's first call: take a free slot (cold, once per thread)."""
         try:
             slot = self._free.pop()
@@ -164,12 +164,12 @@ class Heartbeat:
             slot = self._overflow  # scratch memory: this thread's calls go unrecorded
             if not self._overflowed:
                 self._overflowed = True
-                _warn(f"more than {record.THREAD_SLOTS} threads call MLX at once; the "
+                _warn(f"more than {layout.THREAD_SLOTS} threads call MLX at once; the "
                       "waits of the others are not recorded")
         else:
             with contextlib.suppress(Exception):
-                slot.w[record.S_OWNER] = threading.get_native_id()
-            self._local.release = _Release(slot, self._free, self._cpath)
+                slot.w[layout.S_OWNER] = threading.get_native_id()
+            self._local.release = Release(slot, self._free, self._cpath)
         self._local.slot = slot
         return slot
 

@@ -21,7 +21,8 @@ import threading
 from typing import Any
 
 from watchdog import record
-from watchdog.rank.dumps import _close_dump, _register_dump
+from watchdog.procstat import read_start_ticks
+from watchdog.rank.dumps import close_dump, register_dump
 from watchdog.rank.dumps import forget_after_fork as _forget_dump_after_fork
 from watchdog.rank.env import (
     dump_signal_from_env,
@@ -31,8 +32,8 @@ from watchdog.rank.env import (
     record_dir,
 )
 from watchdog.rank.env import warn as _warn
-from watchdog.rank.heartbeat import Heartbeat, _reset_open_lock
-from watchdog.rank.patches import _instrument, _restore
+from watchdog.rank.heartbeat import Heartbeat, reset_open_lock
+from watchdog.rank.patches import instrument, restore
 from watchdog.record import RecordWriter
 
 __all__ = ["Heartbeat", "current", "dump_signal_from_env", "install", "job_id", "record_dir",
@@ -62,9 +63,7 @@ def _start_ticks() -> int:
     """This process's start in clock ticks since boot (Linux), 0 when unknown:
     the daemon's identity check that a wall-clock step does not move."""
     try:
-        with open("/proc/self/stat") as f:
-            stat_line = f.read()
-        return int(stat_line[stat_line.rindex(")") + 2:].split()[19])
+        return read_start_ticks("self")
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -129,12 +128,12 @@ def install(directory: str | None = None, job: str | None = None, *,
                                    on_open=functools.partial(_rewrap, mx))
                 else:
                     hb = Heartbeat(_open_now(directory, job))
-                _instrument(hb, mx)
+                instrument(hb, mx)
             except BaseException:
-                _restore()
+                restore()
                 if hb is not None:
                     hb.close()
-                _close_dump()
+                close_dump()
                 raise
         except Exception as err:  # noqa: BLE001 - fail soft: the rank runs uninstrumented
             _warn(f"not instrumenting this process: {err}")
@@ -150,11 +149,11 @@ def _open_now(directory: str, job: str) -> RecordWriter:
     if not os.path.isdir(directory):
         raise OSError(f"record directory {directory} does not exist")
     base = _free_base(directory)
-    signum = _register_dump(dump_signal_from_env(), record.stacks_path(base + record.SUFFIX))
+    signum = register_dump(dump_signal_from_env(), record.stacks_path(base + record.SUFFIX))
     try:
         return _open_record(base + record.SUFFIX, job, signum)
     except BaseException:
-        _close_dump()
+        close_dump()
         raise
 
 
@@ -165,8 +164,8 @@ def _rewrap(mx: Any, hb: Heartbeat) -> None:
         if _current is not hb:
             return
         try:
-            _restore()
-            _instrument(hb, mx)
+            restore()
+            instrument(hb, mx)
         except Exception as err:  # noqa: BLE001 - never into the user's program
             _warn(f"could not re-wrap MLX after opening the record ({err!r})")
 
@@ -176,8 +175,8 @@ def uninstall() -> None:
     global _current
     with _install_lock:
         hb, _current = _current, None
-        _restore()
-        _close_dump()
+        restore()
+        close_dump()
         if hb is not None:
             hb.close()
 
@@ -190,7 +189,7 @@ def _close_at_exit() -> None:
     hb = _current
     if hb is not None:
         hb.close(record.STATUS_ERROR if hasattr(sys, "last_value") else record.STATUS_CLOSED)
-    _close_dump()
+    close_dump()
 
 
 def _after_fork_in_child() -> None:
@@ -198,7 +197,7 @@ def _after_fork_in_child() -> None:
     # A lock another thread held at the fork stays held in the child for ever
     # (that thread is not there to let go): the child starts with fresh ones.
     _install_lock = threading.RLock()
-    _reset_open_lock()
+    reset_open_lock()
     if _current is not None:
         _current._forget_after_fork()
     _forget_dump_after_fork()

@@ -18,9 +18,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from watchdog.record import (
+from watchdog.record import OP_CODE
+from watchdog.record.layout import (
     KIND_SHIFT,
-    OP_CODE,
     PACE_OPS,
     RING,
     S_COLLECTIVES,
@@ -55,7 +55,7 @@ PACE_AT = [S_PACE + 2 * code for code in range(PACE_OPS)]
 DTYPE_CODES: list[int] = [0] * 256
 
 
-class _Slot:
+class Slot:
     """One thread's part of the record: its words, and Python copies of its counters
     (reading a Python attribute is several times cheaper than reading the map)."""
 
@@ -70,12 +70,12 @@ class _Slot:
         self.waits, self.longest = [0] * PACE_OPS, [0] * PACE_OPS
 
 
-class _Release:
+class Release:
     """Kept in the thread's local storage: when the thread ends, its slot goes back."""
 
     __slots__ = ("slot", "free", "compiled")
 
-    def __init__(self, slot: _Slot, free: list[_Slot], compiled: Any = None) -> None:
+    def __init__(self, slot: Slot, free: list[Slot], compiled: Any = None) -> None:
         self.slot, self.free, self.compiled = slot, free, compiled
 
     def __del__(self) -> None:
@@ -114,17 +114,17 @@ def nothing() -> HotPath:
     return HotPath(none, none, none, none, _bare)
 
 
-def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
+def real(local: Any, claim: Callable[[], Slot], clock: Callable[[], int],
          fail: Callable[[BaseException], None], stretch: list[int]) -> HotPath:
     """The hot path over a thread-local slot; `stretch[0]` non-zero inside idle/expect."""
     codes = DTYPE_CODES
     pace = PACE_AT
 
-    def enter(op: int) -> _Slot | None:
+    def enter(op: int) -> Slot | None:
         """A blocking call starts: open a wait on this thread's slot; returns it."""
         try:
             try:
-                st: _Slot = local.slot
+                st: Slot = local.slot
             except AttributeError:
                 st = claim()
             now = clock()
@@ -147,7 +147,7 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
         """A blocking call starts; returns its start time for `exit_wait`."""
         try:
             try:
-                st: _Slot = local.slot
+                st: Slot = local.slot
             except AttributeError:
                 st = claim()
             now = clock()
@@ -169,7 +169,7 @@ def real(local: Any, claim: Callable[[], _Slot], clock: Callable[[], int],
         if not started:
             return
         try:
-            st: _Slot = local.slot
+            st: Slot = local.slot
             w = st.w
             d = st.depth - 1
             if d < 1:

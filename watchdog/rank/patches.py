@@ -138,7 +138,8 @@ def learn_dtypes(mx: Any) -> None:
             DTYPE_CODES[hash(dtype) & 0xFF] = record.DTYPE_CODE[name]
 
 
-def _instrument(hb: Heartbeat, mx: Any) -> None:
+def instrument(hb: Heartbeat, mx: Any) -> None:
+    """Wrap every wait and collective of `mx` over `hb`'s hot path (hook.install)."""
     learn_dtypes(mx)
     for name, where in WAITS.items():
         owner = mx if where == "core" else mx.array
@@ -155,7 +156,8 @@ def _instrument(hb: Heartbeat, mx: Any) -> None:
     hb.publish_threads()
 
 
-def _restore() -> None:
+def restore() -> None:
+    """Put every original back, except one someone else re-patched since."""
     while _patches:
         owner, name, original, wrapper = _patches.pop()
         if getattr(owner, name, None) is wrapper:

@@ -255,7 +255,7 @@ READ_ATTEMPTS = 200
 # copy), so a stopped rank or a forged odd `seq` costs a scan milliseconds.
 READ_PATIENCE = 0.005
 FLIGHT_RETRIES = 20  # v2 reads that may be taken again for a whole flight recorder
-_WORD = struct.Struct("<Q")
+WORD = struct.Struct("<Q")
 
 
 class RecordError(Exception):
@@ -337,16 +337,18 @@ class Record:
         return self.status != STATUS_OPEN
 
 
-def _text(raw: bytes) -> str:
+def decode_text(raw: bytes) -> str:
+    """A text field as read: its NUL padding dropped, bad UTF-8 replaced."""
     return raw.rstrip(b"\0").decode("utf-8", "replace")
 
 
-def _field(text: str, size: int) -> bytes:
+def encode_text(text: str, size: int) -> bytes:
     """Encode to at most `size` bytes without splitting a UTF-8 sequence."""
     return text.encode("utf-8")[:size].decode("utf-8", "ignore").encode("utf-8")
 
 
-def _name(table: tuple[str, ...], code: int) -> str:
+def name_of(table: tuple[str, ...], code: int) -> str:
+    """The name of an op or dtype code; a code this reader does not know reads "?<code>"."""
     return table[code] if 0 <= code < len(table) else f"?{code}"
 
 

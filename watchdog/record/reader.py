@@ -12,7 +12,6 @@ import stat
 import time
 
 from watchdog.record.layout import (
-    _WORD,
     COLD,
     DTYPES,
     EXPECT,
@@ -57,13 +56,14 @@ from watchdog.record.layout import (
     V1_HOT_OFFSET,
     V1_SIZE,
     VERSION,
+    WORD,
     Collective,
     Pace,
     Record,
     RecordBusy,
     RecordError,
-    _name,
-    _text,
+    decode_text,
+    name_of,
 )
 from watchdog.states import Phase
 
@@ -120,15 +120,15 @@ def _record(ident: tuple[object, ...], **fields: object) -> Record:
     fields.setdefault("python_threads", None)
     return Record(pid=pid, start_time=start_time, uid=uid, rank=rank,  # type: ignore[arg-type]
                   world_size=world_size, dump_signal=dump_signal,  # type: ignore[arg-type]
-                  status=status, host=_text(host), job=_text(job),  # type: ignore[arg-type]
-                  backend=_text(backend), **fields)  # type: ignore[arg-type]
+                  status=status, host=decode_text(host), job=decode_text(job),  # type: ignore[arg-type]
+                  backend=decode_text(backend), **fields)  # type: ignore[arg-type]
 
 
 def _expect(buf: bytes, offset: int) -> tuple[float, int, str]:
     seconds, since, reason = EXPECT.unpack_from(buf, offset)
     if not 0.0 <= seconds < math.inf:  # also rejects NaN
         raise RecordError("corrupt record (expect window)")
-    return seconds, since, _text(reason)
+    return seconds, since, decode_text(reason)
 
 
 def _python_threads(buf: bytes) -> dict[str, object]:
@@ -158,7 +158,7 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...],
      reason) = COLD.unpack_from(buf, SEQ_OFFSET)
     if not 0.0 <= expect_seconds < math.inf:  # also rejects NaN
         raise RecordError("corrupt record (expect window)")
-    expect_reason = _text(reason)
+    expect_reason = decode_text(reason)
     entered = completed = steps = collectives = max_wait = 0
     progress, last_wait = created, 0
     open_waits: list[tuple[int, int]] = []  # (since, op) of every thread in a wait
@@ -196,8 +196,8 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...],
     flight.sort()
     flight = flight[-FLIGHT_SLOTS:]
     entries = tuple(
-        Collective(collectives - len(flight) + 1 + i, _name(OPS, kind & 0xFF),
-                   _name(DTYPES, kind >> 8 & 0xFF), kind >> KIND_SHIFT, issued)
+        Collective(collectives - len(flight) + 1 + i, name_of(OPS, kind & 0xFF),
+                   name_of(DTYPES, kind >> 8 & 0xFF), kind >> KIND_SHIFT, issued)
         for i, (issued, _, _, kind) in enumerate(flight))
     wait_since, op = min(open_waits) if open_waits else (0, 0)
     if idle_since:
@@ -210,7 +210,7 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...],
         phase, phase_since = Phase.RUNNING, max(progress, idle_ended)
     return _record(
         ident, seq=seq, collectives=collectives, waits_entered=entered,
-        waits_completed=completed, steps=steps, phase=phase, op=_name(OPS, op),
+        waits_completed=completed, steps=steps, phase=phase, op=name_of(OPS, op),
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=expect_reason, flight=entries,
@@ -231,12 +231,12 @@ def _decode_v1(buf: bytes, ident: tuple[object, ...]) -> Record:
         number, issued, nbytes, op_code, dtype, _ = V1_ENTRY.unpack_from(
             buf, V1_FLIGHT_OFFSET + slot * V1_ENTRY.size)
         if number:
-            entries.append(Collective(number, _name(OPS, op_code), _name(DTYPES, dtype),
+            entries.append(Collective(number, name_of(OPS, op_code), name_of(DTYPES, dtype),
                                       nbytes, issued))
     entries.sort(key=lambda c: c.number)
     return _record(
         ident, seq=seq, collectives=collectives, waits_entered=entered,
-        waits_completed=completed, steps=steps, phase=Phase(phase), op=_name(OPS, op),
+        waits_completed=completed, steps=steps, phase=Phase(phase), op=name_of(OPS, op),
         phase_since_ns=phase_since, wait_since_ns=wait_since, last_progress_ns=last_progress,
         last_wait_ns=last_wait, max_wait_ns=max_wait, expect_seconds=expect_seconds,
         expect_since_ns=expect_since, expect_reason=expect_reason, flight=tuple(entries),
@@ -299,7 +299,7 @@ def _flight_whole(before: bytes, after: bytes, version: int = RECORD_VERSION) ->
     slot_size = SLOT_OF[version][1]
     offsets = range(SLOTS_OFFSET + S_COLLECTIVES * 8, SLOTS_OFFSET + THREAD_SLOTS * slot_size,
                     slot_size)
-    return all(_WORD.unpack_from(after, o)[0] - _WORD.unpack_from(before, o)[0] <= 1
+    return all(WORD.unpack_from(after, o)[0] - WORD.unpack_from(before, o)[0] <= 1
                for o in offsets)
 
 

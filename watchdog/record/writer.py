@@ -49,7 +49,7 @@ from watchdog.record.layout import (
     W_IDLE_ENDED,
     W_IDLE_SINCE,
     W_SEQ,
-    _field,
+    encode_text,
     slot_base,
     staging_path,
 )
@@ -120,8 +120,8 @@ class RecordWriter:
             IDENTITY.pack_into(
                 self._map, IDENTITY_OFFSET, MAGIC, RECORD_VERSION, 0, RECORD_SIZE,
                 ident["pid"], ident["start_time"], ident["uid"], rank, world_size,
-                ident["dump_signal"], STATUS_OPEN, 0, _field(str(ident["host"]), 64),
-                _field(str(ident["job"]), 64), _field(str(ident["backend"]), 16))
+                ident["dump_signal"], STATUS_OPEN, 0, encode_text(str(ident["host"]), 64),
+                encode_text(str(ident["job"]), 64), encode_text(str(ident["backend"]), 16))
         finally:
             self.end()
 
@@ -150,7 +150,7 @@ class RecordWriter:
         THREADS.pack_into(self._map, THREADS_OFFSET, head, *ids)
 
     def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
-        EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, _field(reason, 48))
+        EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, encode_text(reason, 48))
 
     def write_hot(self, collectives: int, entered: int, completed: int, steps: int,
                   phase: int, op: int, phase_since: int, wait_since: int, last_progress: int,

@@ -134,7 +134,7 @@ def same_process(sample: ProcessSample | None, start_time: float, uid: int,
     return abs(sample.start_time - start_time) < 0.01
 
 
-def _which(*names: str) -> str | None:
+def find_tool(*names: str) -> str | None:
     for name in names:
         path = shutil.which(name)
         if path:

@@ -9,24 +9,10 @@ from dataclasses import replace
 
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, _which
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool
+from watchdog.procstat import read_start_ticks
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def start_ticks(stat: str) -> int:
-    """Field 22 of /proc/<pid>/stat: the start in clock ticks since boot.
-
-    The command name (field 2) may hold spaces and parentheses: count from
-    the last ")".
-    """
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
-def read_start_ticks(pid: int | str, proc: str = "/proc") -> int:
-    """The start ticks of `pid` ("self" for this process); raises OSError/ValueError."""
-    with open(f"{proc}/{pid}/stat") as f:
-        return start_ticks(f.read())
 
 
 def schedstat_seconds(text: str) -> float:
@@ -151,10 +137,10 @@ class LinuxProbe(Probe):
             return super().load_per_cpu()
 
     def stack_command(self, pid: int) -> list[str] | None:
-        pyspy = _which("py-spy")
+        pyspy = find_tool("py-spy")
         if pyspy:
             return [pyspy, "dump", "--native", "--pid", str(pid)]
-        gdb = _which("gdb")
+        gdb = find_tool("gdb")
         if gdb:
             return [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"]
         return None

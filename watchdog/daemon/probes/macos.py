@@ -7,7 +7,7 @@ from typing import Any
 import psutil
 
 from watchdog.daemon import samplegraph
-from watchdog.daemon.probes import Probe, ProbeError, _which
+from watchdog.daemon.probes import Probe, ProbeError, find_tool
 
 
 class MacProbe(Probe):
@@ -24,7 +24,7 @@ class MacProbe(Probe):
             raise ProbeError(f"reading wired memory: {err}") from err
 
     def stack_command(self, pid: int) -> list[str] | None:
-        sample = _which("sample")
+        sample = find_tool("sample")
         # `sample PID 1`: one second of samples of every thread, to stdout.
         return [sample, str(pid), "1"] if sample else None
 

@@ -1,0 +1,60 @@
+"""A record against its process: one look, one typed answer.
+
+The daemon's scan, the CLI's sampling (`status` without a daemon, `inspect`)
+and the signaller all ask the same question of a pid and the identity a
+record gives it (start time, start ticks, uid): is that process still there,
+and is it the one the record describes? `identify` answers it through the
+probe, by the identity rule of `probes.same_process`; `observe` adds what the
+record itself says (open, or closed while its process runs). Each caller words
+the answer its own way (a status reason, an invalid-record message, a signal
+result): only the classification is shared.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, same_process
+from watchdog.record import STATUS_OPEN, Record
+
+
+class Seen(enum.Enum):
+    """What one look at a record's process found."""
+
+    LIVE = "live"  # its own process, the record open: judged, with its sample
+    CLOSED = "closed"  # its own process, the record closed or abandoned: reported, never judged
+    GONE = "gone"  # no process with that pid (or a zombie): the rank exited
+    NOT_OURS = "not-ours"  # the pid is another process now: a stale or forged record
+    UNKNOWN = "unknown"  # the probe failed: nothing can be concluded, nothing is done
+
+
+@dataclass(frozen=True)
+class Observation:
+    seen: Seen
+    sample: ProcessSample | None = None  # LIVE and CLOSED: the process as sampled
+    error: ProbeError | None = None  # UNKNOWN: why the probe failed
+
+
+def identify(probe: Probe, pid: int, start_time: float, uid: int,
+             start_ticks: int = 0) -> Observation:
+    """The process `pid` against an identity: LIVE (with its sample), GONE, NOT_OURS,
+    or UNKNOWN (with the probe's error), never a guess."""
+    try:
+        sample = probe.sample(pid)
+    except ProbeError as err:
+        return Observation(Seen.UNKNOWN, error=err)
+    if sample is None:
+        return Observation(Seen.GONE)
+    if not same_process(sample, start_time, uid, start_ticks):
+        return Observation(Seen.NOT_OURS)
+    return Observation(Seen.LIVE, sample)
+
+
+def observe(rec: Record, probe: Probe) -> Observation:
+    """The record's process, and whether its record still speaks: CLOSED when the
+    process is its own but the record is no longer open (its words are frozen)."""
+    found = identify(probe, rec.pid, rec.start_time, rec.uid, rec.start_ticks)
+    if found.seen is Seen.LIVE and rec.status != STATUS_OPEN:
+        return Observation(Seen.CLOSED, found.sample)
+    return found

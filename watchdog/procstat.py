@@ -1,0 +1,26 @@
+"""A process's start in clock ticks since boot, as Linux keeps it: the identity a
+rank writes into its record and the daemon's probe checks it against.
+
+Field 22 of `/proc/<pid>/stat`. Unlike the epoch start time (ticks plus the boot
+time as it reads *now*), it does not move when the wall clock is stepped. One
+parser for both sides: the rank side imports this module, so it uses the stdlib
+only.
+"""
+
+from __future__ import annotations
+
+
+def start_ticks(stat: str) -> int:
+    """Field 22 of a /proc/<pid>/stat line: the start in clock ticks since boot.
+
+    The command name (field 2) may hold spaces and parentheses: count from
+    the last ")". Raises ValueError or IndexError on a line that is not one.
+    """
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def read_start_ticks(pid: int | str, proc: str = "/proc") -> int:
+    """The start ticks of `pid` ("self" for this process); raises OSError,
+    ValueError or IndexError."""
+    with open(f"{proc}/{pid}/stat") as f:
+        return start_ticks(f.read())
