@@ -21,7 +21,7 @@ samplers finished, both counted from the incident's `time`.
 
 Target: median slack to the kill <= 1 interval + grace.
 
-    python benchmarks/detection_slack.py --runs 10 --deadline 5
+    python -m benchmarks.detection_slack --runs 10 --deadline 5
 """
 
 from __future__ import annotations
@@ -32,14 +32,11 @@ import os
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from ranks import DaemonProc, RingJob, wait_for  # noqa: E402
+from tests.support.ranks import DaemonProc, RingJob, wait_for
 
 
 def evidence_done(incident: dict, kind: str) -> float:

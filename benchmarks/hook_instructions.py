@@ -15,8 +15,8 @@ are repeatable on a shared, loaded machine where timings are not (docs/performan
 Each kind runs twice, N and 6N iterations; the difference over 5N is the cost of one
 iteration, start-up cancelled. Needs valgrind.
 
-    python benchmarks/hook_instructions.py --iterations 1000
-    python benchmarks/hook_instructions.py --workload lm --iterations 50
+    python -m benchmarks.hook_instructions --iterations 1000
+    python -m benchmarks.hook_instructions --workload lm --iterations 50
 """
 
 from __future__ import annotations

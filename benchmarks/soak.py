@@ -35,7 +35,7 @@ exit against what was injected, and prints the figures. Exit status 1 when
 anything was killed wrongly, a hang was missed, a culprit was misnamed or a
 healthy rank did not exit 0.
 
-    python benchmarks/soak.py --seconds 300 --seed 1
+    python -m benchmarks.soak --seconds 300 --seed 1
 """
 
 from __future__ import annotations
@@ -55,14 +55,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import psutil
 
-import psutil  # noqa: E402
-from ranks import DaemonProc, RingJob  # noqa: E402
-
-from watchdog import record  # noqa: E402
-from watchdog.daemon.probes.linux import read_start_ticks  # noqa: E402
-from watchdog.states import Phase  # noqa: E402
+from tests.support.ranks import DaemonProc, RingJob
+from watchdog import record
+from watchdog.daemon.probes.linux import read_start_ticks
+from watchdog.states import Phase
 
 INJECTED = ("short_pause", "long_pause", "sigkill", "recv")
 WEIGHTS = {"short_pause": 4, "long_pause": 2, "sigkill": 2, "recv": 1}

@@ -17,8 +17,8 @@ import sys
 import threading
 
 import pytest
-from users import UserProc, publish
 
+from tests.support.users import UserProc, publish
 from watchdog import record
 from watchdog.cli import doctor
 from watchdog.daemon import journal

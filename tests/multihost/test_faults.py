@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from netbed import Bed, cannot_build
-from ranks import wait_for
+
+from tests.support.netbed import Bed, cannot_build
+from tests.support.ranks import wait_for
 
 pytestmark = pytest.mark.ranks
 

@@ -15,8 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ranks import DaemonProc, base_env, free_ports, wait_for
-
+from tests.support.ranks import DaemonProc, base_env, free_ports, wait_for
 from watchdog import record
 
 VOCAB = 512

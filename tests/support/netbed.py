@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ranks import REPO, DaemonProc, base_env, wait_for
+from tests.support.ranks import RANK_PROG, REPO, DaemonProc, base_env, wait_for
 
 PORT = 9753  # every host has its own port space: the same port on each
 RING_PORT = 5151
@@ -251,7 +251,7 @@ class BedJob:
             self.logs.append(run / f"rank{rank}.log")
             with open(self.logs[-1], "wb") as log:
                 proc = subprocess.Popen(
-                    host.wrap([sys.executable, str(REPO / "tests" / "rank_prog.py"),
+                    host.wrap([sys.executable, str(RANK_PROG),
                                self.mode, *self.args]),
                     env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run)
             self.procs.append(proc)

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from tests.support import REPO, SUPPORT
 from watchdog import record
 
-REPO = Path(__file__).resolve().parent.parent
-RANK_PROG = Path(__file__).resolve().parent / "rank_prog.py"
-LM_PROG = Path(__file__).resolve().parent / "lm_prog.py"
+RANK_PROG = SUPPORT / "rank_prog.py"
+LM_PROG = SUPPORT / "lm_prog.py"
 T = TypeVar("T")
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 BUDGET = 300.0  # seconds for everything in this module
 DEPENDENCIES = ("mlx.core", "psutil", "click", "prometheus_client")
 

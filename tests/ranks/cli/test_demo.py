@@ -21,9 +21,10 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support import REPO
+
 pytestmark = pytest.mark.ranks
 
-REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 120
 
 

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ranks import DaemonProc, base_env, http_get, wait_for
-from test_launch import two_free_ports
 
+from tests.ranks.rank.test_launch import two_free_ports
+from tests.support.ranks import DaemonProc, base_env, http_get, wait_for
 from watchdog.cli.supervisor import INTERRUPT_GRACE
 from watchdog.daemon import journal
 

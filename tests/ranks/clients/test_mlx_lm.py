@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ranks import LM_PROG, DaemonProc, RingJob, wait_for
 
+from tests.support.ranks import LM_PROG, DaemonProc, RingJob, wait_for
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lm_server import DefaultDaemon, LmServer, build_model
-from ranks import scrape, value, wait_for
+
+from tests.support.lm_server import DefaultDaemon, LmServer, build_model
+from tests.support.ranks import scrape, value, wait_for
 
 pytestmark = pytest.mark.ranks
 

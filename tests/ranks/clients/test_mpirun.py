@@ -22,13 +22,14 @@ import time
 from pathlib import Path
 
 import pytest
-from ranks import REPO, DaemonProc, base_env, wait_for
 
+from tests.support import SUPPORT
+from tests.support.ranks import REPO, DaemonProc, base_env, wait_for
 from watchdog import record
 
 pytestmark = pytest.mark.ranks
 
-MPI_PROG = Path(__file__).resolve().parent / "mpi_prog.py"
+MPI_PROG = SUPPORT / "mpi_prog.py"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
           "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
 DEADLINE = 2.0

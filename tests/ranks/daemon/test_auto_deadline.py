@@ -16,7 +16,8 @@ import signal
 import time
 
 import pytest
-from ranks import DaemonProc, RingJob, torn_down, wait_for
+
+from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
 
 pytestmark = pytest.mark.ranks
 

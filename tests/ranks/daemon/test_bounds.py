@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ranks import DaemonProc, RingJob, http_get, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, http_get, wait_for
 from watchdog import record
 from watchdog.daemon import journal
 from watchdog.record import OP_CODE, RECORD_SIZE, RecordWriter

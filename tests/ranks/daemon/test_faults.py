@@ -15,8 +15,8 @@ import time
 
 import psutil
 import pytest
-from ranks import DaemonProc, RingJob, torn_down, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
 from watchdog.daemon import journal
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase

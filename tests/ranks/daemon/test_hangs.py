@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from ranks import DaemonProc, RingJob, torn_down, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
 from watchdog import record
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ranks import DaemonProc, http_get, wait_for
-from test_lost_records import small_disk
-from users import OTHER_UID, UserProc, publish
 
+from tests.ranks.daemon.test_lost_records import small_disk
+from tests.support.ranks import DaemonProc, http_get, wait_for
+from tests.support.users import OTHER_UID, UserProc, publish
 from watchdog import record
 from watchdog.daemon import evidence, journal
 from watchdog.daemon.loop import MAX_RANKS_PER_UID

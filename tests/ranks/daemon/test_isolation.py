@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from ranks import DaemonProc, free_ports, wait_for
-from users import OTHER_UID, UserProc, publish
+
+from tests.support.ranks import DaemonProc, free_ports, wait_for
+from tests.support.users import OTHER_UID, UserProc, publish
 
 pytestmark = [pytest.mark.ranks,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second uid")]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ranks import DaemonProc, http_get, wait_for
 
+from tests.support.ranks import DaemonProc, http_get, wait_for
 from watchdog import record
 from watchdog.daemon import journal
 from watchdog.daemon.probes.linux import read_start_ticks
@@ -192,9 +192,8 @@ def test_a_daemon_killed_during_the_settle_leaves_a_kill_the_next_one_completes(
 def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(state_dir):
     """The incident is written but the flag is not (the flag's path is unusable): the
     write-ahead entry stays; the next daemon raises the flag and writes no second line."""
-    from fakes import UNKILLABLE, FakeProbe, FakeSignaller, target
-    from test_enforcer import enforcer, incident
-
+    from tests.support.fakes import UNKILLABLE, FakeProbe, FakeSignaller, target
+    from tests.unit.daemon.test_enforcer import enforcer, incident
     from watchdog.daemon import pending
 
     (state_dir / journal.REBOOT_FLAG).mkdir()  # os.replace onto it fails: EISDIR

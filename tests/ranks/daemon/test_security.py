@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ranks import REPO, DaemonProc, base_env, http_get, scrape, wait_for
 
+from tests.support.ranks import REPO, DaemonProc, base_env, http_get, scrape, wait_for
 from watchdog import record
 from watchdog.net import fence
 from watchdog.record import OP_CODE, RecordWriter

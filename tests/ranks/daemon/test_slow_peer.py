@@ -9,7 +9,8 @@ import signal
 import time
 
 import pytest
-from ranks import DaemonProc, RingJob, free_ports, torn_down, wait_for
+
+from tests.support.ranks import DaemonProc, RingJob, free_ports, torn_down, wait_for
 
 pytestmark = pytest.mark.ranks
 

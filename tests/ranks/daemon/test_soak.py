@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
+
 pytestmark = pytest.mark.ranks
 
-SOAK_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+SOAK_PATH = REPO / "benchmarks" / "soak.py"
 
 
 def load_soak():

@@ -21,9 +21,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from ranks import DaemonProc, RingJob, free_ports, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+from tests.support.ranks import DaemonProc, RingJob, free_ports, wait_for
+
+ROOT = REPO
 RULES = ROOT / "docs" / "alerts.yml"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 

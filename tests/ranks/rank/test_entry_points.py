@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ranks import DaemonProc, RingJob, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, wait_for
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks

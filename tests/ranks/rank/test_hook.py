@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ranks import RingJob, wait_for
 
+from tests.support.ranks import RingJob, wait_for
 from watchdog import record
 from watchdog.rank import hook  # noqa: E402
 from watchdog.record import Record

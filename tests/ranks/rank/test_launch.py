@@ -12,7 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from ranks import REPO, base_env, wait_for
+
+from tests.support.ranks import REPO, base_env, wait_for
 
 pytestmark = pytest.mark.ranks
 

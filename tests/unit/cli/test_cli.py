@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from click.testing import CliRunner
-from ranks import REPO, DaemonProc, RingJob, base_env, wait_for
 
+from tests.support.ranks import REPO, DaemonProc, RingJob, base_env, wait_for
 from watchdog.cli.commands import cli
 from watchdog.daemon import journal
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support import BIN
 from watchdog.cli import doctor, service, servicectl
 
-BIN = Path(__file__).parent / "bin"
 LABEL = "com.github.mlx-watchdog"
 TARGET = f"system/{LABEL}"
 
@@ -249,7 +249,7 @@ def test_the_real_daemon_stops_on_sigterm_well_within_exit_timeout(tmp_path):
 
 
 def mac_memory(monkeypatch) -> None:
-    from test_macos_probe import mac_vmem
+    from tests.unit.daemon.probes.test_macos import mac_vmem
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: mac_vmem(9 << 30))
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
 from watchdog.cli import service, servicectl
 from watchdog.cli.service import ServiceError
 
-REPO = Path(__file__).resolve().parent.parent
 STATIC = {
     "launchd": REPO / "launchd" / "com.github.mlx-watchdog.plist",
     "systemd": REPO / "systemd" / "mlx-watchdog.service",

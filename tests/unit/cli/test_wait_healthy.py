@@ -14,10 +14,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from ranks import REPO, DaemonProc
-from test_launchd import BIN, calls
-from test_service import LAUNCHD_KEYS, unit_settings, verify
 
+from tests.support import BIN
+from tests.support.ranks import REPO, DaemonProc
+from tests.unit.cli.test_launchd import calls
+from tests.unit.cli.test_service import LAUNCHD_KEYS, unit_settings, verify
 from watchdog.cli.relaunch import EXIT_REFUSED
 from watchdog.daemon import journal
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fakes import (
+
+from tests.support.fakes import (
     DIES_ON_KILL,
     DIES_ON_TERM,
     STOPPED,
@@ -29,7 +30,6 @@ from fakes import (
     process_sample,
     target,
 )
-
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
 from watchdog.daemon.enforcer import GONE, NOT_OURS, SENT, Enforcer, Signaller, Target

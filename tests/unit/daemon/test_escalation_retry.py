@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
 
+from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
 from watchdog.daemon.config import Settings
 from watchdog.daemon.enforcer import Outcome
 from watchdog.daemon.loop import Daemon

@@ -13,8 +13,8 @@ import os
 import struct
 
 import pytest
-from users import UserProc, publish
 
+from tests.support.users import UserProc, publish
 from watchdog import record
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fakes import FakeClock, target
-from users import UserProc, publish
 
+from tests.support.fakes import FakeClock, target
+from tests.support.users import UserProc, publish
 from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
 from watchdog.daemon.enforcer import OURS, UNKNOWN, Enforcer, Outcome, Signaller

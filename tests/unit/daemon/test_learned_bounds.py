@@ -13,9 +13,9 @@ import time
 
 import psutil
 import pytest
-from ranks import DaemonProc
-from users import OTHER_UID, UserProc
 
+from tests.support.ranks import DaemonProc
+from tests.support.users import OTHER_UID, UserProc
 from watchdog import record
 from watchdog.daemon import learning
 from watchdog.daemon.deadlines import OTHER_KIND, Learned, kind_of

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO, SUPPORT
+
+ROOT = REPO
 RULES = ROOT / "docs" / "alerts.yml"
-RULE_TESTS = ROOT / "tests" / "alerts_test.yml"
+RULE_TESTS = SUPPORT / "alerts_test.yml"
 
 # The metric families the daemon exports (design section 6). The names are
 # fixed: the alert rules and the Grafana dashboard are written against them.

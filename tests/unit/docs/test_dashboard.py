@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
-from test_alerts import EXPORTED_METRICS, EXPORTED_SERIES, metric_names_in, run_promtool
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"
+from tests.support import REPO
+from tests.unit.docs.test_alerts import (
+    EXPORTED_METRICS,
+    EXPORTED_SERIES,
+    metric_names_in,
+    run_promtool,
+)
+
+DASHBOARD = REPO / "docs" / "grafana-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 
 # Grafana's variables, replaced by something Prometheus accepts before promtool

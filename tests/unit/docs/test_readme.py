@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
 from watchdog.daemon.config import HELP, Settings, default_toml
 
 if sys.version_info >= (3, 11):
@@ -34,7 +35,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 COMMAND_TIMEOUT = 180  # the demo takes ~15 s here; a loaded 2-core machine is slower

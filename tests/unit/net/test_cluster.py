@@ -13,8 +13,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from ranks import DaemonProc, RingJob, free_ports, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, free_ports, wait_for
 from watchdog.net import cluster, fence
 from watchdog.record import RecordWriter
 

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ranks import REPO, base_env
 
+from tests.support.ranks import REPO, base_env
 from watchdog.daemon.peers import Peers
 from watchdog.net import cluster
 

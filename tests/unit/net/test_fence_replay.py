@@ -12,8 +12,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from ranks import DaemonProc
 
+from tests.support.ranks import DaemonProc
 from watchdog.net import fence
 
 SECRET = "correct horse battery staple"

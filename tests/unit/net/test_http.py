@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from ranks import DaemonProc, RingJob, http_get, scrape, value, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, http_get, scrape, value, wait_for
 from watchdog.cli.commands import cli
 from watchdog.net import metrics
 

@@ -15,8 +15,8 @@ import time
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from ranks import DaemonProc, RingJob, samples, scrape, value, wait_for
 
+from tests.support.ranks import DaemonProc, RingJob, samples, scrape, value, wait_for
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.publish import SCAN_BUCKETS

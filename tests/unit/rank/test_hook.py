@@ -31,11 +31,10 @@ import psutil
 import pytest
 
 import watchdog
+from tests.support import REPO
 from watchdog import record
 from watchdog.rank import hook, patches  # noqa: E402
 from watchdog.states import Phase
-
-REPO = Path(__file__).resolve().parent.parent
 
 # Everything the design says the hook patches (section 3), named independently of the hook.
 PATCHED: dict[str, tuple[Any, str]] = {

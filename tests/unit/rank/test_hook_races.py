@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranks import wait_for
 
+from tests.support.ranks import wait_for
 from watchdog.rank import heartbeat, hook
 from watchdog.rank.heartbeat import Heartbeat
 from watchdog.record import RecordWriter

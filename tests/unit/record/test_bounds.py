@@ -14,10 +14,9 @@ import textwrap
 
 import pytest
 
+from tests.support import REPO
 from watchdog import record
 from watchdog.record import IDENTITY, IDENTITY_OFFSET, RecordError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _identity(buf: bytearray, **change: int) -> bytes:
@@ -74,7 +73,8 @@ def test_cluster_status_stays_fast_on_a_peer_claiming_a_huge_world(tmp_path):
                           "missing": len(view["jobs"][0]["missing_ranks"])}))
     """)
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(nodes), text=True,
-                         capture_output=True, timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+                         capture_output=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["world"] <= record.MAX_WORLD_SIZE

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from record_v1 import V1Writer
 
+from tests.support.record_v1 import V1Writer
 from watchdog import record
 from watchdog.record import RECORD_SIZE, Record, RecordError, RecordWriter
 from watchdog.states import Phase

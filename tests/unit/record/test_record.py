@@ -18,8 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from record_v1 import V1Writer
 
+from tests.support import REPO
+from tests.support.record_v1 import V1Writer
 from watchdog import record
 from watchdog.record import (
     FLIGHT_SLOTS,
@@ -32,7 +33,6 @@ from watchdog.record import (
 )
 from watchdog.states import Phase
 
-REPO = Path(__file__).resolve().parent.parent
 # Offsets of single fields, from the layout's own constants.
 SLOT0 = record.SLOTS_OFFSET
 SINCE_AT = SLOT0 + 8 * record.S_SINCE
@@ -218,8 +218,7 @@ def current_umask() -> int:
 
 HAMMER_V1 = textwrap.dedent("""
     import os, sys, time
-    sys.path.insert(0, os.path.join(sys.argv[3], "tests"))
-    from record_v1 import V1Writer
+    from tests.support.record_v1 import V1Writer
     from watchdog import record
     from watchdog.states import Phase
 

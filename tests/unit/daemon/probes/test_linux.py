@@ -105,7 +105,7 @@ def test_a_frozen_peers_survivor_wants_a_whole_core_under_any_load(tmp_path) -> 
     """The spin reading that decides stalled (acted on at the deadline) from blocked
     (900 s): on a machine loaded four busy processes per core, the survivor's polling
     thread gets a fraction of a core, but its run + run-queue time is a whole one."""
-    from ranks import RingJob
+    from tests.support.ranks import RingJob
 
     records = tmp_path / "records"
     records.mkdir()

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fakes import DIES_ON_TERM, FakeClock, FakeSignaller, target
 
+from tests.support import BIN, DATA
+from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeSignaller, target
 from watchdog.daemon import journal, samplegraph
 from watchdog.daemon.config import Settings
 from watchdog.daemon.enforcer import Enforcer
@@ -24,8 +25,6 @@ from watchdog.daemon.probes import ProbeError, probe
 from watchdog.daemon.probes.macos import MacProbe
 
 GiB = 1 << 30
-DATA = Path(__file__).parent / "data"
-BIN = Path(__file__).parent / "bin"
 REPORT = (DATA / "sample_jaccl_recv.txt").read_text()
 
 # psutil.virtual_memory() on macOS: these fields, in this order (psutil's _psosx.svmem).

@@ -6,8 +6,8 @@ import errno
 import threading
 
 import pytest
-from fake_kqueue import FakeKqueueModule
 
+from tests.support.fake_kqueue import FakeKqueueModule
 from watchdog.daemon.probes.exits import ExitWatcher
 
 
