@@ -209,3 +209,10 @@ def test_foreign_files_mixed_into_the_package_are_reported(good, daemon_http, mo
     monkeypatch.setattr(doctor_env.importlib.util, "find_spec", find_spec)
     lines = run_checks(str(record), str(state), daemon_http[0])
     assert find(lines, "fail", "/observers exists: files of the filesystem-events"), lines
+
+
+def test_doctor_does_not_call_a_missing_state_directory_unflagged(tmp_path):
+    lines = doctor.check_reboot_flag(str(tmp_path / "nowhere"))
+    assert [level for level, _ in lines] == [doctor.WARN]
+    assert "no reboot flag" not in lines[0][1] and "does not exist" in lines[0][1]
+    assert doctor.check_reboot_flag(str(tmp_path))[0][0] == doctor.OK

@@ -160,3 +160,23 @@ def test_a_planted_pointer_never_blocks_nor_misleads(tmp_path):
     os.chown(pointer, os.getuid(), os.getgid())
     j.remove_pointer(str(tmp_path))
     assert not pointer.exists()
+
+
+def test_the_reboot_flag_and_incidents_are_fsynced(state_dir, monkeypatch):
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    journal.set_reboot_flag(str(state_dir), "unkillable")
+    flag = str(state_dir / journal.REBOOT_FLAG)
+    # The file's data before the rename (under its temporary name), then the directory.
+    assert any(p.startswith(str(state_dir / ".tmp-")) for p in synced), synced
+    assert synced[-1] == str(state_dir), synced
+    synced.clear()
+    journal.append_incident(str(state_dir), {"id": "i"})
+    assert synced == [str(state_dir / journal.INCIDENTS)]
+    assert journal.reboot_flag(str(state_dir))["reason"] == "unkillable" and flag

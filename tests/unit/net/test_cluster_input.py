@@ -6,6 +6,7 @@ A real HTTP server on 127.0.0.1 plays the peer; `cluster status` runs as a proce
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -99,3 +100,15 @@ def test_the_slow_peer_hold_still_sees_the_computing_rank(peer, tmp_path):
     view = peers.view(0, "j", local)
     assert view is not None
     assert view["computing"] == [{"rank": 1, "host": "peer", "pid": 11}]
+
+
+def test_cluster_status_fails_when_no_node_answers():
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    out = subprocess.run([sys.executable, "-m", "watchdog.cli", "cluster", "status",
+                          f"127.0.0.1:{port}", "--timeout", "2"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "UNREACHABLE" in out.stdout and "no node answered" in out.stderr

@@ -776,3 +776,35 @@ def test_the_python_snippet_in_the_format_doc_reads_a_live_record(tmp_path: Path
     with pytest.raises(ValueError):
         read_record(str(other_path))  # type: ignore[operator]
     hb.close()
+
+
+def test_the_seqlock_reader_reads_seq_before_the_identity(record_dir, monkeypatch):
+    """A write that starts and ends while one pread copies the record: the copy
+    holds the old identity and the new (even) seq. Taken alone, the copy's seq
+    and a re-read agree: a torn record. The seq read first differs."""
+    path = record_dir / "r.rec"
+    w = RecordWriter(str(path), pid=os.getpid(), start_time=1.0, uid=os.getuid(), host="h",
+                     job="old-job", rank=0, world_size=2, backend="ring", dump_signal=0)
+    old = path.read_bytes()
+    w.set_identity(rank=1, world_size=2, job="new-job")
+    w.close(record.STATUS_OPEN, remove=False)
+    new = path.read_bytes()
+    torn = old[:record.SEQ_OFFSET] + new[record.SEQ_OFFSET:]  # old identity, new seq
+    state = {"copied": False}
+    real_pread = os.pread
+
+    def pread(fd, size, offset):
+        if size == record.RECORD_SIZE:
+            first, state["copied"] = not state["copied"], True
+            return torn if first else new
+        current = new if state["copied"] else old  # the writer finished during the copy
+        return current[offset:offset + size]
+
+    monkeypatch.setattr(os, "pread", pread)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rec = record.read_fd(fd)
+    finally:
+        monkeypatch.setattr(os, "pread", real_pread)
+        os.close(fd)
+    assert (rec.job, rec.rank) == ("new-job", 1)
