@@ -1,6 +1,7 @@
-"""Across real hosts: the faults of issue 19's table on two hosts built from network
-namespaces (tests/netbed.py), one ring rank on each, each host its own daemon with
-the other as its peer, fences on (a shared secret) and off.
+"""Across real hosts: a stopped rank, a partition, a dead host, a killed rank and a slow
+peer, on two hosts built from network namespaces (tests/support/netbed.py), one ring rank
+on each, each host its own daemon with the other as its peer, fences on (a shared
+secret) and off.
 
 Each test states the outcome it expects and a time bound from the fault until every
 surviving rank is gone, and checks `cluster status` (run on a host, as an operator

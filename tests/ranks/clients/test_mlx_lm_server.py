@@ -28,7 +28,7 @@ pytestmark = pytest.mark.ranks
 # docs/configuration.md: a server's waits last milliseconds, so auto learns 4 x the longest
 # of them, under the 60 s floor: the floor is the deadline of every kind it has seen.
 LEARNED = 60.0
-BOUND = 90.0  # seconds from the freeze until every rank of the job is gone (issue 18)
+BOUND = 90.0  # seconds from the freeze until every rank of the job is gone (docs/performance.md)
 TRAFFIC = 180.0  # seconds of healthy traffic
 LONG_PROMPT = 1500  # words of the long prompts (3 tokens each: a prefill of seconds here)
 

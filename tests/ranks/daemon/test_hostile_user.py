@@ -1,4 +1,6 @@
-"""A hostile local user against the root daemon (issue 20, items 1 to 4).
+"""A hostile local user against the root daemon: it cannot fill the state disk, take the
+daemon's descriptors, blind it with records, or get a privileged process traced or
+signalled.
 
 The attacker is a real process of uid 65534 publishing into the shared record
 directory; the daemon is the real one, as root. The faults are made real: a
@@ -129,7 +131,7 @@ def hung_record_with_dump(directory: Path, pid: int, uid: int, job: str) -> Path
 
 
 def test_evidence_a_rank_grows_without_end_cannot_fill_the_state_disk(tmp_path, record_dir):
-    """Item 1: the dump file grows to a sparse GiB on the dump signal; the copy is cut
+    """The dump file grows to a sparse GiB on the dump signal; the copy is cut
     at its cap, the journal keeps its room, and every state file is still written."""
     os.chmod(record_dir, 0o1777)
     with small_disk(tmp_path / "state", "16m") as state_dir:
@@ -189,7 +191,7 @@ def test_evidence_kept_is_bounded_in_count_bytes_and_age(tmp_path):
                          ids=["setuid-su", "not-dumpable"])
 def test_a_setuid_or_undumpable_process_is_never_traced_or_signalled(
         tmp_path, record_dir, state_dir, setuid, dumpable):
-    """Item 4: real uid 65534 but effective root (a waiting `su`), or not dumpable: a
+    """Real uid 65534 but effective root (a waiting `su`), or not dumpable: a
     record of 65534 naming it is refused, with no evidence and no signal."""
     os.chmod(record_dir, 0o1777)
     attacker = Attacker(record_dir, setuid=setuid, dumpable=dumpable)
@@ -218,7 +220,7 @@ def _tight(daemon: DaemonProc, limit: int = 256) -> None:
 
 
 def test_slow_http_clients_cannot_take_the_daemons_descriptors(record_dir, state_dir):
-    """Item 2: 400 connections, each sending a byte a second, against a daemon at a
+    """400 connections, each sending a byte a second, against a daemon at a
     256-descriptor limit: each is cut within the whole-request time (or refused),
     the scan still lists and probes, and a hung rank is ended during the attack."""
     daemon = DaemonProc(record_dir, state_dir).start()
@@ -282,7 +284,7 @@ def test_slow_http_clients_cannot_take_the_daemons_descriptors(record_dir, state
 
 
 def test_a_daemon_that_cannot_list_its_directory_is_not_healthy(tmp_path, state_dir):
-    """Item 2: a scan that cannot list the record directory is no sign of health:
+    """A scan that cannot list the record directory is no sign of health:
     /healthz says so (and no WATCHDOG=1 goes to systemd)."""
     record_dir = tmp_path / "records"
     record_dir.mkdir()
@@ -298,7 +300,7 @@ def test_a_daemon_that_cannot_list_its_directory_is_not_healthy(tmp_path, state_
 
 
 def test_many_records_of_one_user_cannot_blind_the_daemon(record_dir, state_dir):
-    """Item 3: 300 sleeping processes of uid 65534, each with a valid record, against a
+    """300 sleeping processes of uid 65534, each with a valid record, against a
     daemon at a 256-descriptor limit: pidfds are capped and shared fairly, the
     user's watched ranks are capped, and root's hung rank is still ended."""
     os.chmod(record_dir, 0o1777)

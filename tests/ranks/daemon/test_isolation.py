@@ -1,4 +1,4 @@
-"""No local user can get another user's job killed (issue 11, item 1).
+"""No local user can get another user's job killed.
 
 A job is (owner uid, job id): job ids are world-readable, so a record of
 another uid naming a victim's job, hung or crashed, must bring down only

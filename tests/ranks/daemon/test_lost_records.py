@@ -1,4 +1,4 @@
-"""No failed write and no daemon restart loses a kill's record (issue 20, items 6 and 7).
+"""No failed write and no daemon restart loses a kill's record.
 
 Real faults: the state directory is a small tmpfs filled to the last byte, the
 daemon is SIGKILLed in the middle of its wired-memory settle, and the leak the
@@ -106,7 +106,7 @@ def incidents(state_dir: Path) -> list[dict]:
 
 
 def test_a_full_state_disk_loses_neither_the_reboot_flag_nor_the_incident(tmp_path, record_dir):
-    """Item 6: the flag's write fails (ENOSPC): the incident is not skipped, both are
+    """The flag's write fails (ENOSPC): the incident is not skipped, both are
     held in memory and shown, the kill is a kill (not a crash), and both reach the
     disk once there is room."""
     with small_disk(tmp_path / "state") as state_dir:
@@ -148,7 +148,7 @@ def test_a_full_state_disk_loses_neither_the_reboot_flag_nor_the_incident(tmp_pa
 
 def test_a_daemon_killed_during_the_settle_leaves_a_kill_the_next_one_completes(
         tmp_path, record_dir, state_dir):
-    """Item 7: SIGKILL the daemon after its kill, while wired memory settles: the next
+    """SIGKILL the daemon after its kill, while wired memory settles: the next
     daemon finds the journaled response, writes its incident, raises the flag and
     reports the rank killed, not crashed."""
     first = DaemonProc(record_dir, state_dir, wired_threshold=16 << 20, settle=60,

@@ -44,7 +44,7 @@ def test_short_soak_kills_no_healthy_rank_and_misses_no_hang(tmp_path):
     if os.geteuid() == 0:  # a second local user named real jobs: only its own ranks ended
         assert figures["strangers"]["started"] >= 1, text
         assert figures["strangers"]["own_hang_ended"] == figures["strangers"]["started"], text
-        # The attacks of issue 20 by the same user, the whole soak long: none succeeded.
+        # A hostile second user's attacks, the whole soak long: none succeeded.
         hostile = figures["hostile"]
         assert hostile["crowd"] == 40 and hostile["crowd_ended"] == 0, text
         assert hostile["pending_left"] == 0 and hostile["unwritten"] == 0, text

@@ -1,4 +1,4 @@
-"""A record the hook abandoned is reported, never acted on (issue 11, item 7).
+"""A record the hook abandoned is reported, never acted on.
 
 After an internal error the hook stops writing and closes the record with
 status 3 (abandoned); its words stay frozen where they were, maybe in a WAIT.

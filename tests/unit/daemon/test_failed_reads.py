@@ -1,4 +1,4 @@
-"""One failed read neither ends a watch nor deletes a live record (issue 11, item 5).
+"""One failed read neither ends a watch nor deletes a live record.
 
 The daemon in-process with the real Linux probe and a real process behind a
 real record; the faults are real too: the directory listing fails with EMFILE

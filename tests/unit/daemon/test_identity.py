@@ -1,4 +1,4 @@
-"""Identity fails closed, and a stepped wall clock does not blind it (issue 11, items 4, 6).
+"""Identity fails closed, and a stepped wall clock does not blind it.
 
 Real processes (a sleeping child that reports every signal it gets); the probe
 is the real Linux one, or a probe that fails, or the real one with its boot

@@ -1,4 +1,4 @@
-"""What any user's records can teach the auto deadline is bounded (issue 20, item 5).
+"""What any user's records can teach the auto deadline is bounded.
 
 Unknown op codes are one kind; a job's kinds and a uid's jobs are capped; the
 file written always loads. The real test: a uid-65534 process whose record

@@ -1,4 +1,4 @@
-"""A peer's malformed /status drops a rank, never the cluster view (issue 20, item 9).
+"""A peer's malformed /status drops a rank, never the cluster view.
 
 A real HTTP server on 127.0.0.1 plays the peer; `cluster status` runs as a process.
 """

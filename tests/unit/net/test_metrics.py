@@ -26,7 +26,7 @@ from watchdog.states import State
 P = "mlx_watchdog_"
 
 # Family name (as the parser names it: counters without `_total`) -> type.
-# Design section 6, plus issue 4 item 1 (probe errors, last scan time).
+# Design section 6, plus the daemon's own health (probe errors, last scan time).
 FAMILIES = {
     P + "rank_state": "gauge",
     P + "rank_progress": "counter",

@@ -249,7 +249,7 @@ def test_doctor_says_which_hot_path_ranks_run(monkeypatch: pytest.MonkeyPatch) -
     assert level == WARN and "not built" in text and "xcode-select --install" in text
 
 
-# -- what a review of the C file found: each held on both paths ----------------------
+# -- the C file's edges: slots given back, interrupts, wrong calls, stale builds (both paths)
 
 
 def slot_steps(beat: Heartbeat, k: int) -> int:

@@ -1,4 +1,4 @@
-"""Another user's files under a rank's pid do not stop it being watched (issue 11, item 3).
+"""Another user's files under a rank's pid do not stop it being watched.
 
 In the sticky, world-writable record directory a process may not replace a
 file of another user. A `<pid>.stacks`, `<pid>.rec` or staging file left by

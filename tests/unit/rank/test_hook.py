@@ -923,7 +923,7 @@ INTERRUPT = """
 @pytest.mark.parametrize("mode", ["raise", "nested"])
 def test_a_signal_at_any_point_of_the_hook_never_blocks_or_corrupts_the_record(
         record_dir: Path, mode: str) -> None:
-    # Issue 11: with a lock on the hot path, KeyboardInterrupt right after acquire()
+    # Why: with a lock on the hot path, KeyboardInterrupt right after acquire()
     # leaked the lock (the next wrapped call blocked forever), and a signal handler that
     # called into MLX while the hook held the lock deadlocked. Here a signal is delivered
     # at every point of the hook where CPython can deliver one, one point per run of a

@@ -1,4 +1,4 @@
-"""The zero-code hook's late open under threads and fork (issue 20, item 8).
+"""The zero-code hook's late open under threads and fork.
 
 Each race is made to happen every time: the window is held open by the test
 (a writer whose slots are slow to hand out, a lock the test holds), instead of

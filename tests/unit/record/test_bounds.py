@@ -1,4 +1,4 @@
-"""Every integer a record (or a peer's /status) claims is bounded (issue 11, item 2).
+"""Every integer a record (or a peer's /status) claims is bounded.
 
 Any local user may publish a record; a world size of 2**31 made the cluster
 view build range(2**31): minutes of CPU, gigabytes, a hung `cluster status`.
@@ -84,7 +84,7 @@ def test_cluster_status_stays_fast_on_a_peer_claiming_a_huge_world(tmp_path):
 def test_a_peer_status_with_wrongly_typed_numbers_is_judged_without_an_error():
     from watchdog.net import cluster
 
-    # Wrongly typed ranks are dropped (issue 20, item 9: never the view); the
+    # Wrongly typed ranks are dropped (never the view); the
     # well-typed one is judged.
     ranks = [{"rank": "0", "pid": None, "job": "j", "state": "stalled", "phase": "wait",
               "world_size": "2"},

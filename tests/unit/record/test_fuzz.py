@@ -223,7 +223,7 @@ def test_absurd_numbers_decode_as_they_are(scratch: Path, slots: list[list[int]]
     struct.pack_into("<d", data, record.EXPECT_OFFSET, expect)
     struct.pack_into("<qd", data, 16, pid, start)
     rec = decode_checked(bytes(data))
-    # Bounded since issue 11: pids past a C int, infinite or NaN times are corrupt.
+    # Bounded: pids past a C int, infinite or NaN times are corrupt.
     if not 0 < pid <= record.MAX_PID or not 0 <= expect < math.inf or not math.isfinite(start):
         assert rec is None
         return
