@@ -1,7 +1,8 @@
 """`mlx-watchdog node wait-healthy` as the first step of a KeepAlive / Restart=always
 service: the example LaunchAgent through the stand-in launchctl, the example systemd unit
-through systemd-analyze, each service's start run as its manager would run it, and a
-peer's reboot flag read from the real daemon's /status."""
+through systemd-analyze, each service's start run as its manager would run it.
+tests/ranks/cli/test_wait_healthy.py reads a peer's reboot flag from a real daemon.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import BIN
-from tests.support.ranks import REPO, DaemonProc
+from tests.support.ranks import REPO
 from tests.unit.cli.test_launchd import calls
 from tests.unit.cli.test_service import LAUNCHD_KEYS, unit_settings, verify
 from watchdog.cli.relaunch import EXIT_REFUSED
@@ -139,27 +140,3 @@ def test_the_units_start_refuses_while_flagged_then_starts(tmp_path, state_dir):
     waited = run_start(pre, env, state_dir, clear_when_waiting=True)
     assert waited.returncode == 0, waited.stderr
     assert subprocess.run(start, timeout=30).returncode == 0 and started.exists()
-
-
-@pytest.mark.ranks
-def test_a_peer_flagged_for_reboot_is_read_from_its_status(tmp_path, state_dir):
-    records, peer_state = tmp_path / "peer-records", tmp_path / "peer-state"
-    records.mkdir()
-    peer_state.mkdir()
-    journal.set_reboot_flag(str(peer_state), "unkillable rank 2")
-    with DaemonProc(records, peer_state) as peer:
-        address = peer.url().removeprefix("http://")
-        config = tmp_path / "node.toml"
-        config.write_text(f'[watchdog]\npeers = ["{address}", "127.0.0.1:9"]\n'
-                          f"peer_timeout = 2\n")
-        done = subprocess.run(
-            [sys.executable, "-m", "watchdog.cli", "--config", str(config), "node",
-             "wait-healthy", "--timeout", "0", "--state-dir", str(state_dir)],
-            env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
-            timeout=60)
-    assert done.returncode == EXIT_REFUSED, done.stderr
-    assert "mlx-watchdog: note: peer 127.0.0.1:9 unreachable: its reboot flag not checked" \
-        in done.stderr
-    assert done.stderr.splitlines()[-1].startswith(
-        f"mlx-watchdog: node not fit: peer {address} (")
-    assert done.stderr.splitlines()[-1].endswith(") is flagged for reboot (unkillable rank 2)")

@@ -1,60 +1,22 @@
-"""Job fences: sent at the local verdict, accepted once, even across the receiver's restart.
-
-The replay test runs the real daemon, with a secret, on 127.0.0.1; its fence is signed
-by a sender whose clock runs ahead of the receiver's. The others run the daemon in
-process: a fence goes out at the verdict, not after the ladder, and one signed before
-the receiver started is refused.
+"""Job fences, the daemon in process: a fence goes out at the local verdict, not after the
+ladder; one signed before the receiver started is refused; nonces outlive a restart.
+tests/ranks/net/test_fences.py replays a fence across a real daemon's restart.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from tests.support.ranks import DaemonProc
 from tests.support.users import UserProc, publish
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.net import fence
 
 SECRET = "correct horse battery staple"
-
-
-def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
-    request = urllib.request.Request(url + "/fence", data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
-@pytest.mark.ranks
-def test_a_fence_replayed_after_the_receiver_restarts_is_refused(record_dir, state_dir):
-    body, headers = fence.make(SECRET, "job", "sender", "test", None, now=time.time() + 10)
-    first = DaemonProc(record_dir, state_dir, secret=SECRET).start()
-    try:
-        code, answer = post(first.url(), body, headers)  # type: ignore[attr-defined]
-        assert code == 202, answer
-        assert post(first.url(), body, headers)[0] == 401  # type: ignore[attr-defined]
-    finally:
-        first.stop()
-    second = DaemonProc(record_dir, state_dir, secret=SECRET).start()
-    try:
-        # Signed 10 s "after" the first daemon's start by the sender's clock, so
-        # after this one's too: only the nonce, kept on disk, tells the replay.
-        code, answer = post(second.url(), body, headers)  # type: ignore[attr-defined]
-        assert code == 401 and "replayed" in answer["error"], answer
-        fresh_body, fresh_headers = fence.make(SECRET, "job", "sender", "test", None)
-        assert post(second.url(), fresh_body, fresh_headers)[0] == 202  # type: ignore[attr-defined]
-    finally:
-        second.stop()
 
 
 def test_nonces_outlive_a_restart_and_expire_after_the_window(tmp_path):
