@@ -1,6 +1,6 @@
 """Detection slack: from a frozen peer to the survivors' end, minus the deadline.
 
-Each run: a real 3-rank MLX ring job (tests/rank_prog.py `loop`: all_sum
+Each run: a real 3-rank MLX ring job (tests/support/rank_prog.py `loop`: all_sum
 rounds, hook installed) under the real daemon (`mlx-watchdog run`, interval
 1 s, a fixed deadline, the daemon's default grace, confirm and evidence
 timeout unless given). Once the daemon has watched the job for a few scans

@@ -6,7 +6,7 @@ are issued and evaluated, the peers' time is left out):
   ring  `mx.eval(mx.distributed.all_sum(x))`, 16 floats: plain MLX, do-nothing Python
         wrappers, the hook over its compiled hot path, over its pure-Python one
   lm    one token of mlx-lm's own `generate_step` on the small random Llama of
-        tests/lm_prog.py, sharded with `model.shard` (two all_sum per layer): plain,
+        tests/support/lm_prog.py, sharded with `model.shard` (two all_sum per layer): plain,
         and with MLX_WATCHDOG=1 (zero-code activation, as a user runs it) over each
         hot path
 

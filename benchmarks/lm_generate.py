@@ -1,6 +1,6 @@
 """Tokens per second of a real mlx-lm client, plain and with MLX_WATCHDOG=1.
 
-Each job is 2 ranks (by default) of tests/lm_prog.py in `bench` mode on
+Each job is 2 ranks (by default) of tests/support/lm_prog.py in `bench` mode on
 127.0.0.1: a small random Llama built with mlx-lm's own classes, sharded with
 `model.shard(group)` (two all_sum per layer per token), generating with
 mlx-lm's own `generate_step` (one `mx.async_eval` and one `.item()` per

@@ -2,7 +2,7 @@
 daemon's default settings (only the directories and the address given).
 
 Each run: a fresh daemon and a fresh server (`python -m mlx_lm.server`, 2 ring ranks on
-127.0.0.1, MLX_WATCHDOG=1, the small random Llama of tests/lm_server.py), four chat
+127.0.0.1, MLX_WATCHDOG=1, the small random Llama of tests/support/lm_server.py), four chat
 requests, then either 10 s idle (`idle`) or a 4000-token request under way for 3 s
 (`generating`), then SIGSTOP of rank 1; the clock stops when both ranks are gone.
 Prints one line per run, then the median per mode. docs/performance.md has the figures.

@@ -1,6 +1,6 @@
 """Chaos soak: small real MLX ring jobs under one real daemon, faults injected at random.
 
-Jobs of 2 or 3 ranks (tests/rank_prog.py mode `soak`: checked all_sum rounds
+Jobs of 2 or 3 ranks (tests/support/rank_prog.py mode `soak`: checked all_sum rounds
 that end together, exit 0) come and go under one `mlx-watchdog run` with a
 short deadline. A driver with a seeded random generator injects:
 

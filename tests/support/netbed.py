@@ -193,7 +193,7 @@ class Bed:
         return daemons
 
     def ring(self, mode: str = "loop", *args: str) -> BedJob:
-        """One ring rank per host (tests/rank_prog.py MODE), rank i on host i."""
+        """One ring rank per host (tests/support/rank_prog.py MODE), rank i on host i."""
         return BedJob(self, mode, args).start()
 
     def end_process(self, proc: subprocess.Popen[bytes]) -> None:

@@ -55,13 +55,14 @@ def base_env(record_dir: Path | str, **extra: str) -> dict[str, str]:
 
 
 class RingJob:
-    """`size` ranks of tests/rank_prog.py in MODE, each its own process."""
+    """`size` ranks of tests/support/rank_prog.py in MODE, each its own process."""
 
     def __init__(self, workdir: Path, record_dir: Path | str | list[Path], size: int = 3,
                  mode: str = "loop", args: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, prog: Path = RANK_PROG) -> None:
         """`record_dir` may be a list: one directory per rank (one per simulated node);
-        `prog` is the rank program (tests/rank_prog.py, or tests/lm_prog.py for mlx-lm)."""
+        `prog` is the rank program (tests/support/rank_prog.py, or tests/support/lm_prog.py
+        for mlx-lm)."""
         self.workdir = Path(workdir)
         dirs = record_dir if isinstance(record_dir, list) else [Path(record_dir)] * size
         self.record_dirs = [Path(d) for d in dirs]

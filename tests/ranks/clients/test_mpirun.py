@@ -46,7 +46,8 @@ def mpi_libname() -> str | None:
 
 
 class MpiJob:
-    """One `mpirun -np SIZE` of tests/mpi_prog.py; the ranks' pids come from their records."""
+    """One `mpirun -np SIZE` of tests/support/mpi_prog.py; the ranks' pids come from their
+    records."""
 
     def __init__(self, workdir: Path, record_dir: Path, mode: str, *args: str,
                  size: int = 2) -> None:

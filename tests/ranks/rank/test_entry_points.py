@@ -1,6 +1,6 @@
 """Blocking entry points other than mx.eval, hung on a frozen peer, with real ring ranks.
 
-Each rank consumes its all_sum only through one entry point (tests/rank_prog.py
+Each rank consumes its all_sum only through one entry point (tests/support/rank_prog.py
 `consume HOW`); rank 1 is frozen with SIGSTOP, so rank 0 blocks inside that entry
 point. The wrappable ones are waits: the record says which, and the real daemon
 ends the job. The buffer protocol (numpy.array(a)) is a C slot the hook cannot

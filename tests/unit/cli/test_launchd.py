@@ -1,4 +1,4 @@
-"""launchd driven for real through a stand-in `launchctl` on PATH (tests/bin/launchctl),
+"""launchd driven for real through a stand-in `launchctl` on PATH (tests/support/bin/launchctl),
 which checks each call against launchctl(1)'s syntax and keeps the job state; the
 plist checked key by key against launchd.plist(5); `doctor` on a Mac; and the systemd
 symmetry through a stand-in `systemctl`."""

@@ -1,7 +1,7 @@
 """The Prometheus alerting rules in docs/alerts.yml.
 
 promtool (Debian's `prometheus` package, installed by CI) validates the rules
-and runs their unit tests in tests/alerts_test.yml. The rest checks, without a
+and runs their unit tests in tests/support/alerts_test.yml. The rest checks, without a
 YAML parser, that the rules only use metrics the daemon exports and that every
 alert is complete and tested both ways.
 """
@@ -132,7 +132,8 @@ def test_rules_scrape_job_and_label_assumption_documented():
 def test_rule_tests_use_only_exported_metrics():
     used = metric_names_in(RULE_TESTS.read_text())
     unknown = used - EXPORTED_SERIES
-    assert not unknown, f"tests/alerts_test.yml feeds metrics the daemon does not export: {unknown}"
+    assert not unknown, (
+        f"tests/support/alerts_test.yml feeds metrics the daemon does not export: {unknown}")
 
 
 def test_every_alert_is_complete():
@@ -179,8 +180,8 @@ def test_every_alert_tested_firing_and_not_firing():
     for name in _rule_blocks():
         fires = re.search(rf"alertname: {name}\s*\n\s*exp_alerts:\s*\n\s*- exp_labels:", tests)
         quiet = re.search(rf"alertname: {name}, exp_alerts: \[\]", tests)
-        assert fires, f"tests/alerts_test.yml never expects {name} to fire"
-        assert quiet, f"tests/alerts_test.yml never expects {name} to stay quiet"
+        assert fires, f"tests/support/alerts_test.yml never expects {name} to fire"
+        assert quiet, f"tests/support/alerts_test.yml never expects {name} to stay quiet"
 
 
 @pytest.mark.parametrize(
