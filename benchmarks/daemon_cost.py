@@ -11,7 +11,7 @@ Prints CPU as a percentage of one core (total and per watched rank), the RSS
 (max over the window), and the mean scan duration from the daemon's own
 counters. Targets: <= 0.5% of one core per watched rank, RSS < 60 MB.
 
-    python benchmarks/daemon_cost.py --counts 1 8 64 --seconds 30
+    python -m benchmarks.daemon_cost --counts 1 8 64 --seconds 30
 """
 
 from __future__ import annotations
@@ -20,21 +20,15 @@ import argparse
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from ranks import DaemonProc, wait_for  # noqa: E402
-
-from watchdog import record  # noqa: E402
-from watchdog.states import Phase  # noqa: E402
+from tests.support.ranks import DaemonProc, wait_for
+from watchdog import record
+from watchdog.states import Phase
 
 
 def synthetic(records: Path, count: int, mixed: bool

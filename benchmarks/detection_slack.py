@@ -1,6 +1,6 @@
 """Detection slack: from a frozen peer to the survivors' end, minus the deadline.
 
-Each run: a real 3-rank MLX ring job (tests/rank_prog.py `loop`: all_sum
+Each run: a real 3-rank MLX ring job (tests/support/rank_prog.py `loop`: all_sum
 rounds, hook installed) under the real daemon (`mlx-watchdog run`, interval
 1 s, a fixed deadline, the daemon's default grace, confirm and evidence
 timeout unless given). Once the daemon has watched the job for a few scans
@@ -21,7 +21,7 @@ samplers finished, both counted from the incident's `time`.
 
 Target: median slack to the kill <= 1 interval + grace.
 
-    python benchmarks/detection_slack.py --runs 10 --deadline 5
+    python -m benchmarks.detection_slack --runs 10 --deadline 5
 """
 
 from __future__ import annotations
@@ -32,14 +32,11 @@ import os
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from ranks import DaemonProc, RingJob, wait_for  # noqa: E402
+from tests.support.ranks import DaemonProc, RingJob, wait_for
 
 
 def evidence_done(incident: dict, kind: str) -> float:

@@ -5,7 +5,7 @@ node each), watch one rank of a real 3-rank MLX ring job. The ranks sit idle
 (no collective in flight, so nothing but the fence can end them). Rank 1 gets
 SIGKILL; we time until ranks 0 and 2 are gone.
 
-    python benchmarks/fence_latency.py --runs 10 --interval 0.1
+    python -m benchmarks.fence_latency --runs 10 --interval 0.1
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from ranks import DaemonProc, RingJob, free_ports, wait_for  # noqa: E402
+from tests.support.ranks import DaemonProc, RingJob, free_ports, wait_for
 
 SECRET = "benchmark secret, long enough"
 

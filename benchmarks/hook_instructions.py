@@ -6,7 +6,7 @@ are issued and evaluated, the peers' time is left out):
   ring  `mx.eval(mx.distributed.all_sum(x))`, 16 floats: plain MLX, do-nothing Python
         wrappers, the hook over its compiled hot path, over its pure-Python one
   lm    one token of mlx-lm's own `generate_step` on the small random Llama of
-        tests/lm_prog.py, sharded with `model.shard` (two all_sum per layer): plain,
+        tests/support/lm_prog.py, sharded with `model.shard` (two all_sum per layer): plain,
         and with MLX_WATCHDOG=1 (zero-code activation, as a user runs it) over each
         hot path
 
@@ -15,8 +15,8 @@ are repeatable on a shared, loaded machine where timings are not (docs/performan
 Each kind runs twice, N and 6N iterations; the difference over 5N is the cost of one
 iteration, start-up cancelled. Needs valgrind.
 
-    python benchmarks/hook_instructions.py --iterations 1000
-    python benchmarks/hook_instructions.py --workload lm --iterations 50
+    python -m benchmarks.hook_instructions --iterations 1000
+    python -m benchmarks.hook_instructions --workload lm --iterations 50
 """
 
 from __future__ import annotations

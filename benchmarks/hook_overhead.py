@@ -25,7 +25,7 @@ unset: two throw-away venvs (no system site-packages) that differ only by
 that file, `python -c pass` run alternately in each, wall and CPU time per run; and,
 in process, the cost of `site.addpackage` on that one file.
 
-    python benchmarks/hook_overhead.py --iterations 200000 --repeats 9 --startup-runs 100
+    python -m benchmarks.hook_overhead --iterations 200000 --repeats 9 --startup-runs 100
 """
 
 from __future__ import annotations
@@ -43,15 +43,13 @@ import timeit
 import venv
 from pathlib import Path
 
+import mlx.core as mx
+
+import watchdog
+from watchdog import record
+from watchdog.rank import hook, patches
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import mlx.core as mx  # noqa: E402
-
-import watchdog  # noqa: E402
-from watchdog import record  # noqa: E402
-from watchdog.rank import hook, patches  # noqa: E402
-
 PTH = REPO / "watchdog" / "_pth" / "mlx_watchdog.pth"
 
 

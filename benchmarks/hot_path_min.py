@@ -4,7 +4,7 @@ On a shared, loaded machine the median of hook_overhead.py moves by 2x from run 
 run; the minimum of many short timings is what the code costs when it gets a core.
 Run it from two checkouts alternately to compare two versions of the hook:
 
-    PYTHONPATH=. python benchmarks/hot_path_min.py 15
+    PYTHONPATH=. python -m benchmarks.hot_path_min 15
 
 Prints one JSON line: the empty call's cost in ns, then in empty calls: enter_wait +
 exit_wait, collective, and what the hook's wrappers add to do-nothing wrappers of the

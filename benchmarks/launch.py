@@ -15,11 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.ranks import free_ports
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from ranks import free_ports  # noqa: E402
-
 
 def run_ranks(workdir: Path, size: int, argv: list[str], env: dict[str, str] | None = None,
               timeout: float = 3600, pin: bool = False) -> list[tuple[str, str]]:

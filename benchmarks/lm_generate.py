@@ -1,6 +1,6 @@
 """Tokens per second of a real mlx-lm client, plain and with MLX_WATCHDOG=1.
 
-Each job is 2 ranks (by default) of tests/lm_prog.py in `bench` mode on
+Each job is 2 ranks (by default) of tests/support/lm_prog.py in `bench` mode on
 127.0.0.1: a small random Llama built with mlx-lm's own classes, sharded with
 `model.shard(group)` (two all_sum per layer per token), generating with
 mlx-lm's own `generate_step` (one `mx.async_eval` and one `.item()` per
@@ -12,7 +12,7 @@ plain, hook, hook, plain, which cancels drift of the machine. Prints the
 tokens per second of each kind (median, min, max over jobs) and the ratio
 hook/plain per cycle (median, min, max).
 
-    python benchmarks/lm_generate.py --cycles 8 --tokens 128 --rounds 3
+    python -m benchmarks.lm_generate --cycles 8 --tokens 128 --rounds 3
 
 With `--inprocess`, one job instead, whose ranks install and uninstall the
 hook between rounds (plain, hook, hook, plain per cycle, every rank alike):
@@ -20,7 +20,7 @@ the same code as MLX_WATCHDOG=1 runs, and the large differences between one
 job and the next on a shared machine (which of the other processes the ranks
 share cores with) drop out of the ratio.
 
-    python benchmarks/lm_generate.py --inprocess --cycles 12 --tokens 256
+    python -m benchmarks.lm_generate --inprocess --cycles 12 --tokens 256
 """
 
 from __future__ import annotations
@@ -33,11 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-LM_PROG = HERE.parent / "tests" / "lm_prog.py"
-sys.path.insert(0, str(HERE))
-
-from launch import run_ranks  # noqa: E402
+from benchmarks.launch import run_ranks
+from tests.support.ranks import LM_PROG
 
 
 def run_job(workdir: Path, size: int, tokens: int, rounds: int, hook: bool,

@@ -16,7 +16,7 @@ for the pure-Python path, and the main thread's CPU time per collective of
 each kind: what the instrumentation really costs in place, caches cold and
 cores shared, as opposed to a warm micro-benchmark.
 
-    python benchmarks/ring_overhead.py --rounds 48 --iterations 2000 --floats 16 --size 2
+    python -m benchmarks.ring_overhead --rounds 48 --iterations 2000 --floats 16 --size 2
 """
 
 from __future__ import annotations
@@ -25,15 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.launch import run_ranks
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from launch import run_ranks  # noqa: E402
-
 
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)

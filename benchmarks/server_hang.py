@@ -2,12 +2,12 @@
 daemon's default settings (only the directories and the address given).
 
 Each run: a fresh daemon and a fresh server (`python -m mlx_lm.server`, 2 ring ranks on
-127.0.0.1, MLX_WATCHDOG=1, the small random Llama of tests/lm_server.py), four chat
+127.0.0.1, MLX_WATCHDOG=1, the small random Llama of tests/support/lm_server.py), four chat
 requests, then either 10 s idle (`idle`) or a 4000-token request under way for 3 s
 (`generating`), then SIGSTOP of rank 1; the clock stops when both ranks are gone.
 Prints one line per run, then the median per mode. docs/performance.md has the figures.
 
-    python benchmarks/server_hang.py --runs 3
+    python -m benchmarks.server_hang --runs 3
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from lm_server import DefaultDaemon, LmServer, build_model  # noqa: E402
-from ranks import wait_for  # noqa: E402
+from tests.support.lm_server import DefaultDaemon, LmServer, build_model
+from tests.support.ranks import wait_for
 
 
 def one_run(base: Path, model: Path, mode: str) -> tuple[float, float, str]:

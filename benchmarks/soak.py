@@ -1,6 +1,6 @@
 """Chaos soak: small real MLX ring jobs under one real daemon, faults injected at random.
 
-Jobs of 2 or 3 ranks (tests/rank_prog.py mode `soak`: checked all_sum rounds
+Jobs of 2 or 3 ranks (tests/support/rank_prog.py mode `soak`: checked all_sum rounds
 that end together, exit 0) come and go under one `mlx-watchdog run` with a
 short deadline. A driver with a seeded random generator injects:
 
@@ -21,7 +21,7 @@ its own hung in a wait since boot that names a running job (its job id, a
 rank, its world size), a record forging one of that job's ranks (its pid, the
 stranger's uid) and one claiming a world of 2**31-1 ranks. The stranger's own
 hang must be ended (it is a hang of the stranger's job); no real rank may be
-touched for any of it. The same user also runs the attacks of issue 20 for the
+touched for any of it. The same user also attacks the daemon for the
 whole soak: its hung record names SIGUSR2 for stack dumps and grows its dump
 file to a sparse GiB on it (the state dir is a 64 MiB tmpfs); a process of it
 keeps 64 HTTP connections to the daemon open, trickling a byte a second; a
@@ -35,7 +35,7 @@ exit against what was injected, and prints the figures. Exit status 1 when
 anything was killed wrongly, a hang was missed, a culprit was misnamed or a
 healthy rank did not exit 0.
 
-    python benchmarks/soak.py --seconds 300 --seed 1
+    python -m benchmarks.soak --seconds 300 --seed 1
 """
 
 from __future__ import annotations
@@ -55,14 +55,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import psutil
 
-import psutil  # noqa: E402
-from ranks import DaemonProc, RingJob  # noqa: E402
-
-from watchdog import record  # noqa: E402
-from watchdog.daemon.probes.linux import read_start_ticks  # noqa: E402
-from watchdog.states import Phase  # noqa: E402
+from tests.support.ranks import DaemonProc, RingJob
+from watchdog import record
+from watchdog.daemon.probes.linux import read_start_ticks
+from watchdog.states import Phase
 
 INJECTED = ("short_pause", "long_pause", "sigkill", "recv")
 WEIGHTS = {"short_pause": 4, "long_pause": 2, "sigkill": 2, "recv": 1}
@@ -123,7 +121,7 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
         __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         me = os.getpid()
-        # Item 1 of issue 20: the dump signal grows the dump file to a sparse GiB.
+        # Evidence that grows: the dump signal grows the dump file to a sparse GiB.
         stacks = os.open(f"{me}.stacks", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
 
         def grow(_signum: int, _frame: object) -> None:
@@ -160,9 +158,9 @@ def _become_other_user() -> None:
 
 
 def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
-    """A sleeping process of OTHER_UID with a valid, healthy record of its own (issue
-    20, item 3); with `mint`, its record waits on a new unknown op code every second
-    (item 5)."""
+    """A sleeping process of OTHER_UID with a valid, healthy record of its own (one of a
+    crowd that would take the daemon's descriptors); with `mint`, its record waits on a
+    new unknown op code every second (to grow what the auto deadline learns)."""
     pid = os.fork()
     if pid:
         return pid
@@ -198,7 +196,7 @@ def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
 
 def spawn_slow_client(host: str, port: int, connections: int = 64) -> int:
     """A process of OTHER_UID holding `connections` HTTP connections to the daemon,
-    each sending a byte a second and reopened when cut (issue 20, item 2)."""
+    each sending a byte a second and reopened when cut (slow clients)."""
     import socket
 
     pid = os.fork()
@@ -289,7 +287,7 @@ class Soak:
         self.record_dir.mkdir(parents=True, exist_ok=True)
         self.strangers: dict[int, Stranger] = {}
         self.use_strangers = config.strangers and os.geteuid() == 0
-        self.crowd: list[int] = []  # the second user's sleeping processes (issue 20)
+        self.crowd: list[int] = []  # the second user's sleeping processes
         self.slow_client: int | None = None
         self.state_dir = self.workdir / "state"
         self.state_mounted = False
@@ -459,7 +457,7 @@ class Soak:
         return True
 
     def hostile_start(self) -> None:
-        """The second user's attacks of issue 20, for the whole soak (see the docstring)."""
+        """The second user's attacks on the daemon, for the whole soak (see the docstring)."""
         assert self.daemon.proc is not None
         import resource
 
@@ -471,7 +469,7 @@ class Soak:
         self.say(f"hostile user: crowd {len(self.crowd)}, slow client {self.slow_client}")
 
     def hostile_figures(self) -> dict[str, Any]:
-        """What the attacks of issue 20 left: each must be zero or within its bound."""
+        """What the second user's attacks left: each must be zero or within its bound."""
         crowd_gone = [pid for pid in self.crowd if os.waitpid(pid, os.WNOHANG)[0]]
         pending = list((self.state_dir / "pending").glob("*.json"))
         unwritten = self.daemon.status().get("unwritten") or {}
@@ -699,7 +697,7 @@ class Soak:
 
 
 def hostile_problems(h: dict[str, Any]) -> list[str]:
-    """What the second user's attacks of issue 20 must not achieve."""
+    """What the second user's attacks must not achieve."""
     problems = []
     if h["crowd_ended"]:
         problems.append(f"{h['crowd_ended']} of the crowd's healthy processes ended")

@@ -1,4 +1,24 @@
+"""Fixtures shared by every level, and the level as a marker.
+
+Everything under tests/ranks/ and tests/multihost/ runs real processes (MLX ranks, the
+daemon, servers, network namespaces) and is marked `ranks` here, so `pytest -m "not
+ranks"` runs the fast layer alone; tests of tests/unit/ that do so carry the mark
+themselves.
+"""
+
+from pathlib import Path
+
 import pytest
+
+REAL_PROCESS_LEVELS = ("ranks", "multihost")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        level = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if level in REAL_PROCESS_LEVELS:
+            item.add_marker(pytest.mark.ranks)
 
 
 @pytest.fixture

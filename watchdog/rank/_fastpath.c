@@ -4,7 +4,7 @@
  * Optional: built at install time when a C compiler is there, and used only if
  * its clock agrees with time.monotonic_ns (watchdog/rank/compiled.py decides and
  * `mlx-watchdog doctor` reports the choice). The pure-Python path stays the
- * reference; tests/test_compiled.py checks both write the same bytes.
+ * reference; tests/unit/rank/test_compiled.py checks both write the same bytes.
  *
  * Rules, as in hotpath.py: each thread owns one slot (found through a
  * thread-specific key) and is its only writer, so nothing takes a lock; every

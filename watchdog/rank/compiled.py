@@ -1,7 +1,7 @@
 """Which hot path a rank runs: the compiled one (`_fastpath.c`) or the pure-Python one.
 
 The compiled path writes the same words in the same order as `hotpath.real()`
-(tests/test_compiled.py runs both side by side and compares the bytes), at a
+(tests/unit/rank/test_compiled.py runs both side by side and compares the bytes), at a
 fraction of the cost. It is used when it was built at install time, its clock
 agrees with `time.monotonic_ns` (the clock the daemon compares against) and
 `MLX_WATCHDOG_HOTPATH` does not say `python`; `mlx-watchdog doctor` reports

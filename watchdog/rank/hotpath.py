@@ -1,7 +1,7 @@
 """The hook's hot path: one thread's slot of the record, and the functions that
 write it on every wait and collective. This is the pure-Python path; its compiled
 twin (`_fastpath.c`, chosen in `compiled.py`) writes the same words in the same
-order, and tests/test_compiled.py holds the two to the same bytes.
+order, and tests/unit/rank/test_compiled.py holds the two to the same bytes.
 
 Each thread that calls MLX owns one slot of the record and is its only
 writer, so nothing here takes a lock. The functions are closures over locals

@@ -1,0 +1,1 @@
+"""Across real hosts built from network namespaces (root); marked `ranks` by conftest."""

@@ -1,0 +1,1 @@
+"""Real MLX ranks, the real daemon as a process, real servers; marked `ranks` by conftest."""

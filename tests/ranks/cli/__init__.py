@@ -1,0 +1,1 @@
+"""The command line end to end: the demo and the relaunching launcher."""

@@ -1,0 +1,39 @@
+"""`mlx-watchdog node wait-healthy` against a real daemon: a peer's reboot flag is read
+from its /status.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.ranks import REPO, DaemonProc
+from watchdog.cli.relaunch import EXIT_REFUSED
+from watchdog.daemon import journal
+
+
+@pytest.mark.ranks
+def test_a_peer_flagged_for_reboot_is_read_from_its_status(tmp_path, state_dir):
+    records, peer_state = tmp_path / "peer-records", tmp_path / "peer-state"
+    records.mkdir()
+    peer_state.mkdir()
+    journal.set_reboot_flag(str(peer_state), "unkillable rank 2")
+    with DaemonProc(records, peer_state) as peer:
+        address = peer.url().removeprefix("http://")
+        config = tmp_path / "node.toml"
+        config.write_text(f'[watchdog]\npeers = ["{address}", "127.0.0.1:9"]\n'
+                          f"peer_timeout = 2\n")
+        done = subprocess.run(
+            [sys.executable, "-m", "watchdog.cli", "--config", str(config), "node",
+             "wait-healthy", "--timeout", "0", "--state-dir", str(state_dir)],
+            env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+            timeout=60)
+    assert done.returncode == EXIT_REFUSED, done.stderr
+    assert "mlx-watchdog: note: peer 127.0.0.1:9 unreachable: its reboot flag not checked" \
+        in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        f"mlx-watchdog: node not fit: peer {address} (")
+    assert done.stderr.splitlines()[-1].endswith(") is flagged for reboot (unkillable rank 2)")

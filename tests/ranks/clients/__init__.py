@@ -1,0 +1,1 @@
+"""Real clients nobody here wrote: mlx-lm, mlx_lm.server, mpirun."""

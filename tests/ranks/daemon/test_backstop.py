@@ -1,0 +1,72 @@
+"""The backstop with real ranks and the real daemon: a main thread blocked in a
+native call the hook cannot wrap (the buffer protocol) while a peer is frozen is
+caught; Python threads at work, Python compute and a quiet rank are not."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import pytest
+
+from tests.support.ranks import DaemonProc, RingJob, wait_for
+
+pytestmark = pytest.mark.ranks
+
+
+def all_exited(job: RingJob) -> bool:
+    return all(p.poll() is not None for p in job.procs)
+
+
+def test_a_hang_inside_the_buffer_protocol_is_caught_by_the_backstop(
+        tmp_path, record_dir, state_dir):
+    with DaemonProc(record_dir, state_dir, deadline=2) as daemon, \
+            RingJob(tmp_path, record_dir, 2, "buffer") as job:
+        recs = job.wait_running()
+        # Nothing the hook wraps is called in this loop: its progress is collectives
+        # and steps, and its phase stays "running".
+        assert recs[0].waits_completed == recs[1].waits_completed
+        frozen = job.procs[1].pid
+        job.signal(1, signal.SIGSTOP)
+        wait_for(lambda: job.procs[0].poll() is not None, 60, what="the stuck rank ended")
+        wait_for(lambda: all_exited(job), 20, what="the stopped rank ended with its job")
+        inc = wait_for(daemon.incidents, 10, what="the incident")[-1]
+        assert inc["verdict"] == "stalled"
+        assert "stuck in a native call outside a known wait" in inc["reason"], inc["reason"]
+        assert inc["culprit"]["pid"] == frozen and inc["culprit"]["state"] == "stopped"
+        stuck = [r for r in inc["ranks"] if r["rank"] == 0][0]
+        assert stuck["phase"] == "running" and stuck["state"] == "stalled"
+        assert inc["outcome"][str(job.procs[0].pid)] == "killed"
+        # The stacks show where: the faulthandler dump has the memoryview line.
+        dumps = [p for p in inc["evidence"] if p.endswith("-python.txt")]
+        assert dumps, inc["evidence"]
+        text = "".join(open(p).read() for p in dumps)
+        assert "rank_prog.py" in text
+        # With py-spy or gdb here, the native stack shows the main thread inside MLX's
+        # eval, called through the buffer protocol.
+        native = [p for p in inc["evidence"] if p.endswith("-native.txt") and "rank0" in p]
+        if native and shutil.which("py-spy"):
+            assert "mlx::core" in open(native[0]).read()
+
+
+@pytest.mark.parametrize("mode", ["pyworker", "pycompute", "sleeper"])
+def test_the_backstop_does_not_fire_on_python_work_or_a_quiet_rank(
+        tmp_path, record_dir, state_dir, mode):
+    seconds = 10  # more than five deadlines without progress
+    with DaemonProc(record_dir, state_dir, deadline=1.5, blocked_deadline=60) as daemon, \
+            RingJob(tmp_path, record_dir, 2, mode, args=(str(seconds),)) as job:
+        job.wait_running(collectives=1)
+        wait_for(lambda: f"{mode} started" in job.log(0), 60, what=f"{mode} started")
+        pid = job.procs[0].pid
+        seen: set[str] = set()
+        while job.procs[0].poll() is None:
+            rank = daemon.ranks().get(pid)
+            if rank is not None:
+                seen.add(rank["state"])
+                assert rank["state"] in ("running", "suspect", "exited"), rank
+            time.sleep(0.2)
+        assert job.procs[0].returncode == 0, job.log(0)
+        assert f"{mode} done" in job.log(0)
+        assert daemon.incidents() == []
+        assert "running" in seen

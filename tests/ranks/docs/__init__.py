@@ -1,0 +1,1 @@
+"""The docs keep their promises with real processes: the README's quick start, as written."""

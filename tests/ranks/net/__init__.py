@@ -1,0 +1,1 @@
+"""The daemon's metrics scraped by a real Prometheus."""

@@ -1,0 +1,1 @@
+"""The hook inside real ranks: what the records show, entry points, launchers."""

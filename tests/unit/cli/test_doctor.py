@@ -1,0 +1,218 @@
+"""`mlx-watchdog doctor`: each finding, through run_checks and through the CLI."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from click.testing import CliRunner
+
+from watchdog.cli import doctor, doctor_env
+from watchdog.cli.commands import cli
+from watchdog.cli.doctor import run_checks
+from watchdog.daemon import journal
+from watchdog.net.metrics import serve
+
+
+@pytest.fixture
+def good(tmp_path, monkeypatch):
+    """A record dir like the service makes (1777), a state dir (755), ranks pointed at it."""
+    record = tmp_path / "records"
+    state = tmp_path / "state"
+    record.mkdir()
+    state.mkdir()
+    os.chmod(record, 0o1777)
+    os.chmod(state, 0o755)
+    monkeypatch.setenv("MLX_WATCHDOG_DIR", str(record))
+    monkeypatch.delenv("MLX_WATCHDOG_DUMP_SIGNAL", raising=False)
+    return record, state
+
+
+@pytest.fixture
+def daemon_http():
+    """A real endpoint of the daemon's kind; `health[0]` says what /healthz answers."""
+    health = [True]
+    server = serve(("127.0.0.1", 0), lambda: {}, lambda: health[0])
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", health
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def closed_port() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"127.0.0.1:{port}"
+
+
+def find(lines, level, text):
+    return [m for lvl, m in lines if lvl == level and text in m]
+
+
+def test_good_setup_reports_ok(good, daemon_http):
+    record, state = good
+    listen, _ = daemon_http
+    lines = run_checks(str(record), str(state), listen)
+    assert all(level in ("ok", "warn", "fail") for level, _ in lines)
+    assert not [m for lvl, m in lines if lvl == "fail"], lines
+    assert find(lines, "ok", f"record directory {record}: owner uid {os.getuid()}, mode 1777")
+    assert find(lines, "ok", f"state directory {state}: owner uid {os.getuid()}, mode 755")
+    assert find(lines, "ok", f"the daemon answers at http://{listen}/healthz")
+    assert find(lines, "ok", "watchdog.rank.hook imports")
+    assert find(lines, "ok", "mlx 0.")
+    assert find(lines, "ok", "no foreign 'watchdog' package")
+    assert find(lines, "ok", "ranks dump their Python stacks on SIGUSR2")
+    assert find(lines, "ok", "platform probes")
+    assert find(lines, "ok", "no reboot flag")
+
+
+def test_good_setup_through_the_cli_exits_0(good, daemon_http):
+    record, state = good
+    listen, _ = daemon_http
+    result = CliRunner().invoke(cli, ["doctor", "--dir", str(record), "--state-dir", str(state),
+                                      "--listen", listen])
+    assert result.exit_code == 0, result.output
+    assert "[OK  ] record directory" in result.output
+    assert "[FAIL]" not in result.output
+
+
+def test_world_writable_record_dir_without_sticky_bit_fails_with_the_chmod(good, daemon_http):
+    record, state = good
+    os.chmod(record, 0o777)
+    lines = run_checks(str(record), str(state), daemon_http[0])
+    assert find(lines, "fail", f"run: chmod 1777 {record}"), lines
+    result = CliRunner().invoke(cli, ["doctor", "--dir", str(record), "--state-dir", str(state),
+                                      "--listen", daemon_http[0]])
+    assert result.exit_code == 1
+    assert f"[FAIL] record directory {record} is writable by others without the sticky bit" \
+        in result.output
+
+
+def test_missing_record_dir_fails(good, daemon_http):
+    record, state = good
+    missing = record.parent / "nowhere"
+    lines = run_checks(str(missing), str(state), daemon_http[0])
+    assert find(lines, "fail", f"record directory {missing} does not exist"), lines
+    assert find(lines, "fail", f"mkdir -m 1777 {missing}"), lines
+    assert find(lines, "warn", "ranks started from this environment publish to"), lines
+
+
+def test_missing_state_dir_fails(good, daemon_http):
+    record, state = good
+    state.rmdir()
+    result = CliRunner().invoke(cli, ["doctor", "--dir", str(record), "--state-dir", str(state),
+                                      "--listen", daemon_http[0]])
+    assert result.exit_code == 1, result.output
+    assert f"[FAIL] state directory {state} does not exist" in result.output
+
+
+def test_group_writable_state_dir_fails(good, daemon_http):
+    record, state = good
+    os.chmod(state, 0o775)
+    lines = run_checks(str(record), str(state), daemon_http[0])
+    assert find(lines, "fail", f"run: chmod 755 {state}"), lines
+
+
+def test_reboot_flag_fails_with_the_clear_command(good, daemon_http):
+    record, state = good
+    journal.set_reboot_flag(str(state), "wired memory stayed above the baseline after the kill")
+    result = CliRunner().invoke(cli, ["doctor", "--dir", str(record), "--state-dir", str(state),
+                                      "--listen", daemon_http[0]])
+    assert result.exit_code == 1, result.output
+    line = next(ln for ln in result.output.splitlines() if "flagged for reboot" in ln)
+    assert line.startswith("[FAIL]")
+    assert "wired memory stayed above the baseline" in line
+    assert f"mlx-watchdog node clear-reboot --state-dir {state}" in line
+
+
+def test_no_daemon_is_a_warning(good):
+    record, state = good
+    listen = closed_port()
+    lines = run_checks(str(record), str(state), listen)
+    assert find(lines, "warn", f"no daemon answers at http://{listen}/healthz"), lines
+    assert not [m for lvl, m in lines if lvl == "fail"], lines
+    result = CliRunner().invoke(cli, ["doctor", "--dir", str(record), "--state-dir", str(state),
+                                      "--listen", listen])
+    assert result.exit_code == 0, result.output  # warnings alone do not fail
+
+
+def test_daemon_not_scanning_fails(good, daemon_http):
+    record, state = good
+    listen, health = daemon_http
+    health[0] = False
+    lines = run_checks(str(record), str(state), listen)
+    assert find(lines, "fail", "has not completed a scan recently"), lines
+
+
+def test_bad_listen_address_fails(good):
+    record, state = good
+    lines = run_checks(str(record), str(state), "nonsense")
+    assert find(lines, "fail", "--listen: listen must be HOST:PORT"), lines
+
+
+def test_foreign_watchdog_distribution_is_named_with_the_fix(good, daemon_http, monkeypatch):
+    record, state = good
+    real = doctor_env.metadata.distribution
+
+    class Foreign:
+        version = "4.0.1"
+
+    def distribution(name):
+        return Foreign() if name == "watchdog" else real(name)
+
+    monkeypatch.setattr(doctor_env.metadata, "distribution", distribution)
+    lines = run_checks(str(record), str(state), daemon_http[0])
+    found = find(lines, "fail", "the PyPI package 'watchdog' 4.0.1 (filesystem events")
+    assert found, lines
+    assert "pip uninstall -y watchdog && pip install --force-reinstall mlx-watchdog" in found[0]
+
+
+def test_dump_signal_setting(good, daemon_http, monkeypatch):
+    record, state = good
+    monkeypatch.setenv("MLX_WATCHDOG_DUMP_SIGNAL", "USR1")
+    lines = run_checks(str(record), str(state), daemon_http[0])
+    assert find(lines, "ok", "on SIGUSR1 (MLX_WATCHDOG_DUMP_SIGNAL)"), lines
+    monkeypatch.setenv("MLX_WATCHDOG_DUMP_SIGNAL", "0")
+    assert find(run_checks(str(record), str(state), daemon_http[0]), "warn",
+                "stack dumps are off")
+    monkeypatch.setenv("MLX_WATCHDOG_DUMP_SIGNAL", "SIGNOPE")
+    assert find(run_checks(str(record), str(state), daemon_http[0]), "fail",
+                "'SIGNOPE' is not a signal")
+    monkeypatch.setenv("MLX_WATCHDOG_DUMP_SIGNAL", "SIGINT")
+    assert find(run_checks(str(record), str(state), daemon_http[0]), "warn",
+                "which the daemon never sends")
+
+
+def test_a_broken_check_is_a_failure_line_not_a_traceback(good, daemon_http, monkeypatch):
+    record, state = good
+
+    def broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(doctor, "check_probes", broken)
+    lines = run_checks(str(record), str(state), daemon_http[0])
+    assert find(lines, "fail", "the platform probes check itself failed: RuntimeError('boom')")
+    assert find(lines, "ok", "no reboot flag")  # the checks after it still ran
+
+
+def test_foreign_files_mixed_into_the_package_are_reported(good, daemon_http, monkeypatch):
+    record, state = good
+    real = doctor_env.importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return object() if name == "watchdog.observers" else real(name, *args)
+
+    monkeypatch.setattr(doctor_env.importlib.util, "find_spec", find_spec)
+    lines = run_checks(str(record), str(state), daemon_http[0])
+    assert find(lines, "fail", "/observers exists: files of the filesystem-events"), lines
+
+
+def test_doctor_does_not_call_a_missing_state_directory_unflagged(tmp_path):
+    lines = doctor.check_reboot_flag(str(tmp_path / "nowhere"))
+    assert [level for level, _ in lines] == [doctor.WARN]
+    assert "no reboot flag" not in lines[0][1] and "does not exist" in lines[0][1]
+    assert doctor.check_reboot_flag(str(tmp_path))[0][0] == doctor.OK

@@ -1,0 +1,1 @@
+"""The daemon: settings, judgement, the ladder, journals, directories."""

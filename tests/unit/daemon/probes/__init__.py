@@ -1,0 +1,1 @@
+"""The OS probes and exit watchers of Linux and macOS."""

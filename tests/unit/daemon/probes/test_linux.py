@@ -1,0 +1,99 @@
+"""The Linux probe, on this machine's real /proc, and its two parsers."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from watchdog.daemon.probes import ProbeError, same_process
+from watchdog.daemon.probes.linux import (
+    LinuxProbe,
+    runnable_per_cpu,
+    schedstat_seconds,
+    unevictable_bytes,
+)
+
+MEMINFO = "MemTotal:       16384 kB\nUnevictable:        2048 kB\nMlocked:  0 kB\n"
+
+
+def test_unevictable_bytes_parses_kilobytes() -> None:
+    assert unevictable_bytes(MEMINFO) == 2048 * 1024
+
+
+def test_unevictable_missing_is_a_probe_error() -> None:
+    with pytest.raises(ProbeError):
+        unevictable_bytes("MemTotal: 1 kB\n")
+
+
+@pytest.mark.parametrize(("text", "cpus", "expected"), [
+    ("0.10 0.20 0.30 1/200 99", 2, 1.0),  # quiet: never under one
+    ("6.00 2.00 1.00 1/200 99", 2, 3.0),  # a minute of load
+    ("0.50 0.20 0.10 7/200 99", 2, 3.0),  # sudden: 6 runnable besides the reader
+    ("9.00 0.20 0.10 7/200 99", 2, 4.5),  # the larger of the two
+])
+def test_runnable_per_cpu(text: str, cpus: int, expected: float) -> None:
+    assert runnable_per_cpu(text, cpus) == expected
+
+
+def test_load_sees_sudden_contention_at_once() -> None:
+    """Three busy loops started a moment ago: the minute average has barely
+    moved, but the probe already reports the machine oversubscribed."""
+    probe = LinuxProbe()
+    cpus = psutil.cpu_count() or 1
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(cpus + 2)]
+    try:
+        deadline = time.monotonic() + 10
+        seen = 1.0
+        while time.monotonic() < deadline and seen <= 1.0:
+            seen = max(seen, probe.load_per_cpu())
+            time.sleep(0.05)
+        assert seen > 1.0
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
+def test_wired_bytes_follows_mlocked_memory() -> None:
+    """Locked pages are what a leaked GPU wiring looks like on Linux."""
+    probe = LinuxProbe()
+    size = 4 << 20
+    before = probe.wired_bytes()
+    assert isinstance(before, int) and before >= 0
+    buf = mmap.mmap(-1, size)
+    libc = ctypes.CDLL(None, use_errno=True)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(size)) != 0:
+        pytest.fail(f"mlock failed: {os.strerror(ctypes.get_errno())} (RLIMIT_MEMLOCK?)")
+    try:
+        during = probe.wired_bytes()
+        assert during is not None and during - before >= size // 2
+    finally:
+        libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+        buf.close()
+
+
+def test_sample_of_this_process() -> None:
+    probe = LinuxProbe()
+    me = psutil.Process()
+    sample = probe.sample(os.getpid())
+    assert sample.pid == os.getpid()
+    assert same_process(sample, me.create_time(), os.getuid())
+    assert not same_process(sample, me.create_time() + 5, os.getuid())
+    assert {tid for tid, _ in sample.threads} == {t.id for t in me.threads()}
+
+
+def test_schedstat_is_run_plus_run_queue_time() -> None:
+    assert schedstat_seconds("1500000000 500000000 42\n") == 2.0
+    me = os.getpid()
+    demand = dict(LinuxProbe().sample(me).demand)
+    assert demand and set(demand) <= {t.id for t in psutil.Process().threads()}
+    assert all(seconds >= 0 for seconds in demand.values())

@@ -1,0 +1,1 @@
+"""The docs keep their promises: README, alerting rules, dashboard."""

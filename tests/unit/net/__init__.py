@@ -1,0 +1,1 @@
+"""The network face: HTTP, metrics, the cluster view, fences, sd_notify."""

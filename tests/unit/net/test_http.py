@@ -1,0 +1,104 @@
+"""The daemon's HTTP endpoint in process: `metrics.serve` on 127.0.0.1, for what a live
+daemon cannot show on demand (a loop that stopped scanning, a failing snapshot), write
+methods refused and idle connections let go. tests/ranks/net/test_http.py runs the real
+daemon's endpoint over a real ring job.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+
+import pytest
+
+from tests.support.ranks import http_get
+from watchdog.net import metrics
+
+WRITE_METHODS = ("POST", "PUT", "DELETE", "PATCH")
+
+
+def host_port(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.hostname, parts.port
+
+
+def request(url: str, method: str, path: str, body: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(*host_port(url), timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+# -- metrics.serve, unit-level ------------------------------------------------------------
+
+
+@pytest.fixture
+def endpoint():
+    """metrics.serve on 127.0.0.1:0 with a snapshot and health the test controls."""
+    state = {"healthy": True, "snapshot": {"host": "h", "ranks": []}, "fail": False}
+
+    def snapshot() -> dict:
+        if state["fail"]:
+            raise RuntimeError("snapshot broke")
+        return state["snapshot"]
+
+    server = metrics.serve(("127.0.0.1", 0), snapshot, lambda: state["healthy"])
+    host, port = server.server_address[:2]
+    try:
+        yield f"http://{host}:{port}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_healthz_is_503_when_the_loop_has_not_scanned_recently(endpoint):
+    url, state = endpoint
+    state["healthy"] = False
+    code, _, body = http_get(url + "/healthz")
+    assert code == 503 and b"no recent scan" in body
+    # /metrics and /status still answer: the alert needs the data.
+    assert http_get(url + "/metrics")[0] == 200
+    assert http_get(url + "/status")[0] == 200
+    state["healthy"] = True
+    assert http_get(url + "/healthz")[0] == 200
+
+
+def test_a_failing_snapshot_is_a_500_and_the_server_keeps_serving(endpoint):
+    url, state = endpoint
+    state["fail"] = True
+    assert http_get(url + "/metrics")[0] == 500
+    assert http_get(url + "/status")[0] == 500
+    state["fail"] = False
+    assert http_get(url + "/metrics")[0] == 200
+    assert json.loads(http_get(url + "/status")[2]) == {"host": "h", "ranks": []}
+
+
+def test_unit_write_methods_are_405(endpoint):
+    url, _ = endpoint
+    for method in (*WRITE_METHODS, "OPTIONS"):
+        assert request(url, method, "/status", b"{}")[0] == 405, method
+
+
+def test_an_idle_connection_does_not_hold_a_thread_forever(endpoint):
+    """A client that connects and sends half a request line (or nothing) must
+    be dropped after a timeout: one thread per connection, no limit, so idle
+    sockets would otherwise pile up threads in the daemon without bound."""
+    url, _ = endpoint
+    host, port = host_port(url)
+    with socket.create_connection((host, port), timeout=20) as s:
+        s.sendall(b"GET /metr")
+        started = time.monotonic()
+        assert http_get(url + "/healthz")[0] == 200  # meanwhile, others are served
+        try:
+            answer = s.recv(1024)  # b"" (closed) or a 408: either way, not forever
+        except TimeoutError:
+            answer = None
+        waited = time.monotonic() - started
+    assert answer is not None and waited < 20, "an idle connection was kept open for 20 s"

@@ -1,0 +1,1 @@
+"""The rank side: the hook, its hot paths, its launch environment."""

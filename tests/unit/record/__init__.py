@@ -1,0 +1,1 @@
+"""The rank record: layout, readers, bounds, fuzzing."""
