@@ -26,9 +26,9 @@ from watchdog.cli.doctor_env import (
     check_instrumentation,
     check_pth,
 )
-from watchdog.daemon import journal
 from watchdog.daemon.config import ConfigError, parse_listen
-from watchdog.daemon.dirs import UnsafeDirectory, check_record_dir, check_state_dir
+from watchdog.daemon.store import journal
+from watchdog.daemon.store.dirs import UnsafeDirectory, check_record_dir, check_state_dir
 
 HTTP_TIMEOUT = 2.0
 

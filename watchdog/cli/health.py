@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchdog.cli.sampling import daemon_status
-from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
+from watchdog.daemon.store import journal
 from watchdog.net import cluster
 from watchdog.text import printable
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from watchdog.daemon.detector import NS
+from watchdog.daemon.judge.detector import NS
+from watchdog.daemon.judge.threads import busiest_ratio
 from watchdog.daemon.observation import observe
 from watchdog.daemon.probes import ProbeError, probe
-from watchdog.daemon.threads import busiest_ratio
 from watchdog.daemon.view import current_op
 from watchdog.record import Record
 from watchdog.text import printable

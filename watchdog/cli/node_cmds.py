@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from watchdog.cli.options import STATE_ENV, state_option
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 from watchdog.text import printable
 
 
@@ -58,7 +58,7 @@ SHOWN_EVENTS = ("restart", "refused", "gave_up")
 def _launch_events(state_dir: str) -> list[dict[str, Any]]:
     """The launcher's journal here, and this user's own when a launch by this user
     could not write here (launchlog.journal_dir)."""
-    from watchdog.daemon import launchlog
+    from watchdog.daemon.store import launchlog
 
     events = []
     for directory in dict.fromkeys((state_dir, launchlog.journal_dir(state_dir))):
@@ -97,7 +97,7 @@ def _echo_incident(inc: dict[str, Any]) -> None:
 
 def _native_hot_lines(hot: Any, threads: int = 4) -> list[str]:
     """The parsed native stacks (macOS `sample`): each rank's hottest threads."""
-    from watchdog.daemon.samplegraph import summary_line
+    from watchdog.daemon.act.samplegraph import summary_line
 
     lines = []
     for entry in hot if isinstance(hot, list) else []:

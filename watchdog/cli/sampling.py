@@ -12,13 +12,13 @@ import os
 import time
 from typing import Any
 
-from watchdog.daemon import journal
 from watchdog.daemon.attempts import attempt_of
-from watchdog.daemon.deadlines import Rules
-from watchdog.daemon.detector import Detector, Verdict
+from watchdog.daemon.judge.deadlines import Rules
+from watchdog.daemon.judge.detector import Detector, Verdict
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.recdir import read_dir, read_record
+from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_json
 from watchdog.record import Record
 from watchdog.states import State

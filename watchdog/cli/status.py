@@ -20,7 +20,7 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[dict[str, Any]], str]:
     from watchdog.cli.sampling import find_daemon, sample_ranks
     from watchdog.daemon.config import coerce
-    from watchdog.daemon.deadlines import Rules
+    from watchdog.daemon.judge.deadlines import Rules
 
     snap = find_daemon(record_dir, state_dir)
     if snap is not None:

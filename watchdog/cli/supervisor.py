@@ -28,10 +28,10 @@ from typing import Any
 from watchdog.cli import childio, relaunch
 from watchdog.cli.health import Reference, wait_healthy, wired_now
 from watchdog.cli.sampling import daemon_status
-from watchdog.daemon import journal, launchlog
 from watchdog.daemon.attempts import ATTEMPT_ENV
 from watchdog.daemon.config import Settings
 from watchdog.daemon.recdir import read_dir
+from watchdog.daemon.store import journal, launchlog
 from watchdog.text import printable
 
 POLL = 0.25  # seconds between looks at the record directory during an attempt

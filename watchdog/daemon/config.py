@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog import host
-from watchdog.daemon.deadlines import Rules
+from watchdog.daemon.judge.deadlines import Rules
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog import __version__
-from watchdog.daemon import journal
 from watchdog.daemon.config import Settings
 from watchdog.daemon.ranks import Rank
+from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_json
 
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -7,9 +7,9 @@ import signal
 import sys
 from typing import Any
 
-from watchdog.daemon import dirs
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
+from watchdog.daemon.store import dirs
 from watchdog.net.metrics import serve
 from watchdog.text import OneLineFormatter
 

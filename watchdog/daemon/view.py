@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from watchdog.daemon.detector import Verdict
+from watchdog.daemon.judge.detector import Verdict
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

@@ -16,7 +16,7 @@ import pytest
 from tests.ranks.rank.test_launch import two_free_ports
 from tests.support.ranks import DaemonProc, base_env, http_get, wait_for
 from watchdog.cli.supervisor import INTERRUPT_GRACE
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 
 pytestmark = pytest.mark.ranks
 
@@ -36,7 +36,7 @@ PROG = textwrap.dedent("""
     group = mx.distributed.init()
     rank = group.rank()
     if rank == 0 and attempt in attempts("FLAG_ON"):
-        from watchdog.daemon import journal
+        from watchdog.daemon.store import journal
         journal.set_reboot_flag(os.environ["FLAG_DIR"], "test: wired memory stayed up")
     if rank == 0 and attempt in attempts("HOLD_ON"):
         import subprocess
@@ -118,7 +118,7 @@ class Launch:
         return self.start().finish(timeout)
 
     def events(self) -> list[dict]:
-        from watchdog.daemon import launchlog
+        from watchdog.daemon.store import launchlog
 
         return [e for e in launchlog.read(str(self.node.state_dir))[0] if e["job"] == self.job]
 

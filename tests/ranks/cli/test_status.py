@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, wait_for
 from tests.unit.cli.test_cli import CLEAR, invoke, run_cli
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 
 # Design section 7: the fields of one rank in `status --json`.
 RANK_FIELDS = ("pid", "host", "job", "rank", "world_size", "backend", "state", "phase",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.ranks import REPO, DaemonProc
 from watchdog.cli.relaunch import EXIT_REFUSED
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 
 
 @pytest.mark.ranks

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, http_get, wait_for
 from watchdog import record
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 from watchdog.record import OP_CODE, RECORD_SIZE, RecordWriter, layout
 from watchdog.states import Phase
 

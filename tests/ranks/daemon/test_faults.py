@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
 

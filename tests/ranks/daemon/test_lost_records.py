@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.ranks import DaemonProc, http_get, wait_for
 from watchdog import record
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 from watchdog.procstat import read_start_ticks
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase
@@ -194,7 +194,7 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     write-ahead entry stays; the next daemon raises the flag and writes no second line."""
     from tests.support.fakes import UNKILLABLE, FakeProbe, FakeSignaller, target
     from tests.unit.daemon.test_enforcer import enforcer, incident
-    from watchdog.daemon import pending
+    from watchdog.daemon.store import pending
 
     (state_dir / journal.REBOOT_FLAG).mkdir()  # os.replace onto it fails: EISDIR
     targets = [target(301)]

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.ranks import REPO, base_env
 from tests.unit.net.test_cluster_input import MALFORMED, rank
-from watchdog.daemon.peers import Peers
+from watchdog.daemon.act.peers import Peers
 
 
 def peer_status() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from tests.support.ranks import REPO, base_env, wait_for
 from watchdog.cli.commands import cli
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 
 CLEAR = "\x1b[H\x1b[2J"
 

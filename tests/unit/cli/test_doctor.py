@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from watchdog.cli import doctor, doctor_env
 from watchdog.cli.commands import cli
 from watchdog.cli.doctor import run_checks
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 from watchdog.net.metrics import serve
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from watchdog.cli import health, relaunch
 from watchdog.cli.relaunch import Attempt, Ending
-from watchdog.daemon import journal, launchlog
 from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
+from watchdog.daemon.store import journal, launchlog
 from watchdog.net.metrics import render
 
 # What mlx.launch 0.32.4 prints on stderr (colours included) for each rank that did not exit 0.

@@ -69,7 +69,7 @@ def test_the_hook_marks_a_record_it_gives_up_on_abandoned(record_dir):
 
 def test_status_without_a_daemon_reports_an_abandoned_record_unjudged(record_dir):
     from watchdog.cli.sampling import sample_ranks
-    from watchdog.daemon.deadlines import Rules
+    from watchdog.daemon.judge.deadlines import Rules
 
     with UserProc(0) as rank:
         publish(record_dir, rank.pid, 0, "j", hung=True, status=record.STATUS_ABANDONED)

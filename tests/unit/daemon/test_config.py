@@ -21,7 +21,7 @@ from watchdog.daemon.config import (
     load_file,
     parse_listen,
 )
-from watchdog.daemon.deadlines import Rules
+from watchdog.daemon.judge.deadlines import Rules
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from watchdog.daemon.deadlines import Learned, Rules, deadline_for
-from watchdog.daemon.detector import NS, Detector
+from watchdog.daemon.judge.deadlines import Learned, Rules, deadline_for
+from watchdog.daemon.judge.detector import NS, Detector
+from watchdog.daemon.judge.threads import busiest_ratio
 from watchdog.daemon.probes import ProcessSample
-from watchdog.daemon.threads import busiest_ratio
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from watchdog.daemon.deadlines import Rules
-from watchdog.daemon.detector import NS, Detector, Verdict, hold_reason
+from watchdog.daemon.judge.deadlines import Rules
+from watchdog.daemon.judge.detector import NS, Detector, Verdict, hold_reason
+from watchdog.daemon.judge.threads import python_threads
 from watchdog.daemon.probes import ProcessSample
-from watchdog.daemon.threads import python_threads
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from watchdog.daemon.config import ConfigError
-from watchdog.daemon.dirs import UnsafeDirectory, check_record_dir, check_state_dir, prepare
+from watchdog.daemon.store.dirs import UnsafeDirectory, check_record_dir, check_state_dir, prepare
 
 NOBODY = 65534
 

@@ -30,11 +30,11 @@ from tests.support.fakes import (
     process_sample,
     target,
 )
-from watchdog.daemon import journal
+from watchdog.daemon.act.enforcer import Enforcer
+from watchdog.daemon.act.signaller import GONE, NOT_OURS, SENT, Signaller, Target
 from watchdog.daemon.config import Settings
-from watchdog.daemon.enforcer import Enforcer
 from watchdog.daemon.probes import Probe
-from watchdog.daemon.signaller import GONE, NOT_OURS, SENT, Signaller, Target
+from watchdog.daemon.store import journal
 
 GiB = 1 << 30
 
@@ -434,7 +434,7 @@ def _record(tmp_path: Path, pid: int, status: int | None = None):
 def test_a_rank_whose_record_says_it_is_leaving_on_an_error_is_not_signalled(tmp_path,
                                                                              state_dir):
     from watchdog import record
-    from watchdog.daemon.signaller import EXITED
+    from watchdog.daemon.act.signaller import EXITED
 
     _record(tmp_path, 101, record.STATUS_ERROR)
     fake = FakeSignaller({})  # gone by the time the ladder looks again: it left on its own

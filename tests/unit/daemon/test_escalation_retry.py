@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
+from watchdog.daemon.act.enforcer import Outcome
 from watchdog.daemon.config import Settings
-from watchdog.daemon.enforcer import Outcome
 from watchdog.daemon.loop import Daemon
 from watchdog.record import OP_CODE, RecordWriter
 from watchdog.states import Phase

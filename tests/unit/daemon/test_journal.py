@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 
 
 def test_append_and_read_round_trip(state_dir: Path) -> None:
@@ -133,7 +133,7 @@ def test_a_planted_pointer_never_blocks_nor_misleads(tmp_path):
     nor be believed."""
     import threading
 
-    from watchdog.daemon import journal as j
+    from watchdog.daemon.store import journal as j
 
     pointer = tmp_path / j.POINTER
     os.mkfifo(pointer)  # open() without O_NONBLOCK would wait for a writer forever

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.daemon import learning
-from watchdog.daemon.deadlines import Learned, Rules
-from watchdog.daemon.detector import NS, Detector
+from watchdog.daemon.judge import learning
+from watchdog.daemon.judge.deadlines import Learned, Rules
+from watchdog.daemon.judge.detector import NS, Detector
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Pace, Record
 from watchdog.states import Phase, State

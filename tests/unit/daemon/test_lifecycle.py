@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import watchdog
-from watchdog.daemon.detector import Verdict
+from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.ranks import ALLOWED, Edge, Rank, transition
 from watchdog.record import Record
 from watchdog.states import Phase, State

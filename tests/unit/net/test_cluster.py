@@ -267,7 +267,7 @@ def test_peers_are_asked_ahead_of_a_verdict_and_the_answer_is_used(monkeypatch):
     verdict; a peer that answers is asked again (its answer must be current)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from watchdog.daemon import peers as peers_mod
+    from watchdog.daemon.act import peers as peers_mod
     from watchdog.daemon.config import Settings
 
     asked: list[tuple[float, tuple[str, ...]]] = []

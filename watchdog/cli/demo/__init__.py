@@ -43,7 +43,7 @@ from watchdog.cli.demo.job import (
     tail,
 )
 from watchdog.cli.demo.report import incident_lines
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG
 
 FAULTS = ("stop", "kill", "mismatch")

@@ -6,7 +6,7 @@ from typing import Any
 
 import psutil
 
-from watchdog.daemon import samplegraph
+from watchdog.daemon.act import samplegraph
 from watchdog.daemon.probes import Probe, ProbeError, find_tool
 
 

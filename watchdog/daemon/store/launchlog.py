@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from watchdog.daemon import journal
+from watchdog.daemon.store import journal
 
 LAUNCHES = "launches.jsonl"
 COUNTED = ("restart", "refused", "gave_up")  # the events /metrics counts

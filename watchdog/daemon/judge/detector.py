@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from watchdog.daemon.deadlines import (
+from watchdog.daemon.judge.deadlines import (
     NATIVE_KIND,
     Learned,
     Rules,
@@ -32,8 +32,7 @@ from watchdog.daemon.deadlines import (
     job_key,
     kind_of,
 )
-from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
-from watchdog.daemon.threads import (
+from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
     KERNEL_SPIN_BACKENDS,
     QUIET_RATIO,
@@ -42,6 +41,7 @@ from watchdog.daemon.threads import (
     python_threads,
     thread_tick,
 )
+from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

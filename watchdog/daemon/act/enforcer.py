@@ -17,11 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog import record
-from watchdog.daemon import journal, pending
-from watchdog.daemon.config import Settings
-from watchdog.daemon.evidence import Evidence
-from watchdog.daemon.probes import Probe, ProbeError
-from watchdog.daemon.signaller import (
+from watchdog.daemon.act.evidence import Evidence
+from watchdog.daemon.act.signaller import (
     EXITED,
     KILLED,
     OURS,
@@ -31,6 +28,9 @@ from watchdog.daemon.signaller import (
     Signaller,
     Target,
 )
+from watchdog.daemon.config import Settings
+from watchdog.daemon.probes import Probe, ProbeError
+from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
 

@@ -22,8 +22,8 @@ import os
 import time
 from typing import Any
 
-from watchdog.daemon.deadlines import Learned
-from watchdog.daemon.journal import write_json_atomic
+from watchdog.daemon.judge.deadlines import Learned
+from watchdog.daemon.store.journal import write_json_atomic
 
 log = logging.getLogger(__name__)
 

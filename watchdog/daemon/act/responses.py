@@ -15,10 +15,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from watchdog.daemon.act.enforcer import Enforcer, Outcome
+from watchdog.daemon.act.peers import Peers
+from watchdog.daemon.act.signaller import Target
 from watchdog.daemon.config import Settings
-from watchdog.daemon.enforcer import Enforcer, Outcome
-from watchdog.daemon.peers import Peers
-from watchdog.daemon.signaller import Target
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from watchdog.daemon import journal
-from watchdog.daemon.signaller import Target
+from watchdog.daemon.act.signaller import Target
+from watchdog.daemon.store import journal
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from watchdog.daemon.deadlines import Rules
-from watchdog.daemon.detector import hold_reason
+from watchdog.daemon.judge.deadlines import Rules
+from watchdog.daemon.judge.detector import hold_reason
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.states import FINAL
 
