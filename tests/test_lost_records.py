@@ -203,8 +203,8 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     out = enf.handle(incident(targets=targets), targets)
     assert out.incident["reboot_required"] and "301" in out.incident["reboot_required"]
     assert [i["id"] for i in incidents(state_dir)] == [out.incident["id"]]
-    assert enf.backlog.state()["reboot_flags_unwritten"], enf.backlog.state()
-    assert enf.backlog.state()["incidents_unwritten"] == []
+    assert enf.backlog.state().reboot_flags_unwritten, enf.backlog.state()
+    assert enf.backlog.state().incidents_unwritten == ()
     (entry,) = pending.unfinished(str(state_dir))  # kept: the flag is not on disk
     # A restart with the path usable again.
     (state_dir / journal.REBOOT_FLAG).rmdir()

@@ -130,18 +130,20 @@ def node_status(state_dir: str, as_json: bool) -> None:
     from watchdog.cli.sampling import daemon_status
 
     flag = journal.reboot_flag(state_dir)
-    snap = daemon_status(state_dir) or {}
+    snap = daemon_status(state_dir)
+    wired = snap.wired_bytes if snap else None
+    baseline = snap.wired_baseline_bytes if snap else None
     info = {"reboot_required": flag is not None, "reboot": flag,
-            "daemon_running": bool(snap), "wired_bytes": snap.get("wired_bytes"),
-            "wired_baseline_bytes": snap.get("wired_baseline_bytes")}
+            "daemon_running": snap is not None, "wired_bytes": wired,
+            "wired_baseline_bytes": baseline}
     if as_json:
         click.echo(json.dumps(info, indent=1))
     else:
         click.echo("reboot required: " + (f"YES ({flag.get('reason')})" if flag else "no"))
         click.echo(f"daemon: {'running' if snap else 'not running'}")
-        if snap.get("wired_bytes") is not None:
-            click.echo(f"wired memory: {snap['wired_bytes'] / 2**20:.0f} MiB "
-                       f"(baseline {(snap.get('wired_baseline_bytes') or 0) / 2**20:.0f} MiB)")
+        if wired is not None:
+            click.echo(f"wired memory: {wired / 2**20:.0f} MiB "
+                       f"(baseline {(baseline or 0) / 2**20:.0f} MiB)")
     if flag:
         sys.exit(1)
 

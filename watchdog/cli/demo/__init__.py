@@ -45,6 +45,7 @@ from watchdog.cli.demo.job import (
 from watchdog.cli.demo.report import incident_lines
 from watchdog.daemon import journal
 from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG
+from watchdog.status import RankStatus
 
 FAULTS = ("stop", "kill", "mismatch")
 
@@ -63,11 +64,11 @@ class Demo(DemoJob):
 
     # -- phases ------------------------------------------------------------------
 
-    def progress_line(self, seen: dict[int, dict[str, Any]]) -> str:
+    def progress_line(self, seen: dict[int, RankStatus]) -> str:
         parts = []
         for r in self.ranks:
             info = seen.get(r.rank)
-            parts.append(f"rank {r.rank} at step {info.get('steps', 0)} ({info['state']})"
+            parts.append(f"rank {r.rank} at step {info.steps or 0} ({info.state})"
                          if info else f"rank {r.rank} not seen yet")
         return "; ".join(parts)
 
@@ -75,14 +76,14 @@ class Demo(DemoJob):
         """A few seconds of normal progress; returns the step count before the fault."""
         seconds = min(max(3.0, self.deadline), 5.0)
         until = time.monotonic() + seconds
-        seen: dict[int, dict[str, Any]] = {}
+        seen: dict[int, RankStatus] = {}
         while True:
             seen = self.rank_status(self.status())
             self.say(self.progress_line(seen))
             if time.monotonic() + 1.0 > until:
                 break
             time.sleep(1.0)
-        return min((int(s.get("steps", 0)) for s in seen.values()), default=0)
+        return min((s.steps or 0 for s in seen.values()), default=0)
 
     def inject(self, result: _Result) -> None:
         result.fault_at = self.now()
@@ -113,22 +114,22 @@ class Demo(DemoJob):
             self.note("which never sends (rank 1 and the others move on and wait for work")
             self.note("outside MLX). Rank 0 waits in that recv forever.")
 
-    def state_line(self, seen: dict[int, dict[str, Any]]) -> str:
+    def state_line(self, seen: dict[int, RankStatus]) -> str:
         parts = []
         for r in self.ranks:
             info = seen.get(r.rank)
             if info is None:
                 parts.append(f"rank {r.rank} gone")
                 continue
-            state = str(info.get("state"))
+            state = str(info.state)
             text = f"rank {r.rank} {state}"
-            if state in WAITING_LONG or (state == "running" and info.get("phase") == "wait"
-                                    and (info.get("seconds_in_wait") or 0) >= 0.5):
-                cpu = info.get("busiest_thread_cpu")
-                text += (f" ({info.get('seconds_in_wait') or 0:.1f}s in "
-                         f"{info.get('current_op') or 'a wait'}"
+            if state in WAITING_LONG or (state == "running" and info.phase == "wait"
+                                    and (info.seconds_in_wait or 0) >= 0.5):
+                cpu = info.busiest_thread_cpu
+                text += (f" ({info.seconds_in_wait or 0:.1f}s in "
+                         f"{info.current_op or 'a wait'}"
                          + (f", busiest thread {cpu:.0%} CPU" if cpu is not None else "") + ")")
-            elif state == "exited" and "without closing" in str(info.get("reason")):
+            elif state == "exited" and "without closing" in str(info.reason):
                 text += " (died without closing its record)"
             parts.append(text)
         return "watchdog sees: " + "; ".join(parts)
@@ -179,7 +180,7 @@ class Demo(DemoJob):
                 done_at = time.monotonic()
             if done_at is not None:
                 # Give the daemon a scan or two to publish its final verdicts.
-                final = all(str(s.get("state")) in FINAL for s in seen.values())
+                final = all(str(s.state) in FINAL for s in seen.values())
                 if final or time.monotonic() - done_at > 4 * INTERVAL + 1:
                     if line != last_line:
                         self.say(line)
