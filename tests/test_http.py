@@ -25,6 +25,7 @@ from ranks import DaemonProc, RingJob, http_get, scrape, value, wait_for
 
 from watchdog.cli.commands import cli
 from watchdog.net import metrics
+from watchdog.status import NodeStatus
 
 # Design section 7: the fields of one rank in `status --json` (and /status).
 RANK_FIELDS = {
@@ -277,10 +278,10 @@ def endpoint():
     """metrics.serve on 127.0.0.1:0 with a snapshot and health the test controls."""
     state = {"healthy": True, "snapshot": {"host": "h", "ranks": []}, "fail": False}
 
-    def snapshot() -> dict:
+    def snapshot() -> NodeStatus:
         if state["fail"]:
             raise RuntimeError("snapshot broke")
-        return state["snapshot"]
+        return NodeStatus.from_json(state["snapshot"])
 
     server = metrics.serve(("127.0.0.1", 0), snapshot, lambda: state["healthy"])
     host, port = server.server_address[:2]
@@ -310,7 +311,8 @@ def test_a_failing_snapshot_is_a_500_and_the_server_keeps_serving(endpoint):
     assert http_get(url + "/status")[0] == 500
     state["fail"] = False
     assert http_get(url + "/metrics")[0] == 200
-    assert json.loads(http_get(url + "/status")[2]) == {"host": "h", "ranks": []}
+    served = json.loads(http_get(url + "/status")[2])
+    assert served["host"] == "h" and served["ranks"] == []
 
 
 def test_unit_write_methods_are_405(endpoint):

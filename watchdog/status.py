@@ -314,9 +314,10 @@ class NodeStatus:
     @classmethod
     def from_json(cls, data: Any) -> NodeStatus:
         """A node's status as another process wrote it (a peer's /status, status.json);
-        ValueError unless it is an object with a list of ranks. Malformed ranks are
-        dropped, fields of the wrong type read as their default."""
-        if not isinstance(data, dict) or not isinstance(data.get("ranks"), list):
+        ValueError unless it is an object. Malformed ranks are dropped, fields of the
+        wrong type read as their default (a peer's answer without a list of ranks is
+        refused before: cluster.fetch)."""
+        if not isinstance(data, dict):
             raise ValueError("not an mlx-watchdog /status")
         bounds = data.get("scan_bucket_bounds")
         invalid = _obj(data.get("invalid_records"))
@@ -324,7 +325,7 @@ class NodeStatus:
         return cls(
             host=_str(data.get("host")), version=_str(data.get("version")),
             started=_num(data.get("started")), time=_num(data.get("time")),
-            ranks=valid_ranks(data["ranks"]), scanned="scan_monotonic" in data,
+            ranks=valid_ranks(data.get("ranks")), scanned="scan_monotonic" in data,
             daemon_pid=_int(data.get("daemon_pid")), mode=_str(data.get("mode")),
             interval=_num(data.get("interval")), scan_monotonic=_num(data.get("scan_monotonic")),
             dir=_str(data.get("dir")), state_dir=_str(data.get("state_dir")),
@@ -361,7 +362,7 @@ class Culprit:
 
     @classmethod
     def from_json(cls, data: Any) -> Culprit | None:
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or not data:
             return None
         return cls(_str(data.get("host")), _int(data.get("rank")), _int(data.get("pid")),
                    _str(data.get("state")), _str(data.get("reason")))

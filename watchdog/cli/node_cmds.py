@@ -12,6 +12,7 @@ import click
 
 from watchdog.cli.options import STATE_ENV, state_option
 from watchdog.daemon import journal
+from watchdog.status import Incident
 from watchdog.text import printable
 
 
@@ -48,7 +49,7 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
         if inc.get("kind") == "launch":
             _echo_launch_event(inc)
         else:
-            _echo_incident(inc)
+            _echo_incident(_incident(inc))
 
 
 # The launcher's events shown among the incidents; "launch" and "ended" only with --json.
@@ -75,22 +76,28 @@ def _echo_launch_event(event: dict[str, Any]) -> None:
     click.echo(printable(f"    {event.get('reason', '')}"))
 
 
-def _echo_incident(inc: dict[str, Any]) -> None:
-    when = datetime.fromtimestamp(float(inc.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
-    ranks = ",".join(str(r.get("rank")) for r in inc.get("ranks", []))
-    attempt = f" attempt {inc['attempt']}" if inc.get("attempt") is not None else ""
-    lines = [f"{when}  {inc.get('id')}  job {inc.get('job')}{attempt}  {inc.get('verdict')}  "
-             f"ranks {ranks}  {inc.get('action', '')}", f"    {inc.get('reason', '')}"]
-    if inc.get("culprit"):
-        c = inc["culprit"]
-        lines.append(f"    culprit: rank {c.get('rank')} pid {c.get('pid')} on {c.get('host')}: "
-                     f"{c.get('reason')}")
-    outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.get("outcome") or {}).items())
+def _incident(line: dict[str, Any]) -> Incident:
+    """A journal line read through the contract; one without an id (edited by hand)
+    is still shown."""
+    return Incident.from_json(line if isinstance(line.get("id"), str)
+                              else {**line, "id": str(line.get("id"))})
+
+
+def _echo_incident(inc: Incident) -> None:
+    when = datetime.fromtimestamp(inc.time).strftime("%Y-%m-%d %H:%M:%S")
+    ranks = ",".join(str(r.rank) for r in inc.ranks)
+    attempt = f" attempt {inc.attempt}" if inc.attempt is not None else ""
+    lines = [f"{when}  {inc.id}  job {inc.job}{attempt}  {inc.verdict}  "
+             f"ranks {ranks}  {inc.action or ''}", f"    {inc.reason or ''}"]
+    if inc.culprit:
+        c = inc.culprit
+        lines.append(f"    culprit: rank {c.rank} pid {c.pid} on {c.host}: {c.reason}")
+    outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.outcome or {}).items())
     if outcome:
         lines.append(f"    outcome: {outcome}")
-    if inc.get("reboot_required"):
-        lines.append(f"    REBOOT REQUIRED: {inc['reboot_required']}")
-    lines += _native_hot_lines(inc.get("native_hot"))
+    if inc.reboot_required:
+        lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
+    lines += _native_hot_lines(list(inc.native_hot) if inc.native_hot else None)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
 

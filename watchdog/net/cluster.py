@@ -33,7 +33,10 @@ def fetch(peer: str, timeout: float) -> dict[str, Any]:
     """One node's `/status`: {"peer", "ok", "status" (a NodeStatus) or "error"}."""
     try:
         with urllib.request.urlopen(f"http://{peer}/status", timeout=timeout) as response:
-            status = NodeStatus.from_json(json.loads(response.read(MAX_STATUS_BYTES)))
+            answer = json.loads(response.read(MAX_STATUS_BYTES))
+        if not isinstance(answer, dict) or not isinstance(answer.get("ranks"), list):
+            raise ValueError("not an mlx-watchdog /status")
+        status = NodeStatus.from_json(answer)
         return {"peer": peer, "ok": True, "status": status}
     except Exception as err:  # noqa: BLE001 - an unreachable node is a result
         return {"peer": peer, "ok": False, "error": str(getattr(err, "reason", err))}
