@@ -21,7 +21,6 @@ from watchdog.daemon.detector import Verdict
 from watchdog.daemon.incidents import new_incident
 from watchdog.daemon.publish import Counters, snapshot
 from watchdog.daemon.ranks import Rank
-from watchdog.daemon.view import rank_status
 from watchdog.net import cluster, fence
 from watchdog.states import State
 from watchdog.status import (
