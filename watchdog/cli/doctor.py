@@ -116,7 +116,7 @@ def check_daemon(listen: str, state_dir: str) -> list[Line]:
                 "install the service (`mlx-watchdog service install`)")
         snap = daemon_status(state_dir)
         if snap is not None:
-            line += (f"; a daemon (pid {snap.get('daemon_pid')}) does publish in {state_dir}: "
+            line += (f"; a daemon (pid {snap.daemon_pid}) does publish in {state_dir}: "
                      "it listens elsewhere, pass its --listen")
         return [(WARN, line)]
     if code == 200:

@@ -66,8 +66,8 @@ def check(settings: Settings, reference: Reference | None = None) -> Health:
     if snap is None:
         notes.append("no daemon running here: wired memory not checked")
     else:
-        wired, baseline = snap.get("wired_bytes"), snap.get("wired_baseline_bytes")
-        if isinstance(wired, int) and isinstance(baseline, int):
+        wired, baseline = snap.wired_bytes, snap.wired_baseline_bytes
+        if wired is not None and baseline is not None:
             over = wired - baseline
             if over > settings.wired_threshold:
                 return Health(f"wired memory is {over / 2**20:.0f} MiB above its idle "
@@ -90,11 +90,10 @@ def check(settings: Settings, reference: Reference | None = None) -> Health:
             # Unknown is not sick: a node that is down is no node to start ranks on anyway.
             notes.append(f"peer {node['peer']} unreachable: its reboot flag not checked")
             continue
-        status = node["status"]
-        if status.get("reboot_required") and problem is None:
-            reason = (status.get("reboot") or {}).get("reason") if isinstance(
-                status.get("reboot"), dict) else None
-            problem = (f"peer {node['peer']} ({printable(str(status.get('host')))}) is "
+        status = node["status"]  # a NodeStatus (cluster.fetch read it through the contract)
+        if status.reboot_required and problem is None:
+            reason = status.reboot.get("reason") if status.reboot is not None else None
+            problem = (f"peer {node['peer']} ({printable(str(status.host))}) is "
                        f"flagged for reboot ({printable(str(reason))})")
     return Health(problem, tuple(notes))
 

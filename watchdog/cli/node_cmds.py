@@ -12,6 +12,7 @@ import click
 
 from watchdog.cli.options import STATE_ENV, state_option
 from watchdog.daemon.store import journal
+from watchdog.status import Incident
 from watchdog.text import printable
 
 
@@ -48,7 +49,7 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
         if inc.get("kind") == "launch":
             _echo_launch_event(inc)
         else:
-            _echo_incident(inc)
+            _echo_incident(_incident(inc))
 
 
 # The launcher's events shown among the incidents; "launch" and "ended" only with --json.
@@ -75,22 +76,28 @@ def _echo_launch_event(event: dict[str, Any]) -> None:
     click.echo(printable(f"    {event.get('reason', '')}"))
 
 
-def _echo_incident(inc: dict[str, Any]) -> None:
-    when = datetime.fromtimestamp(float(inc.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
-    ranks = ",".join(str(r.get("rank")) for r in inc.get("ranks", []))
-    attempt = f" attempt {inc['attempt']}" if inc.get("attempt") is not None else ""
-    lines = [f"{when}  {inc.get('id')}  job {inc.get('job')}{attempt}  {inc.get('verdict')}  "
-             f"ranks {ranks}  {inc.get('action', '')}", f"    {inc.get('reason', '')}"]
-    if inc.get("culprit"):
-        c = inc["culprit"]
-        lines.append(f"    culprit: rank {c.get('rank')} pid {c.get('pid')} on {c.get('host')}: "
-                     f"{c.get('reason')}")
-    outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.get("outcome") or {}).items())
+def _incident(line: dict[str, Any]) -> Incident:
+    """A journal line read through the contract; one without an id (edited by hand)
+    is still shown."""
+    return Incident.from_json(line if isinstance(line.get("id"), str)
+                              else {**line, "id": str(line.get("id"))})
+
+
+def _echo_incident(inc: Incident) -> None:
+    when = datetime.fromtimestamp(inc.time).strftime("%Y-%m-%d %H:%M:%S")
+    ranks = ",".join(str(r.rank) for r in inc.ranks)
+    attempt = f" attempt {inc.attempt}" if inc.attempt is not None else ""
+    lines = [f"{when}  {inc.id}  job {inc.job}{attempt}  {inc.verdict}  "
+             f"ranks {ranks}  {inc.action or ''}", f"    {inc.reason or ''}"]
+    if inc.culprit:
+        c = inc.culprit
+        lines.append(f"    culprit: rank {c.rank} pid {c.pid} on {c.host}: {c.reason}")
+    outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.outcome or {}).items())
     if outcome:
         lines.append(f"    outcome: {outcome}")
-    if inc.get("reboot_required"):
-        lines.append(f"    REBOOT REQUIRED: {inc['reboot_required']}")
-    lines += _native_hot_lines(inc.get("native_hot"))
+    if inc.reboot_required:
+        lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
+    lines += _native_hot_lines(list(inc.native_hot) if inc.native_hot else None)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
 
@@ -130,18 +137,20 @@ def node_status(state_dir: str, as_json: bool) -> None:
     from watchdog.cli.sampling import daemon_status
 
     flag = journal.reboot_flag(state_dir)
-    snap = daemon_status(state_dir) or {}
+    snap = daemon_status(state_dir)
+    wired = snap.wired_bytes if snap else None
+    baseline = snap.wired_baseline_bytes if snap else None
     info = {"reboot_required": flag is not None, "reboot": flag,
-            "daemon_running": bool(snap), "wired_bytes": snap.get("wired_bytes"),
-            "wired_baseline_bytes": snap.get("wired_baseline_bytes")}
+            "daemon_running": snap is not None, "wired_bytes": wired,
+            "wired_baseline_bytes": baseline}
     if as_json:
         click.echo(json.dumps(info, indent=1))
     else:
         click.echo("reboot required: " + (f"YES ({flag.get('reason')})" if flag else "no"))
         click.echo(f"daemon: {'running' if snap else 'not running'}")
-        if snap.get("wired_bytes") is not None:
-            click.echo(f"wired memory: {snap['wired_bytes'] / 2**20:.0f} MiB "
-                       f"(baseline {(snap.get('wired_baseline_bytes') or 0) / 2**20:.0f} MiB)")
+        if wired is not None:
+            click.echo(f"wired memory: {wired / 2**20:.0f} MiB "
+                       f"(baseline {(baseline or 0) / 2**20:.0f} MiB)")
     if flag:
         sys.exit(1)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
 
 from watchdog.daemon.attempts import attempt_of
 from watchdog.daemon.judge.deadlines import Rules
@@ -19,16 +18,18 @@ from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.recdir import read_dir, read_record
 from watchdog.daemon.store import journal
-from watchdog.daemon.view import rank_json
+from watchdog.daemon.view import rank_status
 from watchdog.record import Record
 from watchdog.states import State
+from watchdog.status import NodeStatus, RankStatus
 
 SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
 
 
 def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
-                 probe_: Probe | None = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """(ranks as status JSON, invalid files with the reason) for one directory."""
+                 probe_: Probe | None = None) -> tuple[list[RankStatus], dict[str, str]]:
+    """(ranks as `status --json` shows them, invalid files with the reason) for one
+    directory."""
     probe_ = probe_ or probe()
     detector = Detector(rules)
     found: list[tuple[Record, State, Verdict | None, str]] = []
@@ -69,7 +70,7 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
         state = verdict.state if verdict else State.EXITED
         found.append((_fresh(paths[rec.pid], rec), state, verdict, ""))
     found.sort(key=lambda f: (f[0].job, f[0].rank, f[0].pid))
-    return [rank_json(r, s, v, reason=why, source="sampled", attempt=attempt_of(r.pid))
+    return [rank_status(r, s, v, reason=why, source="sampled", attempt=attempt_of(r.pid))
             for r, s, v, why in found], invalid
 
 
@@ -79,24 +80,21 @@ def _fresh(path: str, rec: Record) -> Record:
     return newer if newer is not None and newer.start_time == rec.start_time else rec
 
 
-def daemon_status(state_dir: str, record_dir: str | None = None) -> dict[str, Any] | None:
+def daemon_status(state_dir: str, record_dir: str | None = None) -> NodeStatus | None:
     """The running daemon's published snapshot, or None when it is absent or stale.
 
     With `record_dir`, only a daemon that watches that directory counts.
     """
     try:
         with open(os.path.join(state_dir, journal.STATUS)) as f:
-            snap = json.load(f)
+            snap = NodeStatus.from_json(json.load(f))
     except (OSError, ValueError):
         return None
-    if not isinstance(snap, dict):
+    pid, scanned = snap.daemon_pid, snap.scan_monotonic
+    interval = snap.interval if snap.interval is not None else 1
+    if pid is None or scanned is None:
         return None
-    pid, interval = snap.get("daemon_pid"), snap.get("interval", 1)
-    scanned = snap.get("scan_monotonic")
-    if (not isinstance(pid, int) or not isinstance(scanned, (int, float))
-            or not isinstance(interval, (int, float))):
-        return None
-    if record_dir is not None and snap.get("dir") != os.path.abspath(record_dir):
+    if record_dir is not None and snap.dir != os.path.abspath(record_dir):
         return None
     try:
         os.kill(pid, 0)
@@ -109,7 +107,7 @@ def daemon_status(state_dir: str, record_dir: str | None = None) -> dict[str, An
     return snap
 
 
-def find_daemon(record_dir: str, state_dir: str) -> dict[str, Any] | None:
+def find_daemon(record_dir: str, state_dir: str) -> NodeStatus | None:
     """The snapshot of the daemon that watches `record_dir`: the one named by the
     directory's pointer, else the one publishing in `state_dir` if it watches it."""
     pointer = journal.read_pointer(record_dir)

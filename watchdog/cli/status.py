@@ -13,18 +13,19 @@ import click
 
 from watchdog.cli.options import DIR_ENV, deadline_option, dir_option, state_option
 from watchdog.states import HUNG
+from watchdog.status import RankStatus
 from watchdog.text import printable
 
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
-           ) -> tuple[list[dict[str, Any]], str]:
+           ) -> tuple[list[RankStatus], str]:
     from watchdog.cli.sampling import find_daemon, sample_ranks
     from watchdog.daemon.config import coerce
     from watchdog.daemon.judge.deadlines import Rules
 
     snap = find_daemon(record_dir, state_dir)
     if snap is not None:
-        return snap.get("ranks", []), "daemon"
+        return list(snap.ranks), "daemon"
     if not os.path.isdir(record_dir):
         raise click.ClickException(f"record directory {record_dir} does not exist "
                                    f"(set --dir or {DIR_ENV})")
@@ -45,15 +46,15 @@ COLUMNS = ("PID", "JOB", "RANK", "STATE", "PHASE", "PROGRESS", "COLL", "SINCE", 
            "CPU", "OP")
 
 
-def table(ranks: list[dict[str, Any]]) -> str:
+def table(ranks: list[RankStatus]) -> str:
     rows: list[tuple[str, ...]] = [COLUMNS]
     for r in ranks:
         # The attempt of a relaunched job (`launch --restart`), when the daemon knows it.
-        job = r["job"] if r.get("attempt") is None else f"{r['job']} #{r['attempt']}"
-        cells = (r["pid"], job, f"{r['rank']}/{r['world_size']}", r["state"], r["phase"],
-                 r["progress"], r["collectives"], _fmt(r.get("seconds_since_progress"), ".1f"),
-                 _fmt(r.get("deadline_seconds"), ".0f"),
-                 _fmt(r.get("busiest_thread_cpu"), ".2f"), r.get("current_op") or "")
+        job = r.job if r.attempt is None else f"{r.job} #{r.attempt}"
+        cells = (r.pid, job, f"{r.rank}/{r.world_size}", r.state, r.phase,
+                 r.progress, r.collectives, _fmt(r.seconds_since_progress, ".1f"),
+                 _fmt(r.deadline_seconds, ".0f"),
+                 _fmt(r.busiest_thread_cpu, ".2f"), r.current_op or "")
         rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -72,14 +73,14 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
     """The ranks on this node and their state (works with no daemon running)."""
     ranks, source = _ranks(record_dir, state_dir, deadline)
     if as_json:
-        click.echo(json.dumps(ranks, indent=1))
+        click.echo(json.dumps([r.to_json() for r in ranks], indent=1))
     elif ranks:
         click.echo(table(ranks))
         click.echo(f"({len(ranks)} ranks; " + ("verdicts from the daemon)" if source == "daemon"
                    else "sampled here: no daemon running)"), err=True)
     else:
         click.echo(f"no ranks in {record_dir}")
-    if check and any(r["state"] in HUNG for r in ranks):
+    if check and any(r.state in HUNG for r in ranks):
         sys.exit(1)
 
 

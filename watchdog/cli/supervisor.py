@@ -124,9 +124,8 @@ class Supervisor:
         """Do ranks of other jobs run here? The daemon's view, else the record directory."""
         snap = daemon_status(self.settings.state_dir)
         if snap is not None:
-            return any(isinstance(r, dict) and r.get("job") != self.plan.job
-                       and r.get("state") not in ("exited", "killed")
-                       for r in snap.get("ranks") or [])
+            return any(r.job != self.plan.job and r.state not in ("exited", "killed")
+                       for r in snap.ranks)
         return os.path.isdir(self.plan.record_dir) and any(
             rec is not None and rec.job != self.plan.job
             for _path, rec, _why, _st in read_dir(self.plan.record_dir))
@@ -137,10 +136,9 @@ class Supervisor:
         snap = daemon_status(self.settings.state_dir)
         if snap is None:
             return False, 0.0
-        hung = any(isinstance(r, dict) and r.get("pid") in attempt.pids
-                   and r.get("job") == self.plan.job and r.get("state") in HANDLED
-                   for r in snap.get("ranks") or [])
-        return hung, float(snap.get("scan_monotonic") or 0.0)
+        hung = any(r.pid in attempt.pids and r.job == self.plan.job and r.state in HANDLED
+                   for r in snap.ranks)
+        return hung, float(snap.scan_monotonic or 0.0)
 
     def run_attempt(self, number: int) -> relaunch.Attempt:
         attempt = relaunch.Attempt(number=number, started=time.time())

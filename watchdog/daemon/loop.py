@@ -4,8 +4,8 @@ Each tick reads every record in the directory, samples the process behind
 each one, asks the detector for a verdict, and hands a hung job to the
 enforcer (on a worker thread, so the loop keeps scanning while the ladder
 runs). The loop never dies: any error is logged, counted and the next tick
-comes. What it knows is published as one immutable snapshot (a dict) for the
-metrics endpoint, `/status` and `status.json`.
+comes. What it knows is published as one immutable snapshot (a `status.NodeStatus`)
+for the metrics endpoint, `/status` and `status.json`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from watchdog.daemon.store import journal, launchlog, pending
 from watchdog.net import fence
 from watchdog.record import Record
 from watchdog.states import FINAL, WAITING_LONG, State
+from watchdog.status import Culprit, Fence, NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Daemon:
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
         # (uid, job) -> (when its live local ranks are ended, why, the dead rank), for
         # jobs one of whose ranks died (PEER_DEATH_GRACE).
-        self.orphans: dict[tuple[int, str], tuple[float, str, dict[str, Any]]] = {}
+        self.orphans: dict[tuple[int, str], tuple[float, str, Culprit]] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
         self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
@@ -90,8 +91,7 @@ class Daemon:
         self.scan_trouble = ""
         self.started = wall()
         # Before the first scan: enough for /metrics to show the start time.
-        self.snapshot: dict[str, Any] = {"host": self.host, "version": __version__,
-                                         "started": self.started, "time": None, "ranks": []}
+        self.snapshot = NodeStatus(host=self.host, version=__version__, started=self.started)
         self.stop_event = threading.Event()
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
@@ -291,9 +291,9 @@ class Daemon:
                      if r.record.job == job and r.record.uid == uid
                      and r.state not in FINAL and not r.escalating]
             if alive:
-                self._escalate(uid, job, alive, fenced={
-                    "origin": self.host, "local": True, "reason": reason,
-                    "culprit": culprit})
+                self._escalate(uid, job, alive, fenced=Fence(
+                    job=job, uid=uid, origin=self.host, reason=reason, culprit=culprit,
+                    local=True))
 
     def _expire(self, now: float) -> None:
         """Forget ranks that have been final for `retention`; remove their records."""
@@ -335,7 +335,7 @@ class Daemon:
     # -- acting ----------------------------------------------------------------
 
     def _escalate(self, uid: int, job: str, due: list[Rank],
-                  fenced: dict[str, Any] | None = None) -> None:
+                  fenced: Fence | None = None) -> None:
         local = [r for r in self.ranks.values()
                  if r.record.job == job and r.record.uid == uid and r.state not in FINAL
                  and not r.escalating]
@@ -349,7 +349,7 @@ class Daemon:
             fenced=fenced)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
-            log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
+            log.error("job %s: %s; %s %s ranks %s", job, incident.reason,
                       "ending" if self.settings.mode == "enforce" else "observing",
                       len(targets), sorted(r.record.rank for r in targets))
         now = self.clock_ns() / 1e9
@@ -384,7 +384,7 @@ class Daemon:
         return self.peers.view(uid, job, self.snapshot)
 
     def _fence_peers(self, uid: int, job: str, reason: str,
-                     culprit: dict[str, Any] | None) -> None:
+                     culprit: Culprit | None) -> None:
         self.peers.fence(uid, job, reason, culprit)
 
     def fence_request(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -396,14 +396,14 @@ class Daemon:
         except fence.FenceRejected as err:
             log.warning("refused a fence: %s", err)
             return 401, {"error": str(err)}
-        job, uid = request["job"], request["uid"]
+        job, uid = request.job, request.uid
         with self.lock:
             # Only the ranks of the job's owner: a fence names (uid, job).
             ranks = [r for r in self.ranks.values()
                      if r.record.job == job and r.record.uid == uid and r.state not in FINAL
                      and not r.escalating]
             log.warning("fence from %s: ending %s local ranks of job %s of uid %s (%s)",
-                        request.get("origin"), len(ranks), job, uid, request.get("reason"))
+                        request.origin, len(ranks), job, uid, request.reason)
             if ranks:
                 self._escalate(uid, job, ranks, fenced=request)
         return 202, {"job": job, "uid": uid, "ending": sorted(r.record.pid for r in ranks)}
@@ -440,7 +440,7 @@ class Daemon:
     def _hold_for_peers(self, keys: list[tuple[int, float]], outcome: Outcome,
                         now: float) -> None:
         """A rank of the job computes on another node: leave these alone a while."""
-        log.info("job %s: %s", outcome.incident.get("job"), outcome.held)
+        log.info("job %s: %s", outcome.incident.job, outcome.held)
         self.replaying.difference_update(keys)
         for key in keys:
             rank = self.ranks.get(key)
@@ -452,7 +452,7 @@ class Daemon:
     def _ended(self, keys: list[tuple[int, float]], outcome: Outcome, now: float) -> None:
         # A hang acted on (not a fence, not a hold: a hold re-asked every 5 s is no
         # new stall) counts once its response is done.
-        verdict = outcome.incident.get("verdict")
+        verdict = outcome.incident.verdict
         if verdict in self.counters.stalls:
             self.counters.stalls[verdict] += 1
         for name in outcome.signals_sent:
@@ -463,12 +463,12 @@ class Daemon:
             rank = self.ranks.get(key)
             if rank is None:
                 if outcome.results.get(key[0]) == KILLED:  # a replay's, not yet seen
-                    self.ended_by_us[key] = outcome.incident["id"]
+                    self.ended_by_us[key] = outcome.incident.id
                 continue
             result = outcome.results.get(rank.record.pid)
             if result == KILLED:
                 transition(rank, Edge.KILLED, now,
-                           f"ended by the watchdog (incident {outcome.incident['id']})")
+                           f"ended by the watchdog (incident {outcome.incident.id})")
                 self.counters.job_kills[rank.record.job] = (
                     self.counters.job_kills.get(rank.record.job, 0) + 1)
                 self._remove_record(rank)
@@ -486,7 +486,7 @@ class Daemon:
         did not close (killed mid-ladder or mid-settle): its kill is recorded as
         one, its flag raised, and its ranks are not judged again meanwhile."""
         for entry in pending.unfinished(self.settings.state_dir):
-            keys = [(t.pid, t.start_time) for t in entry["targets"]]
+            keys = [(t.pid, t.start_time) for t in entry.targets]
             self.replaying.update(keys)
 
             def others_live(keys: list[tuple[int, float]] = keys) -> bool:
@@ -511,7 +511,7 @@ class Daemon:
             launches=self.launches.get(), backlog=self.enforcer.backlog.state())
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
-                                      self.snapshot)
+                                      self.snapshot.to_json())
         except OSError as err:
             log.warning("cannot write status.json: %s", err)
 

@@ -1,18 +1,19 @@
 """What the daemon publishes: its counters, and the snapshot of the node every reader
-gets (`/status`, `/metrics`, `status.json`), rebuilt after each scan."""
+gets (`/status`, `/metrics`, `status.json`), rebuilt after each scan as one frozen
+`status.NodeStatus`."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from watchdog import __version__
 from watchdog.daemon.config import Settings
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.store import journal
-from watchdog.daemon.view import rank_json
+from watchdog.daemon.view import rank_status
+from watchdog.status import CounterValues, NodeStatus, Unwritten
 
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 INVALID_LISTED = 100  # unusable files named in /status; all are counted
@@ -41,49 +42,35 @@ class Counters:
         else:
             self.scan_buckets[-1] += 1
 
-    def as_json(self) -> dict[str, Any]:
-        return {"stalls": dict(self.stalls), "kills": dict(self.kills),
-                "job_kills": dict(self.job_kills), "invalid_records": self.invalid_records,
-                "probe_errors": self.probe_errors, "loop_errors": self.loop_errors,
-                "scan_buckets": list(self.scan_buckets), "scan_sum": self.scan_sum,
-                "scan_count": self.scan_count}
+    def values(self) -> CounterValues:
+        """The counters as they stand, for the snapshot."""
+        return CounterValues(dict(self.stalls), dict(self.kills), dict(self.job_kills),
+                             self.invalid_records, self.probe_errors, self.loop_errors,
+                             tuple(self.scan_buckets), self.scan_sum, self.scan_count)
 
 
 def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: Counters,
              scanned: tuple[float, float], started: float, wired: tuple[int | None, int | None],
              invalid: dict[str, str], invalid_count: int,
              launches: dict[str, int] | None = None,
-             backlog: dict[str, Any] | None = None) -> dict[str, Any]:
+             backlog: Unwritten | None = None) -> NodeStatus:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
     `wired` the wired bytes now and at rest, `launches` the launcher's counted events."""
     flag = journal.reboot_flag(settings.state_dir)
-    backlog = backlog or {}
-    if flag is None and backlog.get("reboot_flags_unwritten"):
+    backlog = backlog or Unwritten()
+    if flag is None and backlog.reboot_flags_unwritten:
         # The flag could not be written (a full disk): the node needs its reboot all
         # the same, and says so from memory until the file is there.
-        flag = {"reason": backlog["reboot_flags_unwritten"][0], "unwritten": True}
-    shown = [rank_json(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt)
-             for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank, r.record.pid))]
-    return {
-        "host": host,
-        "daemon_pid": os.getpid(),
-        "version": __version__,
-        "mode": settings.mode,
-        "interval": settings.interval,
-        "time": scanned[0] or None,
-        "scan_monotonic": scanned[1],
-        "dir": os.path.abspath(settings.dir),
-        "state_dir": os.path.abspath(settings.state_dir),
-        "started": started,
-        "wired_bytes": wired[0],
-        "wired_baseline_bytes": wired[1],
-        "reboot_required": flag is not None,
-        "reboot": flag,
-        "ranks": shown,
-        "invalid_records": invalid,
-        "invalid_files": invalid_count,
-        "counters": counters.as_json(),
-        "launches": dict(launches or {}),
-        "unwritten": backlog,
-        "scan_bucket_bounds": list(SCAN_BUCKETS),
-    }
+        flag = {"reason": backlog.reboot_flags_unwritten[0], "unwritten": True}
+    shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt)
+                  for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank,
+                                                        r.record.pid)))
+    return NodeStatus(
+        host=host, daemon_pid=os.getpid(), version=__version__, mode=settings.mode,
+        interval=settings.interval, time=scanned[0] or None, scan_monotonic=scanned[1],
+        dir=os.path.abspath(settings.dir), state_dir=os.path.abspath(settings.state_dir),
+        started=started, wired_bytes=wired[0], wired_baseline_bytes=wired[1],
+        reboot_required=flag is not None, reboot=flag, ranks=shown, scanned=True,
+        invalid_records=dict(invalid), invalid_files=invalid_count,
+        counters=counters.values(), launches=dict(launches or {}), unwritten=backlog,
+        scan_bucket_bounds=SCAN_BUCKETS)

@@ -1,12 +1,12 @@
-"""One rank as users see it: the JSON object of `status --json` and `/status`."""
+"""One rank as users see it (`status.RankStatus`: an object of `status --json` and `/status`),
+built from its record and the detector's verdict."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.record import Record
 from watchdog.states import Phase, State
+from watchdog.status import Collective, Expect, RankStatus
 
 
 def current_op(record: Record) -> str:
@@ -19,33 +19,23 @@ def current_op(record: Record) -> str:
     return f"{record.op} ({last.op} #{last.number})"
 
 
-def rank_json(record: Record, state: State, verdict: Verdict | None, *,
-              reason: str = "", source: str = "daemon", attempt: int | None = None
-              ) -> dict[str, Any]:
-    return {
-        "pid": record.pid,
-        "host": record.host,
-        "job": record.job,
-        "uid": record.uid,
-        "rank": record.rank,
-        "world_size": record.world_size,
-        "attempt": attempt,
-        "backend": record.backend,
-        "state": state.value,
-        "phase": record.phase.label,
-        "progress": record.waits_completed,
-        "collectives": record.collectives,
-        "steps": record.steps,
-        "seconds_since_progress": round(verdict.seconds_since_progress, 3) if verdict else None,
-        "seconds_in_wait": round(verdict.seconds_in_wait, 3) if verdict else None,
-        "deadline_seconds": round(verdict.deadline, 3) if verdict else None,
-        "busiest_thread_cpu": round(verdict.busiest_cpu, 3) if verdict else None,
-        "computing": verdict.computing if verdict else None,
-        "current_op": current_op(record),
-        "last_collective": ({"number": record.flight[-1].number, "op": record.flight[-1].op}
-                            if record.flight else None),
-        "expect": ({"seconds": record.expect_seconds, "reason": record.expect_reason}
-                   if record.expect_seconds > 0 else None),
-        "reason": reason or (verdict.reason if verdict else ""),
-        "source": source,
-    }
+def rank_status(record: Record, state: State, verdict: Verdict | None, *,
+                reason: str = "", source: str = "daemon", attempt: int | None = None
+                ) -> RankStatus:
+    return RankStatus(
+        pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
+        world_size=record.world_size, attempt=attempt, backend=record.backend,
+        state=state.value, phase=record.phase.label, progress=record.waits_completed,
+        collectives=record.collectives, steps=record.steps,
+        seconds_since_progress=round(verdict.seconds_since_progress, 3) if verdict else None,
+        seconds_in_wait=round(verdict.seconds_in_wait, 3) if verdict else None,
+        deadline_seconds=round(verdict.deadline, 3) if verdict else None,
+        busiest_thread_cpu=round(verdict.busiest_cpu, 3) if verdict else None,
+        computing=verdict.computing if verdict else None,
+        current_op=current_op(record),
+        last_collective=(Collective(record.flight[-1].number, record.flight[-1].op)
+                         if record.flight else None),
+        expect=(Expect(record.expect_seconds, record.expect_reason)
+                if record.expect_seconds > 0 else None),
+        reason=reason or (verdict.reason if verdict else ""),
+        source=source)

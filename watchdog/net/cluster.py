@@ -14,63 +14,60 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from watchdog.record import MAX_WORLD_SIZE
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
+from watchdog.status import RANK_FIELDS, NodeStatus, RankStatus
 from watchdog.text import printable
+
+__all__ = ["RANK_FIELDS", "Seen", "analyze", "fetch", "gather", "judge_job", "render_text"]
 
 MAX_STATUS_BYTES = 16 << 20
 
 
 def fetch(peer: str, timeout: float) -> dict[str, Any]:
-    """One node's `/status`: {"peer", "ok", "status" or "error"}."""
+    """One node's `/status`: {"peer", "ok", "status" (a NodeStatus) or "error"}."""
     try:
         with urllib.request.urlopen(f"http://{peer}/status", timeout=timeout) as response:
-            status = json.loads(response.read(MAX_STATUS_BYTES))
-        if not isinstance(status, dict) or not isinstance(status.get("ranks"), list):
+            answer = json.loads(response.read(MAX_STATUS_BYTES))
+        if not isinstance(answer, dict) or not isinstance(answer.get("ranks"), list):
             raise ValueError("not an mlx-watchdog /status")
+        status = NodeStatus.from_json(answer)
         return {"peer": peer, "ok": True, "status": status}
     except Exception as err:  # noqa: BLE001 - an unreachable node is a result
         return {"peer": peer, "ok": False, "error": str(getattr(err, "reason", err))}
 
 
-# What a rank of a peer's /status must hold to be lined up: field -> allowed types
-# (None: the field may be missing or null). A peer's answer is untrusted input.
-_INT, _STR, _OPT = (int,), (str,), (type(None),)
-RANK_FIELDS: dict[str, tuple[type, ...]] = {
-    "job": _STR, "host": _STR + _OPT, "pid": _INT + _OPT, "uid": _INT + _OPT,
-    "rank": _INT + _OPT, "world_size": _INT + _OPT, "state": _STR + _OPT,
-    "phase": _STR + _OPT, "reason": _STR + _OPT, "progress": _INT + _OPT,
-    "collectives": _INT + _OPT, "computing": (bool,) + _OPT, "last_collective": (dict,) + _OPT,
-}
-COLLECTIVE_FIELDS: dict[str, tuple[type, ...]] = {"number": _INT + _OPT, "op": _STR + _OPT}
+@dataclass(frozen=True)
+class Seen:
+    """A rank as one node reported it: the rank, and the peer that answered."""
+
+    node: str | None
+    rank: RankStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.rank.to_json(), "node": self.node}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Seen:
+        """ValueError if the rank is malformed (status.RankStatus.from_json)."""
+        node = data.get("node")
+        return cls(node if isinstance(node, str) else None, RankStatus.from_json(dict(data)))
 
 
-def _fits(item: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> bool:
-    for name, types in fields.items():
-        value = item.get(name)
-        # bool is an int to isinstance: only "computing" may be one.
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            return False
-    return True
-
-
-def valid_ranks(status: Any) -> list[dict[str, Any]]:
-    """The ranks of one node's /status whose every field the view reads has its type;
-    a malformed rank is dropped, never the view (nor the hold that relies on it)."""
-    ranks = status.get("ranks") if isinstance(status, dict) else None
-    if not isinstance(ranks, list):
-        return []
-    return [r for r in ranks if isinstance(r, dict) and _fits(r, RANK_FIELDS)
-            and _fits(r.get("last_collective") or {}, COLLECTIVE_FIELDS)]
-
-
-def _node_field(node: dict[str, Any], name: str, types: tuple[type, ...]) -> Any:
+def _status(node: dict[str, Any]) -> NodeStatus:
+    """A node's answer, read through the contract (a peer's JSON may come as such)."""
     status = node.get("status")
-    value = status.get(name) if isinstance(status, dict) else None
-    return value if isinstance(value, types) else None
+    if isinstance(status, NodeStatus):
+        return status
+    try:
+        return NodeStatus.from_json(status)
+    except ValueError:
+        return NodeStatus()
 
 
 def gather(peers: list[str] | tuple[str, ...], timeout: float) -> list[dict[str, Any]]:
@@ -80,75 +77,82 @@ def gather(peers: list[str] | tuple[str, ...], timeout: float) -> list[dict[str,
         return list(pool.map(lambda p: fetch(p, timeout), peers))
 
 
-def _last(rank: dict[str, Any]) -> int:
-    last = rank.get("last_collective") or {}
-    number = last.get("number", 0) if isinstance(last, dict) else 0
-    return number if isinstance(number, int) else 0
+def _last(seen: Seen) -> int:
+    last = seen.rank.last_collective
+    return last.number if last is not None and last.number is not None else 0
 
 
-def _where(rank: dict[str, Any]) -> str:
-    last = rank.get("last_collective") or {}
-    return f"{last.get('op', '?')} #{last.get('number', 0)}" if last else "no collective yet"
+def _where(rank: RankStatus | dict[str, Any]) -> str:
+    if isinstance(rank, dict):  # a rank of a view (render_text): its JSON
+        last = rank.get("last_collective") or {}
+        return f"{last.get('op', '?')} #{last.get('number', 0)}" if last else "no collective yet"
+    c = rank.last_collective
+    return f"{c.op if c.op is not None else '?'} #{c.number if c.number is not None else 0}" \
+        if c is not None else "no collective yet"
 
 
-def _culprit(rank: dict[str, Any], reason: str) -> dict[str, Any]:
-    return {"host": rank.get("host"), "node": rank.get("node"), "rank": rank.get("rank"),
-            "pid": rank.get("pid"), "state": rank.get("state"), "reason": reason}
+def _culprit(seen: Seen, reason: str) -> dict[str, Any]:
+    r = seen.rank
+    return {"host": r.host, "node": seen.node, "rank": r.rank, "pid": r.pid, "state": r.state,
+            "reason": reason}
 
 
-def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
+def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: list[str],
               uid: int | None = None) -> dict[str, Any]:
-    """Healthy or hung, and if hung, which rank holds the job up and why."""
-    def order(rank: dict[str, Any]) -> tuple[int, int]:
-        number, pid = rank.get("rank"), rank.get("pid")  # a peer may send anything
-        return (number if type(number) is int else -1, pid if type(pid) is int else 0)
+    """Healthy or hung, and if hung, which rank holds the job up and why. A rank given
+    as JSON is read through the contract (a malformed one raises ValueError)."""
+    def order(seen: Seen) -> tuple[int, int]:
+        return (seen.rank.rank if seen.rank.rank is not None else -1, seen.rank.pid or 0)
 
-    ranks = sorted(ranks, key=order)
+    seen = sorted((r if isinstance(r, Seen) else Seen.from_json(r) for r in ranks), key=order)
     # A peer's /status is untrusted: sizes are bounded before any range is built.
-    sizes = [r.get("world_size") for r in ranks]
-    world = min(MAX_WORLD_SIZE, max([s for s in sizes if type(s) is int] + [len(ranks)]))
-    present = {r.get("rank") for r in ranks}
+    sizes = [s.rank.world_size for s in seen]
+    world = min(MAX_WORLD_SIZE, max([n for n in sizes if n is not None] + [len(seen)]))
+    present = {s.rank.rank for s in seen}
     missing = [i for i in range(world) if i not in present]
-    waiting = [r for r in ranks if r.get("phase") in WAITING_PHASES and r.get("state") not in ENDED]
-    hung = any(r.get("state") in HUNG for r in ranks)
-    troubled = [r for r in ranks if r.get("state") in (ENDED | {State.STOPPED})]
+    waiting = [s for s in seen if s.rank.phase in WAITING_PHASES and s.rank.state not in ENDED]
+    hung = any(s.rank.state in HUNG for s in seen)
+    troubled = [s for s in seen if s.rank.state in (ENDED | {State.STOPPED})]
     if waiting and troubled:
         hung = True
-    stopped_live = [r for r in ranks if r.get("state") == State.STOPPED]
-    if stopped_live and any(r.get("state") in ENDED for r in ranks):
+    stopped_live = [s for s in seen if s.rank.state == State.STOPPED]
+    if stopped_live and any(s.rank.state in ENDED for s in seen):
         hung = True  # its peers are gone and a stopped rank of it is left behind
     # A rank behind an unreachable node cannot be seen: while another rank of the
     # job waits (on it, perhaps), the job is not known to be healthy.
     unknown = not hung and bool(waiting and missing and unreachable)
     # Every rank gone, or the watchdog ended some: the job is over, whatever waits.
-    ended = not hung and not unknown and bool(ranks) and (
-        all(r.get("state") in ENDED for r in ranks)
-        or any(r.get("state") == State.KILLED for r in ranks))
+    ended = not hung and not unknown and bool(seen) and (
+        all(s.rank.state in ENDED for s in seen)
+        or any(s.rank.state == State.KILLED for s in seen))
     state = "hung" if hung else "unknown" if unknown else "ended" if ended else "healthy"
     view: dict[str, Any] = {"job": job, "uid": uid, "world_size": world,
-                            "state": state, "ranks": ranks,
+                            "state": state, "ranks": [s.to_json() for s in seen],
                             "missing_ranks": missing,
                             "culprit": None, "evidence": ""}
     if ended:
         view["evidence"] = "; ".join(
-            f"rank {r.get('rank')} on {r.get('host')}: {r.get('state')}"
-            + (f" ({r.get('reason')})" if r.get("reason") else "") for r in ranks)
+            f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
+            + (f" ({s.rank.reason})" if s.rank.reason else "") for s in seen)
         return view
     if not hung and not unknown:
         return view
-    names = ",".join(str(r.get("rank")) for r in waiting)
-    wait_note = f"ranks {names} wait in {_where(waiting[0])}" if waiting else "no rank waits"
-    stopped = [r for r in ranks if r.get("state") == State.STOPPED]
-    gone = [r for r in ranks if r.get("state") in ENDED]
-    outside = [r for r in ranks if r.get("phase") not in WAITING_PHASES and r not in stopped + gone]
+    names = ",".join(str(s.rank.rank) for s in waiting)
+    wait_note = (f"ranks {names} wait in {_where(waiting[0].rank)}" if waiting
+                 else "no rank waits")
+    stopped = [s for s in seen if s.rank.state == State.STOPPED]
+    gone = [s for s in seen if s.rank.state in ENDED]
+    outside = [s for s in seen
+               if s.rank.phase not in WAITING_PHASES and s not in stopped + gone]
     if stopped:
         r = stopped[0]
-        culprit = _culprit(r, f"stopped at {_where(r)} while its peers wait")
-        note = f"rank {r.get('rank')} is stopped at {_where(r)}"
+        culprit = _culprit(r, f"stopped at {_where(r.rank)} while its peers wait")
+        note = f"rank {r.rank.rank} is stopped at {_where(r.rank)}"
     elif gone:
         r = gone[0]
-        culprit = _culprit(r, f"{r.get('state')} at {_where(r)}: {r.get('reason', '')}".strip())
-        note = f"rank {r.get('rank')} is gone ({r.get('state')}) at {_where(r)}"
+        culprit = _culprit(r, f"{r.rank.state} at {_where(r.rank)}: "
+                              f"{r.rank.reason or ''}".strip())
+        note = f"rank {r.rank.rank} is gone ({r.rank.state}) at {_where(r.rank)}"
     elif missing:
         culprit = {"host": None, "node": None, "rank": missing[0], "pid": None,
                    "state": "unknown", "reason": "not reported by any reachable node"
@@ -156,13 +160,13 @@ def judge_job(job: str, ranks: list[dict[str, Any]], unreachable: list[str],
         note = f"rank {missing[0]} is not reported by any node"
     elif outside and waiting:
         r = outside[0]
-        culprit = _culprit(r, f"outside a wait ({r.get('phase')}) at {_where(r)} while its "
-                              "peers wait")
-        note = f"rank {r.get('rank')} is {r.get('phase')} at {_where(r)}"
+        culprit = _culprit(r, f"outside a wait ({r.rank.phase}) at {_where(r.rank)} while "
+                              "its peers wait")
+        note = f"rank {r.rank.rank} is {r.rank.phase} at {_where(r.rank)}"
     else:
-        r = min(ranks, key=_last)
-        culprit = _culprit(r, f"furthest behind, at {_where(r)}")
-        note = f"rank {r.get('rank')} is furthest behind at {_where(r)}"
+        r = min(seen, key=_last)
+        culprit = _culprit(r, f"furthest behind, at {_where(r.rank)}")
+        note = f"rank {r.rank.rank} is furthest behind at {_where(r.rank)}"
     view["culprit"] = culprit
     view["evidence"] = f"{wait_note}; {note}"
     return view
@@ -172,24 +176,24 @@ def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     """Group every reachable node's ranks by job and judge each job."""
     # A job is (owner uid, job id): another user's ranks naming the same id
     # are another job, and never its culprit.
-    jobs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    jobs: dict[tuple[int, str], list[Seen]] = {}
     unreachable = [n["peer"] for n in nodes if not n["ok"]]
     seen: set[tuple[Any, Any]] = set()  # a node listed twice (or itself) counts once
-    for node in nodes:
-        if not node["ok"]:
+    statuses = [_status(n) if n["ok"] else None for n in nodes]
+    for node, status in zip(nodes, statuses, strict=True):
+        if status is None:
             continue
-        for rank in valid_ranks(node["status"]):
-            key = (rank.get("host"), rank.get("pid"))
+        for rank in status.ranks:
+            key = (rank.host, rank.pid)
             if key not in seen:
                 seen.add(key)
-                uid = rank.get("uid")
-                owner = uid if type(uid) is int else -1
-                jobs.setdefault((owner, rank["job"]), []).append({**rank, "node": node["peer"]})
+                owner = rank.uid if rank.uid is not None else -1
+                jobs.setdefault((owner, rank.job), []).append(Seen(node["peer"], rank))
     return {
         "nodes": [{"peer": n["peer"], "ok": n["ok"], "error": n.get("error"),
-                   "host": _node_field(n, "host", (str,)),
-                   "reboot_required": _node_field(n, "reboot_required", (bool,))}
-                  for n in nodes],
+                   "host": status.host if status else None,
+                   "reboot_required": status.reboot_required if status else None}
+                  for n, status in zip(nodes, statuses, strict=True)],
         "jobs": [judge_job(job, ranks, unreachable, uid if uid >= 0 else None)
                  for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])],
     }

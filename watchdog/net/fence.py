@@ -27,6 +27,8 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from watchdog.status import Culprit, Fence
+
 WINDOW = 30.0  # seconds a fence stays valid; node clocks must agree this well (NTP)
 MAX_BODY = 64 << 10
 SIGNATURE = "X-MLX-Watchdog-Signature"
@@ -42,12 +44,12 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def make(secret: str, job: str, origin: str, reason: str, culprit: dict[str, Any] | None,
+def make(secret: str, job: str, origin: str, reason: str, culprit: Culprit | None,
          now: float | None = None, uid: int = 0) -> tuple[bytes, dict[str, str]]:
     """The body and headers of one fence request: end `uid`'s ranks of `job`."""
     now = time.time() if now is None else now
-    body = json.dumps({"job": job, "uid": uid, "origin": origin, "reason": reason,
-                       "culprit": culprit, "nonce": os.urandom(16).hex(), "time": now},
+    body = json.dumps(Fence(job=job, uid=uid, origin=origin, reason=reason, culprit=culprit,
+                            nonce=os.urandom(16).hex(), time=now).to_json(),
                       sort_keys=True).encode()
     timestamp = f"{now:.3f}"
     return body, {"Content-Type": "application/json", TIMESTAMP: timestamp,
@@ -145,7 +147,7 @@ class NonceCache:
 
 
 def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
-           now: float | None = None, not_before: float | None = None) -> dict[str, Any]:
+           now: float | None = None, not_before: float | None = None) -> Fence:
     """The fence's content if the request is authentic and fresh; else FenceRejected."""
     now = time.time() if now is None else now
     timestamp, signature = headers.get(TIMESTAMP, ""), headers.get(SIGNATURE, "")
@@ -169,14 +171,14 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
         # started may have been seen by its previous run, so it is replayable.
         raise FenceRejected("signed before this daemon started")
     try:
-        fence = json.loads(body)
+        data = json.loads(body)
     except ValueError:
         raise FenceRejected("body is not JSON") from None
-    if not isinstance(fence, dict) or not isinstance(fence.get("job"), str) \
-            or not isinstance(fence.get("nonce"), str) or not fence["job"] \
-            or type(fence.get("uid")) is not int or not 0 <= fence["uid"] < 2**32:
-        raise FenceRejected("body lacks job, uid or nonce")
-    if not nonces.add(fence["nonce"], now):
+    try:
+        fence = Fence.from_json(data)
+    except ValueError as err:
+        raise FenceRejected(str(err)) from None
+    if not nonces.add(fence.nonce, now):
         raise FenceRejected("replayed nonce")
     return fence
 
@@ -192,7 +194,7 @@ def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dic
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
-         culprit: dict[str, Any] | None, timeout: float, uid: int = 0) -> list[dict[str, Any]]:
+         culprit: Culprit | None, timeout: float, uid: int = 0) -> list[dict[str, Any]]:
     """Fence `uid`'s `job` on every peer, concurrently; each answer or error."""
     if not peers:
         return []

@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 
 from watchdog.states import ENDED, State
+from watchdog.status import NodeStatus, RankStatus
 
 log = logging.getLogger(__name__)
 PREFIX = "mlx_watchdog_"
@@ -41,33 +42,34 @@ MAX_FENCE_BODY = 64 << 10
 MAX_CONNECTIONS = 32  # served at once; Prometheus, a dashboard and a few CLIs need a handful
 REQUEST_SECONDS = 10.0  # a whole request, from accept to the last byte sent
 FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
+Snapshot = Callable[[], NodeStatus]
 
 
 
-def _one_per_label(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _one_per_label(ranks: tuple[RankStatus, ...]) -> list[RankStatus]:
     """One rank per (job, rank) label pair: a relaunch within the retention (same
     hostfile, same job id) must not emit duplicate series. Prefer an unkillable
     rank, then a live one, then an ended one; of two alike, the later attempt of a job
     `mlx-watchdog launch` relaunched."""
-    def weight(r: dict[str, Any]) -> tuple[int, int]:
-        return (2 if r["state"] == State.UNKILLABLE else 0 if r["state"] in ENDED else 1,
-                r.get("attempt") or 0)
+    def weight(r: RankStatus) -> tuple[int, int]:
+        return (2 if r.state == State.UNKILLABLE else 0 if r.state in ENDED else 1,
+                r.attempt or 0)
 
-    best: dict[tuple[str, str], dict[str, Any]] = {}
+    best: dict[tuple[str, str], RankStatus] = {}
     for r in ranks:
-        key = (str(r["job"]), str(r["rank"]))
+        key = (str(r.job), str(r.rank))
         if key not in best or weight(r) > weight(best[key]):
             best[key] = r
     return list(best.values())
 
 
 class SnapshotCollector:
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        ranks = snap.get("ranks", [])
+        ranks = snap.ranks
         labels = ["job", "rank"]
 
         state = GaugeMetricFamily(PREFIX + "rank_state", "1 for the rank's current state",
@@ -93,79 +95,80 @@ class SnapshotCollector:
                 "(mlx-watchdog launch numbers them from 1)", labels=labels),
         }
         for r in _one_per_label(ranks):
-            values = [str(r["job"]), str(r["rank"])]
+            values = [str(r.job), str(r.rank)]
             for s in State:
-                state.add_metric([*values, s.value], 1.0 if r["state"] == s.value else 0.0)
+                state.add_metric([*values, s.value], 1.0 if r.state == s.value else 0.0)
             for key, family in per_rank.items():
-                if r.get(key) is not None:
-                    family.add_metric(values, float(r[key]))
+                value = getattr(r, key)
+                if value is not None:
+                    family.add_metric(values, float(value))
         yield state
         yield from per_rank.values()
 
-        counters = snap.get("counters", {})
+        counters = snap.counters
         stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict",
                                      labels=["verdict"])
-        for verdict, n in counters.get("stalls", {}).items():
+        for verdict, n in counters.stalls.items():
             stalls.add_metric([verdict], n)
         yield stalls
         kills = CounterMetricFamily(PREFIX + "kills", "Signals sent to end ranks",
                                     labels=["signal"])
-        for sig, n in counters.get("kills", {}).items():
+        for sig, n in counters.kills.items():
             kills.add_metric([sig], n)
         yield kills
         job_kills = CounterMetricFamily(PREFIX + "job_kills", "Ranks of a job the watchdog ended",
                                         labels=["job"])
-        for job, n in counters.get("job_kills", {}).items():
+        for job, n in counters.job_kills.items():
             job_kills.add_metric([job], n)
         yield job_kills
         launches = CounterMetricFamily(
             PREFIX + "launch_events", "What mlx-watchdog launch did with torn-down jobs "
             "(restart, refused, gave_up), from launches.jsonl", labels=["event"])
-        for event, n in snap.get("launches", {}).items():
+        for event, n in snap.launches.items():
             launches.add_metric([event], n)
         yield launches
         yield GaugeMetricFamily(PREFIX + "node_reboot_required",
                                 "1 when the node must be rebooted (wired memory leak or "
-                                "an unkillable rank)", value=1.0 if snap.get("reboot_required")
+                                "an unkillable rank)", value=1.0 if snap.reboot_required
                                 else 0.0)
-        if snap.get("wired_bytes") is not None:
+        if snap.wired_bytes is not None:
             yield GaugeMetricFamily(PREFIX + "wired_memory_bytes", "System wired memory",
-                                    value=float(snap["wired_bytes"]))
+                                    value=float(snap.wired_bytes))
         yield CounterMetricFamily(PREFIX + "invalid_records", "Unusable files seen in the record "
-                                  "directory", value=counters.get("invalid_records", 0))
+                                  "directory", value=counters.invalid_records)
         yield CounterMetricFamily(PREFIX + "probe_errors", "Failed process or memory probes",
-                                  value=counters.get("probe_errors", 0))
+                                  value=counters.probe_errors)
         yield CounterMetricFamily(PREFIX + "loop_errors", "Scans that failed with an error",
-                                  value=counters.get("loop_errors", 0))
-        unwritten = snap.get("unwritten") or {}
+                                  value=counters.loop_errors)
+        unwritten = snap.unwritten
         yield GaugeMetricFamily(PREFIX + "unwritten_records", "Incidents and reboot flags held "
                                 "in memory because writing them failed (retried each scan)",
-                                value=float(len(unwritten.get("incidents_unwritten", []))
-                                            + len(unwritten.get("reboot_flags_unwritten", []))))
+                                value=float(len(unwritten.incidents_unwritten)
+                                            + len(unwritten.reboot_flags_unwritten)))
         yield CounterMetricFamily(PREFIX + "state_write_failures", "Failed writes of incidents, "
                                   "reboot flags and their write-ahead entries",
-                                  value=unwritten.get("write_failures", 0))
-        bounds = snap.get("scan_bucket_bounds", [])
+                                  value=unwritten.write_failures)
+        bounds = snap.scan_bucket_bounds
         if bounds:
             cumulative, buckets = 0, []
-            for bound, n in zip([*map(str, bounds), "+Inf"], counters["scan_buckets"],
+            for bound, n in zip([*map(str, bounds), "+Inf"], counters.scan_buckets,
                                 strict=False):
                 cumulative += n
                 buckets.append((bound, cumulative))
             yield HistogramMetricFamily(PREFIX + "scan_duration_seconds", "Time one scan took",
-                                        buckets=buckets, sum_value=counters["scan_sum"])
+                                        buckets=buckets, sum_value=counters.scan_sum)
         # Until the first scan completes, the start time: a daemon that never
         # completes one still ages into the "not scanning" alert.
-        last_scan = snap.get("time") or snap.get("started")
+        last_scan = snap.time or snap.started
         if last_scan:
             yield GaugeMetricFamily(PREFIX + "last_scan_timestamp_seconds",
                                     "Unix time of the last completed scan", value=last_scan)
         info = GaugeMetricFamily(PREFIX + "build_info", "mlx-watchdog version", labels=["version"])
-        info.add_metric([str(snap.get("version", ""))], 1.0)
+        info.add_metric([str(snap.version or "")], 1.0)
         yield info
 
 
-def render(snapshot: Callable[[], dict[str, Any]]) -> bytes:
+def render(snapshot: Snapshot) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot))  # type: ignore[arg-type]
     return generate_latest(registry)
@@ -194,7 +197,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, render(self.server.snapshot),
                            "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/status":
-                self._send(200, json.dumps(self.server.snapshot(), default=str).encode(),
+                self._send(200, json.dumps(self.server.snapshot().to_json(),
+                                           default=str).encode(),
                            "application/json")
             elif path == "/healthz":
                 ok = self.server.healthy()
@@ -236,7 +240,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64  # socketserver's 5 drops a burst of scrapes and CLIs
 
-    def __init__(self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
+    def __init__(self, address: tuple[str, int], snapshot: Snapshot,
                  healthy: Callable[[], bool], fence: FenceHandler | None) -> None:
         self.snapshot = snapshot
         self.healthy = healthy
@@ -279,7 +283,7 @@ class _Server(ThreadingHTTPServer):
                 continue
 
 
-def serve(address: tuple[str, int], snapshot: Callable[[], dict[str, Any]],
+def serve(address: tuple[str, int], snapshot: Snapshot,
           healthy: Callable[[], bool], fence: FenceHandler | None = None
           ) -> ThreadingHTTPServer:
     """Start the endpoint on a background thread; returns the server (to shut down).

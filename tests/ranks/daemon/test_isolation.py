@@ -81,5 +81,5 @@ def test_a_fence_without_an_owner_is_refused():
     with pytest.raises(fence.FenceRejected, match="uid"):
         fence.verify(SECRET, headers, body, fence.NonceCache(), now=1000.0)
     signed, headers = fence.make(SECRET, "j", "o", "r", None, now=1000.0, uid=OTHER_UID)
-    assert fence.verify(SECRET, headers, signed, fence.NonceCache(), now=1000.0)["uid"] \
+    assert fence.verify(SECRET, headers, signed, fence.NonceCache(), now=1000.0).uid \
         == OTHER_UID

@@ -200,16 +200,16 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     targets = [target(301)]
     enf, _ = enforcer(state_dir, FakeSignaller({301: UNKILLABLE}), FakeProbe(wired=None))
     out = enf.handle(incident(targets=targets), targets)
-    assert out.incident["reboot_required"] and "301" in out.incident["reboot_required"]
-    assert [i["id"] for i in incidents(state_dir)] == [out.incident["id"]]
-    assert enf.backlog.state()["reboot_flags_unwritten"], enf.backlog.state()
-    assert enf.backlog.state()["incidents_unwritten"] == []
+    assert out.incident.reboot_required and "301" in str(out.incident.reboot_required)
+    assert [i["id"] for i in incidents(state_dir)] == [out.incident.id]
+    assert enf.backlog.state().reboot_flags_unwritten, enf.backlog.state()
+    assert enf.backlog.state().incidents_unwritten == ()
     (entry,) = pending.unfinished(str(state_dir))  # kept: the flag is not on disk
     # A restart with the path usable again.
     (state_dir / journal.REBOOT_FLAG).rmdir()
     again, _ = enforcer(state_dir, FakeSignaller({301: UNKILLABLE}), FakeProbe(wired=None))
     again.complete(entry, lambda: False)
     flag = journal.reboot_flag(str(state_dir))
-    assert flag is not None and flag["reasons"][0]["incident"] == out.incident["id"]
-    assert [i["id"] for i in incidents(state_dir)] == [out.incident["id"]]  # not twice
+    assert flag is not None and flag["reasons"][0]["incident"] == out.incident.id
+    assert [i["id"] for i in incidents(state_dir)] == [out.incident.id]  # not twice
     assert pending.unfinished(str(state_dir)) == []

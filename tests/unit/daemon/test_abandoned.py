@@ -44,7 +44,7 @@ def test_an_abandoned_record_frozen_in_a_wait_is_never_acted_on_nor_fenced_over(
             assert watched.state == State.ABANDONED
             assert not daemon.pending and not watched.escalating
             assert rank.poll() is None and rank.signals() == []
-            assert daemon.snapshot["ranks"][0]["state"] == "abandoned"
+            assert daemon.snapshot.ranks[0].state == "abandoned"
             rank.kill()
             daemon.scan()
             assert watched.state == State.EXITED
@@ -75,4 +75,4 @@ def test_status_without_a_daemon_reports_an_abandoned_record_unjudged(record_dir
         publish(record_dir, rank.pid, 0, "j", hung=True, status=record.STATUS_ABANDONED)
         ranks, invalid = sample_ranks(str(record_dir), Rules(deadline=0.1), pause=0.01)
         assert invalid == {}
-        assert [(r["pid"], r["state"]) for r in ranks] == [(rank.pid, "abandoned")]
+        assert [(r.pid, r.state) for r in ranks] == [(rank.pid, "abandoned")]

@@ -35,6 +35,7 @@ from watchdog.daemon.act.signaller import GONE, NOT_OURS, SENT, Signaller, Targe
 from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.store import journal
+from watchdog.status import Incident
 
 GiB = 1 << 30
 
@@ -54,9 +55,12 @@ def enforcer(state_dir: Path, signaller, probe: FakeProbe | None = None,
     return enf, clock
 
 
-def incident(job: str = "job-1", targets: list[Target] = ()) -> dict:
+BLANK = Incident(id="")  # a ladder run on its own: nothing journaled
+
+
+def incident(job: str = "job-1", targets: list[Target] = ()) -> Incident:
     """What the daemon hands the enforcer (daemon._escalate builds the same keys)."""
-    return {
+    return Incident.from_json({
         "id": "20250101T000000-abc123", "time": 1.7e9, "host": "node-a", "job": job,
         "verdict": "stalled", "mode": "enforce", "kill_scope": "job",
         "reason": "in all_sum for 12.0s, past the 10s deadline, one thread spinning",
@@ -66,7 +70,7 @@ def incident(job: str = "job-1", targets: list[Target] = ()) -> dict:
         "flight_recorder_tail": {"0": [{"number": 7, "op": "all_sum", "dtype": "float32",
                                         "bytes": 4096}]},
         "culprit": None,
-    }
+    })
 
 
 # -- the ladder ----------------------------------------------------------------------
@@ -76,9 +80,9 @@ def test_ladder_order_sigcont_sigterm_then_sigkill_for_survivors_only(state_dir:
     fake = FakeSignaller({101: DIES_ON_TERM, 102: DIES_ON_KILL, 103: STOPPED})
     enf, clock = enforcer(state_dir, fake)
     targets = [target(101, rank=0), target(102, rank=1), target(103, rank=2)]
-    inc: dict = {}
     start = clock.now()
-    outcome = enf.end(inc, targets)
+    ended, outcome = enf.end(BLANK, targets)
+    inc = ended.to_json()
 
     assert outcome == {101: "killed", 102: "killed", 103: "killed"}
     assert fake.signals_to(101) == ["SIGCONT", "SIGTERM"]  # died on SIGTERM: no SIGKILL
@@ -97,7 +101,7 @@ def test_ranks_dying_on_sigterm_are_not_sigkilled_and_no_grace_is_spent(state_di
     fake = FakeSignaller({201: DIES_ON_TERM, 202: DIES_ON_TERM})
     enf, clock = enforcer(state_dir, fake)
     start = clock.now()
-    outcome = enf.end({}, [target(201), target(202, rank=1)])
+    outcome = enf.end(BLANK, [target(201), target(202, rank=1)])[1]
     assert outcome == {201: "killed", 202: "killed"}
     assert signal.SIGKILL not in [s for _, s in fake.sent]
     assert clock.now() - start < 1.0
@@ -109,7 +113,7 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
     targets = [target(301), target(302, rank=1)]
     start = clock.now()
     outcome = enf.handle(incident(targets=targets), targets)
-    inc = outcome.incident
+    inc = outcome.incident.to_json()
 
     assert inc["outcome"] == {"301": "unkillable", "302": "killed"}
     assert outcome.results == {301: "unkillable", 302: "killed"}  # typed, for the daemon
@@ -128,7 +132,7 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
 def test_a_target_already_gone_is_a_result(state_dir: Path) -> None:
     fake = FakeSignaller({401: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake)
-    outcome = enf.end({}, [target(400), target(401, rank=1)])  # 400 never existed
+    outcome = enf.end(BLANK, [target(400), target(401, rank=1)])[1]  # 400 never existed
     assert outcome == {400: GONE, 401: "killed"}
     assert fake.signals_to(400) == ["SIGCONT"]  # nothing more once it is known gone
 
@@ -138,7 +142,7 @@ def test_observe_mode_signals_nothing_and_still_journals(state_dir: Path) -> Non
     probe = FakeProbe(wired=5 * GiB)
     enf, _ = enforcer(state_dir, fake, probe, mode="observe")
     targets = [target(501), target(502, rank=1)]
-    inc = enf.handle(incident(targets=targets), targets, baseline=1 * GiB).incident
+    inc = enf.handle(incident(targets=targets), targets, baseline=1 * GiB).incident.to_json()
 
     assert fake.sent == []
     assert fake.alive_pids == {501, 502}
@@ -156,7 +160,7 @@ def test_observe_mode_signals_nothing_not_even_the_dump_signal(state_dir: Path) 
     fake = FakeSignaller({601: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, mode="observe")
     t = target(601, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
-    inc = enf.handle(incident(targets=[t]), [t]).incident
+    inc = enf.handle(incident(targets=[t]), [t]).incident.to_json()
     assert fake.sent == []
     assert inc["signals"] == [] and inc["evidence"] == []
     assert fake.alive_pids == {601}
@@ -244,7 +248,7 @@ def test_a_wired_leak_flags_the_node(state_dir: Path) -> None:
     fake = FakeSignaller({901: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, FakeProbe(wired=5 * GiB))
     t = target(901)
-    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB).incident
+    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB).incident.to_json()
     assert inc["wired_check"] == "leaked"
     flag = journal.reboot_flag(str(state_dir))
     assert flag is not None and "wired" in flag["reason"]
@@ -258,7 +262,7 @@ def test_a_wired_rise_while_others_live_does_not_flag(state_dir: Path) -> None:
     enf, _ = enforcer(state_dir, fake, FakeProbe(wired=5 * GiB))
     t = target(902)
     inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB,
-                     others_live=lambda: True).incident
+                     others_live=lambda: True).incident.to_json()
     assert inc["wired_check"].startswith("skipped")
     assert journal.reboot_flag(str(state_dir)) is None
     assert inc["reboot_required"] is False
@@ -365,7 +369,7 @@ def test_the_ladder_never_touches_a_mismatched_real_process(
     clock = FakeClock()
     enf = Enforcer(settings(state_dir), Signaller(probe), probe,
                    clock=clock.now, sleep=clock.sleep, wall=clock.wall)
-    inc = enf.handle(incident(targets=[stale]), [stale]).incident
+    inc = enf.handle(incident(targets=[stale]), [stale]).incident.to_json()
     assert inc["outcome"] == {str(sleeper.pid): NOT_OURS}
     assert [s["result"] for s in inc["signals"]] == [NOT_OURS]
     time.sleep(0.05)
@@ -440,7 +444,7 @@ def test_a_rank_whose_record_says_it_is_leaving_on_an_error_is_not_signalled(tmp
     fake = FakeSignaller({})  # gone by the time the ladder looks again: it left on its own
     enf, clock = enforcer(state_dir, fake)
     leaving = dataclasses.replace(target(101), record_path=str(tmp_path / "101.rec"))
-    assert enf.end({}, [leaving]) == {101: EXITED}
+    assert enf.end(BLANK, [leaving])[1] == {101: EXITED}
     assert fake.sent == []
 
 
@@ -452,7 +456,7 @@ def test_a_rank_leaving_on_an_error_that_does_not_go_gets_the_ladder(tmp_path, s
     enf, clock = enforcer(state_dir, fake, grace=2.0)
     stuck = dataclasses.replace(target(102), record_path=str(tmp_path / "102.rec"))
     start = clock.now()
-    outcome = enf.end({}, [stuck])
+    outcome = enf.end(BLANK, [stuck])[1]
     # Waited out the grace unsignalled, then SIGCONT and SIGTERM ended it: that is ours.
     assert clock.now() - start >= 2.0 and fake.names()[:2] == ["SIGCONT", "SIGTERM"]
     assert outcome == {102: "killed"}
@@ -476,10 +480,10 @@ def test_a_rank_that_reached_its_error_exit_during_the_ladder_is_the_ladders_kil
     fake = ExitsOnItsOwn({103: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake)
     racing = dataclasses.replace(target(103), record_path=str(tmp_path / "103.rec"))
-    assert enf.end({}, [racing]) == {103: "killed"}
+    assert enf.end(BLANK, [racing])[1] == {103: "killed"}
     # The same, with a record still open after the SIGTERM: the watchdog's kill.
     _record(tmp_path, 104)
     plain = FakeSignaller({104: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, plain)
-    assert enf.end({}, [dataclasses.replace(target(104), record_path=str(
-        tmp_path / "104.rec"))]) == {104: "killed"}
+    assert enf.end(BLANK, [dataclasses.replace(target(104), record_path=str(
+        tmp_path / "104.rec"))])[1] == {104: "killed"}

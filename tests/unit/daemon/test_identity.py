@@ -27,6 +27,7 @@ from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
 from watchdog.daemon.ranks import Edge, transition
 from watchdog.daemon.store import journal
 from watchdog.states import State
+from watchdog.status import Incident
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -79,7 +80,8 @@ def test_a_probe_error_raises_no_false_unkillable_nor_a_reboot_flag(state_dir: P
         probe.fail = True  # from here on the probe cannot tell
         enf = Enforcer(settings, signaller, probe, clock=clock.now, sleep=clock.sleep,
                        wall=clock.wall)
-        incident = enf.handle({"id": "i1", "job": "j"}, [real], evidence=False).incident
+        incident = enf.handle(Incident(id="i1", job="j"), [real], evidence=False).incident
+        incident = incident.to_json()
         assert incident["outcome"] == {str(rank.pid): "unknown"}
         assert incident["reboot_required"] is False
         assert journal.reboot_flag(str(state_dir)) is None
@@ -128,9 +130,9 @@ def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
             (watched,) = daemon.ranks.values()
             assert transition(watched, Edge.ESCALATED, 0.0, wait=(1, 0))
             done: Future = Future()
-            done.set_result(Outcome({"id": "i", "job": "j", "uid": 0, "verdict": "blocked",
-                                     "outcome": {str(rank.pid): UNKNOWN}, "signals": []},
-                                    {rank.pid: UNKNOWN}))
+            done.set_result(Outcome(Incident.from_json({
+                "id": "i", "job": "j", "uid": 0, "verdict": "blocked",
+                "outcome": {str(rank.pid): UNKNOWN}, "signals": []}), {rank.pid: UNKNOWN}))
             daemon.pending[done] = [watched.key]
             daemon._collect_finished()
             assert not watched.escalating and watched.acted_on is None

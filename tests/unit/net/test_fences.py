@@ -81,6 +81,6 @@ def test_a_fence_signed_before_the_receiver_started_is_refused(tmp_path):
         body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=2000.5)
         verified = fence.verify(SECRET, headers, body, fence.NonceCache(), now=2001.0,
                                 not_before=2000.0)
-        assert verified["job"] == "j"
+        assert verified.job == "j"
     finally:
         daemon.executor.shutdown()

@@ -15,6 +15,7 @@ from watchdog.daemon.loop import Daemon
 from watchdog.daemon.publish import SCAN_BUCKETS
 from watchdog.net.metrics import SnapshotCollector, render
 from watchdog.states import State
+from watchdog.status import NodeStatus
 
 P = "mlx_watchdog_"
 
@@ -94,8 +95,13 @@ def snapshot(**over: object) -> dict:
     return snap
 
 
-def parse(snap: dict) -> dict:
-    text = render(lambda: snap).decode()
+def node(snap: dict | NodeStatus) -> NodeStatus:
+    """A hand-built snapshot read through the contract, as a peer's /status is."""
+    return snap if isinstance(snap, NodeStatus) else NodeStatus.from_json(snap)
+
+
+def parse(snap: dict | NodeStatus) -> dict:
+    text = render(lambda: node(snap)).decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
@@ -105,7 +111,7 @@ def parse(snap: dict) -> dict:
 def test_every_family_is_exported_with_its_type():
     families = parse(snapshot())
     assert {name: f.type for name, f in families.items()} == FAMILIES
-    text = render(lambda: snapshot()).decode()
+    text = render(lambda: node(snapshot())).decode()
     for name, kind in FAMILIES.items():
         exposed = name + "_total" if kind == "counter" else name
         assert f"# TYPE {exposed} {kind}" in text, exposed
@@ -168,7 +174,7 @@ def test_a_rank_absent_from_the_snapshot_has_no_series():
 
 def test_series_follow_each_scrape_nothing_is_cached_or_registered_globally():
     snaps = [snapshot(), snapshot(ranks=[])]
-    collector = SnapshotCollector(lambda: snaps[0])
+    collector = SnapshotCollector(lambda: node(snaps[0]))
     assert any(m.samples for m in collector.collect() if m.name == P + "rank_state")
     snaps.pop(0)  # the daemon published a new snapshot: the ranks are gone
     assert all(not m.samples for m in collector.collect() if m.name.startswith(P + "rank_"))

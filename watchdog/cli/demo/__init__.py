@@ -42,9 +42,9 @@ from watchdog.cli.demo.job import (
     last_error,
     tail,
 )
-from watchdog.cli.demo.report import incident_lines
-from watchdog.daemon.store import journal
+from watchdog.cli.demo.report import incident_lines, read_incidents
 from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG
+from watchdog.status import RankStatus
 
 FAULTS = ("stop", "kill", "mismatch")
 
@@ -63,11 +63,11 @@ class Demo(DemoJob):
 
     # -- phases ------------------------------------------------------------------
 
-    def progress_line(self, seen: dict[int, dict[str, Any]]) -> str:
+    def progress_line(self, seen: dict[int, RankStatus]) -> str:
         parts = []
         for r in self.ranks:
             info = seen.get(r.rank)
-            parts.append(f"rank {r.rank} at step {info.get('steps', 0)} ({info['state']})"
+            parts.append(f"rank {r.rank} at step {info.steps or 0} ({info.state})"
                          if info else f"rank {r.rank} not seen yet")
         return "; ".join(parts)
 
@@ -75,14 +75,14 @@ class Demo(DemoJob):
         """A few seconds of normal progress; returns the step count before the fault."""
         seconds = min(max(3.0, self.deadline), 5.0)
         until = time.monotonic() + seconds
-        seen: dict[int, dict[str, Any]] = {}
+        seen: dict[int, RankStatus] = {}
         while True:
             seen = self.rank_status(self.status())
             self.say(self.progress_line(seen))
             if time.monotonic() + 1.0 > until:
                 break
             time.sleep(1.0)
-        return min((int(s.get("steps", 0)) for s in seen.values()), default=0)
+        return min((s.steps or 0 for s in seen.values()), default=0)
 
     def inject(self, result: _Result) -> None:
         result.fault_at = self.now()
@@ -113,22 +113,22 @@ class Demo(DemoJob):
             self.note("which never sends (rank 1 and the others move on and wait for work")
             self.note("outside MLX). Rank 0 waits in that recv forever.")
 
-    def state_line(self, seen: dict[int, dict[str, Any]]) -> str:
+    def state_line(self, seen: dict[int, RankStatus]) -> str:
         parts = []
         for r in self.ranks:
             info = seen.get(r.rank)
             if info is None:
                 parts.append(f"rank {r.rank} gone")
                 continue
-            state = str(info.get("state"))
+            state = str(info.state)
             text = f"rank {r.rank} {state}"
-            if state in WAITING_LONG or (state == "running" and info.get("phase") == "wait"
-                                    and (info.get("seconds_in_wait") or 0) >= 0.5):
-                cpu = info.get("busiest_thread_cpu")
-                text += (f" ({info.get('seconds_in_wait') or 0:.1f}s in "
-                         f"{info.get('current_op') or 'a wait'}"
+            if state in WAITING_LONG or (state == "running" and info.phase == "wait"
+                                    and (info.seconds_in_wait or 0) >= 0.5):
+                cpu = info.busiest_thread_cpu
+                text += (f" ({info.seconds_in_wait or 0:.1f}s in "
+                         f"{info.current_op or 'a wait'}"
                          + (f", busiest thread {cpu:.0%} CPU" if cpu is not None else "") + ")")
-            elif state == "exited" and "without closing" in str(info.get("reason")):
+            elif state == "exited" and "without closing" in str(info.reason):
                 text += " (died without closing its record)"
             parts.append(text)
         return "watchdog sees: " + "; ".join(parts)
@@ -164,10 +164,10 @@ class Demo(DemoJob):
             if time.monotonic() - last_at >= 1.0 or _states(line) != _states(last_line):
                 self.say(line)  # each second, and at once when a state changes
                 last_line, last_at = line, time.monotonic()
-            incidents, _ = journal.read_incidents(self.state_dir)
+            incidents = read_incidents(self.state_dir)
             for inc in incidents[incidents_seen:]:
-                self.say(f"incident {inc.get('id')} written to incidents.jsonl: "
-                         f"verdict {inc.get('verdict')}, {inc.get('action', '')}")
+                self.say(f"incident {inc.id} written to incidents.jsonl: "
+                         f"verdict {inc.verdict}, {inc.action or ''}")
             incidents_seen = len(incidents)
             self._report_exits()
             all_gone = all(r.proc.poll() is not None for r in self.ranks)
@@ -179,7 +179,7 @@ class Demo(DemoJob):
                 done_at = time.monotonic()
             if done_at is not None:
                 # Give the daemon a scan or two to publish its final verdicts.
-                final = all(str(s.get("state")) in FINAL for s in seen.values())
+                final = all(str(s.state) in FINAL for s in seen.values())
                 if final or time.monotonic() - done_at > 4 * INTERVAL + 1:
                     if line != last_line:
                         self.say(line)
@@ -191,7 +191,7 @@ class Demo(DemoJob):
     # -- the outcome ---------------------------------------------------------------
 
     def judge(self, result: _Result, reached: bool) -> bool:
-        incidents, _ = journal.read_incidents(self.state_dir)
+        incidents = read_incidents(self.state_dir)
         for inc in incidents:
             for line in incident_lines(inc, self.state_dir, self.t0_wall):
                 self.echo(line)
@@ -220,21 +220,22 @@ class Demo(DemoJob):
                 result.problems.append(f"ranks {_ranks([r.rank for r in alive])} still "
                                        "running")
         else:
-            first: dict[str, Any] | None = incidents[0] if incidents else None
+            first = incidents[0] if incidents else None
             if first is None:
                 result.problems.append("no incident was written")
             else:
                 inc = first
-                culprit = inc.get("culprit") or {}
-                hung = sorted(int(r.get("rank", -1)) for r in inc.get("ranks", [])
-                              if r.get("state") in PAST_DEADLINE)
-                if self.fault == "stop" and culprit.get("rank") != result.victim:
-                    result.problems.append(f"the incident names {culprit or 'no culprit'}, "
+                culprit = inc.culprit
+                hung = sorted(r.rank if r.rank is not None else -1 for r in inc.ranks
+                              if r.state in PAST_DEADLINE)
+                if self.fault == "stop" and (culprit.rank if culprit else None) != result.victim:
+                    result.problems.append(f"the incident names "
+                                           f"{culprit.to_json() if culprit else 'no culprit'}, "
                                            f"not the frozen rank {result.victim}")
                 if self.fault == "mismatch" and result.victim not in hung:
                     result.problems.append(f"rank {result.victim} is not among the hung "
                                            f"ranks {hung} of the incident")
-                outcome = inc.get("outcome") or {}
+                outcome = inc.outcome or {}
                 # "exited": a rank that left on the ring's own error once the watchdog had
                 # ended a peer (the teardown all the same, not a kill of its own).
                 ended = sorted(r.rank for r in self.ranks
@@ -245,17 +246,17 @@ class Demo(DemoJob):
                                            "watchdog")
                 what = ("frozen with SIGSTOP" if self.fault == "stop"
                         else "sent into a recv nobody answers")
-                at = float(inc.get("time", self.t0_wall)) - self.t0_wall
+                at = inc.time - self.t0_wall
                 self.echo(f"  rank {result.victim} was {what} at {result.fault_at:.1f}s "
                           f"(step ~{result.step_at_fault}).")
-                self.echo(f"  the watchdog judged the job {inc.get('verdict')} at {at:.1f}s "
+                self.echo(f"  the watchdog judged the job {inc.verdict} at {at:.1f}s "
                           f"({at - result.fault_at:.1f}s later, deadline {self.deadline:g}s),")
-                who = (f"named rank {culprit.get('rank')} as the culprit"
+                who = (f"named rank {culprit.rank} as the culprit"
                        if culprit else f"found rank(s) {_ranks(hung)} hung")
-                self.echo(f"  {who}, captured {len(inc.get('evidence') or [])} evidence "
+                self.echo(f"  {who}, captured {len(inc.evidence or ())} evidence "
                           f"file(s), and ended ranks {_ranks(ended)} "
                           f"(SIGCONT, SIGTERM, {GRACE:g}s grace, SIGKILL if needed).")
-                if inc.get("verdict") == "blocked":
+                if inc.verdict == "blocked":
                     self.echo("  (the waiting ranks' spinning thread got under half a core on "
                               "this busy machine, so the wait counts as blocked, not stalled; "
                               f"the demo gives blocked waits {2 * self.deadline:g}s, where the "

@@ -19,9 +19,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import click
+
+from watchdog.status import NodeStatus, RankStatus
 
 INTERVAL = 0.5  # the daemon's scan interval
 GRACE = 1.0
@@ -144,18 +145,18 @@ class DemoJob:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> NodeStatus | None:
         from watchdog.cli.sampling import daemon_status
 
         return daemon_status(self.state_dir)
 
-    def rank_status(self, snap: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    def rank_status(self, snap: NodeStatus | None) -> dict[int, RankStatus]:
         """The daemon's view of our current ranks, by rank number."""
         by_pid = {r.pid: r.rank for r in self.ranks}
-        out: dict[int, dict[str, Any]] = {}
-        for item in (snap or {}).get("ranks", []):
-            if isinstance(item, dict) and item.get("pid") in by_pid:
-                out[by_pid[item["pid"]]] = item
+        out: dict[int, RankStatus] = {}
+        for item in snap.ranks if snap is not None else ():
+            if item.pid in by_pid:
+                out[by_pid[item.pid]] = item
         return out
 
     def daemon_alive(self) -> bool:
@@ -179,7 +180,7 @@ class DemoJob:
                 self.note(tail(self.daemon_log, 10).replace("\n", "\n        "))
                 return False
             snap = self.status()
-            if snap is not None and snap.get("time"):
+            if snap is not None and snap.time:
                 match = re.search(r"on (http://\S+)", tail(self.daemon_log, 50))
                 where = f" at {match.group(1)}/metrics" if match else ""
                 self.say(f"the daemon is scanning {self.record_dir}{where}")
@@ -212,8 +213,8 @@ class DemoJob:
                 if failed is not None:
                     break
                 seen = self.rank_status(self.status())
-                if len(seen) == self.size and all(r.get("steps", 0) >= 3 for r in seen.values()):
-                    self.job = str(seen[0].get("job", ""))
+                if len(seen) == self.size and all((r.steps or 0) >= 3 for r in seen.values()):
+                    self.job = seen[0].job
                     self.say(f"{self.size} ranks up, job {self.job}: all_sum over the ring "
                              f"on 127.0.0.1, results checked every step")
                     return True

@@ -5,34 +5,45 @@ from __future__ import annotations
 import linecache
 import os
 import re
-from typing import Any
 
+from watchdog.daemon.store import journal
 from watchdog.states import PAST_DEADLINE
+from watchdog.status import Incident
 
 
-def incident_lines(inc: dict[str, Any], state_dir: str, t0_wall: float) -> list[str]:
+def read_incidents(state_dir: str) -> list[Incident]:
+    """The demo daemon's incidents, oldest first, read through the contract."""
+    out = []
+    for line in journal.read_incidents(state_dir)[0]:
+        try:
+            out.append(Incident.from_json(line))
+        except ValueError:
+            continue  # no id: not one of its incidents
+    return out
+
+
+def incident_lines(inc: Incident, state_dir: str, t0_wall: float) -> list[str]:
     """The incident as the demo tells it, one line each; times from the demo's start."""
     out: list[str] = []
     out.append("")
-    out.append(f"Incident {inc.get('id')} (from {state_dir}/incidents.jsonl)")
-    out.append(f"  job {inc.get('job')} on {inc.get('host')}: verdict {inc.get('verdict')}, "
-               f"{inc.get('seconds_without_progress', 0):.1f}s without progress, busiest "
-               f"thread {inc.get('busiest_thread_cpu', 0):.0%} CPU")
-    out.append(f"  reason: {inc.get('reason')}")
+    out.append(f"Incident {inc.id} (from {state_dir}/incidents.jsonl)")
+    out.append(f"  job {inc.job} on {inc.host}: verdict {inc.verdict}, "
+               f"{inc.seconds_without_progress:.1f}s without progress, busiest "
+               f"thread {inc.busiest_thread_cpu:.0%} CPU")
+    out.append(f"  reason: {inc.reason}")
     named = culprit(inc)
     if named:
         out.append(f"  culprit: {named}")
-    for r in inc.get("ranks", []):
-        wait = r.get("seconds_in_wait")
-        out.append(f"  rank {r.get('rank')} pid {r.get('pid')}: {r.get('state')}, phase "
-                   f"{r.get('phase')}" + (f" in {r.get('op')} for {wait:.1f}s"
-                                         if r.get("op") and wait else "")
-                  + f", {r.get('collectives')} collectives")
-    for rank, tail in sorted((inc.get("flight_recorder_tail") or {}).items()):
+    for r in inc.ranks:
+        wait = r.seconds_in_wait
+        out.append(f"  rank {r.rank} pid {r.pid}: {r.state}, phase "
+                   f"{r.phase}" + (f" in {r.op} for {wait:.1f}s" if r.op and wait else "")
+                   + f", {r.collectives} collectives")
+    for rank, tail in sorted(inc.flight_recorder_tail.items()):
         if tail:
-            ops = ", ".join(f"{c.get('op')} #{c.get('number')}" for c in tail[-3:])
+            ops = ", ".join(f"{c.op} #{c.number}" for c in tail[-3:])
             out.append(f"  flight recorder of rank {rank} (last 3): {ops}")
-    evidence = inc.get("evidence") or []
+    evidence = list(inc.evidence or ())
     out.append(f"  evidence: {len(evidence)} file(s)")
     for path in evidence:
         try:
@@ -41,8 +52,7 @@ def incident_lines(inc: dict[str, Any], state_dir: str, t0_wall: float) -> list[
             size = 0
         out.append(f"    {os.path.relpath(path, state_dir)} ({size} bytes)")
     # The hung rank's own dump first: evidence is listed in the order it was captured.
-    hung = [f"rank{r.get('rank')}-pid{r.get('pid')}-" for r in inc.get("ranks", [])
-            if r.get("state") in PAST_DEADLINE]
+    hung = [f"rank{r.rank}-pid{r.pid}-" for r in inc.ranks if r.state in PAST_DEADLINE]
     frames = stack_excerpt(sorted(evidence, key=lambda p: not any(
         os.path.basename(p).startswith(h) for h in hung)))
     if frames:
@@ -50,32 +60,30 @@ def incident_lines(inc: dict[str, Any], state_dir: str, t0_wall: float) -> list[
         for frame in frames:
             out.append(f"    {frame}")
     out.append("  signals:")
-    for sig in inc.get("signals", []):
-        at = float(sig.get("time", t0_wall)) - t0_wall
-        out.append(f"    [{at:4.1f}s] {sig.get('signal'):<7} to rank {sig.get('rank')} "
-                   f"(pid {sig.get('pid')}): {sig.get('result')}")
-    outcome = inc.get("outcome") or {}
+    for sig in inc.signals or ():
+        at = (sig.time if sig.time is not None else t0_wall) - t0_wall
+        out.append(f"    [{at:4.1f}s] {str(sig.signal):<7} to rank {sig.rank} "
+                   f"(pid {sig.pid}): {sig.result}")
+    outcome = inc.outcome or {}
     if outcome:
         out.append("  outcome: " + ", ".join(f"pid {p} {o}" for p, o in outcome.items()))
-    if inc.get("wired_check"):
-        out.append(f"  wired memory after the kill: {inc['wired_check']}")
-    out.append(f"  reboot required: {inc.get('reboot_required') or 'no'}")
+    if inc.wired_check:
+        out.append(f"  wired memory after the kill: {inc.wired_check}")
+    out.append(f"  reboot required: {inc.reboot_required or 'no'}")
     out.append("")
     return out
 
-def culprit(inc: dict[str, Any]) -> str:
-    named = inc.get("culprit")
-    if isinstance(named, dict):
-        return (f"rank {named.get('rank')} pid {named.get('pid')}: "
-                f"{named.get('reason')}")
-    hung = [r for r in inc.get("ranks", []) if r.get("state") in PAST_DEADLINE]
-    tails = inc.get("flight_recorder_tail") or {}
+def culprit(inc: Incident) -> str:
+    named = inc.culprit
+    if named is not None:
+        return f"rank {named.rank} pid {named.pid}: {named.reason}"
+    hung = [r for r in inc.ranks if r.state in PAST_DEADLINE]
     described = []
     for r in hung:
-        tail = tails.get(str(r.get("rank"))) or []
-        last = f" after {tail[-1].get('op')} #{tail[-1].get('number')}" if tail else ""
-        described.append(f"rank {r.get('rank')} pid {r.get('pid')}: {r.get('state')} in "
-                         f"{r.get('op') or 'a wait'}{last}")
+        tail = inc.flight_recorder_tail.get(str(r.rank)) or ()
+        last = f" after {tail[-1].op} #{tail[-1].number}" if tail else ""
+        described.append(f"rank {r.rank} pid {r.pid}: {r.state} in "
+                         f"{r.op or 'a wait'}{last}")
     return "; ".join(described)
 
 def stack_excerpt(evidence: list[str]) -> list[str]:

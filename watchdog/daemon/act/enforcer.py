@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from watchdog import record
@@ -33,6 +33,7 @@ from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
+from watchdog.status import ABSENT, Incident, SignalSent
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 class Outcome:
     """What one response to a hung job did, handed back to the daemon's loop."""
 
-    incident: dict[str, Any]  # as written to incidents.jsonl
+    incident: Incident  # as written to incidents.jsonl
     # pid -> KILLED, UNKILLABLE, UNKNOWN, or what stopped the ladder early (GONE,
     # NOT_OURS, DENIED); empty when nothing was signalled (observe mode, a hold)
     results: dict[int, str] = field(default_factory=dict)
@@ -73,10 +74,10 @@ class Enforcer:
 
     # -- the ladder ------------------------------------------------------------
 
-    def write_ahead(self, incident: dict[str, Any]) -> None:
+    def write_ahead(self, incident: Incident) -> None:
         """The response so far, on disk before its next step. A failed write is
         reported and the kill goes on: a hung job must end whatever the disk does."""
-        response = self._responses.get(incident.get("id", ""))
+        response = self._responses.get(incident.id)
         if response is None:
             return  # a ladder run on its own (tests): nothing to journal
         targets, baseline = response
@@ -85,13 +86,13 @@ class Enforcer:
         except OSError as err:
             self.backlog.failures += 1
             log.error("cannot journal incident %s before acting (%s); acting anyway",
-                      incident["id"], err)
+                      incident.id, err)
 
-    def _signal(self, incident: dict[str, Any], target: Target, signum: int) -> str:
+    def _signal(self, sent: list[SignalSent], target: Target, signum: int) -> str:
         result = self.signaller.send(target, signum)
-        incident["signals"].append({"pid": target.pid, "rank": target.rank,
-                                    "signal": signal.Signals(signum).name,
-                                    "time": self.wall(), "result": result})
+        sent.append(SignalSent(pid=target.pid, rank=target.rank,
+                               signal=signal.Signals(signum).name, time=self.wall(),
+                               result=result))
         log.info("%s to pid %s (job %s rank %s): %s", signal.Signals(signum).name,
                  target.pid, target.job, target.rank, result)
         return result
@@ -123,14 +124,16 @@ class Enforcer:
         return (rec.status == record.STATUS_ERROR and rec.pid == target.pid
                 and rec.start_time == target.start_time)
 
-    def end(self, incident: dict[str, Any], targets: list[Target]) -> dict[int, str]:
-        """SIGCONT, SIGTERM, grace, SIGKILL, confirm. Returns pid -> outcome."""
-        incident.setdefault("signals", [])
+    def end(self, incident: Incident, targets: list[Target]
+            ) -> tuple[Incident, dict[int, str]]:
+        """SIGCONT, SIGTERM, grace, SIGKILL, confirm. Returns the incident with its
+        signals, and pid -> outcome."""
+        sent = list(incident.signals or ())
         # Journaled before the first signal of each round, not before each signal:
         # a write (an fsync) between a SIGCONT and the SIGTERM that follows would
         # let a resumed rank see its peer die and exit first. A target gone after
         # the ladder began was ended by it (Enforcer.complete).
-        incident["ladder"] = "begun"
+        incident = replace(incident, signals=tuple(sent), ladder="begun")
         self.write_ahead(incident)
         outcome = {}
         # A rank already leaving on its own error gets the grace to finish, unsignalled.
@@ -145,20 +148,20 @@ class Enforcer:
         targets = [t for t in targets if t.pid not in outcome]
         for target in targets:
             # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
-            result = self._signal(incident, target, signal.SIGCONT)
+            result = self._signal(sent, target, signal.SIGCONT)
             if result != SENT:
                 outcome[target.pid] = result
         live = [t for t in targets if t.pid not in outcome]
         for target in live:
-            result = self._signal(incident, target, signal.SIGTERM)
+            result = self._signal(sent, target, signal.SIGTERM)
             if result != SENT:
                 outcome[target.pid] = result
         left = self._wait_gone([t for t in live if t.pid not in outcome],
                                self.settings.grace)
-        if left:
-            self.write_ahead(incident)  # SIGCONT and SIGTERM as sent, before the SIGKILLs
+        if left:  # SIGCONT and SIGTERM as sent, before the SIGKILLs
+            self.write_ahead(replace(incident, signals=tuple(sent)))
         for target in left:
-            self._signal(incident, target, signal.SIGKILL)
+            self._signal(sent, target, signal.SIGKILL)
         left = self._wait_gone(left, self.settings.kill_timeout)
         # "unkillable" (and the reboot flag) only on a positive match: a
         # process that could not be probed is "unknown", never a false alarm.
@@ -170,7 +173,7 @@ class Enforcer:
         for target in live:
             outcome.setdefault(target.pid, KILLED if target not in left else
                                UNKILLABLE if target.pid in survivors else UNKNOWN)
-        return outcome
+        return replace(incident, signals=tuple(sent)), outcome
 
     def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]
                      ) -> dict[str, Any]:
@@ -202,7 +205,7 @@ class Enforcer:
             log.warning("wired memory probe failed: %s", err)
             return None
 
-    def handle(self, incident: dict[str, Any], targets: list[Target],
+    def handle(self, incident: Incident, targets: list[Target],
                baseline: int | None = None,
                others_live: Callable[[], bool] = lambda: False,
                cluster: Callable[[], dict[str, Any] | None] | None = None,
@@ -214,73 +217,75 @@ class Enforcer:
         known dead, and its peers wait on its end).
         """
         outcome: dict[int, str] = {}
-        incident["signals"] = []
-        incident["wired_before"] = self._wired()
-        incident["wired_baseline"] = baseline
-        self._responses[incident["id"]] = (targets, baseline)
+        incident = replace(incident, signals=(), wired_before=self._wired(),
+                           wired_baseline=baseline)
+        self._responses[incident.id] = (targets, baseline)
         try:
             return self._handle(incident, targets, baseline, others_live, cluster, evidence,
                                 outcome)
         finally:
-            self._responses.pop(incident["id"], None)
+            self._responses.pop(incident.id, None)
 
-    def _handle(self, incident: dict[str, Any], targets: list[Target], baseline: int | None,
+    def _handle(self, incident: Incident, targets: list[Target], baseline: int | None,
                 others_live: Callable[[], bool],
                 cluster: Callable[[], dict[str, Any] | None] | None, evidence: bool,
                 outcome: dict[int, str]) -> Outcome:
         flag: dict[str, Any] | None = None
         if cluster is not None:
             try:
-                incident["cluster"] = cluster()
+                view = cluster()
             except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                incident["cluster"] = {"error": str(err)}
+                view = {"error": str(err)}
+            incident = replace(incident, cluster=view)
         if self.settings.mode == "observe":
             # Observe signals nothing, not even the stack-dump signal, and does
             # not ptrace: the thread CPU and flight recorder are the evidence.
-            incident["evidence"] = []
-            incident["action"] = "observed (mode observe: nothing signalled)"
-            incident["outcome"] = {}
+            incident = replace(incident, evidence=(), outcome={},
+                               action="observed (mode observe: nothing signalled)")
         else:
-            incident["action"] = "ending"
+            incident = replace(incident, action="ending")
             self.write_ahead(incident)  # the verdict, before the first signal (evidence's)
             try:
-                incident["evidence"] = self.capture(incident["id"], targets) if evidence else []
+                files = tuple(self.capture(incident.id, targets)) if evidence else ()
             except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
-                log.error("gathering evidence for incident %s failed: %s", incident["id"], err)
-                incident["evidence"] = []
-                incident["evidence_error"] = str(err)
-            incident["action"] = "ended"
-            outcome.update(self.end(incident, targets))
-            incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
+                log.error("gathering evidence for incident %s failed: %s", incident.id, err)
+                files = ()
+                incident = replace(incident, evidence_error=str(err))
+            incident = replace(incident, evidence=files, action="ended")
+            incident, ended = self.end(incident, targets)
+            outcome.update(ended)
+            incident = replace(incident, outcome={str(pid): result
+                                                  for pid, result in outcome.items()})
             # Parsed after the kill, which must not wait on it.
-            hot = self.evidence.hot_frames(incident["id"], targets, incident["evidence"])
+            hot = self.evidence.hot_frames(incident.id, targets, list(files))
             if hot:
-                incident["native_hot"] = hot
+                incident = replace(incident, native_hot=tuple(hot))
             self.write_ahead(incident)  # the outcome, before the settle (up to minutes)
-            flag = self._settle(incident, outcome, baseline, others_live)
-        self.close(incident, flag)
-        sent = tuple(sig["signal"] for sig in incident["signals"] if sig["result"] == SENT)
-        return Outcome(incident, outcome, sent)
+            incident, flag = self._settle(incident, outcome, baseline, others_live)
+        incident = self.close(incident, flag)
+        return Outcome(incident, outcome, _sent(incident))
 
-    def _settle(self, incident: dict[str, Any], outcome: dict[int, str], baseline: int | None,
-                others_live: Callable[[], bool]) -> dict[str, Any] | None:
+    def _settle(self, incident: Incident, outcome: dict[int, str], baseline: int | None,
+                others_live: Callable[[], bool]
+                ) -> tuple[Incident, dict[str, Any] | None]:
         """The wired-memory settle after a kill; the reboot flag it calls for, if any."""
         unkillable = [pid for pid, result in outcome.items() if result == UNKILLABLE]
-        incident.update(self.settle_wired(baseline, others_live))
+        settled = self.settle_wired(baseline, others_live)
+        incident = replace(incident, wired_check=settled["wired_check"], **{
+            key: settled[key] for key in ("wired_baseline", "wired_after") if key in settled})
         reasons = []
         if unkillable:
             reasons.append(f"pids {unkillable} survived SIGKILL for "
                            f"{self.settings.kill_timeout:g}s")
-        if incident.get("wired_check") == "leaked":
+        if incident.wired_check == "leaked":
             reasons.append("wired memory stayed above the baseline after the kill")
         if not reasons:
-            return None
-        flag = {"reason": "; ".join(reasons), "time": self.wall(),
-                "incident": incident["id"], "wired_baseline": baseline,
-                "wired_after": incident.get("wired_after")}
-        incident["reboot_required"] = flag["reason"]
-        log.error("node flagged for reboot: %s", "; ".join(reasons))
-        return flag
+            return incident, None
+        reason = "; ".join(reasons)
+        flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
+                "wired_baseline": baseline, "wired_after": _wired_after(incident)}
+        log.error("node flagged for reboot: %s", reason)
+        return replace(incident, reboot_required=reason), flag
 
     def replay_within(self) -> float:
         """Seconds after its verdict an interrupted response is still completed at
@@ -289,7 +294,7 @@ class Enforcer:
         return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
                     + s.settle) + 30.0
 
-    def complete(self, entry: dict[str, Any], others_live: Callable[[], bool]) -> Outcome:
+    def complete(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Outcome:
         """At start: finish a response an earlier daemon journaled and never closed.
 
         A target still ours, whose wait has not returned, goes down the rest of
@@ -297,29 +302,28 @@ class Enforcer:
         leave it half-ended); one gone after a signal was journaled was ended
         by us, never a crash. The settle and the flag follow as usual.
         """
-        incident, targets = entry["incident"], entry["targets"]
-        baseline = entry.get("baseline")
-        if "closed_at" in incident:  # all done but the journal line, or the flag
+        incident, targets, baseline = entry.incident, list(entry.targets), entry.baseline
+        if incident.closed_at is not None:  # all done but the journal line, or the flag
             self._reclose(incident, baseline)
             return Outcome(incident, {}, ())
         log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
-                    incident["id"], incident.get("job"))
-        incident.setdefault("signals", [])
-        incident["completed_at_start"] = self.wall()
-        self._responses[incident["id"]] = (targets, baseline)
+                    incident.id, incident.job)
+        incident = replace(incident, signals=incident.signals or (),
+                           completed_at_start=self.wall())
+        self._responses[incident.id] = (targets, baseline)
         try:
             # The ladder had begun: every target may have had its signals (they are
             # journaled per round); else only those the journal names.
-            signalled = ({t.pid for t in targets} if incident.get("ladder") else
-                         {s["pid"] for s in incident["signals"]
-                          if s.get("signal") in ("SIGTERM", "SIGKILL")})
-            fresh = self.wall() - float(incident.get("time", 0.0)) < self.replay_within()
+            signalled = ({t.pid for t in targets} if incident.ladder else
+                         {s.pid for s in incident.signals or ()
+                          if s.signal in ("SIGTERM", "SIGKILL")})
+            fresh = self.wall() - incident.time < self.replay_within()
             outcome: dict[int, str] = {}
             live = []
             for target in targets:
                 who = self.signaller.identify(target)
                 if who == OURS and (fresh and self.settings.mode == "enforce"
-                                    and incident.get("action") in ("ending", "ended")
+                                    and incident.action in ("ending", "ended")
                                     and not _progressed(incident, target)):
                     live.append(target)
                 elif who == OURS:
@@ -327,51 +331,61 @@ class Enforcer:
                 else:
                     outcome[target.pid] = KILLED if target.pid in signalled else who
             if live:
-                incident["action"] = "ended"
-                outcome.update(self.end(incident, live))
-            incident["outcome"] = {str(pid): result for pid, result in outcome.items()}
-            flag = (self._settle(incident, outcome, baseline, others_live)
-                    if any(r in (KILLED, UNKILLABLE) for r in outcome.values()) else None)
-            self.close(incident, flag)
+                incident, ended = self.end(replace(incident, action="ended"), live)
+                outcome.update(ended)
+            incident = replace(incident, outcome={str(pid): result
+                                                  for pid, result in outcome.items()})
+            flag = None
+            if any(r in (KILLED, UNKILLABLE) for r in outcome.values()):
+                incident, flag = self._settle(incident, outcome, baseline, others_live)
+            incident = self.close(incident, flag)
         finally:
-            self._responses.pop(incident["id"], None)
-        sent = tuple(sig["signal"] for sig in incident["signals"] if sig["result"] == SENT)
-        return Outcome(incident, outcome, sent)
+            self._responses.pop(incident.id, None)
+        return Outcome(incident, outcome, _sent(incident))
 
-    def _reclose(self, incident: dict[str, Any], baseline: int | None) -> None:
+    def _reclose(self, incident: Incident, baseline: int | None) -> None:
         """A closed incident an earlier daemon could not finish writing: its line
         and its reboot flag, whichever is not on disk yet (never twice)."""
         state_dir = self.settings.state_dir
-        written = any(i.get("id") == incident["id"]
+        written = any(i.get("id") == incident.id
                       for i in journal.read_incidents(state_dir)[0])
         flag = None
-        reason = incident.get("reboot_required")
+        reason = incident.reboot_required
         present = journal.reboot_flag(state_dir) or {}
-        if reason and not any(r.get("incident") == incident["id"]
+        if reason and not any(r.get("incident") == incident.id
                               for r in present.get("reasons", []) if isinstance(r, dict)):
-            flag = {"reason": reason, "time": self.wall(), "incident": incident["id"],
-                    "wired_baseline": baseline, "wired_after": incident.get("wired_after")}
+            flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
+                    "wired_baseline": baseline, "wired_after": _wired_after(incident)}
         if written:
-            self.backlog.written(incident["id"])
+            self.backlog.written(incident.id)
         self.backlog.add(None if written else incident, flag)
 
-    def close(self, incident: dict[str, Any], flag: dict[str, Any] | None) -> None:
+    def close(self, incident: Incident, flag: dict[str, Any] | None) -> Incident:
         """Journal the incident and the flag, each on its own: one failed write
         neither skips the other nor loses itself (held and retried each scan)."""
-        incident["reboot_required"] = incident.get("reboot_required", False)
-        incident["closed_at"] = self.wall()
+        incident = replace(incident, closed_at=self.wall(), reboot_required=(
+            False if incident.reboot_required is None else incident.reboot_required))
         # Closed in its entry too: a restart before both writes are done completes
         # only the writes (never the ladder again, never a second line).
         self.write_ahead(incident)
         self.backlog.add(incident, flag)
+        return incident
 
 
-def _progressed(incident: dict[str, Any], target: Target) -> bool:
+def _sent(incident: Incident) -> tuple[str, ...]:
+    """The names of the signals that reached a rank."""
+    return tuple(s.signal for s in incident.signals or () if s.result == SENT and s.signal)
+
+
+def _wired_after(incident: Incident) -> int | None:
+    return None if incident.wired_after is ABSENT else incident.wired_after
+
+
+def _progressed(incident: Incident, target: Target) -> bool:
     """The target's wait returned since the verdict (its record counts more
     completed waits than the incident saw): no longer hung, not to be ended."""
-    seen = next((r.get("progress") for r in incident.get("ranks", [])
-                 if r.get("pid") == target.pid), None)
-    if not isinstance(seen, int) or not target.stacks_path:
+    seen = next((r.progress for r in incident.ranks if r.pid == target.pid), None)
+    if seen is None or not target.stacks_path:
         return False
     path = target.stacks_path[: -len(STACKS_SUFFIX)] + SUFFIX
     try:

@@ -1,73 +1,79 @@
 """An incident as it is journaled: what was found, on which ranks, and who holds the
-job up. Built from the daemon's ranks when it decides to act; the enforcer adds
-what it did (evidence, signals, outcome, wired memory)."""
+job up. Built from the daemon's ranks when it decides to act, as a frozen
+`status.Incident`; the enforcer advances it with what it did (evidence, signals,
+outcome, wired memory)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 from watchdog.daemon.ranks import Rank
 from watchdog.states import State
+from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank
 
 FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
 
 
-def culprit_of(host: str, rank: Rank, why: str) -> dict[str, Any]:
-    return {"host": host, "rank": rank.record.rank, "pid": rank.record.pid,
-            "state": rank.state.value, "reason": why}
+def culprit_of(host: str, rank: Rank, why: str) -> Culprit:
+    return Culprit(host=host, rank=rank.record.rank, pid=rank.record.pid,
+                   state=rank.state.value, reason=why)
 
 
-def incident_rank(rank: Rank) -> dict[str, Any]:
+def incident_rank(rank: Rank) -> IncidentRank:
     v = rank.verdict
-    return {"pid": rank.record.pid, "rank": rank.record.rank, "state": rank.state.value,
-            "phase": rank.record.phase.label, "op": rank.record.op,
-            "seconds_in_wait": round(v.seconds_in_wait, 3) if v else None,
-            "busiest_thread_cpu": round(v.busiest_cpu, 3) if v else None,
-            "attempt": rank.attempt,
-            "progress": rank.record.waits_completed,
-            "collectives": rank.record.collectives}
+    return IncidentRank(pid=rank.record.pid, rank=rank.record.rank, state=rank.state.value,
+                        phase=rank.record.phase.label, op=rank.record.op,
+                        seconds_in_wait=round(v.seconds_in_wait, 3) if v else None,
+                        busiest_thread_cpu=round(v.busiest_cpu, 3) if v else None,
+                        attempt=rank.attempt, progress=rank.record.waits_completed,
+                        collectives=rank.record.collectives)
 
 
-def verdict_of(due: list[Rank], fenced: dict[str, Any] | None) -> str:
+def verdict_of(due: list[Rank], fenced: Fence | None) -> str:
     if fenced is not None:
         # "peer_died": a local rank of the job died and the job cannot finish.
-        return "peer_died" if fenced.get("local") else "fenced"
+        return "peer_died" if fenced.local else "fenced"
     return "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
+
+
+def reason_of(worst: Rank, fenced: Fence | None) -> str:
+    if fenced is None:
+        return worst.reason
+    if fenced.local:
+        return str(fenced.reason)
+    return f"peer {fenced.origin} fenced the job: {fenced.reason}"
 
 
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
-                 fenced: dict[str, Any] | None) -> dict[str, Any]:
+                 fenced: Fence | None) -> Incident:
     """The incident for ending `targets` because `due` ranks are hung (or a peer fenced
     the job); `local` is every live local rank of the job, for the culprit."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
-    return {
-        "id": time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
-        "time": wall,
-        "host": host,
-        "job": job,
+    return Incident(
+        id=time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
+        time=wall,
+        host=host,
+        job=job,
         # Which launch of the job (`mlx-watchdog launch` numbers them), when known.
-        "attempt": max((r.attempt for r in targets if r.attempt is not None), default=None),
-        "uid": uid,
-        "verdict": verdict_of(due, fenced),
-        "mode": mode,
-        "kill_scope": kill_scope,
-        "reason": (worst.reason if fenced is None else str(fenced.get("reason"))
-                   if fenced.get("local") else
-                   f"peer {fenced.get('origin')} fenced the job: {fenced.get('reason')}"),
-        "ranks": [incident_rank(r) for r in targets],
-        "pids": [r.record.pid for r in targets],
-        "seconds_without_progress": max(
+        attempt=max((r.attempt for r in targets if r.attempt is not None), default=None),
+        uid=uid,
+        verdict=verdict_of(due, fenced),
+        mode=mode,
+        kill_scope=kill_scope,
+        reason=reason_of(worst, fenced),
+        ranks=tuple(incident_rank(r) for r in targets),
+        pids=tuple(r.record.pid for r in targets),
+        seconds_without_progress=max(
             (r.verdict.seconds_since_progress for r in due if r.verdict), default=0.0),
-        "busiest_thread_cpu": max(
+        busiest_thread_cpu=max(
             (r.verdict.busiest_cpu for r in due if r.verdict), default=0.0),
-        "flight_recorder_tail": {str(r.record.rank): [
-            {"number": c.number, "op": c.op, "dtype": c.dtype, "bytes": c.nbytes}
-            for c in r.record.flight[-FLIGHT_TAIL:]] for r in due},
-        "culprit": (fenced.get("culprit") if fenced is not None else
-                    culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
-                               "peers wait") if stopped else None),
-    }
+        flight_recorder_tail={str(r.record.rank): tuple(
+            FlightEntry(number=c.number, op=c.op, dtype=c.dtype, bytes=c.nbytes)
+            for c in r.record.flight[-FLIGHT_TAIL:]) for r in due},
+        culprit=(fenced.culprit if fenced is not None else
+                 culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
+                            "peers wait") if stopped else None),
+    )

@@ -23,6 +23,8 @@ from typing import Any
 
 from watchdog.daemon.config import Settings
 from watchdog.net import cluster, fence
+from watchdog.states import State
+from watchdog.status import Culprit, Fence, NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -84,23 +86,26 @@ class Peers:
         ask = [p for p in peers if p not in {n["peer"] for n in down}]
         return down + (cluster.gather(ask, self.settings.peer_timeout) if ask else [])
 
-    def view(self, uid: int, job: str, local: dict[str, Any]) -> dict[str, Any] | None:
+    def view(self, uid: int, job: str, local: NodeStatus) -> dict[str, Any] | None:
         """This job of this owner across every node (the peers' answers within
         peer_timeout, or a recent background one; `local` our own snapshot), or None."""
         nodes = self._remote()
         nodes.append({"peer": "local", "ok": True, "status": local})
         for view in cluster.analyze(nodes)["jobs"]:
             if view["job"] == job and view.get("uid") == uid:
-                computing = [{"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid")}
-                             for r in view["ranks"]
-                             if r.get("node") != "local" and r.get("computing") is True
-                             and r.get("state") not in ("stopped", "exited", "killed")]
+                # The view's ranks, each with the node that reported it.
+                seen = [cluster.Seen.from_json(r) for r in view["ranks"]]
+                computing = [{"rank": s.rank.rank, "host": s.rank.host, "pid": s.rank.pid}
+                             for s in seen
+                             if s.node != "local" and s.rank.computing is True
+                             and s.rank.state not in (State.STOPPED, State.EXITED,
+                                                      State.KILLED)]
                 return {"culprit": view["culprit"], "evidence": view["evidence"],
                         "unreachable": [n["peer"] for n in nodes if not n["ok"]],
                         "computing": computing}
         return None
 
-    def fence(self, uid: int, job: str, reason: str, culprit: dict[str, Any] | None) -> None:
+    def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None) -> None:
         """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret)."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
@@ -115,7 +120,7 @@ class Peers:
         self.executor.submit(fence.send, peers, secret, job, self.host, reason, culprit,
                              self.settings.peer_timeout, uid).add_done_callback(sent)
 
-    def verify(self, headers: Any, body: bytes) -> dict[str, Any]:
+    def verify(self, headers: Any, body: bytes) -> Fence:
         """An incoming fence, authenticated; raises fence.FenceRejected."""
         assert self.settings.secret
         return fence.verify(self.settings.secret, headers, body, self.nonces,

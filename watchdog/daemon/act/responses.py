@@ -19,17 +19,18 @@ from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.signaller import Target
 from watchdog.daemon.config import Settings
+from watchdog.status import Culprit, Incident, NodeStatus
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, float]  # a rank: (pid, start time)
-Fence = Callable[[int, str, str, "dict[str, Any] | None"], None]
+Fence = Callable[[int, str, str, "Culprit | None"], None]
 
 
 class Responses:
     def __init__(self, settings: Settings, enforcer: Enforcer, peers: Peers,
                  executor: ThreadPoolExecutor, fence: Fence,
-                 snapshot: Callable[[], dict[str, Any]],
+                 snapshot: Callable[[], NodeStatus],
                  baseline: Callable[[], int | None]) -> None:
         self.settings, self.enforcer, self.peers = settings, enforcer, peers
         self.executor, self.fence = executor, fence
@@ -45,7 +46,7 @@ class Responses:
                     + s.settle) + 30.0
 
     def start(self, keys: list[Key], now: float, uid: int, job: str,
-              incident: dict[str, Any], targets: list[Target],
+              incident: Incident, targets: list[Target],
               others_live: Callable[[], bool], *, ask_peers: bool, may_hold: bool,
               evidence: bool) -> None:
         future = self.executor.submit(self.respond, uid, job, incident, targets, others_live,
@@ -58,7 +59,7 @@ class Responses:
         self.pending[future] = keys
         self.since[future] = now
 
-    def respond(self, uid: int, job: str, incident: dict[str, Any], targets: list[Target],
+    def respond(self, uid: int, job: str, incident: Incident, targets: list[Target],
                 others_live: Callable[[], bool], ask_peers: bool, may_hold: bool,
                 evidence: bool) -> Outcome:
         """On the worker thread: hold, or fence the peers and end the ranks."""
@@ -73,14 +74,13 @@ class Responses:
                 names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
                 return Outcome(incident, held=f"held: rank {names} of the job is computing "
                                               "(a slow peer, not a hang)")
-            log.error("job %s: %s; %s %s ranks %s", job, incident["reason"],
+            log.error("job %s: %s; %s %s ranks %s", job, incident.reason,
                       "ending" if self.settings.mode == "enforce" else "observing",
                       len(targets), sorted(t.rank for t in targets))
         if evidence and self.settings.mode == "enforce":  # a verdict of ours, not a fence
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
-            self.fence(uid, job, f"{incident['verdict']}: {incident['reason']}",
-                       incident["culprit"])
+            self.fence(uid, job, f"{incident.verdict}: {incident.reason}", incident.culprit)
         return self.enforcer.handle(incident, targets, self.baseline(), others_live,
                                     cluster=(lambda: view) if ask_peers else None,
                                     evidence=evidence)

@@ -21,11 +21,12 @@ import json
 import logging
 import os
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from watchdog.daemon.act.signaller import Target
 from watchdog.daemon.store import journal
+from watchdog.status import Incident, Unwritten
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,22 @@ def _path(state_dir: str, incident_id: str) -> str:
     return os.path.join(state_dir, PENDING, f"{incident_id}.json")
 
 
-def write_ahead(state_dir: str, incident: dict[str, Any], targets: list[Target],
+@dataclass(frozen=True)
+class Entry:
+    """One unfinished response: the incident so far, whom it ends, the wired baseline."""
+
+    incident: Incident
+    targets: tuple[Target, ...]
+    baseline: int | None
+
+
+def write_ahead(state_dir: str, incident: Incident, targets: list[Target],
                 baseline: int | None) -> None:
     """The response as it stands, durably, before its next step; raises OSError."""
     os.makedirs(os.path.join(state_dir, PENDING), mode=0o700, exist_ok=True)
-    journal.write_json_atomic(_path(state_dir, incident["id"]), {
-        "incident": incident, "targets": [asdict(t) for t in targets], "baseline": baseline},
-        durable=True)
+    journal.write_json_atomic(_path(state_dir, incident.id), {
+        "incident": incident.to_json(), "targets": [asdict(t) for t in targets],
+        "baseline": baseline}, durable=True)
 
 
 def done(state_dir: str, incident_id: str) -> None:
@@ -55,7 +65,7 @@ def done(state_dir: str, incident_id: str) -> None:
         return
 
 
-def unfinished(state_dir: str) -> list[dict[str, Any]]:
+def unfinished(state_dir: str) -> list[Entry]:
     """Every entry left by an earlier daemon, oldest first (unreadable ones reported)."""
     folder = os.path.join(state_dir, PENDING)
     try:
@@ -71,14 +81,14 @@ def unfinished(state_dir: str) -> list[dict[str, Any]]:
         try:
             with open(path, "rb") as f:
                 entry = json.loads(f.read(4 << 20))
-            incident, targets = entry["incident"], [Target(**t) for t in entry["targets"]]
-            if not isinstance(incident, dict) or not isinstance(incident.get("id"), str):
-                raise ValueError("no incident id")
+            targets = tuple(Target(**t) for t in entry["targets"])
+            incident = Incident.from_json(entry["incident"])
+            baseline = entry.get("baseline")
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.error("unfinished response %s is unreadable (%s); left in place", path, err)
             continue
-        entries.append({"incident": incident, "targets": targets,
-                        "baseline": entry.get("baseline")})
+        entries.append(Entry(incident, targets, baseline if isinstance(baseline, int)
+                             and not isinstance(baseline, bool) else None))
     return entries
 
 
@@ -90,7 +100,7 @@ class Backlog:
 
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
-        self.incidents: list[dict[str, Any]] = []
+        self.incidents: list[Incident] = []
         self.flags: list[dict[str, Any]] = []  # {"reason": ..., figures}
         self.failures = 0  # writes that failed (a metric)
         # Incidents written whose flag is not yet: their write-ahead entry stays, so a
@@ -98,7 +108,7 @@ class Backlog:
         self._written: set[str] = set()
         self._lock = threading.Lock()
 
-    def add(self, incident: dict[str, Any] | None, flag: dict[str, Any] | None) -> None:
+    def add(self, incident: Incident | None, flag: dict[str, Any] | None) -> None:
         with self._lock:
             if flag is not None:
                 self.flags.append(flag)
@@ -128,14 +138,14 @@ class Backlog:
             while self.incidents:
                 incident = self.incidents[0]
                 try:
-                    journal.append_incident(self.state_dir, incident)
+                    journal.append_incident(self.state_dir, incident.to_json())
                 except OSError as err:
                     self.failures += 1
                     log.error("cannot write incident %s (%s); held in memory, tried again "
-                              "each scan", incident.get("id"), err)
+                              "each scan", incident.id, err)
                     break
                 self.incidents.pop(0)
-                self._written.add(incident["id"])
+                self._written.add(incident.id)
             flagged = {f.get("incident") for f in self.flags}
             for incident_id in sorted(self._written - flagged):
                 self._written.discard(incident_id)
@@ -145,9 +155,8 @@ class Backlog:
                     log.warning("cannot remove the pending entry of incident %s: %s",
                                 incident_id, err)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Unwritten:
         """For /status and the metrics."""
         with self._lock:
-            return {"reboot_flags_unwritten": [f["reason"] for f in self.flags],
-                    "incidents_unwritten": [i.get("id") for i in self.incidents],
-                    "write_failures": self.failures}
+            return Unwritten(tuple(f["reason"] for f in self.flags),
+                             tuple(i.id for i in self.incidents), self.failures)

@@ -24,6 +24,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import ProbeError, probe
 from watchdog.daemon.probes.macos import MacProbe
 from watchdog.daemon.store import journal
+from watchdog.status import Incident
 
 GiB = 1 << 30
 REPORT = (DATA / "sample_jaccl_recv.txt").read_text()
@@ -96,9 +97,9 @@ def leak(monkeypatch, clock: FakeClock, baseline: int, leaked: int, returns_afte
     monkeypatch.setattr(psutil, "virtual_memory", virtual_memory)
 
 
-def incident() -> dict:
-    return {"id": "20261130T101402-mac001", "time": 1.7e9, "job": "j1", "ranks": [],
-            "verdict": "stalled"}
+def incident() -> Incident:
+    return Incident.from_json({"id": "20261130T101402-mac001", "time": 1.7e9, "job": "j1",
+                               "ranks": [], "verdict": "stalled"})
 
 
 @pytest.mark.parametrize("returns_after, verdict, flagged", [
@@ -111,7 +112,8 @@ def test_wired_leak_and_the_reboot_flag(monkeypatch, state_dir, returns_after, v
     clock = FakeClock()
     leak(monkeypatch, clock, baseline=8 * GiB, leaked=40 * GiB, returns_after=returns_after)
     enf = enforcer(state_dir, clock)
-    result = enf.handle(incident(), [target(101)], baseline=8 * GiB, evidence=False).incident
+    result = enf.handle(incident(), [target(101)], baseline=8 * GiB,
+                        evidence=False).incident.to_json()
     assert result["wired_before"] == 48 * GiB
     assert result["wired_check"] == verdict
     assert (journal.reboot_flag(str(state_dir)) is not None) is flagged
@@ -126,7 +128,8 @@ def test_a_leak_while_other_ranks_hold_wired_memory_is_no_verdict(monkeypatch, s
     clock = FakeClock()
     leak(monkeypatch, clock, baseline=8 * GiB, leaked=40 * GiB, returns_after=None)
     result = enforcer(state_dir, clock).handle(incident(), [target(101)], baseline=8 * GiB,
-                                               others_live=lambda: True, evidence=False).incident
+                                               others_live=lambda: True,
+                                               evidence=False).incident.to_json()
     assert result["wired_check"] == "skipped: other ranks are live"
     assert journal.reboot_flag(str(state_dir)) is None
 
@@ -135,7 +138,7 @@ def test_wired_absent_means_no_reboot_verdict(state_dir):
     # The real psutil here has no `wired`: exactly a Mac whose psutil lost the field.
     clock = FakeClock()
     result = enforcer(state_dir, clock).handle(incident(), [target(101)], baseline=8 * GiB,
-                                               evidence=False).incident
+                                               evidence=False).incident.to_json()
     assert result["wired_before"] is None and result["wired_check"] == "probe failed"
     assert journal.reboot_flag(str(state_dir)) is None
 
@@ -200,7 +203,7 @@ def end_to_end(state_dir: Path, timeout: float = 10.0) -> tuple[dict, float]:
     clock = FakeClock()
     enf = enforcer(state_dir, clock, evidence_timeout=timeout)
     began = time.monotonic()
-    result = enf.handle(incident(), [target(101, rank=3)]).incident
+    result = enf.handle(incident(), [target(101, rank=3)]).incident.to_json()
     return result, time.monotonic() - began
 
 
