@@ -136,7 +136,7 @@ def test_status_without_a_daemon_words_each_case_as_before(tmp_path: Path) -> No
     write(tmp_path, "forged", pid=parent.pid, uid=parent.uids().real,
           start_time=parent.create_time() + 5.0, start_ticks=1)
     ranks, invalid = sample_ranks(str(tmp_path), Rules(), pause=0.0)
-    states = sorted((r["pid"], r["state"], r["reason"]) for r in ranks)
+    states = sorted((r.pid, r.state, r.reason) for r in ranks)
     assert (dead, "exited", "exited without closing its record") in states
     assert (os.getpid(), "abandoned", "record closed while the process runs") in states
     assert any(pid == os.getpid() and state not in ("exited", "abandoned")
