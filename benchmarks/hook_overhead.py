@@ -96,7 +96,7 @@ def hot_path(iterations: int, repeats: int, directory: str) -> dict[str, dict[st
             if which == "wrapped":
                 hb = watchdog.install(directory=directory, job="bench")
                 assert hb.active, "the hook did not install"
-                assert mx.eval is not patches._patches[0][2]
+                assert mx.eval is not patches.applied[0][2]
                 for name, stmt in cases.items():
                     wrapped[name] += per_call_ns(stmt, env, iterations)
                 henv = {"enter": hb.enter_wait, "leave": hb.exit_wait,
@@ -104,8 +104,8 @@ def hot_path(iterations: int, repeats: int, directory: str) -> dict[str, dict[st
                 direct["enter+exit"] += per_call_ns("leave(enter(E), E)", henv, iterations)
                 direct["collective"] += per_call_ns("issued(S, a)", henv, iterations)
                 # The hook's own wrappers around a trivial function, against do-nothing ones.
-                wenv = {"hw": patches._wrap_wait(hb, abs, op_eval), "pw": passthrough(abs),
-                        "hc": patches._wrap_collective(hb, same, op_sum),
+                wenv = {"hw": patches.wrap_wait(hb, abs, op_eval), "pw": passthrough(abs),
+                        "hc": patches.wrap_collective(hb, same, op_sum),
                         "pc": passthrough(same), "a": a}
                 hook_w, plain_w = (per_call_ns(stmt, wenv, iterations)[0]
                                    for stmt in ("hw(1)", "pw(1)"))

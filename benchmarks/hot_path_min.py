@@ -44,8 +44,8 @@ def same(x):
 
 
 env = dict(enter=hb.enter_wait, leave=hb.exit_wait, issued=hb.collective, E=E, S=S, a=a, f=f,
-           hw=patches._wrap_wait(hb, abs, E), pw=passthrough(abs),
-           hc=patches._wrap_collective(hb, same, S), pc=passthrough(same))
+           hw=patches.wrap_wait(hb, abs, E), pw=passthrough(abs),
+           hc=patches.wrap_collective(hb, same, S), pc=passthrough(same))
 cases = {"pass": "pass", "call": "f()", "enter+exit": "leave(enter(E), E)",
          "collective": "issued(S, a)", "hw": "hw(1)", "pw": "pw(1)", "hc": "hc(a)", "pc": "pc(a)"}
 best = {k: float("inf") for k in cases}

@@ -27,6 +27,9 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchdog.daemon.act.signaller import KILLED, UNKILLABLE
+from watchdog.status import Incident
+
 EXIT_OK = 0
 EXIT_RANKS_FAILED = 10
 EXIT_TORN_DOWN = 11
@@ -57,7 +60,7 @@ class Attempt:
     launcher_code: int | None = None
     exits: list[tuple[int, int | None]] = field(default_factory=list)  # (rank, code); None: killed
     interrupted: int = 0  # the signal that interrupted the launch, or 0
-    incident: dict[str, Any] | None = None
+    incident: Incident | None = None
     pids: set[int] = field(default_factory=set)  # local ranks seen in the record directory
     waits: int = 0  # the most waits any rank completed
     steps: int = 0  # the most hb.step() any rank made
@@ -81,7 +84,7 @@ def ending_of(attempt: Attempt) -> Ending:
         # resumed by its SIGCONT may finish before the SIGTERM lands): done.
         return Ending.CLEAN
     if attempt.incident is not None:
-        return Ending.FENCED if attempt.incident.get("verdict") == "fenced" else Ending.WATCHDOG
+        return Ending.FENCED if attempt.incident.verdict == "fenced" else Ending.WATCHDOG
     # The order of mlx.launch's lines is its threads' (racy), so no line is "the first":
     # a rank that died of a signal other than SIGINT (Ctrl-C) and SIGTERM (what mlx.launch
     # ends the other ranks with) crashed; else the ranks failed on their own (a peer's
@@ -89,12 +92,12 @@ def ending_of(attempt: Attempt) -> Ending:
     return Ending.CRASHED if _crashes(attempt) else Ending.FAILED
 
 
-def _ended_by(incident: dict[str, Any] | None) -> bool:
+def _ended_by(incident: Incident | None) -> bool:
     """Did the daemon's signals end a rank? (With `--backend mpi`, mlx.launch prints no
     per-rank lines at all: the incident's outcome is then what says so.)"""
-    outcome = (incident or {}).get("outcome")
+    outcome = incident.outcome if incident is not None else None
     return isinstance(outcome, dict) and any(
-        result in ("killed", "unkillable") for result in outcome.values())
+        result in (KILLED, UNKILLABLE) for result in outcome.values())
 
 
 def _crashes(attempt: Attempt) -> list[tuple[int, int]]:
@@ -114,14 +117,15 @@ def _one_exit(rank: int, code: int) -> str:
 
 def describe(attempt: Attempt, ending: Ending) -> str:
     """One line: why the attempt ended."""
-    inc = attempt.incident or {}
     if ending is Ending.CLEAN:
         return "every rank exited 0"
     if ending is Ending.INTERRUPTED:
         return f"interrupted ({signal.Signals(attempt.interrupted).name})"
     if ending in (Ending.WATCHDOG, Ending.FENCED):
         who = "a fence ended it" if ending is Ending.FENCED else "the watchdog ended it"
-        return f"{who} (incident {inc.get('id')}: {inc.get('reason')})"
+        inc = attempt.incident
+        return (f"{who} (incident {inc.id if inc else None}: "
+                f"{inc.reason if inc else None})")
     failed = sorted({(rank, code) for rank, code in attempt.exits if code is not None})
     if not failed:
         return (f"mlx.launch exited with code {attempt.launcher_code}" if attempt.launcher_code
@@ -158,22 +162,26 @@ def backoff(base: float, restart: int) -> float:
 
 
 def incident_for(incidents: list[dict[str, Any]], job: str, attempt: Attempt,
-                 slack: float = 1.0) -> dict[str, Any] | None:
+                 slack: float = 1.0) -> Incident | None:
     """The daemon's incident that ended this attempt of `job`, if any (newest first).
 
     The job keeps its name across attempts, so an incident counts only if it
     came after the attempt started, names this attempt when it names one, and
     ended ranks we saw when we saw any.
     """
-    for found in reversed(incidents):
-        if found.get("job") != job or not isinstance(found.get("time"), (int, float)):
+    for line in reversed(incidents):
+        try:
+            found = Incident.from_json(line)
+        except ValueError:
+            continue  # no id: no incident of ours
+        if found.job != job or not found.time:
             continue
-        if found["time"] < attempt.started - slack:
+        if found.time < attempt.started - slack:
             continue  # an earlier attempt's (appended in the order responses ended)
-        if found.get("attempt") not in (None, attempt.number):
+        if found.attempt not in (None, attempt.number):
             continue
-        pids = {p for p in found.get("pids") or [] if isinstance(p, int)}
+        pids = set(found.pids)
         if attempt.pids and pids and not pids & attempt.pids:
             continue
-        return dict(found)
+        return found
     return None

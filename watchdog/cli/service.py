@@ -40,7 +40,7 @@ class ServiceError(Exception):
 
 def default_path(kind: str) -> str:
     """Where the service manager looks for our file."""
-    return _DEFAULT_PATH[_checked(kind)]
+    return _DEFAULT_PATH[checked_kind(kind)]
 
 
 def script_path() -> str:
@@ -61,7 +61,7 @@ def render(
     kind: str, *, executable: str, config: str | None, record_dir: str, state_dir: str
 ) -> str:
     """The service file for `kind` ("launchd" or "systemd") as text."""
-    kind = _checked(kind)
+    kind = checked_kind(kind)
     # The service starts in "/", where a relative path means nothing useful.
     if not os.path.isabs(executable):
         raise ServiceError(f"the service executable must be an absolute path: {executable!r}")
@@ -136,7 +136,7 @@ def shutdown_seconds() -> int:
                      + s.peer_timeout)
 
 
-def _checked(kind: str) -> str:
+def checked_kind(kind: str) -> str:
     if kind not in KINDS:
         raise ServiceError(f"unknown service kind {kind!r}: expected 'launchd' or 'systemd'")
     return kind

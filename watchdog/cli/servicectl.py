@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 
-from watchdog.cli.service import LABEL, ServiceError, _checked, default_path, shutdown_seconds
+from watchdog.cli.service import LABEL, ServiceError, checked_kind, default_path, shutdown_seconds
 
 
 def service_target() -> str:
@@ -30,7 +30,7 @@ def activation_commands(kind: str, path: str) -> list[list[str]]:
     and RunAtLoad starts it. A job already loaded is booted out first (see
     `load`), since bootstrap refuses a label that is loaded.
     """
-    if _checked(kind) == "launchd":
+    if checked_kind(kind) == "launchd":
         return [["launchctl", "enable", service_target()],
                 ["launchctl", "bootstrap", "system", path]]
     return [["systemctl", "daemon-reload"],
@@ -39,13 +39,13 @@ def activation_commands(kind: str, path: str) -> list[list[str]]:
 
 def deactivation_commands(kind: str, path: str) -> list[list[str]]:
     """The commands that stop the daemon and unload its file (before removing it)."""
-    if _checked(kind) == "launchd":
+    if checked_kind(kind) == "launchd":
         return [["launchctl", "bootout", service_target()]]
     return [["systemctl", "disable", "--now", os.path.basename(path)]]
 
 
 def restart_command(kind: str, path: str) -> list[str]:
-    if _checked(kind) == "launchd":
+    if checked_kind(kind) == "launchd":
         return ["launchctl", "kickstart", "-k", service_target()]
     return ["systemctl", "restart", os.path.basename(path)]
 

@@ -32,13 +32,14 @@ from watchdog.daemon.attempts import ATTEMPT_ENV
 from watchdog.daemon.config import Settings
 from watchdog.daemon.recdir import read_dir
 from watchdog.daemon.store import journal, launchlog
+from watchdog.states import ENDED, WAITING_LONG, State
 from watchdog.text import printable
 
 POLL = 0.25  # seconds between looks at the record directory during an attempt
 INTERRUPT_GRACE = 3.0  # seconds the ranks get to end on Ctrl-C before SIGTERM, then SIGKILL
 # A rank of ours in one of these states: the daemon may be ending the job (a rank being
 # ended keeps its state until the response is over, then is `killed`).
-HANDLED = ("suspect", "stalled", "blocked", "stopped")
+HANDLED = WAITING_LONG | {State.STOPPED}
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class Supervisor:
         """Do ranks of other jobs run here? The daemon's view, else the record directory."""
         snap = daemon_status(self.settings.state_dir)
         if snap is not None:
-            return any(r.job != self.plan.job and r.state not in ("exited", "killed")
+            return any(r.job != self.plan.job and r.state not in ENDED
                        for r in snap.ranks)
         return os.path.isdir(self.plan.record_dir) and any(
             rec is not None and rec.job != self.plan.job
@@ -189,9 +190,9 @@ class Supervisor:
             attempt.incident = relaunch.incident_for(
                 journal.read_incidents(s.state_dir)[0], self.plan.job, attempt)
             if attempt.incident is not None:
-                for rank in attempt.incident.get("ranks") or []:
-                    if isinstance(rank, dict) and isinstance(rank.get("progress"), int):
-                        attempt.see_progress(rank["progress"], 0)
+                for rank in attempt.incident.ranks:
+                    if isinstance(rank.progress, int):
+                        attempt.see_progress(rank.progress, 0)
                 return
             now = time.monotonic()
             if now >= until or self.stop.is_set():
@@ -238,7 +239,7 @@ class Supervisor:
             self.record("ended", number, ending=ending.value, reason=why, exit_code=code,
                         launcher_code=attempt.launcher_code, progressed=progressed,
                         waits=attempt.waits, steps=attempt.steps,
-                        incident=(attempt.incident or {}).get("id"))
+                        incident=attempt.incident.id if attempt.incident else None)
             if not relaunch.restartable(ending, s.restart_on) or s.restart == 0:
                 if ending is not relaunch.Ending.CLEAN:
                     say(f"job {self.plan.job} attempt {number}: {why} (exit {code})")

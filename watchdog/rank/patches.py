@@ -53,10 +53,10 @@ WAITS = {
 COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
                "recv_like")
 
-_patches: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
+applied: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
 
 
-def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
+def wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
     """One call of the hot path's `wait` brackets the whole call: it opens the wait,
     calls the original and closes the wait with no call in between (one C call on the
     compiled path), so no signal handler can run between the end and the close. This
@@ -80,7 +80,7 @@ def _wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
     return wait
 
 
-def _wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
+def wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
     issued = hb.collective
 
     @functools.wraps(original)
@@ -93,7 +93,7 @@ def _wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
 
 
 def _wrap_init(hb: Heartbeat, original: Any) -> Any:
-    wait = _wrap_wait(hb, original, INIT_OP)
+    wait = wrap_wait(hb, original, INIT_OP)
 
     @functools.wraps(original)
     def init(*args: Any, **kwargs: Any) -> Any:
@@ -125,7 +125,7 @@ def _wrap_thread_start(hb: Heartbeat, original: Any) -> Any:
 def _patch(owner: Any, name: str, wrapper: Any) -> None:
     original = getattr(owner, name)
     setattr(owner, name, wrapper)
-    _patches.append((owner, name, original, wrapper))
+    applied.append((owner, name, original, wrapper))
 
 
 def learn_dtypes(mx: Any) -> None:
@@ -146,11 +146,11 @@ def instrument(hb: Heartbeat, mx: Any) -> None:
         original = getattr(owner, name, None)
         if original is None:  # an older or newer mlx without this entry point
             continue
-        _patch(owner, name, _wrap_wait(hb, original, OP_CODE[name.strip("_")], name))
+        _patch(owner, name, wrap_wait(hb, original, OP_CODE[name.strip("_")], name))
     dist = mx.distributed
     for name in COLLECTIVES:
         if hasattr(dist, name):
-            _patch(dist, name, _wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
+            _patch(dist, name, wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
     _patch(dist, "init", _wrap_init(hb, dist.init))
     _patch(threading.Thread, "start", _wrap_thread_start(hb, threading.Thread.start))
     hb.publish_threads()
@@ -158,8 +158,8 @@ def instrument(hb: Heartbeat, mx: Any) -> None:
 
 def restore() -> None:
     """Put every original back, except one someone else re-patched since."""
-    while _patches:
-        owner, name, original, wrapper = _patches.pop()
+    while applied:
+        owner, name, original, wrapper = applied.pop()
         if getattr(owner, name, None) is wrapper:
             setattr(owner, name, original)
         else:

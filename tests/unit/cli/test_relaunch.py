@@ -16,13 +16,15 @@ from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal, launchlog
 from watchdog.net.metrics import render
-from watchdog.status import NodeStatus
+from watchdog.status import Incident, NodeStatus
 
 # What mlx.launch 0.32.4 prints on stderr (colours included) for each rank that did not exit 0.
 WARN = "\x1b[33m[WARN] Node with rank {} {} \x1b[0m"
 
 
 def attempt(*lines: str, code: int = 0, **facts) -> Attempt:
+    if isinstance(facts.get("incident"), dict):  # as the daemon journals it
+        facts["incident"] = Incident.from_json(facts["incident"])
     a = Attempt(number=1, started=1000.0, launcher_code=code, **facts)
     for line in lines:
         a.see_line(line)
@@ -117,10 +119,10 @@ def test_the_incident_of_this_attempt_only():
     ]
     assert relaunch.incident_for(incidents, "j", a) is None
     incidents.insert(2, {"id": "ours", "job": "j", "time": 1002.0, "attempt": 2, "pids": [12]})
-    assert relaunch.incident_for(incidents, "j", a)["id"] == "ours"
+    assert relaunch.incident_for(incidents, "j", a).id == "ours"
     # An incident of a daemon that could not read the attempt counts by its pids.
     assert relaunch.incident_for([{"id": "n", "job": "j", "time": 1000.5, "pids": [11]}],
-                                 "j", a)["id"] == "n"
+                                 "j", a).id == "n"
 
 
 def test_attempt_numbers_as_the_launcher_writes_them():
