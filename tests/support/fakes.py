@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
-from watchdog.daemon.act.signaller import GONE, OURS, SENT, Target
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
+from watchdog.daemon.signaller import GONE, OURS, SENT, Target
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ import pytest
 
 from watchdog import host
 from watchdog.cli import launcher
-from watchdog.daemon.act import samplegraph
+from watchdog.daemon.probes import samplegraph
 from watchdog.daemon.probes.exits import ExitWatcher
 
 

@@ -147,7 +147,7 @@ def check_pth() -> list[Line]:
 
 
 def check_dump_signal() -> list[Line]:
-    from watchdog.daemon.act.signaller import DUMP_SIGNALS
+    from watchdog.daemon.signaller import DUMP_SIGNALS
     from watchdog.rank.hook import dump_signal_from_env
 
     raw = os.environ.get("MLX_WATCHDOG_DUMP_SIGNAL")

@@ -104,7 +104,7 @@ def _echo_incident(inc: Incident) -> None:
 
 def _native_hot_lines(hot: Any, threads: int = 4) -> list[str]:
     """The parsed native stacks (macOS `sample`): each rank's hottest threads."""
-    from watchdog.daemon.act.samplegraph import summary_line
+    from watchdog.daemon.probes.samplegraph import summary_line
 
     lines = []
     for entry in hot if isinstance(hot, list) else []:

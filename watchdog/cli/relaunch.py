@@ -27,7 +27,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.daemon.act.signaller import KILLED, UNKILLABLE
+from watchdog.daemon.signaller import KILLED, UNKILLABLE
 from watchdog.status import Incident
 
 EXIT_OK = 0

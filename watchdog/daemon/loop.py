@@ -25,18 +25,17 @@ from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import culprit_of, new_incident
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Responses
-from watchdog.daemon.act.signaller import GONE, KILLED, NOT_OURS, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.config import Settings
-from watchdog.daemon.judge import learning
+from watchdog.daemon.holds import hold
 from watchdog.daemon.judge.detector import Detector
-from watchdog.daemon.judge.holds import hold
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
-from watchdog.daemon.store import journal, launchlog, pending
+from watchdog.daemon.signaller import GONE, KILLED, NOT_OURS, UNKILLABLE, UNKNOWN, Signaller
+from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.net import fence
 from watchdog.record import Record
 from watchdog.states import FINAL, WAITING_LONG, State

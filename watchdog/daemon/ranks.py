@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchdog import record
-from watchdog.daemon.act.signaller import Target
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.signaller import Target
 from watchdog.record import Record
 from watchdog.states import FINAL, State
 

@@ -14,8 +14,8 @@ import pytest
 from tests.support.ranks import DaemonProc
 from tests.support.users import OTHER_UID, UserProc
 from watchdog import record
-from watchdog.daemon.judge import learning
 from watchdog.daemon.judge.deadlines import OTHER_KIND
+from watchdog.daemon.store import learning
 from watchdog.procstat import read_start_ticks
 from watchdog.record import RecordWriter, layout
 from watchdog.record.layout import OPS

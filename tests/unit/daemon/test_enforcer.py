@@ -31,9 +31,9 @@ from tests.support.fakes import (
     target,
 )
 from watchdog.daemon.act.enforcer import Enforcer
-from watchdog.daemon.act.signaller import GONE, NOT_OURS, SENT, Signaller, Target
 from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import Probe
+from watchdog.daemon.signaller import GONE, NOT_OURS, SENT, Signaller, Target
 from watchdog.daemon.store import journal
 from watchdog.status import Incident
 
@@ -438,7 +438,7 @@ def _record(tmp_path: Path, pid: int, status: int | None = None):
 def test_a_rank_whose_record_says_it_is_leaving_on_an_error_is_not_signalled(tmp_path,
                                                                              state_dir):
     from watchdog import record
-    from watchdog.daemon.act.signaller import EXITED
+    from watchdog.daemon.signaller import EXITED
 
     _record(tmp_path, 101, record.STATUS_ERROR)
     fake = FakeSignaller({})  # gone by the time the ladder looks again: it left on its own

@@ -20,11 +20,11 @@ import pytest
 from tests.support.fakes import FakeClock, target
 from tests.support.users import UserProc, publish
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
-from watchdog.daemon.act.signaller import OURS, UNKNOWN, Signaller
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
 from watchdog.daemon.ranks import Edge, transition
+from watchdog.daemon.signaller import OURS, UNKNOWN, Signaller
 from watchdog.daemon.store import journal
 from watchdog.states import State
 from watchdog.status import Incident

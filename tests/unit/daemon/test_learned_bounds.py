@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from tests.support.users import OTHER_UID
-from watchdog.daemon.judge import learning
 from watchdog.daemon.judge.deadlines import OTHER_KIND, Learned, kind_of
+from watchdog.daemon.store import learning
 from watchdog.record.layout import OPS
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.daemon.judge import learning
 from watchdog.daemon.judge.deadlines import Learned, Rules
 from watchdog.daemon.judge.detector import NS, Detector
 from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.store import learning
 from watchdog.record import Pace, Record
 from watchdog.states import Phase, State
 

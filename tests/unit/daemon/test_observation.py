@@ -19,11 +19,11 @@ import pytest
 
 from watchdog import procstat, record
 from watchdog.cli.sampling import sample_ranks
-from watchdog.daemon.act.signaller import GONE, NOT_OURS, OURS, UNKNOWN, Signaller, Target
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.observation import Observation, Seen, identify, observe
 from watchdog.daemon.probes import ProbeError, probe
 from watchdog.daemon.probes.linux import LinuxProbe
+from watchdog.daemon.signaller import GONE, NOT_OURS, OURS, UNKNOWN, Signaller, Target
 from watchdog.rank import hook
 from watchdog.record import Record, RecordWriter
 

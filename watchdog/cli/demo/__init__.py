@@ -43,7 +43,7 @@ from watchdog.cli.demo.job import (
     tail,
 )
 from watchdog.cli.demo.report import incident_lines, read_incidents
-from watchdog.daemon.act.signaller import EXITED, KILLED
+from watchdog.daemon.signaller import EXITED, KILLED
 from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG
 from watchdog.status import RankStatus
 

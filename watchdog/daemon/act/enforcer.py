@@ -18,7 +18,9 @@ from typing import Any
 
 from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
-from watchdog.daemon.act.signaller import (
+from watchdog.daemon.config import Settings
+from watchdog.daemon.probes import Probe, ProbeError
+from watchdog.daemon.signaller import (
     EXITED,
     KILLED,
     OURS,
@@ -28,8 +30,6 @@ from watchdog.daemon.act.signaller import (
     Signaller,
     Target,
 )
-from watchdog.daemon.config import Settings
-from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from watchdog.daemon.act.signaller import DUMP_SIGNALS, OURS, SENT, Signaller, Target
 from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError
+from watchdog.daemon.signaller import DUMP_SIGNALS, OURS, SENT, Signaller, Target
 
 log = logging.getLogger(__name__)
 

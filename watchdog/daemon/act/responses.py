@@ -17,8 +17,8 @@ from typing import Any
 
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.peers import Peers
-from watchdog.daemon.act.signaller import Target
 from watchdog.daemon.config import Settings
+from watchdog.daemon.signaller import Target
 from watchdog.status import Culprit, Incident, NodeStatus
 
 log = logging.getLogger(__name__)

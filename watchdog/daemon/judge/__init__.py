@@ -1,2 +1,2 @@
-"""Judging a rank: the detector (pure), the deadline of a wait, a rank's threads between
-two samples, what the auto deadline learned, and the slow-peer hold."""
+"""Judging a rank, purely: the detector, the deadline of a wait and its rules, and a
+rank's threads between two samples. No I/O: the loop hands in what it saw."""

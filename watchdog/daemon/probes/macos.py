@@ -6,8 +6,7 @@ from typing import Any
 
 import psutil
 
-from watchdog.daemon.act import samplegraph
-from watchdog.daemon.probes import Probe, ProbeError, find_tool
+from watchdog.daemon.probes import Probe, ProbeError, find_tool, samplegraph
 
 
 class MacProbe(Probe):

@@ -24,7 +24,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from watchdog.daemon.act.signaller import Target
+from watchdog.daemon.signaller import Target
 from watchdog.daemon.store import journal
 from watchdog.status import Incident, Unwritten
 

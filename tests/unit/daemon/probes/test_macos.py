@@ -18,10 +18,9 @@ import pytest
 
 from tests.support import BIN, DATA
 from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeSignaller, target
-from watchdog.daemon.act import samplegraph
 from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.config import Settings
-from watchdog.daemon.probes import ProbeError, probe
+from watchdog.daemon.probes import ProbeError, probe, samplegraph
 from watchdog.daemon.probes.macos import MacProbe
 from watchdog.daemon.store import journal
 from watchdog.status import Incident
