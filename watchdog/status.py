@@ -2,7 +2,7 @@
 
 Data only, like `states.py`: frozen dataclasses with one `to_json()` and one
 `from_json()` each, importing nothing from the daemon. The daemon builds them
-(`daemon/view.py`, `daemon/publish.py`, `daemon/incidents.py`, the enforcer);
+(`daemon/view.py`, `daemon/publish.py`, `daemon/act/incidents.py`, the enforcer);
 the HTTP endpoint, the metrics, the cluster view, the CLI and the demo read
 them as attributes. `to_json()` gives the JSON the docs describe
 (docs/metrics.md, `status --json`, `/status`, incidents.jsonl), key for key.
