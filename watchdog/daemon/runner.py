@@ -21,12 +21,13 @@ class CannotStart(Exception):
 NOFILE_WANTED = 65536  # descriptors: records, pidfds, probes and HTTP of a busy node
 
 
-def raise_nofile() -> None:
+def raise_nofile() -> str:
     """Raise the soft descriptor limit toward the hard one (systemd's default soft
-    limit is 1024; launchd's 256): the daemon must not run out before a user does."""
+    limit is 1024; launchd's 256): the daemon must not run out before a user does.
+    Returns what it did, for the log once the daemon has started ("" for nothing):
+    a start that fails says one line, its reason."""
     import resource
 
-    log = logging.getLogger("watchdog")
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         wanted = NOFILE_WANTED if hard == resource.RLIM_INFINITY else min(hard, NOFILE_WANTED)
@@ -36,9 +37,10 @@ def raise_nofile() -> None:
             except ValueError:
                 wanted = min(wanted, 10240)  # macOS: at most OPEN_MAX below an infinite hard
                 resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            log.info("raised the open-files limit from %s to %s", soft, wanted)
+            return f"raised the open-files limit from {soft} to {wanted}"
     except (ValueError, OSError) as err:
-        log.warning("cannot raise the open-files limit: %s", err)
+        return f"cannot raise the open-files limit: {err}"
+    return ""
 
 
 def run_daemon(settings: Settings, log_level: str = "info") -> None:
@@ -47,15 +49,17 @@ def run_daemon(settings: Settings, log_level: str = "info") -> None:
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
     dirs.prepare(settings.dir, settings.state_dir)
-    raise_nofile()
+    nofile = raise_nofile()
     daemon = Daemon(settings)
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
                        daemon.fence_request if settings.secret else None)
     except OSError as err:
         raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
-    logging.getLogger("watchdog").info("serving /metrics /status /healthz on http://%s:%s",
-                                       *server.server_address[:2])
+    log = logging.getLogger("watchdog")
+    if nofile:
+        log.log(logging.WARNING if nofile.startswith("cannot") else logging.INFO, "%s", nofile)
+    log.info("serving /metrics /status /healthz on http://%s:%s", *server.server_address[:2])
 
     def stop(signum: int, _frame: Any) -> None:
         daemon.stop()

@@ -103,6 +103,35 @@ def bad_values(tmp_path, busy_port: int) -> list[list[str]]:
     return cases
 
 
+def test_a_daemon_that_cannot_start_says_one_line_even_after_raising_its_limits(tmp_path):
+    """Started with a soft descriptor limit below the hard one (a login shell's 1024),
+    the daemon raises it; a start that then fails (the port is taken) still says only
+    why, the raise being logged once the daemon runs."""
+    import resource
+
+    (tmp_path / "rec").mkdir()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    soft = 256 if hard == resource.RLIM_INFINITY else min(256, hard // 2)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "watchdog.cli", "run", "--dir", str(tmp_path / "rec"),
+             "--state-dir", str(tmp_path / "state"),
+             "--listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+            env=base_env("/nonexistent-default-dir"),
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+    finally:
+        busy.close()
+    assert proc.returncode != 0
+    assert proc.stderr.splitlines() == [
+        f"mlx-watchdog: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use"], proc.stderr
+
+
 def test_every_bad_option_value_is_one_line_and_a_nonzero_exit(tmp_path):
     (tmp_path / "rec").mkdir()
     busy = socket.socket()
