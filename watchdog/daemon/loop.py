@@ -50,6 +50,7 @@ HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is aske
 # "connection to a peer was lost"; mlx_lm.server's rank 0 does not (only its generation
 # thread dies: the server stays up, deaf), nor does a rank whose wait never noticed.
 PEER_DEATH_GRACE = 5.0
+Orphaned = tuple[float, str, Culprit, frozenset[tuple[int, float]]]
 # Live ranks watched per owner uid: one user's thousands of records (each a real,
 # sleeping process) cost probes every scan; they must not starve another user's.
 MAX_RANKS_PER_UID = 256
@@ -74,9 +75,9 @@ class Daemon:
         # (those unusable for good are kept by self.records)
         self.invalid: dict[str, str] = {}
         self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
-        # (uid, job) -> (when its live local ranks are ended, why, the dead rank), for
-        # jobs one of whose ranks died (PEER_DEATH_GRACE).
-        self.orphans: dict[tuple[int, str], tuple[float, str, Culprit]] = {}
+        # (uid, job) -> (when its live local ranks are ended, why, the dead rank, those
+        # ranks), for jobs one of whose ranks died (PEER_DEATH_GRACE).
+        self.orphans: dict[tuple[int, str], Orphaned] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
         self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
@@ -274,21 +275,26 @@ class Daemon:
             culprit = culprit_of(self.host, rank, how)
             self._fence_peers(rank.record.uid, rank.record.job,
                               f"rank {rank.record.rank} {how}", culprit)
+            # Its peers are the ranks of the job alive now: a rank that starts later
+            # (the job relaunched under the same name) is no peer of this one.
+            peers = frozenset(r.key for r in self.ranks.values()
+                              if r.record.job == rank.record.job
+                              and r.record.uid == rank.record.uid and r.live)
             self.orphans.setdefault((rank.record.uid, rank.record.job), (
                 now + PEER_DEATH_GRACE,
                 f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
-                "cannot finish without it", culprit))
+                "cannot finish without it", culprit, peers))
 
     def _end_orphans(self, now: float) -> None:
-        """End the local ranks still alive of a job one of whose ranks died."""
-        for key, (due_at, reason, culprit) in list(self.orphans.items()):
+        """End the local ranks still alive of a job one of whose ranks died (those that
+        were alive when it died)."""
+        for key, (due_at, reason, culprit, peers) in list(self.orphans.items()):
             if now < due_at:
                 continue
             del self.orphans[key]
             uid, job = key
             alive = [r for r in self.ranks.values()
-                     if r.record.job == job and r.record.uid == uid
-                     and r.state not in FINAL and not r.escalating]
+                     if r.key in peers and r.state not in FINAL and not r.escalating]
             if alive:
                 self._escalate(uid, job, alive, fenced=Fence(
                     job=job, uid=uid, origin=self.host, reason=reason, culprit=culprit,
@@ -339,7 +345,11 @@ class Daemon:
                  if r.record.job == job and r.record.uid == uid and r.state not in FINAL
                  and not r.escalating]
         due = [r for r in due if r.record.uid == uid]
-        targets = local if self.settings.kill_scope == "job" or fenced else due
+        # A fence names its ranks (a peer's: every live one of the job; a local death's:
+        # those alive with the dead rank), the verdict the job's or the due ones.
+        named = {r.key for r in due}
+        targets = ([r for r in local if r.key in named] if fenced is not None else
+                   local if self.settings.kill_scope == "job" else due)
         if not targets:
             return
         incident = new_incident(
