@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -233,18 +234,21 @@ def test_a_device_file_that_is_not_json_is_hashed_as_text(tmp_path):
 
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
           "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
-MPI_PROBE = ("import json, os; from watchdog.rank import env, hook; "
-             "print(json.dumps([hook.job_id(), *env.env_rank_size(os.environ), "
-             "env.guess_backend(os.environ)]))")
+# Each rank writes its view to a file of its own: mpirun forwards the ranks' stdout in
+# whatever chunks it read, so two ranks' lines can arrive run together.
+MPI_PROBE = ("import json, os, sys; from watchdog.rank import env, hook; "
+             "open(os.path.join(sys.argv[1], str(os.getpid())), 'w').write(json.dumps("
+             "[hook.job_id(), *env.env_rank_size(os.environ), env.guess_backend(os.environ)]))")
 
 
 def mpirun_views(size: int = 2) -> list[list[Any]]:
     """[job, rank, size, backend] of each rank of one real `mpirun -np SIZE`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMI"))}
-    done = subprocess.run([*MPIRUN, "-np", str(size), sys.executable, "-c", MPI_PROBE],
-                          capture_output=True, text=True, timeout=120, env=clean)
-    assert done.returncode == 0, done.stderr
-    return sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([*MPIRUN, "-np", str(size), sys.executable, "-c", MPI_PROBE, out],
+                              capture_output=True, text=True, timeout=120, env=clean)
+        assert done.returncode == 0, done.stderr
+        return sorted(json.loads(p.read_text()) for p in Path(out).iterdir())
 
 
 def test_ranks_of_one_mpirun_agree_and_the_next_mpirun_is_another_job():
