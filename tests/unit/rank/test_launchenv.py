@@ -173,23 +173,25 @@ def test_unreadable_device_file_still_agrees_on_one_node(tmp_path):
 
 # -- mlx-watchdog launch: a fresh job id per launch, through the real mlx.launch --------
 
-LAUNCH_PROBE = ("import json, os; from watchdog.rank import hook; "
-                "print(json.dumps([os.environ['MLX_RANK'], hook.job_id()]))")
+# A file per rank, as for mpirun below: a launcher's forwarded stdout may run lines together.
+LAUNCH_PROBE = ("import json, os, sys; from watchdog.rank import hook; "
+                "open(os.path.join(sys.argv[1], os.environ['MLX_RANK']), 'w').write("
+                "json.dumps([os.environ['MLX_RANK'], hook.job_id()]))")
 
 
 def watchdog_launch(*extra: str, env: dict[str, str] | None = None
                     ) -> tuple[dict[str, str], str]:
     """Rank -> job id, printed by two real local ranks of `mlx-watchdog launch -n 2`."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as state:  # the launcher journals there
+        out = Path(state, "views")
+        out.mkdir()
         done = subprocess.run(
             [sys.executable, "-m", "watchdog.cli", "launch", "-n", "2", *extra, "--",
-             sys.executable, "-c", LAUNCH_PROBE],
+             sys.executable, "-c", LAUNCH_PROBE, str(out)],
             capture_output=True, text=True, timeout=180,
             env=dict(os.environ, MLX_WATCHDOG_STATE_DIR=state, **(env or {})))
-    assert done.returncode == 0, done.stderr
-    jobs = dict(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+        assert done.returncode == 0, done.stderr
+        jobs = dict(json.loads(p.read_text()) for p in out.iterdir())
     return jobs, done.stderr
 
 
