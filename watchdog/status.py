@@ -380,6 +380,9 @@ class Fence:
     culprit: Culprit | None
     nonce: str = ""
     time: float | None = None
+    # When the origin found the job dead (its wall clock): a rank started after it is
+    # a relaunch of the job under its name, never one of the dead job's ranks.
+    since: float | None = None
     local: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -387,7 +390,7 @@ class Fence:
         return {"job": self.job, "uid": self.uid, "origin": self.origin,
                 "reason": self.reason,
                 "culprit": self.culprit.to_json() if self.culprit else None,
-                "nonce": self.nonce, "time": self.time}
+                "nonce": self.nonce, "time": self.time, "since": self.since}
 
     @classmethod
     def from_json(cls, data: Any) -> Fence:
@@ -401,7 +404,14 @@ class Fence:
                    origin=None if origin is None else str(origin),
                    reason=None if reason is None else str(reason),
                    culprit=Culprit.from_json(data.get("culprit")), nonce=data["nonce"],
-                   time=_num(data.get("time")))
+                   time=_num(data.get("time")), since=_num(data.get("since")))
+
+    def ends(self, start_time: float) -> bool:
+        """Whether a local rank started at `start_time` (wall seconds) may be one of the
+        dead job's: it started before the origin found the job dead. A fence from a
+        sender that names no `since` is as old as its signature."""
+        cutoff = self.since if self.since is not None else self.time
+        return cutoff is None or start_time < cutoff
 
 
 # -- an incident -------------------------------------------------------------------------

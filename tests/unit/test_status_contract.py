@@ -229,8 +229,8 @@ def test_a_signed_fence_is_read_as_a_typed_request():
     got = fence.verify(secret, headers, body, fence.NonceCache(), now=1000.0)
     assert (got.job, got.uid, got.origin, got.culprit, got.local) == (
         "j", 7, "node-b", culprit, False)
-    assert sorted(json.loads(body)) == ["culprit", "job", "nonce", "origin", "reason", "time",
-                                        "uid"]
+    assert sorted(json.loads(body)) == ["culprit", "job", "nonce", "origin", "reason", "since",
+                                        "time", "uid"]
 
 
 def test_the_contract_imports_no_daemon_code():

@@ -407,10 +407,16 @@ class Daemon:
             return 401, {"error": str(err)}
         job, uid = request.job, request.uid
         with self.lock:
-            # Only the ranks of the job's owner: a fence names (uid, job).
-            ranks = [r for r in self.ranks.values()
+            # Only the ranks of the job's owner (a fence names (uid, job)) that started
+            # before the job was found dead: a later one is the job relaunched.
+            named = [r for r in self.ranks.values()
                      if r.record.job == job and r.record.uid == uid and r.state not in FINAL
                      and not r.escalating]
+            ranks = [r for r in named if request.ends(r.record.start_time)]
+            if len(ranks) < len(named):
+                log.warning("fence from %s: %s ranks of job %s started after it was found "
+                            "dead (a relaunch): left alone", request.origin,
+                            len(named) - len(ranks), job)
             log.warning("fence from %s: ending %s local ranks of job %s of uid %s (%s)",
                         request.origin, len(ranks), job, uid, request.reason)
             if ranks:

@@ -45,11 +45,14 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def make(secret: str, job: str, origin: str, reason: str, culprit: Culprit | None,
-         now: float | None = None, uid: int = 0) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of one fence request: end `uid`'s ranks of `job`."""
+         now: float | None = None, uid: int = 0, since: float | None = None
+         ) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one fence request: end `uid`'s ranks of `job` that
+    started before `since` (when the job was found dead; by default, now)."""
     now = time.time() if now is None else now
     body = json.dumps(Fence(job=job, uid=uid, origin=origin, reason=reason, culprit=culprit,
-                            nonce=os.urandom(16).hex(), time=now).to_json(),
+                            nonce=os.urandom(16).hex(), time=now,
+                            since=now if since is None else since).to_json(),
                       sort_keys=True).encode()
     timestamp = f"{now:.3f}"
     return body, {"Content-Type": "application/json", TIMESTAMP: timestamp,
@@ -194,13 +197,16 @@ def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dic
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
-         culprit: Culprit | None, timeout: float, uid: int = 0) -> list[dict[str, Any]]:
-    """Fence `uid`'s `job` on every peer, concurrently; each answer or error."""
+         culprit: Culprit | None, timeout: float, uid: int = 0,
+         since: float | None = None) -> list[dict[str, Any]]:
+    """Fence `uid`'s `job` (its ranks started before `since`) on every peer,
+    concurrently; each answer or error."""
     if not peers:
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
         def one(peer: str) -> dict[str, Any]:
-            body, headers = make(secret, job, origin, reason, culprit, uid=uid)  # a nonce each
+            body, headers = make(secret, job, origin, reason, culprit, uid=uid,  # a nonce each
+                                 since=since)
             return post(peer, body, headers, timeout)
 
         return list(pool.map(one, peers))

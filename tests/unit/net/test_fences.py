@@ -6,6 +6,7 @@ tests/ranks/net/test_fences.py replays a fence across a real daemon's restart.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -15,6 +16,7 @@ from tests.support.users import UserProc, publish
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.net import fence
+from watchdog.status import Fence
 
 SECRET = "correct horse battery staple"
 
@@ -84,3 +86,37 @@ def test_a_fence_signed_before_the_receiver_started_is_refused(tmp_path):
         assert verified.job == "j"
     finally:
         daemon.executor.shutdown()
+
+
+def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_path,
+                                                                           record_dir):
+    """A job relaunched under its name on this node before a peer's late fence
+    arrives is not the dead job: its ranks started after the origin found it dead."""
+    settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"), secret=SECRET)
+    os.makedirs(settings.state_dir)
+    daemon = Daemon(settings)
+    try:
+        with UserProc(0) as rank:
+            publish(record_dir, rank.pid, 0, "j", hung=False, world_size=2)
+            daemon.scan()
+            started = next(iter(daemon.ranks.values())).record.start_time
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None, since=started - 1)
+            assert daemon.fence_request(headers, body) == (202, {"job": "j", "uid": 0,
+                                                                 "ending": []})
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None)
+            assert daemon.fence_request(headers, body)[1]["ending"] == [rank.pid]
+            until = time.monotonic() + 30
+            while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
+                time.sleep(0.05)
+            assert signal.SIGTERM in rank.signals()
+    finally:
+        daemon.executor.shutdown()
+
+
+def test_a_fence_without_since_is_as_old_as_its_signature():
+    old = Fence(job="j", uid=0, origin="o", reason=None, culprit=None, time=100.0)
+    assert old.ends(99.0) and not old.ends(101.0)
+    assert Fence(job="j", uid=0, origin="o", reason=None, culprit=None, time=100.0,
+                 since=50.0).ends(49.0)
+    assert not Fence(job="j", uid=0, origin="o", reason=None, culprit=None, time=100.0,
+                     since=50.0).ends(60.0)

@@ -111,6 +111,9 @@ class Peers:
         if not secret or not peers:
             return
         log.info("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
+        # Found dead now, whenever a busy pool sends it: a relaunch of the job that
+        # starts on a peer before the fence reaches it is not the dead job.
+        since = time.time()
 
         def sent(future: Future[list[dict[str, Any]]]) -> None:
             for answer in future.result():
@@ -118,7 +121,7 @@ class Peers:
                          answer.get("answer") if answer["ok"] else answer.get("error"))
 
         self.executor.submit(fence.send, peers, secret, job, self.host, reason, culprit,
-                             self.settings.peer_timeout, uid).add_done_callback(sent)
+                             self.settings.peer_timeout, uid, since).add_done_callback(sent)
 
     def verify(self, headers: Any, body: bytes) -> Fence:
         """An incoming fence, authenticated; raises fence.FenceRejected."""
