@@ -3,7 +3,9 @@
 Everything under tests/ranks/ and tests/multihost/ runs real processes (MLX ranks, the
 daemon, servers, network namespaces) and is marked `ranks` here, so `pytest -m "not
 ranks"` runs the fast layer alone; tests of tests/unit/ that do so carry the mark
-themselves.
+themselves. Tests of tests/unit/ that start processes, a venv or a server, or race
+threads, for a fifth of a second or more, are marked `slow`: `pytest -m "not ranks
+and not slow"` is the quick layer, in seconds.
 """
 
 from pathlib import Path

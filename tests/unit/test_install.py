@@ -28,6 +28,9 @@ import pytest
 
 from tests.support import REPO
 
+# A venv built from a wheel: every test here is slow.
+pytestmark = pytest.mark.slow
+
 BUDGET = 300.0  # seconds for everything in this module
 DEPENDENCIES = ("mlx.core", "psutil", "click", "prometheus_client")
 

@@ -13,6 +13,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from click.testing import CliRunner
 
 from tests.support.ranks import REPO, base_env, wait_for
@@ -35,6 +36,7 @@ def run_cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess
                           env=base_env("/nonexistent-default-dir"))
 
 
+@pytest.mark.slow
 def test_no_ranks(tmp_path, record_dir, state_dir):
     dirs = ["--dir", record_dir, "--state-dir", state_dir]
     result = invoke(["status", *dirs])
@@ -103,6 +105,7 @@ def bad_values(tmp_path, busy_port: int) -> list[list[str]]:
     return cases
 
 
+@pytest.mark.slow
 def test_a_daemon_that_cannot_start_says_one_line_even_after_raising_its_limits(tmp_path):
     """Started with a soft descriptor limit below the hard one (a login shell's 1024),
     the daemon raises it; a start that then fails (the port is taken) still says only
@@ -132,6 +135,7 @@ def test_a_daemon_that_cannot_start_says_one_line_even_after_raising_its_limits(
         "Address already in use"], proc.stderr
 
 
+@pytest.mark.slow
 def test_every_bad_option_value_is_one_line_and_a_nonzero_exit(tmp_path):
     (tmp_path / "rec").mkdir()
     busy = socket.socket()
@@ -169,6 +173,7 @@ def test_every_bad_option_value_is_one_line_and_a_nonzero_exit(tmp_path):
     assert not failures, f"{len(failures)} of {len(cases)} bad values:\n" + "\n".join(failures)
 
 
+@pytest.mark.slow
 def test_options_are_typed_with_units_and_complete_in_the_shell():
     help_text = invoke(["run", "--help"]).stdout
     for shown in ("--interval SECONDS", "--deadline SECONDS|AUTO", "--confirm COUNT",
@@ -190,6 +195,7 @@ def test_options_are_typed_with_units_and_complete_in_the_shell():
     assert done.stdout.split() == ["plain,enforce", "plain,observe"], done
 
 
+@pytest.mark.slow
 def test_a_flag_given_as_auto_overrides_the_files_deadline(tmp_path, record_dir, state_dir):
     config = tmp_path / "watchdog.toml"
     config.write_text("[watchdog]\ndeadline = 30\nlisten = \"127.0.0.1:0\"\n")
@@ -216,6 +222,7 @@ def test_a_flag_given_as_auto_overrides_the_files_deadline(tmp_path, record_dir,
         assert not (record_dir / journal.POINTER).exists()
 
 
+@pytest.mark.slow
 def test_the_nodes_config_file_gives_every_command_its_directories(tmp_path, record_dir,
                                                                    state_dir):
     config = tmp_path / "node.toml"

@@ -53,6 +53,7 @@ def find(lines, level, text):
     return [m for lvl, m in lines if lvl == level and text in m]
 
 
+@pytest.mark.slow
 def test_good_setup_reports_ok(good, daemon_http):
     record, state = good
     listen, _ = daemon_http
@@ -70,6 +71,7 @@ def test_good_setup_reports_ok(good, daemon_http):
     assert find(lines, "ok", "no reboot flag")
 
 
+@pytest.mark.slow
 def test_good_setup_through_the_cli_exits_0(good, daemon_http):
     record, state = good
     listen, _ = daemon_http
@@ -80,6 +82,7 @@ def test_good_setup_through_the_cli_exits_0(good, daemon_http):
     assert "[FAIL]" not in result.output
 
 
+@pytest.mark.slow
 def test_world_writable_record_dir_without_sticky_bit_fails_with_the_chmod(good, daemon_http):
     record, state = good
     os.chmod(record, 0o777)
@@ -92,6 +95,7 @@ def test_world_writable_record_dir_without_sticky_bit_fails_with_the_chmod(good,
         in result.output
 
 
+@pytest.mark.slow
 def test_missing_record_dir_fails(good, daemon_http):
     record, state = good
     missing = record.parent / "nowhere"
@@ -101,6 +105,7 @@ def test_missing_record_dir_fails(good, daemon_http):
     assert find(lines, "warn", "ranks started from this environment publish to"), lines
 
 
+@pytest.mark.slow
 def test_missing_state_dir_fails(good, daemon_http):
     record, state = good
     state.rmdir()
@@ -110,6 +115,7 @@ def test_missing_state_dir_fails(good, daemon_http):
     assert f"[FAIL] state directory {state} does not exist" in result.output
 
 
+@pytest.mark.slow
 def test_group_writable_state_dir_fails(good, daemon_http):
     record, state = good
     os.chmod(state, 0o775)
@@ -117,6 +123,7 @@ def test_group_writable_state_dir_fails(good, daemon_http):
     assert find(lines, "fail", f"run: chmod 755 {state}"), lines
 
 
+@pytest.mark.slow
 def test_reboot_flag_fails_with_the_clear_command(good, daemon_http):
     record, state = good
     journal.set_reboot_flag(str(state), "wired memory stayed above the baseline after the kill")
@@ -140,6 +147,7 @@ def test_no_daemon_is_a_warning(good):
     assert result.exit_code == 0, result.output  # warnings alone do not fail
 
 
+@pytest.mark.slow
 def test_daemon_not_scanning_fails(good, daemon_http):
     record, state = good
     listen, health = daemon_http
@@ -154,6 +162,7 @@ def test_bad_listen_address_fails(good):
     assert find(lines, "fail", "--listen: listen must be HOST:PORT"), lines
 
 
+@pytest.mark.slow
 def test_foreign_watchdog_distribution_is_named_with_the_fix(good, daemon_http, monkeypatch):
     record, state = good
     real = doctor_env.metadata.distribution
@@ -171,6 +180,7 @@ def test_foreign_watchdog_distribution_is_named_with_the_fix(good, daemon_http, 
     assert "pip uninstall -y watchdog && pip install --force-reinstall mlx-watchdog" in found[0]
 
 
+@pytest.mark.slow
 def test_dump_signal_setting(good, daemon_http, monkeypatch):
     record, state = good
     monkeypatch.setenv("MLX_WATCHDOG_DUMP_SIGNAL", "USR1")
@@ -187,6 +197,7 @@ def test_dump_signal_setting(good, daemon_http, monkeypatch):
                 "which the daemon never sends")
 
 
+@pytest.mark.slow
 def test_a_broken_check_is_a_failure_line_not_a_traceback(good, daemon_http, monkeypatch):
     record, state = good
 
@@ -199,6 +210,7 @@ def test_a_broken_check_is_a_failure_line_not_a_traceback(good, daemon_http, mon
     assert find(lines, "ok", "no reboot flag")  # the checks after it still ran
 
 
+@pytest.mark.slow
 def test_foreign_files_mixed_into_the_package_are_reported(good, daemon_http, monkeypatch):
     record, state = good
     real = doctor_env.importlib.util.find_spec

@@ -71,6 +71,7 @@ def assert_documented(argvs: list[list[str]]) -> None:
         assert DOCUMENTED[argv[0]].match(line), f"not launchctl(1) syntax: {line}"
 
 
+@pytest.mark.slow
 def test_install_bootstraps_into_the_system_domain(mac):
     plist = mac / f"{LABEL}.plist"
     done = cli("service", "install", "--launchd", "--path", str(plist), "--load")
@@ -83,6 +84,7 @@ def test_install_bootstraps_into_the_system_domain(mac):
     assert plistlib.loads(plist.read_bytes())["Label"] == LABEL
 
 
+@pytest.mark.slow
 def test_reinstall_boots_the_loaded_job_out_first(mac):
     plist = mac / f"{LABEL}.plist"
     assert cli("service", "install", "--launchd", "--path", str(plist), "--load").returncode == 0
@@ -119,6 +121,7 @@ def test_no_load_prints_the_commands_instead(mac):
     assert f"sudo launchctl bootstrap system {plist}" in done.stdout
 
 
+@pytest.mark.slow
 def test_uninstall_boots_out_and_removes_the_file_and_is_idempotent(mac):
     plist = mac / f"{LABEL}.plist"
     assert cli("service", "install", "--launchd", "--path", str(plist), "--load").returncode == 0
@@ -133,6 +136,7 @@ def test_uninstall_boots_out_and_removes_the_file_and_is_idempotent(mac):
     assert again.returncode == 0 and f"no {plist} to remove" in again.stdout
 
 
+@pytest.mark.slow
 def test_restart_is_kickstart_k(mac):
     plist = mac / f"{LABEL}.plist"
     assert cli("service", "install", "--launchd", "--path", str(plist), "--load").returncode == 0
@@ -142,6 +146,7 @@ def test_restart_is_kickstart_k(mac):
     assert_documented(calls(mac / "launchctl.log"))
 
 
+@pytest.mark.slow
 def test_not_root_is_one_line_no_traceback(mac):
     plist = mac / f"{LABEL}.plist"
     done = cli("service", "install", "--launchd", "--path", str(plist), "--load",
@@ -157,6 +162,7 @@ def test_no_launchctl_on_path_says_so(mac, monkeypatch):
         servicectl.load("launchd", "/Library/LaunchDaemons/x.plist")
 
 
+@pytest.mark.slow
 def test_systemd_install_and_uninstall_through_systemctl(mac):
     unit = mac / "mlx-watchdog.service"
     done = cli("service", "install", "--systemd", "--path", str(unit), "--load")
@@ -218,6 +224,7 @@ def test_shutdown_time_covers_an_escalation_under_way():
     assert service.shutdown_seconds() >= s.evidence_timeout + s.grace + s.kill_timeout + s.settle
 
 
+@pytest.mark.slow
 def test_the_real_daemon_stops_on_sigterm_well_within_exit_timeout(tmp_path):
     """What launchd does to stop the job: SIGTERM, then SIGKILL after ExitTimeOut."""
     job = plistlib.loads(service.render(
@@ -254,6 +261,7 @@ def mac_memory(monkeypatch) -> None:
     monkeypatch.setattr(psutil, "virtual_memory", lambda: mac_vmem(9 << 30))
 
 
+@pytest.mark.slow
 def test_doctor_on_a_mac_with_the_job_loaded(mac, monkeypatch, record_dir, state_dir):
     mac_memory(monkeypatch)
     plist = mac / f"{LABEL}.plist"
@@ -310,6 +318,7 @@ def _plist(mac: Path) -> Path:
     return plist
 
 
+@pytest.mark.slow
 def test_reinstall_waits_for_a_bootout_that_returns_before_the_job_exits(mac, monkeypatch):
     plist = mac / f"{LABEL}.plist"
     assert cli("service", "install", "--launchd", "--path", str(plist), "--load").returncode == 0
@@ -330,11 +339,13 @@ def test_systemd_uninstall_of_nothing_runs_nothing(mac):
     assert calls(mac / "systemctl.log") == []
 
 
+@pytest.mark.slow
 def test_systemd_restart(mac):
     assert cli("service", "restart", "--systemd").returncode == 0
     assert calls(mac / "systemctl.log") == [["restart", "mlx-watchdog.service"]]
 
 
+@pytest.mark.slow
 def test_a_launchctl_that_hangs_or_cannot_run_is_one_error(mac, monkeypatch, tmp_path):
     monkeypatch.setattr(servicectl, "COMMAND_TIMEOUT", 0.5)
     with pytest.raises(service.ServiceError, match=r"sleep 30 did not finish in 0.5s"):
@@ -363,6 +374,7 @@ def test_uninstall_not_permitted_says_run_as_root(mac, monkeypatch):
         servicectl.uninstall("launchd", str(plist))
 
 
+@pytest.mark.slow
 def test_a_job_that_never_finishes_exiting_is_reported(mac, monkeypatch):
     plist = _plist(mac)
     servicectl.run_command(["launchctl", "bootstrap", "system", str(plist)])

@@ -89,6 +89,7 @@ def test_the_example_launch_agent_is_a_valid_keepalive_job(tmp_path, monkeypatch
     assert calls(tmp_path / "launchctl.log") == [["bootstrap", "gui/501", str(PLIST)]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cleared", [False, True])
 def test_the_launch_agent_never_starts_its_server_into_a_flagged_node(tmp_path, state_dir,
                                                                        cleared):
@@ -127,6 +128,7 @@ def test_the_example_unit_verifies_and_waits_before_it_starts(tmp_path):
     assert returncode == 0 and ours == [], stderr
 
 
+@pytest.mark.slow
 def test_the_units_start_refuses_while_flagged_then_starts(tmp_path, state_dir):
     """ExecStartPre, then ExecStart only if it succeeded: what systemd does."""
     settings = unit_settings(UNIT.read_text())

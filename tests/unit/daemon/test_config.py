@@ -222,6 +222,7 @@ CLI_ERRORS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "needle"), CLI_ERRORS)
 def test_cli_errors_are_one_line(argv: list[str], needle: str, tmp_path: Path,
                                  cli_env: dict[str, str]) -> None:

@@ -391,6 +391,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.slow
 def test_capture_copies_the_new_faulthandler_dump(tmp_path: Path, state_dir: Path) -> None:
     stacks = tmp_path / "123.stacks"
     stacks.write_text("an older dump that must not be copied again\n")

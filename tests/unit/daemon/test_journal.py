@@ -59,6 +59,7 @@ def _writer(state_dir: str, writer: int, count: int, start: multiprocessing.sync
         journal.append_incident(state_dir, {"writer": writer, "n": n, "pad": padding * (n % 5)})
 
 
+@pytest.mark.slow
 def test_concurrent_appends_never_interleave(state_dir: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     start = ctx.Event()

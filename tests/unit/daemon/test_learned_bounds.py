@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.support.users import OTHER_UID
 from watchdog.daemon.judge.deadlines import OTHER_KIND, Learned, kind_of
 from watchdog.daemon.store import learning
@@ -36,6 +38,7 @@ def test_prune_caps_kinds_per_job_and_jobs_per_uid_without_touching_other_users(
     assert "k99" in learned["0:root-job"] and "k0" not in learned["0:root-job"]  # most seen
 
 
+@pytest.mark.slow
 def test_the_file_written_always_loads(state_dir):
     now = time.time()
     # Up to the record's bounds: long job ids and kinds, under many uids.

@@ -106,6 +106,7 @@ LIFECYCLE = {"state", "escalating", "gone_at", "acted_on", "held_until", "held_r
              "hold_note"}
 
 
+@pytest.mark.slow
 def test_only_transition_writes_a_ranks_lifecycle():
     """Every write of a lifecycle field in the package is in ranks.py's `transition`:
     no module sets a flag beside the table."""

@@ -112,6 +112,7 @@ def test_promtool_check_rules():
     run_promtool("check", "rules", str(RULES.relative_to(ROOT)))
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests():
     run_promtool("test", "rules", str(RULE_TESTS.relative_to(ROOT)))
 

@@ -184,6 +184,7 @@ def subcommands(help_text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^\s{2}([a-z][a-z-]*)\b", block[1], re.M)}
 
 
+@pytest.mark.slow
 def test_every_command_the_readme_names_exists():
     named = named_commands(readme())
     assert {("demo",), ("run",), ("status",), ("doctor",)} <= {n[:1] for n in named}, named

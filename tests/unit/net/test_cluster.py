@@ -78,6 +78,7 @@ def _stop(daemons):
         d.stop()
 
 
+@pytest.mark.slow
 def test_cluster_status_names_the_frozen_rank_and_incidents_agree(tmp_path):
     daemons, peers = _nodes(tmp_path, 3, deadline=2, mode="observe")
     try:
@@ -103,6 +104,7 @@ def test_cluster_status_names_the_frozen_rank_and_incidents_agree(tmp_path):
         _stop(daemons)
 
 
+@pytest.mark.slow
 def test_fence_ends_the_peers_ranks_at_once(tmp_path):
     daemons, _ = _nodes(tmp_path, 3, deadline=60, blocked_deadline=60, secret=SECRET,
                         interval=0.1)
@@ -125,6 +127,7 @@ def test_fence_ends_the_peers_ranks_at_once(tmp_path):
         _stop(daemons)
 
 
+@pytest.mark.slow
 def test_a_forged_crash_record_fences_no_one(tmp_path):
     """Anyone may write a record naming a dead pid, a real job and "open" (a crash).
     Its pid was never seen alive, so it proves nothing: no peer may be fenced."""
@@ -167,6 +170,7 @@ def _post(url, body, headers):
         return err.code, err.read()
 
 
+@pytest.mark.slow
 def test_fence_requests_are_authenticated(tmp_path):
     daemons, _ = _nodes(tmp_path, 1, deadline=60, secret=SECRET)
     open_daemon = DaemonProc(tmp_path / "open" / "records", tmp_path / "open" / "state",
@@ -203,6 +207,7 @@ def test_fence_requests_are_authenticated(tmp_path):
         open_daemon.stop()
 
 
+@pytest.mark.slow
 def test_an_unreachable_peer_never_blocks_a_local_kill(tmp_path, record_dir, state_dir):
     # A peer that accepts connections and never answers: every request to it times out.
     silent = socket.socket()

@@ -41,6 +41,7 @@ def test_each_malformed_rank_is_dropped_and_the_rest_judged(bad):
     cluster.render_text(view)
 
 
+@pytest.mark.slow
 def test_cluster_status_fails_when_no_node_answers():
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))

@@ -59,6 +59,7 @@ def endpoint():
         server.server_close()
 
 
+@pytest.mark.slow
 def test_healthz_is_503_when_the_loop_has_not_scanned_recently(endpoint):
     url, state = endpoint
     state["healthy"] = False
@@ -71,6 +72,7 @@ def test_healthz_is_503_when_the_loop_has_not_scanned_recently(endpoint):
     assert http_get(url + "/healthz")[0] == 200
 
 
+@pytest.mark.slow
 def test_a_failing_snapshot_is_a_500_and_the_server_keeps_serving(endpoint):
     url, state = endpoint
     state["fail"] = True
@@ -82,12 +84,14 @@ def test_a_failing_snapshot_is_a_500_and_the_server_keeps_serving(endpoint):
     assert served["host"] == "h" and served["ranks"] == []
 
 
+@pytest.mark.slow
 def test_unit_write_methods_are_405(endpoint):
     url, _ = endpoint
     for method in (*WRITE_METHODS, "OPTIONS"):
         assert request(url, method, "/status", b"{}")[0] == 405, method
 
 
+@pytest.mark.slow
 def test_an_idle_connection_does_not_hold_a_thread_forever(endpoint):
     """A client that connects and sends half a request line (or nothing) must
     be dropped after a timeout: one thread per connection, no limit, so idle

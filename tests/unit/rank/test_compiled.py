@@ -124,6 +124,7 @@ def play(beat: Heartbeat, script: list[tuple[object, ...]]) -> None:
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
 @given(script=st.lists(STEPS, max_size=120))
 def test_both_paths_write_the_same_bytes(pair: list[Heartbeat], script: list[tuple[object, ...]]
                                          ) -> None:

@@ -552,6 +552,7 @@ def test_an_unusable_dump_signal_only_turns_dumps_off(
     assert read(beat).dump_signal == 0
 
 
+@pytest.mark.slow
 def test_a_planted_stacks_symlink_is_not_followed(record_dir: Path, tmp_path: Path) -> None:
     # The record directory is shared by every user's ranks: a symlink planted at
     # <pid>.stacks must not make the dump handler append to its target.
@@ -637,6 +638,7 @@ READ_ONLY = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dump_signal", ["SIGUSR2", "0"])
 def test_a_read_only_directory_warns_once_and_the_rank_runs_normally(dump_signal: str) -> None:
     # As root every directory is writable, so the rank drops to uid 65534 first (and the
@@ -688,6 +690,7 @@ def mount_tiny_tmpfs_and_run(mountpoint: Path, code: str) -> subprocess.Complete
         env=subprocess_env(), capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_full_disk_never_reaches_the_rank(tmp_path: Path) -> None:
     # A record file that cannot get its blocks must fail install() (and warn), not kill
     # the rank with SIGBUS at its first write through the map.
@@ -723,6 +726,7 @@ FILE_SIZE_LIMITED = """
 """
 
 
+@pytest.mark.slow
 def test_a_record_that_cannot_get_its_blocks_never_reaches_the_rank(tmp_path: Path) -> None:
     # The same path as a full disk, on any POSIX machine: the allocation fails, install()
     # warns once and leaves no half-made file behind; the rank runs on uninstrumented.
@@ -921,6 +925,7 @@ INTERRUPT = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["raise", "nested"])
 def test_a_signal_at_any_point_of_the_hook_never_blocks_or_corrupts_the_record(
         record_dir: Path, mode: str) -> None:
@@ -1043,6 +1048,7 @@ EXIT = """
 """
 
 
+@pytest.mark.slow
 def test_a_clean_exit_removes_the_record(record_dir: Path) -> None:
     done = run_python(EXIT, str(record_dir), "return")
     assert done.returncode == 0, done.stderr
@@ -1050,6 +1056,7 @@ def test_a_clean_exit_removes_the_record(record_dir: Path) -> None:
     assert os.listdir(record_dir) == []
 
 
+@pytest.mark.slow
 def test_an_exit_without_cleanup_leaves_the_record_open(record_dir: Path) -> None:
     done = run_python(EXIT, str(record_dir), "os._exit")
     assert done.returncode == 0, done.stderr
@@ -1071,6 +1078,7 @@ ZERO = """
 """
 
 
+@pytest.mark.slow
 def test_zero_code_activation_instruments_a_script_that_never_imports_watchdog(
         record_dir: Path) -> None:
     done = run_python(ZERO, str(record_dir), env=subprocess_env(
@@ -1083,6 +1091,7 @@ def test_zero_code_activation_instruments_a_script_that_never_imports_watchdog(
     assert os.listdir(record_dir) == []  # and the exit removed it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [None, "", "0"])
 def test_without_mlx_watchdog_nothing_is_loaded(record_dir: Path, value: str | None) -> None:
     extra = {"MLX_WATCHDOG_DIR": str(record_dir)}
@@ -1108,6 +1117,7 @@ def test_mlx_watchdog_costs_a_process_without_mlx_nothing_but_a_finder(
     assert os.listdir(record_dir) == []
 
 
+@pytest.mark.slow
 def test_zero_code_activation_with_an_unusable_directory_only_warns(tmp_path: Path) -> None:
     done = run_python(ZERO, str(tmp_path), env=subprocess_env(
         MLX_WATCHDOG="1", MLX_WATCHDOG_DIR=str(tmp_path / "missing")))

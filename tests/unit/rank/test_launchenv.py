@@ -74,6 +74,7 @@ def mlx_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hostfile: Any, b
     return views
 
 
+@pytest.mark.slow
 def test_jaccl_mesh_ranks_agree(tmp_path, monkeypatch):
     views = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl")
     assert [(v["backend"], v["rank"], v["size"]) for v in views] == [
@@ -88,6 +89,7 @@ def test_jaccl_mesh_ranks_agree(tmp_path, monkeypatch):
     assert len(jobs) == 1 and jobs.pop().startswith("j")  # ...and one job id all the same
 
 
+@pytest.mark.slow
 def test_jaccl_ring_is_its_own_job(tmp_path, monkeypatch):
     mesh = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl")
     ring = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl-ring")
@@ -105,12 +107,14 @@ def test_ring_ranks_agree(tmp_path, monkeypatch):
     assert len({v["job"] for v in views}) == 1
 
 
+@pytest.mark.slow
 def test_another_port_is_another_job(tmp_path, monkeypatch):
     a = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl", port=32323)
     b = mlx_launch(tmp_path, monkeypatch, JACCL_HOSTS, "jaccl", port=40000)
     assert a[0]["job"] != b[0]["job"]
 
 
+@pytest.mark.slow
 def test_same_hostfile_and_ports_share_a_job_unless_the_launch_names_it(tmp_path, monkeypatch):
     """Nothing mlx.launch passes differs between two launches of one hostfile on the
     same ports (this asserts the documented limit); MLX_WATCHDOG_JOB through
@@ -195,6 +199,7 @@ def watchdog_launch(*extra: str, env: dict[str, str] | None = None
     return jobs, done.stderr
 
 
+@pytest.mark.slow
 def test_mlx_watchdog_launch_gives_each_launch_its_own_job():
     first, said = watchdog_launch()
     second, _ = watchdog_launch()
@@ -204,6 +209,7 @@ def test_mlx_watchdog_launch_gives_each_launch_its_own_job():
     assert f"mlx-watchdog: job {first['0']}" in said
 
 
+@pytest.mark.slow
 def test_mlx_watchdog_launch_keeps_a_job_the_user_named(monkeypatch):
     jobs, _ = watchdog_launch("--env", "MLX_WATCHDOG_JOB=train-7")
     assert set(jobs.values()) == {"train-7"}
@@ -253,6 +259,7 @@ def mpirun_views(size: int = 2) -> list[list[Any]]:
         return sorted(json.loads(p.read_text()) for p in Path(out).iterdir())
 
 
+@pytest.mark.slow
 def test_ranks_of_one_mpirun_agree_and_the_next_mpirun_is_another_job():
     first, second = mpirun_views(), mpirun_views()
     assert [v[1:] for v in first] == [[0, 2, "mpi"], [1, 2, "mpi"]]

@@ -124,6 +124,7 @@ def read_checked(scratch: Path, data: bytes) -> Record | None:
 
 
 # Hypothesis cannot draw 16 KiB of bytes at once: it draws the seed of a generator instead.
+@pytest.mark.slow
 @FUZZ
 @given(seed=st.integers(0, 2**64), size=st.sampled_from([RECORD_SIZE, V1_SIZE]))
 def test_random_bytes_of_record_size(scratch: Path, seed: int, size: int) -> None:
@@ -132,6 +133,7 @@ def test_random_bytes_of_record_size(scratch: Path, seed: int, size: int) -> Non
     read_checked(scratch, data)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.binary(max_size=2 * RECORD_SIZE + 1))
 def test_random_bytes_of_any_length(scratch: Path, data: bytes) -> None:
@@ -140,6 +142,7 @@ def test_random_bytes_of_any_length(scratch: Path, data: bytes) -> None:
     read_checked(scratch, data)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(seed=st.integers(0, 2**64))
 def test_random_bytes_behind_a_valid_header(scratch: Path, seed: int) -> None:
@@ -153,6 +156,7 @@ def test_random_bytes_behind_a_valid_header(scratch: Path, seed: int) -> None:
 @FUZZ
 @given(flips=st.lists(st.tuples(st.integers(0, RECORD_SIZE - 1), st.integers(0, 7)),
                       min_size=1, max_size=16))
+@pytest.mark.slow
 def test_bit_flips_in_a_valid_record(scratch: Path,
                                      flips: list[tuple[int, int]]) -> None:
     data = bytearray(VALID)
@@ -162,6 +166,7 @@ def test_bit_flips_in_a_valid_record(scratch: Path,
     read_checked(scratch, bytes(data))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(length=st.integers(0, RECORD_SIZE - 1))
 def test_truncations_of_a_valid_record(scratch: Path, length: int) -> None:
@@ -170,6 +175,7 @@ def test_truncations_of_a_valid_record(scratch: Path, length: int) -> None:
     assert read_checked(scratch, data) is None
 
 
+@pytest.mark.slow
 @FUZZ
 @given(version=st.integers(0, 0xFFFF))
 def test_any_other_version_is_refused(scratch: Path, version: int) -> None:
@@ -180,6 +186,7 @@ def test_any_other_version_is_refused(scratch: Path, version: int) -> None:
     assert (read_checked(scratch, bytes(data)) is not None) == (version == record.RECORD_VERSION)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(seq=st.integers(0, 2**64 - 1))
 def test_an_odd_seq_is_busy_and_an_even_one_reads(scratch: Path, seq: int) -> None:
@@ -209,6 +216,7 @@ U64 = st.integers(0, 2**64 - 1)
        start=st.floats(allow_nan=True, allow_infinity=True),
        entries=st.lists(st.tuples(st.integers(0, layout.THREAD_SLOTS - 1),
                                   st.integers(0, layout.RING - 1), U64, U64), max_size=40))
+@pytest.mark.slow
 def test_absurd_numbers_decode_as_they_are(scratch: Path, slots: list[list[int]],
                                            cold: list[int], expect: float, pid: int,
                                            start: float,
@@ -251,6 +259,7 @@ TEXT_FIELDS = {"host": (56, 64), "job": (120, 64), "backend": (184, 16),
                "expect_reason": (layout.EXPECT_OFFSET + 16, 48)}
 
 
+@pytest.mark.slow
 @FUZZ
 @given(field=st.sampled_from(sorted(TEXT_FIELDS)), raw=st.binary(max_size=64))
 def test_any_bytes_in_a_text_field_decode_to_text(scratch: Path, field: str, raw: bytes) -> None:
@@ -265,6 +274,7 @@ def test_any_bytes_in_a_text_field_decode_to_text(scratch: Path, field: str, raw
     assert same(read_checked(scratch, bytes(data)), rec)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(since=st.integers(0, 2**64 - 1), op=st.integers(0, 2**64 - 1))
 def test_wait_and_op_words(scratch: Path, since: int, op: int) -> None:
@@ -281,6 +291,7 @@ def test_wait_and_op_words(scratch: Path, since: int, op: int) -> None:
 # -- version 1, still read ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @FUZZ
 @given(seed=st.integers(0, 2**64))
 def test_random_bytes_behind_a_valid_v1_header(scratch: Path, seed: int) -> None:
@@ -293,6 +304,7 @@ def test_random_bytes_behind_a_valid_v1_header(scratch: Path, seed: int) -> None
 @FUZZ
 @given(flips=st.lists(st.tuples(st.integers(0, V1_SIZE - 1), st.integers(0, 7)),
                       min_size=1, max_size=16))
+@pytest.mark.slow
 def test_bit_flips_in_a_valid_v1_record(scratch: Path, flips: list[tuple[int, int]]) -> None:
     data = bytearray(VALID_V1)
     for offset, bit in flips:
@@ -301,6 +313,7 @@ def test_bit_flips_in_a_valid_v1_record(scratch: Path, flips: list[tuple[int, in
     read_checked(scratch, bytes(data))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(phase=st.integers(0, 2**64 - 1))
 def test_v1_phase_word(scratch: Path, phase: int) -> None:

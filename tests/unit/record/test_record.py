@@ -274,6 +274,7 @@ def torn_v1(rec: Record) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_concurrent_reads_of_a_v1_record_never_see_a_torn_record(tmp_path: Path) -> None:
     # A rank started before the upgrade writes v1 under its seqlock; the reader keeps
     # honouring it.
@@ -447,6 +448,7 @@ def stop_hammer(proc: subprocess.Popen[str], stop: Path) -> int:
     return int(out.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("hotpath")
 def test_concurrent_reads_of_a_live_hot_path_never_see_a_torn_record(tmp_path: Path) -> None:
     # v2 has no lock and no seqlock on the hot path: three threads of a real Heartbeat
@@ -491,6 +493,7 @@ def test_concurrent_reads_of_a_live_hot_path_never_see_a_torn_record(tmp_path: P
     assert total >= previous.collectives
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("hotpath")
 def test_a_rank_stopped_anywhere_in_its_hot_path_leaves_a_whole_record(tmp_path: Path) -> None:
     # SIGSTOP lands wherever the rank is: with v1 about 1 stop in 100 froze the seqlock odd

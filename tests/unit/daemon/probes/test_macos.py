@@ -213,6 +213,7 @@ def incidents_text(state_dir: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_sample_evidence_is_parsed_into_the_incident(fake_sample_on_path, state_dir):
     result, _ = end_to_end(state_dir)
     assert fake_sample_on_path.read_text() == "101 1\n"
@@ -229,6 +230,7 @@ def test_sample_evidence_is_parsed_into_the_incident(fake_sample_on_path, state_
     assert "Thread_8812260: StreamThread: 1102 of 1304 samples in ibv_poll_cq" in text
 
 
+@pytest.mark.slow
 def test_sample_that_fails_is_recorded_and_the_kill_goes_on(fake_sample_on_path, monkeypatch,
                                                             state_dir):
     monkeypatch.setenv("FAKE_SAMPLE", "fail")
@@ -240,6 +242,7 @@ def test_sample_that_fails_is_recorded_and_the_kill_goes_on(fake_sample_on_path,
     assert "native stacks, rank 3 pid 101: no call graph" in incidents_text(state_dir)
 
 
+@pytest.mark.slow
 def test_sample_that_hangs_is_cut_at_the_evidence_timeout(fake_sample_on_path, monkeypatch,
                                                           state_dir):
     monkeypatch.setenv("FAKE_SAMPLE", "hang")

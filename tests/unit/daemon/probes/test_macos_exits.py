@@ -44,6 +44,7 @@ def test_darwin_picks_kqueue_and_linux_pidfd(darwin, monkeypatch):
     assert ExitWatcher(threading.Event())._kq is None
 
 
+@pytest.mark.slow
 def test_note_exit_wakes_the_scan_once(running):
     machine = FakeKqueueModule(alive={100, 101})
     _, wake = running(machine, {100, 101})
@@ -60,6 +61,7 @@ def test_note_exit_wakes_the_scan_once(running):
     assert wake.wait(5)
 
 
+@pytest.mark.slow
 def test_pid_already_gone_is_an_ev_error_event_and_wakes_without_a_busy_loop(running):
     machine = FakeKqueueModule(alive={100})
     _, wake = running(machine, {100, 555})
@@ -69,6 +71,7 @@ def test_pid_already_gone_is_an_ev_error_event_and_wakes_without_a_busy_loop(run
     assert 100 in machine.queues[0].knotes  # the good pid in the same batch is watched
 
 
+@pytest.mark.slow
 def test_refused_pid_does_not_wake(running):
     machine = FakeKqueueModule(alive={100, 7}, forbidden={7})
     watcher, wake = running(machine, {7})
@@ -77,6 +80,7 @@ def test_refused_pid_does_not_wake(running):
     assert not wake.is_set()
 
 
+@pytest.mark.slow
 def test_a_dropped_then_rewanted_pid_is_watched_again(running):
     machine = FakeKqueueModule(alive={100, 101})
     watcher, wake = running(machine, {100})
@@ -87,6 +91,7 @@ def test_a_dropped_then_rewanted_pid_is_watched_again(running):
     assert machine.wait_for(lambda: machine.registrations.count(100) == 2)
 
 
+@pytest.mark.slow
 def test_eintr_is_survived(running):
     machine = FakeKqueueModule(alive={100})
     machine.faults.append(InterruptedError(errno.EINTR, "Interrupted system call"))
@@ -98,6 +103,7 @@ def test_eintr_is_survived(running):
     assert wake.wait(5)
 
 
+@pytest.mark.slow
 def test_eventlist_without_room_raises_esrch_and_the_scan_is_woken(running):
     machine = FakeKqueueModule(alive=set())
     machine.faults.append(OSError(errno.ESRCH, "No such process"))
@@ -108,6 +114,7 @@ def test_eventlist_without_room_raises_esrch_and_the_scan_is_woken(running):
     assert machine.registrations.count(300) == 0  # never retried in a loop
 
 
+@pytest.mark.slow
 def test_closed_queue_is_reopened_and_pids_registered_again(running):
     machine = FakeKqueueModule(alive={100})
     _, wake = running(machine, {100})
@@ -124,6 +131,7 @@ def test_closed_queue_is_reopened_and_pids_registered_again(running):
     assert wake.wait(5)
 
 
+@pytest.mark.slow
 def test_stop_closes_the_queue(running):
     machine = FakeKqueueModule(alive={100})
     watcher, _ = running(machine, {100})
