@@ -9,10 +9,12 @@ fake signaller and a fake clock.
 
 from __future__ import annotations
 
+import enum
 import logging
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,43 +52,410 @@ class Outcome:
     held: str = ""  # not acted on: why (a rank of the job computes on another node)
 
 
+class Step(enum.Enum):
+    """Where a response's ladder stands. Each step but the worker ones (`EVIDENCE`,
+    `FRAMES`) is a wait with a deadline, checked by `Enforcer.step` whenever it is
+    called (each tick of the daemon's loop)."""
+
+    EVIDENCE = "gathering evidence"  # stack dumps, on a worker
+    LEAVING = "leaving on its own error"  # such ranks get the grace, unsignalled
+    TERM = "SIGTERM sent"  # SIGCONT and SIGTERM sent: the grace
+    KILL = "SIGKILL sent"  # the kill timeout
+    FRAMES = "reading the native dumps"  # on a worker, after the kill
+    SETTLE = "settling"  # wired memory gets the settle time to come back
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Ladder:
+    """One response to a hung job under way: what it has done and the step it is at.
+
+    Made by `Enforcer.begin` (a verdict) or `Enforcer.resume` (an earlier daemon's
+    unfinished response), advanced by `Enforcer.step` until it hands back its
+    `Outcome`. Only the daemon's loop thread touches it; its worker steps run a
+    `Future` and read nothing else of it.
+    """
+
+    incident: Incident
+    targets: list[Target]
+    baseline: int | None
+    others_live: Callable[[], bool]
+    step: Step = Step.EVIDENCE
+    until: float = 0.0  # monotonic deadline of the current wait
+    work: Future[Any] | None = None  # the current worker step's
+    journaled: bool = True  # its steps go to pending/ (a ladder run alone: not)
+    resumed: bool = False  # an earlier daemon's: no evidence, settled only after a kill
+    alone: bool = False  # the signals only (`Enforcer.end`): done once they are
+    sent: list[SignalSent] = field(default_factory=list)
+    outcome: dict[int, str] = field(default_factory=dict)
+    ending: list[Target] = field(default_factory=list)  # leaving on their own error
+    live: list[Target] = field(default_factory=list)  # down the signal ladder
+    left: list[Target] = field(default_factory=list)  # not known to be gone yet
+    next_probe: float = 0.0  # of wired memory, while settling
+    result: Outcome | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def working(self) -> bool:
+        """A worker step is under way (what may get stuck: a sampler, a filesystem)."""
+        return self.work is not None and not self.work.done()
+
+
 class Enforcer:
+    TICK = 0.05  # seconds between steps when driven alone (`run`); the loop's tick too
+
     def __init__(self, settings: Settings, signaller: Signaller, probe: Probe, *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 executor: Executor | None = None) -> None:
         self.settings = settings
         self.signaller = signaller
         self.probe = probe
         self.clock = clock
         self.sleep = sleep
         self.wall = wall
+        # Where evidence is gathered and parsed; without one (tests), at once.
+        self.executor = executor
         self.evidence = Evidence(settings.state_dir, settings.evidence_timeout, signaller,
                                  probe, clock=clock, sleep=sleep)
         # Incidents and reboot flags a failed write left in memory (pending.py).
         self.backlog = pending.Backlog(settings.state_dir)
-        # incident id -> (targets, baseline): what write-ahead entries hold
-        self._responses: dict[str, tuple[list[Target], int | None]] = {}
 
     def capture(self, incident_id: str, targets: list[Target]) -> list[str]:
         """Stack dumps of every target, time-boxed; their files."""
         return self.evidence.capture(incident_id, targets)
 
-    # -- the ladder ------------------------------------------------------------
+    def _work(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self.executor is not None:
+            return self.executor.submit(fn, *args)
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as err:  # noqa: BLE001 - handed to the step that reads it
+            future.set_exception(err)
+        return future
 
-    def write_ahead(self, incident: Incident) -> None:
+    # -- the journal -------------------------------------------------------------
+
+    def write_ahead(self, ladder: Ladder) -> None:
         """The response so far, on disk before its next step. A failed write is
         reported and the kill goes on: a hung job must end whatever the disk does."""
-        response = self._responses.get(incident.id)
-        if response is None:
+        if not ladder.journaled:
             return  # a ladder run on its own (tests): nothing to journal
-        targets, baseline = response
         try:
-            pending.write_ahead(self.settings.state_dir, incident, targets, baseline)
+            pending.write_ahead(self.settings.state_dir, ladder.incident, ladder.targets,
+                                ladder.baseline)
         except OSError as err:
             self.backlog.failures += 1
             log.error("cannot journal incident %s before acting (%s); acting anyway",
-                      incident.id, err)
+                      ladder.incident.id, err)
+
+    # -- starting a response -------------------------------------------------------
+
+    def begin(self, incident: Incident, targets: list[Target], baseline: int | None = None,
+              others_live: Callable[[], bool] = lambda: False,
+              cluster: dict[str, Any] | None = None, evidence: bool = True,
+              asked: bool = False) -> Ladder:
+        """A response to one hung job: journaled, its evidence under way (or, in
+        observe mode, closed at once). `cluster` is the peers' view when they were
+        asked (`asked`); `evidence=False` skips stack dumps (a fenced job is known
+        dead, and its peers wait on its end)."""
+        incident = replace(incident, signals=(), wired_before=self._wired(),
+                           wired_baseline=baseline)
+        if asked:
+            incident = replace(incident, cluster=cluster)
+        ladder = Ladder(incident, list(targets), baseline, others_live)
+        if self.settings.mode == "observe":
+            # Observe signals nothing, not even the stack-dump signal, and does
+            # not ptrace: the thread CPU and flight recorder are the evidence.
+            ladder.incident = replace(incident, evidence=(), outcome={},
+                                      action="observed (mode observe: nothing signalled)")
+            self._close(ladder, None)
+            return ladder
+        ladder.incident = replace(incident, action="ending")
+        self.write_ahead(ladder)  # the verdict, before the first signal (evidence's)
+        if evidence:
+            ladder.work = self._work(self.capture, incident.id, list(targets))
+        else:
+            ladder.work = None
+        ladder.step = Step.EVIDENCE
+        self.step(ladder)
+        return ladder
+
+    def resume(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Ladder:
+        """At start: a response an earlier daemon journaled and never closed, to finish.
+
+        A target still ours, whose wait has not returned, goes down the rest of
+        the ladder (its verdict stands, and an interrupted SIGTERM must not
+        leave it half-ended); one gone after a signal was journaled was ended
+        by us, never a crash. The settle and the flag follow as usual.
+        """
+        incident, targets, baseline = entry.incident, list(entry.targets), entry.baseline
+        ladder = Ladder(incident, targets, baseline, others_live, resumed=True)
+        if incident.closed_at is not None:  # all done but the journal line, or the flag
+            self._reclose(incident, baseline)
+            ladder.step, ladder.result = Step.DONE, Outcome(incident, {}, ())
+            return ladder
+        log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
+                    incident.id, incident.job)
+        ladder.incident = replace(incident, signals=incident.signals or (),
+                                  completed_at_start=self.wall())
+        # The ladder had begun: every target may have had its signals (they are
+        # journaled per round); else only those the journal names.
+        signalled = ({t.pid for t in targets} if incident.ladder else
+                     {s.pid for s in incident.signals or ()
+                      if s.signal in ("SIGTERM", "SIGKILL")})
+        fresh = self.wall() - incident.time < self.replay_within()
+        live = []
+        for target in targets:
+            who = self.signaller.identify(target)
+            if who == OURS and (fresh and self.settings.mode == "enforce"
+                                and incident.action in ("ending", "ended")
+                                and not _progressed(incident, target)):
+                live.append(target)
+            elif who == OURS:
+                ladder.outcome[target.pid] = UNKNOWN  # left to the scan to judge afresh
+            else:
+                ladder.outcome[target.pid] = KILLED if target.pid in signalled else who
+        if live:
+            ladder.incident = replace(ladder.incident, action="ended")
+            self._signals(ladder, live)
+        else:
+            self._decided(ladder)
+        return ladder
+
+    # -- the ladder, step by step ------------------------------------------------
+
+    def step(self, ladder: Ladder) -> Outcome | None:
+        """Take every step of the ladder that is due now; its outcome once done."""
+        while ladder.step is not Step.DONE:
+            if not self._advance(ladder):
+                return None  # waiting: on a worker, a grace, a timeout or the settle
+        return ladder.result
+
+    def _advance(self, ladder: Ladder) -> bool:
+        """One step, if it is due; whether it was."""
+        now = self.clock()
+        if ladder.step is Step.EVIDENCE:
+            if ladder.working:
+                return False
+            files: tuple[str, ...] = ()
+            if ladder.work is not None:
+                try:
+                    files = tuple(ladder.work.result())
+                except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
+                    log.error("gathering evidence for incident %s failed: %s",
+                              ladder.incident.id, err)
+                    ladder.incident = replace(ladder.incident, evidence_error=str(err))
+            ladder.work = None
+            ladder.incident = replace(ladder.incident, evidence=files, action="ended")
+            self._signals(ladder, ladder.targets)
+        elif ladder.step is Step.LEAVING:
+            ladder.left = [t for t in ladder.left if self._not_gone(t)]
+            if ladder.left and now < ladder.until:
+                return False
+            for target in ladder.ending:
+                if target not in ladder.left:
+                    ladder.outcome[target.pid] = EXITED
+                    log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
+                             target.pid, target.job, target.rank)
+            self._term(ladder, [t for t in ladder.live if t.pid not in ladder.outcome])
+        elif ladder.step is Step.TERM:
+            ladder.left = [t for t in ladder.left if self._not_gone(t)]
+            if ladder.left and now < ladder.until:
+                return False
+            if ladder.left:  # SIGCONT and SIGTERM as sent, before the SIGKILLs
+                ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
+                self.write_ahead(ladder)
+                for target in ladder.left:
+                    self._signal(ladder.sent, target, signal.SIGKILL)
+                ladder.left = [t for t in ladder.left if self._not_gone(t)]
+            ladder.step, ladder.until = Step.KILL, self.clock() + self.settings.kill_timeout
+        elif ladder.step is Step.KILL:
+            ladder.left = [t for t in ladder.left if self._not_gone(t)]
+            if ladder.left and now < ladder.until:
+                return False
+            self._ended(ladder)
+        elif ladder.step is Step.FRAMES:
+            if ladder.working:
+                return False
+            assert ladder.work is not None
+            try:
+                hot = ladder.work.result()
+            except Exception as err:  # noqa: BLE001 - a parse never undoes a kill
+                log.error("reading the native dumps of incident %s failed: %s",
+                          ladder.incident.id, err)
+                hot = []
+            ladder.work = None
+            if hot:
+                ladder.incident = replace(ladder.incident, native_hot=tuple(hot))
+            self.write_ahead(ladder)  # the outcome, before the settle (up to minutes)
+            self._settle(ladder)
+        elif ladder.step is Step.SETTLE:
+            if now < ladder.next_probe:
+                return False
+            wired = self._wired()
+            if self._over(ladder.baseline, wired) and now < ladder.until:
+                ladder.next_probe = now + 0.25
+                return False
+            self._settled(ladder, wired)
+        return True
+
+    def _signals(self, ladder: Ladder, targets: list[Target]) -> None:
+        """The first round: SIGCONT and SIGTERM to every target, back to back."""
+        ladder.sent = list(ladder.incident.signals or ())
+        # Journaled before the first signal of each round, not before each signal:
+        # a write (an fsync) between a SIGCONT and the SIGTERM that follows would
+        # let a resumed rank see its peer die and exit first. A target gone after
+        # the ladder began was ended by it (Enforcer.resume).
+        ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent), ladder="begun")
+        self.write_ahead(ladder)
+        ladder.live = list(targets)
+        # A rank already leaving on its own error gets the grace to finish, unsignalled.
+        ladder.ending = [t for t in targets if self._ending_itself(t)]
+        if ladder.ending:
+            ladder.left = [t for t in ladder.ending if self._not_gone(t)]
+            ladder.step, ladder.until = Step.LEAVING, self.clock() + self.settings.grace
+            return
+        self._term(ladder, targets)
+
+    def _term(self, ladder: Ladder, targets: list[Target]) -> None:
+        for target in targets:
+            # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
+            result = self._signal(ladder.sent, target, signal.SIGCONT)
+            if result != SENT:
+                ladder.outcome[target.pid] = result
+        ladder.live = [t for t in targets if t.pid not in ladder.outcome]
+        for target in ladder.live:
+            result = self._signal(ladder.sent, target, signal.SIGTERM)
+            if result != SENT:
+                ladder.outcome[target.pid] = result
+        ladder.left = [t for t in ladder.live
+                       if t.pid not in ladder.outcome and self._not_gone(t)]
+        ladder.step, ladder.until = Step.TERM, self.clock() + self.settings.grace
+
+    def _ended(self, ladder: Ladder) -> None:
+        """The signals are done: each target's outcome, then the evidence's parse."""
+        # "unkillable" (and the reboot flag) only on a positive match: a
+        # process that could not be probed is "unknown", never a false alarm.
+        survivors = {t.pid for t in ladder.left if self.signaller.identify(t) == OURS}
+        # A rank found leaving on its own error *before* the ladder was left alone above.
+        # One that reached its error exit while the ladder ran is still the ladder's: its
+        # peers' signals caused that error, and SIGTERM often ends it mid-exit (it then
+        # dies of the signal), so which came first cannot be told apart reliably.
+        for target in ladder.live:
+            ladder.outcome.setdefault(
+                target.pid, KILLED if target not in ladder.left else
+                UNKILLABLE if target.pid in survivors else UNKNOWN)
+        ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
+        if ladder.alone:
+            ladder.step = Step.DONE
+            return
+        if ladder.resumed:
+            self._decided(ladder)
+            return
+        ladder.incident = replace(ladder.incident, outcome={
+            str(pid): result for pid, result in ladder.outcome.items()})
+        # Parsed after the kill, which must not wait on it.
+        ladder.step = Step.FRAMES
+        ladder.work = self._work(self.evidence.hot_frames, ladder.incident.id, ladder.targets,
+                                 list(ladder.incident.evidence or ()))
+
+    def _decided(self, ladder: Ladder) -> None:
+        """A resumed response's outcome: settled only if it ended something."""
+        ladder.incident = replace(ladder.incident, outcome={
+            str(pid): result for pid, result in ladder.outcome.items()})
+        if any(r in (KILLED, UNKILLABLE) for r in ladder.outcome.values()):
+            self._settle(ladder)
+        else:
+            self._close(ladder, None)
+
+    def _settle(self, ladder: Ladder) -> None:
+        if ladder.baseline is None:
+            self._settled(ladder, None)
+            return
+        ladder.step, ladder.until = Step.SETTLE, self.clock() + self.settings.settle
+        ladder.next_probe = 0.0
+
+    def _over(self, baseline: int | None, wired: int | None) -> bool:
+        return (wired is not None and baseline is not None
+                and wired > baseline + self.settings.wired_threshold)
+
+    def wired_check(self, baseline: int | None, wired: int | None,
+                    others_live: Callable[[], bool]) -> dict[str, Any]:
+        """What wired memory read `wired` says after a kill, against the idle baseline."""
+        if baseline is None:
+            return {"wired_check": "no baseline"}
+        result: dict[str, Any] = {"wired_baseline": baseline, "wired_after": wired}
+        if wired is None:
+            result["wired_check"] = "probe failed"
+        elif not self._over(baseline, wired):
+            result["wired_check"] = "returned"
+        elif others_live():
+            # Other ranks hold wired memory legitimately; no verdict on a leak.
+            result["wired_check"] = "skipped: other ranks are live"
+        else:
+            result["wired_check"] = "leaked"
+        return result
+
+    def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]
+                     ) -> dict[str, Any]:
+        """After a kill, on this thread: does wired memory come back to the baseline
+        within the settle time? (The ladder's `SETTLE` step, driven alone.)"""
+        until = self.clock() + self.settings.settle
+        wired = self._wired() if baseline is not None else None
+        while self._over(baseline, wired) and self.clock() < until:
+            self.sleep(0.25)
+            wired = self._wired()
+        return self.wired_check(baseline, wired, others_live)
+
+    def _wired(self) -> int | None:
+        try:
+            return self.probe.wired_bytes()
+        except ProbeError as err:
+            log.warning("wired memory probe failed: %s", err)
+            return None
+
+    def _settled(self, ladder: Ladder, wired: int | None) -> None:
+        """The settle's verdict, the reboot flag it calls for, and the close."""
+        settled = self.wired_check(ladder.baseline, wired, ladder.others_live)
+        incident = replace(ladder.incident, wired_check=settled["wired_check"], **{
+            key: settled[key] for key in ("wired_baseline", "wired_after") if key in settled})
+        unkillable = [pid for pid, result in ladder.outcome.items() if result == UNKILLABLE]
+        reasons = []
+        if unkillable:
+            reasons.append(f"pids {unkillable} survived SIGKILL for "
+                           f"{self.settings.kill_timeout:g}s")
+        if incident.wired_check == "leaked":
+            reasons.append("wired memory stayed above the baseline after the kill")
+        flag = None
+        if reasons:
+            reason = "; ".join(reasons)
+            flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
+                    "wired_baseline": ladder.baseline, "wired_after": _wired_after(incident)}
+            log.error("node flagged for reboot: %s", reason)
+            incident = replace(incident, reboot_required=reason)
+        ladder.incident = incident
+        self._close(ladder, flag)
+
+    def _close(self, ladder: Ladder, flag: dict[str, Any] | None) -> None:
+        """Journal the incident and the flag, each on its own: one failed write
+        neither skips the other nor loses itself (held and retried each scan)."""
+        incident = ladder.incident
+        ladder.incident = replace(incident, closed_at=self.wall(), reboot_required=(
+            False if incident.reboot_required is None else incident.reboot_required))
+        # Closed in its entry too: a restart before both writes are done completes
+        # only the writes (never the ladder again, never a second line).
+        self.write_ahead(ladder)
+        self.backlog.add(ladder.incident, flag)
+        ladder.step, ladder.work = Step.DONE, None
+        ladder.result = Outcome(ladder.incident, dict(ladder.outcome), _sent(ladder.incident))
+
+    # -- signals, identity, the journal at start ----------------------------------
 
     def _signal(self, sent: list[SignalSent], target: Target, signum: int) -> str:
         result = self.signaller.send(target, signum)
@@ -100,15 +469,6 @@ class Enforcer:
     def _not_gone(self, target: Target) -> bool:
         # A failed probe proves neither an end nor a survival: keep waiting on it.
         return self.signaller.identify(target) in (OURS, UNKNOWN)
-
-    def _wait_gone(self, targets: list[Target], seconds: float) -> list[Target]:
-        """The targets not known to be gone after up to `seconds`."""
-        until = self.clock() + seconds
-        left = [t for t in targets if self._not_gone(t)]
-        while left and self.clock() < until:
-            self.sleep(0.05)
-            left = [t for t in left if self._not_gone(t)]
-        return left
 
     def _ending_itself(self, target: Target) -> bool:
         """Its record says the rank is leaving on an uncaught exception (the backend's
@@ -124,224 +484,12 @@ class Enforcer:
         return (rec.status == record.STATUS_ERROR and rec.pid == target.pid
                 and rec.start_time == target.start_time)
 
-    def end(self, incident: Incident, targets: list[Target]
-            ) -> tuple[Incident, dict[int, str]]:
-        """SIGCONT, SIGTERM, grace, SIGKILL, confirm. Returns the incident with its
-        signals, and pid -> outcome."""
-        sent = list(incident.signals or ())
-        # Journaled before the first signal of each round, not before each signal:
-        # a write (an fsync) between a SIGCONT and the SIGTERM that follows would
-        # let a resumed rank see its peer die and exit first. A target gone after
-        # the ladder began was ended by it (Enforcer.complete).
-        incident = replace(incident, signals=tuple(sent), ladder="begun")
-        self.write_ahead(incident)
-        outcome = {}
-        # A rank already leaving on its own error gets the grace to finish, unsignalled.
-        ending = [t for t in targets if self._ending_itself(t)]
-        if ending:
-            left = self._wait_gone(ending, self.settings.grace)
-            for target in ending:
-                if target not in left:
-                    outcome[target.pid] = EXITED
-                    log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
-                             target.pid, target.job, target.rank)
-        targets = [t for t in targets if t.pid not in outcome]
-        for target in targets:
-            # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
-            result = self._signal(sent, target, signal.SIGCONT)
-            if result != SENT:
-                outcome[target.pid] = result
-        live = [t for t in targets if t.pid not in outcome]
-        for target in live:
-            result = self._signal(sent, target, signal.SIGTERM)
-            if result != SENT:
-                outcome[target.pid] = result
-        left = self._wait_gone([t for t in live if t.pid not in outcome],
-                               self.settings.grace)
-        if left:  # SIGCONT and SIGTERM as sent, before the SIGKILLs
-            self.write_ahead(replace(incident, signals=tuple(sent)))
-        for target in left:
-            self._signal(sent, target, signal.SIGKILL)
-        left = self._wait_gone(left, self.settings.kill_timeout)
-        # "unkillable" (and the reboot flag) only on a positive match: a
-        # process that could not be probed is "unknown", never a false alarm.
-        survivors = {t.pid for t in left if self.signaller.identify(t) == OURS}
-        # A rank found leaving on its own error *before* the ladder was left alone above.
-        # One that reached its error exit while the ladder ran is still the ladder's: its
-        # peers' signals caused that error, and SIGTERM often ends it mid-exit (it then
-        # dies of the signal), so which came first cannot be told apart reliably.
-        for target in live:
-            outcome.setdefault(target.pid, KILLED if target not in left else
-                               UNKILLABLE if target.pid in survivors else UNKNOWN)
-        return replace(incident, signals=tuple(sent)), outcome
-
-    def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]
-                     ) -> dict[str, Any]:
-        """After a kill: does wired memory come back to the idle baseline?"""
-        if baseline is None:
-            return {"wired_check": "no baseline"}
-        threshold = self.settings.wired_threshold
-        until = self.clock() + self.settings.settle
-        wired = self._wired()
-        while wired is not None and wired > baseline + threshold and self.clock() < until:
-            self.sleep(0.25)
-            wired = self._wired()
-        result: dict[str, Any] = {"wired_baseline": baseline, "wired_after": wired}
-        if wired is None:
-            result["wired_check"] = "probe failed"
-        elif wired <= baseline + threshold:
-            result["wired_check"] = "returned"
-        elif others_live():
-            # Other ranks hold wired memory legitimately; no verdict on a leak.
-            result["wired_check"] = "skipped: other ranks are live"
-        else:
-            result["wired_check"] = "leaked"
-        return result
-
-    def _wired(self) -> int | None:
-        try:
-            return self.probe.wired_bytes()
-        except ProbeError as err:
-            log.warning("wired memory probe failed: %s", err)
-            return None
-
-    def handle(self, incident: Incident, targets: list[Target],
-               baseline: int | None = None,
-               others_live: Callable[[], bool] = lambda: False,
-               cluster: Callable[[], dict[str, Any] | None] | None = None,
-               evidence: bool = True) -> Outcome:
-        """Run the whole response to one hung job; journal it; say what it did.
-
-        `cluster` asks the peers which rank holds the job up (bounded by the
-        peer timeout); `evidence=False` skips stack dumps (a fenced job is
-        known dead, and its peers wait on its end).
-        """
-        outcome: dict[int, str] = {}
-        incident = replace(incident, signals=(), wired_before=self._wired(),
-                           wired_baseline=baseline)
-        self._responses[incident.id] = (targets, baseline)
-        try:
-            return self._handle(incident, targets, baseline, others_live, cluster, evidence,
-                                outcome)
-        finally:
-            self._responses.pop(incident.id, None)
-
-    def _handle(self, incident: Incident, targets: list[Target], baseline: int | None,
-                others_live: Callable[[], bool],
-                cluster: Callable[[], dict[str, Any] | None] | None, evidence: bool,
-                outcome: dict[int, str]) -> Outcome:
-        flag: dict[str, Any] | None = None
-        if cluster is not None:
-            try:
-                view = cluster()
-            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                view = {"error": str(err)}
-            incident = replace(incident, cluster=view)
-        if self.settings.mode == "observe":
-            # Observe signals nothing, not even the stack-dump signal, and does
-            # not ptrace: the thread CPU and flight recorder are the evidence.
-            incident = replace(incident, evidence=(), outcome={},
-                               action="observed (mode observe: nothing signalled)")
-        else:
-            incident = replace(incident, action="ending")
-            self.write_ahead(incident)  # the verdict, before the first signal (evidence's)
-            try:
-                files = tuple(self.capture(incident.id, targets)) if evidence else ()
-            except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
-                log.error("gathering evidence for incident %s failed: %s", incident.id, err)
-                files = ()
-                incident = replace(incident, evidence_error=str(err))
-            incident = replace(incident, evidence=files, action="ended")
-            incident, ended = self.end(incident, targets)
-            outcome.update(ended)
-            incident = replace(incident, outcome={str(pid): result
-                                                  for pid, result in outcome.items()})
-            # Parsed after the kill, which must not wait on it.
-            hot = self.evidence.hot_frames(incident.id, targets, list(files))
-            if hot:
-                incident = replace(incident, native_hot=tuple(hot))
-            self.write_ahead(incident)  # the outcome, before the settle (up to minutes)
-            incident, flag = self._settle(incident, outcome, baseline, others_live)
-        incident = self.close(incident, flag)
-        return Outcome(incident, outcome, _sent(incident))
-
-    def _settle(self, incident: Incident, outcome: dict[int, str], baseline: int | None,
-                others_live: Callable[[], bool]
-                ) -> tuple[Incident, dict[str, Any] | None]:
-        """The wired-memory settle after a kill; the reboot flag it calls for, if any."""
-        unkillable = [pid for pid, result in outcome.items() if result == UNKILLABLE]
-        settled = self.settle_wired(baseline, others_live)
-        incident = replace(incident, wired_check=settled["wired_check"], **{
-            key: settled[key] for key in ("wired_baseline", "wired_after") if key in settled})
-        reasons = []
-        if unkillable:
-            reasons.append(f"pids {unkillable} survived SIGKILL for "
-                           f"{self.settings.kill_timeout:g}s")
-        if incident.wired_check == "leaked":
-            reasons.append("wired memory stayed above the baseline after the kill")
-        if not reasons:
-            return incident, None
-        reason = "; ".join(reasons)
-        flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
-                "wired_baseline": baseline, "wired_after": _wired_after(incident)}
-        log.error("node flagged for reboot: %s", reason)
-        return replace(incident, reboot_required=reason), flag
-
     def replay_within(self) -> float:
         """Seconds after its verdict an interrupted response is still completed at
         start: every step's bound, as for a response presumed stuck."""
         s = self.settings
         return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
                     + s.settle) + 30.0
-
-    def complete(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Outcome:
-        """At start: finish a response an earlier daemon journaled and never closed.
-
-        A target still ours, whose wait has not returned, goes down the rest of
-        the ladder (its verdict stands, and an interrupted SIGTERM must not
-        leave it half-ended); one gone after a signal was journaled was ended
-        by us, never a crash. The settle and the flag follow as usual.
-        """
-        incident, targets, baseline = entry.incident, list(entry.targets), entry.baseline
-        if incident.closed_at is not None:  # all done but the journal line, or the flag
-            self._reclose(incident, baseline)
-            return Outcome(incident, {}, ())
-        log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
-                    incident.id, incident.job)
-        incident = replace(incident, signals=incident.signals or (),
-                           completed_at_start=self.wall())
-        self._responses[incident.id] = (targets, baseline)
-        try:
-            # The ladder had begun: every target may have had its signals (they are
-            # journaled per round); else only those the journal names.
-            signalled = ({t.pid for t in targets} if incident.ladder else
-                         {s.pid for s in incident.signals or ()
-                          if s.signal in ("SIGTERM", "SIGKILL")})
-            fresh = self.wall() - incident.time < self.replay_within()
-            outcome: dict[int, str] = {}
-            live = []
-            for target in targets:
-                who = self.signaller.identify(target)
-                if who == OURS and (fresh and self.settings.mode == "enforce"
-                                    and incident.action in ("ending", "ended")
-                                    and not _progressed(incident, target)):
-                    live.append(target)
-                elif who == OURS:
-                    outcome[target.pid] = UNKNOWN  # left to the scan to judge afresh
-                else:
-                    outcome[target.pid] = KILLED if target.pid in signalled else who
-            if live:
-                incident, ended = self.end(replace(incident, action="ended"), live)
-                outcome.update(ended)
-            incident = replace(incident, outcome={str(pid): result
-                                                  for pid, result in outcome.items()})
-            flag = None
-            if any(r in (KILLED, UNKILLABLE) for r in outcome.values()):
-                incident, flag = self._settle(incident, outcome, baseline, others_live)
-            incident = self.close(incident, flag)
-        finally:
-            self._responses.pop(incident.id, None)
-        return Outcome(incident, outcome, _sent(incident))
 
     def _reclose(self, incident: Incident, baseline: int | None) -> None:
         """A closed incident an earlier daemon could not finish writing: its line
@@ -360,16 +508,48 @@ class Enforcer:
             self.backlog.written(incident.id)
         self.backlog.add(None if written else incident, flag)
 
-    def close(self, incident: Incident, flag: dict[str, Any] | None) -> Incident:
-        """Journal the incident and the flag, each on its own: one failed write
-        neither skips the other nor loses itself (held and retried each scan)."""
-        incident = replace(incident, closed_at=self.wall(), reboot_required=(
-            False if incident.reboot_required is None else incident.reboot_required))
-        # Closed in its entry too: a restart before both writes are done completes
-        # only the writes (never the ladder again, never a second line).
-        self.write_ahead(incident)
-        self.backlog.add(incident, flag)
-        return incident
+    # -- the ladder driven alone: tests, and the daemon's own stop -------------------
+
+    def run(self, ladder: Ladder) -> Outcome:
+        """Step `ladder` to its end on this thread, sleeping between steps."""
+        while (outcome := self.step(ladder)) is None:
+            if ladder.working:
+                ladder.work.result()  # type: ignore[union-attr]  # its own bound ends it
+            else:
+                self.sleep(self.TICK)
+        return outcome
+
+    def handle(self, incident: Incident, targets: list[Target],
+               baseline: int | None = None,
+               others_live: Callable[[], bool] = lambda: False,
+               cluster: Callable[[], dict[str, Any] | None] | None = None,
+               evidence: bool = True) -> Outcome:
+        """The whole response to one hung job, on this thread (`begin`, then `run`);
+        `cluster` asks the peers which rank holds the job up."""
+        view: dict[str, Any] | None = None
+        if cluster is not None:
+            try:
+                view = cluster()
+            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
+                view = {"error": str(err)}
+        return self.run(self.begin(incident, targets, baseline, others_live, view,
+                                   evidence, asked=cluster is not None))
+
+    def end(self, incident: Incident, targets: list[Target]
+            ) -> tuple[Incident, dict[int, str]]:
+        """SIGCONT, SIGTERM, grace, SIGKILL, confirm, alone and unjournaled. Returns
+        the incident with its signals, and pid -> outcome."""
+        ladder = Ladder(incident, list(targets), None, lambda: False, journaled=False,
+                        alone=True)
+        self._signals(ladder, list(targets))
+        while ladder.step is not Step.DONE:
+            if not self._advance(ladder):
+                self.sleep(self.TICK)
+        return ladder.incident, ladder.outcome
+
+    def complete(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Outcome:
+        """`resume`, then `run`: an earlier daemon's response finished on this thread."""
+        return self.run(self.resume(entry, others_live))
 
 
 def _sent(incident: Incident) -> tuple[str, ...]:
