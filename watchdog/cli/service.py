@@ -124,9 +124,9 @@ def install(
 def shutdown_seconds() -> int:
     """How long the daemon may take to exit on SIGTERM, at the default settings.
 
-    The loop stops at once, but an escalation already under way runs to its
-    end (the interpreter joins the escalation threads at exit): evidence,
-    SIGTERM grace, SIGKILL confirmation, wired-memory settle, one peer call.
+    The loop stops at once, but an escalation already under way is stepped to
+    its end first: one peer call, evidence, SIGTERM grace, SIGKILL confirmation,
+    wired-memory settle.
     A service manager that SIGKILLs the daemon sooner can cut a ladder short.
     """
     from watchdog.daemon.config import Settings

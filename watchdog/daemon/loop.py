@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from watchdog import __version__, record
@@ -24,7 +24,7 @@ from watchdog.daemon import attempts
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import culprit_of, new_incident
 from watchdog.daemon.act.peers import Peers
-from watchdog.daemon.act.responses import Responses
+from watchdog.daemon.act.responses import Response, Responses
 from watchdog.daemon.config import Settings
 from watchdog.daemon.holds import hold
 from watchdog.daemon.judge.detector import Detector
@@ -63,7 +63,10 @@ class Daemon:
         self.settings = settings
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
-        self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall)
+        # The responses' workers: the peers' answers, evidence and its parse.
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
+        self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall,
+                                 executor=self.executor)
         self.learned = learning.Keeper(settings.state_dir, wall())
         self.detector = Detector(settings.rules(), self.learned.learned)
         self.clock_ns = clock_ns
@@ -81,7 +84,6 @@ class Daemon:
         self._invalid_seen: set[tuple[str, int, int]] = set()
         self.counters = Counters()
         self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
         self.wired: int | None = None
         self.baseline: int | None = None
         self.last_scan_wall = 0.0
@@ -432,19 +434,22 @@ class Daemon:
                 transition(rank, Edge.RETRIED, self.clock_ns() / 1e9)
 
     @property
-    def pending(self) -> dict[Future[Outcome], list[tuple[int, float]]]:
-        """Responses under way, with the ranks each one ends."""
+    def pending(self) -> list[Response]:
+        """Responses under way, each with the ranks it ends."""
         return self.responses.pending
 
     def _escalation_bound(self) -> float:
         return self.responses.bound()
 
+    def step_responses(self) -> None:
+        """Between scans: the responses' steps that are due (a grace, a SIGKILL)."""
+        with self.lock:
+            self._collect_finished()
+
     def _collect_finished(self) -> None:
-        """What each finished response did, applied to its ranks."""
+        """Every response's due steps; what each finished one did, applied to its ranks."""
         now = self.clock_ns() / 1e9
-        for keys in self.responses.overdue(now):
-            self._retry(keys)
-        for keys, outcome in self.responses.finished():
+        for keys, outcome in self.responses.step(now):
             if outcome is None:
                 self._retry(keys)
             elif outcome.held:
@@ -507,8 +512,8 @@ class Daemon:
             def others_live(keys: list[tuple[int, float]] = keys) -> bool:
                 return any(r.state not in FINAL for k, r in self.ranks.items() if k not in keys)
 
-            self.responses.adopt(self.executor.submit(self.enforcer.complete, entry, others_live),
-                                 keys, self.clock_ns() / 1e9)
+            self.responses.adopt(self.enforcer.resume(entry, others_live), keys,
+                                 self.clock_ns() / 1e9)
 
     # -- publishing ------------------------------------------------------------
 
@@ -567,13 +572,26 @@ class Daemon:
                 log.exception("scan failed; continuing")
             if self.healthy():
                 notify("WATCHDOG=1")
-            # Sleep out the interval, or less when a watched rank exits.
-            self.wake.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
+            # Sleep out the interval, or less when a watched rank exits; a response
+            # under way is stepped every tick meanwhile (its grace ends on time).
+            while not self.stop_event.is_set():
+                left = self.settings.interval - (time.monotonic() - began)
+                if left <= 0 or self.wake.wait(min(left, Enforcer.TICK) if self.pending
+                                               else left):
+                    break
+                try:
+                    self.step_responses()
+                except Exception:  # noqa: BLE001 - as for a scan
+                    self.counters.loop_errors += 1
+                    log.exception("stepping a response failed; continuing")
             self.wake.clear()
         self.exits.stop()
         journal.remove_pointer(self.settings.dir)
         notify("STOPPING=1")
         with self.lock:
             self.learned.keep(self.detector, self.wall(), force=True)
+            # A response under way ends its ladder first (what a stop cuts short, the
+            # next daemon completes from the journal).
+            self.responses.finish(lambda: self.clock_ns() / 1e9)
         self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
-from watchdog.daemon.act.enforcer import Outcome
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.record import OP_CODE, RecordWriter
@@ -64,13 +63,13 @@ def setup(tmp_path: Path):
 
 def settle(daemon: Daemon) -> None:
     deadline = time.monotonic() + 10
-    while any(not f.done() for f in daemon.pending) and time.monotonic() < deadline:
+    while any(r.working for r in daemon.pending) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
 def test_a_failed_escalation_is_tried_again(setup, monkeypatch) -> None:
     daemon, signaller, tick = setup
-    real = daemon.enforcer.handle
+    real = daemon.enforcer.begin
     calls = []
 
     def fails_once(*args, **kwargs):
@@ -79,7 +78,7 @@ def test_a_failed_escalation_is_tried_again(setup, monkeypatch) -> None:
             raise OSError(28, "No space left on device")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(daemon.enforcer, "handle", fails_once)
+    monkeypatch.setattr(daemon.enforcer, "begin", fails_once)
     for _ in range(6):
         tick()
         settle(daemon)
@@ -90,7 +89,7 @@ def test_a_failed_escalation_is_tried_again(setup, monkeypatch) -> None:
 
 def test_a_stuck_escalation_is_tried_again_beside_it(setup, monkeypatch) -> None:
     daemon, signaller, tick = setup
-    real = daemon.enforcer.handle
+    real = daemon.enforcer.capture
     release = []
 
     def stuck_once(*args, **kwargs):
@@ -98,10 +97,10 @@ def test_a_stuck_escalation_is_tried_again_beside_it(setup, monkeypatch) -> None
             release.append(1)
             while len(release) < 2:  # until the test ends: a sampler that never returns
                 time.sleep(0.01)
-            return Outcome(args[0])
+            return []
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(daemon.enforcer, "handle", stuck_once)
+    monkeypatch.setattr(daemon.enforcer, "capture", stuck_once)
     try:
         for _ in range(4):
             tick()

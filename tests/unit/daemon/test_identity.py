@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.fakes import FakeClock, target
 from tests.support.users import UserProc, publish
-from watchdog.daemon.act.enforcer import Enforcer, Outcome
+from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome, Step
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
@@ -116,7 +116,6 @@ def test_a_stepped_wall_clock_does_not_make_live_ranks_read_as_forged(tmp_path):
 def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
     """Failing closed must not give a hang up: an escalation whose target could
     not be identified ("unknown") leaves the rank to be judged afresh."""
-    from concurrent.futures import Future
 
     records = tmp_path / "records"
     records.mkdir()
@@ -129,11 +128,12 @@ def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
             daemon.scan()
             (watched,) = daemon.ranks.values()
             assert transition(watched, Edge.ESCALATED, 0.0, wait=(1, 0))
-            done: Future = Future()
-            done.set_result(Outcome(Incident.from_json({
+            incident = Incident.from_json({
                 "id": "i", "job": "j", "uid": 0, "verdict": "blocked",
-                "outcome": {str(rank.pid): UNKNOWN}, "signals": []}), {rank.pid: UNKNOWN}))
-            daemon.pending[done] = [watched.key]
+                "outcome": {str(rank.pid): UNKNOWN}, "signals": []})
+            done = Ladder(incident, [], None, lambda: False, step=Step.DONE,
+                          result=Outcome(incident, {rank.pid: UNKNOWN}))
+            daemon.responses.adopt(done, [watched.key], 0.0)
             daemon._collect_finished()
             assert not watched.escalating and watched.acted_on is None
             assert watched.state not in (State.KILLED, State.UNKILLABLE)

@@ -1,11 +1,12 @@
-"""Responses under way: each hung job's response runs on a worker thread while the
-loop keeps scanning, and the loop collects what each one did (a typed `Outcome`).
+"""Responses under way: each hung job's response is a `Ladder` the daemon's loop
+steps on every tick (enforcer.py), and what each one did comes back as a typed
+`Outcome`.
 
 A response first asks the peers, where there are any, whether a rank of the job
 computes on another node (then it holds: a slow peer is not a hang); else it
-fences the peers at once and runs the enforcer's ladder. One that runs past every
-step's own bounds is presumed stuck and handed back, so its ranks are tried again
-beside it.
+fences the peers at once and begins the enforcer's ladder. Only the peers' answer,
+the evidence and its parse run on workers; a response one of them keeps past every
+step's own bounds is presumed stuck and handed back, so its ranks are tried again.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from watchdog.daemon.act.enforcer import Enforcer, Outcome
+from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
 from watchdog.daemon.signaller import Target
@@ -27,6 +29,32 @@ Key = tuple[int, float]  # a rank: (pid, start time)
 Fence = Callable[[int, str, str, "Culprit | None"], None]
 
 
+@dataclass(eq=False)
+class Response:
+    """One hung job's response: the ranks it ends, the peers' answer it waits for,
+    then its ladder."""
+
+    keys: list[Key]
+    started: float  # monotonic seconds
+    uid: int
+    job: str
+    incident: Incident
+    targets: list[Target]
+    others_live: Callable[[], bool]
+    may_hold: bool = False
+    evidence: bool = True
+    asking: Future[dict[str, Any] | None] | None = None
+    ladder: Ladder | None = None
+    failed: bool = False  # its start raised: its ranks are tried again
+
+    @property
+    def working(self) -> bool:
+        """Waiting on a worker (the peers, a sampler, a parse): what may get stuck."""
+        if self.ladder is None:
+            return self.asking is not None and not self.asking.done()
+        return self.ladder.working
+
+
 class Responses:
     def __init__(self, settings: Settings, enforcer: Enforcer, peers: Peers,
                  executor: ThreadPoolExecutor, fence: Fence,
@@ -35,8 +63,7 @@ class Responses:
         self.settings, self.enforcer, self.peers = settings, enforcer, peers
         self.executor, self.fence = executor, fence
         self.snapshot, self.baseline = snapshot, baseline
-        self.pending: dict[Future[Outcome], list[Key]] = {}
-        self.since: dict[Future[Outcome], float] = {}
+        self.pending: list[Response] = []
 
     def bound(self) -> float:
         """Seconds a response may take before it is presumed stuck: every step's own
@@ -49,63 +76,98 @@ class Responses:
               incident: Incident, targets: list[Target],
               others_live: Callable[[], bool], *, ask_peers: bool, may_hold: bool,
               evidence: bool) -> None:
-        future = self.executor.submit(self.respond, uid, job, incident, targets, others_live,
-                                      ask_peers, may_hold, evidence)
-        self.pending[future] = keys
-        self.since[future] = now
+        response = Response(keys, now, uid, job, incident, targets, others_live, may_hold,
+                            evidence)
+        self.pending.append(response)
+        try:
+            if ask_peers:
+                response.asking = self.executor.submit(self.peers.view, uid, job,
+                                                       self.snapshot())
+            else:
+                self._begin(response, None, asked=False)
+        except Exception:  # noqa: BLE001 - the scan goes on; the ranks are retried
+            log.exception("escalation failed; the hung ranks will be tried again")
+            response.failed = True
 
-    def adopt(self, future: Future[Outcome], keys: list[Key], now: float) -> None:
-        """A response started elsewhere (an earlier daemon's, completed at start)."""
-        self.pending[future] = keys
-        self.since[future] = now
+    def adopt(self, ladder: Ladder, keys: list[Key], now: float) -> None:
+        """A response an earlier daemon left unfinished, resumed at start."""
+        incident = ladder.incident
+        self.pending.append(Response(keys, now, incident.uid or 0, incident.job or "",
+                                     incident, ladder.targets, ladder.others_live,
+                                     ladder=ladder))
 
-    def respond(self, uid: int, job: str, incident: Incident, targets: list[Target],
-                others_live: Callable[[], bool], ask_peers: bool, may_hold: bool,
-                evidence: bool) -> Outcome:
-        """On the worker thread: hold, or fence the peers and end the ranks."""
-        view: dict[str, Any] | None = None
-        if ask_peers:
-            try:
-                view = self.peers.view(uid, job, self.snapshot())
-            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                view = {"error": str(err)}
-            busy = (view or {}).get("computing") or []
-            if busy and may_hold:
-                names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
-                return Outcome(incident, held=f"held: rank {names} of the job is computing "
-                                              "(a slow peer, not a hang)")
-            log.error("job %s: %s; %s %s ranks %s", job, incident.reason,
-                      "ending" if self.settings.mode == "enforce" else "observing",
-                      len(targets), sorted(t.rank for t in targets))
-        if evidence and self.settings.mode == "enforce":  # a verdict of ours, not a fence
+    def _begin(self, response: Response, view: dict[str, Any] | None, asked: bool) -> None:
+        incident = response.incident
+        if response.evidence and self.settings.mode == "enforce":  # a verdict of ours
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
-            self.fence(uid, job, f"{incident.verdict}: {incident.reason}", incident.culprit)
-        return self.enforcer.handle(incident, targets, self.baseline(), others_live,
-                                    cluster=(lambda: view) if ask_peers else None,
-                                    evidence=evidence)
+            self.fence(response.uid, response.job, f"{incident.verdict}: {incident.reason}",
+                       incident.culprit)
+        response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
+                                              response.others_live, view,
+                                              evidence=response.evidence, asked=asked)
 
-    def overdue(self, now: float) -> list[list[Key]]:
-        """The ranks of responses presumed stuck (a sampler that ignores its kill, a
-        hung filesystem), no longer waited for."""
-        stuck = []
-        for future, started in list(self.since.items()):
-            if not future.done() and now - started > self.bound():
-                stuck.append(self.pending.pop(future))
-                del self.since[future]
-                log.error("an escalation has run for %.0fs; trying those ranks again",
-                          now - started)
-        return stuck
+    def _answered(self, response: Response) -> Outcome | None:
+        """The peers answered: hold (its outcome), or begin the ladder (None)."""
+        assert response.asking is not None
+        try:
+            view = response.asking.result()
+        except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
+            view = {"error": str(err)}
+        response.asking = None
+        busy = (view or {}).get("computing") or []
+        if busy and response.may_hold:
+            names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
+            return Outcome(response.incident, held=f"held: rank {names} of the job is "
+                                                   "computing (a slow peer, not a hang)")
+        log.error("job %s: %s; %s %s ranks %s", response.job, response.incident.reason,
+                  "ending" if self.settings.mode == "enforce" else "observing",
+                  len(response.targets), sorted(t.rank for t in response.targets))
+        self._begin(response, view, asked=True)
+        return None
 
-    def finished(self) -> list[tuple[list[Key], Outcome | None]]:
-        """Each response that ended, with what it did (None: it failed)."""
+    def step(self, now: float) -> list[tuple[list[Key], Outcome | None]]:
+        """Every response's steps that are due; each one that ended, with what it did
+        (None: it failed, or a worker of it was presumed stuck)."""
         ended: list[tuple[list[Key], Outcome | None]] = []
-        for future in [f for f in self.pending if f.done()]:
-            keys = self.pending.pop(future)
-            self.since.pop(future, None)
-            try:
-                ended.append((keys, future.result()))
-            except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
-                log.exception("escalation failed; the hung ranks will be tried again")
-                ended.append((keys, None))
+        for response in list(self.pending):
+            failed = response.failed
+            if failed:
+                outcome = None
+            elif response.working and now - response.started > self.bound():
+                # A sampler that ignores its kill, a hung filesystem: no longer waited for.
+                log.error("an escalation has run for %.0fs; trying those ranks again",
+                          now - response.started)
+                outcome, failed = None, True
+            else:
+                try:
+                    outcome = self._step(response)
+                except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
+                    log.exception("escalation failed; the hung ranks will be tried again")
+                    outcome, failed = None, True
+            if outcome is not None or failed:
+                self.pending.remove(response)
+                ended.append((response.keys, outcome))
         return ended
+
+    def _step(self, response: Response) -> Outcome | None:
+        if response.ladder is None:
+            if response.working:
+                return None
+            held = self._answered(response)
+            if held is not None:
+                return held
+        assert response.ladder is not None
+        return self.enforcer.step(response.ladder)
+
+    def finish(self, now: Callable[[], float]) -> None:
+        """At the daemon's stop: step every response to its end, for at most the
+        ladder's own bounds (what is left is completed by the next daemon, from the
+        journal). `now` is the loop's clock."""
+        s = self.settings
+        until = now() + s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout \
+            + s.settle
+        while self.pending and now() < until:
+            self.step(now())
+            if self.pending:
+                self.enforcer.sleep(self.enforcer.TICK)
