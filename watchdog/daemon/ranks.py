@@ -29,8 +29,9 @@ incident per wait) and a peer node's hold (`held_until`, `held_reason`). Only
     went_late   unkillable                killed             it went after being declared unkillable
 
 The escalation ladder itself (evidence, SIGCONT, SIGTERM, grace, SIGKILL, settle)
-runs on a worker, step after step under its write-ahead journal (enforcer.py); a
-rank is `escalating` for all of it, and its end is one of the last five edges.
+is a table of steps of its own (`enforcer.Step`), taken by the daemon's loop when
+each is due, under its write-ahead journal; a rank is `escalating` for all of it,
+and its end is one of the last five edges.
 """
 
 from __future__ import annotations

@@ -3,17 +3,28 @@ process, the signals and the clock; the real Daemon, record files and threads)."
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeProbe, FakeSignaller, process_sample
+from tests.support.fakes import (
+    DIES_ON_KILL,
+    DIES_ON_TERM,
+    FakeClock,
+    FakeProbe,
+    FakeSignaller,
+    process_sample,
+)
+from watchdog.daemon.act.enforcer import Step
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
+from watchdog.daemon.store import journal
 from watchdog.record import OP_CODE, RecordWriter
-from watchdog.states import Phase
+from watchdog.states import Phase, State
 
 PID, START = 4242, 1.7e9
 
@@ -112,3 +123,91 @@ def test_a_stuck_escalation_is_tried_again_beside_it(setup, monkeypatch) -> None
         assert PID not in signaller.alive_pids, "the stuck escalation blocked the kill"
     finally:
         release.append(2)
+
+
+# -- the ladder is steps the loop takes -------------------------------------------------
+
+
+@pytest.fixture
+def stubborn(tmp_path: Path):
+    """A hung rank that ignores SIGTERM, a daemon with a half-second grace."""
+    record_dir, state_dir = tmp_path / "rec", tmp_path / "state"
+    record_dir.mkdir()
+    state_dir.mkdir(mode=0o700)
+    clock = FakeClock()
+    probe = FakeProbe(wired=None)
+    signaller = FakeSignaller({PID: DIES_ON_KILL})
+    settings = Settings(dir=str(record_dir), state_dir=str(state_dir), deadline=2.0,
+                        grace=0.5, kill_timeout=0.5, evidence_timeout=0.2, settle=0.0,
+                        interval=0.2)
+    daemon = Daemon(settings, probe, signaller, clock_ns=lambda: int(clock.now() * 1e9),
+                    wall=clock.wall)
+    writer = hung_rank(record_dir, clock)
+    probe.set_sample(process_sample(PID, START, os.getuid(), "running",
+                                    ((PID, 0.01), (PID + 1, 100.0))))
+    yield daemon, signaller, clock, probe
+    writer.close(0, remove=False)
+    daemon.executor.shutdown(wait=True)
+
+
+def verdict(daemon: Daemon, clock: FakeClock, probe: FakeProbe) -> None:
+    """Scans, the rank's thread spinning, until its response has begun."""
+    spun = 100.0
+    for _ in range(6):
+        clock.advance(1.0)
+        spun += 1.0
+        probe.set_sample(process_sample(PID, START, os.getuid(), "running",
+                                        ((PID, 0.01), (PID + 1, spun))))
+        daemon.scan()
+    assert daemon.pending, "no response began"
+
+
+def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> None:
+    daemon, signaller, clock, probe = stubborn
+    verdict(daemon, clock, probe)
+    until = time.monotonic() + 10
+    while "SIGTERM" not in signaller.signals_to(PID) and time.monotonic() < until:
+        daemon.step_responses()  # the evidence's worker, then SIGCONT and SIGTERM
+        time.sleep(0.01)
+    assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+    (response,) = daemon.pending
+    assert response.ladder is not None and response.ladder.step is Step.TERM
+    assert not response.working, "a worker sleeps through the grace"
+    time.sleep(0.2)
+    daemon.step_responses()
+    assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"], "SIGKILL before the grace"
+    time.sleep(0.4)  # the grace is out: the next step sends SIGKILL
+    daemon.step_responses()
+    assert signaller.signals_to(PID)[-1] == "SIGKILL" and PID not in signaller.alive_pids
+    until = time.monotonic() + 10
+    while daemon.pending and time.monotonic() < until:
+        daemon.step_responses()
+        time.sleep(0.01)
+    assert not daemon.pending
+    (rank,) = daemon.ranks.values()
+    assert rank.state is State.KILLED
+
+
+def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
+    daemon, signaller, clock, probe = stubborn
+    daemon.settings = dataclasses.replace(daemon.settings, grace=3.0)
+    daemon.enforcer.settings = daemon.settings
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        spun, until = 100.0, time.monotonic() + 20
+        while "SIGTERM" not in signaller.signals_to(PID) and time.monotonic() < until:
+            clock.advance(1.0)  # the rank's wait grows, its thread spinning
+            spun += 1.0
+            probe.set_sample(process_sample(PID, START, os.getuid(), "running",
+                                            ((PID, 0.01), (PID + 1, spun))))
+            time.sleep(0.25)
+        assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+    finally:
+        daemon.stop()  # well within the 3 s grace
+        runner.join(30)
+    assert not runner.is_alive()
+    assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM", "SIGKILL"]
+    assert not daemon.pending
+    (line,) = journal.read_incidents(daemon.settings.state_dir)[0]
+    assert line["outcome"] == {str(PID): "killed"}

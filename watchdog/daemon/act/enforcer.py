@@ -1,10 +1,25 @@
 """The escalation ladder: evidence, SIGCONT, SIGTERM, grace, SIGKILL, confirm.
 
+A response is a `Ladder`: `begin` (a verdict) or `resume` (an earlier daemon's
+unfinished one) makes it, and `step` takes every step that is due, whenever the
+daemon's loop calls it; no thread sleeps through a grace. The evidence and the
+parse of the native dumps run on a worker (an `Executor`; without one, at once).
+`run` drives a ladder alone on the calling thread (tests, and `handle`, `end` and
+`complete` built on it).
+
+    step       waits for                              then
+    EVIDENCE   the stack dumps (worker)               journal; SIGCONT, SIGTERM (or LEAVING)
+    LEAVING    ranks leaving on their own error:      SIGCONT, SIGTERM to those still there
+               gone, or the grace
+    TERM       every target gone, or the grace        journal; SIGKILL to the rest
+    KILL       every target gone, or kill_timeout     outcomes; FRAMES (a resumed one: SETTLE)
+    FRAMES     the native dumps parsed (worker)       journal; SETTLE
+    SETTLE     wired memory back, or the settle time  the reboot flag; the incident closed
+
 Every signal goes through a `Signaller` (signaller.py), which re-checks the
 process identity right before it signals; evidence comes from `Evidence`
-(evidence.py). After the kill, wired memory gets the settle time to come back,
-and an unkillable rank or leaked memory flags the node for reboot. Tests pass a
-fake signaller and a fake clock.
+(evidence.py). An unkillable rank or leaked wired memory flags the node for
+reboot. Tests pass a fake signaller and a fake clock.
 """
 
 from __future__ import annotations
@@ -14,7 +29,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -93,10 +108,6 @@ class Ladder:
     left: list[Target] = field(default_factory=list)  # not known to be gone yet
     next_probe: float = 0.0  # of wired memory, while settling
     result: Outcome | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.result is not None
 
     @property
     def working(self) -> bool:
@@ -513,8 +524,8 @@ class Enforcer:
     def run(self, ladder: Ladder) -> Outcome:
         """Step `ladder` to its end on this thread, sleeping between steps."""
         while (outcome := self.step(ladder)) is None:
-            if ladder.working:
-                ladder.work.result()  # type: ignore[union-attr]  # its own bound ends it
+            if ladder.work is not None and ladder.working:
+                wait([ladder.work])  # its own bound ends it (the evidence's time box)
             else:
                 self.sleep(self.TICK)
         return outcome
