@@ -6,7 +6,7 @@ Before the enforcer signals anything it writes `<state-dir>/pending/<incident>.j
 it is sent, the outcome before the wired-memory settle. The entry goes once the
 incident line (and its reboot flag) are on disk. A daemon killed in between
 (SIGKILL, a crash, launchd or systemd restarting it mid-settle) leaves the
-entry, and the next daemon completes it at start (`Enforcer.complete`), so a
+entry, and the next daemon resumes it at start (`Enforcer.resume`), so a
 kill is never taken for a crash and never goes unrecorded.
 
 A write that fails (a full or read-only state disk) loses nothing either: the
@@ -104,7 +104,7 @@ class Backlog:
         self.flags: list[dict[str, Any]] = []  # {"reason": ..., figures}
         self.failures = 0  # writes that failed (a metric)
         # Incidents written whose flag is not yet: their write-ahead entry stays, so a
-        # restart meanwhile still raises the flag (Enforcer.complete).
+        # restart meanwhile still raises the flag (Enforcer.resume).
         self._written: set[str] = set()
         self._lock = threading.Lock()
 
