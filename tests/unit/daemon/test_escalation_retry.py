@@ -41,19 +41,25 @@ def hung_rank(record_dir: Path, clock: FakeClock) -> RecordWriter:
     return w
 
 
-@pytest.fixture
-def setup(tmp_path: Path):
+def node(tmp_path: Path, behaviour: str, **settings: float
+         ) -> tuple[Daemon, FakeSignaller, FakeClock, FakeProbe, RecordWriter]:
+    """A daemon on fakes of the process, the signals and the clock, and its hung rank."""
     record_dir, state_dir = tmp_path / "rec", tmp_path / "state"
     record_dir.mkdir()
     state_dir.mkdir(mode=0o700)
     clock = FakeClock()
     probe = FakeProbe(wired=None)
-    signaller = FakeSignaller({PID: DIES_ON_TERM})
-    settings = Settings(dir=str(record_dir), state_dir=str(state_dir), deadline=2.0,
-                        grace=0.2, kill_timeout=0.2, evidence_timeout=0.2, settle=0.0)
-    daemon = Daemon(settings, probe, signaller, clock_ns=lambda: int(clock.now() * 1e9),
-                    wall=clock.wall)
-    writer = hung_rank(record_dir, clock)
+    signaller = FakeSignaller({PID: behaviour})
+    daemon = Daemon(Settings(dir=str(record_dir), state_dir=str(state_dir), deadline=2.0,
+                             evidence_timeout=0.2, settle=0.0, **settings),
+                    probe, signaller, clock_ns=lambda: int(clock.now() * 1e9), wall=clock.wall)
+    return daemon, signaller, clock, probe, hung_rank(record_dir, clock)
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    daemon, signaller, clock, probe, writer = node(tmp_path, DIES_ON_TERM, grace=0.2,
+                                                   kill_timeout=0.2)
     cpu = [0.0]
 
     def tick(seconds: float = 1.0) -> None:
@@ -131,18 +137,8 @@ def test_a_stuck_escalation_is_tried_again_beside_it(setup, monkeypatch) -> None
 @pytest.fixture
 def stubborn(tmp_path: Path):
     """A hung rank that ignores SIGTERM, a daemon with a half-second grace."""
-    record_dir, state_dir = tmp_path / "rec", tmp_path / "state"
-    record_dir.mkdir()
-    state_dir.mkdir(mode=0o700)
-    clock = FakeClock()
-    probe = FakeProbe(wired=None)
-    signaller = FakeSignaller({PID: DIES_ON_KILL})
-    settings = Settings(dir=str(record_dir), state_dir=str(state_dir), deadline=2.0,
-                        grace=0.5, kill_timeout=0.5, evidence_timeout=0.2, settle=0.0,
-                        interval=0.2)
-    daemon = Daemon(settings, probe, signaller, clock_ns=lambda: int(clock.now() * 1e9),
-                    wall=clock.wall)
-    writer = hung_rank(record_dir, clock)
+    daemon, signaller, clock, probe, writer = node(tmp_path, DIES_ON_KILL, grace=0.5,
+                                                   kill_timeout=0.5, interval=0.2)
     probe.set_sample(process_sample(PID, START, os.getuid(), "running",
                                     ((PID, 0.01), (PID + 1, 100.0))))
     yield daemon, signaller, clock, probe
