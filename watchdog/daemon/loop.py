@@ -423,6 +423,7 @@ class Daemon:
                         request.origin, len(ranks), job, uid, request.reason)
             if ranks:
                 self._escalate(uid, job, ranks, fenced=request)
+                self.wake.set()  # the loop, maybe asleep for its interval, steps it
         return 202, {"job": job, "uid": uid, "ending": sorted(r.record.pid for r in ranks)}
 
     def _retry(self, keys: list[tuple[int, float]]) -> None:
