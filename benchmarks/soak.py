@@ -41,6 +41,7 @@ healthy rank did not exit 0.
 from __future__ import annotations
 
 import argparse
+import ctypes  # here, not in the forked child: uid 65534 may not read Python's lib
 import json
 import os
 import random
@@ -119,7 +120,7 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         os.setgid(OTHER_UID)
         os.setuid(OTHER_UID)
         # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
-        __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         me = os.getpid()
         # Evidence that grows: the dump signal grows the dump file to a sparse GiB.
         stacks = os.open(f"{me}.stacks", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -154,7 +155,7 @@ def _become_other_user() -> None:
     os.setgroups([])
     os.setgid(OTHER_UID)
     os.setuid(OTHER_UID)
-    __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as after an exec
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as after an exec
 
 
 def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
