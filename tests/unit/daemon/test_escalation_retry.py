@@ -158,6 +158,7 @@ def verdict(daemon: Daemon, clock: FakeClock, probe: FakeProbe) -> None:
     assert daemon.pending, "no response began"
 
 
+@pytest.mark.slow
 def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> None:
     daemon, signaller, clock, probe = stubborn
     verdict(daemon, clock, probe)
@@ -184,6 +185,7 @@ def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> N
     assert rank.state is State.KILLED
 
 
+@pytest.mark.slow
 def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
     daemon, signaller, clock, probe = stubborn
     daemon.settings = dataclasses.replace(daemon.settings, grace=3.0)
