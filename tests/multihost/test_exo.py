@@ -29,29 +29,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.netbed import Bed, Host, cannot_build
+from tests.support.netbed import Bed, Host
 from tests.support.ranks import REPO, base_env, wait_for
 
 pytestmark = pytest.mark.ranks
 
 FLOOR = 60.0  # the auto deadline's floor, at the defaults
 BOUND = FLOOR + 15.0
-
-
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
-    why = cannot_build()
-    if why:
-        pytest.fail(f"cannot build the multi-host bed: {why}", pytrace=False)
-    bed = Bed(tmp_path_factory.mktemp("exobed"))
-    try:
-        bed.build()
-    except (RuntimeError, OSError) as err:
-        bed.close()
-        pytest.fail(f"cannot build the multi-host bed's namespaces as root: {err}",
-                    pytrace=False)
-    yield bed
-    bed.close()
 
 
 class Instance:
