@@ -173,6 +173,8 @@ def test_exo_instances_are_one_job_and_a_frozen_runner_ends_its_instance_on_both
         raise AssertionError(f"still alive: {[p for p in pids if alive(p)]}\n"
                              + "\n".join(d.log()[-4000:] for d in daemons)) from None
     ended = time.monotonic() - began
+    print(f"\nexo bed: both frozen instances ended on both hosts {ended:.1f}s after the "
+          "freeze (the idle one's request sent at the freeze)")
     assert FLOOR - 5 < ended < BOUND, ended  # at the learned deadline, not before
 
     # A: host0 ended the waiting rank 0 and named the frozen rank 1 on host1 by pid;
