@@ -323,7 +323,8 @@ class Detector:
             return None
         read = written = quiet = None
         if sample.io is not None and track.io_base is not None:
-            read, written = (max(0, now - then) for now, then in zip(sample.io, track.io_base))
+            read = max(0, sample.io[0] - track.io_base[0])
+            written = max(0, sample.io[1] - track.io_base[1])
             quiet = max(0.0, (now_ns - track.io_moved_ns) / NS)
         return OwnWait(record.op, in_wait, deadline, read, written, quiet)
 
