@@ -208,6 +208,7 @@ def test_a_frozen_peer_is_ended_within_the_floor_plus_15s_and_named(
         scenarios: dict[str, Scenario]) -> None:
     s = joined(scenarios, "frozen")
     took, incident = s.facts["took"], s.facts["incident"]
+    print(f"frozen peer: every rank ended {took:.1f}s after the freeze")
     assert FLOOR <= took <= BOUND, f"the frozen training job was ended after {took:.0f}s"
     assert incident["verdict"] == "stalled", incident
     culprit = incident["culprit"]
@@ -229,6 +230,8 @@ def test_a_checkpoint_to_slow_storage_holds_the_job_and_the_run_finishes(
     storage: SlowStorage = s.facts["storage"]
     assert s.facts["codes"] == [0, 0], s.job.logs()
     assert s.incidents() == []
+    print(f"slow save: {storage.size} bytes in {storage.ended - storage.began:.1f}s; "
+          f"held: {sorted(r for r in s.reasons if 'held' in r)[:3]}")
     assert storage.received == storage.size > 0  # the whole checkpoint went through
     assert storage.ended - storage.began >= SLOW_SAVE * 0.7, (storage.began, storage.ended)
     # Rank 1 waited past its learned deadline in the next step's all_sum, and was held.
@@ -242,6 +245,7 @@ def test_a_checkpoint_to_storage_that_never_answers_is_ended_and_rank_0_named(
         scenarios: dict[str, Scenario]) -> None:
     s = joined(scenarios, "stuck_save")
     took, incident = s.facts["took"], s.facts["incident"]
+    print(f"stuck save: every rank ended {took:.1f}s after rank 0 began it; {incident}")
     assert FLOOR <= took <= BOUND, f"the stuck save was ended after {took:.0f}s"
     assert sorted(incident["pids"]) == sorted(s.job.pids)
     saving = next(r for r in incident["ranks"] if r["rank"] == 0)

@@ -21,12 +21,13 @@ def culprit_of(host: str, rank: Rank, why: str) -> Culprit:
 
 
 def waited_for(due: list[Rank], local: list[Rank]) -> tuple[Rank, str] | None:
-    """The local rank the due ones wait for, busy in a wait of its own (a save whose
-    storage stopped answering): behind them in the collective sequence; and why."""
+    """The local rank the due ones wait for, in a wait of its own (a save whose storage
+    stopped answering), not spinning and not ahead of them in the collective sequence;
+    and why."""
     most = max((r.record.collectives for r in due), default=0)
     for rank in sorted(local, key=lambda r: r.record.rank):
         own = rank.verdict.own if rank.verdict is not None else None
-        if rank in due or own is None or rank.record.collectives >= most:
+        if rank in due or own is None or own.spinning or rank.record.collectives > most:
             continue
         if own.quiet is None:
             moved = "its I/O unknown"
@@ -35,7 +36,7 @@ def waited_for(due: list[Rank], local: list[Rank]) -> tuple[Rank, str] | None:
         else:
             moved = f"no byte moved for the last {own.quiet:.0f}s"
         return rank, (f"in {own.op or 'a wait'} of its own for {own.seconds:.0f}s, {moved}, "
-                      f"while its peers wait in collective #{most}")
+                      "while its peers wait on it")
     return None
 
 

@@ -326,7 +326,8 @@ class Detector:
             read = max(0, sample.io[0] - track.io_base[0])
             written = max(0, sample.io[1] - track.io_base[1])
             quiet = max(0.0, (now_ns - track.io_moved_ns) / NS)
-        return OwnWait(record.op, in_wait, deadline, read, written, quiet)
+        spinning = len(track.busy) >= 2 and _median(track.busy) >= self.rules.spin_ratio
+        return OwnWait(record.op, in_wait, deadline, read, written, quiet, spinning)
 
     def _computing(self, record: Record, tick: ThreadTick) -> bool:
         """Does this interval look like the rank computing, rather than waiting?"""
@@ -376,16 +377,18 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
     the others wait on a slow peer, not a dead one. That excuse ends at the
     blocked deadline, so a misread can delay a verdict but never prevent it.
 
-    So does a rank the due one waits for (fewer collectives issued) busy in a wait of
-    its own (ownwait.py): within that wait's own deadline, up to the same bound; or a
-    save or load still moving bytes, however long (up to ownwait.MAX_IO_HOLD). A save
-    or load that moved no byte for the stuck window (`auto_floor`) holds nobody.
+    So does a rank the due one may wait for (not ahead of it in collectives issued:
+    those of an `mx.compile`d step are counted once, at the trace, so counts can tie)
+    busy in a wait of its own (ownwait.py), not spinning: within that wait's own
+    deadline, up to the same bound; or a save or load still moving bytes, however long
+    (up to ownwait.MAX_IO_HOLD). A save or load that moved no byte for the stuck window
+    (`auto_floor`) holds nobody.
     """
     live = [(r, v) for r, v in job if v.state != State.STOPPED]
     bounded = due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline)
     for r, v in sorted(live, key=lambda item: item[0]):
         own = v.own
-        if r == rank or own is None or v.collectives >= due.collectives:
+        if r == rank or own is None or v.collectives > due.collectives:
             continue
         what = own.holds(rules.auto_floor)
         if what and (own.moving(rules.auto_floor) or not bounded):

@@ -42,6 +42,10 @@ class OwnWait:
     read: int | None = None  # bytes read since the wait began; None: no counters
     written: int | None = None  # bytes written since the wait began
     quiet: float | None = None  # seconds since the counters last moved; None: no counters
+    # A thread of it spins over the wait (the shape of a wait on a peer): then it is not
+    # busy with its own work, whatever its flight recorder says (collectives issued in
+    # an `mx.compile`d function are counted once, at the trace, so counts can tie).
+    spinning: bool = False
 
     def moving(self, window: float) -> bool:
         """A save or load whose bytes moved within the window: progress, however slow."""
@@ -58,7 +62,7 @@ class OwnWait:
         """What it is doing, when it holds the ranks waiting for it; "" when it does not."""
         if self.moving(window):
             return self.describe()
-        if self.stuck(window) or self.seconds >= self.deadline:
+        if self.spinning or self.stuck(window) or self.seconds >= self.deadline:
             return ""
         return self.describe()
 
