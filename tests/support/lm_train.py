@@ -150,8 +150,9 @@ class SlowStorage(threading.Thread):
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
-            rate = max(1.0, self.size / self.seconds)  # bytes a second
             while not self.stopping.is_set():
+                # Bytes a second; the size may be learned after the thread started.
+                rate = max(64.0, self.size / self.seconds)
                 try:
                     chunk = os.read(fd, 256)
                 except BlockingIOError:  # the writer is there, between writes

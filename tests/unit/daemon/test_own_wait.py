@@ -149,8 +149,8 @@ def test_hold_reason_for_a_rank_in_a_wait_of_its_own(job, in_wait, expect):
 def test_the_incident_names_the_rank_the_others_wait_for():
     stuck = OwnWait("save_safetensors", 63.0, 600.0, 0, 0, 63.0)
     saving = Rank("0.rec", SAVING, verdict=mate(stuck))
-    waiting = Rank("1.rec", dataclasses.replace(SAVING, pid=PID + 1, rank=1, collectives=41, op="eval"),
-                   verdict=due())
+    behind = dataclasses.replace(SAVING, pid=PID + 1, rank=1, collectives=41, op="eval")
+    waiting = Rank("1.rec", behind, verdict=due())
     found = waited_for([waiting], [saving, waiting])
     assert found is not None and found[0] is saving
     assert found[1] == ("in save_safetensors of its own for 63s, no byte moved, while its "

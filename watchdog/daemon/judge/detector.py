@@ -325,9 +325,12 @@ class Detector:
         if sample.io is not None and track.io_base is not None:
             read = max(0, sample.io[0] - track.io_base[0])
             written = max(0, sample.io[1] - track.io_base[1])
-            quiet = max(0.0, (now_ns - track.io_moved_ns) / NS)
+            # In an `hb.expect()` window the user's deadline is the wait's, silent or not.
+            quiet = None if record.expect_seconds > 0 else max(
+                0.0, (now_ns - track.io_moved_ns) / NS)
         spinning = len(track.busy) >= 2 and _median(track.busy) >= self.rules.spin_ratio
-        return OwnWait(record.op, in_wait, deadline, read, written, quiet, spinning)
+        return OwnWait(record.op, in_wait, deadline, read, written, quiet, spinning,
+                       self.rules.auto_floor)
 
     def _computing(self, record: Record, tick: ThreadTick) -> bool:
         """Does this interval look like the rank computing, rather than waiting?"""

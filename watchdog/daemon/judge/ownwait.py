@@ -46,6 +46,7 @@ class OwnWait:
     # busy with its own work, whatever its flight recorder says (collectives issued in
     # an `mx.compile`d function are counted once, at the trace, so counts can tie).
     spinning: bool = False
+    window: float = 60.0  # the stuck window it is judged with (the auto_floor)
 
     def moving(self, window: float) -> bool:
         """A save or load whose bytes moved within the window: progress, however slow."""
@@ -65,6 +66,10 @@ class OwnWait:
         if self.spinning or self.stuck(window) or self.seconds >= self.deadline:
             return ""
         return self.describe()
+
+    def holding(self) -> str:
+        """`holds` by the window it was judged with: what a peer node is told."""
+        return self.holds(self.window)
 
     def describe(self) -> str:
         seconds = f"{self.seconds:.0f} s"
