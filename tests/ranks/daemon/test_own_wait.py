@@ -1,9 +1,9 @@
 """A rank the others wait for, writing a checkpoint, holds its job (issue 27): real ring
 ranks (tests/support/rank_prog.py `save`: rank 1 saves with mx.save_safetensors to a FIFO
-while rank 0 waits in the next all_sum, spinning) and the real daemon on a 2 s deadline,
-with a 4 s floor: the stuck window.
+while rank 0 waits in the next all_sum, spinning) and the real daemon on a 3 s deadline,
+with a 5 s floor: the stuck window.
 
-- slow storage (bytes trickling for ~10 s, five deadlines): held, no incident, both exit 0;
+- slow storage (bytes trickling for ~12 s, four deadlines): held, no incident, both exit 0;
 - storage that never answers: ended once the save has been silent for the floor, the
   incident's culprit the saving rank and its op;
 - across nodes (one rank per daemon, peers of each other): the waiting rank's node holds
@@ -17,9 +17,9 @@ import time
 from tests.support.lm_train import SlowStorage
 from tests.support.ranks import DaemonProc, RingJob, free_ports, wait_for
 
-DEADLINE, FLOOR = 2.0, 4.0
+DEADLINE, FLOOR = 3.0, 5.0
 SIZE = 64 * 1024 * 4  # the tensors' bytes (the header adds a few kB)
-SLOW = 10.0
+SLOW = 12.0
 
 
 def watch_held(daemon: DaemonProc, job: RingJob) -> set[str]:
@@ -79,7 +79,7 @@ def test_across_nodes_a_rank_saving_on_another_node_holds_the_job(tmp_path):
     try:
         for i, port in enumerate(ports):
             d = DaemonProc(tmp_path / f"node{i}" / "records", tmp_path / f"node{i}" / "state",
-                           "--peers", peers[1 - i], listen=f"127.0.0.1:{port}", peer_timeout=2,
+                           "--peers", peers[1 - i], listen=f"127.0.0.1:{port}", peer_timeout=3,
                            deadline=DEADLINE, auto_floor=FLOOR)
             d.record_dir.mkdir(parents=True)
             daemons.append(d.start())
