@@ -148,6 +148,9 @@ class RankStatus:
     expect: Expect | None = None
     reason: str | None = None
     source: str | None = None  # "daemon" or "sampled"
+    # In a wait of its own that holds the ranks waiting for it (a checkpoint being
+    # written): what it does, as `held: rank R is ...` tells it; None otherwise.
+    holding: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,7 +165,7 @@ class RankStatus:
             "computing": self.computing, "current_op": self.current_op,
             "last_collective": self.last_collective.to_json() if self.last_collective else None,
             "expect": self.expect.to_json() if self.expect else None,
-            "reason": self.reason, "source": self.source,
+            "reason": self.reason, "source": self.source, "holding": self.holding,
         }
 
     @classmethod
@@ -185,7 +188,7 @@ class RankStatus:
             computing=data.get("computing"), current_op=_str(data.get("current_op")),
             last_collective=Collective.from_json(data.get("last_collective")),
             expect=Expect.from_json(data.get("expect")), reason=data.get("reason"),
-            source=_str(data.get("source")))
+            source=_str(data.get("source")), holding=_str(data.get("holding")))
 
 
 def valid_ranks(data: Any) -> tuple[RankStatus, ...]:

@@ -46,7 +46,7 @@ RANK_SHAPE = {
     "deadline_seconds": OPT_NUM, "busiest_thread_cpu": OPT_NUM,
     "computing": (bool, type(None)), "current_op": (str,),
     "last_collective": (dict, type(None)), "expect": (dict, type(None)), "reason": (str,),
-    "source": (str,),
+    "source": (str,), "holding": OPT_STR,
 }
 # Every key of /status (and status.json), in order, with its JSON types.
 NODE_SHAPE = {

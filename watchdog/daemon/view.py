@@ -38,4 +38,5 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         expect=(Expect(record.expect_seconds, record.expect_reason)
                 if record.expect_seconds > 0 else None),
         reason=reason or (verdict.reason if verdict else ""),
-        source=source)
+        source=source,
+        holding=(verdict.own.holding() or None) if verdict and verdict.own else None)

@@ -20,6 +20,26 @@ def culprit_of(host: str, rank: Rank, why: str) -> Culprit:
                    state=rank.state.value, reason=why)
 
 
+def waited_for(due: list[Rank], local: list[Rank]) -> tuple[Rank, str] | None:
+    """The local rank the due ones wait for, in a wait of its own (a save whose storage
+    stopped answering), not spinning and not ahead of them in the collective sequence;
+    and why."""
+    most = max((r.record.collectives for r in due), default=0)
+    for rank in sorted(local, key=lambda r: r.record.rank):
+        own = rank.verdict.own if rank.verdict is not None else None
+        if rank in due or own is None or own.spinning or rank.record.collectives > most:
+            continue
+        if own.quiet is None:
+            moved = "its I/O unknown"
+        elif (own.read or 0) + (own.written or 0) == 0:
+            moved = "no byte moved"
+        else:
+            moved = f"no byte moved for the last {own.quiet:.0f}s"
+        return rank, (f"in {own.op or 'a wait'} of its own for {own.seconds:.0f}s, {moved}, "
+                      "while its peers wait on it")
+    return None
+
+
 def incident_rank(rank: Rank) -> IncidentRank:
     v = rank.verdict
     return IncidentRank(pid=rank.record.pid, rank=rank.record.rank, state=rank.state.value,
@@ -52,6 +72,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     the job); `local` is every live local rank of the job, for the culprit."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
+    behind = waited_for(due, local)
     return Incident(
         id=time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
         time=wall,
@@ -75,5 +96,6 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
             for c in r.record.flight[-FLIGHT_TAIL:]) for r in due},
         culprit=(fenced.culprit if fenced is not None else
                  culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
-                            "peers wait") if stopped else None),
+                            "peers wait") if stopped else
+                 culprit_of(host, behind[0], behind[1]) if behind else None),
     )

@@ -127,6 +127,14 @@ class Responses:
             names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
             return Outcome(response.incident, held=f"held: rank {names} of the job is "
                                                    "computing (a slow peer, not a hang)")
+        # A rank there in a wait of its own, not ahead of ours: the job's pace.
+        ours = max((r.collectives or 0 for r in response.incident.ranks), default=0)
+        pace = [h for h in (view or {}).get("holding") or []
+                if isinstance(h.get("collectives"), int) and h["collectives"] <= ours]
+        if pace and response.may_hold:
+            h = pace[0]
+            return Outcome(response.incident,
+                           held=f"held: rank {h['rank']} on {h['host']} is {h['what']}")
         log.error("job %s: %s; %s %s ranks %s", response.job, response.incident.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
                   len(response.targets), sorted(t.rank for t in response.targets))
