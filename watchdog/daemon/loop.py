@@ -30,6 +30,7 @@ from watchdog.daemon.holds import hold
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
+from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
@@ -98,6 +99,8 @@ class Daemon:
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
         self.peers = Peers(settings, self.host, self.executor, self.started)
+        # A rank waiting long: its data path to its peers probed (a cause's evidence).
+        self.links = Prober(self.executor.submit, min(1.0, settings.peer_timeout))
         self.responses = Responses(
             settings, self.enforcer, self.peers, self.executor,
             lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
@@ -208,6 +211,12 @@ class Daemon:
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 due.setdefault((rec.uid, rec.job), []).append(rank)
         due = hold(due, self.ranks.values(), self.detector.rules, now)
+        long = [r for r in self.ranks.values() if r.state in WAITING_LONG]
+        for r in long:
+            self.links.ask(r.key, now)
+        self.links.forget(r.key for r in long)
+        for r in self.ranks.values():
+            r.data_link = self.links.found.get(r.key)
         if self.settings.peers and any(r.state in WAITING_LONG for r in self.ranks.values()):
             self.peers.prefetch()  # a verdict may come: its peers' answers ready by then
         for key, rank in self.ranks.items():
@@ -360,9 +369,10 @@ class Daemon:
             fenced=fenced)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
-            log.error("job %s: %s; %s %s ranks %s", job, incident.reason,
+            log.error("job %s: %s; %s %s ranks %s; cause %s: %s", job, incident.reason,
                       "ending" if self.settings.mode == "enforce" else "observing",
-                      len(targets), sorted(r.record.rank for r in targets))
+                      len(targets), sorted(r.record.rank for r in targets),
+                      incident.cause, incident.summary)
         now = self.clock_ns() / 1e9
         acted = set() if fenced else {r.key for r in due}  # a fence is no verdict on a wait
         for rank in targets:
@@ -373,6 +383,7 @@ class Daemon:
             rec = rank.record
             transition(rank, Edge.ESCALATED, now, wait=(rec.wait_since_ns, rec.waits_completed)
                        if rank.key in acted else None)
+            rank.cause = incident.cause
         keys = [r.key for r in targets]
         others = [r for r in self.ranks.values() if r.key not in keys]
 
@@ -475,7 +486,7 @@ class Daemon:
         # new stall) counts once its response is done.
         verdict = outcome.incident.verdict
         if verdict in self.counters.stalls:
-            self.counters.stalls[verdict] += 1
+            self.counters.stall(verdict, outcome.incident.cause)
         for name in outcome.signals_sent:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1
@@ -487,6 +498,7 @@ class Daemon:
                     self.ended_by_us[key] = outcome.incident.id
                 continue
             result = outcome.results.get(rank.record.pid)
+            rank.cause = outcome.incident.cause or rank.cause
             if result == KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog import cause
 from watchdog.record import MAX_WORLD_SIZE
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.status import RANK_FIELDS, NodeStatus, RankStatus
@@ -129,7 +130,7 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
     view: dict[str, Any] = {"job": job, "uid": uid, "world_size": world,
                             "state": state, "ranks": [s.to_json() for s in seen],
                             "missing_ranks": missing,
-                            "culprit": None, "evidence": ""}
+                            "culprit": None, "evidence": "", "cause": None, "summary": ""}
     if ended:
         view["evidence"] = "; ".join(
             f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
@@ -137,6 +138,8 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         return view
     if not hung and not unknown:
         return view
+    finding = cause.decide([s.rank for s in seen], missing, unreachable)
+    view["cause"], view["summary"] = finding.cause, finding.summary
     names = ",".join(str(s.rank.rank) for s in waiting)
     wait_note = (f"ranks {names} wait in {_where(waiting[0].rank)}" if waiting
                  else "no rank waits")
@@ -220,6 +223,8 @@ def render_text(view: dict[str, Any]) -> str:
             c = job["culprit"]
             lines.append(f"  culprit: rank {c['rank']} on {c['host'] or c['node'] or '?'}"
                          f" (pid {c['pid']}): {c['reason']}")
+        if job.get("cause"):
+            lines.append(f"  cause: {job['cause']}: {job.get('summary') or ''}")
         if job["evidence"]:
             lines.append(f"  evidence: {job['evidence']}")
     if not view["jobs"]:

@@ -33,6 +33,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from watchdog.cause import CAUSES
 from watchdog.states import ENDED, State
 from watchdog.status import NodeStatus, RankStatus
 
@@ -106,10 +107,12 @@ class SnapshotCollector:
         yield from per_rank.values()
 
         counters = snap.counters
-        stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict",
-                                     labels=["verdict"])
-        for verdict, n in counters.stalls.items():
-            stalls.add_metric([verdict], n)
+        stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict and cause",
+                                     labels=["verdict", "cause"])
+        for verdict in counters.stalls:  # every pair, from 0: rate() sees the first one
+            for cause in CAUSES:
+                stalls.add_metric([verdict, cause],
+                                  counters.stall_causes.get(f"{verdict}:{cause}", 0))
         yield stalls
         kills = CounterMetricFamily(PREFIX + "kills", "Signals sent to end ranks",
                                     labels=["signal"])

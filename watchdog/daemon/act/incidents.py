@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
+from typing import Any
 
+from watchdog import cause
 from watchdog.daemon.ranks import Rank
+from watchdog.daemon.view import rank_status
 from watchdog.states import State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank
 
@@ -45,6 +49,44 @@ def reason_of(worst: Rank, fenced: Fence | None) -> str:
     return f"peer {fenced.origin} fenced the job: {fenced.reason}"
 
 
+def local_finding(local: list[Rank]) -> cause.Finding:
+    """The cause as this node alone sees it: its live ranks of the job; the others
+    reported by no one (no peers asked), which decides nothing by itself."""
+    shown = [rank_status(r.record, r.state, r.verdict, reason=r.reason,
+                         data_link=r.data_link) for r in local]
+    world = max((r.record.world_size for r in local), default=0)
+    here = {r.record.rank for r in local}
+    return cause.decide(shown, [i for i in range(world) if i not in here])
+
+
+def fenced_finding(fenced: Fence) -> tuple[str, str]:
+    """(cause, summary) of a fenced job: a local rank's death, or the origin's words."""
+    c = fenced.culprit
+    if fenced.local:
+        who = (f"rank {c.rank} on {c.host} (pid {c.pid})" if c is not None
+               else "a rank of the job")
+        return cause.PEER_DEAD, f"{who} died: {fenced.reason}; its local peers are ended"
+    said = (c.summary if c is not None and c.summary else fenced.reason) or ""
+    return ((c.cause if c is not None and c.cause in cause.CAUSES else cause.UNKNOWN),
+            f"fenced by {fenced.origin}: {said}")
+
+
+def with_view(incident: Incident, view: dict[str, Any] | None) -> Incident:
+    """The incident with the cluster view's cause and one line (the peers answered),
+    and its culprit carrying them (a fence sends it)."""
+    if not view or not view.get("cause"):
+        return incident
+    found, summary = view["cause"], view.get("summary") or incident.summary
+    c = incident.culprit
+    named = view.get("culprit") or {}
+    if c is None and named:
+        c = Culprit(host=named.get("host"), rank=named.get("rank"), pid=named.get("pid"),
+                    state=named.get("state"), reason=named.get("reason"))
+    if c is not None:
+        c = replace(c, cause=found, summary=summary)
+    return replace(incident, cause=found, summary=summary, culprit=c)
+
+
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
                  fenced: Fence | None) -> Incident:
@@ -52,6 +94,16 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     the job); `local` is every live local rank of the job, for the culprit."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
+    if fenced is not None:
+        found, summary = fenced_finding(fenced)
+    else:
+        finding = local_finding(local)
+        found, summary = finding.cause, finding.summary
+    culprit = (fenced.culprit if fenced is not None else
+               culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
+                          "peers wait") if stopped else None)
+    if culprit is not None and fenced is None:
+        culprit = replace(culprit, cause=found, summary=summary)
     return Incident(
         id=time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
         time=wall,
@@ -64,6 +116,8 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         mode=mode,
         kill_scope=kill_scope,
         reason=reason_of(worst, fenced),
+        cause=found,
+        summary=summary,
         ranks=tuple(incident_rank(r) for r in targets),
         pids=tuple(r.record.pid for r in targets),
         seconds_without_progress=max(
@@ -73,7 +127,5 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         flight_recorder_tail={str(r.record.rank): tuple(
             FlightEntry(number=c.number, op=c.op, dtype=c.dtype, bytes=c.nbytes)
             for c in r.record.flight[-FLIGHT_TAIL:]) for r in due},
-        culprit=(fenced.culprit if fenced is not None else
-                 culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
-                            "peers wait") if stopped else None),
+        culprit=culprit,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
+from watchdog.daemon.act.incidents import with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
 from watchdog.daemon.signaller import Target
@@ -120,9 +121,12 @@ class Responses:
             names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
             return Outcome(response.incident, held=f"held: rank {names} of the job is "
                                                    "computing (a slow peer, not a hang)")
-        log.error("job %s: %s; %s %s ranks %s", response.job, response.incident.reason,
+        response.incident = with_view(response.incident, view)
+        log.error("job %s: %s; %s %s ranks %s; cause %s: %s", response.job,
+                  response.incident.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
-                  len(response.targets), sorted(t.rank for t in response.targets))
+                  len(response.targets), sorted(t.rank for t in response.targets),
+                  response.incident.cause, response.incident.summary)
         self._begin(response, view, asked=True)
         return None
 
