@@ -180,7 +180,9 @@ def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     # A job is (owner uid, job id): another user's ranks naming the same id
     # are another job, and never its culprit.
     jobs: dict[tuple[int, str], list[Seen]] = {}
-    unreachable = [n["peer"] for n in nodes if not n["ok"]]
+    # A node whose earlier ask failed but which answered since (late) is reachable.
+    answered = {n["peer"] for n in nodes if n["ok"]}
+    unreachable = [n["peer"] for n in nodes if not n["ok"] and n["peer"] not in answered]
     seen: set[tuple[Any, Any]] = set()  # a node listed twice (or itself) counts once
     statuses = [_status(n) if n["ok"] else None for n in nodes]
     for node, status in zip(nodes, statuses, strict=True):

@@ -109,10 +109,12 @@ class SnapshotCollector:
         counters = snap.counters
         stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict and cause",
                                      labels=["verdict", "cause"])
-        for verdict in counters.stalls:  # every pair, from 0: rate() sees the first one
-            for cause in CAUSES:
-                stalls.add_metric([verdict, cause],
-                                  counters.stall_causes.get(f"{verdict}:{cause}", 0))
+        for verdict, total in counters.stalls.items():  # every pair, from 0
+            by_cause = {c: counters.stall_causes.get(f"{verdict}:{c}", 0) for c in CAUSES}
+            # Hangs counted without a cause (a daemon before causes) are `unknown`.
+            by_cause["unknown"] += max(0, total - sum(by_cause.values()))
+            for cause, n in by_cause.items():
+                stalls.add_metric([verdict, cause], n)
         yield stalls
         kills = CounterMetricFamily(PREFIX + "kills", "Signals sent to end ranks",
                                     labels=["signal"])
