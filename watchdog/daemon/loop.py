@@ -22,7 +22,7 @@ from typing import Any
 from watchdog import __version__, record
 from watchdog.daemon import attempts
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
-from watchdog.daemon.act.incidents import culprit_of, new_incident
+from watchdog.daemon.act.incidents import death_culprit, new_incident
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Response, Responses
 from watchdog.daemon.config import Settings
@@ -283,7 +283,7 @@ class Daemon:
             # backend's own error on a lost peer) is not a death without a trace.
             how = ("exited on an uncaught exception" if status == record.STATUS_ERROR
                    else "died without closing its record")
-            culprit = culprit_of(self.host, rank, how)
+            culprit = death_culprit(self.host, rank, how)
             self._fence_peers(rank.record.uid, rank.record.job,
                               f"rank {rank.record.rank} {how}", culprit)
             # Its peers are the ranks of the job alive now: a rank that starts later

@@ -24,6 +24,15 @@ def culprit_of(host: str, rank: Rank, why: str) -> Culprit:
                    state=rank.state.value, reason=why)
 
 
+def death_culprit(host: str, rank: Rank, how: str) -> Culprit:
+    """A rank of the job that died: the culprit a fence (and the peers' incidents)
+    name, with its cause and one line."""
+    shown = rank_status(rank.record, rank.state, None)
+    return replace(culprit_of(host, rank, how), cause=cause.PEER_DEAD,
+                   summary=f"rank {rank.record.rank} on {host} (pid {rank.record.pid}) "
+                           f"{how} at {cause.where(shown)}; its peers cannot finish without it")
+
+
 def incident_rank(rank: Rank) -> IncidentRank:
     v = rank.verdict
     return IncidentRank(pid=rank.record.pid, rank=rank.record.rank, state=rank.state.value,
@@ -63,6 +72,8 @@ def fenced_finding(fenced: Fence) -> tuple[str, str]:
     """(cause, summary) of a fenced job: a local rank's death, or the origin's words."""
     c = fenced.culprit
     if fenced.local:
+        if c is not None and c.summary:
+            return cause.PEER_DEAD, c.summary
         who = (f"rank {c.rank} on {c.host} (pid {c.pid})" if c is not None
                else "a rank of the job")
         return cause.PEER_DEAD, f"{who} died: {fenced.reason}; its local peers are ended"
