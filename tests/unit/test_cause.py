@@ -165,3 +165,11 @@ def test_a_node_answering_late():
 def test_sizes_are_told_in_units():
     assert [cause.size(n) for n in (16, 2048, 16 << 20, 3 << 30)] == [
         "16 B", "2.0 KiB", "16 MiB", "3.0 GiB"]
+
+
+def test_every_cause_has_its_runbook_section():
+    from pathlib import Path
+    doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    for name in cause.CAUSES:
+        assert f'<a id="cause-{name}"></a>\n### `{name}`' in doc, name
+        assert f"| `{name}` |" in doc, name  # a row of the decision table
