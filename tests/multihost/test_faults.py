@@ -366,6 +366,8 @@ def test_the_ranks_link_down_while_the_daemons_talk(hosts):
         assert inc["cluster"]["unreachable"] == [], inc["cluster"]
         shown = daemon.ranks()[job.pids[rank]]  # /status: the probe of its data path
         assert shown["data_link"].startswith(f"down {other.address}:"), shown
+        assert shown["cause"] == "data_link_down", shown  # and the cause acted on
+        assert "; cause data_link_down: rank 0 on " in daemon.log()  # the verdict's line
 
 
 def test_a_rank_killed_unnoticed_by_its_peer(hosts):
