@@ -534,6 +534,11 @@ class Daemon:
         """The snapshot every reader gets (/status, /metrics, status.json)."""
         transient = {path: why for path, why in self.invalid.items()
                      if os.path.basename(path) not in self.records.bad}
+        for response in self.responses.pending:  # the cause as the peers refined it
+            acting = response.ladder.incident if response.ladder else response.incident
+            for key in response.keys:
+                if key in self.ranks:
+                    self.ranks[key].cause = acting.cause
         self.snapshot = snapshot(
             host=self.host, settings=self.settings, ranks=self.ranks.values(),
             counters=self.counters, scanned=(self.last_scan_wall, self.last_scan_mono),
