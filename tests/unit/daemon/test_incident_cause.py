@@ -12,7 +12,12 @@ from click.testing import CliRunner
 from tests.support.users import publish
 from watchdog import record
 from watchdog.cli.commands import cli
-from watchdog.daemon.act.incidents import death_culprit, new_incident, with_view
+from watchdog.daemon.act.incidents import (
+    death_culprit,
+    fence_culprit,
+    new_incident,
+    with_view,
+)
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.ranks import Rank
 from watchdog.states import State
@@ -57,15 +62,24 @@ def test_the_peers_view_refines_it_and_the_culprit_carries_it_to_a_fence(tmp_pat
                         "reason": "stopped at all_sum #3 while its peers wait"}}
     refined = with_view(found, view)
     assert (refined.cause, refined.summary) == ("peer_stopped", view["summary"])
-    assert refined.culprit == Culprit("b", 1, 7, "stopped", view["culprit"]["reason"],
-                                      "peer_stopped", view["summary"])
+    assert refined.culprit is None  # no local culprit: the view's stays under `cluster`
+    sent = fence_culprit(refined, view)
+    assert sent == Culprit("b", 1, 7, "stopped", view["culprit"]["reason"], "peer_stopped",
+                           view["summary"])
     assert with_view(found, {"error": "timed out"}) == found  # no view: its own stands
     # The fence's receiver says what the sender found, in its words.
     fenced = Fence(job="job-1", uid=os.getuid(), origin="node-b", reason="stalled: ...",
-                   culprit=refined.culprit, nonce="n")
+                   culprit=sent, nonce="n")
     theirs = incident_of([spinning], [spinning], fenced)
     assert theirs.verdict == "fenced" and theirs.cause == "peer_stopped"
     assert theirs.summary == f"fenced by node-b: {view['summary']}"
+    assert theirs.culprit == sent
+    # A fence that names no rank (no view) still carries the cause and its line.
+    bare = fence_culprit(found, None)
+    assert (bare.rank, bare.cause, bare.summary) == (None, found.cause, found.summary)
+    bare_fence = dataclasses.replace(fenced, culprit=bare)
+    theirs = incident_of([spinning], [spinning], bare_fence)
+    assert theirs.culprit is None and theirs.cause == found.cause
 
 
 def test_a_dead_rank_is_peer_dead_here_and_at_the_peers(tmp_path):

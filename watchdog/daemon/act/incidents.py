@@ -83,19 +83,26 @@ def fenced_finding(fenced: Fence) -> tuple[str, str]:
 
 
 def with_view(incident: Incident, view: dict[str, Any] | None) -> Incident:
-    """The incident with the cluster view's cause and one line (the peers answered),
-    and its culprit carrying them (a fence sends it)."""
+    """The incident with the cluster view's cause and one line (the peers answered);
+    a local culprit carries them too."""
     if not view or not view.get("cause"):
         return incident
     found, summary = view["cause"], view.get("summary") or incident.summary
     c = incident.culprit
-    named = view.get("culprit") or {}
-    if c is None and named:
-        c = Culprit(host=named.get("host"), rank=named.get("rank"), pid=named.get("pid"),
-                    state=named.get("state"), reason=named.get("reason"))
-    if c is not None:
-        c = replace(c, cause=found, summary=summary)
-    return replace(incident, cause=found, summary=summary, culprit=c)
+    return replace(incident, cause=found, summary=summary,
+                   culprit=replace(c, cause=found, summary=summary) if c else None)
+
+
+def fence_culprit(incident: Incident, view: dict[str, Any] | None) -> Culprit:
+    """What a fence names: the incident's culprit, else the cluster view's, else no
+    rank; always with the cause and its one line, which the peers' incidents take."""
+    if incident.culprit is not None:
+        return replace(incident.culprit, cause=incident.cause, summary=incident.summary)
+    named = (view or {}).get("culprit")
+    named = named if isinstance(named, dict) else {}
+    return Culprit(host=named.get("host"), rank=named.get("rank"), pid=named.get("pid"),
+                   state=named.get("state"), reason=named.get("reason"),
+                   cause=incident.cause, summary=incident.summary)
 
 
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
@@ -110,7 +117,10 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     else:
         finding = local_finding(local)
         found, summary = finding.cause, finding.summary
-    culprit = (fenced.culprit if fenced is not None else
+    named = fenced.culprit if fenced is not None else None
+    if named is not None and named.rank is None and named.host is None and named.pid is None:
+        named = None  # a fence that names no rank: only its cause and line were sent
+    culprit = (named if fenced is not None else
                culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
                           "peers wait") if stopped else None)
     if culprit is not None and fenced is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
-from watchdog.daemon.act.incidents import with_view
+from watchdog.daemon.act.incidents import fence_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
 from watchdog.daemon.signaller import Target
@@ -103,7 +103,7 @@ class Responses:
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
             self.fence(response.uid, response.job, f"{incident.verdict}: {incident.reason}",
-                       incident.culprit)
+                       fence_culprit(incident, view))
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
                                               evidence=response.evidence, asked=asked)
