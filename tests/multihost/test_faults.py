@@ -343,6 +343,13 @@ def test_a_slow_peer_is_held_across_hosts(hosts, how):
 OBSERVE: dict[str, object] = {"mode": "observe"}
 
 
+def end_job(bed: Bed, job, *first: subprocess.Popen[str]) -> None:
+    """End an observed job's ranks now (after `first`), not after the fixture's wait
+    for them to leave on their own."""
+    for proc in (*first, *job.procs):
+        bed.end_process(proc)  # type: ignore[arg-type]
+
+
 def hung_with(host, cause: str, timeout: float = 2 * BOUND):
     """`cluster status` on `host` until the job is hung with `cause`."""
     return status_until(host, lambda c, j, v: j["state"] == "hung" and j.get("cause") == cause,
@@ -368,6 +375,7 @@ def test_the_ranks_link_down_while_the_daemons_talk(hosts):
         assert shown["data_link"].startswith(f"down {other.address}:"), shown
         assert shown["cause"] == "data_link_down", shown  # and the cause acted on
         assert "; cause data_link_down: rank 0 on " in daemon.log()  # the verdict's line
+    end_job(hosts, job)
 
 
 def test_a_rank_killed_unnoticed_by_its_peer(hosts):
@@ -391,6 +399,7 @@ def test_a_rank_killed_unnoticed_by_its_peer(hosts):
     has_cause(inc, "peer_dead", who(hosts, job, 1) + " died without closing its record at "
               "all_sum #")
     assert incidents_of(d1, job_id) == []  # nothing of the job left there to judge
+    end_job(hosts, job)
 
 
 def test_a_recv_nobody_sends(hosts):
@@ -403,6 +412,7 @@ def test_a_recv_nobody_sends(hosts):
     has_cause(hung, "mismatch", *said)
     has_cause(incident(d0, job_id), "mismatch", *said)
     assert incidents_of(d1, job_id) == []  # rank 1 waits for nothing: no verdict there
+    end_job(hosts, job)
 
 
 def test_a_quiet_wait(hosts):
@@ -410,12 +420,15 @@ def test_a_quiet_wait(hosts):
     hold them): rank 0 waits in its eval with nothing spinning, rank 1 spins in the
     all_sum waiting on it: `local_blocked`, rank 0 named, on both hosts."""
     (d0, d1), job, job_id = start(hosts, True, daemon=OBSERVE | {"blocked_deadline": DEADLINE})
+    # The tracer goes first (the bed's processes end in order): a traced rank's
+    # death is reported to its tracer before its parent can reap it.
     freezer = subprocess.Popen([sys.executable, str(REPO / "tests/support/freeze_threads.py"),
                                 str(job.pids[0])], stdout=subprocess.PIPE, text=True)
-    hosts.procs.append(freezer)  # type: ignore[arg-type]  # ended with the bed's processes
+    hosts.procs.insert(0, freezer)  # type: ignore[arg-type]
     assert freezer.stdout is not None and freezer.stdout.readline().startswith("frozen ")
     code, hung, _ = hung_with(hosts.hosts[1], "local_blocked")
     quiet = who(hosts, job, 0) + " waits quietly in all_sum #"
     has_cause(hung, "local_blocked", quiet)
     for daemon in (d0, d1):
         has_cause(incident(daemon, job_id), "local_blocked", quiet)
+    end_job(hosts, job, freezer)
