@@ -17,7 +17,7 @@ The decision table, first match wins (docs/operations.md has one section per cau
 | `data_link_down`    | every node answers, but a rank's probe of its peers' data path fails |
 | `mismatch`          | a rank waits while a peer is idle, or outside a wait and not computing, |
 |                     | or two ranks wait at the same collective number in different ops    |
-| `local_blocked`     | a rank waits past its deadline and no thread of it spins            |
+| `local_blocked`     | a rank waits past (half) its deadline and no thread of it spins     |
 | `unknown`           | a rank no node reports although every node answered; ranks waiting  |
 |                     | in different collectives; anything else                             |
 | `collective_wedged` | every rank of the job present, waiting in the same collective,      |
@@ -159,7 +159,9 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
             return Finding(MISMATCH, w, f"{who(other)} waits in {where(other)} while "
                                         f"{who(w)} waits in {where(w)}: the ranks issued "
                                         "different collectives")
-    quiet = [w for w in waiting if w.state in _HUNG_STATES and spinning(w) is False]
+    # Past its deadline (or half of it: a peer node's scan may lag the verdict here).
+    quiet = [w for w in waiting if w.state in (*_HUNG_STATES, "suspect")
+             and spinning(w) is False]
     if quiet:
         r = quiet[0]
         spin = [w for w in waiting if spinning(w)]

@@ -73,6 +73,11 @@ def test_two_ranks_in_different_ops_at_the_same_number_is_mismatch():
 
 def test_a_quiet_wait_is_local_blocked_and_the_quiet_rank_is_named_among_spinning_peers():
     assert cause.decide([rank(0, "blocked"), rank(1, "blocked")]).cause == cause.LOCAL_BLOCKED
+    # Quiet past half its deadline, as a peer node's lagging scan may still show it.
+    found = cause.decide([rank(0, "stalled"), rank(1, "suspect", cpu=0.02)])
+    assert found.cause == cause.LOCAL_BLOCKED and found.culprit.rank == 1
+    # A rank not yet past half its deadline tells nothing by its quiet.
+    assert cause.decide([rank(0), rank(1, "running", cpu=0.0)]).cause != cause.LOCAL_BLOCKED
     found = cause.decide([rank(0, "stalled"), rank(1, "blocked")])
     assert found.cause == cause.LOCAL_BLOCKED and found.culprit.rank == 1
     assert found.summary == ("rank 1 on h1 (pid 101) waits quietly in all_sum #8 (16 MiB), no "
