@@ -213,7 +213,7 @@ class Daemon:
         due = hold(due, self.ranks.values(), self.detector.rules, now)
         long = [r for r in self.ranks.values() if r.state in WAITING_LONG]
         for r in long:
-            self.links.ask(r.key, now)
+            self.links.ask(r.key, now, r.record.backend)
         self.links.forget(r.key for r in long)
         for r in self.ranks.values():
             r.data_link = self.links.found.get(r.key)

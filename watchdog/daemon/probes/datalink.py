@@ -9,9 +9,10 @@ refusal, means the peer's host is reachable on that path; a connect that times o
 or finds no route means it is not. One timeout among the answers is "down": a
 firewall that drops only the ranks' port shows on the connect to that port.
 
-JACCL moves its data over RDMA (Thunderbolt), MPI through its own transports: a rank
-with no TCP connection to another host has nothing this probe can open, and is
-"not probed" (the cause then comes from the rest of the evidence).
+JACCL moves its data over RDMA (Thunderbolt), MPI through its own transports (whose
+TCP listener a stray connect could upset): only ring ranks are probed; the others,
+and a ring rank with no TCP connection to another host, are "not probed" (the
+cause then comes from the rest of the evidence).
 """
 
 from __future__ import annotations
@@ -91,10 +92,15 @@ class Prober:
         self.asked: dict[tuple[int, float], float] = {}  # key -> when last asked
         self.found: dict[tuple[int, float], str] = {}
 
-    def ask(self, key: tuple[int, float], now: float) -> None:
+    def ask(self, key: tuple[int, float], now: float, backend: str = "ring") -> None:
         if now - self.asked.get(key, -PROBE_EVERY) < PROBE_EVERY:
             return
         self.asked[key] = now
+        if backend != "ring":
+            # Only the ring's sockets are known safe to knock on: its listeners close
+            # after init, while MPI's TCP transport keeps accepting connections.
+            self.found[key] = f"not probed: the {backend or 'unknown'} backend"
+            return
 
         def run() -> None:
             try:

@@ -58,3 +58,5 @@ def test_the_prober_asks_once_per_period_and_forgets_ranks_no_longer_waiting():
     assert len(ran) == 2
     prober.forget([])
     assert prober.found == {} and prober.asked == {}
+    prober.ask((2, 0.0), 20.0, "jaccl")  # RDMA, or MPI's own listener: never knocked on
+    assert len(ran) == 2 and prober.found[(2, 0.0)] == "not probed: the jaccl backend"
