@@ -108,6 +108,7 @@ class Peers:
                            and s.rank.state not in (State.STOPPED, State.EXITED,
                                                     State.KILLED)]
                 return {"culprit": view["culprit"], "evidence": view["evidence"],
+                        "cause": view.get("cause"), "summary": view.get("summary"),
                         "unreachable": [n["peer"] for n in nodes if not n["ok"]],
                         "computing": computing, "holding": holding}
         return None
