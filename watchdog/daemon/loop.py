@@ -25,6 +25,7 @@ from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import culprit_of, new_incident
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Response, Responses
+from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import Settings
 from watchdog.daemon.holds import hold
 from watchdog.daemon.judge.detector import Detector
@@ -63,8 +64,12 @@ class Daemon:
         self.settings = settings
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
-        # The responses' workers: the peers' answers, evidence and its parse.
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
+        # The responses' workers, each kind its own so none waits behind another:
+        # evidence and its parse (one capture in flight per uid: workers.py), the
+        # peers' views, and fences (what a peer's job waits on).
+        self.executor = FairWork(4, "evidence")
+        self.asking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peers")
+        self.fencing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fence")
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall,
                                  executor=self.executor)
         self.learned = learning.Keeper(settings.state_dir, wall())
@@ -97,9 +102,10 @@ class Daemon:
         self.stop_event = threading.Event()
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
-        self.peers = Peers(settings, self.host, self.executor, self.started)
+        self.peers = Peers(settings, self.host, self.asking, self.started,
+                           fencing=self.fencing)
         self.responses = Responses(
-            settings, self.enforcer, self.peers, self.executor,
+            settings, self.enforcer, self.peers, self.asking,
             lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
             lambda: self.snapshot, lambda: self.baseline)
         self.wake = threading.Event()  # set by the exit watcher: scan now
@@ -595,4 +601,6 @@ class Daemon:
             # next daemon completes from the journal).
             self.responses.finish(lambda: self.clock_ns() / 1e9)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.asking.shutdown(wait=False, cancel_futures=True)
+        self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")
