@@ -332,3 +332,46 @@ def test_many_records_of_one_user_cannot_blind_the_daemon(record_dir, state_dir)
         proc.kill()
         proc.wait()
         daemon.stop()
+
+
+def test_one_users_hung_crowd_cannot_delay_another_users_kill(record_dir, state_dir):
+    """Issue 30, item 1. 32 one-process jobs of uid 65534, each hung and ignoring the
+    dump signal (a capture waits out its time box), published before root's hung
+    rank: one capture of that uid runs at a time, root's own capture runs beside it,
+    so root's rank has its SIGTERM within seconds, not after the crowd's captures.
+    Every rank signalled has its incident line."""
+    os.chmod(record_dir, 0o1777)
+    daemon = DaemonProc(record_dir, state_dir, deadline=1, evidence_timeout=3, grace=1)
+    crowd: list[Attacker] = []
+    proc = _sleeper()
+    try:
+        daemon.start()
+        for n in range(32):
+            crowd.append(Attacker(record_dir))
+            hung_record_with_dump(record_dir, crowd[-1].pid, OTHER_UID, f"crowd-{n}")
+        wait_for(lambda: any(signal.SIGUSR2 in a.signals() for a in crowd), 20,
+                 what="the crowd's captures under way")
+        publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
+        published = time.monotonic()
+        wait_for(lambda: proc.poll() is not None, 60, what="root's hung rank ended")
+        took = time.monotonic() - published
+        # Without the fairness: 8 rounds of 4 captures of 3 s (24 s) before its own.
+        assert took < 12, f"root's hang was ended {took:.1f}s after its record"
+        wait_for(lambda: all(a.poll() is not None for a in crowd), 90,
+                 what="the crowd's hung ranks ended")
+
+        def journaled() -> bool:
+            ended = {int(pid) for inc in daemon.incidents() for pid in inc["outcome"]}
+            return {a.pid for a in crowd} | {proc.pid} <= ended
+        wait_for(journaled, 30, what="every kill journaled")
+        assert "presumed stuck" not in daemon.log() and "trying those ranks again" \
+            not in daemon.log()
+        victim = next(i for i in daemon.incidents() if i["job"] == "victim")
+        assert victim["outcome"] == {str(proc.pid): "killed"}
+        assert daemon.alive()
+    finally:
+        for attacker in crowd:
+            attacker.close()
+        proc.kill()
+        proc.wait()
+        daemon.stop()
