@@ -22,7 +22,12 @@ from typing import Any
 from watchdog.rank.env import warn as _warn
 
 _dump_file: Any = None
+_dump_path = ""
 _dump_signum = 0
+
+
+class NotOurs(OSError):
+    """Something other than a regular file of ours keeps appearing at the dump path."""
 
 
 def _open_dump(path: str) -> int:
@@ -47,12 +52,12 @@ def _open_dump(path: str) -> int:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         flags |= os.O_EXCL
-    raise OSError(f"{path} keeps being replaced by something not a regular file of ours")
+    raise NotOurs(f"{path} keeps being replaced by something not a regular file of ours")
 
 
 def register_dump(signum: int, path: str) -> int:
     """faulthandler on `signum`, writing every thread's stack next to the record."""
-    global _dump_file, _dump_signum
+    global _dump_file, _dump_path, _dump_signum
     if not signum:
         return 0
     try:
@@ -66,8 +71,8 @@ def register_dump(signum: int, path: str) -> int:
         return 0
     try:
         file = os.fdopen(_open_dump(path), "a")
-    except OSError as err:
-        _warn(f"cannot open the stack dump file ({err}); stack dumps are off")
+    except NotOurs as err:  # a plant: the dumps are off, the rank still watched
+        _warn(f"{err}; stack dumps are off")
         return 0
     try:
         faulthandler.register(signum, file=file, all_threads=True, chain=False)
@@ -77,7 +82,7 @@ def register_dump(signum: int, path: str) -> int:
             os.unlink(path)
         _warn(f"cannot dump stacks on signal {signum} ({err}); stack dumps are off")
         return 0
-    _dump_file, _dump_signum = file, signum
+    _dump_file, _dump_path, _dump_signum = file, path, signum
     return signum
 
 
@@ -93,11 +98,12 @@ def close_dump() -> None:
             _warn(f"could not unregister the stack dump on signal {signum} ({err!r})")
     if file is not None:
         try:
+            empty = os.fstat(file.fileno()).st_size == 0
             file.close()
-            if os.path.getsize(file.name) == 0:
-                os.unlink(file.name)
+            if empty:
+                os.unlink(_dump_path)
         except Exception as err:  # noqa: BLE001
-            _warn(f"could not remove the empty stack file {file.name} ({err!r})")
+            _warn(f"could not remove the empty stack file {_dump_path} ({err!r})")
 
 
 def forget_after_fork() -> None:
