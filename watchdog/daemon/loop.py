@@ -519,8 +519,14 @@ class Daemon:
             def others_live(keys: list[tuple[int, float]] = keys) -> bool:
                 return any(r.state not in FINAL for k, r in self.ranks.items() if k not in keys)
 
-            self.responses.adopt(self.enforcer.resume(entry, others_live), keys,
-                                 self.clock_ns() / 1e9)
+            try:
+                ladder = self.enforcer.resume(entry, others_live)
+            except Exception as err:  # noqa: BLE001 - a bad entry never stops a start
+                self.replaying.difference_update(keys)
+                pending.set_aside(pending.path_of(self.settings.state_dir, entry.incident.id),
+                                  repr(err))
+                continue
+            self.responses.adopt(ladder, keys, self.clock_ns() / 1e9)
 
     # -- publishing ------------------------------------------------------------
 
