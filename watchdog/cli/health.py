@@ -8,10 +8,18 @@ killed job's memory not yet given back): the daemon's baseline, and for a
 relaunch also what `launch` read before its first attempt. Waiting helps
 with the second (memory comes back within the settle time, or the daemon
 flags the node) and with the first only if an operator clears the flag.
+
+Only our own uid's wired memory is held against the node: any user can wire
+memory (`mlock` needs no privilege, an MLX job wires GPU memory), and another
+user's must not keep our job from starting. On Linux the memory other users'
+processes lock (their `VmLck`) is not counted; where it cannot be told apart
+(macOS: GPU memory has no owner to read) and ranks of other users are live, the
+wired check is not judged, and the gate says so.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +28,10 @@ from watchdog.cli.sampling import daemon_status
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.net import cluster
+from watchdog.states import ENDED
 from watchdog.text import printable
+
+ENDED_STATES = {s.value for s in ENDED}
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,46 @@ def wired_now() -> int | None:
         return None
 
 
+def locked_by_others(uid: int, proc: str = "/proc") -> int | None:
+    """Bytes other uids' processes hold locked (their VmLck, Linux), or None where
+    that cannot be read (no /proc: macOS)."""
+    try:
+        pids = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        owner, locked = None, 0
+        for line in text.splitlines():
+            if line.startswith("Uid:"):
+                owner = int(line.split()[1])
+            elif line.startswith("VmLck:"):
+                locked = int(line.split()[1]) * 1024
+        if owner is not None and owner != uid:
+            total += locked
+    return total
+
+
+def _excused(over: int, threshold: int, others_live: bool) -> str | None:
+    """Why wired memory `over` the threshold is not held against the node (a note),
+    or None: it is ours."""
+    foreign = locked_by_others(os.getuid())
+    if foreign is not None:
+        if foreign and over - foreign <= threshold:
+            return (f"{foreign / 2**20:.0f} MiB of wired memory is locked by other users' "
+                    f"processes: not counted")
+        return None
+    if others_live:
+        return ("ranks of other users run here and wired memory has no owner to read: "
+                "the wired check is not judged")
+    return None
+
+
 def check(settings: Settings, reference: Reference | None = None) -> Health:
     flag = journal.reboot_flag(settings.state_dir)
     if flag is not None:
@@ -67,16 +118,26 @@ def check(settings: Settings, reference: Reference | None = None) -> Health:
         notes.append("no daemon running here: wired memory not checked")
     else:
         wired, baseline = snap.wired_bytes, snap.wired_baseline_bytes
+        strangers = any(r.uid not in (None, os.getuid()) and r.state not in ENDED_STATES
+                        for r in snap.ranks)
         if wired is not None and baseline is not None:
             over = wired - baseline
-            if over > settings.wired_threshold:
+            excused = (_excused(over, settings.wired_threshold, strangers)
+                       if over > settings.wired_threshold else None)
+            if excused:
+                notes.append(excused)
+            elif over > settings.wired_threshold:
                 return Health(f"wired memory is {over / 2**20:.0f} MiB above its idle "
                               f"baseline (more than wired_threshold "
                               f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
     if reference is not None:
         now = wired_now()
         above = None if now is None else now - reference.wired
-        if above is not None and above > settings.wired_threshold:
+        excused = (_excused(above, settings.wired_threshold, False)
+                   if above is not None and above > settings.wired_threshold else None)
+        if excused:
+            notes.append(excused)
+        elif above is not None and above > settings.wired_threshold:
             if reference.others_live():
                 notes.append("ranks of other jobs run here: wired memory against the first "
                              "attempt's not judged")
