@@ -15,6 +15,12 @@ user's must not keep our job from starting. On Linux the memory other users'
 processes lock (their `VmLck`) is not counted; where it cannot be told apart
 (macOS: GPU memory has no owner to read) and ranks of other users are live, the
 wired check is not judged, and the gate says so.
+
+A peer that does not answer fails the gate closed: its reboot flag is unknown,
+and anyone can make a peer not answer (its HTTP slots are shared by every local
+user). Only once it has not answered for `PEER_DOWN_AFTER` seconds of the wait
+is it taken for down (a node that is down gets no ranks anyway) and passed over,
+with a note.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from watchdog.states import ENDED
 from watchdog.text import printable
 
 ENDED_STATES = {s.value for s in ENDED}
+PEER_DOWN_AFTER = 30.0  # seconds a peer may not answer before it is taken for down
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,10 @@ def _excused(over: int, threshold: int, others_live: bool) -> str | None:
     return None
 
 
-def check(settings: Settings, reference: Reference | None = None) -> Health:
+def check(settings: Settings, reference: Reference | None = None,
+          peers_down_ok: bool = False) -> Health:
+    """One look. `peers_down_ok`: a peer that does not answer is passed over with a
+    note (else it is the problem: its reboot flag is not known)."""
     flag = journal.reboot_flag(settings.state_dir)
     if flag is not None:
         return Health(f"this node is flagged for reboot ({printable(str(flag.get('reason')))}; "
@@ -145,17 +155,22 @@ def check(settings: Settings, reference: Reference | None = None) -> Health:
                 return Health(f"wired memory is {above / 2**20:.0f} MiB above where it was "
                               f"before the first attempt (more than wired_threshold "
                               f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
-    problem = None
+    problem, unreachable = None, None
     for node in cluster.gather(settings.peers, settings.peer_timeout):
         if not node["ok"]:
-            # Unknown is not sick: a node that is down is no node to start ranks on anyway.
             notes.append(f"peer {node['peer']} unreachable: its reboot flag not checked")
+            unreachable = unreachable or (
+                f"peer {node['peer']} unreachable: its reboot flag not checked (passed "
+                f"over once it has not answered for {PEER_DOWN_AFTER:g}s)")
             continue
         status = node["status"]  # a NodeStatus (cluster.fetch read it through the contract)
         if status.reboot_required and problem is None:
             reason = status.reboot.get("reason") if status.reboot is not None else None
             problem = (f"peer {node['peer']} ({printable(str(status.host))}) is "
                        f"flagged for reboot ({printable(str(reason))})")
+    if problem is None and unreachable is not None and not peers_down_ok:
+        problem = unreachable
+        notes = [n for n in notes if not unreachable.startswith(n)]
     return Health(problem, tuple(notes))
 
 
@@ -169,7 +184,8 @@ def wait_healthy(settings: Settings, timeout: float, *, reference: Reference | N
     `on_wait` hears the problem once, when the first look finds one (so a
     caller can say what it waits for).
     """
-    until = clock() + timeout
+    began = clock()
+    until = began + timeout
     health = check(settings, reference)
     told = False
     while health.problem is not None and clock() < until:
@@ -177,5 +193,5 @@ def wait_healthy(settings: Settings, timeout: float, *, reference: Reference | N
             on_wait(health.problem)
             told = True
         sleep(min(poll, max(0.0, until - clock())))
-        health = check(settings, reference)
+        health = check(settings, reference, peers_down_ok=clock() - began >= PEER_DOWN_AFTER)
     return health

@@ -1,6 +1,7 @@
 """The relaunch gate holds only our own uid's wired memory against the node (issue
 30, item 4): a real process of uid 65534 locking memory with `mlock` (no privilege
-needed) does not refuse our launch; the same memory locked by our uid does."""
+needed) does not refuse our launch; the same memory locked by our uid does. And a
+peer that does not answer fails the gate closed until a bound (item 5)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,26 @@ def test_where_wired_memory_has_no_owner_other_users_ranks_make_it_unjudged(
     assert look.problem is None and any("not judged" in n for n in look.notes), look
     rank["uid"] = os.getuid()
     assert "above its idle baseline" in str(health.check(settings).problem)
+
+
+def test_an_unreachable_peer_fails_closed_until_it_is_taken_for_down(tmp_path, monkeypatch):
+    """Issue 30, item 5: refused while the peer does not answer, passed over (with a
+    note) once it has not answered for PEER_DOWN_AFTER seconds of the wait."""
+    settings = Settings(dir=str(tmp_path / "rec"), state_dir=str(tmp_path / "state"),
+                        peers=("b:9753",))
+    monkeypatch.setattr(health, "daemon_status", lambda _: None)
+    monkeypatch.setattr(health.cluster, "gather",
+                        lambda peers, timeout: [{"peer": "b:9753", "ok": False}])
+    now = [0.0]
+    look = health.wait_healthy(settings, 0, clock=lambda: now[0], sleep=lambda s: None)
+    assert look.problem is not None and "b:9753 unreachable" in look.problem
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    told: list[str] = []
+    look = health.wait_healthy(settings, health.PEER_DOWN_AFTER + 10, poll=1.0,
+                               clock=lambda: now[0], sleep=sleep, on_wait=told.append)
+    assert look.problem is None and any("b:9753 unreachable" in n for n in look.notes)
+    assert told and "unreachable" in told[0]
+    assert now[0] >= health.PEER_DOWN_AFTER
