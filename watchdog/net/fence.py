@@ -16,6 +16,7 @@ cannot be read at start, every fence is refused for that long instead.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -183,7 +184,11 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
         raise FenceRejected(str(err)) from None
     if not nonces.add(fence.nonce, now):
         raise FenceRejected("replayed nonce")
-    return fence
+    # On our clock: the sender's `since` is its wall time, and its clock may be off
+    # ours by up to the window. How long before signing it found the job dead is
+    # measured on its clock alone (skew cancels); that age is taken back from now.
+    age = max(0.0, sent - (fence.since if fence.since is not None else sent))
+    return dataclasses.replace(fence, time=now, since=now - age)
 
 
 def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dict[str, Any]:
