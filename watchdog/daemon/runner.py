@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -48,6 +49,9 @@ def run_daemon(settings: Settings, log_level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    # Whatever umask it inherited (000 from a careless unit): nothing it creates,
+    # parents of its directories included, is writable by others.
+    os.umask(0o022)
     dirs.prepare(settings.dir, settings.state_dir)
     nofile = raise_nofile()
     daemon = Daemon(settings)

@@ -120,7 +120,7 @@ def unfinished(state_dir: str) -> list[Entry]:
     for name in names:
         path = os.path.join(folder, name)
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(journal.open_regular(path), "rb") as f:
                 entry = json.loads(f.read(4 << 20))
             targets = tuple(target_from_json(t) for t in entry["targets"])
             incident = Incident.from_json(entry["incident"])
