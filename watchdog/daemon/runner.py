@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 from typing import Any
 
 from watchdog.daemon.config import Settings
+from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs
 from watchdog.net.metrics import serve
@@ -46,8 +46,9 @@ def raise_nofile() -> str:
 
 def run_daemon(settings: Settings, log_level: str = "info") -> None:
     """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = RotatingStream()  # stderr; rotated in place when a plain file (launchd)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
+    handler.addFilter(RepeatFilter())  # what others can make us log is bounded
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
     # Whatever umask it inherited (000 from a careless unit): nothing it creates,
     # parents of its directories included, is writable by others.

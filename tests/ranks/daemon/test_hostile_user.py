@@ -430,3 +430,29 @@ def test_huge_request_heads_cannot_starve_the_scan(record_dir, state_dir):
         proc.kill()
         proc.wait()
         daemon.stop()
+
+
+def test_what_others_can_make_the_daemon_log_is_bounded(record_dir, state_dir):
+    """Issue 30, item 9. 300 unsigned fences and 300 empty `*.rec` files of fresh
+    names (each a warning): each kind of line is written a few times a minute, the
+    rest counted; the log stays kilobytes, not megabytes an hour."""
+    os.chmod(record_dir, 0o1777)
+    secret = "a secret of sixteen or more"
+    with DaemonProc(record_dir, state_dir, secret=secret) as daemon:
+        url = daemon.url()  # type: ignore[attr-defined]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        for n in range(300):
+            conn = socket.create_connection((host, int(port)), timeout=5)
+            body = b'{"job": "j"}'
+            conn.sendall(b"POST /fence HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            conn.recv(256)
+            conn.close()
+            (record_dir / f"junk-{n}.rec").touch()
+        wait_for(lambda: daemon.log().count("skipping") >= 5, 20, what="the junk seen")
+        time.sleep(2)  # a few scans over all of it
+        log = daemon.log()
+        assert 1 <= log.count("refused a fence") <= 11, log.count("refused a fence")
+        assert log.count("skipping") <= 11, log.count("skipping")
+        assert "counted, not written" in log
+        assert daemon.alive()

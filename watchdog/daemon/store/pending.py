@@ -82,7 +82,7 @@ def target_from_json(data: Any) -> Target:
     """A target as journaled; ValueError unless every field has its type."""
     if not isinstance(data, dict):
         raise ValueError("a target is not an object")
-    values = {}
+    values: dict[str, Any] = {}
     for field in fields(Target):
         if field.name not in data:
             if field.name in ("pid", "start_time", "uid", "job", "rank"):
