@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from watchdog import __version__, record
-from watchdog.daemon import attempts
+from watchdog.daemon import attempts, roomkeeper
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import culprit_of, new_incident
 from watchdog.daemon.act.peers import Peers
@@ -136,6 +136,7 @@ class Daemon:
         now_ns = self.clock_ns()
         now = now_ns / 1e9
         self._collect_finished()
+        roomkeeper.keep_room(self.settings.dir)  # one statvfs; room for every user's ranks
         self.invalid = {}
         seen: set[tuple[int, float]] = set()
         # A job is its owner's uid with its id: job ids are world-readable and

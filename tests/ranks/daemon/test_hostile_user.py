@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.ranks.daemon.test_lost_records import small_disk
+from tests.ranks.daemon.test_lost_records import fill, small_disk
 from tests.support.ranks import DaemonProc, http_get, wait_for
 from tests.support.users import OTHER_UID, UserProc, publish
 from watchdog import record
@@ -456,3 +456,42 @@ def test_what_others_can_make_the_daemon_log_is_bounded(record_dir, state_dir):
         assert log.count("skipping") <= 11, log.count("skipping")
         assert "counted, not written" in log
         assert daemon.alive()
+
+
+def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path):
+    """Issue 30, item 6. The record directory is a 32 MiB tmpfs (standing in for
+    /run); uid 65534 fills it with a file. The daemon frees the reserve (the filler
+    is no record), so root's new rank can still publish its record, and its hang is
+    ended."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="mlxwd-fill-"))  # uid 65534 cannot enter tmp_path
+    os.chmod(base, 0o755)
+    with small_disk(base / "records", "32m") as record_dir:
+        os.chmod(record_dir, 0o1777)
+        state_dir = tmp_path / "state"
+        filler = record_dir / "filler"
+        pid = os.fork()
+        if pid == 0:  # the attacker: uid 65534 writes until the disk is full
+            try:
+                os.setgid(OTHER_UID)
+                os.setuid(OTHER_UID)
+                fill(record_dir)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert filler.stat().st_uid == OTHER_UID
+        assert evidence.free_bytes(str(record_dir)) < 64 << 10
+        proc = _sleeper()
+        try:
+            with DaemonProc(record_dir, state_dir) as daemon:
+                wait_for(lambda: evidence.free_bytes(str(record_dir)) >= 1 << 20, 10,
+                         what="room made in the record directory")
+                assert "not a record" in daemon.log()
+                publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
+                wait_for(lambda: proc.poll() is not None, 30, what="the victim's hang ended")
+                assert daemon.alive()
+        finally:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(base, ignore_errors=True)
