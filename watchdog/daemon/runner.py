@@ -58,7 +58,8 @@ def run_daemon(settings: Settings, log_level: str = "info") -> None:
     daemon = Daemon(settings)
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
-                       daemon.fence_request if settings.secret else None)
+                       daemon.fence_request if settings.secret else None,
+                       peers=settings.peers)
     except OSError as err:
         raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
     log = logging.getLogger("watchdog")

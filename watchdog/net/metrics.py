@@ -20,6 +20,9 @@ scan. `/metrics` and `/status` are rendered once per snapshot, not per request.
 And connections are accepted at most `ACCEPTS_PER_SECOND` (the accepting thread
 waits, the rest stays in the kernel's backlog): whatever clients do, HTTP costs
 the daemon's interpreter a bounded share, never the scan's.
+Connections from the configured peers' addresses have slots of their own
+(`PEER_CONNECTIONS`) and are not paced: a local user holding every shared slot
+cannot keep a peer's fence out, nor its read of our reboot flag.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ MAX_CONNECTIONS = 32  # served at once; Prometheus, a dashboard and a few CLIs n
 REQUEST_SECONDS = 10.0  # a whole request, from accept to the last byte sent
 MAX_HEAD_BYTES = 16 << 10  # the request line and every header, in all
 MAX_HEADERS = 32  # header lines (a scrape sends 5, a signed fence 8)
+PEER_CONNECTIONS = 16  # slots of the peers' own addresses, beside the shared ones
 ACCEPTS_PER_SECOND = 100.0  # a scrape every few seconds, a few CLIs: far below this
 FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
 Snapshot = Callable[[], NodeStatus]
@@ -298,8 +302,11 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 64  # socketserver's 5 drops a burst of scrapes and CLIs
 
     def __init__(self, address: tuple[str, int], snapshot: Snapshot,
-                 healthy: Callable[[], bool], fence: FenceHandler | None) -> None:
+                 healthy: Callable[[], bool], fence: FenceHandler | None,
+                 peers: tuple[str, ...] = ()) -> None:
         self.snapshot = snapshot
+        self.peer_hosts = _addresses(peers)
+        self.peer_open: set[Any] = set()  # connections in the peers' own slots
         self.healthy = healthy
         self.fence = fence
         self.open: dict[socket.socket, float] = {}  # connection -> monotonic accept time
@@ -336,9 +343,18 @@ class _Server(ThreadingHTTPServer):
         self._tokens -= 1.0
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        if client_address and client_address[0] in self.peer_hosts:
+            with self._open_lock:
+                ours = len(self.peer_open) < PEER_CONNECTIONS
+                if ours:
+                    self.peer_open.add(request)
+                    self.open[request] = time.monotonic()  # the whole-request time too
+            if ours:
+                super().process_request(request, client_address)
+                return  # else: a shared slot, as anyone's
         self._pace()
         with self._open_lock:
-            full = len(self.open) >= MAX_CONNECTIONS
+            full = len(self.open) - len(self.peer_open) >= MAX_CONNECTIONS
             if not full:
                 self.open[request] = time.monotonic()
         if full:
@@ -356,6 +372,7 @@ class _Server(ThreadingHTTPServer):
         finally:
             with self._open_lock:
                 self.open.pop(request, None)
+                self.peer_open.discard(request)
 
     def service_actions(self) -> None:
         """Between accepts (every poll): cut connections past their whole-request time."""
@@ -369,15 +386,27 @@ class _Server(ThreadingHTTPServer):
                 continue
 
 
+def _addresses(peers: tuple[str, ...]) -> frozenset[str]:
+    """The IP addresses the peers (HOST:PORT) resolve to now (best effort)."""
+    found: set[str] = set()
+    for peer in peers:
+        host = peer.rsplit(":", 1)[0].strip("[]")
+        try:
+            found.update(str(info[4][0]) for info in socket.getaddrinfo(host, None))
+        except (OSError, UnicodeError):
+            log.warning("peer %s does not resolve: it gets no slots of its own", peer)
+    return frozenset(found)
+
+
 def serve(address: tuple[str, int], snapshot: Snapshot,
-          healthy: Callable[[], bool], fence: FenceHandler | None = None
-          ) -> ThreadingHTTPServer:
+          healthy: Callable[[], bool], fence: FenceHandler | None = None,
+          peers: tuple[str, ...] = ()) -> ThreadingHTTPServer:
     """Start the endpoint on a background thread; returns the server (to shut down).
 
     `fence` handles `POST /fence` (headers, body) -> (status, JSON answer);
     without it every POST is refused.
     """
-    server = _Server(address, snapshot, healthy, fence)
+    server = _Server(address, snapshot, healthy, fence, peers)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               name="http", daemon=True)
     thread.start()
