@@ -51,18 +51,27 @@ def _locker(uid: int) -> tuple[int, int]:
 def test_memory_locked_by_another_user_does_not_refuse_our_launch(tmp_path, uid, fit):
     settings = Settings(dir=str(tmp_path / "rec"), state_dir=str(tmp_path / "state"),
                         wired_threshold=EACH * LOCKERS // 2)
+    # The machine is shared: a test elsewhere may lock memory as root meanwhile (it
+    # would count as ours). A look spoiled that way is taken again, up to 3 times.
+    for _ in range(3):
+        look = _look_with_lockers(settings, uid)
+        if (look.problem is None) == fit:
+            break
+    if fit:
+        assert look.problem is None, look
+        assert any("locked by other users' processes" in n for n in look.notes), look
+    else:
+        assert look.problem is not None and "above where it was" in look.problem
+
+
+def _look_with_lockers(settings: Settings, uid: int) -> health.Health:
     before = health.wired_now()
     assert before is not None
     reference = health.Reference(before, lambda: False)  # no other job's ranks either
     lockers = [_locker(uid) for _ in range(LOCKERS)]
     try:
         assert all(os.read(read, 1) == b"1" for _, read in lockers), "mlock failed"
-        look = health.check(settings, reference)
-        if fit:
-            assert look.problem is None, look
-            assert any("locked by other users' processes" in n for n in look.notes), look
-        else:
-            assert look.problem is not None and "above where it was" in look.problem
+        return health.check(settings, reference)
     finally:
         for pid, read in lockers:
             os.kill(pid, signal.SIGKILL)
