@@ -2,10 +2,14 @@
 refused fence, a junk file in the record directory, a refused connection) must
 not grow its log without bound.
 
-A line is known by its logger, level and format string (not its arguments: a
-flood of files with fresh names is one kind of line). Each kind gets `burst`
-lines per `window` seconds; past that they are counted, not written, and the
-first line of the kind after the window says how many were left out.
+Warnings are what another user can cause for free (a refused fence or
+connection, a junk file in the record directory); a warning is known by its
+logger and format string (not its arguments: a flood of files with fresh names
+is one kind of line). Each kind gets `burst` lines per `window` seconds; past
+that they are counted, not written, and the first line of the kind after the
+window says how many were left out. Information about ranks (each costs its
+owner a process) and errors (a kill, a failure of the daemon's own) are always
+written.
 
 And the log file itself is bounded: when stderr is a plain file (launchd's
 StandardErrorPath, never rotated by launchd) it is rotated in place
@@ -36,8 +40,8 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info:
-            return True  # a traceback is never left out
+        if record.levelno != logging.WARNING or record.exc_info:
+            return True  # see the module's docstring; a traceback is never left out
         kind = (record.name, record.levelno, str(record.msg))
         now = self.clock()
         with self._lock:

@@ -18,6 +18,10 @@ def test_each_kind_is_written_a_burst_a_window_and_the_rest_is_counted() -> None
     assert len(written) == 4  # the burst, and one saying the rest is counted
     assert "counted, not written" in written[-1].getMessage()
     assert rate.filter(_record("another kind %s", 1))  # other lines are not held back
+    for level in (logging.INFO, logging.ERROR):  # ranks' news and errors: always written
+        assert all(rate.filter(logging.LogRecord("watchdog.x", level, __file__, 1,
+                                                 "pid %s exited", (n,), None))
+                   for n in range(50))
     now[0] = 61.0
     after = _record("skipping %r: %s", "late", "x")
     assert rate.filter(after)
