@@ -467,31 +467,33 @@ def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path):
 
     base = Path(tempfile.mkdtemp(prefix="mlxwd-fill-"))  # uid 65534 cannot enter tmp_path
     os.chmod(base, 0o755)
-    with small_disk(base / "records", "32m") as record_dir:
-        os.chmod(record_dir, 0o1777)
-        state_dir = tmp_path / "state"
-        filler = record_dir / "filler"
-        pid = os.fork()
-        if pid == 0:  # the attacker: uid 65534 writes until the disk is full
+    try:
+        with small_disk(base / "records", "32m") as record_dir:
+            os.chmod(record_dir, 0o1777)
+            state_dir = tmp_path / "state"
+            filler = record_dir / "filler"
+            pid = os.fork()
+            if pid == 0:  # the attacker: uid 65534 writes until the disk is full
+                try:
+                    os.setgid(OTHER_UID)
+                    os.setuid(OTHER_UID)
+                    fill(record_dir)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+            assert filler.stat().st_uid == OTHER_UID
+            assert evidence.free_bytes(str(record_dir)) < 64 << 10
+            proc = _sleeper()
             try:
-                os.setgid(OTHER_UID)
-                os.setuid(OTHER_UID)
-                fill(record_dir)
+                with DaemonProc(record_dir, state_dir) as daemon:
+                    wait_for(lambda: evidence.free_bytes(str(record_dir)) >= 1 << 20, 10,
+                             what="room made in the record directory")
+                    assert "not a record" in daemon.log()
+                    publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
+                    wait_for(lambda: proc.poll() is not None, 30, what="the victim's hang ended")
+                    assert daemon.alive()
             finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
-        assert filler.stat().st_uid == OTHER_UID
-        assert evidence.free_bytes(str(record_dir)) < 64 << 10
-        proc = _sleeper()
-        try:
-            with DaemonProc(record_dir, state_dir) as daemon:
-                wait_for(lambda: evidence.free_bytes(str(record_dir)) >= 1 << 20, 10,
-                         what="room made in the record directory")
-                assert "not a record" in daemon.log()
-                publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
-                wait_for(lambda: proc.poll() is not None, 30, what="the victim's hang ended")
-                assert daemon.alive()
-        finally:
-            proc.kill()
-            proc.wait()
-    shutil.rmtree(base, ignore_errors=True)
+                proc.kill()
+                proc.wait()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
