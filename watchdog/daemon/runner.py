@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
-import sys
 from typing import Any
 
 from watchdog.daemon.config import Settings
+from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs
 from watchdog.net.metrics import serve
@@ -45,15 +46,20 @@ def raise_nofile() -> str:
 
 def run_daemon(settings: Settings, log_level: str = "info") -> None:
     """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = RotatingStream()  # stderr; rotated in place when a plain file (launchd)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
+    handler.addFilter(RepeatFilter())  # what others can make us log is bounded
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    # Whatever umask it inherited (000 from a careless unit): nothing it creates,
+    # parents of its directories included, is writable by others.
+    os.umask(0o022)
     dirs.prepare(settings.dir, settings.state_dir)
     nofile = raise_nofile()
     daemon = Daemon(settings)
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
-                       daemon.fence_request if settings.secret else None)
+                       daemon.fence_request if settings.secret else None,
+                       peers=settings.peers)
     except OSError as err:
         raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
     log = logging.getLogger("watchdog")
