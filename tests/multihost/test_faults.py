@@ -182,7 +182,7 @@ def never_healthy_while_cut_off(host, job, until_gone: float) -> list[str]:
                      and r.get("state") not in ("killed", "exited")]
             if cut and waits:
                 assert j["state"] != "healthy" and code != 0, (code, view)
-        assert code != 2, f"no node answered, not even this host's own daemon: {view}"
+        assert code != 4, f"no node answered, not even this host's own daemon: {view}"
     return states
 
 

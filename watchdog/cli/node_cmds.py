@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from watchdog.cli.exits import SetupError
 from watchdog.cli.options import STATE_ENV, state_option
 from watchdog.daemon.store import journal
 from watchdog.status import Incident
@@ -18,7 +19,7 @@ from watchdog.text import printable
 
 def _existing_state_dir(state_dir: str) -> None:
     if not os.path.isdir(state_dir):
-        raise click.ClickException(f"state directory {state_dir} does not exist (set "
+        raise SetupError(f"state directory {state_dir} does not exist (set "
                                    f"--state-dir or {STATE_ENV}; the daemon creates it)")
 
 
@@ -163,7 +164,7 @@ def clear_reboot(state_dir: str) -> None:
     try:
         cleared = journal.clear_reboot_flag(state_dir)
     except PermissionError:
-        raise click.ClickException(f"permission denied in {state_dir} (run as root)") from None
+        raise SetupError(f"permission denied in {state_dir} (run as root)") from None
     click.echo("reboot flag cleared" if cleared else "no reboot flag was set")
 
 
@@ -188,6 +189,7 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
     from watchdog.cli.health import wait_healthy
     from watchdog.cli.relaunch import EXIT_REFUSED
 
+    _existing_state_dir(state_dir)  # no daemon has ever run here: not known to be fit
     settings = dataclasses.replace(node_.settings, state_dir=state_dir)
     health = wait_healthy(settings, settings.health_timeout if timeout is None else timeout,
                           on_wait=lambda problem: click.echo(

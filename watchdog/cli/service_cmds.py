@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from watchdog.cli.exits import SetupError
+
 
 @click.group()
 def service() -> None:
@@ -68,14 +70,14 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     try:
         written = svc.install(kind, path, **kwargs)
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     click.echo(f"wrote {written}")
     if path is None:
         try:
             if svc.write_default_config(config_path):
                 click.echo(f"wrote {config_path} (every key at its default)")
         except OSError as err:
-            raise click.ClickException(f"cannot write {config_path}: {err.strerror}") from None
+            raise SetupError(f"cannot write {config_path}: {err.strerror}") from None
     if not (path is None if load is None else load):
         click.echo("load it with:")
         for argv in ctl.activation_commands(kind, written):
@@ -85,7 +87,7 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
         for argv in ctl.load(kind, written):
             click.echo(f"ran: {ctl.shell_line(argv)}")
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     click.echo(f"the {kind} service is loaded; check it with: mlx-watchdog doctor")
 
 
@@ -103,7 +105,7 @@ def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
     try:
         ran, removed = ctl.uninstall(kind, target)
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     for argv in ran:
         click.echo(f"ran: {ctl.shell_line(argv)}")
     click.echo(f"removed {target}" if removed else f"no {target} to remove")
@@ -122,5 +124,5 @@ def service_restart(launchd: bool, systemd: bool) -> None:
     try:
         ctl.run_command(argv)
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     click.echo(f"ran: {ctl.shell_line(argv)}")

@@ -120,7 +120,10 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         hung = True  # its peers are gone and a stopped rank of it is left behind
     # A rank behind an unreachable node cannot be seen: while another rank of the
     # job waits (on it, perhaps), the job is not known to be healthy.
-    unknown = not hung and bool(waiting and missing and unreachable)
+    # Nor known to be over: a rank ended here says nothing of one behind a node
+    # that does not answer, which may still hold the job's other ranks.
+    unknown = not hung and bool(missing and unreachable) and bool(
+        waiting or any(s.rank.state in ENDED for s in seen))
     # Every rank gone, or the watchdog ended some: the job is over, whatever waits.
     ended = not hung and not unknown and bool(seen) and (
         all(s.rank.state in ENDED for s in seen)
