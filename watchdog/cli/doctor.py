@@ -84,8 +84,18 @@ def check_state(state_dir: str) -> list[Line]:
     except OSError as err:
         return [(FAIL, f"state directory {state_dir}: {err.strerror}")]
     st = os.stat(state_dir)
-    return [(OK, f"state directory {state_dir}: owner uid {st.st_uid}, mode "
-                 f"{st.st_mode & 0o7777:o}")]
+    lines: list[Line] = [(OK, f"state directory {state_dir}: owner uid {st.st_uid}, mode "
+                              f"{st.st_mode & 0o7777:o}")]
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        from watchdog.cli.sampling import daemon_status
+
+        snap = daemon_status(state_dir)
+        if snap is None:  # nobody keeps it: the daemon would be this user, and refuse
+            lines.append((FAIL, f"this user (uid {os.geteuid()}) cannot write in {state_dir} "
+                                "and no daemon publishes there: `mlx-watchdog run` as this "
+                                "user would refuse to start; run it as root (the service), "
+                                "or pass --state-dir a directory this user owns"))
+    return lines
 
 
 def check_daemon(listen: str, state_dir: str) -> list[Line]:
