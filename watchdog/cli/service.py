@@ -266,6 +266,8 @@ Type=notify
 NotifyAccess=main
 WatchdogSec=30
 ExecStart={exec_start}
+# SIGHUP reloads the config file (mode, deadlines, peers, secret): systemctl reload
+ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
 RestartSec=2
 # Descriptors: one pidfd per watched rank, the HTTP clients, the probes.

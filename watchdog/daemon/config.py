@@ -62,6 +62,7 @@ class Settings:
     peers: tuple[str, ...] = field(default_factory=tuple)
     peer_timeout: float = 1.0
     secret: str | None = None
+    job_label: str = "mlx_job"
     # `mlx-watchdog launch` (the daemon ignores these): relaunching a torn-down job.
     restart: int = 0
     restart_on: str = "torn-down"
@@ -137,6 +138,9 @@ SPECS: dict[str, Spec] = {
     "peer_timeout": _seconds("seconds to wait for each peer"),
     "secret": Spec("shared secret for job fences between nodes (unset: fences off)", "secret",
                    "TEXT"),
+    "job_label": Spec("the metrics' label naming the MLX job: mlx_job, or job (the old "
+                      "name, kept for one release; it needs honor_labels)", "choice",
+                      choices=("mlx_job", "job")),
     "restart": Spec("launch: relaunch a torn-down job up to this many times", "whole", "COUNT",
                     low=0),
     "restart_on": Spec("launch: torn-down (the watchdog or a fence ended it, or a rank died "

@@ -125,13 +125,18 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
     daemon = Daemon(settings)
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
-                       daemon.fence_request if settings.secret else None)
+                       daemon.fence_request if settings.secret else None,
+                       job_label=settings.job_label)
     except OSError as err:
         raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
     log = logging.getLogger("watchdog")
     if nofile:
         log.log(logging.WARNING if nofile.startswith("cannot") else logging.INFO, "%s", nofile)
     log.info("serving /metrics /status /healthz on http://%s:%s", *server.server_address[:2])
+    if settings.job_label == "job":
+        log.warning("job_label = \"job\": rank series name the MLX job `job` (deprecated, "
+                    "removed in the next release; scrape with honor_labels, or move to "
+                    "mlx_job: docs/operations.md, Upgrading)")
     for level, line in describe(settings, config_path):
         log.log(level, "%s", line)
 

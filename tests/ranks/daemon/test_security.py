@@ -95,8 +95,8 @@ def test_hostile_strings_stay_inside_their_log_line_label_and_file(tmp_path, rec
 
         # JSON and Prometheus carry the strings as the record decodes them, escaped.
         assert inc["job"] == rec.job and status["host"]
-        labels = {s.labels["job"] for f in families.values() for s in f.samples
-                  if "job" in s.labels}
+        labels = {s.labels["mlx_job"] for f in families.values() for s in f.samples
+                  if "mlx_job" in s.labels}
         assert rec.job in labels, labels
         assert json.loads(json.dumps(inc))["job"] == rec.job
 
