@@ -23,7 +23,8 @@ def cluster() -> None:
               envvar="MLX_WATCHDOG_CONFIG", help="Take the peers from this config file.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds to wait for each node.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="The nodes and the judged jobs as one JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @state_option

@@ -65,7 +65,8 @@ def run(node: Node, /, config_path: str | None, log_level: str, **options: Any) 
 @cli.command()
 @dir_option
 @state_option
-@click.option("--listen", default=Settings().listen, show_default=True)
+@click.option("--listen", default=Settings().listen, show_default=True,
+              help="Where the daemon serves /healthz (its listen setting).")
 def doctor(record_dir: str, state_dir: str, listen: str) -> None:
     """Check this node's setup and say what to fix."""
     from watchdog.cli.doctor import run_checks
@@ -78,8 +79,10 @@ def doctor(record_dir: str, state_dir: str, listen: str) -> None:
 
 
 @cli.command()
-@click.option("--ranks", type=click.IntRange(2, 8), default=3, show_default=True)
-@click.option("--deadline", type=click.FloatRange(min=1), default=4.0, show_default=True)
+@click.option("--ranks", type=click.IntRange(2, 8), default=3, show_default=True,
+              help="Ranks of the local MLX ring job.")
+@click.option("--deadline", type=click.FloatRange(min=1), default=4.0, show_default=True,
+              help="Seconds a wait may last before the demo's daemon judges it hung.")
 @click.option("--fault", type=click.Choice(["stop", "kill", "mismatch"]), default="stop",
               show_default=True, help="Freeze a rank, kill one, or leave one waiting in "
               "a recv nobody sends.")
@@ -129,6 +132,9 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
     from watchdog.cli.options import DIR_ENV
     from watchdog.cli.supervisor import LaunchFailed, Plan, Supervisor
 
+    if not args:  # a usage error, not an attempt that failed (exit 10, journalled)
+        raise click.UsageError("nothing to launch: give mlx.launch's arguments and the "
+                               "program, e.g. mlx-watchdog launch --hostfile h.json train.py")
     try:
         mlx_launch = find_mlx_launch()
     except LauncherError as err:

@@ -25,7 +25,7 @@ def _existing_state_dir(state_dir: str) -> None:
 
 @click.command()
 @state_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of the incidents.")
 @click.option("--last", type=click.IntRange(min=1), help="Only the last N incidents.")
 def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     """The incident journal: what the watchdog found and did, and what `launch` did
@@ -131,7 +131,8 @@ def node() -> None:
 
 @node.command("status")
 @state_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: the reboot flag, the daemon, wired memory.")
 def node_status(state_dir: str, as_json: bool) -> None:
     """Is this node flagged for reboot?"""
     _existing_state_dir(state_dir)

@@ -44,6 +44,23 @@ def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[s
                       state_dir=service.DEFAULT_STATE_DIR[kind])
 
 
+def _check_config(config_path: str, writes_default: bool) -> None:
+    """The service runs `run --config FILE`: a file it cannot use would have it fail at
+    every start, so it is checked before anything is installed (a bad value: exit 2;
+    a missing file where none is written: exit 3)."""
+    import os
+
+    from watchdog.daemon.config import load
+
+    if not os.path.lexists(config_path):
+        if writes_default:
+            return  # written below (every key at its default), or the default one
+        raise SetupError(f"config file {config_path} does not exist: the service would fail "
+                         "at every start; create it first, or install to the system "
+                         "location, which writes it")
+    load(config_path, {})
+
+
 @service.command("print")
 @_service_options
 def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
@@ -67,6 +84,10 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     from watchdog.cli import servicectl as ctl
 
     kind, kwargs = _render(launchd, systemd, config_path)
+    named = click.get_current_context().get_parameter_source("config_path") not in (
+        click.core.ParameterSource.DEFAULT, None)
+    # A file named on purpose must be there; the default one is written (system install).
+    _check_config(config_path, writes_default=path is None or not named)
     try:
         written = svc.install(kind, path, **kwargs)
     except svc.ServiceError as err:

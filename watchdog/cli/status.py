@@ -111,7 +111,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
 @click.command()
 @click.argument("pid", type=click.IntRange(min=1))
 @dir_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: threads, counters, flight recorder.")
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
     from watchdog.cli.inspect import describe, render_text

@@ -104,8 +104,8 @@ SPECS: dict[str, Spec] = {
     "dir": Spec("record directory the ranks publish into", "text", "DIR"),
     "state_dir": Spec("journal, reboot flag, evidence and status.json", "text", "DIR"),
     "interval": _seconds("seconds between scans"),
-    "deadline": Spec("seconds a wait may last, or 'auto' to learn it per rank", "deadline",
-                     "SECONDS|auto", low=0, above=True),
+    "deadline": Spec("seconds a wait may last, or 'auto' to learn it per job and kind of wait",
+                     "deadline", "SECONDS|auto", low=0, above=True),
     "auto_factor": Spec("auto: the deadline is this many times the longest completed wait",
                         "number", "FACTOR", low=0, above=True),
     "auto_floor": _seconds("auto: never a deadline under this many seconds"),
@@ -238,6 +238,8 @@ def coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
         if spec.kind == "listen":
             parse_listen(value)
+        if spec.choices and value.lower() in spec.choices:
+            value = value.lower()  # --mode ENFORCE, as its metavar shows it
         if spec.choices and value not in spec.choices:
             raise ConfigError(f"{key} must be {' or '.join(map(repr, spec.choices))}, "
                               f"got {value!r}")
