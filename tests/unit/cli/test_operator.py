@@ -73,13 +73,19 @@ def config(path: Path, tmp_path: Path, **keys: object) -> Path:
 
 @pytest.mark.slow
 def test_run_reads_the_config_given_to_the_group_as_every_command_does(tmp_path):
-    cfg = config(tmp_path / "obs.toml", tmp_path, mode="observe", deadline="45s")
+    cfg = config(tmp_path / "obs.toml", tmp_path, mode="observe", deadline="45s",
+                 peers=["10.0.0.2:9753"])
     daemon = Daemon(tmp_path, ["--config", cfg, "run"])
     try:
         log = daemon.wait_log("watching")
     finally:
         assert daemon.stop() == 0
     assert f"settings from {cfg}" in log, log
+    # 7. The start says whether peers and fences are on, and that no peer can reach a
+    # loopback listen address.
+    assert "INFO peers 10.0.0.2:9753 (timeout 1s); fences off (no secret)" in log, log
+    assert ("WARNING listen 127.0.0.1:0 is loopback but peers are configured: no peer can "
+            "reach this node") in log, log
     watching = next(line for line in log.splitlines() if "watching" in line)
     assert f"watching {tmp_path / 'rec'} " in watching and "mode observe" in watching, log
     assert "deadline 45" in watching, watching
@@ -220,7 +226,7 @@ def test_setup_and_usage_errors_never_share_a_verdicts_code(tmp_path):
             (["node", "wait-healthy", "--timeout", "0", "--state-dir", missing], 3,
              f"state directory {missing} does not exist"),
             (["cluster", "status", "notahostport"], 2, "'notahostport' is not HOST:PORT"),
-            (["run", "--grace", "ten"], 2, "grace must be a number (e.g. 10 or 10s")):
+            (["run", "--grace", "ten"], 2, "'--grace': must be a number (e.g. 10 or 10s")):
         result = runner.invoke(cli, [str(a) for a in args])
         assert result.exit_code == code, (args, result.exit_code, result.output)
         assert said in result.output, (args, result.output)
@@ -269,3 +275,49 @@ def test_sighup_reloads_mode_deadlines_peers_and_secret_and_logs_what_changed(tm
     finally:
         assert daemon.stop() == 0
     assert not (tmp_path / "rec" / journal.POINTER).exists()
+
+
+# -- 8, 9, 10: what a person types -----------------------------------------------------------
+
+
+def test_help_units_and_errors_speak_of_what_was_typed(tmp_path):
+    runner = CliRunner()
+    for args, shown in ((["inspect", "--help"], "--json One JSON object"),
+                        (["incidents", "--help"], "--json One JSON list"),
+                        (["node", "status", "--help"], "--json One JSON object"),
+                        (["cluster", "status", "--help"], "--json The nodes and the judged"),
+                        (["doctor", "--help"], "Where the daemon serves /healthz"),
+                        (["demo", "--help"], "Ranks of the local MLX ring job"),
+                        (["run", "--help"], "learn it per job and kind of wait")):
+        out = " ".join(runner.invoke(cli, args).output.split())
+        assert shown in out, (args, out)
+    # The metavar says ENFORCE|OBSERVE: so typed, it is taken.
+    from watchdog.daemon.config import coerce
+
+    assert coerce("mode", "ENFORCE") == "enforce" and coerce("kill_scope", "Rank") == "rank"
+    # A flag's error names the flag, not the config file's key.
+    result = runner.invoke(cli, ["run", "--grace", "0"])
+    assert result.exit_code == 2 and "'--grace': must be > 0" in result.output, result.output
+
+
+def test_launch_with_nothing_to_launch_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(cli, ["launch", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "nothing to launch" in result.output and "attempt" not in result.output
+    assert not (tmp_path / "launches.jsonl").exists()  # no failed attempt journalled
+
+
+def test_service_install_checks_the_config_file_it_names(tmp_path):
+    unit = tmp_path / "mlx-watchdog.service"
+    missing = tmp_path / "nonexistent.toml"
+    result = CliRunner().invoke(cli, ["service", "install", "--systemd", "--path", str(unit),
+                                      "--config", str(missing)])
+    assert result.exit_code == 3, result.output
+    assert f"config file {missing} does not exist" in result.output
+    assert not unit.exists()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('mode = "enforcing"\n')
+    done = cli_proc(["service", "install", "--systemd", "--path", unit, "--config", bad])
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "mlx-watchdog: mode must be 'enforce' or 'observe', got 'enforcing'"], done.stderr
+    assert not unit.exists()
