@@ -321,3 +321,41 @@ def test_service_install_checks_the_config_file_it_names(tmp_path):
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "mlx-watchdog: mode must be 'enforce' or 'observe', got 'enforcing'"], done.stderr
     assert not unit.exists()
+
+
+# -- 11. the demo's story matches its own lines ---------------------------------------------
+
+
+def test_the_demo_never_promises_a_cpu_figure_its_lines_may_contradict():
+    """The verdict reads what a thread wants (demand); the lines show the share it got,
+    which on a loaded machine is far below a core: the story must not say ~100%."""
+    import shutil
+
+    from watchdog.cli.demo import Demo
+    from watchdog.cli.demo.job import _Rank
+    from watchdog.status import RankStatus
+
+    told: list[str] = []
+    demo = Demo(ranks=2, deadline=4, fault="stop", echo=told.append)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        demo.ranks = [_Rank(n, p, "") for n, p in enumerate(sleepers)]
+        demo.inject(demo_result())
+        seen = {0: RankStatus(job="demo", pid=sleepers[0].pid, rank=0, state="stalled",
+                              phase="wait", seconds_in_wait=6.0, current_op="eval (all_sum #9)",
+                              busiest_thread_cpu=0.0)}
+        told.append(demo.state_line(seen))
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+        shutil.rmtree(demo.tmp, ignore_errors=True)
+    story = " ".join(" ".join(told).split())
+    assert "100%" not in story, story
+    assert "wants a whole core" in story and "busiest thread got 0% of a core" in story, story
+
+
+def demo_result():
+    from watchdog.cli.demo import _Result
+
+    return _Result()
