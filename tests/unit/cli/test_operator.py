@@ -359,3 +359,30 @@ def demo_result():
     from watchdog.cli.demo import _Result
 
     return _Result()
+
+
+# -- 14. doctor in a job's environment: its hook against the daemon's version ----------------
+
+
+@pytest.mark.parametrize("daemon_version, level, said", [
+    ("999.0.0", "warn", "is older than the daemon's 999.0.0"),
+    ("0.0.1", "fail", "is newer than the daemon's 0.0.1: the daemon may not read"),
+])
+def test_doctor_compares_this_environments_hook_with_the_daemons_version(
+        tmp_path, daemon_version, level, said):
+    import time
+
+    from watchdog import __version__
+    from watchdog.cli.doctor import check_versions
+
+    state = tmp_path / "state"
+    state.mkdir()
+    snap = {"host": "h", "daemon_pid": os.getpid(), "version": daemon_version,
+            "interval": 1.0, "scan_monotonic": time.monotonic(), "ranks": []}
+    (state / journal.STATUS).write_text(json.dumps(snap))
+    lines = check_versions(str(state))
+    assert [lvl for lvl, _ in lines] == [level], lines
+    assert f"mlx-watchdog {__version__} (the hook its ranks load) {said}" in lines[0][1]
+    snap["version"] = __version__
+    (state / journal.STATUS).write_text(json.dumps(snap))
+    assert check_versions(str(state))[0][0] == "ok"
