@@ -53,6 +53,9 @@ def run(node: Node, /, config_path: str | None, log_level: str, **options: Any) 
 
     if config_path is None and (node.explicit or os.path.lexists(node.config_path)):
         config_path = node.config_path  # the daemon must not ignore a file it cannot read
+        if not node.explicit and not os.access(config_path, os.R_OK):
+            raise exits.SetupError(f"cannot read {config_path}, this node's config (run as "
+                                   "root, or name another file with --config)")
     # Each --peers value is already a checked tuple (commas allowed): join them.
     options["peers"] = tuple(p for given in options.get("peers") or () for p in given) or None
     try:
