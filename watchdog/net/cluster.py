@@ -151,7 +151,7 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         r = stopped[0]
         culprit = _culprit(r, f"stopped at {_where(r.rank)} while its peers wait")
         note = f"rank {r.rank.rank} is stopped at {_where(r.rank)}"
-    elif gone:
+    elif gone and not unknown:
         r = gone[0]
         culprit = _culprit(r, f"{r.rank.state} at {_where(r.rank)}: "
                               f"{r.rank.reason or ''}".strip())
@@ -170,6 +170,10 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         r = min(seen, key=_last)
         culprit = _culprit(r, f"furthest behind, at {_where(r.rank)}")
         note = f"rank {r.rank.rank} is furthest behind at {_where(r.rank)}"
+    if unknown and gone:  # what is known of the job: its ranks that ended here
+        note += "; " + "; ".join(
+            f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
+            + (f" ({s.rank.reason})" if s.rank.reason else "") for s in gone)
     view["culprit"] = culprit
     view["evidence"] = f"{wait_note}; {note}"
     return view

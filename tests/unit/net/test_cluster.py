@@ -257,7 +257,9 @@ def test_a_job_the_watchdog_ended_says_so():
     # One rank killed, its peer behind an unreachable node: that peer is not known to
     # have ended (the fence may not have reached it), so the job is not known over.
     behind = cluster.judge_job("j", [killed], ["b:9753"])
-    assert behind["state"] == "unknown" and behind["missing_ranks"] == [1], behind
+    assert behind["state"] == "unknown" and behind["culprit"]["rank"] == 1, behind
+    assert "unreachable: b:9753" in behind["culprit"]["reason"]
+    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in behind["evidence"]
     # A clean end: every rank exited.
     done = cluster.judge_job("j", [rank(0, "exited", "running", world=2),
                                    rank(1, "exited", "running", world=2)], [])
