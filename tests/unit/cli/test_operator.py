@@ -307,6 +307,7 @@ def test_launch_with_nothing_to_launch_is_a_usage_error(tmp_path):
     assert not (tmp_path / "launches.jsonl").exists()  # no failed attempt journalled
 
 
+@pytest.mark.slow
 def test_service_install_checks_the_config_file_it_names(tmp_path):
     unit = tmp_path / "mlx-watchdog.service"
     missing = tmp_path / "nonexistent.toml"
@@ -326,6 +327,7 @@ def test_service_install_checks_the_config_file_it_names(tmp_path):
 # -- 11. the demo's story matches its own lines ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_demo_never_promises_a_cpu_figure_its_lines_may_contradict():
     """The verdict reads what a thread wants (demand); the lines show the share it got,
     which on a loaded machine is far below a core: the story must not say ~100%."""
