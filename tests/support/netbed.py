@@ -78,8 +78,11 @@ class Host:
 
     # -- its daemon ----------------------------------------------------------------
 
-    def new_daemon(self, fences: bool, **options: object) -> DaemonProc:
-        """A fresh daemon (new record and state directories) for this host."""
+    def new_daemon(self, fences: bool, at_defaults: bool = False,
+                   **options: object) -> DaemonProc:
+        """A fresh daemon (new record and state directories) for this host: the bed's
+        short timings, or (`at_defaults`) every setting at its default but the
+        directories, the address, the peers and the secret, as an operator runs it."""
         run = self.root / f"run{self.bed.next_id()}"
         (run / "records").mkdir(parents=True)
         peers = [h.endpoint for h in self.bed.hosts if h is not self]
@@ -88,12 +91,16 @@ class Host:
             args += ["--secret", SECRET]
         settings = {**TIMINGS, "listen": self.endpoint, **options}
         daemon = DaemonProc(run / "records", run / "state", *args, **settings)
+        if at_defaults:
+            daemon.argv = [*daemon.argv[:daemon.argv.index("--log-level") + 2], *args,
+                           "--listen", self.endpoint]
         daemon.argv = self.wrap(daemon.argv)
         self.daemon = daemon
         return daemon
 
-    def start_daemon(self, fences: bool, **options: object) -> DaemonProc:
-        daemon = self.new_daemon(fences, **options)
+    def start_daemon(self, fences: bool, at_defaults: bool = False,
+                     **options: object) -> DaemonProc:
+        daemon = self.new_daemon(fences, at_defaults, **options)
         daemon.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(daemon.log_path, "ab")  # noqa: SIM115
         daemon.proc = subprocess.Popen(daemon.argv, stdout=log, stderr=subprocess.STDOUT,
@@ -184,8 +191,9 @@ class Bed:
 
     # -- daemons and jobs ------------------------------------------------------------
 
-    def start_daemons(self, fences: bool, **options: object) -> list[DaemonProc]:
-        daemons = [h.start_daemon(fences, **options) for h in self.hosts]
+    def start_daemons(self, fences: bool, at_defaults: bool = False,
+                      **options: object) -> list[DaemonProc]:
+        daemons = [h.start_daemon(fences, at_defaults, **options) for h in self.hosts]
         for d in daemons:
             status = d.state_dir / "status.json"
             wait_for(lambda d=d, status=status: d.alive() and status.exists(), 30,

@@ -189,6 +189,10 @@ class Daemon:
             if rank is None:
                 per_uid[rec.uid] = per_uid.get(rec.uid, 0) + 1
             rank = rank or self._add(path, rec)
+            if rank.record.job != rec.job:  # the group formed: the launch's job is known now
+                self.counters.job_kills.setdefault(rec.job, 0)
+                log.info("pid %s: job %s, rank %s/%s (was job %s before its group formed)",
+                         rec.pid, rec.job, rec.rank, rec.world_size, rank.record.job)
             rank.record, rank.seen_alive = rec, True
             if look.seen is Seen.CLOSED and not rank.escalating:
                 # A live process behind a closed record: the hook gave up on it

@@ -3,6 +3,7 @@ in the group, the dump signal; and the one way the rank side speaks (stderr)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -32,6 +33,17 @@ def job_id(env: Mapping[str, str] = os.environ) -> str:
     wherever the launcher wrote it.
     """
     return launchenv.job_id(env, os.getpid(), os.getppid())
+
+
+def workload() -> str:
+    """A digest of this program and its arguments: the same for every relaunch of one
+    workload (exo's runners are spawned children, whose sys.argv is their parent's), so
+    the daemon's auto deadline carries over to a relaunch under a new job id."""
+    try:
+        text = "\0".join([sys.executable, *map(str, sys.argv)])
+        return "w" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:23]
+    except Exception:  # noqa: BLE001 - never into the user's program
+        return ""
 
 
 def env_rank_size(env: Mapping[str, str]) -> tuple[int, int]:

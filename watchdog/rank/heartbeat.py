@@ -65,6 +65,9 @@ class Heartbeat:
         self._writer = writer
         self._opener = opener if writer is None else None
         self._on_open = on_open  # after a late open: re-wrap MLX with the real hot path
+        # The job the caller named (install(job=...)); None: derived from the launch's
+        # environment at the open and again when the group forms (mx.distributed.init).
+        self.pinned_job: str | None = None
         self._closed = False
         self._clock = clock
         self._cold = threading.RLock()  # reentrant: a signal handler may publish inside
@@ -272,14 +275,17 @@ class Heartbeat:
 
     # -- identity and lifetime -----------------------------------------------
 
-    def set_group(self, rank: int, world_size: int, backend: str | None) -> None:
+    def set_group(self, rank: int, world_size: int, backend: str | None,
+                  job: str | None = None) -> None:
+        """Publish the rank's place in its group (and its job, when the group forms)."""
         if self._writer is None and self._opener is not None:
             self._open_late()
         try:
             with self._cold:
                 writer = self._writer
                 if writer is not None:
-                    writer.set_identity(rank=rank, world_size=world_size, backend=backend)
+                    writer.set_identity(rank=rank, world_size=world_size, backend=backend,
+                                        job=job)
         except Exception as err:  # noqa: BLE001
             self._fail(err)
 

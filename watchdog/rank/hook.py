@@ -30,6 +30,7 @@ from watchdog.rank.env import (
     guess_backend,
     job_id,
     record_dir,
+    workload,
 )
 from watchdog.rank.env import warn as _warn
 from watchdog.rank.heartbeat import Heartbeat, reset_open_lock
@@ -51,7 +52,7 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
     fields: dict[str, Any] = dict(
         pid=me.pid, start_time=me.create_time(), uid=os.getuid(), host=socket.gethostname(),
         job=job, rank=rank, world_size=size, backend=guess_backend(os.environ),
-        dump_signal=dump_signal, start_ticks=_start_ticks())
+        dump_signal=dump_signal, start_ticks=_start_ticks(), workload=workload())
     try:
         return RecordWriter(path, **fields)
     except FileExistsError:  # a staging file left by an earlier process with our pid
@@ -100,6 +101,10 @@ def install(directory: str | None = None, job: str | None = None, *,
             lazy: bool = False) -> Heartbeat:
     """Instrument mlx and open this process's record. Idempotent; never raises.
 
+    `job` names the job for good; without it the job is derived from the launch's
+    environment (watchdog/rank/launchenv.py) when the record opens, and again when
+    the group forms at `mx.distributed.init`, where launchers such as exo set it.
+
     With the directory missing or unwritable, warns once on stderr and returns
     a Heartbeat that does nothing, leaving mlx unpatched. With `lazy` (zero-code
     activation), mlx is instrumented at once but the record (and the stack-dump
@@ -121,13 +126,13 @@ def install(directory: str | None = None, job: str | None = None, *,
             directory = directory or record_dir()
             if not lazy and not os.path.isdir(directory):
                 raise OSError(f"record directory {directory} does not exist")
-            job = job or job_id()
             try:
                 if lazy:
                     hb = Heartbeat(None, opener=functools.partial(_open_now, directory, job),
                                    on_open=functools.partial(_rewrap, mx))
                 else:
                     hb = Heartbeat(_open_now(directory, job))
+                hb.pinned_job = job
                 instrument(hb, mx)
             except BaseException:
                 restore()
@@ -144,8 +149,11 @@ def install(directory: str | None = None, job: str | None = None, *,
         return hb
 
 
-def _open_now(directory: str, job: str) -> RecordWriter:
-    """The stack-dump handler and the record of this process, or neither."""
+def _open_now(directory: str, job: str | None) -> RecordWriter:
+    """The stack-dump handler and the record of this process, or neither. The job, when
+    the caller named none, is the launch's as its environment says now (a lazy record
+    opens at the first wait, after the launcher's variables are set)."""
+    job = job or job_id()
     if not os.path.isdir(directory):
         raise OSError(f"record directory {directory} does not exist")
     base = _free_base(directory)

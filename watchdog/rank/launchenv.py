@@ -20,8 +20,21 @@ launch.py) gives each rank, besides MLX_RANK:
   per-rank PMI_FD (or PMI_PORT), and nothing shared between nodes; under
   Slurm, SLURM_JOB_ID and SLURM_STEP_ID are the step's on every node.
 
-The job id hashes file contents, never the per-node paths, so every rank of a
-launch derives the same id. Nothing mlx.launch passes differs between two
+exo (exo/worker/engines/mlx/utils_mlx.py) sets MLX_HOSTFILE or MLX_IBV_DEVICES
+with MLX_JACCL_COORDINATOR, and MLX_RANK, in its runner's os.environ right before
+`mx.distributed.init`, in a file `hosts_<instance id>_<rank>.json` of a temporary
+directory deleted after init. Its contents differ by node: a ring hostfile has the
+node's own slot as `0.0.0.0:<port>` and the others' addresses as that node reaches
+them (non-neighbours `198.51.100.1:0`); a JACCL coordinator is `0.0.0.0:<port>` on
+rank 0 and `<rank 0's address>:<port>` elsewhere. So the hook derives the job when
+the group forms (at `mx.distributed.init`, not at import), and the instance id in
+exo's file name is the job: the same on every node, new for each instance.
+
+Other launches: the job id hashes file contents, never the per-node paths, so every
+rank of a launch derives the same id. A hostfile with a wildcard slot (`0.0.0.0`,
+`::`), written per node as exo does, is hashed by its ports alone (every node's file
+has the same ports, not the same addresses); a wildcard coordinator likewise counts
+by its port. Nothing mlx.launch passes differs between two
 launches of the same hostfile and ports; a launch-unique id must come from
 MLX_WATCHDOG_JOB (`mlx.launch --env MLX_WATCHDOG_JOB=...`). An MPI job's id is
 launch-unique already (the PMIx namespace), but for Hydra outside Slurm: there
@@ -33,6 +46,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,6 +112,58 @@ def _canonical(text: str | None) -> str:
     return (text or "").strip()
 
 
+WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", "*", ""})
+# exo's coordination file (utils_mlx.py): hosts_<instance id>_<rank>.json
+EXO_FILE = re.compile(r"hosts_(?P<instance>[A-Za-z0-9._-]{1,128})_(?P<rank>\d{1,6})\.json")
+
+
+def _split(address: str) -> tuple[str, str]:
+    """("host", "port") of "host:port", "[v6]:port" or "v6:port"; ("", address) without a colon."""
+    host, sep, port = address.rpartition(":")
+    return (host, port) if sep else ("", address)
+
+
+def _slots(data: Any) -> list[list[str]] | None:
+    """A ring hostfile's slots: one list of "ip:port" per rank (a bare string is one)."""
+    if not isinstance(data, list):
+        return None
+    slots = []
+    for slot in data:
+        entries = [slot] if isinstance(slot, str) else slot
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            return None
+        slots.append(entries)
+    return slots
+
+
+def _ring_part(text: str | None, path: str) -> str:
+    """What every rank's hostfile of one launch agrees on: its canonical JSON, or with a
+    wildcard slot (a file written per node, exo's way) its ports and slot count."""
+    if text is None:
+        return "ring:" + path  # unreadable: its path, which still agrees on one node
+    slots = _slots(_json(text))
+    if slots is not None and any(_split(e)[0] in WILDCARDS for s in slots for e in s):
+        ports = sorted({p for s in slots for p in (_split(e)[1] for e in s) if p not in ("", "0")})
+        return f"ring-ports:{len(slots)}:{','.join(ports)}"
+    return "ring:" + _canonical(text)
+
+
+def _coordinator_part(address: str) -> str:
+    host, port = _split(address)
+    return f"coordinator-port:{port}" if host in WILDCARDS else "coordinator:" + address
+
+
+def exo_instance(env: Env) -> str:
+    """exo's instance id from its coordination file's name, "" for another launch. The
+    rank in the name must be this rank's (MLX_RANK), so a file named so by chance is not
+    taken for exo's."""
+    path = env.get("MLX_HOSTFILE") or devices_path(env)
+    match = EXO_FILE.fullmatch(os.path.basename(path)) if path else None
+    if match is None or match["rank"] != first(env, "JACCL_RANK", "MLX_RANK"):
+        return ""
+    return match["instance"]
+
+
 def backend(env: Env) -> str:
     if devices_path(env) or coordinator(env):
         return "jaccl"
@@ -153,18 +220,20 @@ def job_id(env: Env, pid: int, ppid: int | None = None) -> str:
     (`ppid`, the parent's pid, for an MPI launch that shares nothing else)."""
     if env.get("MLX_WATCHDOG_JOB"):
         return env["MLX_WATCHDOG_JOB"]
+    instance = exo_instance(env)
+    if instance:
+        return "exo-" + instance[:60]  # the record's job field is 64 bytes
     parts = []
     hostfile = env.get("MLX_HOSTFILE")
     if hostfile:
-        text = _read(hostfile)
-        parts.append("ring:" + (_canonical(text) if text is not None else hostfile))
+        parts.append(_ring_part(_read(hostfile), hostfile))
     devices = devices_path(env)
     if devices:
         text = _read(devices)
         # An unreadable file: its path, which still agrees on one node.
         parts.append("jaccl:" + (_canonical(text) if text is not None else devices))
     if coordinator(env):
-        parts.append("coordinator:" + coordinator(env))
+        parts.append(_coordinator_part(coordinator(env)))
     if first(env, "JACCL_RING", "MLX_JACCL_RING"):
         parts.append("jaccl-ring")
     for key in ("MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT"):

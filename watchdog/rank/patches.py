@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from watchdog import record
-from watchdog.rank.env import guess_backend
+from watchdog.rank.env import env_rank_size, guess_backend, job_id
 from watchdog.rank.env import warn as _warn
 from watchdog.rank.heartbeat import Heartbeat
 from watchdog.rank.hotpath import DTYPE_CODES, INIT_OP
@@ -93,13 +93,24 @@ def wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
 
 
 def _wrap_init(hb: Heartbeat, original: Any) -> Any:
+    """The group forms here: the job, rank and size the launcher set (exo sets them in
+    os.environ just before this call, in a file it deletes just after) are published
+    before connecting, which can hang; the group's own rank and size correct them after."""
     wait = wrap_wait(hb, original, INIT_OP)
 
     @functools.wraps(original)
     def init(*args: Any, **kwargs: Any) -> Any:
+        asked = kwargs.get("backend", args[1] if len(args) > 1 else "any")
+        try:
+            env = os.environ
+            rank, size = env_rank_size(env)
+            backend = guess_backend(env) if asked == "any" else str(asked)
+            hb.set_group(rank, size, backend or None, job=hb.pinned_job or job_id(env))
+        except Exception as err:  # noqa: BLE001
+            _warn(f"could not read the launch's environment ({err!r})")
         group = wait(*args, **kwargs)
         try:
-            backend = kwargs.get("backend", args[1] if len(args) > 1 else "any")
+            backend = asked
             if backend == "any":
                 backend = guess_backend(os.environ) if group.size() > 1 else "single"
             hb.set_group(group.rank(), group.size(), str(backend))

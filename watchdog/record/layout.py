@@ -35,6 +35,9 @@ has it.
                  232  d       expect window seconds (0: none)
                  240  Q       expect window started (monotonic ns)
                  248  48s     expect reason
+                 296  32s     workload: a digest of the rank's program and arguments,
+                              the same across relaunches (v2/v3 writers before it
+                              left zeros: "" reads as unknown)
     identity     360  Q       process start in clock ticks since boot (Linux
                               /proc/<pid>/stat field 22; 0: unknown, e.g. macOS);
                               the same offset in version 1
@@ -186,6 +189,8 @@ MAX_PID = (1 << 31) - 1  # os.kill and pidfd_open take a C int
 IDENTITY = struct.Struct("<8sHHIqdIiiiII64s64s16s")
 SEQ = struct.Struct("<Q")
 TICKS = struct.Struct("<Q")
+WORKLOAD = struct.Struct("<32s")
+WORKLOAD_OFFSET = 296  # v2/v3: after the expect reason, under the seqlock
 TICKS_OFFSET = 360  # both versions: after the cold words (v2) or the expect window (v1)
 # The table of the rank's Python threads (not MLX's), for the daemon's backstop.
 PY_THREAD_SLOTS = 15
@@ -223,6 +228,8 @@ SLOT_OF = {2: (V2_SLOT, V2_SLOT_SIZE), 3: (SLOT, SLOT_SIZE)}  # version -> slot 
 HOT_OFFSET = SLOTS_OFFSET  # slot 0, where a whole state (`write_hot`) goes
 assert SEQ_OFFSET + COLD.size <= TICKS_OFFSET and EXPECT_OFFSET == SEQ_OFFSET + 32
 assert TICKS_OFFSET + TICKS.size <= THREADS_OFFSET
+assert SEQ_OFFSET + COLD.size <= WORKLOAD_OFFSET
+assert WORKLOAD_OFFSET + WORKLOAD.size <= TICKS_OFFSET
 assert THREADS_OFFSET + THREADS.size == SLOTS_OFFSET
 assert SLOT.size == SLOT_SIZE and SLOTS_OFFSET + THREAD_SLOTS * SLOT_SIZE <= RECORD_SIZE
 assert SLOTS_OFFSET + THREAD_SLOTS * V2_SLOT_SIZE <= SIZES[2]
@@ -324,6 +331,7 @@ class Record:
     version: int = RECORD_VERSION
     waiting_threads: int = 0  # v2: threads in a wait now (v1: 0 or 1)
     start_ticks: int = 0  # 0: unknown (compare start_time instead)
+    workload: str = ""  # the program's digest, "" when unknown (see the layout)
     # Native ids of the rank's Python threads other than the main one; None when
     # the writer does not publish them (an older hook). See docs/record-format.md.
     python_threads: tuple[int, ...] | None = None

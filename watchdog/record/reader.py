@@ -57,6 +57,8 @@ from watchdog.record.layout import (
     V1_SIZE,
     VERSION,
     WORD,
+    WORKLOAD,
+    WORKLOAD_OFFSET,
     Collective,
     Pace,
     Record,
@@ -216,6 +218,7 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...],
         expect_since_ns=expect_since, expect_reason=expect_reason, flight=entries,
         version=version, waiting_threads=len(open_waits),
         start_ticks=TICKS.unpack_from(buf, TICKS_OFFSET)[0],
+        workload=decode_text(WORKLOAD.unpack_from(buf, WORKLOAD_OFFSET)[0]),
         pace=_pace(pace_waits, pace_longest) if version >= 3 else None, **_python_threads(buf))
 
 

@@ -49,6 +49,8 @@ from watchdog.record.layout import (
     W_IDLE_ENDED,
     W_IDLE_SINCE,
     W_SEQ,
+    WORKLOAD,
+    WORKLOAD_OFFSET,
     encode_text,
     slot_base,
     staging_path,
@@ -67,7 +69,7 @@ class RecordWriter:
 
     def __init__(self, path: str, *, pid: int, start_time: float, uid: int, host: str,
                  job: str, rank: int, world_size: int, backend: str, dump_signal: int,
-                 start_ticks: int = 0) -> None:
+                 start_ticks: int = 0, workload: str = "") -> None:
         # Built under a name the daemon does not read, then renamed into place:
         # a reader never sees a record without its identity.
         staging = staging_path(path)
@@ -91,6 +93,7 @@ class RecordWriter:
         self._identity = dict(pid=pid, start_time=start_time, uid=uid, host=host, job=job,
                               backend=backend, dump_signal=dump_signal)
         TICKS.pack_into(self._map, TICKS_OFFSET, start_ticks)  # before publishing: never changes
+        WORKLOAD.pack_into(self._map, WORKLOAD_OFFSET, encode_text(workload, WORKLOAD.size))
         self.set_identity(rank=rank, world_size=world_size)
         self.words[W_CREATED] = time.monotonic_ns()
         try:

@@ -272,3 +272,45 @@ def test_a_bad_file_is_ignored(tmp_path: Path, content: str):
     (tmp_path / learning.FILE).write_text(content)
     learned, _ = learning.load(str(tmp_path), 2.0)
     assert learned == {}
+
+
+def test_a_relaunch_under_a_new_job_id_starts_from_what_its_workload_taught():
+    """exo recreates an instance with a new id and new ports: its first waits are judged
+    by what the last instance of the same program showed, not by the fallback."""
+    detector = Detector(AUTO)
+    first = PacedRank(detector, job="exo-inst-1", workload="wabc")
+    first.complete("eval", 0.4, count=10)
+    first.observe()
+    assert first.deadline_of("eval") == AUTO.auto_floor
+    again = PacedRank(detector, pid=5252, job="exo-inst-2", workload="wabc")
+    again.observe()
+    assert again.deadline_of("eval") == AUTO.auto_floor  # not AUTO.auto_fallback
+    assert again.deadline_of("item") == AUTO.auto_fallback  # a kind it never showed
+    # Its own job takes over once it has shown enough: a slower pace of its own counts.
+    again.complete("eval", 3.0, count=5)
+    again.observe()
+    assert again.deadline_of("eval") == pytest.approx(12.0)
+    # Another program (another digest) or no digest (an older hook): the fallback.
+    other = PacedRank(detector, pid=6262, job="exo-inst-3", workload="wzzz")
+    older = PacedRank(detector, pid=6263, job="exo-inst-4")
+    for rank in (other, older):
+        rank.observe()
+        assert rank.deadline_of("eval") == AUTO.auto_fallback
+
+
+def test_a_workload_learned_by_one_user_never_sets_another_users_deadline():
+    """The workload key is its owner's: a user who runs the same program (same digest:
+    a record says what it likes) with waits of 0.1 s shrinks nobody else's deadline,
+    and one whose waits take 500 s stretches nobody else's."""
+    detector = Detector(AUTO)
+    shrinker = PacedRank(detector, uid=502, job="a", workload="wsame")
+    stretcher = PacedRank(detector, pid=4300, uid=503, job="b", workload="wsame")
+    shrinker.complete("eval", 0.1, count=50)
+    stretcher.complete("eval", 500.0, count=50)
+    for rank in (shrinker, stretcher):
+        rank.observe()
+    victim = PacedRank(detector, pid=4400, job="c", workload="wsame")
+    victim.observe()
+    assert victim.deadline_of("eval") == AUTO.auto_fallback
+    assert set(detector.learned) >= {"502:w:wsame:2", "503:w:wsame:2"}
+    assert not any(key.startswith(f"{BASE.uid}:w:") for key in detector.learned)

@@ -94,9 +94,12 @@ def test_cluster_status_names_the_frozen_rank_and_incidents_agree(tmp_path):
             assert hung["culprit"]["rank"] == 1 and hung["culprit"]["state"] == "stopped"
             assert hung["culprit"]["pid"] == job.procs[1].pid
             assert "rank 1 is stopped" in hung["evidence"]
-            # Node 0 sees only rank 0, yet its incident names rank 1 on the other node.
-            assert incident["culprit"] is None
+            # Node 0 sees only rank 0, yet its incident names rank 1 on the other node,
+            # with its host and pid, from the peers' view.
             assert incident["cluster"]["culprit"]["rank"] == 1
+            assert (incident["culprit"]["rank"], incident["culprit"]["pid"],
+                    incident["culprit"]["state"]) == (1, job.procs[1].pid, "stopped")
+            assert incident["culprit"]["host"] == incident["cluster"]["culprit"]["host"]
             text = subprocess.run([sys.executable, "-m", "watchdog.cli", "cluster", "status",
                                    *peers], capture_output=True, text=True, timeout=60)
             assert "culprit: rank 1" in text.stdout and text.returncode == 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
@@ -98,6 +98,13 @@ class Responses:
 
     def _begin(self, response: Response, view: dict[str, Any] | None, asked: bool) -> None:
         incident = response.incident
+        if asked and incident.culprit is None:
+            # No local rank stopped: the peers' view names the rank that holds the job
+            # up, with its host and pid (a frozen exo runner on the other Mac), for the
+            # incident and for the fence that tells the peers.
+            named = Culprit.from_json((view or {}).get("culprit"))
+            if named is not None:
+                incident = response.incident = replace(incident, culprit=named)
         if response.evidence and self.settings.mode == "enforce":  # a verdict of ours
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).

@@ -79,3 +79,19 @@ def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -
 
 def job_key(record: Record) -> str:
     return f"{record.uid}:{record.job}"
+
+
+def workload_key(record: Record) -> str | None:
+    """Where a job's learning is kept for its workload too (its owner's, its program's
+    digest and its size): a relaunch under a new job id (exo recreates an instance
+    with new ports) starts from it, not from the fallback. None for a record that
+    names no workload (an older hook)."""
+    if not record.workload:
+        return None
+    return f"{record.uid}:w:{record.workload}:{record.world_size}"
+
+
+def learning_keys(record: Record) -> list[str]:
+    """Every key a completed wait of this rank teaches: its job's, then its workload's."""
+    key = workload_key(record)
+    return [job_key(record)] + ([key] if key is not None else [])

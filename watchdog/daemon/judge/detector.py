@@ -29,8 +29,8 @@ from watchdog.daemon.judge.deadlines import (
     Learned,
     Rules,
     deadline_for,
-    job_key,
     kind_of,
+    learning_keys,
 )
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
@@ -118,14 +118,24 @@ class Detector:
         self.changed: set[str] = set()  # jobs whose learning moved since the caller looked
 
     def _known(self, record: Record, kind: str) -> Learned | None:
-        """What the job has shown of this kind of wait. A call outside any known
-        wait (the backstop) is some wait nobody listed: every kind together."""
-        job = self.learned.get(job_key(record), {})
-        if kind != NATIVE_KIND:
-            return job.get(kind)
-        if not job:
-            return None
-        return Learned(max(k.longest for k in job.values()), sum(k.count for k in job.values()))
+        """What the job has shown of this kind of wait, or, until it has shown enough,
+        what its workload showed in earlier jobs (a relaunch under a new id). A call
+        outside any known wait (the backstop) is some wait nobody listed: every kind
+        together."""
+        found: Learned | None = None
+        for key in learning_keys(record):
+            job = self.learned.get(key, {})
+            if kind != NATIVE_KIND:
+                known = job.get(kind)
+            elif job:
+                known = Learned(max(k.longest for k in job.values()),
+                                sum(k.count for k in job.values()))
+            else:
+                known = None
+            if known is not None and known.count >= self.rules.auto_min_waits:
+                return known
+            found = found or known
+        return found
 
     def _learn(self, record: Record, track: Track, waiting: bool) -> None:
         """When a wait a scan saw in progress has ended, learn how long it took."""
@@ -140,9 +150,9 @@ class Detector:
             lasted = max(lasted, record.last_wait_ns / NS)  # exactly that wait
         track.seen_wait = None
         if record.waits_completed > completed:  # it returned: a legitimate duration
-            job = self.learned.setdefault(job_key(record), {})
-            job.setdefault(kind, Learned()).add(lasted)
-            self.changed.add(job_key(record))
+            for learns in learning_keys(record):
+                self.learned.setdefault(learns, {}).setdefault(kind, Learned()).add(lasted)
+                self.changed.add(learns)
 
     def _learn_pace(self, record: Record, track: Track, stopped: bool) -> None:
         """Learn from every wait the rank completed since the last tick (record v3):
@@ -155,17 +165,18 @@ class Detector:
             kind = kind_of(pace.op)
             waits, longest = kinds.get(kind, (0, 0))
             kinds[kind] = (waits + pace.waits, max(longest, pace.longest_ns))
-        key = job_key(record)
+        keys = learning_keys(record)
         for kind, (waits, longest) in kinds.items():
             seen_waits, seen_longest = track.paced.get(kind, (0, 0))
             if waits <= seen_waits and longest <= seen_longest:
                 continue
             track.paced[kind] = (max(waits, seen_waits), max(longest, seen_longest))
-            learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
-            learned.count += max(0, waits - seen_waits)
-            if longest > seen_longest and not stopped:
-                learned.longest = max(learned.longest, longest / NS)
-            self.changed.add(key)
+            for key in keys:
+                learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
+                learned.count += max(0, waits - seen_waits)
+                if longest > seen_longest and not stopped:
+                    learned.longest = max(learned.longest, longest / NS)
+                self.changed.add(key)
 
     def forget(self, key: tuple[int, float]) -> None:
         self.tracks.pop(key, None)
