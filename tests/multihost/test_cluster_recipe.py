@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netbed import PORT, TIMINGS, Bed, Host, cannot_build
+from tests.support.netbed import PORT, TIMINGS, Bed, Host
 from tests.support.ranks import REPO, DaemonProc, base_env, wait_for
 
 pytestmark = pytest.mark.ranks
@@ -80,14 +80,10 @@ def metrics_from(host: Host, other: Host) -> str:
     return done.stdout
 
 
-def test_the_four_mac_recipe_on_the_bed(tmp_path):
-    why = cannot_build()
-    if why:
-        pytest.fail(f"cannot build the multi-host bed: {why}", pytrace=False)
+def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
     began = time.monotonic()
-    bed = Bed(tmp_path / "bed")
+    bed.heal()
     try:
-        bed.build()
         config = tmp_path / "mlx-watchdog.toml"  # the one file every node reads
         config.write_text(shared_config(bed))
         assert 'mode = "observe"' in config.read_text()
@@ -161,7 +157,8 @@ def test_the_four_mac_recipe_on_the_bed(tmp_path):
         assert done.returncode == 0 and all(n["ok"] for n in view["nodes"]), (
             done.returncode, view["nodes"], [j["state"] for j in view["jobs"]])
     finally:
-        bed.close()
+        bed.stop_all()
+        bed.heal()
     took = time.monotonic() - began
     print(f"\ncluster recipe on the bed: {took:.1f}s in all; frozen rank to both ended "
           f"{ended_in:.1f}s")
