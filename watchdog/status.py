@@ -86,18 +86,20 @@ def _fits(item: Mapping[str, Any], fields: dict[str, tuple[type, ...]]) -> bool:
 
 @dataclass(frozen=True)
 class Collective:
-    """The last collective a rank issued: its number and op."""
+    """The last collective a rank issued: its number, op and bytes."""
 
     number: int | None
     op: str | None
+    bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "op": self.op}
+        return {"number": self.number, "op": self.op, "bytes": self.bytes}
 
     @classmethod
     def from_json(cls, data: Any) -> Collective | None:
         data = _obj(data)
-        return cls(_int(data.get("number")), _str(data.get("op"))) if data else None
+        return cls(_int(data.get("number")), _str(data.get("op")),
+                   _int(data.get("bytes"))) if data else None
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,13 @@ class RankStatus:
     expect: Expect | None = None
     reason: str | None = None
     source: str | None = None  # "daemon" or "sampled"
+    # In a wait of its own that holds the ranks waiting for it (a checkpoint being
+    # written): what it does, as `held: rank R is ...` tells it; None otherwise.
+    holding: str | None = None
+    # The probe of its peers' data path while it waits long ("up", "down <address>
+    # (<how>)", "not probed: <why>"), and the cause of the incident acting on it.
+    data_link: str | None = None
+    cause: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,7 +171,8 @@ class RankStatus:
             "computing": self.computing, "current_op": self.current_op,
             "last_collective": self.last_collective.to_json() if self.last_collective else None,
             "expect": self.expect.to_json() if self.expect else None,
-            "reason": self.reason, "source": self.source,
+            "reason": self.reason, "source": self.source, "holding": self.holding,
+            "data_link": self.data_link, "cause": self.cause,
         }
 
     @classmethod
@@ -185,7 +195,8 @@ class RankStatus:
             computing=data.get("computing"), current_op=_str(data.get("current_op")),
             last_collective=Collective.from_json(data.get("last_collective")),
             expect=Expect.from_json(data.get("expect")), reason=data.get("reason"),
-            source=_str(data.get("source")))
+            source=_str(data.get("source")), holding=_str(data.get("holding")),
+            data_link=_str(data.get("data_link")), cause=_str(data.get("cause")))
 
 
 def valid_ranks(data: Any) -> tuple[RankStatus, ...]:
@@ -216,9 +227,11 @@ class CounterValues:
     scan_buckets: tuple[int, ...] = ()  # per bound of scan_bucket_bounds, then +Inf
     scan_sum: float = 0.0
     scan_count: int = 0
+    stall_causes: dict[str, int] = field(default_factory=dict)  # "verdict:cause" -> count
 
     def to_json(self) -> dict[str, Any]:
-        return {"stalls": dict(self.stalls), "kills": dict(self.kills),
+        return {"stalls": dict(self.stalls), "stall_causes": dict(self.stall_causes),
+                "kills": dict(self.kills),
                 "job_kills": dict(self.job_kills), "invalid_records": self.invalid_records,
                 "probe_errors": self.probe_errors, "loop_errors": self.loop_errors,
                 "scan_buckets": list(self.scan_buckets), "scan_sum": self.scan_sum,
@@ -237,7 +250,8 @@ class CounterValues:
                    _int(data.get("probe_errors")) or 0, _int(data.get("loop_errors")) or 0,
                    tuple(b for b in buckets if _int(b) is not None)
                    if isinstance(buckets, list) else (),
-                   _num(data.get("scan_sum")) or 0.0, _int(data.get("scan_count")) or 0)
+                   _num(data.get("scan_sum")) or 0.0, _int(data.get("scan_count")) or 0,
+                   counts(data.get("stall_causes")))
 
 
 @dataclass(frozen=True)
@@ -355,17 +369,21 @@ class Culprit:
     pid: int | None
     state: str | None
     reason: str | None
+    # The job's cause (watchdog/cause.py) and its one line: a fence carries them.
+    cause: str | None = None
+    summary: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "pid": self.pid, "state": self.state,
-                "reason": self.reason}
+                "reason": self.reason, "cause": self.cause, "summary": self.summary}
 
     @classmethod
     def from_json(cls, data: Any) -> Culprit | None:
         if not isinstance(data, dict) or not data:
             return None
         return cls(_str(data.get("host")), _int(data.get("rank")), _int(data.get("pid")),
-                   _str(data.get("state")), _str(data.get("reason")))
+                   _str(data.get("state")), _str(data.get("reason")), _str(data.get("cause")),
+                   _str(data.get("summary")))
 
 
 @dataclass(frozen=True)
@@ -515,6 +533,8 @@ class Incident:
     mode: str | None = None
     kill_scope: str | None = None
     reason: str | None = None
+    cause: str | None = None  # watchdog/cause.py's vocabulary
+    summary: str | None = None  # one line: who (rank, host, pid), where, why
     ranks: tuple[IncidentRank, ...] = ()
     pids: tuple[int, ...] = ()
     seconds_without_progress: float = 0.0
@@ -543,6 +563,7 @@ class Incident:
             "id": self.id, "time": self.time, "host": self.host, "job": self.job,
             "attempt": self.attempt, "uid": self.uid, "verdict": self.verdict,
             "mode": self.mode, "kill_scope": self.kill_scope, "reason": self.reason,
+            "cause": self.cause, "summary": self.summary,
             "ranks": [r.to_json() for r in self.ranks], "pids": list(self.pids),
             "seconds_without_progress": self.seconds_without_progress,
             "busiest_thread_cpu": self.busiest_thread_cpu,
@@ -581,7 +602,8 @@ class Incident:
             job=_str(data.get("job")), attempt=_int(data.get("attempt")),
             uid=_int(data.get("uid")), verdict=_str(data.get("verdict")),
             mode=_str(data.get("mode")), kill_scope=_str(data.get("kill_scope")),
-            reason=_str(data.get("reason")),
+            reason=_str(data.get("reason")), cause=_str(data.get("cause")),
+            summary=_str(data.get("summary")),
             ranks=tuple(IncidentRank.from_json(r) for r in ranks if isinstance(r, dict))
             if isinstance(ranks, list) else (),
             pids=tuple(p for p in pids if _int(p) is not None) if isinstance(pids, list) else (),

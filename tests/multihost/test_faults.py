@@ -11,15 +11,18 @@ proves mechanisms; the figures measured here are in docs/performance.md."""
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.support.netbed import Bed
-from tests.support.ranks import wait_for
+from tests.support.netbed import RING_PORT, Bed
+from tests.support.ranks import REPO, wait_for
 
 pytestmark = pytest.mark.ranks
 
@@ -99,8 +102,23 @@ def verdict_to_first_signal(inc: dict[str, Any], name: str) -> float:
     return gap
 
 
-def start(bed: Bed, fences: bool, mode: str = "loop", *args: str):
-    daemons = bed.start_daemons(fences)
+def who(bed: Bed, job, rank: int) -> str:
+    """How a summary names a rank of the bed's job: `rank 1 on host1-... (pid 4711)`."""
+    return f"rank {rank} on {bed.hosts[rank].name} (pid {job.pids[rank]})"
+
+
+def has_cause(found: dict[str, Any], cause: str, *named: str) -> None:
+    """An incident or a job of `cluster status` gives this cause, and its one-line
+    summary names each of `named` (rank, host and pid; op and collective number)."""
+    assert found.get("cause") == cause, found
+    assert all(n in found["summary"] for n in named), (named, found["summary"])
+    assert re.search(r"(all_sum|recv) #\d+", found["summary"]), found["summary"]
+
+
+def start(bed: Bed, fences: bool, mode: str = "loop", *args: str,
+          daemon: dict[str, object] | None = None):
+    """Daemons on both hosts (with `daemon`'s settings), then the ring job in `mode`."""
+    daemons = bed.start_daemons(fences, **(daemon or {}))
     job = bed.ring(mode, *args)
     job.wait_running(collectives=3 if mode == "loop" else 1)
     code, view, err = bed.hosts[0].cluster_status()
@@ -122,6 +140,8 @@ def test_a_stopped_rank(hosts, fences):
     code, hung, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] == "hung", BOUND,
                                  "the job hung in cluster status")
     assert code == 1 and hung["culprit"]["rank"] == 1 and hung["culprit"]["state"] == "stopped"
+    stopped = who(hosts, job, 1) + " is stopped at all_sum #"
+    has_cause(hung, "peer_stopped", stopped, who(hosts, job, 0) + " waits for it in all_sum #")
     if fences:
         elapsed = ended_within(job, began, BOUND, "SIGSTOP rank 1")
         assert elapsed < BOUND
@@ -134,8 +154,10 @@ def test_a_stopped_rank(hosts, fences):
         assert set(mine["outcome"]) == {str(job.pids[0])}, mine["outcome"]
         assert mine["cluster"]["culprit"]["rank"] == 1
         assert mine["cluster"]["culprit"]["host"] == hosts.hosts[1].name
+        has_cause(mine, "peer_stopped", stopped)
         theirs = incident(d1, job_id)
         assert theirs["verdict"] == "fenced" and theirs["outcome"] == {str(job.pids[1]): "killed"}
+        has_cause(theirs, "peer_stopped", stopped)
         assert hosts.hosts[0].name in theirs["reason"]
         code, done, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] != "hung", 10,
                                      "the job's end in cluster status")
@@ -146,6 +168,7 @@ def test_a_stopped_rank(hosts, fences):
         FIGURES["SIGSTOP rank 1, no fences: rank 0"] = time.monotonic() - began
         mine = incident(d0, job_id)
         assert mine["verdict"] == "stalled" and mine["outcome"] == {str(job.pids[0]): "killed"}
+        has_cause(mine, "peer_stopped", stopped)
         assert incidents_of(d1, job_id) == []
         assert job.procs[1].poll() is None
         assert d1.ranks()[job.pids[1]]["state"] == "stopped"
@@ -153,6 +176,7 @@ def test_a_stopped_rank(hosts, fences):
         left = job_of(view)
         assert code == 1 and left["state"] == "hung", left
         assert left["culprit"]["rank"] == 1 and left["culprit"]["state"] == "stopped"
+        has_cause(left, "peer_stopped", stopped)
 
 
 def never_healthy_while_cut_off(host, job, until_gone: float) -> list[str]:
@@ -205,6 +229,8 @@ def test_a_partition(hosts, how, fences):
         assert inc["verdict"] == "stalled", inc  # its own verdict: no fence got through
         assert inc["outcome"] == {str(pid): "killed"}
         assert other.endpoint in inc["cluster"]["unreachable"], inc["cluster"]
+        here = who(hosts, job, 0 if daemon is d0 else 1)
+        has_cause(inc, "node_unreachable", f"behind unreachable node {other.endpoint}", here)
         verdict_to_first_signal(inc, f"partition ({how}), host {daemon is d1:d}")
     code, view, _ = h0.cluster_status()
     assert job_of(view)["state"] != "healthy", view
@@ -228,6 +254,8 @@ def test_a_host_dies(hosts, fences):
     inc = incident(d0, job_id)
     assert inc["verdict"] == "stalled" and inc["outcome"] == {str(job.pids[0]): "killed"}
     assert h1.endpoint in inc["cluster"]["unreachable"]
+    has_cause(inc, "node_unreachable", f"rank 1 is behind unreachable node {h1.endpoint}",
+              who(hosts, job, 0))
     verdict_to_first_signal(inc, "host death" + ("" if fences else ", no fences"))
     code, view, _ = h0.cluster_status()
     gone = job_of(view)
@@ -296,3 +324,101 @@ def test_a_slow_peer_is_held_across_hosts(hosts, how):
     log = d0.log()
     assert [line for line in log.splitlines() if job_id in line and "ending" in line] == []
     assert any("held" in line for line in log.splitlines() if job_id in line)
+
+
+# -- the cause of each fault, on both hosts and in `cluster status` ---------------------
+# Observe mode: nothing is ended, so each host reaches its own verdict on the live
+# job (no kill or fence decides it for the other) and `cluster status` can be read
+# while the hang lasts; the bed's fixture ends the ranks after each test.
+
+
+OBSERVE: dict[str, object] = {"mode": "observe"}
+
+
+def end_job(bed: Bed, job, *first: subprocess.Popen[str]) -> None:
+    """End an observed job's ranks now (after `first`), not after the fixture's wait
+    for them to leave on their own."""
+    for proc in (*first, *job.procs):
+        bed.end_process(proc)  # type: ignore[arg-type]
+
+
+def hung_with(host, cause: str, timeout: float = 2 * BOUND):
+    """`cluster status` on `host` until the job is hung with `cause`."""
+    return status_until(host, lambda c, j, v: j["state"] == "hung" and j.get("cause") == cause,
+                        timeout, f"the job hung with cause {cause} in cluster status")
+
+
+def test_the_ranks_link_down_while_the_daemons_talk(hosts):
+    """Only the ring's port blocked on host 1 (iptables in its namespace, both ways),
+    the daemons still answering each other: both ranks spin in the all_sum, and each
+    rank's probe of its peer's ring port times out: `data_link_down` on both hosts."""
+    (d0, d1), job, job_id = start(hosts, True, daemon=OBSERVE)
+    h0, h1 = hosts.hosts
+    h1.block_ring()
+    code, hung, _ = hung_with(h0, "data_link_down")
+    assert code == 1
+    has_cause(hung, "data_link_down", "cannot reach its peer over the ranks' own connection",
+              f"{h1.address}:{RING_PORT} (connect timed out", "ranks 0, 1 wait in all_sum #")
+    for daemon, rank, other in ((d0, 0, h1), (d1, 1, h0)):
+        inc = incident(daemon, job_id)  # both lined up the same view: rank 0's probe first
+        has_cause(inc, "data_link_down", who(hosts, job, 0), f"{h1.address}:{RING_PORT}")
+        assert inc["cluster"]["unreachable"] == [], inc["cluster"]
+        shown = daemon.ranks()[job.pids[rank]]  # /status: the probe of its data path
+        assert shown["data_link"].startswith(f"down {other.address}:"), shown
+        assert shown["cause"] == "data_link_down", shown  # and the cause acted on
+        assert "; cause data_link_down: rank 0 on " in daemon.log()  # the verdict's line
+    end_job(hosts, job)
+
+
+def test_a_rank_killed_unnoticed_by_its_peer(hosts):
+    """SIGSTOP rank 1, then SIGKILL it with its host dropping the FIN and RST of the
+    ring's connections: rank 0 never learns (the ring of mlx < 0.32.1, which did not
+    notice a dead peer, imitated; mlx 0.32.4's ring raises on the FIN) and spins in
+    the all_sum, while host 1 reports rank 1 dead: `peer_dead`."""
+    (d0, d1), job, job_id = start(hosts, True, daemon=OBSERVE)
+    h0, h1 = hosts.hosts
+    job.signal(1, signal.SIGSTOP)
+    h1.block_ring(ends=True)
+    job.signal(1, signal.SIGKILL)
+    wait_for(lambda: job.procs[1].poll() is not None, 10, what="rank 1 gone")
+    code, hung, _ = hung_with(h0, "peer_dead")
+    dead = who(hosts, job, 1) + " is gone (exited"
+    has_cause(hung, "peer_dead", dead, who(hosts, job, 0) + " waits for it in all_sum #")
+    assert job.procs[0].poll() is None, job.log(0)  # unnoticed: still waiting
+    # Host 1 fenced the job at the death (observed, not ended, here), or host 0 judged
+    # rank 0 first: either way the incident names the dead rank.
+    has_cause(incident(d0, job_id), "peer_dead", who(hosts, job, 1))
+    assert incidents_of(d1, job_id) == []  # nothing of the job left there to judge
+    end_job(hosts, job)
+
+
+def test_a_recv_nobody_sends(hosts):
+    """Rank 0 waits in a recv that rank 1 never sends; rank 1 sleeps outside any wait
+    (not computing, so it holds nothing): `mismatch`, naming both."""
+    (d0, d1), job, job_id = start(hosts, True, "recv", daemon=OBSERVE)
+    code, hung, _ = hung_with(hosts.hosts[0], "mismatch")
+    said = (who(hosts, job, 0) + " waits in recv #", " while " + who(hosts, job, 1)
+            + " is outside any wait, not computing")
+    has_cause(hung, "mismatch", *said)
+    has_cause(incident(d0, job_id), "mismatch", *said)
+    assert incidents_of(d1, job_id) == []  # rank 1 waits for nothing: no verdict there
+    end_job(hosts, job)
+
+
+def test_a_quiet_wait(hosts):
+    """Every thread of rank 0 but its main one frozen (ptrace, as a wedged GPU would
+    hold them): rank 0 waits in its eval with nothing spinning, rank 1 spins in the
+    all_sum waiting on it: `local_blocked`, rank 0 named, on both hosts."""
+    (d0, d1), job, job_id = start(hosts, True, daemon=OBSERVE | {"blocked_deadline": DEADLINE})
+    # The tracer goes first (the bed's processes end in order): a traced rank's
+    # death is reported to its tracer before its parent can reap it.
+    freezer = subprocess.Popen([sys.executable, str(REPO / "tests/support/freeze_threads.py"),
+                                str(job.pids[0])], stdout=subprocess.PIPE, text=True)
+    hosts.procs.insert(0, freezer)  # type: ignore[arg-type]
+    assert freezer.stdout is not None and freezer.stdout.readline().startswith("frozen ")
+    code, hung, _ = hung_with(hosts.hosts[1], "local_blocked")
+    quiet = who(hosts, job, 0) + " waits quietly in all_sum #"
+    has_cause(hung, "local_blocked", quiet)
+    for daemon in (d0, d1):
+        has_cause(incident(daemon, job_id), "local_blocked", quiet)
+    end_job(hosts, job, freezer)

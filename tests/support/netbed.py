@@ -116,6 +116,19 @@ class Host:
         self.sh("iptables", "-A", "INPUT", "-j", "DROP")
         self.sh("iptables", "-A", "OUTPUT", "-j", "DROP")
 
+    def block_ring(self, ends: bool = False) -> None:
+        """Only the ring's port blocked on this host, the daemons still talking: every
+        packet of the ranks' connections dropped, or (`ends`) only the FIN and RST that
+        would tell the peer a rank is gone (a backend that never notices a dead peer)."""
+        for chain in ("INPUT", "OUTPUT"):
+            for side in ("--sport", "--dport"):
+                flags = ["--tcp-flags", "FIN", "FIN"] if ends else []
+                self.sh("iptables", "-A", chain, "-p", "tcp", side, str(RING_PORT), *flags,
+                        "-j", "DROP")
+                if ends:
+                    self.sh("iptables", "-A", chain, "-p", "tcp", side, str(RING_PORT),
+                            "--tcp-flags", "RST", "RST", "-j", "DROP")
+
     def heal(self) -> None:
         self.sh("iptables", "-F", check=False)
         self.link(True)

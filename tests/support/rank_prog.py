@@ -34,6 +34,9 @@ Modes:
                   an estimated S seconds, then shorter ones until S have passed)
                   before its all_sum while rank 0 waits in that all_sum; prints
                   "slowpeer done" after the round and exits 0
+  save PATH       one round, then rank 1 writes a 256 KiB checkpoint (64 tensors) to PATH with
+                  mx.save_safetensors (a FIFO the test drains slowly, or never) while
+                  rank 0 waits in the next all_sum; "save done" and exit 0
   pyslowpeer S    the same shape, but rank 1 computes in pure Python for S seconds (by
                   the clock, so a loaded machine cannot stretch it); "slowpeer done"
   prefill S T P   a generation's shape: a long first step (every rank computes ~S s in
@@ -50,7 +53,7 @@ import time
 import mlx.core as mx
 
 MODE = sys.argv[1]
-ARG = float(sys.argv[2]) if len(sys.argv) > 2 and MODE != "consume" else 0.0
+ARG = float(sys.argv[2]) if len(sys.argv) > 2 and MODE not in ("consume", "save") else 0.0
 # A chain of 512 x 512 matmuls divided by sqrt(512) keeps its values near 1; divided by
 # 512 they sink toward denormals, which the CPU computes ten times slower or worse: a
 # "5 s" slow peer then computed for 50 s and outlived the daemon's blocked deadline.
@@ -299,6 +302,16 @@ elif MODE == "slowpeer":
     got = mx.distributed.all_sum(x)
     mx.eval(got)
     print(f"slowpeer done {got[0].item()}", flush=True)
+elif MODE == "save":
+    # Made before the round, so that after it rank 1 goes straight into its save.
+    weights = {f"w{i}": mx.ones((1024,)) for i in range(64)}  # 64 writes of 4 KiB
+    mx.eval(weights)
+    one_round()
+    if rank == 1:
+        print("saving", flush=True)
+        mx.save_safetensors(sys.argv[2], weights)
+    one_round()
+    print("save done", flush=True)
 elif MODE == "pyslowpeer":
     one_round()
     if rank == 1:

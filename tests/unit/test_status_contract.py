@@ -46,7 +46,7 @@ RANK_SHAPE = {
     "deadline_seconds": OPT_NUM, "busiest_thread_cpu": OPT_NUM,
     "computing": (bool, type(None)), "current_op": (str,),
     "last_collective": (dict, type(None)), "expect": (dict, type(None)), "reason": (str,),
-    "source": (str,),
+    "source": (str,), "holding": OPT_STR, "data_link": OPT_STR, "cause": OPT_STR,
 }
 # Every key of /status (and status.json), in order, with its JSON types.
 NODE_SHAPE = {
@@ -58,11 +58,12 @@ NODE_SHAPE = {
     "invalid_files": (int,), "counters": (dict,), "launches": (dict,), "unwritten": (dict,),
     "scan_bucket_bounds": (list,),
 }
-COUNTER_KEYS = ["stalls", "kills", "job_kills", "invalid_records", "probe_errors",
+COUNTER_KEYS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
                 "loop_errors", "scan_buckets", "scan_sum", "scan_count"]
 INCIDENT_FOUND = ["id", "time", "host", "job", "attempt", "uid", "verdict", "mode",
-                  "kill_scope", "reason", "ranks", "pids", "seconds_without_progress",
-                  "busiest_thread_cpu", "flight_recorder_tail", "culprit"]
+                  "kill_scope", "reason", "cause", "summary", "ranks", "pids",
+                  "seconds_without_progress", "busiest_thread_cpu", "flight_recorder_tail",
+                  "culprit"]
 
 
 def _shape(item: dict, shape: dict) -> None:

@@ -89,7 +89,10 @@ def _echo_incident(inc: Incident) -> None:
     ranks = ",".join(str(r.rank) for r in inc.ranks)
     attempt = f" attempt {inc.attempt}" if inc.attempt is not None else ""
     lines = [f"{when}  {inc.id}  job {inc.job}{attempt}  {inc.verdict}  "
-             f"ranks {ranks}  {inc.action or ''}", f"    {inc.reason or ''}"]
+             f"ranks {ranks}  {inc.action or ''}"]
+    if inc.cause:  # the line a person reads first
+        lines.append(f"    {inc.cause}: {inc.summary or ''}")
+    lines.append(f"    {inc.reason or ''}")
     if inc.culprit:
         c = inc.culprit
         lines.append(f"    culprit: rank {c.rank} pid {c.pid} on {c.host}: {c.reason}")

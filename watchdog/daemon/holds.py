@@ -1,5 +1,6 @@
-"""A slow peer is not a hang: due ranks of a job that has a rank still computing (or
-still making progress) are held instead of acted on."""
+"""A slow peer is not a hang: due ranks of a job that has a rank still computing, still
+making progress, or busy in a wait of its own they wait for (a checkpoint being written:
+judge/ownwait.py) are held instead of acted on."""
 
 from __future__ import annotations
 

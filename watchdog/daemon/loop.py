@@ -22,7 +22,7 @@ from typing import Any
 from watchdog import __version__, record
 from watchdog.daemon import attempts
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
-from watchdog.daemon.act.incidents import culprit_of, new_incident
+from watchdog.daemon.act.incidents import death_culprit, new_incident
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Response, Responses
 from watchdog.daemon.config import Settings
@@ -30,6 +30,7 @@ from watchdog.daemon.holds import hold
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
+from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
@@ -98,6 +99,8 @@ class Daemon:
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
         self.peers = Peers(settings, self.host, self.executor, self.started)
+        # A rank waiting long: its data path to its peers probed (a cause's evidence).
+        self.links = Prober(self.executor.submit, min(1.0, settings.peer_timeout))
         self.responses = Responses(
             settings, self.enforcer, self.peers, self.executor,
             lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
@@ -212,6 +215,12 @@ class Daemon:
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 due.setdefault((rec.uid, rec.job), []).append(rank)
         due = hold(due, self.ranks.values(), self.detector.rules, now)
+        long = [r for r in self.ranks.values() if r.state in WAITING_LONG]
+        for r in long:
+            self.links.ask(r.key, now, r.record.backend)
+        self.links.forget(r.key for r in long)
+        for r in self.ranks.values():
+            r.data_link = self.links.found.get(r.key)
         if self.settings.peers and any(r.state in WAITING_LONG for r in self.ranks.values()):
             self.peers.prefetch()  # a verdict may come: its peers' answers ready by then
         for key, rank in self.ranks.items():
@@ -278,7 +287,7 @@ class Daemon:
             # backend's own error on a lost peer) is not a death without a trace.
             how = ("exited on an uncaught exception" if status == record.STATUS_ERROR
                    else "died without closing its record")
-            culprit = culprit_of(self.host, rank, how)
+            culprit = death_culprit(self.host, rank, how)
             self._fence_peers(rank.record.uid, rank.record.job,
                               f"rank {rank.record.rank} {how}", culprit)
             # Its peers are the ranks of the job alive now: a rank that starts later
@@ -364,9 +373,10 @@ class Daemon:
             fenced=fenced)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
-            log.error("job %s: %s; %s %s ranks %s", job, incident.reason,
+            log.error("job %s: %s; %s %s ranks %s; cause %s: %s", job, incident.reason,
                       "ending" if self.settings.mode == "enforce" else "observing",
-                      len(targets), sorted(r.record.rank for r in targets))
+                      len(targets), sorted(r.record.rank for r in targets),
+                      incident.cause, incident.summary)
         now = self.clock_ns() / 1e9
         acted = set() if fenced else {r.key for r in due}  # a fence is no verdict on a wait
         for rank in targets:
@@ -377,6 +387,7 @@ class Daemon:
             rec = rank.record
             transition(rank, Edge.ESCALATED, now, wait=(rec.wait_since_ns, rec.waits_completed)
                        if rank.key in acted else None)
+            rank.cause = incident.cause
         keys = [r.key for r in targets]
         others = [r for r in self.ranks.values() if r.key not in keys]
 
@@ -479,7 +490,7 @@ class Daemon:
         # new stall) counts once its response is done.
         verdict = outcome.incident.verdict
         if verdict in self.counters.stalls:
-            self.counters.stalls[verdict] += 1
+            self.counters.stall(verdict, outcome.incident.cause)
         for name in outcome.signals_sent:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1
@@ -491,6 +502,7 @@ class Daemon:
                     self.ended_by_us[key] = outcome.incident.id
                 continue
             result = outcome.results.get(rank.record.pid)
+            rank.cause = outcome.incident.cause or rank.cause
             if result == KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")
@@ -526,6 +538,11 @@ class Daemon:
         """The snapshot every reader gets (/status, /metrics, status.json)."""
         transient = {path: why for path, why in self.invalid.items()
                      if os.path.basename(path) not in self.records.bad}
+        for response in self.responses.pending:  # the cause as the peers refined it
+            acting = response.ladder.incident if response.ladder else response.incident
+            for key in response.keys:
+                if key in self.ranks:
+                    self.ranks[key].cause = acting.cause
         self.snapshot = snapshot(
             host=self.host, settings=self.settings, ranks=self.ranks.values(),
             counters=self.counters, scanned=(self.last_scan_wall, self.last_scan_mono),

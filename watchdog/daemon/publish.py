@@ -30,6 +30,13 @@ class Counters:
     scan_buckets: list[int] = field(default_factory=lambda: [0] * (len(SCAN_BUCKETS) + 1))
     scan_sum: float = 0.0
     scan_count: int = 0
+    stall_causes: dict[str, int] = field(default_factory=dict)  # "verdict:cause" -> count
+
+    def stall(self, verdict: str, cause: str | None) -> None:
+        """A hang acted on, counted by its verdict and cause."""
+        self.stalls[verdict] += 1
+        key = f"{verdict}:{cause or 'unknown'}"
+        self.stall_causes[key] = self.stall_causes.get(key, 0) + 1
 
     def observe_scan(self, seconds: float) -> None:
         """One scan's duration, into the histogram."""
@@ -46,7 +53,8 @@ class Counters:
         """The counters as they stand, for the snapshot."""
         return CounterValues(dict(self.stalls), dict(self.kills), dict(self.job_kills),
                              self.invalid_records, self.probe_errors, self.loop_errors,
-                             tuple(self.scan_buckets), self.scan_sum, self.scan_count)
+                             tuple(self.scan_buckets), self.scan_sum, self.scan_count,
+                             dict(self.stall_causes))
 
 
 def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: Counters,
@@ -62,7 +70,8 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         # The flag could not be written (a full disk): the node needs its reboot all
         # the same, and says so from memory until the file is there.
         flag = {"reason": backlog.reboot_flags_unwritten[0], "unwritten": True}
-    shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt)
+    shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
+                              data_link=r.data_link, cause=r.cause)
                   for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank,
                                                         r.record.pid)))
     return NodeStatus(

@@ -84,6 +84,10 @@ class Rank:
     # write one naming a dead pid and any job), so its "crash" fences no one.
     seen_alive: bool = False
     attempt: int | None = None  # of its job, from `mlx-watchdog launch` (attempts.py)
+    # Shown, never judged by: its peers' data path as last probed while it waited
+    # long (probes/datalink.py), and the cause of the incident that acted on it.
+    data_link: str | None = None
+    cause: str | None = None
 
     @property
     def key(self) -> tuple[int, float]:

@@ -20,8 +20,8 @@ def current_op(record: Record) -> str:
 
 
 def rank_status(record: Record, state: State, verdict: Verdict | None, *,
-                reason: str = "", source: str = "daemon", attempt: int | None = None
-                ) -> RankStatus:
+                reason: str = "", source: str = "daemon", attempt: int | None = None,
+                data_link: str | None = None, cause: str | None = None) -> RankStatus:
     return RankStatus(
         pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
         world_size=record.world_size, attempt=attempt, backend=record.backend,
@@ -33,9 +33,10 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         busiest_thread_cpu=round(verdict.busiest_cpu, 3) if verdict else None,
         computing=verdict.computing if verdict else None,
         current_op=current_op(record),
-        last_collective=(Collective(record.flight[-1].number, record.flight[-1].op)
-                         if record.flight else None),
+        last_collective=(Collective(record.flight[-1].number, record.flight[-1].op,
+                                    record.flight[-1].nbytes) if record.flight else None),
         expect=(Expect(record.expect_seconds, record.expect_reason)
                 if record.expect_seconds > 0 else None),
         reason=reason or (verdict.reason if verdict else ""),
-        source=source)
+        source=source, data_link=data_link, cause=cause,
+        holding=(verdict.own.holding() or None) if verdict and verdict.own else None)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog import cause
 from watchdog.record import MAX_WORLD_SIZE
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.status import RANK_FIELDS, NodeStatus, RankStatus
@@ -132,7 +133,7 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
     view: dict[str, Any] = {"job": job, "uid": uid, "world_size": world,
                             "state": state, "ranks": [s.to_json() for s in seen],
                             "missing_ranks": missing,
-                            "culprit": None, "evidence": ""}
+                            "culprit": None, "evidence": "", "cause": None, "summary": ""}
     if ended:
         view["evidence"] = "; ".join(
             f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
@@ -140,6 +141,8 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         return view
     if not hung and not unknown:
         return view
+    finding = cause.decide([s.rank for s in seen], missing, unreachable)
+    view["cause"], view["summary"] = finding.cause, finding.summary
     names = ",".join(str(s.rank.rank) for s in waiting)
     wait_note = (f"ranks {names} wait in {_where(waiting[0].rank)}" if waiting
                  else "no rank waits")
@@ -184,7 +187,9 @@ def analyze(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     # A job is (owner uid, job id): another user's ranks naming the same id
     # are another job, and never its culprit.
     jobs: dict[tuple[int, str], list[Seen]] = {}
-    unreachable = [n["peer"] for n in nodes if not n["ok"]]
+    # A node whose earlier ask failed but which answered since (late) is reachable.
+    answered = {n["peer"] for n in nodes if n["ok"]}
+    unreachable = [n["peer"] for n in nodes if not n["ok"] and n["peer"] not in answered]
     seen: set[tuple[Any, Any]] = set()  # a node listed twice (or itself) counts once
     statuses = [_status(n) if n["ok"] else None for n in nodes]
     for node, status in zip(nodes, statuses, strict=True):
@@ -227,6 +232,8 @@ def render_text(view: dict[str, Any]) -> str:
             c = job["culprit"]
             lines.append(f"  culprit: rank {c['rank']} on {c['host'] or c['node'] or '?'}"
                          f" (pid {c['pid']}): {c['reason']}")
+        if job.get("cause"):
+            lines.append(f"  cause: {job['cause']}: {job.get('summary') or ''}")
         if job["evidence"]:
             lines.append(f"  evidence: {job['evidence']}")
     if not view["jobs"]:

@@ -34,6 +34,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from watchdog.cause import CAUSES
 from watchdog.states import ENDED, State
 from watchdog.status import NodeStatus, RankStatus
 
@@ -116,10 +117,14 @@ class SnapshotCollector:
         yield from per_rank.values()
 
         counters = snap.counters
-        stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict",
-                                     labels=["verdict"])
-        for verdict, n in counters.stalls.items():
-            stalls.add_metric([verdict], n)
+        stalls = CounterMetricFamily(PREFIX + "stalls", "Hangs acted on, by verdict and cause",
+                                     labels=["verdict", "cause"])
+        for verdict, total in counters.stalls.items():  # every pair, from 0
+            by_cause = {c: counters.stall_causes.get(f"{verdict}:{c}", 0) for c in CAUSES}
+            # Hangs counted without a cause (a daemon before causes) are `unknown`.
+            by_cause["unknown"] += max(0, total - sum(by_cause.values()))
+            for cause, n in by_cause.items():
+                stalls.add_metric([verdict, cause], n)
         yield stalls
         kills = CounterMetricFamily(PREFIX + "kills", "Signals sent to end ranks",
                                     labels=["signal"])

@@ -82,6 +82,8 @@ def test_frozen_rank_is_named_and_the_job_ended(tmp_path):
     assert re.search(r"watchdog sees: rank 0 (stalled|blocked) .*rank 1 stopped", out), out
     assert re.search(r"verdict (stalled|blocked)", out), out
     assert f"culprit: rank 1 pid {frozen.group(1)}: stopped" in out, out
+    assert re.search(rf"cause: peer_stopped: rank 1 on \S+ \(pid {frozen.group(1)}\) is "
+                     r"stopped at all_sum #\d+", out), out
     assert re.search(r"watchdog sees: rank 0 killed; rank 1 killed; rank 2 killed", out), out
     assert "SIGTERM to rank 1" in out and "evidence:" in out, out
     # The hung rank's Python stack, down to the demo rank's own line of code.

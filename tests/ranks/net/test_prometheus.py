@@ -140,7 +140,7 @@ def test_prometheus_sees_the_stall_and_the_kill(tmp_path, record_dir, state_dir)
                 base, f'mlx_watchdog_job_kills_total{{mlx_job="{name}"}} == 2'), 10,
                 what="the job's kills in prometheus")
             assert job_kills[0]["metric"]["instance"] == target
-            stalls = query(base, 'mlx_watchdog_stalls_total{verdict="stalled"}')
+            stalls = query(base, 'sum(mlx_watchdog_stalls_total{verdict="stalled"})')
             assert [float(r["value"][1]) for r in stalls] == [1.0], stalls
         finally:
             prom.terminate()

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.ranks import samples, value
+from watchdog.cause import CAUSES
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.publish import SCAN_BUCKETS
@@ -61,7 +62,7 @@ RANK_VALUES = {
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
 # Labels a series may carry; pid and thread ids never (unbounded cardinality).
-ALLOWED_LABELS = {"mlx_job", "rank", "state", "verdict", "signal", "le", "version",
+ALLOWED_LABELS = {"mlx_job", "rank", "state", "verdict", "cause", "signal", "le", "version",
                   "python", "event", "mode"}
 
 
@@ -88,7 +89,8 @@ def snapshot(**over: object) -> dict:
         "ranks": [rank("train", 0, "running"), rank("train", 1, "stalled"),
                   rank("train", 2, "stopped"), rank("serve", 0, "idle")],
         "invalid_records": {},
-        "counters": {"stalls": {"stalled": 2, "blocked": 1}, "kills": {"SIGTERM": 3,
+        "counters": {"stalls": {"stalled": 2, "blocked": 1},
+                     "stall_causes": {"stalled:peer_stopped": 1}, "kills": {"SIGTERM": 3,
                                                                        "SIGKILL": 1},
                      "job_kills": {"train": 3, "serve": 0}, "invalid_records": 7,
                      "probe_errors": 4, "loop_errors": 0, "scan_buckets": buckets,
@@ -153,8 +155,14 @@ def test_rank_values_come_from_the_snapshot():
 
 def test_node_and_daemon_families():
     families = parse(snapshot())
-    assert value(families, P + "stalls_total", verdict="stalled") == 2
-    assert value(families, P + "stalls_total", verdict="blocked") == 1
+    # By verdict and cause, every pair from 0; a hang counted without a cause (a
+    # daemon before causes) is `unknown`.
+    assert sum(samples(families, P + "stalls_total", verdict="stalled").values()) == 2
+    assert value(families, P + "stalls_total", verdict="stalled", cause="peer_stopped") == 1
+    assert value(families, P + "stalls_total", verdict="stalled", cause="unknown") == 1
+    assert value(families, P + "stalls_total", verdict="blocked", cause="unknown") == 1
+    assert value(families, P + "stalls_total", verdict="blocked", cause="mismatch") == 0
+    assert {dict(k)["cause"] for k in samples(families, P + "stalls_total")} == set(CAUSES)
     assert value(families, P + "kills_total", signal="SIGTERM") == 3
     assert value(families, P + "kills_total", signal="SIGKILL") == 1
     assert value(families, P + "job_kills_total", mlx_job="train") == 3

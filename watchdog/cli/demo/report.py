@@ -30,6 +30,8 @@ def incident_lines(inc: Incident, state_dir: str, t0_wall: float) -> list[str]:
     out.append(f"  job {inc.job} on {inc.host}: verdict {inc.verdict}, "
                f"{inc.seconds_without_progress:.1f}s without progress, busiest "
                f"thread got {inc.busiest_thread_cpu:.0%} of a core")
+    if inc.cause:
+        out.append(f"  cause: {inc.cause}: {inc.summary}")
     out.append(f"  reason: {inc.reason}")
     named = culprit(inc)
     if named:

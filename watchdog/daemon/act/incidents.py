@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
+from typing import Any
 
+from watchdog import cause
 from watchdog.daemon.ranks import Rank
+from watchdog.daemon.view import rank_status
 from watchdog.states import State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank
 
@@ -18,6 +22,35 @@ FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
 def culprit_of(host: str, rank: Rank, why: str) -> Culprit:
     return Culprit(host=host, rank=rank.record.rank, pid=rank.record.pid,
                    state=rank.state.value, reason=why)
+
+
+def waited_for(due: list[Rank], local: list[Rank]) -> tuple[Rank, str] | None:
+    """The local rank the due ones wait for, in a wait of its own (a save whose storage
+    stopped answering), not spinning and not ahead of them in the collective sequence;
+    and why."""
+    most = max((r.record.collectives for r in due), default=0)
+    for rank in sorted(local, key=lambda r: r.record.rank):
+        own = rank.verdict.own if rank.verdict is not None else None
+        if rank in due or own is None or own.spinning or rank.record.collectives > most:
+            continue
+        if own.quiet is None:
+            moved = "its I/O unknown"
+        elif (own.read or 0) + (own.written or 0) == 0:
+            moved = "no byte moved"
+        else:
+            moved = f"no byte moved for the last {own.quiet:.0f}s"
+        return rank, (f"in {own.op or 'a wait'} of its own for {own.seconds:.0f}s, {moved}, "
+                      "while its peers wait on it")
+    return None
+
+
+def death_culprit(host: str, rank: Rank, how: str) -> Culprit:
+    """A rank of the job that died: the culprit a fence (and the peers' incidents)
+    name, with its cause and one line."""
+    shown = rank_status(rank.record, rank.state, None)
+    return replace(culprit_of(host, rank, how), cause=cause.PEER_DEAD,
+                   summary=f"rank {rank.record.rank} on {host} (pid {rank.record.pid}) "
+                           f"{how} at {cause.where(shown)}; its peers cannot finish without it")
 
 
 def incident_rank(rank: Rank) -> IncidentRank:
@@ -45,6 +78,53 @@ def reason_of(worst: Rank, fenced: Fence | None) -> str:
     return f"peer {fenced.origin} fenced the job: {fenced.reason}"
 
 
+def local_finding(local: list[Rank]) -> cause.Finding:
+    """The cause as this node alone sees it: its live ranks of the job; the others
+    reported by no one (no peers asked), which decides nothing by itself."""
+    shown = [rank_status(r.record, r.state, r.verdict, reason=r.reason,
+                         data_link=r.data_link) for r in local]
+    world = max((r.record.world_size for r in local), default=0)
+    here = {r.record.rank for r in local}
+    return cause.decide(shown, [i for i in range(world) if i not in here])
+
+
+def fenced_finding(fenced: Fence) -> tuple[str, str]:
+    """(cause, summary) of a fenced job: a local rank's death, or the origin's words."""
+    c = fenced.culprit
+    if fenced.local:
+        if c is not None and c.summary:
+            return cause.PEER_DEAD, c.summary
+        who = (f"rank {c.rank} on {c.host} (pid {c.pid})" if c is not None
+               else "a rank of the job")
+        return cause.PEER_DEAD, f"{who} died: {fenced.reason}; its local peers are ended"
+    said = (c.summary if c is not None and c.summary else fenced.reason) or ""
+    return ((c.cause if c is not None and c.cause in cause.CAUSES else cause.UNKNOWN),
+            f"fenced by {fenced.origin}: {said}")
+
+
+def with_view(incident: Incident, view: dict[str, Any] | None) -> Incident:
+    """The incident with the cluster view's cause and one line (the peers answered);
+    a local culprit carries them too."""
+    if not view or not view.get("cause"):
+        return incident
+    found, summary = view["cause"], view.get("summary") or incident.summary
+    c = incident.culprit
+    return replace(incident, cause=found, summary=summary,
+                   culprit=replace(c, cause=found, summary=summary) if c else None)
+
+
+def fence_culprit(incident: Incident, view: dict[str, Any] | None) -> Culprit:
+    """What a fence names: the incident's culprit, else the cluster view's, else no
+    rank; always with the cause and its one line, which the peers' incidents take."""
+    if incident.culprit is not None:
+        return replace(incident.culprit, cause=incident.cause, summary=incident.summary)
+    named = (view or {}).get("culprit")
+    named = named if isinstance(named, dict) else {}
+    return Culprit(host=named.get("host"), rank=named.get("rank"), pid=named.get("pid"),
+                   state=named.get("state"), reason=named.get("reason"),
+                   cause=incident.cause, summary=incident.summary)
+
+
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
                  fenced: Fence | None) -> Incident:
@@ -52,6 +132,21 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     the job); `local` is every live local rank of the job, for the culprit."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
+    behind = waited_for(due, local)
+    if fenced is not None:
+        found, summary = fenced_finding(fenced)
+    else:
+        finding = local_finding(local)
+        found, summary = finding.cause, finding.summary
+    named = fenced.culprit if fenced is not None else None
+    if named is not None and named.rank is None and named.host is None and named.pid is None:
+        named = None  # a fence that names no rank: only its cause and line were sent
+    culprit = (named if fenced is not None else
+               culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
+                          "peers wait") if stopped else
+               culprit_of(host, behind[0], behind[1]) if behind else None)
+    if culprit is not None and fenced is None:
+        culprit = replace(culprit, cause=found, summary=summary)
     return Incident(
         id=time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
         time=wall,
@@ -64,6 +159,8 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         mode=mode,
         kill_scope=kill_scope,
         reason=reason_of(worst, fenced),
+        cause=found,
+        summary=summary,
         ranks=tuple(incident_rank(r) for r in targets),
         pids=tuple(r.record.pid for r in targets),
         seconds_without_progress=max(
@@ -73,7 +170,5 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         flight_recorder_tail={str(r.record.rank): tuple(
             FlightEntry(number=c.number, op=c.op, dtype=c.dtype, bytes=c.nbytes)
             for c in r.record.flight[-FLIGHT_TAIL:]) for r in due},
-        culprit=(fenced.culprit if fenced is not None else
-                 culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
-                            "peers wait") if stopped else None),
+        culprit=culprit,
     )

@@ -100,9 +100,17 @@ class Peers:
                              if s.node != "local" and s.rank.computing is True
                              and s.rank.state not in (State.STOPPED, State.EXITED,
                                                       State.KILLED)]
+                # A rank there in a wait of its own (a checkpoint) that ours may wait for.
+                holding = [{"rank": s.rank.rank, "host": s.rank.host, "pid": s.rank.pid,
+                            "what": s.rank.holding, "collectives": s.rank.collectives}
+                           for s in seen
+                           if s.node != "local" and s.rank.holding
+                           and s.rank.state not in (State.STOPPED, State.EXITED,
+                                                    State.KILLED)]
                 return {"culprit": view["culprit"], "evidence": view["evidence"],
+                        "cause": view.get("cause"), "summary": view.get("summary"),
                         "unreachable": [n["peer"] for n in nodes if not n["ok"]],
-                        "computing": computing}
+                        "computing": computing, "holding": holding}
         return None
 
     def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None) -> None:

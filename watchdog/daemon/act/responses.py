@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
+from watchdog.daemon.act.incidents import fence_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
 from watchdog.daemon.signaller import Target
@@ -104,12 +105,13 @@ class Responses:
             # incident and for the fence that tells the peers.
             named = Culprit.from_json((view or {}).get("culprit"))
             if named is not None:
-                incident = response.incident = replace(incident, culprit=named)
+                incident = response.incident = replace(incident, culprit=replace(
+                    named, cause=incident.cause, summary=incident.summary))
         if response.evidence and self.settings.mode == "enforce":  # a verdict of ours
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
             self.fence(response.uid, response.job, f"{incident.verdict}: {incident.reason}",
-                       incident.culprit)
+                       fence_culprit(incident, view))
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
                                               evidence=response.evidence, asked=asked)
@@ -127,9 +129,20 @@ class Responses:
             names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
             return Outcome(response.incident, held=f"held: rank {names} of the job is "
                                                    "computing (a slow peer, not a hang)")
-        log.error("job %s: %s; %s %s ranks %s", response.job, response.incident.reason,
+        # A rank there in a wait of its own, not ahead of ours: the job's pace.
+        ours = max((r.collectives or 0 for r in response.incident.ranks), default=0)
+        pace = [h for h in (view or {}).get("holding") or []
+                if isinstance(h.get("collectives"), int) and h["collectives"] <= ours]
+        if pace and response.may_hold:
+            h = pace[0]
+            return Outcome(response.incident,
+                           held=f"held: rank {h['rank']} on {h['host']} is {h['what']}")
+        response.incident = with_view(response.incident, view)
+        log.error("job %s: %s; %s %s ranks %s; cause %s: %s", response.job,
+                  response.incident.reason,
                   "ending" if self.settings.mode == "enforce" else "observing",
-                  len(response.targets), sorted(t.rank for t in response.targets))
+                  len(response.targets), sorted(t.rank for t in response.targets),
+                  response.incident.cause, response.incident.summary)
         self._begin(response, view, asked=True)
         return None
 

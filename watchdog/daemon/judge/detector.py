@@ -32,6 +32,7 @@ from watchdog.daemon.judge.deadlines import (
     kind_of,
     learning_keys,
 )
+from watchdog.daemon.judge.ownwait import OwnWait
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
     KERNEL_SPIN_BACKENDS,
@@ -84,6 +85,11 @@ class Track:
     computing: deque[bool] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
     python_busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
     native_busy: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_WINDOW))
+    # The process's I/O counters (read, written): as last sampled, at the start of the
+    # current stretch, and when they last moved (ns; 0: not yet seen).
+    io: tuple[int, int] | None = None
+    io_base: tuple[int, int] | None = None
+    io_moved_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class Verdict:
     act: bool  # due long enough: escalate now
     reason: str
     computing: bool = False  # over this stretch the rank mostly looked like computing
+    collectives: int = 0  # the rank's collectives issued (which one the others wait in)
+    own: OwnWait | None = None  # its wait, when one of its own (ownwait.py)
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -241,6 +249,15 @@ class Detector:
             track.wait_key, track.due_ticks = wait_key, 0
             for window in (track.busy, track.computing, track.python_busy, track.native_busy):
                 window.clear()
+            # Bytes are counted from here; a wait first seen already under way counts as
+            # quiet since it began until the next sample shows its counters move.
+            track.io_base = sample.io
+            track.io_moved_ns = record.wait_since_ns if waiting else now_ns
+        if sample.io is not None and track.io is not None and sample.io != track.io:
+            track.io_moved_ns = now_ns
+        if track.io_base is None:
+            track.io_base = sample.io
+        track.io = sample.io
         if measured and cpu:
             # How much a thread wanted a core, not what it got: on a loaded machine a
             # spinning thread gets a fraction of one (thread_tick).
@@ -257,10 +274,13 @@ class Detector:
                 and record.expect_seconds == 0 and not stopped):
             track.seen_wait = (kind, record.waits_completed, in_wait)
 
+        own = (self._own(record, sample, track, in_wait, deadline, now_ns)
+               if waiting and record.phase == Phase.WAIT and not stopped else None)
+
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
             return Verdict(state, deadline, seconds, since_progress, track.busiest, act,
-                           reason, busy)
+                           reason, busy, record.collectives, own)
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -274,6 +294,11 @@ class Detector:
         what = f"in {record.op or 'a wait'} for {in_wait:.1f}s"
         if in_wait < deadline:
             return verdict(State.SUSPECT, f"{what}, past half the {deadline:g}s deadline")
+        if own is not None and own.moving(rules.auto_floor):
+            # A save or load still moving bytes is not stuck, however long it takes.
+            track.due_ticks = 0
+            return verdict(State.SUSPECT, f"{what}, past the {deadline:g}s deadline but "
+                                          f"{own.describe()}, bytes moving")
 
         # Past the deadline. A spinning thread over most of the wait means the
         # seeds' hang (a survivor polling a dead or frozen peer); a quiet one may
@@ -288,6 +313,24 @@ class Detector:
             reason = f"{what}, past the {deadline:g}s deadline, nothing spinning"
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
+
+    def _own(self, record: Record, sample: ProcessSample, track: Track, in_wait: float,
+             deadline: float, now_ns: int) -> OwnWait | None:
+        """The current wait, when it is one of the rank's own: no collective it issued is
+        outstanding (the last one was issued before its last completed wait ended), so
+        it waits on nothing of its peers'; with the bytes moved since it began."""
+        if record.flight and record.flight[-1].issued_ns > record.last_progress_ns:
+            return None
+        read = written = quiet = None
+        if sample.io is not None and track.io_base is not None:
+            read = max(0, sample.io[0] - track.io_base[0])
+            written = max(0, sample.io[1] - track.io_base[1])
+            # In an `hb.expect()` window the user's deadline is the wait's, silent or not.
+            quiet = None if record.expect_seconds > 0 else max(
+                0.0, (now_ns - track.io_moved_ns) / NS)
+        spinning = len(track.busy) >= 2 and _median(track.busy) >= self.rules.spin_ratio
+        return OwnWait(record.op, in_wait, deadline, read, written, quiet, spinning,
+                       self.rules.auto_floor)
 
     def _computing(self, record: Record, tick: ThreadTick) -> bool:
         """Does this interval look like the rank computing, rather than waiting?"""
@@ -336,10 +379,25 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
     any rank of the job, the due one included, looks like it is computing,
     the others wait on a slow peer, not a dead one. That excuse ends at the
     blocked deadline, so a misread can delay a verdict but never prevent it.
+
+    So does a rank the due one may wait for (not ahead of it in collectives issued:
+    those of an `mx.compile`d step are counted once, at the trace, so counts can tie)
+    busy in a wait of its own (ownwait.py), not spinning: within that wait's own
+    deadline, up to the same bound; or a save or load still moving bytes, however long
+    (up to ownwait.MAX_IO_HOLD). A save or load that moved no byte for the stuck window
+    (`auto_floor`) holds nobody.
     """
-    if due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline):
-        return ""
     live = [(r, v) for r, v in job if v.state != State.STOPPED]
+    bounded = due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline)
+    for r, v in sorted(live, key=lambda item: item[0]):
+        own = v.own
+        if r == rank or own is None or v.collectives > due.collectives:
+            continue
+        what = own.holds(rules.auto_floor)
+        if what and (own.moving(rules.auto_floor) or not bounded):
+            return f"held: rank {r} is {what}"
+    if bounded:
+        return ""
     busy = sorted(r for r, v in live if v.computing)
     if busy:
         names = ", ".join(str(r) for r in busy)

@@ -49,6 +49,11 @@ class ProcessSample:
     # False when the kernel marks it not dumpable (setuid, or PR_SET_DUMPABLE 0):
     # it must not be traced or signalled for its user; None when unknown.
     dumpable: bool | None = None
+    # Bytes the process has read and written so far, every thread and every kind of
+    # file (storage, a pipe, a network mount): /proc/<pid>/io's rchar and wchar on
+    # Linux, proc_pid_rusage's disk bytes on macOS; None when unknown. A checkpoint
+    # that writes moves them, one stuck on storage that never answers does not.
+    io: tuple[int, int] | None = None
 
 
 STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})

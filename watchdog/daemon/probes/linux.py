@@ -35,6 +35,24 @@ def read_demand(pid: int, tids: list[int], proc: str = "/proc") -> tuple[tuple[i
     return tuple(found)
 
 
+def io_bytes(text: str) -> tuple[int, int]:
+    """/proc/<pid>/io's (rchar, wchar): the bytes passed to read- and write-like calls,
+    storage, pipes and network mounts alike (read_bytes and write_bytes count only what
+    reached a block device: not a FIFO, not a page cache flushed later)."""
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return int(fields["rchar"]), int(fields["wchar"])
+
+
+def read_io(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+    """The process's I/O counters, or None when they cannot be read (another user's
+    process without CAP_SYS_PTRACE, a kernel without task I/O accounting)."""
+    try:
+        with open(f"{proc}/{pid}/io") as f:
+            return io_bytes(f.read())
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def unevictable_bytes(meminfo: str) -> int:
     """Memory the kernel cannot reclaim: mlocked pages, SHM_LOCK'd segments, ramfs."""
     for line in meminfo.splitlines():
@@ -95,10 +113,11 @@ class LinuxProbe(Probe):
         if after != before:
             return None  # the pid was recycled mid-sample: ours is gone
         uids, dumpable = self._credentials(pid)
+        io = read_io(pid, self.proc)
         start_time = (sample.start_time if self.boot_time is None
                       else after / CLOCK_TICKS + self.boot_time())
         return replace(sample, start_time=start_time, start_ticks=after, demand=demand,
-                       uids=uids or sample.uids, dumpable=dumpable)
+                       uids=uids or sample.uids, dumpable=dumpable, io=io)
 
     def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None]:
         """(real, effective, saved, fs uids; dumpable) from /proc, or ((), None).

@@ -2,11 +2,54 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import struct
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, find_tool, samplegraph
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool, samplegraph
+
+RUSAGE_INFO_V2 = 2
+# struct rusage_info_v2 (<sys/resource.h>): a 16-byte uuid, 16 uint64 counters, then
+# ri_diskio_bytesread and ri_diskio_byteswritten; 8 more uint64 follow in v2.
+RUSAGE_V2_SIZE = 16 + 26 * 8
+DISKIO = struct.Struct("<QQ")
+DISKIO_OFFSET = 16 + 16 * 8
+
+
+def rusage_io(buffer: bytes) -> tuple[int, int]:
+    """(bytes read, bytes written) from a struct rusage_info_v2 as proc_pid_rusage fills it."""
+    if len(buffer) < DISKIO_OFFSET + DISKIO.size:
+        raise ValueError("a short rusage_info_v2")
+    read, written = DISKIO.unpack_from(buffer, DISKIO_OFFSET)
+    return int(read), int(written)
+
+
+@functools.lru_cache(maxsize=1)
+def _libproc() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("proc") or "/usr/lib/libproc.dylib")
+    except OSError:
+        return None
+
+
+def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
+    """The process's disk I/O counters through proc_pid_rusage, or None (no libproc, or
+    not permitted: another user's process without root)."""
+    lib = libproc if libproc is not None else _libproc()
+    if lib is None:
+        return None
+    buffer = ctypes.create_string_buffer(RUSAGE_V2_SIZE)
+    try:
+        if lib.proc_pid_rusage(ctypes.c_int(pid), ctypes.c_int(RUSAGE_INFO_V2), buffer) != 0:
+            return None
+    except (AttributeError, OSError):
+        return None
+    return rusage_io(buffer.raw)
 
 
 class MacProbe(Probe):
@@ -15,6 +58,10 @@ class MacProbe(Probe):
     the record's table of Python threads cannot be matched (see docs/limits.md)."""
 
     name = "macos"
+
+    def sample(self, pid: int) -> ProcessSample | None:
+        sample = super().sample(pid)
+        return None if sample is None else replace(sample, io=read_io(pid))
 
     def wired_bytes(self) -> int | None:
         try:

@@ -1,0 +1,62 @@
+"""The data-link probe (probes/datalink.py): a rank's peers read from its own TCP
+connections, each reached by a fresh connect; an answer (even a refusal) is a path
+that works, a connect that times out is a path that does not."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from watchdog.daemon.probes import datalink
+
+
+def test_the_remote_ends_of_a_process_connections_are_its_peers():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        ends = datalink.peer_addresses(os.getpid())
+        assert server.getsockname() in ends  # the side we connected to
+        assert client.getsockname() in ends  # and the one that connected to us
+    finally:
+        for s in (client, accepted, server):
+            s.close()
+
+
+def test_a_listening_port_and_a_closed_one_both_answer():
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        assert datalink.connect(server.getsockname(), 1.0) == ""
+    finally:
+        server.close()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert datalink.connect(("127.0.0.1", port), 1.0) == ""  # refused: the host answered
+
+
+def test_one_path_that_does_not_answer_is_down_and_no_connection_is_not_probed():
+    said = {("10.0.0.2", 5151): "connect timed out after 1s", ("10.0.0.2", 40000): ""}
+    ends = list(said)
+    found = datalink.probe(7, 1.0, addresses=lambda pid: ends,
+                           connector=lambda a, t: said[a])
+    assert found == "down 10.0.0.2:5151 (connect timed out after 1s)"
+    assert datalink.probe(7, 1.0, addresses=lambda pid: ends[1:],
+                          connector=lambda a, t: said[a]) == datalink.UP
+    assert datalink.probe(7, 1.0, addresses=lambda pid: []).startswith("not probed: ")
+
+
+def test_the_prober_asks_once_per_period_and_forgets_ranks_no_longer_waiting():
+    ran: list = []
+    prober = datalink.Prober(lambda fn: (ran.append(fn), fn()), 0.5,
+                             probe_=lambda pid, timeout: f"probed {pid}")
+    prober.ask((1, 0.0), 10.0)
+    prober.ask((1, 0.0), 11.0)  # within the period: not again
+    assert len(ran) == 1 and prober.found[(1, 0.0)] == "probed 1"
+    prober.ask((1, 0.0), 12.5)
+    assert len(ran) == 2
+    prober.forget([])
+    assert prober.found == {} and prober.asked == {}
+    prober.ask((2, 0.0), 20.0, "jaccl")  # RDMA, or MPI's own listener: never knocked on
+    assert len(ran) == 2 and prober.found[(2, 0.0)] == "not probed: the jaccl backend"

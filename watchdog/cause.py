@@ -1,0 +1,187 @@
+"""Why a job hangs, in words an operator acts on: the cause vocabulary and its decision.
+
+Pure, like `daemon/judge/`: the ranks of one job as the reachable nodes report them
+(`status.RankStatus`, each with its node's data-link probe), the ranks no node
+reports, and the nodes that did not answer, in; a `Finding` (cause, culprit, one-line
+summary) out. It sits with the contracts, not under `daemon/`, because the cluster
+view (`net/cluster.py`, run by `cluster status` too) decides with it; the daemon
+decides with the same function, so an incident and `cluster status` agree.
+
+The decision table, first match wins (docs/operations.md has one section per cause):
+
+| cause               | the evidence                                                        |
+| ------------------- | ------------------------------------------------------------------- |
+| `peer_stopped`      | a rank of the job is stopped or traced (here or on a peer node)     |
+| `peer_dead`         | a rank of the job is gone while another waits                       |
+| `node_unreachable`  | a rank no node reports, and a node did not answer                   |
+| `data_link_down`    | every node answers, but a rank's probe of its peers' data path fails |
+| `mismatch`          | a rank waits while a peer is idle, or outside a wait and not computing, |
+|                     | or two ranks wait at the same collective number in different ops    |
+| `local_blocked`     | a rank waits past (half) its deadline and no thread of it spins     |
+| `unknown`           | a rank no node reports although every node answered; ranks waiting  |
+|                     | in different collectives; anything else                             |
+| `collective_wedged` | every rank of the job present, waiting in the same collective,      |
+|                     | spinning, every node and data link answering                        |
+
+A stopped or gone rank is a fact and wins over what is inferred from silence; a
+quiet rank among spinning peers is the culprit (the others spin waiting on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from watchdog.status import RankStatus
+
+PEER_STOPPED = "peer_stopped"
+PEER_DEAD = "peer_dead"
+NODE_UNREACHABLE = "node_unreachable"
+DATA_LINK_DOWN = "data_link_down"
+COLLECTIVE_WEDGED = "collective_wedged"
+MISMATCH = "mismatch"
+LOCAL_BLOCKED = "local_blocked"
+UNKNOWN = "unknown"
+CAUSES = (PEER_STOPPED, PEER_DEAD, NODE_UNREACHABLE, DATA_LINK_DOWN, COLLECTIVE_WEDGED,
+          MISMATCH, LOCAL_BLOCKED, UNKNOWN)
+
+# A wait's busiest thread demanding at least this much of a core spins (the detector's
+# spin ratio is a setting; this only reads what a node published: stalled or blocked
+# says it first, the figure only when no verdict was given yet).
+SPIN = 0.5
+_WAITING = ("wait", "init")
+_GONE = ("exited", "killed")
+_HUNG_STATES = ("stalled", "blocked", "unkillable")
+LINK_UP = "up"
+LINK_DOWN = "down"  # a data_link value "down ..." says which address and how
+
+
+@dataclass(frozen=True)
+class Finding:
+    cause: str
+    culprit: RankStatus | None  # None: a rank no node reports, or no one rank
+    summary: str  # who (rank, host, pid), where (op, collective, bytes), why
+
+
+def size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return ""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def where(rank: RankStatus) -> str:
+    """Its op and collective number, with the bytes: `all_sum #18231 (16 MiB)`."""
+    last = rank.last_collective
+    if last is None:
+        return "init" if rank.phase == "init" else "no collective yet"
+    nbytes = size(last.bytes)
+    return (f"{last.op or '?'} #{last.number if last.number is not None else '?'}"
+            + (f" ({nbytes})" if nbytes else ""))
+
+
+def who(rank: RankStatus) -> str:
+    return f"rank {rank.rank} on {rank.host or '?'} (pid {rank.pid})"
+
+
+def _names(ranks: Sequence[RankStatus]) -> str:
+    return ", ".join(str(r.rank) for r in ranks)
+
+
+def _wait_note(waiting: Sequence[RankStatus], verb: str = "wait", tail: str = "") -> str:
+    """`rank 0 on h0 (pid 5) waits for it in all_sum #3 (16 B)`, `ranks 0, 2 wait ...`."""
+    if not waiting:
+        return "no rank waits"
+    if len(waiting) == 1:
+        return f"{who(waiting[0])} {verb}s{tail} in {where(waiting[0])}"
+    return f"ranks {_names(waiting)} {verb}{tail} in {where(waiting[0])}"
+
+
+def spinning(rank: RankStatus) -> bool | None:
+    """Whether its wait spins: its state says so once judged, else its thread's demand."""
+    if rank.state == "stalled":
+        return True
+    if rank.state == "blocked":
+        return False
+    if rank.busiest_thread_cpu is None:
+        return None
+    return rank.busiest_thread_cpu >= SPIN
+
+
+def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
+           unreachable: Sequence[str] = ()) -> Finding:
+    """The cause of a hung job: `ranks` as the nodes that answered report them,
+    `missing` the rank numbers no node reports, `unreachable` the nodes that did not
+    answer (by address)."""
+    ranks = sorted(ranks, key=lambda r: (r.rank if r.rank is not None else -1, r.pid or 0))
+    waiting = [r for r in ranks if r.phase in _WAITING and r.state not in _GONE
+               and r.state != "stopped"]
+    stopped = [r for r in ranks if r.state == "stopped"]
+    gone = [r for r in ranks if r.state in _GONE]
+    if stopped:
+        r = stopped[0]
+        return Finding(PEER_STOPPED, r, f"{who(r)} is stopped at {where(r)}"
+                       + (f"; {_wait_note(waiting, tail=' for it')}" if waiting else ""))
+    if gone and waiting:
+        r = gone[0]
+        how = f"{r.state}: {r.reason}" if r.reason else r.state
+        return Finding(PEER_DEAD, r, f"{who(r)} is gone ({how}) at {where(r)}; "
+                                     + _wait_note(waiting, tail=" for it"))
+    if missing and unreachable:
+        nodes = ", ".join(unreachable)
+        return Finding(NODE_UNREACHABLE, None,
+                       f"rank {missing[0]} is behind unreachable node {nodes} (no answer); "
+                       + _wait_note(waiting))
+    down = [r for r in ranks if (r.data_link or "").startswith(LINK_DOWN)]
+    if down:
+        r = down[0]
+        return Finding(DATA_LINK_DOWN, r,
+                       f"{who(r)} cannot reach its peer over the ranks' own connection "
+                       f"({r.data_link}) while every node's daemon answers; "
+                       + _wait_note(waiting))
+    outside = [r for r in ranks if r not in waiting and r not in gone
+               and (r.phase == "idle" or r.computing is not True)]
+    if waiting and outside:
+        r, w = outside[0], waiting[0]
+        doing = "idle (hb.idle)" if r.phase == "idle" else "outside any wait, not computing"
+        return Finding(MISMATCH, r, f"{who(w)} waits in {where(w)} while {who(r)} is "
+                                    f"{doing}: a collective skipped or reordered")
+    by_number: dict[int, RankStatus] = {}
+    for w in waiting:
+        last = w.last_collective
+        if last is None or last.number is None:
+            continue
+        other = by_number.setdefault(last.number, w)
+        if other.last_collective and other.last_collective.op != last.op:
+            return Finding(MISMATCH, w, f"{who(other)} waits in {where(other)} while "
+                                        f"{who(w)} waits in {where(w)}: the ranks issued "
+                                        "different collectives")
+    # Past its deadline (or half of it: a peer node's scan may lag the verdict here).
+    quiet = [w for w in waiting if w.state in (*_HUNG_STATES, "suspect")
+             and spinning(w) is False]
+    if quiet:
+        r = quiet[0]
+        spin = [w for w in waiting if spinning(w)]
+        return Finding(LOCAL_BLOCKED, r,
+                       f"{who(r)} waits quietly in {where(r)}, no thread spinning "
+                       "(a wedged GPU or a broken group)"
+                       + (f"; {_wait_note(spin, 'spin')} waiting on it" if spin else ""))
+    if missing:
+        return Finding(UNKNOWN, None, f"{_wait_note(waiting)}; rank {missing[0]} is not "
+                                      "reported by any node, though every node answered")
+    numbers = {w.last_collective.number if w.last_collective else None for w in waiting}
+    if waiting and len(waiting) == len(ranks) and len(numbers) == 1 \
+            and all(spinning(w) for w in waiting):
+        return Finding(COLLECTIVE_WEDGED, None,
+                       f"{_wait_note(waiting, 'spin')}, every node and link answering: "
+                       "the backend itself is stuck")
+    if len(numbers) > 1:
+        behind = min(waiting, key=lambda w: (w.last_collective.number or 0)
+                     if w.last_collective else 0)
+        return Finding(UNKNOWN, behind, f"ranks wait in different collectives; {who(behind)} "
+                                        f"is furthest behind, in {where(behind)}")
+    return Finding(UNKNOWN, waiting[0] if waiting else None,
+                   f"{_wait_note(waiting)}; the evidence does not decide")

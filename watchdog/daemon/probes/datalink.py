@@ -1,0 +1,121 @@
+"""A rank's data path to its peers, probed: is the network between the ranks there?
+
+A ring rank keeps TCP connections to its neighbours (it listens on the address of
+the hostfile and connects to theirs; the listeners close after init, so the
+addresses are read from its established connections, not from a hostfile that exo
+deletes after init). The probe opens a fresh TCP connection to each remote end
+(the daemon runs next to the rank, so it takes the same route): an answer, even a
+refusal, means the peer's host is reachable on that path; a connect that times out
+or finds no route means it is not. One timeout among the answers is "down": a
+firewall that drops only the ranks' port shows on the connect to that port.
+
+JACCL moves its data over RDMA (Thunderbolt), MPI through its own transports (whose
+TCP listener a stray connect could upset): only ring ranks are probed; the others,
+and a ring rank with no TCP connection to another host, are "not probed" (the
+cause then comes from the rest of the evidence).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Callable, Iterable
+
+import psutil
+
+UP = "up"
+# Refused or reset: a host answered on that path (nothing listens on an ephemeral port).
+_ANSWERED = (errno.ECONNREFUSED, errno.ECONNRESET)
+MAX_ADDRESSES = 8  # a rank with many connections: the first few tell
+
+
+def peer_addresses(pid: int) -> list[tuple[str, int]]:
+    """The remote ends of the rank's established TCP connections (empty: none, or they
+    cannot be read)."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    out: list[tuple[str, int]] = []
+    for c in conns:
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr and (c.raddr.ip, c.raddr.port) \
+                not in out:
+            out.append((c.raddr.ip, c.raddr.port))
+    return out[:MAX_ADDRESSES]
+
+
+def connect(address: tuple[str, int], timeout: float) -> str:
+    """"" when the host answered on this path, else how the connect failed."""
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+        except TimeoutError:
+            return f"connect timed out after {timeout:g}s"
+        except OSError as err:
+            if err.errno in _ANSWERED:
+                return ""
+            return os_error(err)
+    return ""
+
+
+def os_error(err: OSError) -> str:
+    return (errno.errorcode.get(err.errno, str(err.errno)) if err.errno else str(err)).lower()
+
+
+def probe(pid: int, timeout: float,
+          addresses: Callable[[int], Iterable[tuple[str, int]]] = peer_addresses,
+          connector: Callable[[tuple[str, int], float], str] = connect) -> str:
+    """`up`, `down <ip:port> (<how>)`, or `not probed: <why>`."""
+    ends = list(addresses(pid))
+    if not ends:
+        return "not probed: no TCP connection to a peer (JACCL or MPI, or none yet)"
+    for address in ends:
+        failed = connector(address, timeout)
+        if failed:
+            return f"down {address[0]}:{address[1]} ({failed})"
+    return UP
+
+
+PROBE_EVERY = 2.0  # seconds between probes of one rank while it waits long
+
+
+class Prober:
+    """Probes of waiting ranks' data paths on the daemon's workers, at most one under
+    way per rank and one every PROBE_EVERY seconds; `found` gives each rank's last
+    result (its key: pid and start time)."""
+
+    def __init__(self, submit: Callable[..., object], timeout: float,
+                 probe_: Callable[[int, float], str] = probe) -> None:
+        self.submit, self.timeout, self.probe = submit, timeout, probe_
+        self.asked: dict[tuple[int, float], float] = {}  # key -> when last asked
+        self.found: dict[tuple[int, float], str] = {}
+
+    def ask(self, key: tuple[int, float], now: float, backend: str = "ring") -> None:
+        if now - self.asked.get(key, -PROBE_EVERY) < PROBE_EVERY:
+            return
+        self.asked[key] = now
+        if backend != "ring":
+            # Only the ring's sockets are known safe to knock on: its listeners close
+            # after init, while MPI's TCP transport keeps accepting connections.
+            self.found[key] = f"not probed: the {backend or 'unknown'} backend"
+            return
+
+        def run() -> None:
+            try:
+                self.found[key] = self.probe(key[0], self.timeout)
+            except Exception as err:  # noqa: BLE001 - a failed probe is a result
+                self.found[key] = f"not probed: {err}"
+
+        try:
+            self.submit(run)
+        except RuntimeError:  # the executor is shut down: the daemon is stopping
+            pass
+
+    def forget(self, keep: Iterable[tuple[int, float]]) -> None:
+        """Drop what is known of every rank but `keep` (those still waiting long)."""
+        keep = set(keep)
+        for table in (self.asked, self.found):
+            for key in [k for k in table if k not in keep]:
+                table.pop(key, None)
