@@ -28,7 +28,12 @@ keeps 64 HTTP connections to the daemon open, trickling a byte a second; a
 crowd of 40 sleeping processes of it publish valid records (the daemon runs at
 a 256-descriptor limit); one of them waits on ever-new unknown op codes. None
 of the crowd may be signalled, the state disk must keep room, no response may
-be left unfinished, and the learned kinds of that user stay bounded.
+be left unfinished, and the learned kinds of that user stay bounded. And (issue
+30): batches of one-process jobs of that user hang ignoring the dump signal (each
+capture waits out its time box: they once starved every worker), and a process of
+it sends the largest request heads the HTTP parser takes, over and over. Each of
+those hangs must be ended and journaled, and the real jobs' hangs still caught
+within their slack.
 
 An oracle then checks every incident of `incidents.jsonl` and every process
 exit against what was injected, and prints the figures. Exit status 1 when
@@ -195,6 +200,63 @@ def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
         os._exit(1)
 
 
+def spawn_hung_member(record_dir: Path, n: int) -> int:
+    """A one-process job of OTHER_UID hung in a wait since boot, whose record names
+    SIGUSR2 for stack dumps, which it ignores: every capture waits out its time box."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.chdir(record_dir)
+        _become_other_user()
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        me = os.getpid()
+        writer = record.RecordWriter(
+            f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
+            host="hung", job=f"hung-{n}", rank=0, world_size=1, backend="ring",
+            dump_signal=int(signal.SIGUSR2), start_ticks=read_start_ticks("self"))
+        writer.begin()
+        writer.write_hot(1, 1, 0, 0, Phase.WAIT, record.OP_CODE["all_sum"], 1, 1, 1, 0, 0)
+        writer.write_expect(0.5, 1, "")
+        writer.end()
+        while True:
+            time.sleep(1)
+    finally:
+        os._exit(1)
+
+
+def spawn_head_flood(host: str, port: int, threads: int = 4) -> int:
+    """A process of OTHER_UID sending, from `threads` threads over and over, the
+    largest request head the standard HTTP parser takes (100 headers of 64 KiB)."""
+    import socket
+    import threading
+
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _become_other_user()
+        head = (b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                + b"".join(b"X-P%02d: %s\r\n" % (k, b"a" * 65000) for k in range(100))
+                + b"\r\n")
+
+        def flood() -> None:
+            while True:
+                try:
+                    with socket.create_connection((host, port), timeout=5) as conn:
+                        conn.sendall(head)
+                        conn.recv(64)
+                except OSError:
+                    time.sleep(0.01)
+
+        for _ in range(threads):
+            threading.Thread(target=flood, daemon=True).start()
+        while True:
+            time.sleep(1)
+    finally:
+        os._exit(1)
+
+
 def spawn_slow_client(host: str, port: int, connections: int = 64) -> int:
     """A process of OTHER_UID holding `connections` HTTP connections to the daemon,
     each sending a byte a second and reopened when cut (slow clients)."""
@@ -290,6 +352,9 @@ class Soak:
         self.use_strangers = config.strangers and os.geteuid() == 0
         self.crowd: list[int] = []  # the second user's sleeping processes
         self.slow_client: int | None = None
+        self.head_flood: int | None = None
+        self.hung: dict[int, float] = {}  # the second user's hung one-process jobs -> spawned
+        self.hung_ended: dict[int, int] = {}  # pid -> exit status (reaped before cleanup)
         self.state_dir = self.workdir / "state"
         self.state_mounted = False
         if self.use_strangers:
@@ -467,11 +532,37 @@ class Soak:
             self.crowd.append(spawn_crowd_member(self.record_dir, n, mint=n == 0))
         host, port = self.daemon.url().removeprefix("http://").rsplit(":", 1)  # type: ignore[attr-defined]
         self.slow_client = spawn_slow_client(host, int(port))
-        self.say(f"hostile user: crowd {len(self.crowd)}, slow client {self.slow_client}")
+        self.head_flood = spawn_head_flood(host, int(port))
+        self.hung_batch(16)
+        self.say(f"hostile user: crowd {len(self.crowd)}, slow client {self.slow_client}, "
+                 f"head flood {self.head_flood}, hung {len(self.hung)}")
+
+    def hung_batch(self, count: int) -> None:
+        """`count` more hung one-process jobs of the second user (issue 30, attack 1)."""
+        for _ in range(count):
+            pid = spawn_hung_member(self.record_dir, len(self.hung))
+            self.hung[pid] = time.monotonic()
+
+    def reap_hung(self) -> None:
+        for pid in self.hung:
+            if pid in self.hung_ended:
+                continue
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if done:
+                self.hung_ended[pid] = os.waitstatus_to_exitcode(status)
 
     def hostile_figures(self) -> dict[str, Any]:
         """What the second user's attacks left: each must be zero or within its bound."""
         crowd_gone = [pid for pid in self.crowd if os.waitpid(pid, os.WNOHANG)[0]]
+        self.reap_hung()
+        journaled = {int(p) for inc in self.daemon.incidents() if inc.get("uid") == OTHER_UID
+                     for p, outcome in inc.get("outcome", {}).items() if outcome == "killed"}
+        now = time.monotonic()
+        hung_missed = [pid for pid, spawned in self.hung.items()
+                       if pid not in self.hung_ended and now - spawned > self.cfg.bound]
         pending = list((self.state_dir / "pending").glob("*.json"))
         unwritten = self.daemon.status().get("unwritten") or {}
         dumps = [f.stat().st_size for f in (self.state_dir / "evidence").glob("*/*-python.txt")]
@@ -490,7 +581,10 @@ class Soak:
                 "state_free_bytes": stats.f_bavail * stats.f_frsize,
                 "state_disk": "tmpfs 64 MiB" if self.state_mounted else "the work dir",
                 "learned_kinds_of_user": sorted(kinds),
-                "too_many_open_files": self.daemon.log().count("Too many open files")}
+                "too_many_open_files": self.daemon.log().count("Too many open files"),
+                "hung": len(self.hung), "hung_ended": len(self.hung_ended),
+                "hung_missed": len(hung_missed),
+                "hung_unjournaled": len(set(self.hung_ended) - journaled)}
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -501,6 +595,7 @@ class Soak:
                 self.hostile_start()
             next_fault = began + self.rng.uniform(*cfg.fault_gap)
             next_stranger = began + self.rng.uniform(*cfg.stranger_gap)
+            next_batch = began + 15.0
             while time.monotonic() < began + cfg.seconds:
                 self.tick()
                 self.fill()
@@ -509,6 +604,9 @@ class Soak:
                 if self.use_strangers and time.monotonic() >= next_stranger \
                         and self.stranger():
                     next_stranger = time.monotonic() + self.rng.uniform(*cfg.stranger_gap)
+                if self.use_strangers and time.monotonic() >= next_batch:
+                    self.hung_batch(8)
+                    next_batch = time.monotonic() + 15.0
                 time.sleep(0.05)
             drain_until = time.monotonic() + cfg.drain
             while time.monotonic() < drain_until and not self.settled():
@@ -537,7 +635,9 @@ class Soak:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
     def cleanup(self) -> None:
-        for pid in [*self.crowd, *([self.slow_client] if self.slow_client else [])]:
+        self.reap_hung()
+        extra = [p for p in (self.slow_client, self.head_flood) if p]
+        for pid in [*self.crowd, *extra, *(p for p in self.hung if p not in self.hung_ended)]:
             try:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -545,7 +645,9 @@ class Soak:
                 pass  # reaped already
             except ProcessLookupError:
                 pass
-        self.crowd, self.slow_client = [], None
+        self.crowd, self.slow_client, self.head_flood = [], None, None
+        self.hung_ended.update({p: -signal.SIGKILL for p in self.hung
+                                if p not in self.hung_ended})
         for stranger in self.strangers.values():
             if stranger.code is None:
                 stranger.cleanup = True
@@ -571,7 +673,7 @@ class Soak:
             # A job is (uid, job id): the stranger's incidents name a real job id
             # but may only ever hold the stranger's own processes.
             stranger = inc.get("uid") == OTHER_UID
-            allowed = self.strangers if stranger else self.owner
+            allowed = {**self.strangers, **self.hung} if stranger else self.owner
             if not stranger:
                 by_job.setdefault(inc["job"], []).append(inc)
             for pid_text, outcome in inc.get("outcome", {}).items():
@@ -711,6 +813,9 @@ def hostile_problems(h: dict[str, Any]) -> list[str]:
         problems.append(f"the state disk has {h['state_free_bytes']} bytes left")
     if any(k.startswith("?") for k in h["learned_kinds_of_user"]):
         problems.append(f"unknown op codes became kinds: {h['learned_kinds_of_user']}")
+    if h.get("hung_missed") or h.get("hung_unjournaled"):
+        problems.append(f"the second user's hung jobs: {h['hung_missed']} not ended, "
+                        f"{h['hung_unjournaled']} ended with no incident")
     if h["too_many_open_files"]:
         problems.append(f"{h['too_many_open_files']} 'Too many open files' in the daemon's log")
     return problems
@@ -761,6 +866,10 @@ def report(figures: dict[str, Any]) -> str:
             f"{h['state_free_bytes'] >> 20} MiB ({h['state_disk']}); pending "
             f"{h['pending_left']}, unwritten {h['unwritten']}; learned kinds "
             f"{h['learned_kinds_of_user']}")
+        lines.append(
+            f"hung crowd          {h['hung']} one-process jobs ignoring the dump signal: "
+            f"ended {h['hung_ended']}, not ended {h['hung_missed']}, ended unjournaled "
+            f"{h['hung_unjournaled']}; huge request heads under way the whole soak")
     lines += [f"PROBLEM: {p}" for p in f["problems"]]
     if f.get("kept"):
         lines.append(f"logs kept in {f['kept']} (daemon-*.log, jobs/*/rank*.log)")

@@ -22,6 +22,7 @@ fit for a relaunch) and `gave up` (13: attempts in a row without progress).
 from __future__ import annotations
 
 import enum
+import os
 import re
 import signal
 from dataclasses import dataclass, field
@@ -162,19 +163,23 @@ def backoff(base: float, restart: int) -> float:
 
 
 def incident_for(incidents: list[dict[str, Any]], job: str, attempt: Attempt,
-                 slack: float = 1.0) -> Incident | None:
+                 slack: float = 1.0, uid: int | None = None) -> Incident | None:
     """The daemon's incident that ended this attempt of `job`, if any (newest first).
 
-    The job keeps its name across attempts, so an incident counts only if it
-    came after the attempt started, names this attempt when it names one, and
-    ended ranks we saw when we saw any.
+    Only an incident of our own uid (`uid`, default the launcher's) counts: a job
+    id is world-readable (mlx.launch's command line), and another user's hung
+    process naming it gets an incident of theirs journaled under it. The job
+    keeps its name across attempts, so an incident counts only if it came after
+    the attempt started, names this attempt when it names one, and ended ranks
+    we saw when we saw any.
     """
+    own = os.getuid() if uid is None else uid
     for line in reversed(incidents):
         try:
             found = Incident.from_json(line)
         except ValueError:
             continue  # no id: no incident of ours
-        if found.job != job or not found.time:
+        if found.job != job or not found.time or found.uid != own:
             continue
         if found.time < attempt.started - slack:
             continue  # an earlier attempt's (appended in the order responses ended)

@@ -20,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from watchdog import __version__, record
-from watchdog.daemon import attempts
+from watchdog.daemon import attempts, roomkeeper
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import death_culprit, new_incident
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Response, Responses
+from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import Settings
 from watchdog.daemon.holds import hold
 from watchdog.daemon.judge.detector import Detector
@@ -64,8 +65,12 @@ class Daemon:
         self.settings = settings
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
-        # The responses' workers: the peers' answers, evidence and its parse.
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="escalate")
+        # The responses' workers, each kind its own so none waits behind another:
+        # evidence and its parse (one capture in flight per uid: workers.py), the
+        # peers' views, and fences (what a peer's job waits on).
+        self.executor = FairWork(4, "evidence")
+        self.asking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peers")
+        self.fencing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fence")
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=wall,
                                  executor=self.executor)
         self.learned = learning.Keeper(settings.state_dir, wall())
@@ -98,11 +103,14 @@ class Daemon:
         self.stop_event = threading.Event()
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
-        self.peers = Peers(settings, self.host, self.executor, self.started)
-        # A rank waiting long: its data path to its peers probed (a cause's evidence).
-        self.links = Prober(self.executor.submit, min(1.0, settings.peer_timeout))
+        self.peers = Peers(settings, self.host, self.asking, self.started,
+                           fencing=self.fencing)
+        # A rank waiting long: its data path to its peers probed (a cause's evidence),
+        # on workers of its own: a probe never delays a capture, a view or a fence.
+        self.probing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="links")
+        self.links = Prober(self.probing.submit, min(1.0, settings.peer_timeout))
         self.responses = Responses(
-            settings, self.enforcer, self.peers, self.executor,
+            settings, self.enforcer, self.peers, self.asking,
             lambda *fence: self._fence_peers(*fence),  # looked up late: tests watch it
             lambda: self.snapshot, lambda: self.baseline)
         self.wake = threading.Event()  # set by the exit watcher: scan now
@@ -133,6 +141,7 @@ class Daemon:
         now_ns = self.clock_ns()
         now = now_ns / 1e9
         self._collect_finished()
+        roomkeeper.keep_room(self.settings.dir)  # one statvfs; room for every user's ranks
         self.invalid = {}
         seen: set[tuple[int, float]] = set()
         # A job is its owner's uid with its id: job ids are world-readable and
@@ -529,8 +538,14 @@ class Daemon:
             def others_live(keys: list[tuple[int, float]] = keys) -> bool:
                 return any(r.state not in FINAL for k, r in self.ranks.items() if k not in keys)
 
-            self.responses.adopt(self.enforcer.resume(entry, others_live), keys,
-                                 self.clock_ns() / 1e9)
+            try:
+                ladder = self.enforcer.resume(entry, others_live)
+            except Exception as err:  # noqa: BLE001 - a bad entry never stops a start
+                self.replaying.difference_update(keys)
+                pending.set_aside(pending.path_of(self.settings.state_dir, entry.incident.id),
+                                  repr(err))
+                continue
+            self.responses.adopt(ladder, keys, self.clock_ns() / 1e9)
 
     # -- publishing ------------------------------------------------------------
 
@@ -625,4 +640,7 @@ class Daemon:
             # next daemon completes from the journal).
             self.responses.finish(lambda: self.clock_ns() / 1e9)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.asking.shutdown(wait=False, cancel_futures=True)
+        self.probing.shutdown(wait=False, cancel_futures=True)
+        self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")

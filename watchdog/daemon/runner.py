@@ -6,11 +6,11 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 from typing import Any
 
 from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupError, load
+from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
 from watchdog.net.metrics import serve
@@ -105,9 +105,13 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
                overrides: dict[str, Any] | None = None) -> None:
     """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own.
     SIGHUP reads the config file again and applies what can change while running."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = RotatingStream()  # stderr; rotated in place when a plain file (launchd)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
+    handler.addFilter(RepeatFilter())  # what others can make us log is bounded
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    # Whatever umask it inherited (000 from a careless unit): nothing it creates,
+    # parents of its directories included, is writable by others.
+    os.umask(0o022)
     dirs.prepare(settings.dir, settings.state_dir)
     # One daemon per directory: the state directory's lock (kept for our life), and no
     # other live daemon's pointer in the record directory.
@@ -126,7 +130,7 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
                        daemon.fence_request if settings.secret else None,
-                       job_label=settings.job_label)
+                       peers=settings.peers, job_label=settings.job_label)
     except OSError as err:
         raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
     log = logging.getLogger("watchdog")

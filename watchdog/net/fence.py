@@ -16,6 +16,8 @@ cannot be read at start, every fence is refused for that long instead.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -27,6 +29,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from watchdog.daemon.store.journal import open_regular
 from watchdog.status import Culprit, Fence
 
 WINDOW = 30.0  # seconds a fence stays valid; node clocks must agree this well (NTP)
@@ -85,7 +88,7 @@ class NonceCache:
 
     def _load(self, path: str, now: float) -> None:
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path), "rb") as f:
                 lines = f.read(64 << 20).splitlines()
         except FileNotFoundError:
             return
@@ -107,7 +110,10 @@ class NonceCache:
         assert self._path is not None
         tmp = self._path + ".tmp"
         try:
-            with open(tmp, "w") as f:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # whatever is there (ours from a cut run, or planted)
+            fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
                 for nonce, seen in self._seen.items():
                     f.write(json.dumps([nonce, seen]) + "\n")
                 f.flush()
@@ -119,7 +125,7 @@ class NonceCache:
 
     def _persist(self, nonce: str, now: float) -> None:
         assert self._path is not None
-        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = open_regular(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, (json.dumps([nonce, now]) + "\n").encode())
             os.fsync(fd)
@@ -183,7 +189,11 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
         raise FenceRejected(str(err)) from None
     if not nonces.add(fence.nonce, now):
         raise FenceRejected("replayed nonce")
-    return fence
+    # On our clock: the sender's `since` is its wall time, and its clock may be off
+    # ours by up to the window. How long before signing it found the job dead is
+    # measured on its clock alone (skew cancels); that age is taken back from now.
+    age = max(0.0, sent - (fence.since if fence.since is not None else sent))
+    return dataclasses.replace(fence, time=now, since=now - age)
 
 
 def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dict[str, Any]:

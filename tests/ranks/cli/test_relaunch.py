@@ -334,3 +334,28 @@ def test_ctrl_c_is_not_restarted(node, tmp_path):
     # Both ranks went with it (the daemon saw them exit, nothing is left running).
     wait_for(lambda: all(r["state"] in ("exited", "killed") for r in node.status()["ranks"]
                          if r["job"] == launch.job), 30, what="the ranks gone")
+
+
+def test_another_users_incident_under_our_job_id_is_not_taken_for_ours(node, tmp_path):
+    """Issue 30, item 3: the job id is world-readable (mlx.launch's command line). A
+    process of uid 65534 publishes a hung record naming it; the daemon ends it and
+    journals an incident of that uid under our job id. Our healthy attempt (its ranks
+    unhooked here, so the launcher saw none of their pids to tell them apart) ends
+    cleanly: not "the watchdog ended it", no relaunch, exit 0."""
+    from tests.support.users import OTHER_UID, UserProc, publish
+
+    launch = Launch(node, tmp_path, "--restart", "1", ITERATIONS="150", PAUSE="0.05")
+    at = launch.argv.index("MLX_WATCHDOG=1")
+    del launch.argv[at - 1:at + 1]  # the ranks run unhooked
+    with UserProc() as attacker:
+        launch.start()
+        publish(node.record_dir, attacker.pid, OTHER_UID, launch.job, hung=True,
+                world_size=1)
+        wait_for(lambda: any(i.get("uid") == OTHER_UID for i in launch.incidents()), 30,
+                 what="the other user's incident under our job id")
+        code, out, err = launch.finish()
+    assert code == 0, err
+    assert "the watchdog ended it" not in err, err
+    assert kinds(launch.events()) == [("launch", 1), ("ended", 1)], launch.events()
+    assert sorted(line for line in out.splitlines() if line.startswith("DONE")) == [
+        "DONE rank=0 attempt=1", "DONE rank=1 attempt=1"], out

@@ -213,3 +213,31 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     assert flag is not None and flag["reasons"][0]["incident"] == out.incident.id
     assert [i["id"] for i in incidents(state_dir)] == [out.incident.id]  # not twice
     assert pending.unfinished(str(state_dir)) == []
+
+
+def test_a_mistyped_write_ahead_entry_is_moved_aside_and_the_daemon_starts(
+        record_dir, state_dir):
+    """Issue 30, item 11: an entry whose target's `start_time` is a string (a hand
+    edit, another version) made the real daemon exit 1 at every start, and stay.
+    It is moved aside with a log line; a good entry beside it is still completed."""
+    from tests.support.fakes import target
+    from tests.unit.daemon.test_enforcer import incident
+    from watchdog.daemon.store import pending
+
+    good = incident(targets=[target(999_991)])
+    pending.write_ahead(str(state_dir), good, [target(999_991)], None)
+    bad_incident = incident(targets=[target(999_992)])
+    bad_incident = type(bad_incident)(**{**bad_incident.__dict__, "id": "bad-entry"})
+    pending.write_ahead(str(state_dir), bad_incident, [target(999_992)], None)
+    bad = state_dir / "pending" / "bad-entry.json"
+    entry = json.loads(bad.read_text())
+    entry["targets"][0]["start_time"] = "yesterday"
+    bad.write_text(json.dumps(entry))
+    with DaemonProc(record_dir, state_dir) as daemon:
+        wait_for(lambda: (state_dir / "pending" / "bad-entry.json.bad").exists(), 10,
+                 what="the bad entry moved aside")
+        assert "bad-entry.json is unusable" in daemon.log()
+        wait_for(lambda: not (state_dir / "pending" / f"{good.id}.json").exists(), 20,
+                 what="the good entry completed")
+        assert daemon.alive()
+    assert not bad.exists()

@@ -49,5 +49,8 @@ def test_short_soak_kills_no_healthy_rank_and_misses_no_hang(tmp_path):
         assert hostile["crowd"] == 40 and hostile["crowd_ended"] == 0, text
         assert hostile["pending_left"] == 0 and hostile["unwritten"] == 0, text
         assert hostile["too_many_open_files"] == 0, text
+        # Issue 30: one-process jobs hung ignoring the dump signal, huge request heads.
+        assert hostile["hung"] >= 16 and hostile["hung_missed"] == 0, text
+        assert hostile["hung_unjournaled"] == 0 and hostile["hung_ended"] == hostile["hung"], text
         assert soak.hostile_problems(hostile) == [], text
     assert not soak.failed(figures)

@@ -109,20 +109,36 @@ def test_backoff_doubles_and_is_capped():
 
 
 def test_the_incident_of_this_attempt_only():
+    me = os.getuid()
     a = Attempt(number=2, started=1000.0, pids={11, 12})
     incidents = [
-        {"id": "old", "job": "j", "time": 500.0, "pids": [11]},  # an earlier attempt
-        {"id": "other-job", "job": "k", "time": 1001.0, "pids": [11]},
-        {"id": "attempt-1", "job": "j", "time": 1001.0, "attempt": 1, "pids": [11]},
-        {"id": "other-ranks", "job": "j", "time": 1001.0, "pids": [99]},
-        {"id": "bad-time", "job": "j", "time": "soon"},
+        {"id": "old", "job": "j", "time": 500.0, "pids": [11], "uid": me},  # an earlier attempt
+        {"id": "other-job", "job": "k", "time": 1001.0, "pids": [11], "uid": me},
+        {"id": "attempt-1", "job": "j", "time": 1001.0, "attempt": 1, "pids": [11], "uid": me},
+        {"id": "other-ranks", "job": "j", "time": 1001.0, "pids": [99], "uid": me},
+        {"id": "bad-time", "job": "j", "time": "soon", "uid": me},
     ]
     assert relaunch.incident_for(incidents, "j", a) is None
-    incidents.insert(2, {"id": "ours", "job": "j", "time": 1002.0, "attempt": 2, "pids": [12]})
+    incidents.insert(2, {"id": "ours", "job": "j", "time": 1002.0, "attempt": 2, "pids": [12],
+                         "uid": me})
     assert relaunch.incident_for(incidents, "j", a).id == "ours"
     # An incident of a daemon that could not read the attempt counts by its pids.
-    assert relaunch.incident_for([{"id": "n", "job": "j", "time": 1000.5, "pids": [11]}],
-                                 "j", a).id == "n"
+    assert relaunch.incident_for([{"id": "n", "job": "j", "time": 1000.5, "pids": [11],
+                                   "uid": me}], "j", a).id == "n"
+
+
+def test_another_users_incident_under_our_job_id_is_not_ours():
+    """Issue 30, item 3: the job id is world-readable; another uid's hung process
+    naming it gets an incident of that uid journaled under it, even after ours,
+    with pids we never saw. Only our uid's incident counts."""
+    a = Attempt(number=1, started=1000.0)  # no ranks seen yet: pids cannot tell
+    theirs = {"id": "theirs", "job": "j", "time": 1001.0, "attempt": 1, "pids": [77],
+              "uid": 65534}
+    assert relaunch.incident_for([theirs], "j", a, uid=0) is None
+    assert relaunch.incident_for([{**theirs, "uid": None}], "j", a, uid=0) is None
+    ours = {**theirs, "id": "ours", "uid": 0}
+    assert relaunch.incident_for([ours, theirs], "j", a, uid=0).id == "ours"
+    assert relaunch.incident_for([theirs], "j", a, uid=65534).id == "theirs"
 
 
 def test_attempt_numbers_as_the_launcher_writes_them():

@@ -120,3 +120,34 @@ def test_a_fence_without_since_is_as_old_as_its_signature():
                  since=50.0).ends(49.0)
     assert not Fence(job="j", uid=0, origin="o", reason=None, culprit=None, time=100.0,
                      since=50.0).ends(60.0)
+
+
+@pytest.mark.slow
+def test_a_sender_whose_clock_is_ahead_cannot_end_a_relaunch(tmp_path):
+    """Issue 30, item 7: the sender's clock is 20 s ahead (inside the 30 s window)
+    and it found the job dead 1 s before our rank (the relaunch) started. `since`
+    is taken on our clock (the sender's own age of it, from now): the relaunch is
+    left alone; a fence for a job found dead after our rank started still ends it."""
+    record_dir = tmp_path / "rec"
+    record_dir.mkdir()
+    settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"), secret=SECRET)
+    os.makedirs(settings.state_dir)
+    daemon = Daemon(settings)
+    skew = 20.0
+    try:
+        with UserProc(0) as rank:
+            publish(record_dir, rank.pid, 0, "j", hung=False, world_size=2)
+            daemon.scan()
+            started = next(iter(daemon.ranks.values())).record.start_time
+            ahead = time.time() + skew
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=ahead,
+                                       since=started - 1 + skew)
+            assert daemon.fence_request(headers, body)[1]["ending"] == []
+            assert rank.signals() == []
+            while time.time() < started + 0.5:
+                time.sleep(0.05)
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None,
+                                       now=time.time() + skew, since=started + 0.2 + skew)
+            assert daemon.fence_request(headers, body)[1]["ending"] == [rank.pid]
+    finally:
+        daemon.executor.shutdown()

@@ -3,17 +3,22 @@
 A response is a `Ladder`: `begin` (a verdict) or `resume` (an earlier daemon's
 unfinished one) makes it, and `step` takes every step that is due, whenever the
 daemon's loop calls it; no thread sleeps through a grace. The evidence and the
-parse of the native dumps run on a worker (an `Executor`; without one, at once).
+parse of the native dumps run on a worker (`FairWork`, workers.py: one capture in
+flight per uid; without one, at once), and neither is waited for past its time box:
+the evidence's counts from the verdict, so work queued behind another user's hung
+captures never delays the signals.
 `run` drives a ladder alone on the calling thread (tests, and `handle`, `end` and
 `complete` built on it).
 
     step       waits for                              then
-    EVIDENCE   the stack dumps (worker)               journal; SIGCONT, SIGTERM (or LEAVING)
+    EVIDENCE   the stack dumps (worker), or the time  journal; SIGCONT, SIGTERM (or LEAVING)
+               box from the verdict
     LEAVING    ranks leaving on their own error:      SIGCONT, SIGTERM to those still there
                gone, or the grace
     TERM       every target gone, or the grace        journal; SIGKILL to the rest
     KILL       every target gone, or kill_timeout     outcomes; FRAMES (a resumed one: SETTLE)
-    FRAMES     the native dumps parsed (worker)       journal; SETTLE
+    FRAMES     the native dumps parsed (worker), or   journal; SETTLE
+               the evidence time box
     SETTLE     wired memory back, or the settle time  the reboot flag; the incident closed
 
 Every signal goes through a `Signaller` (signaller.py), which re-checks the
@@ -35,6 +40,7 @@ from typing import Any
 
 from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
+from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.signaller import (
@@ -53,6 +59,10 @@ from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
 from watchdog.status import ABSENT, Incident, SignalSent
 
 log = logging.getLogger(__name__)
+
+# Seconds past the evidence timeout a capture may take to hand back its files (the
+# prune, the copies): the time box from the verdict is the two together.
+EVIDENCE_SLACK = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ class Ladder:
     baseline: int | None
     others_live: Callable[[], bool]
     step: Step = Step.EVIDENCE
-    until: float = 0.0  # monotonic deadline of the current wait
+    until: float = 0.0  # monotonic deadline of the current wait (or worker step)
     work: Future[Any] | None = None  # the current worker step's
     journaled: bool = True  # its steps go to pending/ (a ladder run alone: not)
     resumed: bool = False  # an earlier daemon's: no evidence, settled only after a kill
@@ -122,7 +132,7 @@ class Enforcer:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  wall: Callable[[], float] = time.time,
-                 executor: Executor | None = None) -> None:
+                 executor: FairWork | Executor | None = None) -> None:
         self.settings = settings
         self.signaller = signaller
         self.probe = probe
@@ -140,7 +150,9 @@ class Enforcer:
         """Stack dumps of every target, time-boxed; their files."""
         return self.evidence.capture(incident_id, targets)
 
-    def _work(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    def _work(self, uid: int, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if isinstance(self.executor, FairWork):
+            return self.executor.submit(uid, fn, *args)
         if self.executor is not None:
             return self.executor.submit(fn, *args)
         future: Future[Any] = Future()
@@ -170,11 +182,12 @@ class Enforcer:
     def begin(self, incident: Incident, targets: list[Target], baseline: int | None = None,
               others_live: Callable[[], bool] = lambda: False,
               cluster: dict[str, Any] | None = None, evidence: bool = True,
-              asked: bool = False) -> Ladder:
+              asked: bool = False, verdict_at: float | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
         asked (`asked`); `evidence=False` skips stack dumps (a fenced job is known
-        dead, and its peers wait on its end)."""
+        dead, and its peers wait on its end). `verdict_at` (monotonic, by this
+        enforcer's clock; default now) starts the evidence's time box."""
         incident = replace(incident, signals=(), wired_before=self._wired(),
                            wired_baseline=baseline)
         if asked:
@@ -190,10 +203,13 @@ class Enforcer:
         ladder.incident = replace(incident, action="ending")
         self.write_ahead(ladder)  # the verdict, before the first signal (evidence's)
         if evidence:
-            ladder.work = self._work(self.capture, incident.id, list(targets))
+            ladder.work = self._work(incident.uid or 0, self.capture, incident.id,
+                                     list(targets))
         else:
             ladder.work = None
         ladder.step = Step.EVIDENCE
+        ladder.until = (self.clock() if verdict_at is None else verdict_at) \
+            + self.settings.evidence_timeout + EVIDENCE_SLACK
         self.step(ladder)
         return ladder
 
@@ -252,10 +268,18 @@ class Enforcer:
         """One step, if it is due; whether it was."""
         now = self.clock()
         if ladder.step is Step.EVIDENCE:
-            if ladder.working:
+            if ladder.working and now < ladder.until:
                 return False
             files: tuple[str, ...] = ()
-            if ladder.work is not None:
+            if ladder.working:  # queued behind others, or a capture past its own bound
+                assert ladder.work is not None
+                ladder.work.cancel()  # never run if still queued
+                why = (f"not gathered within {self.settings.evidence_timeout + EVIDENCE_SLACK:g}s"
+                       " of the verdict")
+                log.warning("evidence for incident %s %s; acting without it",
+                            ladder.incident.id, why)
+                ladder.incident = replace(ladder.incident, evidence_error=why)
+            elif ladder.work is not None:
                 try:
                     files = tuple(ladder.work.result())
                 except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
@@ -292,15 +316,22 @@ class Enforcer:
                 return False
             self._ended(ladder)
         elif ladder.step is Step.FRAMES:
-            if ladder.working:
+            if ladder.working and now < ladder.until:
                 return False
             assert ladder.work is not None
-            try:
-                hot = ladder.work.result()
-            except Exception as err:  # noqa: BLE001 - a parse never undoes a kill
-                log.error("reading the native dumps of incident %s failed: %s",
-                          ladder.incident.id, err)
+            if ladder.working:  # a parse queued behind others: the incident goes without
+                ladder.work.cancel()
+                log.warning("the native dumps of incident %s were not read within %.0fs; "
+                            "closing it without their hot frames", ladder.incident.id,
+                            self.settings.evidence_timeout)
                 hot = []
+            else:
+                try:
+                    hot = ladder.work.result()
+                except Exception as err:  # noqa: BLE001 - a parse never undoes a kill
+                    log.error("reading the native dumps of incident %s failed: %s",
+                              ladder.incident.id, err)
+                    hot = []
             ladder.work = None
             if hot:
                 ladder.incident = replace(ladder.incident, native_hot=tuple(hot))
@@ -373,8 +404,28 @@ class Enforcer:
             str(pid): result for pid, result in ladder.outcome.items()})
         # Parsed after the kill, which must not wait on it.
         ladder.step = Step.FRAMES
-        ladder.work = self._work(self.evidence.hot_frames, ladder.incident.id, ladder.targets,
+        ladder.until = self.clock() + self.settings.evidence_timeout + EVIDENCE_SLACK
+        ladder.work = self._work(ladder.incident.uid or 0, self.evidence.hot_frames,
+                                 ladder.incident.id, ladder.targets,
                                  list(ladder.incident.evidence or ()))
+
+    def close_unfinished(self, ladder: Ladder, why: str) -> Outcome:
+        """A ladder its loop gives up waiting on: closed and journaled with what is
+        known (the signals sent so far, each target's outcome or "unknown"), never
+        dropped: a begun ladder may have signalled, and every kill is journaled."""
+        if ladder.work is not None:
+            ladder.work.cancel()
+        for target in ladder.targets:
+            ladder.outcome.setdefault(target.pid, UNKNOWN)
+        ladder.incident = replace(
+            ladder.incident, signals=tuple(ladder.sent) or ladder.incident.signals,
+            evidence_error=ladder.incident.evidence_error or why,
+            outcome={str(pid): result for pid, result in ladder.outcome.items()})
+        log.error("incident %s closed unfinished (%s) at step %r", ladder.incident.id, why,
+                  ladder.step.value)
+        self._close(ladder, None)
+        assert ladder.result is not None
+        return ladder.result
 
     def _decided(self, ladder: Ladder) -> None:
         """A resumed response's outcome: settled only if it ended something."""

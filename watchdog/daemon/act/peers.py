@@ -34,8 +34,11 @@ FRESH = 3.0  # seconds a background answer stands in for asking at a verdict
 
 class Peers:
     def __init__(self, settings: Settings, host: str, executor: Executor,
-                 started: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 started: float, clock: Callable[[], float] = time.monotonic,
+                 fencing: Executor | None = None) -> None:
         self.settings, self.host, self.executor = settings, host, executor
+        # Fences on their own workers (default: `executor`): never behind a view.
+        self.fencing = fencing or executor
         self.started = started  # a fence signed before we started is refused
         # Kept on disk: a restart must not forget the fences it accepted (fence.py).
         self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
@@ -128,7 +131,7 @@ class Peers:
                 log.info("fence of job %s to %s: %s", job, answer["peer"],
                          answer.get("answer") if answer["ok"] else answer.get("error"))
 
-        self.executor.submit(fence.send, peers, secret, job, self.host, reason, culprit,
+        self.fencing.submit(fence.send, peers, secret, job, self.host, reason, culprit,
                              self.settings.peer_timeout, uid, since).add_done_callback(sent)
 
     def verify(self, headers: Any, body: bytes) -> Fence:

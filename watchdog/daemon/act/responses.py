@@ -5,8 +5,13 @@ steps on every tick (enforcer.py), and what each one did comes back as a typed
 A response first asks the peers, where there are any, whether a rank of the job
 computes on another node (then it holds: a slow peer is not a hang); else it
 fences the peers at once and begins the enforcer's ladder. Only the peers' answer,
-the evidence and its parse run on workers; a response one of them keeps past every
-step's own bounds is presumed stuck and handed back, so its ranks are tried again.
+the evidence and its parse run on workers, each kind on its own: the peers' views
+and the fences on executors of their own (a fence never waits behind evidence), the
+evidence on `FairWork` (one capture in flight per uid). No worker is waited for past
+its bound: peers that do not answer within theirs count as unreachable; evidence
+not gathered within its time box from the verdict is done without. A response
+still waiting past every step's bounds is closed with what is known (journaled,
+never dropped: its ladder may have signalled).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Response:
     asking: Future[dict[str, Any] | None] | None = None
     ladder: Ladder | None = None
     failed: bool = False  # its start raised: its ranks are tried again
+    verdict_at: float = 0.0  # the enforcer's clock at the verdict (the time boxes)
 
     @property
     def working(self) -> bool:
@@ -78,7 +84,7 @@ class Responses:
               others_live: Callable[[], bool], *, ask_peers: bool, may_hold: bool,
               evidence: bool) -> None:
         response = Response(keys, now, uid, job, incident, targets, others_live, may_hold,
-                            evidence)
+                            evidence, verdict_at=self.enforcer.clock())
         self.pending.append(response)
         try:
             if ask_peers:
@@ -114,15 +120,27 @@ class Responses:
                        fence_culprit(incident, view))
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
-                                              evidence=response.evidence, asked=asked)
+                                              evidence=response.evidence, asked=asked,
+                                              verdict_at=response.verdict_at)
+
+    def ask_bound(self) -> float:
+        """Seconds the peers' answer is waited for (Peers.view: a background ask
+        under way, then a fresh one), with room to spare."""
+        return 2 * self.settings.peer_timeout + 3.0
 
     def _answered(self, response: Response) -> Outcome | None:
-        """The peers answered: hold (its outcome), or begin the ladder (None)."""
+        """The peers answered (or their bound is out): hold (its outcome), or begin
+        the ladder (None)."""
         assert response.asking is not None
-        try:
-            view = response.asking.result()
-        except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-            view = {"error": str(err)}
+        if not response.asking.done():
+            response.asking.cancel()
+            view: dict[str, Any] | None = {
+                "error": f"the peers did not answer within {self.ask_bound():g}s"}
+        else:
+            try:
+                view = response.asking.result()
+            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
+                view = {"error": str(err)}
         response.asking = None
         busy = (view or {}).get("computing") or []
         if busy and response.may_hold:
@@ -154,25 +172,41 @@ class Responses:
             failed = response.failed
             if failed:
                 outcome = None
-            elif response.working and now - response.started > self.bound():
-                # A sampler that ignores its kill, a hung filesystem: no longer waited for.
-                log.error("an escalation has run for %.0fs; trying those ranks again",
-                          now - response.started)
-                outcome, failed = None, True
+            elif (response.ladder is not None and response.working
+                  and now - response.started > self.bound()):
+                # Past every step's bound (a worker that never returns): closed with
+                # what is known, never dropped, for it may have signalled.
+                outcome = self._close(response, f"still working after "
+                                                f"{now - response.started:.0f}s")
+                failed = outcome is None
             else:
                 try:
                     outcome = self._step(response)
-                except Exception:  # noqa: BLE001 - the loop goes on; the ranks are retried
-                    log.exception("escalation failed; the hung ranks will be tried again")
-                    outcome, failed = None, True
+                except Exception:  # noqa: BLE001 - the loop goes on
+                    log.exception("escalation failed")
+                    # Begun: closed with what is known. Else its ranks are tried again.
+                    outcome = self._close(response, "its step failed")
+                    failed = outcome is None
             if outcome is not None or failed:
                 self.pending.remove(response)
                 ended.append((response.keys, outcome))
         return ended
 
+    def _close(self, response: Response, why: str) -> Outcome | None:
+        """A begun ladder closed unfinished (its outcome); None when it had not begun
+        (nothing was signalled: its ranks are tried again)."""
+        if response.ladder is None:
+            return None
+        try:
+            return self.enforcer.close_unfinished(response.ladder, why)
+        except Exception:  # noqa: BLE001 - the loop goes on
+            log.exception("closing incident %s failed", response.incident.id)
+            return None
+
     def _step(self, response: Response) -> Outcome | None:
         if response.ladder is None:
-            if response.working:
+            if response.working and \
+                    self.enforcer.clock() - response.verdict_at < self.ask_bound():
                 return None
             held = self._answered(response)
             if held is not None:

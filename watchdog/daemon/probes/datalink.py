@@ -79,6 +79,9 @@ def probe(pid: int, timeout: float,
 
 
 PROBE_EVERY = 2.0  # seconds between probes of one rank while it waits long
+# Probes under way at once, every rank together: any user can have many ranks wait, and
+# a probe may take its timeout per remote end; past this, ranks wait for a later scan.
+MAX_RUNNING = 8
 
 
 class Prober:
@@ -91,10 +94,13 @@ class Prober:
         self.submit, self.timeout, self.probe = submit, timeout, probe_
         self.asked: dict[tuple[int, float], float] = {}  # key -> when last asked
         self.found: dict[tuple[int, float], str] = {}
+        self.running: set[tuple[int, float]] = set()  # probes submitted, not yet done
 
     def ask(self, key: tuple[int, float], now: float, backend: str = "ring") -> None:
         if now - self.asked.get(key, -PROBE_EVERY) < PROBE_EVERY:
             return
+        if key in self.running or len(self.running) >= MAX_RUNNING:
+            return  # never a queue that grows: asked again at a later scan
         self.asked[key] = now
         if backend != "ring":
             # Only the ring's sockets are known safe to knock on: its listeners close
@@ -107,11 +113,14 @@ class Prober:
                 self.found[key] = self.probe(key[0], self.timeout)
             except Exception as err:  # noqa: BLE001 - a failed probe is a result
                 self.found[key] = f"not probed: {err}"
+            finally:
+                self.running.discard(key)
 
+        self.running.add(key)
         try:
             self.submit(run)
         except RuntimeError:  # the executor is shut down: the daemon is stopping
-            pass
+            self.running.discard(key)
 
     def forget(self, keep: Iterable[tuple[int, float]]) -> None:
         """Drop what is known of every rank but `keep` (those still waiting long)."""

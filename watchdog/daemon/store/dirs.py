@@ -3,7 +3,10 @@
 The record directory is shared by every user's ranks, like /tmp: owned by
 root (or by the daemon's user), world-writable only with the sticky bit, so a
 rank can publish its record but not replace another user's. The state
-directory holds the journal and the reboot flag: nobody else may write there.
+directory holds the journal and the reboot flag: nobody else may write there,
+nor in any directory above it (else the state directory could be swapped for
+one of theirs, with a FIFO for its journal). The daemon sets its umask (022) at
+start, so what it creates is never writable by others whatever it inherited.
 """
 
 from __future__ import annotations
@@ -42,6 +45,27 @@ def check_state_dir(path: str) -> None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirectory(f"state directory {path} is writable by others "
                               f"(mode {stat.S_IMODE(st.st_mode):o}); run: chmod 755 {path}")
+    check_ancestors(path)
+
+
+def check_ancestors(path: str) -> None:
+    """Every directory above `path` (links resolved: /var is one on macOS) is owned
+    by root or the daemon's user, and writable by others only with the sticky bit
+    (/tmp): else another user could rename `path` away and put theirs there."""
+    current = os.path.dirname(os.path.realpath(path))
+    while True:
+        st = os.stat(current)
+        if st.st_uid not in (0, os.geteuid()):
+            raise UnsafeDirectory(f"{current}, above the state directory {path}, is owned by "
+                                  f"uid {st.st_uid}, not root or the daemon's user")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeDirectory(f"{current}, above the state directory {path}, is writable "
+                                  f"by others (mode {stat.S_IMODE(st.st_mode):o}); run: "
+                                  f"chmod go-w {current}")
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
 
 
 def prepare(record_dir: str, state_dir: str) -> None:
@@ -50,7 +74,7 @@ def prepare(record_dir: str, state_dir: str) -> None:
                               (state_dir, 0o755, check_state_dir)):
         try:
             if not os.path.lexists(path):
-                os.makedirs(path, exist_ok=True)
+                os.makedirs(path, mode=0o755, exist_ok=True)  # parents: 0777 & ~umask
                 os.chmod(path, mode)  # explicit: makedirs is subject to the umask
             check(path)
         except PermissionError as err:

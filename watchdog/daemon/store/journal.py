@@ -84,6 +84,21 @@ def read_pointer(record_dir: str) -> dict[str, Any] | None:
     return data if data is not None and isinstance(data.get("state_dir"), str) else None
 
 
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A descriptor on `path`, only if it is a regular file: no link followed, and
+    nothing planted there (a FIFO) can block the open or the reads and writes
+    after it. Raises OSError otherwise."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _fsync_dir(directory: str) -> None:
     """Make a rename or a new file in `directory` survive a power cut."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -119,8 +134,8 @@ def write_json_atomic(path: str, data: Any, durable: bool = False) -> None:
 
 def append_incident(state_dir: str, incident: dict[str, Any]) -> None:
     line = (json.dumps(incident, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(os.path.join(state_dir, INCIDENTS),
-                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = open_regular(os.path.join(state_dir, INCIDENTS),
+                      os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size = os.fstat(fd).st_size
         try:
@@ -144,7 +159,7 @@ def read_lines(path: str, keep: Callable[[dict[str, Any]], bool] = lambda item: 
     items: list[dict[str, Any]] = []
     bad = 0
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             for raw in f:
                 try:
                     item = json.loads(raw)
@@ -169,7 +184,7 @@ def reboot_flag(state_dir: str) -> dict[str, Any] | None:
     """The reboot flag's contents, or None when the node is not flagged."""
     path = os.path.join(state_dir, REBOOT_FLAG)
     try:
-        with open(path) as f:
+        with os.fdopen(open_regular(path), "r") as f:
             data = json.load(f)
     except FileNotFoundError:
         return None

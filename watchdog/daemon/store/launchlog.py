@@ -43,7 +43,7 @@ def append(directory: str, event: dict[str, Any]) -> str:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = os.path.join(directory, LAUNCHES)
     line = (json.dumps(event, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = journal.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from watchdog.daemon.judge.deadlines import Learned
-from watchdog.daemon.store.journal import write_json_atomic
+from watchdog.daemon.store.journal import open_regular, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def load(state_dir: str, now: float) -> tuple[dict[str, dict[str, Learned]], dic
     """(learned per job and kind, when each job was last updated)."""
     path = os.path.join(state_dir, FILE)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             data = json.loads(f.read(MAX_BYTES))
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise ValueError(f"not a version {VERSION} file")

@@ -13,6 +13,10 @@ A write that fails (a full or read-only state disk) loses nothing either: the
 incident and the reboot flag are written independently, and whichever failed is
 held in memory (`Backlog`), shown in `/status` and the metrics, and tried again
 every scan.
+
+An entry that cannot be read or does not hold what it must (a field of the wrong
+type, written by hand or by another version) is moved aside to `<name>.bad` with a
+log line: kept for a person to read, never resumed, never in the way of a start.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from watchdog.daemon.signaller import Target
@@ -57,6 +61,11 @@ def write_ahead(state_dir: str, incident: Incident, targets: list[Target],
         "baseline": baseline}, durable=True)
 
 
+def path_of(state_dir: str, incident_id: str) -> str:
+    """Where the entry of `incident_id` is."""
+    return _path(state_dir, incident_id)
+
+
 def done(state_dir: str, incident_id: str) -> None:
     """The incident is in the journal: its entry goes."""
     try:
@@ -65,8 +74,40 @@ def done(state_dir: str, incident_id: str) -> None:
         return
 
 
+BAD_SUFFIX = ".bad"  # an entry moved aside
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,)}
+
+
+def target_from_json(data: Any) -> Target:
+    """A target as journaled; ValueError unless every field has its type."""
+    if not isinstance(data, dict):
+        raise ValueError("a target is not an object")
+    values: dict[str, Any] = {}
+    for field in fields(Target):
+        if field.name not in data:
+            if field.name in ("pid", "start_time", "uid", "job", "rank"):
+                raise ValueError(f"a target lacks {field.name}")
+            continue
+        value = data[field.name]
+        if isinstance(value, bool) or not isinstance(value, _TYPES[str(field.type)]):
+            raise ValueError(f"a target's {field.name} is {value!r}")
+        values[field.name] = value
+    return Target(**values)
+
+
+def set_aside(path: str, why: object) -> None:
+    """A bad entry, moved out of the way with a log line (kept to be read)."""
+    try:
+        os.replace(path, path + BAD_SUFFIX)
+        log.error("unfinished response %s is unusable (%s); moved aside to %s%s", path, why,
+                  path, BAD_SUFFIX)
+    except OSError as err:
+        log.error("unfinished response %s is unusable (%s) and could not be moved aside "
+                  "(%s); skipped", path, why, err)
+
+
 def unfinished(state_dir: str) -> list[Entry]:
-    """Every entry left by an earlier daemon, oldest first (unreadable ones reported)."""
+    """Every entry left by an earlier daemon, oldest first (unusable ones set aside)."""
     folder = os.path.join(state_dir, PENDING)
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:MAX_PENDING]
@@ -79,13 +120,16 @@ def unfinished(state_dir: str) -> list[Entry]:
     for name in names:
         path = os.path.join(folder, name)
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(journal.open_regular(path), "rb") as f:
                 entry = json.loads(f.read(4 << 20))
-            targets = tuple(Target(**t) for t in entry["targets"])
+            targets = tuple(target_from_json(t) for t in entry["targets"])
             incident = Incident.from_json(entry["incident"])
             baseline = entry.get("baseline")
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except OSError as err:
             log.error("unfinished response %s is unreadable (%s); left in place", path, err)
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            set_aside(path, err)
             continue
         entries.append(Entry(incident, targets, baseline if isinstance(baseline, int)
                              and not isinstance(baseline, bool) else None))

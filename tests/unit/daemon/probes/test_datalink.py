@@ -60,3 +60,19 @@ def test_the_prober_asks_once_per_period_and_forgets_ranks_no_longer_waiting():
     assert prober.found == {} and prober.asked == {}
     prober.ask((2, 0.0), 20.0, "jaccl")  # RDMA, or MPI's own listener: never knocked on
     assert len(ran) == 2 and prober.found[(2, 0.0)] == "not probed: the jaccl backend"
+
+
+def test_probes_under_way_are_bounded_and_a_rank_is_never_probed_twice_at_once():
+    """Any user can have many ranks wait: the probes queued never grow past the bound,
+    whatever the workers' pace (a dead peer takes the timeout per remote end)."""
+    queued = []
+    prober = datalink.Prober(queued.append, 1.0, probe_=lambda pid, timeout: datalink.UP)
+    for pid in range(100):
+        prober.ask((pid, 1.0), now=0.0)
+    assert len(queued) == datalink.MAX_RUNNING
+    prober.ask((0, 1.0), now=10.0)  # its probe still under way: not asked again
+    assert len(queued) == datalink.MAX_RUNNING
+    queued.pop(0)()  # one finishes
+    assert prober.found[(0, 1.0)] == datalink.UP
+    prober.ask((50, 1.0), now=10.0)
+    assert len(queued) == datalink.MAX_RUNNING  # its room taken by another rank

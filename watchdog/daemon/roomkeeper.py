@@ -1,0 +1,106 @@
+"""Room in the record directory for every user's next rank.
+
+The directory is shared and world-writable (sticky): one user filling its
+filesystem would leave every other user's new ranks uninstrumented ("[Errno 28]")
+and their hangs unseen. Each scan the daemon looks at the free space (one
+`statvfs`); below `reserve` it removes what no rank needs, largest first, until
+the reserve is back: files that are not records (any name but a record, a
+staging record, a stack dump or the daemon's pointer), records of a size no
+record has, and stack dumps past what a dump needs (truncated, not removed: the
+rank holds its dump file open). Never a link's target, never a directory, and
+each removal logged.
+
+This bounds a fill the daemon sees; a user who keeps writing can still race a
+rank's start. For a hard bound the directory gets its own filesystem with a
+per-user quota (docs/operations.md: Linux tmpfs `usrquota`, macOS a volume of
+its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+from watchdog.daemon.store.journal import POINTER
+from watchdog.record import layout
+
+log = logging.getLogger(__name__)
+
+RESERVE_BYTES = 4 << 20  # ~170 records' worth, or an eighth of a small filesystem
+DUMP_KEEP_BYTES = 4 << 20  # a faulthandler dump of many threads is tens of kB
+
+
+def _free(directory: str) -> tuple[int, int]:
+    """(free bytes an unprivileged writer may use, the filesystem's size)."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def reserve_for(size: int) -> int:
+    return max(256 << 10, min(RESERVE_BYTES, size // 8))
+
+
+def _kind(name: str) -> str:
+    if name == POINTER:
+        return "pointer"
+    if name.endswith(layout.STACKS_SUFFIX):
+        return "dump"
+    if name.endswith(layout.SUFFIX) or (name.startswith(".") and name.endswith(".rec.new")):
+        return "record"
+    return "junk"
+
+
+def keep_room(directory: str) -> int:
+    """Below the reserve: free it as above; the bytes freed (0: nothing to do)."""
+    try:
+        free, size = _free(directory)
+    except OSError:
+        return 0
+    reserve = reserve_for(size)
+    if free >= reserve:
+        return 0
+    candidates: list[tuple[int, str, str, int]] = []  # (bytes, path, what, owner)
+    try:
+        entries = list(os.scandir(directory))
+    except OSError as err:
+        log.warning("cannot list %s to free room: %s", directory, err)
+        return 0
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a link or a directory costs (almost) nothing; never followed
+        used = st.st_blocks * 512
+        kind = _kind(entry.name)
+        if kind == "junk":
+            candidates.append((used, entry.path, "remove", st.st_uid))
+        elif kind == "record" and st.st_size not in layout.SIZES.values():
+            candidates.append((used, entry.path, "remove", st.st_uid))
+        elif kind == "dump" and used > DUMP_KEEP_BYTES:
+            candidates.append((used, entry.path, "truncate", st.st_uid))
+    freed = 0
+    for used, path, what, owner in sorted(candidates, reverse=True):
+        if free + freed >= reserve:
+            break
+        try:
+            if what == "remove":
+                os.unlink(path)
+            else:
+                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.ftruncate(fd, 0)
+                finally:
+                    os.close(fd)
+        except OSError as err:
+            log.warning("cannot free %s in the record directory: %s", path, err)
+            continue
+        freed += used
+        log.warning("record directory %s nearly full (%d KiB free, %d KiB kept for ranks): "
+                    "%s %s of uid %s (%d KiB), not a record", directory, free >> 10,
+                    reserve >> 10, "removed" if what == "remove" else "truncated", path, owner,
+                    used >> 10)
+    return freed
