@@ -13,7 +13,7 @@ from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupErro
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
-from watchdog.net.metrics import serve
+from watchdog.net.metrics import serve, set_peers
 from watchdog.text import OneLineFormatter
 
 
@@ -154,8 +154,11 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
         except ConfigError as err:
             log.error("SIGHUP: %s; the running settings are kept", err)
             return
-        applied, changed, kept = reloaded(daemon.settings, new)
+        before = daemon.settings
+        applied, changed, kept = reloaded(before, new)
         daemon.apply_settings(applied)
+        if applied.peers != before.peers:
+            set_peers(server, applied.peers)
         server.fence = (  # type: ignore[attr-defined]
             daemon.fence_request if applied.secret else None)
         log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")

@@ -425,6 +425,12 @@ def _addresses(peers: tuple[str, ...]) -> frozenset[str]:
     return frozenset(found)
 
 
+def set_peers(server: ThreadingHTTPServer, peers: tuple[str, ...]) -> None:
+    """A reload's peers (SIGHUP): their addresses get the peers' own slots from now."""
+    if isinstance(server, _Server):
+        server.peer_hosts = _addresses(peers)
+
+
 def serve(address: tuple[str, int], snapshot: Snapshot,
           healthy: Callable[[], bool], fence: FenceHandler | None = None,
           peers: tuple[str, ...] = (), job_label: str = JOB_LABEL) -> ThreadingHTTPServer:
