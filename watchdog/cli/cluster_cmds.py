@@ -8,6 +8,7 @@ import time
 
 import click
 
+from watchdog.cli import exits
 from watchdog.cli.options import Node, state_option
 
 
@@ -22,7 +23,8 @@ def cluster() -> None:
               envvar="MLX_WATCHDOG_CONFIG", help="Take the peers from this config file.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds to wait for each node.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="The nodes and the judged jobs as one JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @state_option
@@ -32,14 +34,19 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
                    state_dir: str) -> None:
     """Gather /status from each HOST:PORT (and this node's daemon, read from its state
     directory) and judge every job; exit 1 if one is hung or cannot be checked (a rank
-    behind an unreachable node while another waits), 2 if no node answered."""
+    behind an unreachable node while another waits or has ended), 4 if no node answered
+    (2 is a usage error, as for every command)."""
     from watchdog.cli.sampling import daemon_status
-    from watchdog.daemon.config import load, parse_listen
+    from watchdog.daemon.config import ConfigError, load, parse_listen
     from watchdog.net import cluster as cluster_view
 
     peers = tuple(p for item in peers for p in item.replace(",", " ").split())
     for peer in peers:
-        parse_listen(peer)
+        try:
+            parse_listen(peer)
+        except ConfigError:
+            raise click.BadParameter(f"{peer!r} is not HOST:PORT (e.g. mac2.local:9753)",
+                                     param_hint="PEERS") from None
     if not peers:  # a configured node needs no arguments
         settings = load(config_path, {}) if config_path else (node or Node(None)).settings
         peers = settings.peers
@@ -62,8 +69,8 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
             break
         time.sleep(interval)
     if any(job["state"] in ("hung", "unknown") for job in view["jobs"]):
-        sys.exit(1)
+        sys.exit(exits.VERDICT)
     if not any(node["ok"] for node in view["nodes"]):
-        click.echo("no node answered", err=True)
-        sys.exit(2)
+        click.echo("mlx-watchdog: no node answered", err=True)
+        sys.exit(exits.NO_ANSWER)
 

@@ -14,10 +14,10 @@ from typing import Any
 import click
 
 from watchdog import __version__
-from watchdog.cli import cluster_cmds, node_cmds, service_cmds, status
+from watchdog.cli import cluster_cmds, exits, node_cmds, service_cmds, status
 from watchdog.cli.options import Node, dir_option, settings_options, state_option
 from watchdog.cli.service import DEFAULT_CONFIG
-from watchdog.daemon.config import ConfigError, Settings
+from watchdog.daemon.config import ConfigError, Settings, SetupError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,27 +34,42 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 @cli.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              envvar="MLX_WATCHDOG_CONFIG", help="TOML file (keys as the options below).")
+              envvar="MLX_WATCHDOG_CONFIG",
+              help=f"TOML file (keys as the options below) [the group's --config, else "
+                   f"{DEFAULT_CONFIG} when present].")
 @settings_options
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def run(config_path: str | None, log_level: str, **options: Any) -> None:
-    """Run the daemon: watch every rank on this node and end hung ones."""
+@click.pass_obj
+def run(node: Node, /, config_path: str | None, log_level: str, **options: Any) -> None:
+    """Run the daemon: watch every rank on this node and end hung ones.
+
+    Its settings: defaults, then the node's config file (this --config, the
+    group's --config, MLX_WATCHDOG_CONFIG, else /etc/mlx-watchdog.toml when it
+    exists, as every command reads it), then the flags. SIGHUP reloads the file.
+    """
     from watchdog.daemon.config import load
     from watchdog.daemon.runner import CannotStart, run_daemon
 
+    if config_path is None and (node.explicit or os.path.lexists(node.config_path)):
+        config_path = node.config_path  # the daemon must not ignore a file it cannot read
+        if not node.explicit and not os.access(config_path, os.R_OK):
+            raise exits.SetupError(f"cannot read {config_path}, this node's config (run as "
+                                   "root, or name another file with --config)")
     # Each --peers value is already a checked tuple (commas allowed): join them.
     options["peers"] = tuple(p for given in options.get("peers") or () for p in given) or None
     try:
-        run_daemon(load(config_path, options), log_level)
+        run_daemon(load(config_path, options), log_level, config_path=config_path,
+                   overrides=options)
     except CannotStart as err:
-        raise click.ClickException(str(err)) from None
+        raise exits.SetupError(str(err)) from None
 
 
 @cli.command()
 @dir_option
 @state_option
-@click.option("--listen", default=Settings().listen, show_default=True)
+@click.option("--listen", default=Settings().listen, show_default=True,
+              help="Where the daemon serves /healthz (its listen setting).")
 def doctor(record_dir: str, state_dir: str, listen: str) -> None:
     """Check this node's setup and say what to fix."""
     from watchdog.cli.doctor import run_checks
@@ -67,8 +82,10 @@ def doctor(record_dir: str, state_dir: str, listen: str) -> None:
 
 
 @cli.command()
-@click.option("--ranks", type=click.IntRange(2, 8), default=3, show_default=True)
-@click.option("--deadline", type=click.FloatRange(min=1), default=4.0, show_default=True)
+@click.option("--ranks", type=click.IntRange(2, 8), default=3, show_default=True,
+              help="Ranks of the local MLX ring job.")
+@click.option("--deadline", type=click.FloatRange(min=1), default=4.0, show_default=True,
+              help="Seconds a wait may last before the demo's daemon judges it hung.")
 @click.option("--fault", type=click.Choice(["stop", "kill", "mismatch"]), default="stop",
               show_default=True, help="Freeze a rank, kill one, or leave one waiting in "
               "a recv nobody sends.")
@@ -118,10 +135,13 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
     from watchdog.cli.options import DIR_ENV
     from watchdog.cli.supervisor import LaunchFailed, Plan, Supervisor
 
+    if not args:  # a usage error, not an attempt that failed (exit 10, journalled)
+        raise click.UsageError("nothing to launch: give mlx.launch's arguments and the "
+                               "program, e.g. mlx-watchdog launch --hostfile h.json train.py")
     try:
         mlx_launch = find_mlx_launch()
     except LauncherError as err:
-        raise click.ClickException(str(err)) from None
+        raise exits.SetupError(str(err)) from None
     given = named_env(list(args), JOB_ENV)
     job = given or os.environ.get(JOB_ENV) or new_job_id()
     settings = dataclasses.replace(
@@ -134,7 +154,7 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
     try:
         sys.exit(Supervisor(plan).run())
     except LaunchFailed as err:
-        raise click.ClickException(str(err)) from None
+        raise exits.SetupError(str(err)) from None
 
 
 for command in (status.status, status.watch, status.inspect, node_cmds.incidents, node_cmds.node,
@@ -147,13 +167,17 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="mlx-watchdog", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("mlx-watchdog: aborted", err=True)
-        sys.exit(130)
+        sys.exit(exits.INTERRUPTED)
     except click.ClickException as err:
         click.echo(f"mlx-watchdog: {err.format_message()}", err=True)
-        sys.exit(err.exit_code)
+        # A bare ClickException is an error, never a verdict: not click's 1.
+        sys.exit(exits.SETUP if err.exit_code == 1 else err.exit_code)
+    except SetupError as err:
+        click.echo(f"mlx-watchdog: {err}", err=True)
+        sys.exit(exits.SETUP)
     except ConfigError as err:
         click.echo(f"mlx-watchdog: {err}", err=True)
-        sys.exit(2)
+        sys.exit(exits.USAGE)
     sys.exit(code if isinstance(code, int) else 0)
 
 

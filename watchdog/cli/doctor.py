@@ -84,8 +84,18 @@ def check_state(state_dir: str) -> list[Line]:
     except OSError as err:
         return [(FAIL, f"state directory {state_dir}: {err.strerror}")]
     st = os.stat(state_dir)
-    return [(OK, f"state directory {state_dir}: owner uid {st.st_uid}, mode "
-                 f"{st.st_mode & 0o7777:o}")]
+    lines: list[Line] = [(OK, f"state directory {state_dir}: owner uid {st.st_uid}, mode "
+                              f"{st.st_mode & 0o7777:o}")]
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        from watchdog.cli.sampling import daemon_status
+
+        snap = daemon_status(state_dir)
+        if snap is None:  # nobody keeps it: the daemon would be this user, and refuse
+            lines.append((FAIL, f"this user (uid {os.geteuid()}) cannot write in {state_dir} "
+                                "and no daemon publishes there: `mlx-watchdog run` as this "
+                                "user would refuse to start; run it as root (the service), "
+                                "or pass --state-dir a directory this user owns"))
+    return lines
 
 
 def check_daemon(listen: str, state_dir: str) -> list[Line]:
@@ -120,11 +130,40 @@ def check_daemon(listen: str, state_dir: str) -> list[Line]:
                      "it listens elsewhere, pass its --listen")
         return [(WARN, line)]
     if code == 200:
-        return [(OK, f"the daemon answers at {url}")]
+        return [(OK, f"the daemon answers at {url}"), *check_versions(state_dir)]
     if code == 503:
         return [(FAIL, f"the daemon at {url} has not completed a scan recently (healthz "
                        "503): its loop is stuck; read its log and restart it")]
     return [(WARN, f"{url} answered HTTP {code}: is that mlx-watchdog listening there?")]
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def check_versions(state_dir: str) -> list[Line]:
+    """This environment's hook (what its ranks load) against the daemon's version.
+
+    Run `doctor` in a job's environment: a hook older than the daemon is read
+    (the daemon reads every older record version), a newer one may write a
+    record the daemon cannot read: daemons are upgraded first."""
+    from watchdog.cli.sampling import daemon_status
+
+    snap = daemon_status(state_dir)
+    if snap is None or not snap.version:
+        return []
+    if snap.version == __version__:
+        return [(OK, f"this environment's mlx-watchdog {__version__} (the hook its ranks "
+                     f"load) is the daemon's (pid {snap.daemon_pid})")]
+    if _version_key(__version__) > _version_key(snap.version):
+        return [(FAIL, f"this environment's mlx-watchdog {__version__} (the hook its ranks "
+                       f"load) is newer than the daemon's {snap.version}: the daemon may not "
+                       "read its ranks' records; upgrade the daemons first (docs/cluster.md, "
+                       "Rolling upgrade)")]
+    return [(WARN, f"this environment's mlx-watchdog {__version__} (the hook its ranks "
+                   f"load) is older than the daemon's {snap.version}: its ranks are watched "
+                   f"(the daemon reads older records); upgrade this environment between "
+                   "jobs")]
 
 
 def check_probes() -> list[Line]:

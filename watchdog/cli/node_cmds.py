@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from watchdog.cli.exits import SetupError
 from watchdog.cli.options import STATE_ENV, state_option
 from watchdog.daemon.store import journal
 from watchdog.status import Incident
@@ -18,13 +19,13 @@ from watchdog.text import printable
 
 def _existing_state_dir(state_dir: str) -> None:
     if not os.path.isdir(state_dir):
-        raise click.ClickException(f"state directory {state_dir} does not exist (set "
+        raise SetupError(f"state directory {state_dir} does not exist (set "
                                    f"--state-dir or {STATE_ENV}; the daemon creates it)")
 
 
 @click.command()
 @state_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of the incidents.")
 @click.option("--last", type=click.IntRange(min=1), help="Only the last N incidents.")
 def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     """The incident journal: what the watchdog found and did, and what `launch` did
@@ -133,7 +134,8 @@ def node() -> None:
 
 @node.command("status")
 @state_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: the reboot flag, the daemon, wired memory.")
 def node_status(state_dir: str, as_json: bool) -> None:
     """Is this node flagged for reboot?"""
     _existing_state_dir(state_dir)
@@ -166,7 +168,7 @@ def clear_reboot(state_dir: str) -> None:
     try:
         cleared = journal.clear_reboot_flag(state_dir)
     except PermissionError:
-        raise click.ClickException(f"permission denied in {state_dir} (run as root)") from None
+        raise SetupError(f"permission denied in {state_dir} (run as root)") from None
     click.echo("reboot flag cleared" if cleared else "no reboot flag was set")
 
 
@@ -191,6 +193,7 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
     from watchdog.cli.health import wait_healthy
     from watchdog.cli.relaunch import EXIT_REFUSED
 
+    _existing_state_dir(state_dir)  # no daemon has ever run here: not known to be fit
     settings = dataclasses.replace(node_.settings, state_dir=state_dir)
     health = wait_healthy(settings, settings.health_timeout if timeout is None else timeout,
                           on_wait=lambda problem: click.echo(

@@ -75,7 +75,11 @@ class SettingType(click.ParamType):  # type: ignore[type-arg]
         try:
             checked = coerce(self.key, value)
         except ConfigError as err:
-            self.fail(str(err), param, ctx)
+            # Said of the flag the user typed (click names it), not of the file's key.
+            message = str(err)
+            if param is not None and message.startswith(self.key + " "):
+                message = message[len(self.key) + 1:]
+            self.fail(message, param, ctx)
         # "auto" (deadline) and "" (secret) check out as None, which `build` would
         # read as "not given" and let the file's value win: pass them on as given.
         return value if checked is None else checked

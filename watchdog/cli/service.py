@@ -163,8 +163,9 @@ def _remove_quietly(path: str) -> None:
 
 _PLIST_NOTES = {
     "Label": (
-        "A LaunchDaemon, so it runs as root: ending other users' ranks and\n"
-        "\t     rebooting need it. Load with: launchctl bootstrap system <this file>\n"
+        "A LaunchDaemon, so it runs as root: ending and tracing other users'\n"
+        "\t     ranks need it (it never reboots: it flags the node).\n"
+        "\t     Load with: launchctl bootstrap system <this file>\n"
         "\t     No SoftResourceLimits/HardResourceLimits: on a system daemon a\n"
         "\t     NumberOfFiles limit changes kern.maxfiles for the whole machine;\n"
         "\t     the daemon raises its own soft open-files limit at start instead."
@@ -266,6 +267,8 @@ Type=notify
 NotifyAccess=main
 WatchdogSec=30
 ExecStart={exec_start}
+# SIGHUP reloads the config file (mode, deadlines, peers, secret): systemctl reload
+ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
 RestartSec=2
 # Descriptors: one pidfd per watched rank, the HTTP clients, the probes.

@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from watchdog.cli.exits import SetupError
+
 
 @click.group()
 def service() -> None:
@@ -42,6 +44,23 @@ def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[s
                       state_dir=service.DEFAULT_STATE_DIR[kind])
 
 
+def _check_config(config_path: str, writes_default: bool) -> None:
+    """The service runs `run --config FILE`: a file it cannot use would have it fail at
+    every start, so it is checked before anything is installed (a bad value: exit 2;
+    a missing file where none is written: exit 3)."""
+    import os
+
+    from watchdog.daemon.config import load
+
+    if not os.path.lexists(config_path):
+        if writes_default:
+            return  # written below (every key at its default), or the default one
+        raise SetupError(f"config file {config_path} does not exist: the service would fail "
+                         "at every start; create it first, or install to the system "
+                         "location, which writes it")
+    load(config_path, {})
+
+
 @service.command("print")
 @_service_options
 def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
@@ -65,17 +84,21 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     from watchdog.cli import servicectl as ctl
 
     kind, kwargs = _render(launchd, systemd, config_path)
+    named = click.get_current_context().get_parameter_source("config_path") not in (
+        click.core.ParameterSource.DEFAULT, None)
+    # A file named on purpose must be there; the default one is written (system install).
+    _check_config(config_path, writes_default=path is None or not named)
     try:
         written = svc.install(kind, path, **kwargs)
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     click.echo(f"wrote {written}")
     if path is None:
         try:
             if svc.write_default_config(config_path):
                 click.echo(f"wrote {config_path} (every key at its default)")
         except OSError as err:
-            raise click.ClickException(f"cannot write {config_path}: {err.strerror}") from None
+            raise SetupError(f"cannot write {config_path}: {err.strerror}") from None
     if not (path is None if load is None else load):
         click.echo("load it with:")
         for argv in ctl.activation_commands(kind, written):
@@ -85,7 +108,7 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
         for argv in ctl.load(kind, written):
             click.echo(f"ran: {ctl.shell_line(argv)}")
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     click.echo(f"the {kind} service is loaded; check it with: mlx-watchdog doctor")
 
 
@@ -103,7 +126,7 @@ def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
     try:
         ran, removed = ctl.uninstall(kind, target)
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     for argv in ran:
         click.echo(f"ran: {ctl.shell_line(argv)}")
     click.echo(f"removed {target}" if removed else f"no {target} to remove")
@@ -122,5 +145,5 @@ def service_restart(launchd: bool, systemd: bool) -> None:
     try:
         ctl.run_command(argv)
     except svc.ServiceError as err:
-        raise click.ClickException(str(err)) from None
+        raise SetupError(str(err)) from None
     click.echo(f"ran: {ctl.shell_line(argv)}")

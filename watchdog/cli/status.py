@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from watchdog.cli.exits import SetupError
 from watchdog.cli.options import DIR_ENV, deadline_option, dir_option, state_option
 from watchdog.states import HUNG
 from watchdog.status import RankStatus
@@ -27,7 +28,7 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
     if snap is not None:
         return list(snap.ranks), "daemon"
     if not os.path.isdir(record_dir):
-        raise click.ClickException(f"record directory {record_dir} does not exist "
+        raise SetupError(f"record directory {record_dir} does not exist "
                                    f"(set --dir or {DIR_ENV})")
     rules = Rules(deadline=coerce("deadline", deadline))
     ranks, invalid = sample_ranks(record_dir, rules)
@@ -110,7 +111,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
 @click.command()
 @click.argument("pid", type=click.IntRange(min=1))
 @dir_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: threads, counters, flight recorder.")
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
     from watchdog.cli.inspect import describe, render_text
@@ -118,7 +120,7 @@ def inspect(pid: int, record_dir: str, as_json: bool) -> None:
 
     rec, why = find_record(record_dir, pid)
     if rec is None:
-        raise click.ClickException(f"no usable record for pid {pid} in {record_dir}"
+        raise SetupError(f"no usable record for pid {pid} in {record_dir}"
                                    + (f": {why}" if why else ""))
     info = describe(rec)
     click.echo(json.dumps(info, indent=1) if as_json else render_text(info))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,11 @@ DEFAULT_PORT = 9753
 
 class ConfigError(Exception):
     """A setting that cannot be used; the message is one sentence for the user."""
+
+
+class SetupError(ConfigError):
+    """The node is not set up for this (a directory missing, unwritable or unsafe, or
+    another daemon on it): a setup error, exit 3, never a verdict's code."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class Settings:
     peers: tuple[str, ...] = field(default_factory=tuple)
     peer_timeout: float = 1.0
     secret: str | None = None
+    job_label: str = "mlx_job"
     # `mlx-watchdog launch` (the daemon ignores these): relaunching a torn-down job.
     restart: int = 0
     restart_on: str = "torn-down"
@@ -97,8 +104,8 @@ SPECS: dict[str, Spec] = {
     "dir": Spec("record directory the ranks publish into", "text", "DIR"),
     "state_dir": Spec("journal, reboot flag, evidence and status.json", "text", "DIR"),
     "interval": _seconds("seconds between scans"),
-    "deadline": Spec("seconds a wait may last, or 'auto' to learn it per rank", "deadline",
-                     "SECONDS|auto", low=0, above=True),
+    "deadline": Spec("seconds a wait may last, or 'auto' to learn it per job and kind of wait",
+                     "deadline", "SECONDS|auto", low=0, above=True),
     "auto_factor": Spec("auto: the deadline is this many times the longest completed wait",
                         "number", "FACTOR", low=0, above=True),
     "auto_floor": _seconds("auto: never a deadline under this many seconds"),
@@ -131,6 +138,9 @@ SPECS: dict[str, Spec] = {
     "peer_timeout": _seconds("seconds to wait for each peer"),
     "secret": Spec("shared secret for job fences between nodes (unset: fences off)", "secret",
                    "TEXT"),
+    "job_label": Spec("the metrics' label naming the MLX job: mlx_job, or job (the old "
+                      "name, kept for one release; it needs honor_labels)", "choice",
+                      choices=("mlx_job", "job")),
     "restart": Spec("launch: relaunch a torn-down job up to this many times", "whole", "COUNT",
                     low=0),
     "restart_on": Spec("launch: torn-down (the watchdog or a fence ended it, or a rank died "
@@ -162,13 +172,46 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+# Units as Prometheus and systemd users type them: 10s, 500ms, 1m30s; 1G, 512MiB.
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds from "10s", "500ms", "1m30s", "2h" (units required; None if not one)."""
+    text = text.strip()
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * DURATION_UNITS[u] for n, u in parts)
+
+
+def parse_size(text: str) -> float | None:
+    """Bytes from "1G", "512M", "64KiB", "1GB" (powers of 1024, as systemd's); None if not."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None or (text.strip()[-1:].lower() == "b" and not match.group(2)):
+        return None
+    return float(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
+
+
 def _number(key: str, value: Any, spec: Spec) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{key} must be a number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+        united = None
+        if isinstance(value, str) and spec.unit.startswith("SECONDS"):
+            united = parse_duration(value)
+        elif isinstance(value, str) and spec.unit == "BYTES":
+            united = parse_size(value)
+        if united is None:
+            unit = {"SECONDS": " (e.g. 10 or 10s, 500ms, 2m)",
+                    "BYTES": " (e.g. 1073741824 or 1G, 512M)"}.get(spec.unit, "")
+            raise ConfigError(f"{key} must be a number{unit}, got {value!r}") from None
+        number = united
     if not math.isfinite(number):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if spec.low is not None and (number <= spec.low if spec.above else number < spec.low):
@@ -195,6 +238,8 @@ def coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
         if spec.kind == "listen":
             parse_listen(value)
+        if spec.choices and value.lower() in spec.choices:
+            value = value.lower()  # --mode ENFORCE, as its metavar shows it
         if spec.choices and value not in spec.choices:
             raise ConfigError(f"{key} must be {' or '.join(map(repr, spec.choices))}, "
                               f"got {value!r}")
@@ -255,6 +300,9 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist") from None
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start}: "
+                          f"{err.object[err.start:err.start + 1]!r})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     section = data.get("watchdog", data)  # keys at the top, or under [watchdog]

@@ -580,6 +580,15 @@ class Daemon:
 
     # -- the loop ----------------------------------------------------------------
 
+    def apply_settings(self, settings: Settings) -> None:
+        """A reload (SIGHUP): the new settings for every part that reads them, between
+        two scans (the scan's lock); a response under way goes on under the new ones."""
+        with self.lock:
+            self.settings = settings
+            self.enforcer.settings = self.peers.settings = self.responses.settings = settings
+            self.detector.rules = settings.rules()
+        self.wake.set()
+
     def stop(self) -> None:
         """Ask the loop to finish (safe from a signal handler or another thread)."""
         self.stop_event.set()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupError, load
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
-from watchdog.daemon.store import dirs
-from watchdog.net.metrics import serve
+from watchdog.daemon.store import dirs, journal
+from watchdog.net.metrics import serve, set_peers
 from watchdog.text import OneLineFormatter
 
 
@@ -44,8 +46,65 @@ def raise_nofile() -> str:
     return ""
 
 
-def run_daemon(settings: Settings, log_level: str = "info") -> None:
-    """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own."""
+# What SIGHUP may change in a running daemon; the rest (the directories, the address,
+# what the evidence worker was built with) is kept, and the log says it needs a restart.
+RELOADABLE = frozenset({
+    "mode", "kill_scope", "interval", "deadline", "auto_factor", "auto_floor", "auto_min_waits",
+    "auto_fallback", "init_deadline", "blocked_deadline", "spin_ratio", "confirm", "grace",
+    "kill_timeout", "wired_threshold", "settle", "retention", "peers", "peer_timeout",
+    "secret", *LAUNCH_KEYS})
+
+
+def _shown(key: str, value: Any) -> str:
+    if key == "secret":
+        return "set" if value else "unset"
+    if key == "deadline" and value is None:
+        return "auto"
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def reloaded(old: Settings, new: Settings) -> tuple[Settings, list[str], list[str]]:
+    """The settings a reload applies, what it changed, and what needs a restart (kept)."""
+    changed: list[str] = []
+    kept: list[str] = []
+    for f in dataclasses.fields(Settings):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before == after:
+            continue
+        text = (f"{f.name} {_shown(f.name, before)} -> {_shown(f.name, after)}"
+                if f.name != "secret" or not (before and after) else "secret changed")
+        (changed if f.name in RELOADABLE else kept).append(text)
+    keep = {f.name: getattr(old, f.name) for f in dataclasses.fields(Settings)
+            if f.name not in RELOADABLE}
+    return dataclasses.replace(new, **keep), changed, kept
+
+
+def describe(settings: Settings, config_path: str | None) -> list[tuple[int, str]]:
+    """The start's log lines beyond `watching`: where the settings came from, peers and
+    fences, and a listen address no peer can reach."""
+    lines = [(logging.INFO, f"settings from {config_path}" if config_path
+              else "no config file: defaults and flags")]
+    if settings.peers:
+        lines.append((logging.INFO, f"peers {', '.join(settings.peers)} (timeout "
+                                    f"{settings.peer_timeout:g}s); fences "
+                                    f"{'on' if settings.secret else 'off (no secret)'}"))
+        host_part = settings.listen_address[0]
+        if host_part in ("localhost", "::1") or host_part.startswith("127."):
+            lines.append((logging.WARNING,
+                          f"listen {settings.listen} is loopback but peers are configured: "
+                          "no peer can reach this node (its cluster view and fences); listen "
+                          "on an address they reach"))
+    else:
+        lines.append((logging.INFO, "no peers: cluster view and fences off"))
+    return lines
+
+
+def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str | None = None,
+               overrides: dict[str, Any] | None = None) -> None:
+    """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own.
+    SIGHUP reads the config file again and applies what can change while running."""
     handler = RotatingStream()  # stderr; rotated in place when a plain file (launchd)
     handler.setFormatter(OneLineFormatter("%(asctime)s mlx-watchdog %(levelname)s %(message)s"))
     handler.addFilter(RepeatFilter())  # what others can make us log is bounded
@@ -54,25 +113,68 @@ def run_daemon(settings: Settings, log_level: str = "info") -> None:
     # parents of its directories included, is writable by others.
     os.umask(0o022)
     dirs.prepare(settings.dir, settings.state_dir)
+    # One daemon per directory: the state directory's lock (kept for our life), and no
+    # other live daemon's pointer in the record directory.
+    lock_fd = dirs.lock_state_dir(settings.state_dir)
+    pointer = journal.read_pointer(settings.dir)
+    if pointer is not None and os.path.abspath(pointer["state_dir"]) != os.path.abspath(
+            settings.state_dir):
+        holder = dirs.held_by(pointer["state_dir"])
+        if holder is not None:
+            os.close(lock_fd)
+            raise SetupError(f"another daemon (pid {holder}) already watches "
+                                  f"{settings.dir} (its state directory is "
+                                  f"{pointer['state_dir']})")
     nofile = raise_nofile()
     daemon = Daemon(settings)
     try:
         server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
                        daemon.fence_request if settings.secret else None,
-                       peers=settings.peers)
+                       peers=settings.peers, job_label=settings.job_label)
     except OSError as err:
         raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
     log = logging.getLogger("watchdog")
     if nofile:
         log.log(logging.WARNING if nofile.startswith("cannot") else logging.INFO, "%s", nofile)
     log.info("serving /metrics /status /healthz on http://%s:%s", *server.server_address[:2])
+    if settings.job_label == "job":
+        log.warning("job_label = \"job\": rank series name the MLX job `job` (deprecated, "
+                    "removed in the next release; scrape with honor_labels, or move to "
+                    "mlx_job: docs/operations.md, Upgrading)")
+    for level, line in describe(settings, config_path):
+        log.log(level, "%s", line)
+
+    def reload() -> None:
+        if config_path is None:
+            log.warning("SIGHUP: no config file to read again (started without one); "
+                        "nothing changed")
+            return
+        try:
+            new = load(config_path, overrides or {})  # the flags still win over the file
+        except ConfigError as err:
+            log.error("SIGHUP: %s; the running settings are kept", err)
+            return
+        before = daemon.settings
+        applied, changed, kept = reloaded(before, new)
+        daemon.apply_settings(applied)
+        if applied.peers != before.peers:
+            set_peers(server, applied.peers)
+        server.fence = (  # type: ignore[attr-defined]
+            daemon.fence_request if applied.secret else None)
+        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
+        if kept:
+            log.warning("SIGHUP: needs a restart, kept as running: %s", "; ".join(kept))
 
     def stop(signum: int, _frame: Any) -> None:
         daemon.stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # The reload reads a file and takes the scan's lock: on a thread, never in the handler.
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(
+        target=reload, name="reload", daemon=True).start())
     try:
         daemon.run()
     finally:
         server.shutdown()
+        os.close(lock_fd)

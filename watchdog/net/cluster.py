@@ -121,7 +121,10 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         hung = True  # its peers are gone and a stopped rank of it is left behind
     # A rank behind an unreachable node cannot be seen: while another rank of the
     # job waits (on it, perhaps), the job is not known to be healthy.
-    unknown = not hung and bool(waiting and missing and unreachable)
+    # Nor known to be over: a rank ended here says nothing of one behind a node
+    # that does not answer, which may still hold the job's other ranks.
+    unknown = not hung and bool(missing and unreachable) and bool(
+        waiting or any(s.rank.state in ENDED for s in seen))
     # Every rank gone, or the watchdog ended some: the job is over, whatever waits.
     ended = not hung and not unknown and bool(seen) and (
         all(s.rank.state in ENDED for s in seen)
@@ -151,7 +154,7 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         r = stopped[0]
         culprit = _culprit(r, f"stopped at {_where(r.rank)} while its peers wait")
         note = f"rank {r.rank.rank} is stopped at {_where(r.rank)}"
-    elif gone:
+    elif gone and not unknown:
         r = gone[0]
         culprit = _culprit(r, f"{r.rank.state} at {_where(r.rank)}: "
                               f"{r.rank.reason or ''}".strip())
@@ -170,6 +173,10 @@ def judge_job(job: str, ranks: Sequence[Seen | Mapping[str, Any]], unreachable: 
         r = min(seen, key=_last)
         culprit = _culprit(r, f"furthest behind, at {_where(r.rank)}")
         note = f"rank {r.rank.rank} is furthest behind at {_where(r.rank)}"
+    if unknown and gone:  # what is known of the job: its ranks that ended here
+        note += "; " + "; ".join(
+            f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
+            + (f" ({s.rank.reason})" if s.rank.reason else "") for s in gone)
     view["culprit"] = culprit
     view["evidence"] = f"{wait_note}; {note}"
     return view

@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import platform
 import socket
 import threading
 import time
@@ -38,7 +39,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -81,14 +82,23 @@ def _one_per_label(ranks: tuple[RankStatus, ...]) -> list[RankStatus]:
     return list(best.values())
 
 
+# The MLX job's label. Not `job`: that one (and `instance`) is the scrape target's, and an
+# exporter that sets it forces `honor_labels` on every scrape config. `job_label = "job"`
+# in the config keeps the old name for one release (docs/operations.md, Upgrading).
+JOB_LABEL = "mlx_job"
+JOB_LABELS = ("mlx_job", "job")
+MODES = ("enforce", "observe")
+
+
 class SnapshotCollector:
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, job_label: str = JOB_LABEL) -> None:
         self._snapshot = snapshot
+        self._job_label = job_label
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         ranks = snap.ranks
-        labels = ["job", "rank"]
+        labels = [self._job_label, "rank"]
 
         state = GaugeMetricFamily(PREFIX + "rank_state", "1 for the rank's current state",
                                   labels=[*labels, "state"])
@@ -139,7 +149,7 @@ class SnapshotCollector:
             kills.add_metric([sig], n)
         yield kills
         job_kills = CounterMetricFamily(PREFIX + "job_kills", "Ranks of a job the watchdog ended",
-                                        labels=["job"])
+                                        labels=[self._job_label])
         for job, n in counters.job_kills.items():
             job_kills.add_metric([job], n)
         yield job_kills
@@ -185,14 +195,25 @@ class SnapshotCollector:
         if last_scan:
             yield GaugeMetricFamily(PREFIX + "last_scan_timestamp_seconds",
                                     "Unix time of the last completed scan", value=last_scan)
-        info = GaugeMetricFamily(PREFIX + "build_info", "mlx-watchdog version", labels=["version"])
-        info.add_metric([str(snap.version or "")], 1.0)
+        info = GaugeMetricFamily(PREFIX + "build_info", "mlx-watchdog's version and the "
+                                 "Python it runs on", labels=["version", "python"])
+        info.add_metric([str(snap.version or ""), platform.python_version()], 1.0)
         yield info
+        if snap.mode is not None:  # an alert on a node left in observe mode
+            mode = GaugeMetricFamily(PREFIX + "mode", "1 for the daemon's mode: enforce "
+                                     "(ends hung ranks) or observe (reports only)",
+                                     labels=["mode"])
+            for name in MODES:
+                mode.add_metric([name], 1.0 if snap.mode == name else 0.0)
+            yield mode
 
 
-def render(snapshot: Snapshot) -> bytes:
+def render(snapshot: Snapshot, job_label: str = JOB_LABEL) -> bytes:
+    """One scrape: the snapshot's families and the standard `process_*` ones (this
+    daemon's CPU, memory, descriptors and start; Linux's /proc, nothing elsewhere)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshot))  # type: ignore[arg-type]
+    registry.register(SnapshotCollector(snapshot, job_label))  # type: ignore[arg-type]
+    ProcessCollector(registry=registry)
     return generate_latest(registry)
 
 
@@ -308,8 +329,9 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], snapshot: Snapshot,
                  healthy: Callable[[], bool], fence: FenceHandler | None,
-                 peers: tuple[str, ...] = ()) -> None:
+                 peers: tuple[str, ...] = (), job_label: str = JOB_LABEL) -> None:
         self.snapshot = snapshot
+        self.job_label = job_label
         self.peer_hosts = _addresses(peers)
         self.peer_open: set[Any] = set()  # connections in the peers' own slots
         self.healthy = healthy
@@ -331,7 +353,7 @@ class _Server(ThreadingHTTPServer):
                 self._rendered = (snap, {})
             bodies = self._rendered[1]
             if what not in bodies:
-                bodies[what] = (render(lambda: snap) if what == "metrics" else
+                bodies[what] = (render(lambda: snap, self.job_label) if what == "metrics" else
                                 json.dumps(snap.to_json(), default=str).encode())
             return bodies[what]
 
@@ -403,15 +425,21 @@ def _addresses(peers: tuple[str, ...]) -> frozenset[str]:
     return frozenset(found)
 
 
+def set_peers(server: ThreadingHTTPServer, peers: tuple[str, ...]) -> None:
+    """A reload's peers (SIGHUP): their addresses get the peers' own slots from now."""
+    if isinstance(server, _Server):
+        server.peer_hosts = _addresses(peers)
+
+
 def serve(address: tuple[str, int], snapshot: Snapshot,
           healthy: Callable[[], bool], fence: FenceHandler | None = None,
-          peers: tuple[str, ...] = ()) -> ThreadingHTTPServer:
+          peers: tuple[str, ...] = (), job_label: str = JOB_LABEL) -> ThreadingHTTPServer:
     """Start the endpoint on a background thread; returns the server (to shut down).
 
     `fence` handles `POST /fence` (headers, body) -> (status, JSON answer);
     without it every POST is refused.
     """
-    server = _Server(address, snapshot, healthy, fence, peers)
+    server = _Server(address, snapshot, healthy, fence, peers, job_label)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               name="http", daemon=True)
     thread.start()

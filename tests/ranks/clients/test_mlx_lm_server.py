@@ -150,7 +150,7 @@ def test_the_learned_deadline_is_shown_within_a_minute_of_start(
     families = scrape(daemon.url())  # type: ignore[attr-defined]
     job = job_of(server)
     for rank in range(server.size):
-        shown = value(families, "mlx_watchdog_rank_deadline_seconds", job=job, rank=str(rank))
+        shown = value(families, "mlx_watchdog_rank_deadline_seconds", mlx_job=job, rank=str(rank))
         assert shown == LEARNED, (rank, shown)
 
 

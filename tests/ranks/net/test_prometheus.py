@@ -3,7 +3,7 @@
 Debian's `prometheus` package provides /usr/bin/prometheus; CI installs it
 (`.ci/run`), so a missing binary is a failure, not a skip. The server runs on
 127.0.0.1 with a free port and a temporary TSDB, scrapes the daemon every
-second as the documented scrape job (`mlx-watchdog`, `honor_labels: true`),
+second as the documented scrape job (`mlx-watchdog`, no `honor_labels`),
 and loads docs/alerts.yml. A rank of a real ring job is frozen; through
 Prometheus's HTTP API the test checks that the stall and the kill arrived.
 """
@@ -63,7 +63,6 @@ def write_config(path: Path, target: str) -> None:
         "rule_files": [str(RULES)],
         "scrape_configs": [{
             "job_name": "mlx-watchdog",
-            "honor_labels": True,
             "metrics_path": "/metrics",
             "static_configs": [{"targets": [target]}],
         }],
@@ -120,14 +119,15 @@ def test_prometheus_sees_the_stall_and_the_kill(tmp_path, record_dir, state_dir)
                 assert [p.returncode for p in job.procs] == [-signal.SIGTERM] * 2
 
             # The stall arrived: rank 0 (the survivor) was stalled, rank 1 stopped,
-            # under the MLX job's own name (honor_labels) and the daemon as instance.
+            # under the MLX job's own name (`mlx_job`), the scrape job's `job` untouched,
+            # and the daemon as instance.
             stalled = wait_for(lambda: query(
-                base, f'max_over_time(mlx_watchdog_rank_state{{state="stalled",job="{name}"}}'
+                base, f'max_over_time(mlx_watchdog_rank_state{{state="stalled",mlx_job="{name}"}}'
                 '[5m]) == 1'), 10, what="the stalled series in prometheus")
-            assert [(r["metric"]["rank"], r["metric"]["instance"]) for r in stalled] == [
-                ("0", target)], stalled
+            assert [(r["metric"]["rank"], r["metric"]["instance"], r["metric"]["job"])
+                    for r in stalled] == [("0", target, "mlx-watchdog")], stalled
             stopped = query(base, 'max_over_time(mlx_watchdog_rank_state{state="stopped",'
-                                  f'job="{name}"}}[5m]) == 1')
+                                  f'mlx_job="{name}"}}[5m]) == 1')
             assert [r["metric"]["rank"] for r in stopped] == ["1"], stopped
 
             # The kill arrived: both ranks ended by SIGTERM, counted per job.
@@ -137,7 +137,7 @@ def test_prometheus_sees_the_stall_and_the_kill(tmp_path, record_dir, state_dir)
             assert len(kills) == 1 and float(kills[0]["value"][1]) == 2, kills
             assert kills[0]["metric"]["job"] == "mlx-watchdog"  # node series: the scrape job
             job_kills = wait_for(lambda: query(
-                base, f'mlx_watchdog_job_kills_total{{job="{name}"}} == 2'), 10,
+                base, f'mlx_watchdog_job_kills_total{{mlx_job="{name}"}} == 2'), 10,
                 what="the job's kills in prometheus")
             assert job_kills[0]["metric"]["instance"] == target
             stalls = query(base, 'sum(mlx_watchdog_stalls_total{verdict="stalled"})')

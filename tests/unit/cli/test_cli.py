@@ -181,10 +181,11 @@ def test_options_are_typed_with_units_and_complete_in_the_shell():
                   "--mode ENFORCE|OBSERVE", "--kill-scope JOB|RANK"):
         assert shown in " ".join(help_text.split()), shown
     # A flag is checked by the setting's own rule, as the file's value is.
-    for args, message in ((["--interval", "0"], "interval must be > 0"),
-                          (["--spin-ratio", "1.5"], "spin_ratio must be <= 1"),
-                          (["--confirm", "0"], "confirm must be >= 1"),
-                          (["--peers", "a:1,b"], "peers must be HOST:PORT")):
+    # Said of the flag the user typed, not of the config file's key.
+    for args, message in ((["--interval", "0"], "'--interval': must be > 0"),
+                          (["--spin-ratio", "1.5"], "'--spin-ratio': must be <= 1"),
+                          (["--confirm", "0"], "'--confirm': must be >= 1"),
+                          (["--peers", "a:1,b"], "'--peers': must be HOST:PORT")):
         proc = run_cli(["run", *args])
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -45,6 +45,7 @@ EXPORTED_METRICS: frozenset[str] = frozenset(
         "mlx_watchdog_scan_duration_seconds",
         "mlx_watchdog_last_scan_timestamp_seconds",
         "mlx_watchdog_build_info",
+        "mlx_watchdog_mode",
     }
 )
 EXPORTED_HISTOGRAMS: frozenset[str] = frozenset({"mlx_watchdog_scan_duration_seconds"})
@@ -127,7 +128,9 @@ def test_rules_use_only_exported_metrics():
 def test_rules_scrape_job_and_label_assumption_documented():
     text = RULES.read_text()
     assert 'up{job="mlx-watchdog"}' in text
-    assert "honor_labels: true" in text
+    # The MLX job is `mlx_job`: `job` stays the scrape job's, no honor_labels needed.
+    assert "on (instance, mlx_job, rank)" in text and "$labels.mlx_job" in text
+    assert "honor_labels: true" not in text
 
 
 def test_rule_tests_use_only_exported_metrics():

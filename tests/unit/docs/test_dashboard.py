@@ -30,7 +30,7 @@ GRAFANA_VARIABLES = {
     "$__interval": "1m",
     "$__range": "1h",
     "$instance": ".*",
-    "$job": ".*",
+    "$mlx_job": ".*",
 }
 
 
@@ -68,8 +68,8 @@ def test_is_a_dashboard(dashboard):
 
 def test_template_variables(dashboard):
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert {"instance", "job"} <= set(variables)
-    for name in ("instance", "job"):
+    assert {"instance", "mlx_job"} <= set(variables)
+    for name in ("instance", "mlx_job"):
         assert variables[name]["datasource"] == DATASOURCE
         assert variables[name]["multi"] and variables[name]["includeAll"]
     assert 'up{job="mlx-watchdog"}' in variables["instance"]["definition"]
@@ -117,7 +117,7 @@ def test_rank_panels_filter_on_both_variables(dashboard):
         for selector in re.findall(r"mlx_watchdog_rank_\w+\{([^}]*)\}", expr):
             assert 'instance=~"$instance"' in selector, expr
             if "label_values" not in expr:
-                assert 'job=~"$job"' in selector, expr
+                assert 'mlx_job=~"$mlx_job"' in selector, expr
 
 
 def test_queries_are_valid_promql(dashboard, tmp_path):

@@ -41,7 +41,8 @@ INSTALL_STEP = re.compile(r"\bpip install\b|-m venv\b|(^|&&\s*)(\.|source)\s+\S*
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.S | re.M)
 ALERT_ANCHORS = ("rank-hung", "rank-suspect", "rank-unkillable", "node-reboot-required",
                  "repeated-kills", "watchdog-down", "watchdog-not-scanning",
-                 "watchdog-scans-slow", "invalid-records", "probe-errors")
+                 "watchdog-scans-slow", "invalid-records", "probe-errors",
+                 "watchdog-observe-mode")
 
 
 def readme() -> str:

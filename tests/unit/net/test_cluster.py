@@ -257,8 +257,12 @@ def test_a_job_the_watchdog_ended_says_so():
     assert view["state"] == "ended" and view["culprit"] is None
     assert "rank 0 on mac0: killed (ended by the watchdog (incident" in view["evidence"]
     assert "rank 1 on mac1: exited (exited on an uncaught exception)" in view["evidence"]
-    # One rank killed, its peer behind an unreachable node: ended, not unknown.
-    assert cluster.judge_job("j", [killed], ["b:9753"])["state"] == "ended"
+    # One rank killed, its peer behind an unreachable node: that peer is not known to
+    # have ended (the fence may not have reached it), so the job is not known over.
+    behind = cluster.judge_job("j", [killed], ["b:9753"])
+    assert behind["state"] == "unknown" and behind["culprit"]["rank"] == 1, behind
+    assert "unreachable: b:9753" in behind["culprit"]["reason"]
+    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in behind["evidence"]
     # A clean end: every rank exited.
     done = cluster.judge_job("j", [rank(0, "exited", "running", world=2),
                                    rank(1, "exited", "running", world=2)], [])

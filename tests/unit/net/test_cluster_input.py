@@ -50,5 +50,5 @@ def test_cluster_status_fails_when_no_node_answers():
     out = subprocess.run([sys.executable, "-m", "watchdog.cli", "cluster", "status",
                           f"127.0.0.1:{port}", "--timeout", "2"], capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.returncode == 4, (out.stdout, out.stderr)  # 2 is a usage error
     assert "UNREACHABLE" in out.stdout and "no node answered" in out.stderr

@@ -5,6 +5,9 @@ read them. tests/ranks/net/test_metrics.py scrapes the real daemon.
 
 from __future__ import annotations
 
+import platform
+import sys
+
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,6 +48,7 @@ FAMILIES = {
     P + "scan_duration_seconds": "histogram",
     P + "last_scan_timestamp_seconds": "gauge",
     P + "build_info": "gauge",
+    P + "mode": "gauge",
 }
 # Per-rank sample name -> the snapshot key it reports.
 RANK_VALUES = {
@@ -58,8 +62,8 @@ RANK_VALUES = {
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
 # Labels a series may carry; pid and thread ids never (unbounded cardinality).
-ALLOWED_LABELS = {"job", "rank", "state", "verdict", "cause", "signal", "le", "version",
-                  "event"}
+ALLOWED_LABELS = {"mlx_job", "rank", "state", "verdict", "cause", "signal", "le", "version",
+                  "python", "event", "mode"}
 
 
 def rank(job: str, n: int, state: str, **values: object) -> dict:
@@ -113,7 +117,8 @@ def parse(snap: dict | NodeStatus) -> dict:
 
 def test_every_family_is_exported_with_its_type():
     families = parse(snapshot())
-    assert {name: f.type for name, f in families.items()} == FAMILIES
+    assert {name: f.type for name, f in families.items()
+            if not name.startswith("process_")} == FAMILIES
     text = render(lambda: node(snapshot())).decode()
     for name, kind in FAMILIES.items():
         exposed = name + "_total" if kind == "counter" else name
@@ -129,7 +134,8 @@ def test_rank_series_carry_job_and_rank_only():
             assert not {"pid", "tid", "thread", "thread_id", "host"} & set(s.labels)
     for name in RANK_FAMILIES:
         for s in families[name].samples:
-            want = {"job", "rank", "state"} if name == P + "rank_state" else {"job", "rank"}
+            want = ({"mlx_job", "rank", "state"} if name == P + "rank_state"
+                    else {"mlx_job", "rank"})
             assert set(s.labels) == want, (s.name, s.labels)
 
 
@@ -137,7 +143,7 @@ def test_rank_values_come_from_the_snapshot():
     snap = snapshot()
     families = parse(snap)
     for r in snap["ranks"]:
-        labels = {"job": r["job"], "rank": str(r["rank"])}
+        labels = {"mlx_job": r["job"], "rank": str(r["rank"])}
         for sample_name, key in RANK_VALUES.items():
             assert value(families, sample_name, **labels) == pytest.approx(r[key]), sample_name
         states = samples(families, P + "rank_state", **labels)
@@ -159,14 +165,15 @@ def test_node_and_daemon_families():
     assert {dict(k)["cause"] for k in samples(families, P + "stalls_total")} == set(CAUSES)
     assert value(families, P + "kills_total", signal="SIGTERM") == 3
     assert value(families, P + "kills_total", signal="SIGKILL") == 1
-    assert value(families, P + "job_kills_total", job="train") == 3
-    assert value(families, P + "job_kills_total", job="serve") == 0
+    assert value(families, P + "job_kills_total", mlx_job="train") == 3
+    assert value(families, P + "job_kills_total", mlx_job="serve") == 0
     assert value(families, P + "node_reboot_required") == 0
     assert value(families, P + "wired_memory_bytes") == 123 << 20
     assert value(families, P + "invalid_records_total") == 7
     assert value(families, P + "probe_errors_total") == 4
     assert value(families, P + "last_scan_timestamp_seconds") == 1_700_000_123.5
-    assert value(families, P + "build_info", version="9.9.9") == 1
+    assert value(families, P + "build_info", version="9.9.9",
+                 python=platform.python_version()) == 1
     flagged = parse(snapshot(reboot_required=True, reboot={"reason": "leak"}))
     assert value(flagged, P + "node_reboot_required") == 1
 
@@ -177,8 +184,8 @@ def test_a_rank_absent_from_the_snapshot_has_no_series():
     families = parse(snap)
     for name in RANK_FAMILIES:
         for s in families[name].samples:
-            assert (s.labels["job"], s.labels["rank"]) != ("train", "1"), s
-    assert value(families, P + "rank_progress_total", job="train", rank="0") == 100
+            assert (s.labels["mlx_job"], s.labels["rank"]) != ("train", "1"), s
+    assert value(families, P + "rank_progress_total", mlx_job="train", rank="0") == 100
 
 
 def test_series_follow_each_scrape_nothing_is_cached_or_registered_globally():
@@ -200,7 +207,7 @@ def test_a_value_the_snapshot_lacks_is_left_out_not_zeroed():
     for name in (P + "rank_seconds_since_progress", P + "rank_deadline_seconds",
                  P + "rank_busiest_thread_cpu_ratio"):
         assert families[name].samples == [], name
-    assert value(families, P + "rank_progress_total", job="train", rank="0") == 100
+    assert value(families, P + "rank_progress_total", mlx_job="train", rank="0") == 100
     assert P + "wired_memory_bytes" not in families
 
 
@@ -248,8 +255,8 @@ def test_label_values_from_records_are_escaped(job):
     # The job name comes from the ranks' environment: any text must round-trip.
     families = parse(snapshot(ranks=[rank(job, 0, "running")], counters={
         **snapshot()["counters"], "job_kills": {job: 2}}))
-    assert value(families, P + "rank_progress_total", job=job, rank="0") == 100
-    assert value(families, P + "job_kills_total", job=job) == 2
+    assert value(families, P + "rank_progress_total", mlx_job=job, rank="0") == 100
+    assert value(families, P + "job_kills_total", mlx_job=job) == 2
 
 
 def test_a_relaunch_within_retention_gives_one_series_per_rank():
@@ -258,3 +265,32 @@ def test_a_relaunch_within_retention_gives_one_series_per_rank():
                                      rank("train", 0, "running", pid=2)]))
     states = [s for s in families[P + "rank_state"].samples if s.value == 1]
     assert [(s.labels["rank"], s.labels["state"]) for s in states] == [("0", "running")]
+
+
+# -- issue 28: Prometheus conventions ---------------------------------------------------
+
+
+def test_the_mode_is_a_metric_one_series_per_mode():
+    for mode, other in (("enforce", "observe"), ("observe", "enforce")):
+        families = parse(snapshot(mode=mode))
+        assert value(families, P + "mode", mode=mode) == 1
+        assert value(families, P + "mode", mode=other) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process_* reads /proc")
+def test_the_standard_process_metrics_are_exported():
+    families = parse(snapshot())
+    for name in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds",
+                 "process_max_fds", "process_start_time_seconds"):
+        assert name in families and families[name].samples, name
+    assert families["process_open_fds"].samples[0].value > 0
+
+
+def test_the_old_job_label_is_kept_one_release_behind_a_setting():
+    text = render(lambda: node(snapshot()), job_label="job").decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert value(families, P + "rank_progress_total", job="train", rank="0") == 100
+    assert value(families, P + "job_kills_total", job="train") == 3
+    assert "mlx_job=" not in text
+    # The default, and what a scrape config needs no honor_labels for: no `job` label.
+    assert 'job="' not in render(lambda: node(snapshot())).decode().replace('mlx_job="', "")

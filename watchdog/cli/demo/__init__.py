@@ -94,8 +94,9 @@ class Demo(DemoJob):
             result.victim = victim.rank
             self.say(f"rank {victim.rank} frozen with SIGSTOP (pid {victim.pid})")
             self.note("like a wedged host or GPU in the seeds' JACCL/ring hang: its peers")
-            self.note("now wait in all_sum forever, one thread spinning at ~100% CPU,")
-            self.note("with no error. Nothing in MLX will ever end this job.")
+            self.note("now wait in all_sum forever, one thread spinning: it wants a whole")
+            self.note("core (what the verdict reads); the share of one it gets, shown below,")
+            self.note("is less on a busy machine. No error: nothing in MLX ends this job.")
         elif self.fault == "kill":
             victim = self.ranks[1]
             os.kill(victim.pid, signal.SIGKILL)
@@ -128,7 +129,8 @@ class Demo(DemoJob):
                 cpu = info.busiest_thread_cpu
                 text += (f" ({info.seconds_in_wait or 0:.1f}s in "
                          f"{info.current_op or 'a wait'}"
-                         + (f", busiest thread {cpu:.0%} CPU" if cpu is not None else "") + ")")
+                         + (f", busiest thread got {cpu:.0%} of a core" if cpu is not None
+                            else "") + ")")
             elif state == "exited" and "without closing" in str(info.reason):
                 text += " (died without closing its record)"
             parts.append(text)

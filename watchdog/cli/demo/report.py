@@ -29,7 +29,7 @@ def incident_lines(inc: Incident, state_dir: str, t0_wall: float) -> list[str]:
     out.append(f"Incident {inc.id} (from {state_dir}/incidents.jsonl)")
     out.append(f"  job {inc.job} on {inc.host}: verdict {inc.verdict}, "
                f"{inc.seconds_without_progress:.1f}s without progress, busiest "
-               f"thread {inc.busiest_thread_cpu:.0%} CPU")
+               f"thread got {inc.busiest_thread_cpu:.0%} of a core")
     if inc.cause:
         out.append(f"  cause: {inc.cause}: {inc.summary}")
     out.append(f"  reason: {inc.reason}")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import stat
 
-from watchdog.daemon.config import ConfigError
+from watchdog.daemon.config import SetupError
 
 
-class UnsafeDirectory(ConfigError):
+class UnsafeDirectory(SetupError):
     """A directory whose ownership or mode would let others tamper with it."""
 
 
@@ -78,7 +78,70 @@ def prepare(record_dir: str, state_dir: str) -> None:
                 os.chmod(path, mode)  # explicit: makedirs is subject to the umask
             check(path)
         except PermissionError as err:
-            raise ConfigError(f"cannot create or use {path}: {err.strerror} "
+            raise SetupError(f"cannot create or use {path}: {err.strerror} "
                               "(run as root, or pass a directory you own)") from None
         except OSError as err:
-            raise ConfigError(f"cannot create or use {path}: {err.strerror}") from None
+            raise SetupError(f"cannot create or use {path}: {err.strerror}") from None
+
+
+LOCK = "daemon.lock"  # in the state directory: held (flock) by the one daemon using it
+
+
+def _holder(fd: int) -> str:
+    """The pid a lock file names (written by its holder), for the one-line refusal."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
+def lock_state_dir(state_dir: str) -> int:
+    """One daemon per state directory: take `<state_dir>/daemon.lock` (flock, released by
+    the kernel when this process ends, however it ends) and write our pid in it.
+
+    Returns the descriptor, to keep open for the daemon's life. Refuses (SetupError)
+    when another daemon holds it, or when this user cannot write there: a daemon
+    that cannot keep its journal must not start and log the failure every scan.
+    """
+    import fcntl
+
+    path = os.path.join(state_dir, LOCK)
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        raise SetupError(f"cannot write in state directory {state_dir} (uid {os.geteuid()}): "
+                         "run as root, or pass --state-dir a directory this user owns")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise SetupError(f"cannot write {path}: {err.strerror} (run as root, or pass "
+                         "--state-dir a directory this user owns)") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _holder(fd)
+        os.close(fd)
+        raise SetupError(f"another daemon (pid {pid}) already uses state directory "
+                         f"{state_dir}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def held_by(state_dir: str) -> str | None:
+    """The pid of the daemon holding `state_dir`'s lock now, or None if none does."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(state_dir, LOCK),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing drops a lock taken just now
+    return None
