@@ -6,16 +6,14 @@ download), served by ring ranks on 127.0.0.1 the way `mlx.launch` starts them
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.ranks import DaemonProc, base_env, free_ports, wait_for
+from tests.support.ranks import DaemonProc, RankProcs, base_env, free_ports, wait_for
 from watchdog import record
 
 VOCAB = 512
@@ -59,7 +57,7 @@ def build_model(folder: Path, layers: int = 2, hidden: int = 64) -> Path:
     return folder
 
 
-class LmServer:
+class LmServer(RankProcs):
     """`python -m mlx_lm.server --model DIR` over `size` ring ranks; rank 0 serves HTTP."""
 
     def __init__(self, workdir: Path, record_dir: Path, model: Path, size: int = 2,
@@ -128,30 +126,6 @@ class LmServer:
             found[r.rank] = r
         return found
 
-    def signal(self, rank: int, signum: int) -> None:
-        self.procs[rank].send_signal(signum)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-        deadline = time.monotonic() + 30
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-
-    def __enter__(self) -> LmServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class DefaultDaemon(DaemonProc):

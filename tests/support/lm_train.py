@@ -15,14 +15,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from tests.support.ranks import base_env, free_ports
+from tests.support.ranks import RankProcs, base_env, free_ports
 from watchdog import record
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Python 3.10+ on Linux), spelled for older ones
@@ -45,7 +44,7 @@ def checkpoint_name(iteration: int) -> str:
     return f"{iteration:07d}_adapters.safetensors"
 
 
-class LmTrain:
+class LmTrain(RankProcs):
     """`mlx_lm lora --train` over `size` ring ranks; each rank's output in its own log."""
 
     def __init__(self, workdir: Path, record_dir: Path, model: Path, data: Path, *,
@@ -102,30 +101,6 @@ class LmTrain:
     def finished(self) -> bool:
         return all(code is not None for code in self.codes())
 
-    def signal(self, rank: int, signum: int) -> None:
-        self.procs[rank].send_signal(signum)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-        deadline = time.monotonic() + 30
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-
-    def __enter__(self) -> LmTrain:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class SlowStorage(threading.Thread):

@@ -19,6 +19,7 @@ from watchdog import record
 RANK_PROG = SUPPORT / "rank_prog.py"
 LM_PROG = SUPPORT / "lm_prog.py"
 T = TypeVar("T")
+P = TypeVar("P", bound="RankProcs")
 
 
 def wait_for(condition: Callable[[], T], timeout: float, interval: float = 0.05,
@@ -276,3 +277,38 @@ def torn_down(outcome: dict[str, str]) -> bool:
     for a rank that was already leaving on the ring's own error (its peer ended a moment
     before) when the ladder reached it, which is "exited"."""
     return "killed" in outcome.values() and set(outcome.values()) <= {"killed", "exited"}
+
+
+class RankProcs:
+    """Rank processes a test started (`procs`, rank i at i): signalled by rank, and ended
+    by pid however they stand (a stopped one continued first); a context manager."""
+
+    procs: list[subprocess.Popen[bytes]]
+
+    def start(self: P) -> P:
+        raise NotImplementedError
+
+    def signal(self, rank: int, signum: int) -> None:
+        self.procs[rank].send_signal(signum)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        deadline = time.monotonic() + 30
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __enter__(self: P) -> P:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
