@@ -189,12 +189,20 @@ def _decode_v2(buf: bytes, after: bytes, ident: tuple[object, ...],
         # And an entry must read the same in both copies: one copy is not read in
         # address order everywhere (fast string copies may load out of order), so
         # a count may be newer than an entry read beside it.
+        # An entry that fails this drops the older ones of its slot too: the entries
+        # given are numbered from the newest back, so one left out between two given
+        # would shift every older number (a load of a fast string copy that ran ahead
+        # of the count read an entry before its write, and the next after it).
         again = slot.unpack_from(after, base) if after is not buf else words
         later = again[S_COLLECTIVES]
+        whole: list[tuple[int, int, int, int]] = []
         for m in range(max(n - FLIGHT_SLOTS, later + 1 - RING, 0) + 1, n + 1):
             i = S_RING + 2 * (m % RING)
             if words[i + 1] and words[i] == again[i] and words[i + 1] == again[i + 1]:
-                flight.append((words[i], k, m, words[i + 1]))  # op 0: never written
+                whole.append((words[i], k, m, words[i + 1]))  # op 0: never written
+            else:
+                whole = []
+        flight.extend(whole)
     flight.sort()
     flight = flight[-FLIGHT_SLOTS:]
     entries = tuple(
