@@ -39,8 +39,14 @@ EXIT_GAVE_UP = 13
 MAX_BACKOFF = 60.0
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# mlx.launch's report of each rank that did not exit 0 (mlx/_distributed_utils/launch.py).
-_RANK_LINE = re.compile(r"\[WARN\] Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
+# mlx.launch's report of each rank that did not exit 0 (mlx/_distributed_utils/launch.py):
+# "\x1b[33m[WARN] Node with rank R exited with code C \x1b[0m". Found anywhere in a line,
+# by its "[WARN] " or, when a rank's own text (the ranks' stderr shares the pipe) landed
+# between that and the rest (seen in CI: "[ring] Socket 4  Node with rank 1 ..."), by the
+# colour reset after it; a rank printing the bare words is not mlx.launch.
+_RANK_TEXT = r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)"
+_RANK_LINE = re.compile(r"\[WARN\] " + _RANK_TEXT)
+_RANK_TAIL = re.compile(_RANK_TEXT + r" ?\x1b\[0m")
 
 
 class Ending(enum.Enum):
@@ -68,7 +74,7 @@ class Attempt:
 
     def see_line(self, line: str) -> None:
         """One line of mlx.launch's stderr."""
-        match = _RANK_LINE.search(_ANSI.sub("", line))
+        match = _RANK_LINE.search(_ANSI.sub("", line)) or _RANK_TAIL.search(line)
         if match:
             code = match.group(2)
             self.exits.append((int(match.group(1)), int(code) if code is not None else None))

@@ -265,3 +265,13 @@ def test_health_against_the_first_attempts_wired_memory(state_dir, monkeypatch):
     fit = health.check(settings, shared)
     assert fit.problem is None and "ranks of other jobs run here" in fit.notes[0]
     assert health.check(settings, health.Reference(9 << 20, lambda: False)).problem is None
+
+
+def test_a_rank_line_split_by_a_ranks_own_text_is_still_read():
+    """Seen in CI: the ring rank's stderr shares mlx.launch's pipe, and its text landed
+    between mlx.launch's "[WARN] " and the rest of the line; the SIGKILL was then missed
+    and the crash was told as rank 0's own failure (not relaunched)."""
+    a = attempt("\x1b[33m[WARN][ring] Socket 4 was closed by the peer",
+                "[ring] Socket 4  Node with rank 1 exited with code -9 \x1b[0m",
+                "\x1b[33m[WARN] Node with rank 0 exited with code 1 \x1b[0m")
+    assert sorted(a.exits) == [(0, 1), (1, -9)]
