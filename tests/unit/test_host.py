@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from watchdog import host
-from watchdog.cli import launcher
+from watchdog.cli.launch import launcher
 from watchdog.daemon.probes import samplegraph
 from watchdog.daemon.probes.exits import ExitWatcher
 
@@ -33,7 +33,7 @@ def test_darwin_defaults_in_one_place(darwin):
 
 
 def test_service_kind_follows_the_seam(darwin):
-    from watchdog.cli.service_cmds import _service_kind
+    from watchdog.cli.service.commands import _service_kind
 
     assert _service_kind(False, False) == "launchd"
     darwin.OS = darwin.LINUX

@@ -14,9 +14,13 @@ from typing import Any
 import click
 
 from watchdog import __version__
-from watchdog.cli import cluster_cmds, exits, node_cmds, service_cmds, status
+from watchdog.cli import exits
+from watchdog.cli.look import cluster as cluster_cmds
+from watchdog.cli.look import status
+from watchdog.cli.node import commands as node_cmds
 from watchdog.cli.options import Node, dir_option, settings_options, state_option
-from watchdog.cli.service import DEFAULT_CONFIG
+from watchdog.cli.service import commands as service_cmds
+from watchdog.cli.service.unit import DEFAULT_CONFIG
 from watchdog.daemon.config import ConfigError, Settings, SetupError
 
 
@@ -72,7 +76,7 @@ def run(node: Node, /, config_path: str | None, log_level: str, **options: Any) 
               help="Where the daemon serves /healthz (its listen setting).")
 def doctor(record_dir: str, state_dir: str, listen: str) -> None:
     """Check this node's setup and say what to fix."""
-    from watchdog.cli.doctor import run_checks
+    from watchdog.cli.node.doctor import run_checks
 
     worst = 0
     for level, message in run_checks(record_dir, state_dir, listen):
@@ -125,15 +129,15 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
     """
     import dataclasses
 
-    from watchdog.cli.launcher import (
+    from watchdog.cli.launch.launcher import (
         JOB_ENV,
         LauncherError,
         find_mlx_launch,
         named_env,
         new_job_id,
     )
+    from watchdog.cli.launch.supervisor import LaunchFailed, Plan, Supervisor
     from watchdog.cli.options import DIR_ENV
-    from watchdog.cli.supervisor import LaunchFailed, Plan, Supervisor
 
     if not args:  # a usage error, not an attempt that failed (exit 10, journalled)
         raise click.UsageError("nothing to launch: give mlx.launch's arguments and the "

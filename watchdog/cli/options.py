@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from watchdog.cli.service import DEFAULT_CONFIG
+from watchdog.cli.service.unit import DEFAULT_CONFIG
 from watchdog.daemon.config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
 
 DIR_ENV = "MLX_WATCHDOG_DIR"

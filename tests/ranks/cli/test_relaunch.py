@@ -15,7 +15,7 @@ import pytest
 
 from tests.ranks.rank.test_launch import two_free_ports
 from tests.support.ranks import DaemonProc, base_env, http_get, wait_for
-from watchdog.cli.supervisor import INTERRUPT_GRACE
+from watchdog.cli.launch.supervisor import INTERRUPT_GRACE
 from watchdog.daemon.store import journal
 
 pytestmark = pytest.mark.ranks

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.support.ranks import REPO, DaemonProc
-from watchdog.cli.relaunch import EXIT_REFUSED
+from watchdog.cli.launch.relaunch import EXIT_REFUSED
 from watchdog.daemon.store import journal
 
 

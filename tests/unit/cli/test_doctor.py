@@ -8,9 +8,9 @@ import socket
 import pytest
 from click.testing import CliRunner
 
-from watchdog.cli import doctor, doctor_env
 from watchdog.cli.commands import cli
-from watchdog.cli.doctor import run_checks
+from watchdog.cli.node import doctor, doctor_env
+from watchdog.cli.node.doctor import run_checks
 from watchdog.daemon.store import journal
 from watchdog.net.metrics import serve
 

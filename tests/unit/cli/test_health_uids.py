@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support.users import OTHER_UID
-from watchdog.cli import health
+from watchdog.cli.node import health
 from watchdog.daemon.config import Settings
 
 EACH = 6 << 20  # under the unprivileged RLIMIT_MEMLOCK of 8 MiB

@@ -19,7 +19,9 @@ import psutil
 import pytest
 
 from tests.support import BIN
-from watchdog.cli import doctor, service, servicectl
+from watchdog.cli.node import doctor
+from watchdog.cli.service import control as servicectl
+from watchdog.cli.service import unit as service
 
 LABEL = "com.github.mlx-watchdog"
 TARGET = f"system/{LABEL}"

@@ -157,8 +157,8 @@ def as_other_user(argv: list[object]) -> tuple[int, str]:
     import fcntl  # noqa: F401 - the lock, imported before the drop
     import resource  # noqa: F401 - the daemon's descriptor limit
 
-    import watchdog.cli.doctor
-    import watchdog.cli.doctor_env
+    import watchdog.cli.node.doctor
+    import watchdog.cli.node.doctor_env
     import watchdog.daemon.runner  # noqa: F401
     from watchdog.cli.commands import main
 
@@ -375,7 +375,7 @@ def test_doctor_compares_this_environments_hook_with_the_daemons_version(
     import time
 
     from watchdog import __version__
-    from watchdog.cli.doctor import check_versions
+    from watchdog.cli.node.doctor import check_versions
 
     state = tmp_path / "state"
     state.mkdir()

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from watchdog.cli import health, relaunch
-from watchdog.cli.relaunch import Attempt, Ending
+from watchdog.cli.launch import relaunch
+from watchdog.cli.launch.relaunch import Attempt, Ending
+from watchdog.cli.node import health
 from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal, launchlog

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
-from watchdog.cli import service, servicectl
-from watchdog.cli.service import ServiceError
+from watchdog.cli.service import control as servicectl
+from watchdog.cli.service import unit as service
+from watchdog.cli.service.unit import ServiceError
 
 STATIC = {
     "launchd": REPO / "launchd" / "com.github.mlx-watchdog.plist",

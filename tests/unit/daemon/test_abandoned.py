@@ -68,7 +68,7 @@ def test_the_hook_marks_a_record_it_gives_up_on_abandoned(record_dir):
 
 
 def test_status_without_a_daemon_reports_an_abandoned_record_unjudged(record_dir):
-    from watchdog.cli.sampling import sample_ranks
+    from watchdog.cli.look.sampling import sample_ranks
     from watchdog.daemon.judge.deadlines import Rules
 
     with UserProc(0) as rank:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from watchdog import procstat, record
-from watchdog.cli.sampling import sample_ranks
+from watchdog.cli.look.sampling import sample_ranks
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.observation import Observation, Seen, identify, observe
 from watchdog.daemon.probes import ProbeError, probe

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.support import REPO
-from watchdog.cli.service import render
+from watchdog.cli.service.unit import render
 from watchdog.record import RecordError, layout
 from watchdog.record.reader import decode
 

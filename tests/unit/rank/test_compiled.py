@@ -252,7 +252,7 @@ def test_the_compiled_path_takes_its_layout_by_name_and_refuses_any_other(
 
 
 def test_doctor_says_which_hot_path_ranks_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    from watchdog.cli.doctor_env import OK, WARN, check_instrumentation
+    from watchdog.cli.node.doctor_env import OK, WARN, check_instrumentation
 
     def hot_path_line() -> tuple[str, str]:
         return next(line for line in check_instrumentation() if "hot path" in line[1])

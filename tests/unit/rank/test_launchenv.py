@@ -219,7 +219,7 @@ def test_mlx_watchdog_launch_keeps_a_job_the_user_named(monkeypatch):
 
 
 def test_launch_argv_puts_the_job_before_the_command():
-    from watchdog.cli.launcher import launch_argv, named_job
+    from watchdog.cli.launch.launcher import launch_argv, named_job
 
     argv = launch_argv("/v/bin/mlx.launch", ["--hostfile", "h.json", "--", "python", "t.py",
                                               "--env", "MLX_WATCHDOG_JOB=not-ours"], {},

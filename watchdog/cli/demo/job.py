@@ -146,7 +146,7 @@ class DemoJob:
                                     stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
 
     def status(self) -> NodeStatus | None:
-        from watchdog.cli.sampling import daemon_status
+        from watchdog.cli.look.sampling import daemon_status
 
         return daemon_status(self.state_dir)
 

@@ -346,7 +346,7 @@ def test_split_offsets_of_one_function_are_summed():
 
 
 def test_incidents_output_survives_a_malformed_native_hot():
-    from watchdog.cli.node_cmds import _native_hot_lines
+    from watchdog.cli.node.commands import _native_hot_lines
 
     lines = _native_hot_lines([{"rank": 0, "pid": 1, "threads": [{"top": "x"}, None,
                                                                    {"thread": "T", "samples": 3,

@@ -20,7 +20,7 @@ from watchdog.text import printable
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[RankStatus], str]:
-    from watchdog.cli.sampling import find_daemon, sample_ranks
+    from watchdog.cli.look.sampling import find_daemon, sample_ranks
     from watchdog.daemon.config import coerce
     from watchdog.daemon.judge.deadlines import Rules
 
@@ -115,7 +115,7 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
               help="One JSON object: threads, counters, flight recorder.")
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
-    from watchdog.cli.inspect import describe, render_text
+    from watchdog.cli.look.inspect import describe, render_text
     from watchdog.daemon.recdir import find_record
 
     rec, why = find_record(record_dir, pid)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from watchdog.cli.sampling import daemon_status
+from watchdog.cli.look.sampling import daemon_status
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.net import cluster

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.cli import childio, relaunch
-from watchdog.cli.health import Reference, wait_healthy, wired_now
-from watchdog.cli.sampling import daemon_status
+from watchdog.cli.launch import childio, relaunch
+from watchdog.cli.look.sampling import daemon_status
+from watchdog.cli.node.health import Reference, wait_healthy, wired_now
 from watchdog.daemon.attempts import ATTEMPT_ENV
 from watchdog.daemon.config import Settings
 from watchdog.daemon.recdir import read_dir

@@ -36,7 +36,7 @@ def _service_options(f: Any) -> Any:
 
 
 def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[str, Any]]:
-    from watchdog.cli import service
+    from watchdog.cli.service import unit as service
 
     kind = _service_kind(launchd, systemd)
     return kind, dict(executable=service.script_path(), config=config_path,
@@ -65,7 +65,7 @@ def _check_config(config_path: str, writes_default: bool) -> None:
 @_service_options
 def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
     """Print the service file for this machine's interpreter and paths."""
-    from watchdog.cli.service import render
+    from watchdog.cli.service.unit import render
 
     kind, kwargs = _render(launchd, systemd, config_path)
     click.echo(render(kind, **kwargs), nl=False)
@@ -80,8 +80,8 @@ def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
 def service_install(launchd: bool, systemd: bool, config_path: str, path: str | None,
                     load: bool | None) -> None:
     """Write the service file, then load and start it."""
-    from watchdog.cli import service as svc
-    from watchdog.cli import servicectl as ctl
+    from watchdog.cli.service import control as ctl
+    from watchdog.cli.service import unit as svc
 
     kind, kwargs = _render(launchd, systemd, config_path)
     named = click.get_current_context().get_parameter_source("config_path") not in (
@@ -118,8 +118,8 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
 @click.option("--path", help="The file to remove (default: the system location).")
 def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
     """Stop and unload the service and delete its file (state and logs are kept)."""
-    from watchdog.cli import service as svc
-    from watchdog.cli import servicectl as ctl
+    from watchdog.cli.service import control as ctl
+    from watchdog.cli.service import unit as svc
 
     kind = _service_kind(launchd, systemd)
     target = path if path is not None else svc.default_path(kind)
@@ -137,8 +137,8 @@ def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
 @click.option("--systemd", is_flag=True, help="The systemd unit.")
 def service_restart(launchd: bool, systemd: bool) -> None:
     """Restart the daemon (after an upgrade or a config change)."""
-    from watchdog.cli import service as svc
-    from watchdog.cli import servicectl as ctl
+    from watchdog.cli.service import control as ctl
+    from watchdog.cli.service import unit as svc
 
     kind = _service_kind(launchd, systemd)
     argv = ctl.restart_command(kind, svc.default_path(kind))

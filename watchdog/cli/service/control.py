@@ -14,7 +14,13 @@ import shutil
 import subprocess
 import time
 
-from watchdog.cli.service import LABEL, ServiceError, checked_kind, default_path, shutdown_seconds
+from watchdog.cli.service.unit import (
+    LABEL,
+    ServiceError,
+    checked_kind,
+    default_path,
+    shutdown_seconds,
+)
 
 
 def service_target() -> str:

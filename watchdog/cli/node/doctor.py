@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 
 from watchdog import __version__, host
-from watchdog.cli.doctor_env import (
+from watchdog.cli.node.doctor_env import (
     FAIL,
     OK,
     WARN,
@@ -87,7 +87,7 @@ def check_state(state_dir: str) -> list[Line]:
     lines: list[Line] = [(OK, f"state directory {state_dir}: owner uid {st.st_uid}, mode "
                               f"{st.st_mode & 0o7777:o}")]
     if not os.access(state_dir, os.W_OK | os.X_OK):
-        from watchdog.cli.sampling import daemon_status
+        from watchdog.cli.look.sampling import daemon_status
 
         snap = daemon_status(state_dir)
         if snap is None:  # nobody keeps it: the daemon would be this user, and refuse
@@ -99,7 +99,7 @@ def check_state(state_dir: str) -> list[Line]:
 
 
 def check_daemon(listen: str, state_dir: str) -> list[Line]:
-    from watchdog.cli.sampling import daemon_status
+    from watchdog.cli.look.sampling import daemon_status
 
     try:
         host, port = parse_listen(listen)
@@ -147,7 +147,7 @@ def check_versions(state_dir: str) -> list[Line]:
     Run `doctor` in a job's environment: a hook older than the daemon is read
     (the daemon reads every older record version), a newer one may write a
     record the daemon cannot read: daemons are upgraded first."""
-    from watchdog.cli.sampling import daemon_status
+    from watchdog.cli.look.sampling import daemon_status
 
     snap = daemon_status(state_dir)
     if snap is None or not snap.version:
@@ -194,8 +194,8 @@ def check_service() -> list[Line]:
     """On a Mac: is the LaunchDaemon loaded and running (`launchctl print`)?"""
     if host.os_name() != host.DARWIN:
         return []  # systemd says it with `systemctl status`; the daemon check covers it
-    from watchdog.cli.service import LABEL, ServiceError, default_path
-    from watchdog.cli.servicectl import launchd_loaded, service_target
+    from watchdog.cli.service.control import launchd_loaded, service_target
+    from watchdog.cli.service.unit import LABEL, ServiceError, default_path
 
     install = "sudo mlx-watchdog service install --launchd"
     try:

@@ -1,0 +1,2 @@
+"""The service: `service print/install/uninstall`, its launchd and systemd files
+(`unit`), and `launchctl`/`systemctl` driven (`control`)."""
