@@ -95,7 +95,7 @@ def doctor(record_dir: str, state_dir: str, listen: str) -> None:
               "a recv nobody sends.")
 def demo(ranks: int, deadline: float, fault: str) -> None:
     """Run a real local MLX ring job, inject a fault, and watch the watchdog act."""
-    from watchdog.cli.demo import run_demo
+    from watchdog.cli.demo.story import run_demo
 
     sys.exit(run_demo(ranks=ranks, deadline=deadline, fault=fault))
 

@@ -333,8 +333,8 @@ def test_the_demo_never_promises_a_cpu_figure_its_lines_may_contradict():
     which on a loaded machine is far below a core: the story must not say ~100%."""
     import shutil
 
-    from watchdog.cli.demo import Demo
     from watchdog.cli.demo.job import _Rank
+    from watchdog.cli.demo.story import Demo
     from watchdog.status import RankStatus
 
     told: list[str] = []
@@ -358,7 +358,7 @@ def test_the_demo_never_promises_a_cpu_figure_its_lines_may_contradict():
 
 
 def demo_result():
-    from watchdog.cli.demo import _Result
+    from watchdog.cli.demo.story import _Result
 
     return _Result()
 
