@@ -1,4 +1,5 @@
-"""`incidents` and `node`: what the watchdog did here, and this node's reboot flag."""
+"""`incidents`, `node` and `doctor`: what the watchdog did here, this node's reboot flag,
+and what to fix in its setup."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import click
 
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import STATE_ENV, state_option
+from watchdog.cli.options import STATE_ENV, dir_option, state_option
+from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.status import Incident
 from watchdog.text import printable
@@ -206,3 +208,19 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
         sys.exit(EXIT_REFUSED)
     if not quiet:
         click.echo("node fit to start a job", err=True)
+
+
+@click.command()
+@dir_option
+@state_option
+@click.option("--listen", default=Settings().listen, show_default=True,
+              help="Where the daemon serves /healthz (its listen setting).")
+def doctor(record_dir: str, state_dir: str, listen: str) -> None:
+    """Check this node's setup and say what to fix."""
+    from watchdog.cli.node.doctor import run_checks
+
+    worst = 0
+    for level, message in run_checks(record_dir, state_dir, listen):
+        worst = max(worst, {"ok": 0, "warn": 1, "fail": 2}[level])
+        click.echo(f"[{level.upper():4}] {message}")
+    sys.exit(1 if worst == 2 else 0)

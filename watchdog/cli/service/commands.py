@@ -1,12 +1,16 @@
-"""`service print | install`: the launchd or systemd service for this machine."""
+"""`run`, the daemon, and `service print | install | uninstall | restart`: the launchd or
+systemd service that runs it on this machine."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 
 from watchdog.cli.exits import SetupError
+from watchdog.cli.options import Node, settings_options
+from watchdog.cli.service.unit import DEFAULT_CONFIG
 
 
 @click.group()
@@ -147,3 +151,36 @@ def service_restart(launchd: bool, systemd: bool) -> None:
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     click.echo(f"ran: {ctl.shell_line(argv)}")
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="MLX_WATCHDOG_CONFIG",
+              help=f"TOML file (keys as the options below) [the group's --config, else "
+                   f"{DEFAULT_CONFIG} when present].")
+@settings_options
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.pass_obj
+def run(node: Node, /, config_path: str | None, log_level: str, **options: Any) -> None:
+    """Run the daemon: watch every rank on this node and end hung ones.
+
+    Its settings: defaults, then the node's config file (this --config, the
+    group's --config, MLX_WATCHDOG_CONFIG, else /etc/mlx-watchdog.toml when it
+    exists, as every command reads it), then the flags. SIGHUP reloads the file.
+    """
+    from watchdog.daemon.config import load
+    from watchdog.daemon.runner import CannotStart, run_daemon
+
+    if config_path is None and (node.explicit or os.path.lexists(node.config_path)):
+        config_path = node.config_path  # the daemon must not ignore a file it cannot read
+        if not node.explicit and not os.access(config_path, os.R_OK):
+            raise SetupError(f"cannot read {config_path}, this node's config (run as "
+                             "root, or name another file with --config)")
+    # Each --peers value is already a checked tuple (commas allowed): join them.
+    options["peers"] = tuple(p for given in options.get("peers") or () for p in given) or None
+    try:
+        run_daemon(load(config_path, options), log_level, config_path=config_path,
+                   overrides=options)
+    except CannotStart as err:
+        raise SetupError(str(err)) from None
