@@ -82,7 +82,7 @@ def verify(unit_path):
 @pytest.mark.parametrize("kind", service.KINDS)
 def test_static_files_are_render_output(kind):
     assert STATIC[kind].read_text(encoding="utf-8") == reference(kind), (
-        f"{STATIC[kind]} drifted from watchdog/cli/service.py; regenerate it with render()"
+        f"{STATIC[kind]} drifted from watchdog/cli/service/unit.py; regenerate it with render()"
     )
 
 

@@ -252,7 +252,7 @@ def _systemd(argv: list[str], record_dir: str, state_dir: str) -> str:
 
 _UNIT_TEMPLATE = """\
 # mlx-watchdog: ends MLX distributed ranks hung in a collective.
-# Rendered by watchdog/cli/service.py; `mlx-watchdog service install --systemd`
+# Rendered by watchdog/cli/service/unit.py; `mlx-watchdog service install --systemd`
 # writes it for this machine's interpreter and paths.
 
 [Unit]
