@@ -1,6 +1,10 @@
 """What a rank's launch environment says: backend, rank, world size, job id.
 
-Rank side: stdlib only, never raises. `mlx.launch` (mlx/_distributed_utils/
+Rank side: stdlib only, never raises. Each backend's part (how it is recognised,
+its rank, size and job parts) is its entry in watchdog/backends.py; this module
+adds what belongs to no backend: MLX_WATCHDOG_JOB, exo's instance, a job of one.
+
+`mlx.launch` (mlx/_distributed_utils/
 launch.py) gives each rank, besides MLX_RANK:
 
 - ring:  MLX_HOSTFILE, the path of a file (`mktemp` on each node, so the path
@@ -45,112 +49,20 @@ ranks on different nodes need MLX_WATCHDOG_JOB (`mpiexec -genv ...`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
 
-READ_LIMIT = 1 << 20
+from watchdog import backends
+from watchdog.backends import WILDCARDS, devices_path, first, mpi
+
+__all__ = ["EXO_FILE", "WILDCARDS", "backend", "exo_instance", "job_id", "mpi", "rank",
+           "world_size"]
 
 Env = Mapping[str, str]
 
-
-def first(env: Env, *names: str) -> str:
-    """The first of `names` that is set and not empty, as JACCL looks them up."""
-    for name in names:
-        value = env.get(name)
-        if value:
-            return value
-    return ""
-
-
-def devices_path(env: Env) -> str:
-    return first(env, "JACCL_IBV_DEVICES", "MLX_IBV_DEVICES")
-
-
-def coordinator(env: Env) -> str:
-    return first(env, "JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR")
-
-
-def _number(env: Env, *names: str) -> int | None:
-    raw = first(env, *names)
-    return int(raw) if raw.isdigit() else None
-
-
-def mpi(env: Env) -> str:
-    """Which MPI launched this process: "openmpi", "mpich" (PMI, e.g. Hydra), or ""."""
-    if env.get("OMPI_COMM_WORLD_SIZE") or (env.get("PMIX_NAMESPACE") and env.get("PMIX_RANK")):
-        return "openmpi"
-    if env.get("PMI_SIZE") and env.get("PMI_RANK"):
-        return "mpich"
-    return ""
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(READ_LIMIT).decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return None
-
-
-def _json(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _canonical(text: str | None) -> str:
-    """The file's JSON re-dumped (mlx.launch `echo`es it: a trailing newline), else its text."""
-    data = _json(text)
-    if data is not None:
-        return json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return (text or "").strip()
-
-
-WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", "*", ""})
 # exo's coordination file (utils_mlx.py): hosts_<instance id>_<rank>.json
 EXO_FILE = re.compile(r"hosts_(?P<instance>[A-Za-z0-9._-]{1,128})_(?P<rank>\d{1,6})\.json")
-
-
-def _split(address: str) -> tuple[str, str]:
-    """("host", "port") of "host:port", "[v6]:port" or "v6:port"; ("", address) without a colon."""
-    host, sep, port = address.rpartition(":")
-    return (host, port) if sep else ("", address)
-
-
-def _slots(data: Any) -> list[list[str]] | None:
-    """A ring hostfile's slots: one list of "ip:port" per rank (a bare string is one)."""
-    if not isinstance(data, list):
-        return None
-    slots = []
-    for slot in data:
-        entries = [slot] if isinstance(slot, str) else slot
-        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-            return None
-        slots.append(entries)
-    return slots
-
-
-def _ring_part(text: str | None, path: str) -> str:
-    """What every rank's hostfile of one launch agrees on: its canonical JSON, or with a
-    wildcard slot (a file written per node, exo's way) its ports and slot count."""
-    if text is None:
-        return "ring:" + path  # unreadable: its path, which still agrees on one node
-    slots = _slots(_json(text))
-    if slots is not None and any(_split(e)[0] in WILDCARDS for s in slots for e in s):
-        ports = sorted({p for s in slots for p in (_split(e)[1] for e in s) if p not in ("", "0")})
-        return f"ring-ports:{len(slots)}:{','.join(ports)}"
-    return "ring:" + _canonical(text)
-
-
-def _coordinator_part(address: str) -> str:
-    host, port = _split(address)
-    return f"coordinator-port:{port}" if host in WILDCARDS else "coordinator:" + address
 
 
 def exo_instance(env: Env) -> str:
@@ -165,54 +77,21 @@ def exo_instance(env: Env) -> str:
 
 
 def backend(env: Env) -> str:
-    if devices_path(env) or coordinator(env):
-        return "jaccl"
-    if env.get("MLX_HOSTFILE"):
-        return "ring"
-    if env.get("NCCL_HOST_IP") and env.get("MLX_WORLD_SIZE"):
-        return "nccl"
-    if mpi(env):
-        return "mpi"
-    return ""
+    found = backends.recognise(env)
+    return found.name if found else ""
 
 
 def rank(env: Env) -> int:
-    kind = backend(env)
-    names = {"jaccl": ("JACCL_RANK", "MLX_RANK"),
-             "mpi": ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")}.get(kind, ("MLX_RANK",))
-    found = _number(env, *names)
-    return -1 if found is None else found
+    found = backends.recognise(env)
+    number = backends.number(env, *(found.rank_from if found else backends.DEFAULT_RANK_FROM))
+    return -1 if number is None else number
 
 
 def world_size(env: Env) -> int:
-    """Ranks in the launch: rows of the device matrix (jaccl), hosts of the hostfile
-    (ring), MLX_WORLD_SIZE otherwise; 0 when unknown."""
-    kind = backend(env)
-    if kind == "jaccl" and devices_path(env):
-        data = _json(_read(devices_path(env)))
-        return len(data) if isinstance(data, list) else 0
-    if kind == "ring":
-        data = _json(_read(env["MLX_HOSTFILE"]))
-        return len(data) if isinstance(data, list) else 0
-    if kind == "mpi":
-        return _number(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE") or 0
-    size = env.get("MLX_WORLD_SIZE", "")
-    return int(size) if size.isdigit() else 0
-
-
-def _mpi_parts(env: Env, ppid: int | None) -> list[str]:
-    """What every rank of one MPI launch shares (see the module's docstring)."""
-    if not mpi(env):
-        return []
-    if env.get("PMIX_NAMESPACE"):
-        return ["mpi:" + env["PMIX_NAMESPACE"]]
-    if env.get("SLURM_JOB_ID"):
-        return [f"mpi:slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}"]
-    if env.get("OMPI_MCA_orte_hnp_uri"):  # Open MPI without PMIx: mpirun's own address
-        return ["mpi:" + env["OMPI_MCA_orte_hnp_uri"]]
-    # Hydra outside Slurm: nothing shared between nodes; the ranks of one node
-    # share their parent, Hydra's proxy.
-    return [f"mpi:hydra:{ppid}:{env.get('PMI_SIZE', '')}"] if ppid else []
+    """Ranks in the launch, as its backend tells (backends.py); MLX_WORLD_SIZE for a
+    launch of none known; 0 when unknown."""
+    found = backends.recognise(env)
+    return found.size(env) if found else backends.mlx_world_size(env)
 
 
 def job_id(env: Env, pid: int, ppid: int | None = None) -> str:
@@ -223,24 +102,9 @@ def job_id(env: Env, pid: int, ppid: int | None = None) -> str:
     instance = exo_instance(env)
     if instance:
         return "exo-" + instance[:60]  # the record's job field is 64 bytes
-    parts = []
-    hostfile = env.get("MLX_HOSTFILE")
-    if hostfile:
-        parts.append(_ring_part(_read(hostfile), hostfile))
-    devices = devices_path(env)
-    if devices:
-        text = _read(devices)
-        # An unreadable file: its path, which still agrees on one node.
-        parts.append("jaccl:" + (_canonical(text) if text is not None else devices))
-    if coordinator(env):
-        parts.append(_coordinator_part(coordinator(env)))
-    if first(env, "JACCL_RING", "MLX_JACCL_RING"):
-        parts.append("jaccl-ring")
-    for key in ("MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT"):
-        if env.get(key):
-            parts.append(f"{key}={env[key]}")
-    if not parts:  # an MPI launch of another backend's ranks has its own id already
-        parts = _mpi_parts(env, ppid)
+    parts = [p for b in backends.BACKENDS if not b.job_parts_alone for p in b.job_parts(env, ppid)]
+    if not parts:  # e.g. an MPI launch of another backend's ranks has that one's id
+        parts = [p for b in backends.BACKENDS if b.job_parts_alone for p in b.job_parts(env, ppid)]
     if not parts:
         return f"pid{pid}"  # not a distributed launch: a job of one
     return "j" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:11]

@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Any
 
-from watchdog import record
+from watchdog import backends, record
 from watchdog.rank.env import env_rank_size, guess_backend, job_id
 from watchdog.rank.env import warn as _warn
 from watchdog.rank.heartbeat import Heartbeat
@@ -50,6 +50,8 @@ WAITS = {
     "__dlpack__": "array",
     "__getstate__": "array",
 }
+# Every backend's collectives; one backend's own are its `entry_points` in
+# watchdog/backends.py, wrapped alike.
 COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv",
                "recv_like")
 
@@ -159,7 +161,7 @@ def instrument(hb: Heartbeat, mx: Any) -> None:
             continue
         _patch(owner, name, wrap_wait(hb, original, OP_CODE[name.strip("_")], name))
     dist = mx.distributed
-    for name in COLLECTIVES:
+    for name in dict.fromkeys((*COLLECTIVES, *backends.entry_points())):
         if hasattr(dist, name):
             _patch(dist, name, wrap_collective(hb, getattr(dist, name), OP_CODE[name]))
     _patch(dist, "init", _wrap_init(hb, dist.init))
