@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from watchdog.backends import spins_in_kernel
 from watchdog.daemon.judge.deadlines import (
     NATIVE_KIND,
     Learned,
@@ -35,7 +36,6 @@ from watchdog.daemon.judge.deadlines import (
 from watchdog.daemon.judge.ownwait import OwnWait
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
-    KERNEL_SPIN_BACKENDS,
     QUIET_RATIO,
     WORK_RATIO,
     ThreadTick,
@@ -344,7 +344,7 @@ class Detector:
         # or with no peer at all, that is computation; elsewhere (JACCL polls
         # its completion queue in user space, MPI its progress engine; measured:
         # ~100% user, 0% system with a peer frozen) it may be the wait itself.
-        return record.backend in KERNEL_SPIN_BACKENDS or 0 < record.world_size <= 1
+        return spins_in_kernel(record.backend) or 0 < record.world_size <= 1
 
     def _outside(self, record: Record, track: Track, deadline: float, since: float,
                  verdict: Callable[..., Verdict]) -> Verdict:

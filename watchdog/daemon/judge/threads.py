@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.backends import BACKENDS, Spin
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
 
@@ -17,10 +16,7 @@ WORK_RATIO = 0.25
 # A busy thread spending less than this share of its CPU in the kernel computes;
 # a ring rank polling a peer spends ~85% there (docs/architecture.md).
 KERNEL_SHARE = 0.3
-# Backends whose wait on a peer polls sockets, i.e. spins in the kernel: those with
-# Spin.KERNEL in watchdog/backends.py's table (ring). Not jaccl or mpi: their waits
-# poll in user space, where computation runs too (backends.spins_in_kernel).
-KERNEL_SPIN_BACKENDS = frozenset(b.name for b in BACKENDS if b.wait_spins is Spin.KERNEL)
+# Which backends' waits on a peer poll in the kernel: watchdog/backends.py (Spin).
 
 
 def busiest_ratio(before: dict[int, float], after: dict[int, float], seconds: float) -> float:
