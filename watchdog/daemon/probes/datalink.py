@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
+from watchdog.backends import links_probed
+
 UP = "up"
 # Refused or reset: a host answered on that path (nothing listens on an ephemeral port).
 _ANSWERED = (errno.ECONNREFUSED, errno.ECONNRESET)
@@ -102,9 +104,9 @@ class Prober:
         if key in self.running or len(self.running) >= MAX_RUNNING:
             return  # never a queue that grows: asked again at a later scan
         self.asked[key] = now
-        if backend != "ring":
-            # Only the ring's sockets are known safe to knock on: its listeners close
-            # after init, while MPI's TCP transport keeps accepting connections.
+        if not links_probed(backend):
+            # Only the ring's sockets are known safe to knock on (backends.py): its
+            # listeners close after init, while MPI's TCP transport keeps accepting.
             self.found[key] = f"not probed: the {backend or 'unknown'} backend"
             return
 
