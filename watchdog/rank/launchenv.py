@@ -54,10 +54,7 @@ import re
 from collections.abc import Mapping
 
 from watchdog import backends
-from watchdog.backends import WILDCARDS, devices_path, first, mpi
-
-__all__ = ["EXO_FILE", "WILDCARDS", "backend", "exo_instance", "job_id", "mpi", "rank",
-           "world_size"]
+from watchdog.backends import devices_path, first
 
 Env = Mapping[str, str]
 
