@@ -72,6 +72,8 @@ def test_every_entry_is_what_its_readers_say(files: dict[str, str]) -> None:
         env = _env(given, files)
         assert backends.recognise(env) is backends.by_name(name)
     assert backends.recognise({}) is None and not backends.spins_in_kernel("single")
+    for backend in BACKENDS:  # asked of a launch not its own: nothing, never an error
+        assert (backend.size({}), backend.job_parts({}, None)) == (0, [])
 
 
 # -- a backend added as the module's docstring says: one entry ------------------------
