@@ -17,7 +17,19 @@ from watchdog.cause import CAUSES
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.publish import SCAN_BUCKETS
-from watchdog.net.metrics import SnapshotCollector, render
+from watchdog.net.metrics import (
+    COUNTER,
+    GAUGE,
+    JOB,
+    RANK,
+    Family,
+    SnapshotCollector,
+    counts,
+    per_rank,
+    render,
+    scalar,
+)
+from watchdog.net.metrics import FAMILIES as TABLE
 from watchdog.states import State
 from watchdog.status import NodeStatus
 
@@ -302,20 +314,17 @@ def test_the_old_job_label_is_kept_one_release_behind_a_setting():
 def test_a_new_metric_is_one_row_of_the_table():
     """The collector exports what `FAMILIES` lists, in its order; a row added (here a
     per-rank field, a count and a scalar) is exported with no other edit."""
-    from watchdog.net.metrics import COUNTER, FAMILIES, GAUGE, JOB, RANK, Family, counts, \
-        per_rank, scalar
-
     rows = (Family("rank_world_size", "Ranks in the job", GAUGE, RANK, per_rank("world_size")),
             Family("kills_by_job", "Kills, by job", COUNTER, (JOB,),
                    counts(lambda snap: snap.counters.job_kills)),
             Family("ranks_watched", "Ranks watched", GAUGE, (),
                    scalar(lambda snap: float(len(snap.ranks)))))
-    collector = SnapshotCollector(lambda: node(snapshot()), families=(*FAMILIES, *rows))
+    collector = SnapshotCollector(lambda: node(snapshot()), families=(*TABLE, *rows))
     names = [m.name for m in collector.collect()]
-    assert names[:len(FAMILIES)] == [m.name for m in SnapshotCollector(
+    assert names[:len(TABLE)] == [m.name for m in SnapshotCollector(
         lambda: node(snapshot())).collect()]
-    assert names[len(FAMILIES) - 1:] == [P + "mode", P + "rank_world_size", P + "kills_by_job",
-                                         P + "ranks_watched"]
+    assert names[len(TABLE) - 1:] == [P + "mode", P + "rank_world_size", P + "kills_by_job",
+                                      P + "ranks_watched"]
     families = {m.name: m for m in collector.collect()}
     assert {tuple(s.labels.items()): s.value for s in families[P + "rank_world_size"].samples
             } == {(("mlx_job", r["job"]), ("rank", str(r["rank"]))): 4.0
