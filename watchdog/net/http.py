@@ -38,7 +38,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from watchdog.net.metrics import JOB_LABEL, Snapshot, render
+from watchdog.net.metrics import JOB_LABEL, Snapshot, exposition
 from watchdog.status import NodeStatus
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class _Server(ThreadingHTTPServer):
                 self._rendered = (snap, {})
             bodies = self._rendered[1]
             if what not in bodies:
-                bodies[what] = (render(lambda: snap, self.job_label) if what == "metrics" else
+                bodies[what] = (exposition(lambda: snap, self.job_label) if what == "metrics" else
                                 json.dumps(snap.to_json(), default=str).encode())
             return bodies[what]
 

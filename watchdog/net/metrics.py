@@ -141,7 +141,7 @@ def scalar(read: Callable[[NodeStatus], float | None]) -> Callable[[Scrape], Sam
 # -- the families whose samples take more than a field -------------------------------------
 
 
-def _states(scrape: Scrape) -> Samples:
+def _rank_states(scrape: Scrape) -> Samples:
     """One series per rank and state, 1 for the rank's current one."""
     for r in scrape.ranks:
         for s in State:
@@ -196,7 +196,7 @@ def _unwritten(snap: NodeStatus) -> float:
 # -- every family /metrics exports, in the order it exports them (docs/metrics.md) ---------
 
 FAMILIES: tuple[Family | Histogram, ...] = (
-    Family("rank_state", "1 for the rank's current state", GAUGE, (*RANK, "state"), _states),
+    Family("rank_state", "1 for the rank's current state", GAUGE, (*RANK, "state"), _rank_states),
     Family("rank_progress", "Completed waits", COUNTER, RANK, per_rank("progress")),
     Family("rank_collectives", "Collectives issued", COUNTER, RANK, per_rank("collectives")),
     Family("rank_steps", "User steps (hb.step)", COUNTER, RANK, per_rank("steps")),
@@ -262,7 +262,7 @@ class SnapshotCollector:
                 yield metric
 
 
-def render(snapshot: Snapshot, job_label: str = JOB_LABEL) -> bytes:
+def exposition(snapshot: Snapshot, job_label: str = JOB_LABEL) -> bytes:
     """One scrape: the snapshot's families and the standard `process_*` ones (this
     daemon's CPU, memory, descriptors and start; Linux's /proc, nothing elsewhere)."""
     registry = CollectorRegistry(auto_describe=False)

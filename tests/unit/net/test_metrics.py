@@ -25,8 +25,8 @@ from watchdog.net.metrics import (
     Family,
     SnapshotCollector,
     counts,
+    exposition,
     per_rank,
-    render,
     scalar,
 )
 from watchdog.net.metrics import FAMILIES as TABLE
@@ -120,7 +120,7 @@ def node(snap: dict | NodeStatus) -> NodeStatus:
 
 
 def parse(snap: dict | NodeStatus) -> dict:
-    text = render(lambda: node(snap)).decode()
+    text = exposition(lambda: node(snap)).decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
@@ -131,7 +131,7 @@ def test_every_family_is_exported_with_its_type():
     families = parse(snapshot())
     assert {name: f.type for name, f in families.items()
             if not name.startswith("process_")} == FAMILIES
-    text = render(lambda: node(snapshot())).decode()
+    text = exposition(lambda: node(snapshot())).decode()
     for name, kind in FAMILIES.items():
         exposed = name + "_total" if kind == "counter" else name
         assert f"# TYPE {exposed} {kind}" in text, exposed
@@ -299,13 +299,13 @@ def test_the_standard_process_metrics_are_exported():
 
 
 def test_the_old_job_label_is_kept_one_release_behind_a_setting():
-    text = render(lambda: node(snapshot()), job_label="job").decode()
+    text = exposition(lambda: node(snapshot()), job_label="job").decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert value(families, P + "rank_progress_total", job="train", rank="0") == 100
     assert value(families, P + "job_kills_total", job="train") == 3
     assert "mlx_job=" not in text
     # The default, and what a scrape config needs no honor_labels for: no `job` label.
-    assert 'job="' not in render(lambda: node(snapshot())).decode().replace('mlx_job="', "")
+    assert 'job="' not in exposition(lambda: node(snapshot())).decode().replace('mlx_job="', "")
 
 
 # -- issue 31: the table of families --------------------------------------------------------
