@@ -34,7 +34,6 @@ Snapshot = Callable[[], NodeStatus]
 # exporter that sets it forces `honor_labels` on every scrape config. `job_label = "job"`
 # in the config keeps the old name for one release (docs/operations.md, Upgrading).
 JOB_LABEL = "mlx_job"
-JOB_LABELS = ("mlx_job", "job")
 MODES = ("enforce", "observe")
 
 
