@@ -122,7 +122,7 @@ class Ladder:
 
 
 class Enforcer:
-    TICK = 0.05  # seconds between steps while the loop waits on ladders only (its stop)
+    TICK = 0.05  # seconds between a ladder's steps: the loop's wait while one is under way
 
     def __init__(self, settings: Settings, signaller: Signaller, probe: Probe, *,
                  clock: Callable[[], float] = time.monotonic,
