@@ -32,14 +32,16 @@ RECORD_SIZES = frozenset(layout.SIZES.values())
 MAX_READS_PER_SCAN = 4096  # files opened per scan, besides those already watched
 
 
-class Entry(NamedTuple):
+class Listed(NamedTuple):
+    """One file of the directory as a scan found it: its record, or why it is unusable."""
+
     path: str
     record: Record | None
     why: str  # why the file is unusable; "" when `record` is set
     stat: os.stat_result | None
 
 
-def _read(path: str, st: os.stat_result | None
+def _examine(path: str, st: os.stat_result | None
           ) -> tuple[Record | None, str, os.stat_result | None, bool]:
     """`read_record`, plus whether a failure lasts as long as the file's inode."""
     try:
@@ -77,7 +79,7 @@ def _read(path: str, st: os.stat_result | None
 def read_record(path: str, st: os.stat_result | None = None
                 ) -> tuple[Record | None, str, os.stat_result | None]:
     """One file: its record, or why it is not usable ("" when it has just gone)."""
-    rec, why, st, _ = _read(path, st)
+    rec, why, st, _ = _examine(path, st)
     return rec, why, st
 
 
@@ -115,7 +117,7 @@ class RecordDir:
         self.listed = True
         return names
 
-    def read(self, watched: Collection[str] = (), all_files: bool = False) -> Iterator[Entry]:
+    def read(self, watched: Collection[str] = (), all_files: bool = False) -> Iterator[Listed]:
         """Every usable record and every newly unusable file, within this scan's budget.
 
         `watched` are the paths of records already known: always read. A file
@@ -136,7 +138,7 @@ class RecordDir:
             known = self.bad.get(name)
             if known is not None:
                 if all_files:
-                    yield Entry(path, None, known[1], None)
+                    yield Listed(path, None, known[1], None)
                 continue
             try:
                 st = os.lstat(path)
@@ -151,11 +153,11 @@ class RecordDir:
                     return
                 if stat.S_ISREG(st.st_mode) and st.st_size in RECORD_SIZES:
                     opened += 1
-            rec, why, st2, lasting = _read(path, st)
+            rec, why, st2, lasting = _examine(path, st)
             if rec is None and why and lasting:
                 self.mark_bad(path, st2, why)
             if rec is not None or why:
-                yield Entry(path, rec, why, st2)
+                yield Listed(path, rec, why, st2)
 
 
 def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
@@ -180,7 +182,7 @@ def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
     return max(found, key=lambda r: (r.start_ticks, r.start_time)), ""
 
 
-def read_dir(directory: str) -> Iterator[Entry]:
+def read_dir(directory: str) -> Iterator[Listed]:
     """One pass over a directory, with no memory of earlier ones (for the CLI)."""
     return RecordDir(directory).read(all_files=True)
 

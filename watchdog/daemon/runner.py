@@ -13,7 +13,7 @@ from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupErro
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
-from watchdog.net.metrics import serve, set_peers
+from watchdog.net.http import serve, set_peers
 from watchdog.text import OneLineFormatter
 
 

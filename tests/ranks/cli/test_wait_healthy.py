@@ -46,7 +46,7 @@ def test_a_peer_whose_slots_are_held_fails_the_gate_closed(tmp_path, state_dir):
     gate refuses ("unreachable"), it does not say the node is fit."""
     import socket
 
-    from watchdog.net import metrics
+    from watchdog.net import http as httpd
 
     records, peer_state = tmp_path / "peer-records", tmp_path / "peer-state"
     records.mkdir()
@@ -57,7 +57,7 @@ def test_a_peer_whose_slots_are_held_fails_the_gate_closed(tmp_path, state_dir):
         address = peer.url().removeprefix("http://")
         host, port = address.rsplit(":", 1)
         try:
-            for _ in range(metrics.MAX_CONNECTIONS + 8):
+            for _ in range(httpd.MAX_CONNECTIONS + 8):
                 held.append(socket.create_connection((host, int(port)), timeout=5))
             config = tmp_path / "node.toml"
             config.write_text(f'[watchdog]\npeers = ["{address}"]\npeer_timeout = 1\n')
@@ -81,7 +81,7 @@ def test_a_peer_keeps_slots_of_its_own_when_local_users_hold_the_rest(tmp_path, 
     peers) still reads B's flag through the slots B keeps for its peers."""
     import socket
 
-    from watchdog.net import metrics
+    from watchdog.net import http as httpd
 
     records, peer_state = tmp_path / "peer-records", tmp_path / "peer-state"
     records.mkdir()
@@ -92,7 +92,7 @@ def test_a_peer_keeps_slots_of_its_own_when_local_users_hold_the_rest(tmp_path, 
         address = peer.url().removeprefix("http://")
         host, port = address.rsplit(":", 1)
         try:
-            for _ in range(metrics.MAX_CONNECTIONS + 8):
+            for _ in range(httpd.MAX_CONNECTIONS + 8):
                 s = socket.socket()
                 s.bind(("127.0.0.2", 0))
                 s.connect((host, int(port)))

@@ -193,13 +193,14 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     """The incident is written but the flag is not (the flag's path is unusable): the
     write-ahead entry stays; the next daemon raises the flag and writes no second line."""
     from tests.support.fakes import UNKILLABLE, FakeProbe, FakeSignaller, target
+    from tests.support.ladders import complete, respond
     from tests.unit.daemon.test_enforcer import enforcer, incident
     from watchdog.daemon.store import pending
 
     (state_dir / journal.REBOOT_FLAG).mkdir()  # os.replace onto it fails: EISDIR
     targets = [target(301)]
     enf, _ = enforcer(state_dir, FakeSignaller({301: UNKILLABLE}), FakeProbe(wired=None))
-    out = enf.handle(incident(targets=targets), targets)
+    out = respond(enf, incident(targets=targets), targets)
     assert out.incident.reboot_required and "301" in str(out.incident.reboot_required)
     assert [i["id"] for i in incidents(state_dir)] == [out.incident.id]
     assert enf.backlog.state().reboot_flags_unwritten, enf.backlog.state()
@@ -208,7 +209,7 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     # A restart with the path usable again.
     (state_dir / journal.REBOOT_FLAG).rmdir()
     again, _ = enforcer(state_dir, FakeSignaller({301: UNKILLABLE}), FakeProbe(wired=None))
-    again.complete(entry, lambda: False)
+    complete(again, entry)
     flag = journal.reboot_flag(str(state_dir))
     assert flag is not None and flag["reasons"][0]["incident"] == out.incident.id
     assert [i["id"] for i in incidents(state_dir)] == [out.incident.id]  # not twice

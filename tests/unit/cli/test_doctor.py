@@ -12,7 +12,7 @@ from watchdog.cli.commands import cli
 from watchdog.cli.node import doctor, doctor_env
 from watchdog.cli.node.doctor import run_checks
 from watchdog.daemon.store import journal
-from watchdog.net.metrics import serve
+from watchdog.net.http import serve
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from watchdog.cli.node import health
 from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal, launchlog
-from watchdog.net.metrics import render
+from watchdog.net.metrics import exposition
 from watchdog.status import Incident, NodeStatus
 
 # What mlx.launch 0.32.4 prints on stderr (colours included) for each rank that did not exit 0.
@@ -177,7 +177,7 @@ def test_metrics_show_attempts_and_launch_events():
     snap = {"ranks": [{"job": "j", "rank": 0, "state": "running", "attempt": 3, "progress": 1},
                       {"job": "j", "rank": 1, "state": "running", "attempt": None}],
             "launches": {"restart": 2, "refused": 1, "gave_up": 0}}
-    text = render(lambda: NodeStatus.from_json(snap)).decode()
+    text = exposition(lambda: NodeStatus.from_json(snap)).decode()
     assert 'mlx_watchdog_rank_attempt{mlx_job="j",rank="0"} 3.0' in text
     assert 'mlx_watchdog_rank_attempt{mlx_job="j",rank="1"}' not in text
     assert 'mlx_watchdog_launch_events_total{event="restart"} 2.0' in text

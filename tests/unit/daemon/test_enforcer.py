@@ -30,12 +30,13 @@ from tests.support.fakes import (
     process_sample,
     target,
 )
+from tests.support.ladders import end, respond
 from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.signaller import GONE, NOT_OURS, SENT, Signaller, Target
 from watchdog.daemon.store import journal
-from watchdog.status import Incident
+from watchdog.status import ABSENT, Incident
 
 GiB = 1 << 30
 
@@ -53,9 +54,6 @@ def enforcer(state_dir: Path, signaller, probe: FakeProbe | None = None,
     enf = Enforcer(settings(state_dir, **kw), signaller, probe or FakeProbe(),
                    clock=clock.now, sleep=clock.sleep, wall=clock.wall)
     return enf, clock
-
-
-BLANK = Incident(id="")  # a ladder run on its own: nothing journaled
 
 
 def incident(job: str = "job-1", targets: list[Target] = ()) -> Incident:
@@ -81,7 +79,7 @@ def test_ladder_order_sigcont_sigterm_then_sigkill_for_survivors_only(state_dir:
     enf, clock = enforcer(state_dir, fake)
     targets = [target(101, rank=0), target(102, rank=1), target(103, rank=2)]
     start = clock.now()
-    ended, outcome = enf.end(BLANK, targets)
+    ended, outcome = end(enf, targets)
     inc = ended.to_json()
 
     assert outcome == {101: "killed", 102: "killed", 103: "killed"}
@@ -101,7 +99,7 @@ def test_ranks_dying_on_sigterm_are_not_sigkilled_and_no_grace_is_spent(state_di
     fake = FakeSignaller({201: DIES_ON_TERM, 202: DIES_ON_TERM})
     enf, clock = enforcer(state_dir, fake)
     start = clock.now()
-    outcome = enf.end(BLANK, [target(201), target(202, rank=1)])[1]
+    outcome = end(enf, [target(201), target(202, rank=1)])[1]
     assert outcome == {201: "killed", 202: "killed"}
     assert signal.SIGKILL not in [s for _, s in fake.sent]
     assert clock.now() - start < 1.0
@@ -112,7 +110,7 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
     enf, clock = enforcer(state_dir, fake, FakeProbe(wired=None))
     targets = [target(301), target(302, rank=1)]
     start = clock.now()
-    outcome = enf.handle(incident(targets=targets), targets)
+    outcome = respond(enf, incident(targets=targets), targets)
     inc = outcome.incident.to_json()
 
     assert inc["outcome"] == {"301": "unkillable", "302": "killed"}
@@ -132,7 +130,7 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
 def test_a_target_already_gone_is_a_result(state_dir: Path) -> None:
     fake = FakeSignaller({401: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake)
-    outcome = enf.end(BLANK, [target(400), target(401, rank=1)])[1]  # 400 never existed
+    outcome = end(enf, [target(400), target(401, rank=1)])[1]  # 400 never existed
     assert outcome == {400: GONE, 401: "killed"}
     assert fake.signals_to(400) == ["SIGCONT"]  # nothing more once it is known gone
 
@@ -142,7 +140,7 @@ def test_observe_mode_signals_nothing_and_still_journals(state_dir: Path) -> Non
     probe = FakeProbe(wired=5 * GiB)
     enf, _ = enforcer(state_dir, fake, probe, mode="observe")
     targets = [target(501), target(502, rank=1)]
-    inc = enf.handle(incident(targets=targets), targets, baseline=1 * GiB).incident.to_json()
+    inc = respond(enf, incident(targets=targets), targets, baseline=1 * GiB).incident.to_json()
 
     assert fake.sent == []
     assert fake.alive_pids == {501, 502}
@@ -160,7 +158,7 @@ def test_observe_mode_signals_nothing_not_even_the_dump_signal(state_dir: Path) 
     fake = FakeSignaller({601: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, mode="observe")
     t = target(601, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
-    inc = enf.handle(incident(targets=[t]), [t]).incident.to_json()
+    inc = respond(enf, incident(targets=[t]), [t]).incident.to_json()
     assert fake.sent == []
     assert inc["signals"] == [] and inc["evidence"] == []
     assert fake.alive_pids == {601}
@@ -208,47 +206,61 @@ def test_a_stopped_rank_is_not_asked_for_a_python_dump(state_dir: Path) -> None:
 # -- wired memory after a kill ---------------------------------------------------------
 
 
+def settle_wired(enf: Enforcer, baseline: int | None, others_live=lambda: False) -> Incident:
+    """The settle after a kill, through a whole response to one rank that SIGTERM ends
+    at once (so the settle starts at the verdict's clock time): the closed incident."""
+    assert isinstance(enf.signaller, FakeSignaller)
+    enf.signaller.add(SETTLING, DIES_ON_TERM)
+    return respond(enf, incident(targets=[target(SETTLING)]), [target(SETTLING)], baseline,
+                   others_live, evidence=False).incident
+
+
+SETTLING = 950
+
+
 def test_settle_wired_returned(state_dir: Path) -> None:
+    # The first reading is the incident's `wired_before`, the rest the settle's.
     probe = FakeProbe(wired=[9 * GiB, 8 * GiB, 4 * GiB, int(1.5 * GiB)])
     enf, _ = enforcer(state_dir, FakeSignaller(), probe)
-    result = enf.settle_wired(1 * GiB, lambda: False)
-    assert result["wired_check"] == "returned"
-    assert result["wired_baseline"] == 1 * GiB and result["wired_after"] == int(1.5 * GiB)
+    result = settle_wired(enf, 1 * GiB)
+    assert result.wired_check == "returned"
+    assert result.wired_baseline == 1 * GiB and result.wired_after == int(1.5 * GiB)
 
 
 def test_settle_wired_leaked_within_the_settle_time(state_dir: Path) -> None:
     probe = FakeProbe(wired=5 * GiB)
     enf, clock = enforcer(state_dir, FakeSignaller(), probe)
     start = clock.now()
-    result = enf.settle_wired(1 * GiB, lambda: False)
-    assert result["wired_check"] == "leaked" and result["wired_after"] == 5 * GiB
+    result = settle_wired(enf, 1 * GiB)
+    assert result.wired_check == "leaked" and result.wired_after == 5 * GiB
     assert 30.0 <= clock.now() - start < 31.0
 
 
 def test_settle_wired_skipped_while_others_live(state_dir: Path) -> None:
     enf, _ = enforcer(state_dir, FakeSignaller(), FakeProbe(wired=5 * GiB))
-    result = enf.settle_wired(1 * GiB, lambda: True)
-    assert result["wired_check"].startswith("skipped")
+    result = settle_wired(enf, 1 * GiB, lambda: True)
+    assert result.wired_check is not None and result.wired_check.startswith("skipped")
 
 
 def test_settle_wired_no_baseline(state_dir: Path) -> None:
     probe = FakeProbe(wired=5 * GiB)
     enf, _ = enforcer(state_dir, FakeSignaller(), probe)
-    assert enf.settle_wired(None, lambda: False) == {"wired_check": "no baseline"}
+    result = settle_wired(enf, None)
+    assert result.wired_check == "no baseline" and result.wired_after is ABSENT
 
 
 def test_settle_wired_probe_failure_is_not_a_leak(state_dir: Path) -> None:
     probe = FakeProbe(wired=5 * GiB)
     probe.wired_error = "meminfo unreadable"
     enf, _ = enforcer(state_dir, FakeSignaller(), probe)
-    assert enf.settle_wired(1 * GiB, lambda: False)["wired_check"] == "probe failed"
+    assert settle_wired(enf, 1 * GiB).wired_check == "probe failed"
 
 
 def test_a_wired_leak_flags_the_node(state_dir: Path) -> None:
     fake = FakeSignaller({901: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, FakeProbe(wired=5 * GiB))
     t = target(901)
-    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB).incident.to_json()
+    inc = respond(enf, incident(targets=[t]), [t], baseline=1 * GiB).incident.to_json()
     assert inc["wired_check"] == "leaked"
     flag = journal.reboot_flag(str(state_dir))
     assert flag is not None and "wired" in flag["reason"]
@@ -261,7 +273,7 @@ def test_a_wired_rise_while_others_live_does_not_flag(state_dir: Path) -> None:
     fake = FakeSignaller({902: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake, FakeProbe(wired=5 * GiB))
     t = target(902)
-    inc = enf.handle(incident(targets=[t]), [t], baseline=1 * GiB,
+    inc = respond(enf, incident(targets=[t]), [t], baseline=1 * GiB,
                      others_live=lambda: True).incident.to_json()
     assert inc["wired_check"].startswith("skipped")
     assert journal.reboot_flag(str(state_dir)) is None
@@ -276,7 +288,7 @@ def test_the_incident_is_one_json_line_with_the_design_fields(state_dir: Path) -
     probe = FakeProbe(wired=[3 * GiB, 3 * GiB, int(1.2 * GiB)])
     enf, _ = enforcer(state_dir, fake, probe)
     targets = [target(1001), target(1002, rank=1)]
-    enf.handle(incident(targets=targets), targets, baseline=1 * GiB)
+    respond(enf, incident(targets=targets), targets, baseline=1 * GiB)
 
     raw = (state_dir / journal.INCIDENTS).read_bytes()
     assert raw.endswith(b"\n") and raw.count(b"\n") == 1
@@ -369,7 +381,7 @@ def test_the_ladder_never_touches_a_mismatched_real_process(
     clock = FakeClock()
     enf = Enforcer(settings(state_dir), Signaller(probe), probe,
                    clock=clock.now, sleep=clock.sleep, wall=clock.wall)
-    inc = enf.handle(incident(targets=[stale]), [stale]).incident.to_json()
+    inc = respond(enf, incident(targets=[stale]), [stale]).incident.to_json()
     assert inc["outcome"] == {str(sleeper.pid): NOT_OURS}
     assert [s["result"] for s in inc["signals"]] == [NOT_OURS]
     time.sleep(0.05)
@@ -445,7 +457,7 @@ def test_a_rank_whose_record_says_it_is_leaving_on_an_error_is_not_signalled(tmp
     fake = FakeSignaller({})  # gone by the time the ladder looks again: it left on its own
     enf, clock = enforcer(state_dir, fake)
     leaving = dataclasses.replace(target(101), record_path=str(tmp_path / "101.rec"))
-    assert enf.end(BLANK, [leaving])[1] == {101: EXITED}
+    assert end(enf, [leaving])[1] == {101: EXITED}
     assert fake.sent == []
 
 
@@ -457,7 +469,7 @@ def test_a_rank_leaving_on_an_error_that_does_not_go_gets_the_ladder(tmp_path, s
     enf, clock = enforcer(state_dir, fake, grace=2.0)
     stuck = dataclasses.replace(target(102), record_path=str(tmp_path / "102.rec"))
     start = clock.now()
-    outcome = enf.end(BLANK, [stuck])[1]
+    outcome = end(enf, [stuck])[1]
     # Waited out the grace unsignalled, then SIGCONT and SIGTERM ended it: that is ours.
     assert clock.now() - start >= 2.0 and fake.names()[:2] == ["SIGCONT", "SIGTERM"]
     assert outcome == {102: "killed"}
@@ -481,10 +493,10 @@ def test_a_rank_that_reached_its_error_exit_during_the_ladder_is_the_ladders_kil
     fake = ExitsOnItsOwn({103: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake)
     racing = dataclasses.replace(target(103), record_path=str(tmp_path / "103.rec"))
-    assert enf.end(BLANK, [racing])[1] == {103: "killed"}
+    assert end(enf, [racing])[1] == {103: "killed"}
     # The same, with a record still open after the SIGTERM: the watchdog's kill.
     _record(tmp_path, 104)
     plain = FakeSignaller({104: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, plain)
-    assert enf.end(BLANK, [dataclasses.replace(target(104), record_path=str(
+    assert end(enf, [dataclasses.replace(target(104), record_path=str(
         tmp_path / "104.rec"))])[1] == {104: "killed"}

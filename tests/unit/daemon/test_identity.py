@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.support.fakes import FakeClock, target
+from tests.support.ladders import respond
 from tests.support.users import UserProc, publish
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome, Step
 from watchdog.daemon.config import Settings
@@ -80,7 +81,7 @@ def test_a_probe_error_raises_no_false_unkillable_nor_a_reboot_flag(state_dir: P
         probe.fail = True  # from here on the probe cannot tell
         enf = Enforcer(settings, signaller, probe, clock=clock.now, sleep=clock.sleep,
                        wall=clock.wall)
-        incident = enf.handle(Incident(id="i1", job="j"), [real], evidence=False).incident
+        incident = respond(enf, Incident(id="i1", job="j"), [real], evidence=False).incident
         incident = incident.to_json()
         assert incident["outcome"] == {str(rank.pid): "unknown"}
         assert incident["reboot_required"] is False

@@ -54,11 +54,11 @@ def test_the_fence_goes_out_at_the_verdict_not_after_the_ladder(tmp_path, record
     ladder_may_end = threading.Event()
     daemon._fence_peers = lambda *args: fenced.append(args)  # type: ignore[method-assign]
 
-    def slow_handle(incident, *args, **kwargs):  # evidence, grace and settling: long
+    def slow_capture(incident_id, targets):  # the ladder's first step: long
         ladder_may_end.wait(30)
-        return {**incident, "outcome": {}, "signals": []}
+        return []
 
-    daemon.enforcer.handle = slow_handle  # type: ignore[method-assign]
+    daemon.enforcer.capture = slow_capture  # type: ignore[method-assign]
     try:
         with UserProc(0) as rank:
             publish(record_dir, rank.pid, 0, "j", hung=True, world_size=2)

@@ -1,5 +1,5 @@
-"""The daemon's HTTP endpoint in process: `metrics.serve` on 127.0.0.1, for what a live
-daemon cannot show on demand (a loop that stopped scanning, a failing snapshot), write
+"""The daemon's HTTP endpoint in process: `serve` (net/http.py) on 127.0.0.1, for what a
+live daemon cannot show on demand (a loop that stopped scanning, a failing snapshot), write
 methods refused and idle connections let go. tests/ranks/net/test_http.py runs the real
 daemon's endpoint over a real ring job.
 """
@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 
 from tests.support.ranks import http_get
-from watchdog.net import metrics
+from watchdog.net import http as httpd
 from watchdog.status import NodeStatus
 
 WRITE_METHODS = ("POST", "PUT", "DELETE", "PATCH")
@@ -37,12 +37,12 @@ def request(url: str, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
-# -- metrics.serve, unit-level ------------------------------------------------------------
+# -- httpd.serve, unit-level ---------------------------------------------------------------
 
 
 @pytest.fixture
 def endpoint():
-    """metrics.serve on 127.0.0.1:0 with a snapshot and health the test controls."""
+    """httpd.serve on 127.0.0.1:0 with a snapshot and health the test controls."""
     state = {"healthy": True, "snapshot": {"host": "h", "ranks": []}, "fail": False}
 
     def snapshot() -> NodeStatus:
@@ -50,7 +50,7 @@ def endpoint():
             raise RuntimeError("snapshot broke")
         return NodeStatus.from_json(state["snapshot"])
 
-    server = metrics.serve(("127.0.0.1", 0), snapshot, lambda: state["healthy"])
+    server = httpd.serve(("127.0.0.1", 0), snapshot, lambda: state["healthy"])
     host, port = server.server_address[:2]
     try:
         yield f"http://{host}:{port}", state
@@ -129,9 +129,9 @@ def test_a_large_request_head_is_refused_before_it_is_parsed(endpoint):
     pad = b"".join(b"X-Pad%d: %s\r\n" % (n, b"a" * 1024) for n in range(24))  # 24 KiB
     answer = raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n")
     assert answer.startswith(b"HTTP/1.0 431"), answer[:80]
-    long_line = b"GET /" + b"a" * (metrics.MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\n\r\n"
+    long_line = b"GET /" + b"a" * (httpd.MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\n\r\n"
     assert raw(url, long_line).startswith(b"HTTP/1.0 431")
-    many = {f"X-H{n}": "v" for n in range(metrics.MAX_HEADERS + 1)}
+    many = {f"X-H{n}": "v" for n in range(httpd.MAX_HEADERS + 1)}
     assert request(url, "GET", "/metrics", headers=many)[0] == 431
     signed = {"X-MLX-Watchdog-Signature": "s" * 64, "X-MLX-Watchdog-Timestamp": "1" * 20}
     code, body = request(url, "GET", "/metrics", headers=signed)

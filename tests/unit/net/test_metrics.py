@@ -17,7 +17,19 @@ from watchdog.cause import CAUSES
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.publish import SCAN_BUCKETS
-from watchdog.net.metrics import SnapshotCollector, render
+from watchdog.net.metrics import (
+    COUNTER,
+    GAUGE,
+    JOB,
+    RANK,
+    Family,
+    SnapshotCollector,
+    counts,
+    exposition,
+    per_rank,
+    scalar,
+)
+from watchdog.net.metrics import FAMILIES as TABLE
 from watchdog.states import State
 from watchdog.status import NodeStatus
 
@@ -108,7 +120,7 @@ def node(snap: dict | NodeStatus) -> NodeStatus:
 
 
 def parse(snap: dict | NodeStatus) -> dict:
-    text = render(lambda: node(snap)).decode()
+    text = exposition(lambda: node(snap)).decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
@@ -119,7 +131,7 @@ def test_every_family_is_exported_with_its_type():
     families = parse(snapshot())
     assert {name: f.type for name, f in families.items()
             if not name.startswith("process_")} == FAMILIES
-    text = render(lambda: node(snapshot())).decode()
+    text = exposition(lambda: node(snapshot())).decode()
     for name, kind in FAMILIES.items():
         exposed = name + "_total" if kind == "counter" else name
         assert f"# TYPE {exposed} {kind}" in text, exposed
@@ -287,10 +299,34 @@ def test_the_standard_process_metrics_are_exported():
 
 
 def test_the_old_job_label_is_kept_one_release_behind_a_setting():
-    text = render(lambda: node(snapshot()), job_label="job").decode()
+    text = exposition(lambda: node(snapshot()), job_label="job").decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert value(families, P + "rank_progress_total", job="train", rank="0") == 100
     assert value(families, P + "job_kills_total", job="train") == 3
     assert "mlx_job=" not in text
     # The default, and what a scrape config needs no honor_labels for: no `job` label.
-    assert 'job="' not in render(lambda: node(snapshot())).decode().replace('mlx_job="', "")
+    assert 'job="' not in exposition(lambda: node(snapshot())).decode().replace('mlx_job="', "")
+
+
+# -- issue 31: the table of families --------------------------------------------------------
+
+
+def test_a_new_metric_is_one_row_of_the_table():
+    """The collector exports what `FAMILIES` lists, in its order; a row added (here a
+    per-rank field, a count and a scalar) is exported with no other edit."""
+    rows = (Family("rank_world_size", "Ranks in the job", GAUGE, RANK, per_rank("world_size")),
+            Family("kills_by_job", "Kills, by job", COUNTER, (JOB,),
+                   counts(lambda snap: snap.counters.job_kills)),
+            Family("ranks_watched", "Ranks watched", GAUGE, (),
+                   scalar(lambda snap: float(len(snap.ranks)))))
+    collector = SnapshotCollector(lambda: node(snapshot()), families=(*TABLE, *rows))
+    names = [m.name for m in collector.collect()]
+    assert names[:-3] == [m.name for m in SnapshotCollector(lambda: node(snapshot())).collect()]
+    assert names[-3:] == [P + "rank_world_size", P + "kills_by_job", P + "ranks_watched"]
+    families = {m.name: m for m in collector.collect()}
+    assert {tuple(s.labels.items()): s.value for s in families[P + "rank_world_size"].samples
+            } == {(("mlx_job", r["job"]), ("rank", str(r["rank"]))): 4.0
+                  for r in snapshot()["ranks"]}
+    assert {s.labels["mlx_job"]: s.value for s in families[P + "kills_by_job"].samples} == {
+        "train": 3, "serve": 0}
+    assert [s.value for s in families[P + "ranks_watched"].samples] == [4.0]

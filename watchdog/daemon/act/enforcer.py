@@ -7,8 +7,6 @@ parse of the native dumps run on a worker (`FairWork`, workers.py: one capture i
 flight per uid; without one, at once), and neither is waited for past its time box:
 the evidence's counts from the verdict, so work queued behind another user's hung
 captures never delays the signals.
-`run` drives a ladder alone on the calling thread (tests, and `handle`, `end` and
-`complete` built on it).
 
     step       waits for                              then
     EVIDENCE   the stack dumps (worker), or the time  journal; SIGCONT, SIGTERM (or LEAVING)
@@ -34,7 +32,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -108,9 +106,7 @@ class Ladder:
     step: Step = Step.EVIDENCE
     until: float = 0.0  # monotonic deadline of the current wait (or worker step)
     work: Future[Any] | None = None  # the current worker step's
-    journaled: bool = True  # its steps go to pending/ (a ladder run alone: not)
     resumed: bool = False  # an earlier daemon's: no evidence, settled only after a kill
-    alone: bool = False  # the signals only (`Enforcer.end`): done once they are
     sent: list[SignalSent] = field(default_factory=list)
     outcome: dict[int, str] = field(default_factory=dict)
     ending: list[Target] = field(default_factory=list)  # leaving on their own error
@@ -126,7 +122,7 @@ class Ladder:
 
 
 class Enforcer:
-    TICK = 0.05  # seconds between steps when driven alone (`run`); the loop's tick too
+    TICK = 0.05  # seconds between a ladder's steps: the loop's wait while one is under way
 
     def __init__(self, settings: Settings, signaller: Signaller, probe: Probe, *,
                  clock: Callable[[], float] = time.monotonic,
@@ -167,8 +163,6 @@ class Enforcer:
     def write_ahead(self, ladder: Ladder) -> None:
         """The response so far, on disk before its next step. A failed write is
         reported and the kill goes on: a hung job must end whatever the disk does."""
-        if not ladder.journaled:
-            return  # a ladder run on its own (tests): nothing to journal
         try:
             pending.write_ahead(self.settings.state_dir, ladder.incident, ladder.targets,
                                 ladder.baseline)
@@ -394,9 +388,6 @@ class Enforcer:
                 target.pid, KILLED if target not in ladder.left else
                 UNKILLABLE if target.pid in survivors else UNKNOWN)
         ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
-        if ladder.alone:
-            ladder.step = Step.DONE
-            return
         if ladder.resumed:
             self._decided(ladder)
             return
@@ -463,17 +454,6 @@ class Enforcer:
         else:
             result["wired_check"] = "leaked"
         return result
-
-    def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]
-                     ) -> dict[str, Any]:
-        """After a kill, on this thread: does wired memory come back to the baseline
-        within the settle time? (The ladder's `SETTLE` step, driven alone.)"""
-        until = self.clock() + self.settings.settle
-        wired = self._wired() if baseline is not None else None
-        while self._over(baseline, wired) and self.clock() < until:
-            self.sleep(0.25)
-            wired = self._wired()
-        return self.wired_check(baseline, wired, others_live)
 
     def _wired(self) -> int | None:
         try:
@@ -569,49 +549,6 @@ class Enforcer:
         if written:
             self.backlog.written(incident.id)
         self.backlog.add(None if written else incident, flag)
-
-    # -- the ladder driven alone: tests, and the daemon's own stop -------------------
-
-    def run(self, ladder: Ladder) -> Outcome:
-        """Step `ladder` to its end on this thread, sleeping between steps."""
-        while (outcome := self.step(ladder)) is None:
-            if ladder.work is not None and ladder.working:
-                wait([ladder.work])  # its own bound ends it (the evidence's time box)
-            else:
-                self.sleep(self.TICK)
-        return outcome
-
-    def handle(self, incident: Incident, targets: list[Target],
-               baseline: int | None = None,
-               others_live: Callable[[], bool] = lambda: False,
-               cluster: Callable[[], dict[str, Any] | None] | None = None,
-               evidence: bool = True) -> Outcome:
-        """The whole response to one hung job, on this thread (`begin`, then `run`);
-        `cluster` asks the peers which rank holds the job up."""
-        view: dict[str, Any] | None = None
-        if cluster is not None:
-            try:
-                view = cluster()
-            except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                view = {"error": str(err)}
-        return self.run(self.begin(incident, targets, baseline, others_live, view,
-                                   evidence, asked=cluster is not None))
-
-    def end(self, incident: Incident, targets: list[Target]
-            ) -> tuple[Incident, dict[int, str]]:
-        """SIGCONT, SIGTERM, grace, SIGKILL, confirm, alone and unjournaled. Returns
-        the incident with its signals, and pid -> outcome."""
-        ladder = Ladder(incident, list(targets), None, lambda: False, journaled=False,
-                        alone=True)
-        self._signals(ladder, list(targets))
-        while ladder.step is not Step.DONE:
-            if not self._advance(ladder):
-                self.sleep(self.TICK)
-        return ladder.incident, ladder.outcome
-
-    def complete(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Outcome:
-        """`resume`, then `run`: an earlier daemon's response finished on this thread."""
-        return self.run(self.resume(entry, others_live))
 
 
 def _sent(incident: Incident) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.support import BIN, DATA
 from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeSignaller, target
+from tests.support.ladders import respond
 from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import ProbeError, probe, samplegraph
@@ -111,8 +112,8 @@ def test_wired_leak_and_the_reboot_flag(monkeypatch, state_dir, returns_after, v
     clock = FakeClock()
     leak(monkeypatch, clock, baseline=8 * GiB, leaked=40 * GiB, returns_after=returns_after)
     enf = enforcer(state_dir, clock)
-    result = enf.handle(incident(), [target(101)], baseline=8 * GiB,
-                        evidence=False).incident.to_json()
+    result = respond(enf, incident(), [target(101)], baseline=8 * GiB,
+                     evidence=False).incident.to_json()
     assert result["wired_before"] == 48 * GiB
     assert result["wired_check"] == verdict
     assert (journal.reboot_flag(str(state_dir)) is not None) is flagged
@@ -126,9 +127,8 @@ def test_wired_leak_and_the_reboot_flag(monkeypatch, state_dir, returns_after, v
 def test_a_leak_while_other_ranks_hold_wired_memory_is_no_verdict(monkeypatch, state_dir):
     clock = FakeClock()
     leak(monkeypatch, clock, baseline=8 * GiB, leaked=40 * GiB, returns_after=None)
-    result = enforcer(state_dir, clock).handle(incident(), [target(101)], baseline=8 * GiB,
-                                               others_live=lambda: True,
-                                               evidence=False).incident.to_json()
+    result = respond(enforcer(state_dir, clock), incident(), [target(101)], baseline=8 * GiB,
+                     others_live=lambda: True, evidence=False).incident.to_json()
     assert result["wired_check"] == "skipped: other ranks are live"
     assert journal.reboot_flag(str(state_dir)) is None
 
@@ -136,8 +136,8 @@ def test_a_leak_while_other_ranks_hold_wired_memory_is_no_verdict(monkeypatch, s
 def test_wired_absent_means_no_reboot_verdict(state_dir):
     # The real psutil here has no `wired`: exactly a Mac whose psutil lost the field.
     clock = FakeClock()
-    result = enforcer(state_dir, clock).handle(incident(), [target(101)], baseline=8 * GiB,
-                                               evidence=False).incident.to_json()
+    result = respond(enforcer(state_dir, clock), incident(), [target(101)],
+                     baseline=8 * GiB, evidence=False).incident.to_json()
     assert result["wired_before"] is None and result["wired_check"] == "probe failed"
     assert journal.reboot_flag(str(state_dir)) is None
 
@@ -202,7 +202,7 @@ def end_to_end(state_dir: Path, timeout: float = 10.0) -> tuple[dict, float]:
     clock = FakeClock()
     enf = enforcer(state_dir, clock, evidence_timeout=timeout)
     began = time.monotonic()
-    result = enf.handle(incident(), [target(101, rank=3)]).incident.to_json()
+    result = respond(enf, incident(), [target(101, rank=3)]).incident.to_json()
     return result, time.monotonic() - began
 
 
