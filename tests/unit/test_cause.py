@@ -8,7 +8,7 @@ import pytest
 
 from watchdog import cause
 from watchdog.net import cluster
-from watchdog.status import Collective, NodeStatus, RankStatus
+from watchdog.status import LastCollective, NodeStatus, RankStatus
 
 MIB16 = 16 << 20
 
@@ -20,7 +20,7 @@ def rank(n: int, state: str = "stalled", phase: str = "wait", number: int = 8,
         cpu = 1.0 if state == "stalled" else 0.0
     fields: dict = dict(job="j", pid=100 + n, host=f"h{n}", uid=0, rank=n, world_size=2,
                         state=state, phase=phase, busiest_thread_cpu=cpu,
-                        last_collective=Collective(number, op, MIB16))
+                        last_collective=LastCollective(number, op, MIB16))
     fields.update(more)
     return RankStatus(**fields)
 

@@ -25,11 +25,11 @@ from watchdog.net import cluster, fence
 from watchdog.states import State
 from watchdog.status import (
     ABSENT,
-    Collective,
     Culprit,
     Expect,
     Fence,
     Incident,
+    LastCollective,
     NodeStatus,
     RankStatus,
     SignalSent,
@@ -84,7 +84,7 @@ def hung_rank(tmp_path) -> Rank:
 
 
 def _node(tmp_path, ranks: list[Rank]) -> NodeStatus:
-    counters = Counters()
+    counters = Counters.zeroed()
     counters.observe_scan(0.003)
     counters.kills["SIGTERM"] += 1
     settings = Settings(dir=str(tmp_path), state_dir=str(tmp_path / "state"))
@@ -130,7 +130,7 @@ def test_before_its_first_scan_a_daemon_publishes_the_short_form():
 def test_every_part_reads_back_equal(tmp_path, hung_rank):
     node = _node(tmp_path, [hung_rank])
     assert NodeStatus.from_json(json.loads(json.dumps(node.to_json()))) == node
-    full = dataclasses.replace(node.ranks[0], last_collective=Collective(7, "all_sum"),
+    full = dataclasses.replace(node.ranks[0], last_collective=LastCollective(7, "all_sum"),
                                expect=Expect(30.0, "checkpoint"), computing=True)
     assert RankStatus.from_json(full.to_json()) == full
     culprit = Culprit("node-b", 1, 4242, "stopped", "stopped while its peers wait")
