@@ -88,7 +88,7 @@ class Daemon:
         # ranks), for jobs one of whose ranks died (PEER_DEATH_GRACE).
         self.orphans: dict[tuple[int, str], Orphaned] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
-        self.counters = Counters()
+        self.counters = Counters.zeroed()
         self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
         self.wired: int | None = None
         self.baseline: int | None = None
