@@ -1,0 +1,165 @@
+"""The codec of the contract (watchdog/status.py): each type's JSON derived from its
+fields. Every type round-trips, and its keys are the ones the code wrote before the
+codec, in the same order (written down from that code)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from watchdog import status
+from watchdog.status import (
+    ABSENT,
+    Counters,
+    Culprit,
+    Expect,
+    Fence,
+    FlightEntry,
+    Incident,
+    IncidentRank,
+    LastCollective,
+    NodeStatus,
+    RankStatus,
+    SignalSent,
+    Unwritten,
+)
+
+RANK = ["pid", "host", "job", "uid", "rank", "world_size", "attempt", "backend", "state",
+        "phase", "progress", "collectives", "steps", "seconds_since_progress",
+        "seconds_in_wait", "deadline_seconds", "busiest_thread_cpu", "computing",
+        "current_op", "last_collective", "expect", "reason", "source", "holding",
+        "data_link", "cause"]
+NODE_SHORT = ["host", "version", "started", "time", "ranks"]
+NODE = ["host", "daemon_pid", "version", "mode", "interval", "time", "scan_monotonic", "dir",
+        "state_dir", "started", "wired_bytes", "wired_baseline_bytes", "reboot_required",
+        "reboot", "ranks", "invalid_records", "invalid_files", "counters", "launches",
+        "unwritten", "scan_bucket_bounds"]
+COUNTERS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
+            "loop_errors", "scan_buckets", "scan_sum", "scan_count"]
+UNWRITTEN = ["reboot_flags_unwritten", "incidents_unwritten", "write_failures"]
+CULPRIT = ["host", "rank", "pid", "state", "reason", "cause", "summary"]
+FENCE = ["job", "uid", "origin", "reason", "culprit", "nonce", "time", "since"]
+INCIDENT_RANK = ["pid", "rank", "state", "phase", "op", "seconds_in_wait",
+                 "busiest_thread_cpu", "attempt", "progress", "collectives"]
+FLIGHT_ENTRY = ["number", "op", "dtype", "bytes"]
+SIGNAL = ["pid", "rank", "signal", "time", "result"]
+LAST_COLLECTIVE = ["number", "op", "bytes"]
+EXPECT = ["seconds", "reason"]
+INCIDENT_FOUND = ["id", "time", "host", "job", "attempt", "uid", "verdict", "mode",
+                  "kill_scope", "reason", "cause", "summary", "ranks", "pids",
+                  "seconds_without_progress", "busiest_thread_cpu", "flight_recorder_tail",
+                  "culprit"]
+INCIDENT_FULL = INCIDENT_FOUND + [
+    "signals", "wired_before", "wired_baseline", "cluster", "action", "evidence",
+    "evidence_error", "ladder", "outcome", "native_hot", "wired_after", "wired_check",
+    "reboot_required", "completed_at_start", "closed_at"]
+
+CULPRIT_VALUE = Culprit("node-b", 1, 4242, "stopped", "frozen", "peer_stopped", "rank 1 ...")
+RANK_VALUE = RankStatus(
+    pid=7, host="h", job="j", uid=501, rank=0, world_size=2, attempt=3, backend="ring",
+    state="stalled", phase="wait", progress=9, collectives=12, steps=4,
+    seconds_since_progress=3.5, seconds_in_wait=3.25, deadline_seconds=2.0,
+    busiest_thread_cpu=0.99, computing=False, current_op="eval (all_sum #12)",
+    last_collective=LastCollective(12, "all_sum", 4096), expect=Expect(30.0, "checkpoint"),
+    reason="in eval", source="daemon", holding=None, data_link="up", cause="peer_stopped")
+COUNTERS_VALUE = Counters(stalls={"stalled": 1, "blocked": 0}, stall_causes={"stalled:x": 1},
+                          kills={"SIGTERM": 2}, job_kills={"j": 1}, invalid_records=3,
+                          probe_errors=4, loop_errors=5, scan_buckets=[1, 0, 2],
+                          scan_sum=0.25, scan_count=3)
+NODE_VALUE = NodeStatus(
+    host="h", daemon_pid=11, version="1.0", mode="enforce", interval=0.5, time=1.7e9,
+    scan_monotonic=123.5, dir="/r", state_dir="/s", started=1.6e9, wired_bytes=10,
+    wired_baseline_bytes=8, reboot_required=True, reboot={"reason": "leak", "reasons": []},
+    ranks=(RANK_VALUE,), invalid_records={"/r/x.rec": "garbage"}, invalid_files=1,
+    counters=COUNTERS_VALUE, launches={"relaunched": 2},
+    unwritten=Unwritten(("a leak",), ("id-1", None), 2), scan_bucket_bounds=(0.1, 1.0),
+    scanned=True)
+FENCE_VALUE = Fence(job="j", uid=501, origin="node-a", reason="stalled", culprit=CULPRIT_VALUE,
+                    nonce="n1", time=1.7e9, since=1.7e9 - 1)
+INCIDENT_FOUND_VALUE = Incident(
+    id="20260101T000000-abcdef", time=1.7e9, host="h", job="j", attempt=1, uid=501,
+    verdict="stalled", mode="enforce", kill_scope="job", reason="r", cause="peer_stopped",
+    summary="s", ranks=(IncidentRank(7, 0, "stalled", "wait", "eval", 3.0, 0.9, 1, 9, 12),),
+    pids=(7,), seconds_without_progress=3.0, busiest_thread_cpu=0.9,
+    flight_recorder_tail={"0": (FlightEntry(12, "all_sum", "float32", 4096),)},
+    culprit=CULPRIT_VALUE)
+INCIDENT_FULL_VALUE = dataclasses.replace(
+    INCIDENT_FOUND_VALUE, signals=(SignalSent(7, 0, "SIGTERM", 1.7e9, "sent"),),
+    wired_before=None, wired_baseline=5, cluster={"error": "timed out"}, action="ended",
+    evidence=("/s/evidence/x.txt",), evidence_error="no py-spy", ladder="begun",
+    outcome={"7": "killed"}, native_hot=({"thread": "1", "frames": []},), wired_after=6,
+    wired_check="settled", reboot_required=False, completed_at_start=1.7e9 + 5,
+    closed_at=1.7e9 + 9)
+
+VALUES = [
+    (RANK_VALUE, RANK), (NodeStatus(host="h", version="1", started=1.0), NODE_SHORT),
+    (NODE_VALUE, NODE), (COUNTERS_VALUE, COUNTERS), (Unwritten(("x",), ("y",), 1), UNWRITTEN),
+    (CULPRIT_VALUE, CULPRIT), (FENCE_VALUE, FENCE),
+    (IncidentRank(7, 0, "stalled"), INCIDENT_RANK), (FlightEntry(1, "send", "int8", 1),
+                                                     FLIGHT_ENTRY),
+    (SignalSent(7, 0, "SIGKILL", 1.0, "gone"), SIGNAL),
+    (LastCollective(3, "all_sum", 8), LAST_COLLECTIVE), (Expect(9.5, "save"), EXPECT),
+    (INCIDENT_FOUND_VALUE, INCIDENT_FOUND), (INCIDENT_FULL_VALUE, INCIDENT_FULL),
+]
+
+
+@pytest.mark.parametrize("value, keys", VALUES, ids=[f"{type(v).__name__}-{len(k)}"
+                                                      for v, k in VALUES])
+def test_keys_are_todays(value, keys):
+    assert list(value.to_json()) == keys
+
+
+@pytest.mark.parametrize("value, keys", VALUES, ids=[f"{type(v).__name__}-{len(k)}"
+                                                      for v, k in VALUES])
+def test_every_type_round_trips_through_json_text(value, keys):
+    text = json.dumps(value.to_json())
+    back = type(value).from_json(json.loads(text))
+    assert back == value
+    assert json.dumps(back.to_json()) == text
+
+
+def test_a_response_field_not_written_yet_has_no_key_and_null_is_a_value():
+    assert "wired_after" not in INCIDENT_FOUND_VALUE.to_json()
+    back = Incident.from_json(INCIDENT_FOUND_VALUE.to_json())
+    assert back.wired_after is ABSENT and back.signals is None
+    nulled = Incident.from_json({**INCIDENT_FOUND_VALUE.to_json(), "wired_after": None})
+    assert nulled.wired_after is None and nulled.to_json()["wired_after"] is None
+
+
+def test_wrong_types_read_as_defaults_and_lists_keep_their_good_items():
+    node = NodeStatus.from_json({
+        "host": ["h"], "interval": True, "scan_monotonic": 1, "invalid_files": "3",
+        "scan_bucket_bounds": [0.1, "x", True, 2], "launches": {"a": 1, "b": "2"},
+        "invalid_records": {"p": 5}, "unwritten": {"incidents_unwritten": ["i", 3],
+                                                   "reboot_flags_unwritten": [1]},
+        "counters": {"scan_buckets": [1, None, 2], "scan_sum": 0}})
+    assert node.host is None and node.interval is None and node.invalid_files == 0
+    assert node.scanned and node.scan_bucket_bounds == (0.1, 2)
+    assert node.launches == {"a": 1} and node.invalid_records == {"p": "5"}
+    assert node.unwritten.incidents_unwritten == ("i", None)
+    assert node.unwritten.reboot_flags_unwritten == ("1",)
+    assert node.counters.scan_buckets == [1, 2] and node.counters.stalls == {}
+    assert node.counters.scan_sum == 0.0 and isinstance(node.counters.scan_sum, float)
+    assert Expect.from_json({}) is None and Culprit.from_json([]) is None
+    assert LastCollective.from_json({"number": "3"}) == LastCollective(None, None, None)
+    fence = Fence.from_json({"job": "j", "uid": 1, "nonce": "n", "origin": 5, "reason": None})
+    assert (fence.origin, fence.reason, fence.local) == ("5", None, False)
+
+
+@pytest.mark.parametrize("cls, data", [
+    (RankStatus, {"job": None}), (RankStatus, {"job": "j", "pid": "1"}),
+    (RankStatus, {"job": "j", "last_collective": {"op": 3}}), (NodeStatus, []),
+    (Incident, {"id": 3}), (Fence, {"job": "j", "uid": True, "nonce": "n"}),
+    (Fence, {"job": "", "uid": 1, "nonce": "n"}),
+])
+def test_what_a_reader_cannot_do_without_is_refused(cls, data):
+    with pytest.raises(ValueError):
+        cls.from_json(data)
+
+
+def test_a_decoded_default_is_never_shared_between_objects():
+    a, b = Counters.from_json({}), Counters.from_json({})
+    a.stalls["stalled"] = 1
+    assert b.stalls == {} and status.Counters().stalls == {}
