@@ -112,8 +112,11 @@ def _decoder(tp: Any) -> Callable[[Any], Any]:
         return {int: _int, float: _num, str: _str}[tp]
     if tp is Any:
         return lambda v: v
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = {member.value: member for member in tp}
+        return lambda v: values.get(v) if isinstance(v, (str, int)) else None
     if dataclasses.is_dataclass(tp):
-        return getattr(tp, "from_json")  # type: ignore[no-any-return]  # noqa: B009
+        return lambda v: tp.from_json(v)  # type: ignore[union-attr]  # looked up when read
     if origin in (tuple, list):
         item, kind = _item(args[0]), origin
         return lambda v: kind(x for x in map(item, v) if x is not _DROP) \
@@ -451,6 +454,182 @@ class NodeStatus:
         return decode(cls, data)
 
 
+# -- the cluster view --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's answer to `GET /status` (net/cluster.fetch): its status, or why not."""
+
+    peer: str
+    ok: bool
+    status: NodeStatus | None = None  # when ok
+    error: str | None = None  # when not
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NodeAnswer:
+        """An answer as JSON ({"peer", "ok", "status" or "error"}); a status that is no
+        object reads as an empty one (the node answered nothing of use)."""
+        data = _obj(data)
+        ok, status = data.get("ok") is True, data.get("status")
+        return cls(str(data.get("peer")), ok,
+                   (NodeStatus.from_json(status) if isinstance(status, dict) else NodeStatus())
+                   if ok else None, _str(data.get("error")))
+
+
+@dataclass(frozen=True)
+class ReportedRank:
+    """A rank as one node reported it: the rank, and the peer that answered. Its JSON
+    is the rank's with the node added (a rank of `cluster status --json`)."""
+
+    node: str | None
+    rank: RankStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.rank.to_json(), "node": self.node}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ReportedRank:
+        """ValueError if the rank is malformed (RankStatus.from_json)."""
+        node = data.get("node") if isinstance(data, dict) else None
+        return cls(node if isinstance(node, str) else None, RankStatus.from_json(data))
+
+
+class JobState(enum.Enum):
+    """What the cluster view says of a job (docs/cluster.md)."""
+
+    HEALTHY = "healthy"
+    HUNG = "hung"
+    UNKNOWN = "unknown"  # a rank behind an unreachable node while another waits or ended
+    ENDED = "ended"  # every rank gone, or the watchdog ended some
+
+
+@dataclass(frozen=True)
+class JobCulprit:
+    """The rank that holds a job up as the cluster view names it (with the node that
+    reported it; `Culprit` is what an incident and a fence carry)."""
+
+    host: str | None = None
+    node: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    state: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobCulprit | None:
+        return decode(cls, data) if isinstance(data, dict) and data else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobView:
+    """One job (an owner's uid and a job id) across every reachable node, judged
+    (daemon/judge/cluster.judge_job): a job of `cluster status --json`."""
+
+    job: str
+    uid: int | None = None
+    world_size: int = 0
+    state: JobState = JobState.HEALTHY
+    ranks: tuple[ReportedRank, ...] = ()
+    missing_ranks: tuple[int, ...] = ()  # no reachable node reports them
+    culprit: JobCulprit | None = None
+    evidence: str = ""
+    cause: str | None = None  # watchdog/cause.py's vocabulary, when hung or unknown
+    summary: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """A node as the cluster view lists it: whether it answered, and its reboot flag."""
+
+    peer: str
+    ok: bool
+    error: str | None
+    host: str | None
+    reboot_required: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Every node asked, and every job their ranks belong to (`cluster status --json`)."""
+
+    nodes: tuple[ClusterNode, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class ComputingRank:
+    """A rank on a peer that computes: its job is slow, not hung."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> ComputingRank:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class HoldingRank:
+    """A rank on a peer in a wait of its own (a checkpoint) that ours may wait for."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    what: str | None = None  # RankStatus.holding
+    collectives: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> HoldingRank:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerView:
+    """The peers' verdict on a job of ours (act/peers.Peers.view), journaled as an
+    incident's "cluster": who holds the job up and why, which peers did not answer,
+    and the ranks there that hold it (computing, or in a wait of their own). When
+    the peers could not be asked, only `error` (its JSON has no other key)."""
+
+    culprit: JobCulprit | None = None
+    evidence: str = ""
+    cause: str | None = None
+    summary: str | None = None
+    unreachable: tuple[str, ...] = ()
+    computing: tuple[ComputingRank, ...] = ()
+    holding: tuple[HoldingRank, ...] = ()
+    error: str | None = field(default=None, metadata=_on_wire(omit="none"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.error} if self.error is not None else encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> PeerView | None:
+        return decode(cls, data) if isinstance(data, dict) else None
+
+
 # -- a fence -----------------------------------------------------------------------------
 
 
@@ -616,8 +795,8 @@ class Incident:
     signals: tuple[SignalSent, ...] | None = field(default=None, metadata=_LATER)
     wired_before: int | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
     wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
-    # the peers' view (peers.view)
-    cluster: dict[str, Any] | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
+    # the peers' verdict (peers.view)
+    cluster: PeerView | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
     action: str | None = field(default=None, metadata=_LATER)  # ending, ended, observed
     evidence: tuple[str, ...] | None = field(default=None, metadata=_LATER)  # files captured
     evidence_error: str | None = field(default=None, metadata=_LATER)

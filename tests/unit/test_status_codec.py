@@ -21,6 +21,7 @@ from watchdog.status import (
     IncidentRank,
     LastCollective,
     NodeStatus,
+    PeerView,
     RankStatus,
     SignalSent,
     Unwritten,
@@ -87,7 +88,7 @@ INCIDENT_FOUND_VALUE = Incident(
     culprit=CULPRIT_VALUE)
 INCIDENT_FULL_VALUE = dataclasses.replace(
     INCIDENT_FOUND_VALUE, signals=(SignalSent(7, 0, "SIGTERM", 1.7e9, "sent"),),
-    wired_before=None, wired_baseline=5, cluster={"error": "timed out"}, action="ended",
+    wired_before=None, wired_baseline=5, cluster=PeerView(error="timed out"), action="ended",
     evidence=("/s/evidence/x.txt",), evidence_error="no py-spy", ladder="begun",
     outcome={"7": "killed"}, native_hot=({"thread": "1", "frames": []},), wired_after=6,
     wired_check="settled", reboot_required=False, completed_at_start=1.7e9 + 5,

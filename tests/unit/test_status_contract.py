@@ -18,10 +18,11 @@ from tests.support.users import publish
 from watchdog import record
 from watchdog.daemon.act.incidents import new_incident
 from watchdog.daemon.config import Settings
+from watchdog.daemon.judge import cluster
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.publish import Counters, snapshot
 from watchdog.daemon.ranks import Rank
-from watchdog.net import cluster, fence
+from watchdog.net import fence
 from watchdog.states import State
 from watchdog.status import (
     ABSENT,
@@ -30,6 +31,7 @@ from watchdog.status import (
     Fence,
     Incident,
     LastCollective,
+    NodeAnswer,
     NodeStatus,
     RankStatus,
     SignalSent,
@@ -199,7 +201,8 @@ def test_a_malformed_rank_of_a_peer_is_refused_and_the_others_kept(bad):
         RankStatus.from_json(bad)
     node = NodeStatus.from_json({"host": ["h"], "ranks": [bad, GOOD]})
     assert [r.pid for r in node.ranks] == [11] and node.host is None
-    view = cluster.analyze([{"peer": "p", "ok": True, "status": {"ranks": [bad, GOOD]}}])
+    view = cluster.analyze([NodeAnswer.from_json(
+        {"peer": "p", "ok": True, "status": {"ranks": [bad, GOOD]}})]).to_json()
     assert [r["pid"] for r in view["jobs"][0]["ranks"]] == [11]
 
 
