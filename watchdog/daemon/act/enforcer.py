@@ -56,7 +56,7 @@ from watchdog.daemon.signaller import (
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
-from watchdog.status import ABSENT, Incident, SignalSent
+from watchdog.status import ABSENT, Incident, PeerView, SignalSent
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class Enforcer:
 
     def begin(self, incident: Incident, targets: list[Target], baseline: int | None = None,
               others_live: Callable[[], bool] = lambda: False,
-              cluster: dict[str, Any] | None = None, evidence: bool = True,
+              cluster: PeerView | None = None, evidence: bool = True,
               asked: bool = False, verdict_at: float | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
@@ -584,16 +584,16 @@ class Enforcer:
     def handle(self, incident: Incident, targets: list[Target],
                baseline: int | None = None,
                others_live: Callable[[], bool] = lambda: False,
-               cluster: Callable[[], dict[str, Any] | None] | None = None,
+               cluster: Callable[[], PeerView | None] | None = None,
                evidence: bool = True) -> Outcome:
         """The whole response to one hung job, on this thread (`begin`, then `run`);
         `cluster` asks the peers which rank holds the job up."""
-        view: dict[str, Any] | None = None
+        view: PeerView | None = None
         if cluster is not None:
             try:
                 view = cluster()
             except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                view = {"error": str(err)}
+                view = PeerView(error=str(err))
         return self.run(self.begin(incident, targets, baseline, others_live, view,
                                    evidence, asked=cluster is not None))
 
