@@ -822,3 +822,44 @@ class Incident:
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
             raise ValueError("no incident id")
         return decode(cls, data)
+
+
+# -- the launcher's journal ----------------------------------------------------------------
+
+_SAID = _on_wire(omit="absent")  # an event carries only its own facts
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchEvent:
+    """One line of `launches.jsonl` (store/launchlog.py): what `mlx-watchdog launch`
+    decided for an attempt of a job. Each event writes its own facts (docs/operations.md,
+    "The journal"); a fact it does not carry is ABSENT, a null one None. Fields in
+    the file's (sorted) key order."""
+
+    argv: tuple[str, ...] | None | Absent = field(default=ABSENT, metadata=_SAID)  # launch
+    attempt: int | None | Absent = field(default=ABSENT, metadata=_SAID)
+    backoff: float | None | Absent = field(default=ABSENT, metadata=_SAID)  # restart
+    ending: str | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    event: str  # launch, ended, restart, refused, gave_up
+    exit_code: int | None | Absent = field(default=ABSENT, metadata=_SAID)
+    host: str | None | Absent = field(default=ABSENT, metadata=_SAID)
+    incident: str | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    job: str | None | Absent = field(default=ABSENT, metadata=_SAID)
+    launcher_code: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    progressed: bool | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    reason: str | None | Absent = field(default=ABSENT, metadata=_SAID)
+    restarts_left: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # restart
+    steps: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    time: float | None | Absent = field(default=ABSENT, metadata=_SAID)  # wall seconds
+    uid: int | None | Absent = field(default=ABSENT, metadata=_SAID)
+    waits: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> LaunchEvent:
+        """ValueError unless it names its event."""
+        if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+            raise ValueError("not a launch event")
+        return decode(cls, data)

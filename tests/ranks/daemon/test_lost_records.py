@@ -102,7 +102,7 @@ def status(daemon: DaemonProc) -> dict:
 def incidents(state_dir: Path) -> list[dict]:
     lines, bad = journal.read_incidents(str(state_dir))
     assert bad == 0, "a torn or half-written incident line"
-    return lines
+    return [line.to_json() for line in lines]
 
 
 def test_a_full_state_disk_loses_neither_the_reboot_flag_nor_the_incident(tmp_path, record_dir):

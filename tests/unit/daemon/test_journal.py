@@ -17,9 +17,13 @@ def test_append_and_read_round_trip(state_dir: Path) -> None:
     second = {"id": "b", "note": "ünïcode ✓", "path": Path("/x")}  # default=str for odd types
     journal.append_incident(str(state_dir), first)
     journal.append_incident(str(state_dir), second)
-    incidents, bad = journal.read_incidents(str(state_dir))
+    lines, bad = journal.read_lines(str(state_dir / journal.INCIDENTS))
     assert bad == 0
-    assert incidents == [first, {"id": "b", "note": "ünïcode ✓", "path": "/x"}]
+    assert lines == [first, {"id": "b", "note": "ünïcode ✓", "path": "/x"}]
+    incidents, bad = journal.read_incidents(str(state_dir))  # through the contract
+    assert bad == 0 and [i.id for i in incidents] == ["a", "b"]
+    assert incidents[0].time == 1.5 and incidents[0].ranks[0].pid == 10
+    assert incidents[0].reboot_required is False
     lines = (state_dir / journal.INCIDENTS).read_bytes().splitlines()
     assert len(lines) == 2 and all(json.loads(line) for line in lines)
     assert (state_dir / journal.INCIDENTS).stat().st_mode & 0o777 == 0o644
@@ -38,8 +42,12 @@ def test_malformed_lines_are_counted_and_skipped(state_dir: Path) -> None:
         f.write(b"\xff\xfe garbage\n")
     journal.append_incident(str(state_dir), {"id": "good-2"})
     incidents, bad = journal.read_incidents(str(state_dir))
-    assert [i["id"] for i in incidents] == ["good-1", "good-2"]
+    assert [i.id for i in incidents] == ["good-1", "good-2"]
     assert bad == 4
+    with open(state_dir / journal.INCIDENTS, "ab") as f:
+        f.write(b'{"no id": 1}\n')  # an object, but no incident: counted, never read
+    assert [i.id for i in journal.read_incidents(str(state_dir))[0]] == ["good-1", "good-2"]
+    assert journal.read_incidents(str(state_dir))[1] == 5
 
 
 def test_append_does_not_follow_a_symlink(state_dir: Path, tmp_path: Path) -> None:
@@ -82,7 +90,7 @@ def test_concurrent_appends_never_interleave(state_dir: Path) -> None:
         item = json.loads(line)  # every line parses: nothing interleaved
         got.add((item["writer"], item["n"]))
     assert got == seen
-    incidents, bad = journal.read_incidents(str(state_dir))
+    incidents, bad = journal.read_lines(str(state_dir / journal.INCIDENTS))
     assert bad == 0 and len(incidents) == writers * count
     # Each writer's own lines stay in its order.
     for w in range(writers):

@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from watchdog.status import Incident
+
 INCIDENTS = "incidents.jsonl"
 REBOOT_FLAG = "reboot-required"
 STATUS = "status.json"
@@ -175,9 +177,17 @@ def read_lines(path: str, keep: Callable[[dict[str, Any]], bool] = lambda item: 
     return items, bad
 
 
-def read_incidents(state_dir: str) -> tuple[list[dict[str, Any]], int]:
-    """All well-formed incidents, oldest first, and how many lines were not."""
-    return read_lines(os.path.join(state_dir, INCIDENTS))
+def read_incidents(state_dir: str) -> tuple[list[Incident], int]:
+    """All well-formed incidents, oldest first, read through the contract; and how many
+    lines were not (not JSON, not an object, or without an id)."""
+    lines, bad = read_lines(os.path.join(state_dir, INCIDENTS))
+    incidents = []
+    for line in lines:
+        try:
+            incidents.append(Incident.from_json(line))
+        except ValueError:
+            bad += 1
+    return incidents, bad
 
 
 def reboot_flag(state_dir: str) -> dict[str, Any] | None:
