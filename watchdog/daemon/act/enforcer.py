@@ -557,7 +557,7 @@ class Enforcer:
         """A closed incident an earlier daemon could not finish writing: its line
         and its reboot flag, whichever is not on disk yet (never twice)."""
         state_dir = self.settings.state_dir
-        written = any(i.get("id") == incident.id
+        written = any(i.id == incident.id
                       for i in journal.read_incidents(state_dir)[0])
         flag = None
         reason = incident.reboot_required
