@@ -126,7 +126,7 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
     assert flag["reasons"][0]["incident"] == inc["id"]
     assert inc["reboot_required"] == flag["reason"]
     journaled, bad = journal.read_incidents(str(state_dir))
-    assert bad == 0 and journaled[-1]["reboot_required"] == flag["reason"]
+    assert bad == 0 and journaled[-1].reboot_required == flag["reason"]
 
 
 def test_a_target_already_gone_is_a_result(state_dir: Path) -> None:
@@ -150,7 +150,7 @@ def test_observe_mode_signals_nothing_and_still_journals(state_dir: Path) -> Non
     assert "observe" in inc["action"]
     assert journal.reboot_flag(str(state_dir)) is None  # observing never flags the node
     journaled, bad = journal.read_incidents(str(state_dir))
-    assert bad == 0 and [i["id"] for i in journaled] == [inc["id"]]
+    assert bad == 0 and [i.id for i in journaled] == [inc["id"]]
 
 
 def test_observe_mode_signals_nothing_not_even_the_dump_signal(state_dir: Path) -> None:
