@@ -1,7 +1,9 @@
-"""The daemon-to-everyone contract: what a rank, a node, an incident and a fence look like.
+"""The daemon-to-everyone contract: what a rank, a node, an incident, a fence, the
+cluster view and a launcher's event look like.
 
-Data only, like `states.py`: frozen dataclasses with one `to_json()` and one
-`from_json()` each, importing nothing from the daemon. The daemon builds them
+Data only, like `states.py`: dataclasses with one `to_json()` and one `from_json()`
+each, both derived from the fields by the codec below (`encode`, `decode`),
+importing nothing from the daemon. The daemon builds them
 (`daemon/view.py`, `daemon/publish.py`, `daemon/act/incidents.py`, the enforcer);
 the HTTP endpoint, the metrics, the cluster view, the CLI and the demo read
 them as attributes. `to_json()` gives the JSON the docs describe
