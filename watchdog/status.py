@@ -403,6 +403,55 @@ class Unwritten:
         return decode(cls, data)
 
 
+_FIGURE = _on_wire(omit="absent")  # a reboot flag's figure: no key when not given
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebootReason:
+    """One reason the node was flagged for reboot, with its figures: the enforcer's,
+    held until written (pending.Backlog), then a line of the flag's "reasons". Fields
+    in the file's (sorted) key order."""
+
+    incident: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    reason: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    time: float | None | Absent = field(default=ABSENT, metadata=_FIGURE)  # wall seconds
+    wired_after: int | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RebootReason:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebootFlag:
+    """The node's reboot flag (`<state-dir>/reboot-required`, journal.reboot_flag), as
+    /status "reboot" and `node status --json` show it: its first reason and every
+    reason; or, unreadable, a reason saying so and its path; or, not yet on disk
+    (a full disk), its reason held in memory (`unwritten`)."""
+
+    reason: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    path: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    reasons: tuple[RebootReason, ...] | None | Absent = field(default=ABSENT,
+                                                                metadata=_FIGURE)
+    unwritten: bool | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+
+    @property
+    def why(self) -> str | None:
+        """The flag's (first) reason; None when it names none."""
+        return None if self.reason is ABSENT else self.reason
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RebootFlag | None:
+        return decode(cls, data) if isinstance(data, dict) else None
+
+
 _SHORT = ("host", "version", "started", "time", "ranks")  # a node before its first scan
 
 
@@ -427,7 +476,7 @@ class NodeStatus:
     wired_bytes: int | None = None
     wired_baseline_bytes: int | None = None
     reboot_required: bool | None = None
-    reboot: dict[str, Any] | None = None  # the reboot flag's contents (journal.reboot_flag)
+    reboot: RebootFlag | None = None  # the reboot flag (journal.reboot_flag)
     # A peer's answer whose ranks are malformed keeps the others (valid_ranks).
     ranks: tuple[RankStatus, ...] = field(default=(), metadata=_on_wire(
         read=lambda data: valid_ranks(data.get("ranks"))))

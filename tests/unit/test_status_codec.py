@@ -12,17 +12,27 @@ import pytest
 from watchdog import status
 from watchdog.status import (
     ABSENT,
+    ClusterNode,
+    ComputingRank,
     Counters,
     Culprit,
     Expect,
     Fence,
     FlightEntry,
+    HoldingRank,
     Incident,
     IncidentRank,
+    JobCulprit,
+    JobState,
+    JobView,
     LastCollective,
+    LaunchEvent,
     NodeStatus,
     PeerView,
     RankStatus,
+    RebootFlag,
+    RebootReason,
+    ReportedRank,
     SignalSent,
     Unwritten,
 )
@@ -72,7 +82,9 @@ COUNTERS_VALUE = Counters(stalls={"stalled": 1, "blocked": 0}, stall_causes={"st
 NODE_VALUE = NodeStatus(
     host="h", daemon_pid=11, version="1.0", mode="enforce", interval=0.5, time=1.7e9,
     scan_monotonic=123.5, dir="/r", state_dir="/s", started=1.6e9, wired_bytes=10,
-    wired_baseline_bytes=8, reboot_required=True, reboot={"reason": "leak", "reasons": []},
+    wired_baseline_bytes=8, reboot_required=True,
+    reboot=RebootFlag(reason="leak", reasons=(RebootReason(reason="leak", time=1.0,
+                                                           incident="i", wired_after=None),)),
     ranks=(RANK_VALUE,), invalid_records={"/r/x.rec": "garbage"}, invalid_files=1,
     counters=COUNTERS_VALUE, launches={"relaunched": 2},
     unwritten=Unwritten(("a leak",), ("id-1", None), 2), scan_bucket_bounds=(0.1, 1.0),
@@ -94,6 +106,37 @@ INCIDENT_FULL_VALUE = dataclasses.replace(
     wired_check="settled", reboot_required=False, completed_at_start=1.7e9 + 5,
     closed_at=1.7e9 + 9)
 
+# The cluster view and the peers' verdict, as `cluster status --json` and an incident's
+# "cluster" gave them before they were typed (net/cluster.py, act/peers.py).
+JOB_CULPRIT = ["host", "node", "rank", "pid", "state", "reason"]
+JOB_VIEW = ["job", "uid", "world_size", "state", "ranks", "missing_ranks", "culprit",
+            "evidence", "cause", "summary"]
+CLUSTER_NODE = ["peer", "ok", "error", "host", "reboot_required"]
+PEER_VIEW = ["culprit", "evidence", "cause", "summary", "unreachable", "computing", "holding"]
+COMPUTING = ["rank", "host", "pid"]
+HOLDING = ["rank", "host", "pid", "what", "collectives"]
+# The reboot flag and a launcher's event: the files' sorted keys.
+REBOOT_FLAG = ["reason", "reasons"]
+REBOOT_REASON = ["incident", "reason", "time", "wired_after", "wired_baseline"]
+LAUNCH_ENDED = ["attempt", "ending", "event", "exit_code", "host", "incident", "job",
+                "launcher_code", "progressed", "reason", "steps", "time", "uid", "waits"]
+
+JOB_CULPRIT_VALUE = JobCulprit(host="h1", node="b:1", rank=1, pid=7, state="stopped",
+                               reason="stopped at all_sum #3 while its peers wait")
+JOB_VIEW_VALUE = JobView(job="j", uid=501, world_size=2, state=JobState.HUNG,
+                         ranks=(ReportedRank("a:1", RANK_VALUE),), missing_ranks=(1,),
+                         culprit=JOB_CULPRIT_VALUE, evidence="e", cause="peer_stopped",
+                         summary="s")
+PEER_VIEW_VALUE = PeerView(culprit=JOB_CULPRIT_VALUE, evidence="e", cause="peer_stopped",
+                           summary="s", unreachable=("c:1",),
+                           computing=(ComputingRank(rank=1, host="h1", pid=7),),
+                           holding=(HoldingRank(rank=1, host="h1", pid=7, what="saving",
+                                                collectives=3),))
+LAUNCH_ENDED_VALUE = LaunchEvent(attempt=1, ending="watchdog", event="ended", exit_code=3,
+                                 host="h", incident=None, job="j", launcher_code=-9,
+                                 progressed=True, reason="r", steps=4, time=1.7e9, uid=501,
+                                 waits=10)
+
 VALUES = [
     (RANK_VALUE, RANK), (NodeStatus(host="h", version="1", started=1.0), NODE_SHORT),
     (NODE_VALUE, NODE), (COUNTERS_VALUE, COUNTERS), (Unwritten(("x",), ("y",), 1), UNWRITTEN),
@@ -103,11 +146,22 @@ VALUES = [
     (SignalSent(7, 0, "SIGKILL", 1.0, "gone"), SIGNAL),
     (LastCollective(3, "all_sum", 8), LAST_COLLECTIVE), (Expect(9.5, "save"), EXPECT),
     (INCIDENT_FOUND_VALUE, INCIDENT_FOUND), (INCIDENT_FULL_VALUE, INCIDENT_FULL),
+    (JOB_CULPRIT_VALUE, JOB_CULPRIT), (PEER_VIEW_VALUE, PEER_VIEW),
+    (ComputingRank(rank=1, host="h", pid=2), COMPUTING),
+    (HoldingRank(rank=1, host="h", pid=2, what="saving", collectives=3), HOLDING),
+    (RebootFlag(reason="x", reasons=(RebootReason(reason="x"),)), REBOOT_FLAG),
+    (RebootReason(incident="i", reason="x", time=1.0, wired_after=2, wired_baseline=1),
+     REBOOT_REASON),
+    (LAUNCH_ENDED_VALUE, LAUNCH_ENDED),
 ]
+# Written, never read back as such (the view is judged from the nodes' answers).
+WRITTEN_ONLY = [(JOB_VIEW_VALUE, JOB_VIEW),
+                (ClusterNode(peer="a:1", ok=False, error="timed out", host=None,
+                             reboot_required=None), CLUSTER_NODE)]
 
 
-@pytest.mark.parametrize("value, keys", VALUES, ids=[f"{type(v).__name__}-{len(k)}"
-                                                      for v, k in VALUES])
+@pytest.mark.parametrize("value, keys", VALUES + WRITTEN_ONLY,
+                         ids=[f"{type(v).__name__}-{len(k)}" for v, k in VALUES + WRITTEN_ONLY])
 def test_keys_are_todays(value, keys):
     assert list(value.to_json()) == keys
 
@@ -158,6 +212,28 @@ def test_wrong_types_read_as_defaults_and_lists_keep_their_good_items():
 def test_what_a_reader_cannot_do_without_is_refused(cls, data):
     with pytest.raises(ValueError):
         cls.from_json(data)
+
+
+def test_the_peers_verdict_when_they_could_not_be_asked_is_its_error_alone():
+    view = PeerView(error="timed out")
+    assert view.to_json() == {"error": "timed out"}
+    assert PeerView.from_json(view.to_json()) == view
+    assert Incident.from_json({"id": "i", "cluster": "junk"}).cluster is None
+
+
+def test_a_job_view_carries_its_state_as_the_word_and_its_ranks_with_their_node():
+    shown = JOB_VIEW_VALUE.to_json()
+    assert shown["state"] == "hung" and shown["missing_ranks"] == [1]
+    assert shown["ranks"] == [{**RANK_VALUE.to_json(), "node": "a:1"}]
+    assert ReportedRank.from_json(shown["ranks"][0]) == ReportedRank("a:1", RANK_VALUE)
+
+
+def test_an_event_carries_only_its_own_facts():
+    line = {"event": "restart", "job": "j", "attempt": 2, "backoff": 1.5, "time": 3.0}
+    event = LaunchEvent.from_json(line)
+    assert event.to_json() == line and event.ending is status.ABSENT
+    with pytest.raises(ValueError):
+        LaunchEvent.from_json({"job": "j"})
 
 
 def test_a_decoded_default_is_never_shared_between_objects():

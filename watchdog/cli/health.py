@@ -120,7 +120,7 @@ def check(settings: Settings, reference: Reference | None = None,
     note (else it is the problem: its reboot flag is not known)."""
     flag = journal.reboot_flag(settings.state_dir)
     if flag is not None:
-        return Health(f"this node is flagged for reboot ({printable(str(flag.get('reason')))}; "
+        return Health(f"this node is flagged for reboot ({printable(str(flag.why))}; "
                       f"clear it with `mlx-watchdog node clear-reboot` after rebooting)")
     notes = []
     snap = daemon_status(settings.state_dir)
@@ -165,7 +165,7 @@ def check(settings: Settings, reference: Reference | None = None,
             continue
         status = node.status
         if status.reboot_required and problem is None:
-            reason = status.reboot.get("reason") if status.reboot is not None else None
+            reason = status.reboot.why if status.reboot is not None else None
             problem = (f"peer {node.peer} ({printable(str(status.host))}) is "
                        f"flagged for reboot ({printable(str(reason))})")
     if problem is None and unreachable is not None and not peers_down_ok:

@@ -166,13 +166,13 @@ def node_status(state_dir: str, as_json: bool) -> None:
     snap = daemon_status(state_dir)
     wired = snap.wired_bytes if snap else None
     baseline = snap.wired_baseline_bytes if snap else None
-    info = {"reboot_required": flag is not None, "reboot": flag,
+    info = {"reboot_required": flag is not None, "reboot": flag.to_json() if flag else None,
             "daemon_running": snap is not None, "wired_bytes": wired,
             "wired_baseline_bytes": baseline}
     if as_json:
         click.echo(json.dumps(info, indent=1))
     else:
-        click.echo("reboot required: " + (f"YES ({flag.get('reason')})" if flag else "no"))
+        click.echo("reboot required: " + (f"YES ({flag.why})" if flag else "no"))
         click.echo(f"daemon: {'running' if snap else 'not running'}")
         if wired is not None:
             click.echo(f"wired memory: {wired / 2**20:.0f} MiB "

@@ -12,7 +12,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
-from watchdog.status import SCAN_BUCKETS, Counters, NodeStatus, Unwritten
+from watchdog.status import SCAN_BUCKETS, Counters, NodeStatus, RebootFlag, Unwritten
 
 __all__ = ["INVALID_LISTED", "SCAN_BUCKETS", "Counters", "snapshot"]
 
@@ -31,7 +31,7 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
     if flag is None and backlog.reboot_flags_unwritten:
         # The flag could not be written (a full disk): the node needs its reboot all
         # the same, and says so from memory until the file is there.
-        flag = {"reason": backlog.reboot_flags_unwritten[0], "unwritten": True}
+        flag = RebootFlag(reason=backlog.reboot_flags_unwritten[0], unwritten=True)
     shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
                               data_link=r.data_link, cause=r.cause)
                   for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank,

@@ -104,17 +104,20 @@ def test_reboot_flag_set_keep_first_reason_clear(state_dir: Path) -> None:
     sd = str(state_dir)
     assert journal.reboot_flag(sd) is None
     first = journal.set_reboot_flag(sd, "pid 42 survived SIGKILL", time=1.0, incident="i1")
-    assert first["reason"] == "pid 42 survived SIGKILL"
+    assert first.reason == "pid 42 survived SIGKILL"
     second = journal.set_reboot_flag(sd, "wired memory leaked", time=2.0, wired_after=5)
-    assert second["reason"] == "pid 42 survived SIGKILL"  # the first reason stays
-    assert [r["reason"] for r in second["reasons"]] == ["pid 42 survived SIGKILL",
-                                                        "wired memory leaked"]
-    assert second["reasons"][1]["wired_after"] == 5
+    assert second.reason == "pid 42 survived SIGKILL"  # the first reason stays
+    assert [r.reason for r in second.reasons] == ["pid 42 survived SIGKILL",
+                                                  "wired memory leaked"]
+    assert second.reasons[1].wired_after == 5
 
     flag = journal.reboot_flag(sd)  # what a restarted daemon or the CLI reads back
     assert flag == second
     path = state_dir / journal.REBOOT_FLAG
-    assert json.loads(path.read_text()) == second
+    assert json.loads(path.read_text()) == second.to_json() == {
+        "reason": "pid 42 survived SIGKILL",
+        "reasons": [{"incident": "i1", "reason": "pid 42 survived SIGKILL", "time": 1.0},
+                    {"reason": "wired memory leaked", "time": 2.0, "wired_after": 5}]}
     assert path.stat().st_mode & 0o777 == 0o644
     assert not [p for p in os.listdir(sd) if p.startswith(".tmp-")]  # no temp file left
 
@@ -126,14 +129,14 @@ def test_reboot_flag_set_keep_first_reason_clear(state_dir: Path) -> None:
 def test_unreadable_reboot_flag_still_counts_as_flagged(state_dir: Path) -> None:
     (state_dir / journal.REBOOT_FLAG).write_text("{ not json")
     flag = journal.reboot_flag(str(state_dir))
-    assert flag is not None and "unreadable" in flag["reason"]
+    assert flag is not None and "unreadable" in flag.reason
     (state_dir / journal.REBOOT_FLAG).write_text('"old style reason"')
-    assert journal.reboot_flag(str(state_dir)) == {"reason": "old style reason"}
+    assert journal.reboot_flag(str(state_dir)).to_json() == {"reason": "old style reason"}
     # Setting over an unreadable flag keeps a reason and stays valid JSON.
     (state_dir / journal.REBOOT_FLAG).write_text("{ not json")
     flag = journal.set_reboot_flag(str(state_dir), "pid 7 survived SIGKILL")
-    assert json.loads((state_dir / journal.REBOOT_FLAG).read_text()) == flag
-    assert flag["reason"]
+    assert json.loads((state_dir / journal.REBOOT_FLAG).read_text()) == flag.to_json()
+    assert flag.reason
 
 
 def test_a_planted_pointer_never_blocks_nor_misleads(tmp_path):
@@ -188,4 +191,4 @@ def test_the_reboot_flag_and_incidents_are_fsynced(state_dir, monkeypatch):
     synced.clear()
     journal.append_incident(str(state_dir), {"id": "i"})
     assert synced == [str(state_dir / journal.INCIDENTS)]
-    assert journal.reboot_flag(str(state_dir))["reason"] == "unkillable" and flag
+    assert journal.reboot_flag(str(state_dir)).reason == "unkillable" and flag

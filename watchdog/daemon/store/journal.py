@@ -15,9 +15,10 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from watchdog.status import Incident
+from watchdog.status import ABSENT, Incident, RebootFlag, RebootReason
 
 INCIDENTS = "incidents.jsonl"
 REBOOT_FLAG = "reboot-required"
@@ -190,8 +191,8 @@ def read_incidents(state_dir: str) -> tuple[list[Incident], int]:
     return incidents, bad
 
 
-def reboot_flag(state_dir: str) -> dict[str, Any] | None:
-    """The reboot flag's contents, or None when the node is not flagged."""
+def reboot_flag(state_dir: str) -> RebootFlag | None:
+    """The reboot flag, or None when the node is not flagged."""
     path = os.path.join(state_dir, REBOOT_FLAG)
     try:
         with os.fdopen(open_regular(path), "r") as f:
@@ -199,17 +200,21 @@ def reboot_flag(state_dir: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {"reason": "reboot flag present but unreadable", "path": path}
-    return data if isinstance(data, dict) else {"reason": str(data)}
+        return RebootFlag(reason="reboot flag present but unreadable", path=path)
+    return RebootFlag.from_json(data) or RebootFlag(reason=str(data))
 
 
-def set_reboot_flag(state_dir: str, reason: str, **figures: Any) -> dict[str, Any]:
-    """Flag the node; an existing flag keeps its first reason and gains this one."""
-    flag = reboot_flag(state_dir) or {"reasons": []}
-    flag.setdefault("reasons", [])
-    flag["reasons"].append({"reason": reason, **figures})
-    flag["reason"] = flag["reasons"][0]["reason"]
-    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag, durable=True)
+def set_reboot_flag(state_dir: str, reason: str | RebootReason, **figures: Any
+                    ) -> RebootFlag:
+    """Flag the node (`reason` with its figures: RebootReason's fields); an existing
+    flag keeps its first reason and gains this one."""
+    said = reason if isinstance(reason, RebootReason) else RebootReason(reason=reason,
+                                                                         **figures)
+    present = reboot_flag(state_dir) or RebootFlag()
+    reasons = (*(present.reasons if isinstance(present.reasons, tuple) else ()), said)
+    first = reasons[0].reason
+    flag = replace(present, reasons=reasons, reason=None if first is ABSENT else first)
+    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag.to_json(), durable=True)
     return flag
 
 
