@@ -56,7 +56,7 @@ from watchdog.daemon.signaller import (
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
-from watchdog.status import ABSENT, Incident, PeerView, SignalSent
+from watchdog.status import ABSENT, Incident, PeerView, RebootFlag, RebootReason, SignalSent
 
 log = logging.getLogger(__name__)
 
@@ -497,14 +497,15 @@ class Enforcer:
         flag = None
         if reasons:
             reason = "; ".join(reasons)
-            flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
-                    "wired_baseline": ladder.baseline, "wired_after": _wired_after(incident)}
+            flag = RebootReason(reason=reason, time=self.wall(), incident=incident.id,
+                                wired_baseline=ladder.baseline,
+                                wired_after=_wired_after(incident))
             log.error("node flagged for reboot: %s", reason)
             incident = replace(incident, reboot_required=reason)
         ladder.incident = incident
         self._close(ladder, flag)
 
-    def _close(self, ladder: Ladder, flag: dict[str, Any] | None) -> None:
+    def _close(self, ladder: Ladder, flag: RebootReason | None) -> None:
         """Journal the incident and the flag, each on its own: one failed write
         neither skips the other nor loses itself (held and retried each scan)."""
         incident = ladder.incident
@@ -561,11 +562,11 @@ class Enforcer:
                       for i in journal.read_incidents(state_dir)[0])
         flag = None
         reason = incident.reboot_required
-        present = journal.reboot_flag(state_dir) or {}
-        if reason and not any(r.get("incident") == incident.id
-                              for r in present.get("reasons", []) if isinstance(r, dict)):
-            flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
-                    "wired_baseline": baseline, "wired_after": _wired_after(incident)}
+        present = journal.reboot_flag(state_dir) or RebootFlag()
+        told = present.reasons if isinstance(present.reasons, tuple) else ()
+        if reason and not any(r.incident == incident.id for r in told):
+            flag = RebootReason(reason=str(reason), time=self.wall(), incident=incident.id,
+                                wired_baseline=baseline, wired_after=_wired_after(incident))
         if written:
             self.backlog.written(incident.id)
         self.backlog.add(None if written else incident, flag)
