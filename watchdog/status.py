@@ -72,9 +72,9 @@ def _obj(value: Any) -> dict[str, Any]:
 # order. `to_json` encodes by value (a nested contract type by its own `to_json`, a
 # tuple as a list, an enum as its value); `from_json` decodes by the field's type:
 # a scalar of the wrong type reads as the field's default, a list keeps its items
-# of the right type (text items are stringified), a nested type reads through its
-# own `from_json`. What a class cannot do without is checked by its `from_json`
-# before the codec runs. A field's `metadata` may say:
+# of the right type (text items are stringified; an object its type refuses is
+# left out), a nested type reads through its own `from_json`. What a class cannot do
+# without is checked by its `from_json` before the codec runs. A field's `metadata` may say:
 #   WIRE_SKIP: never a key of its own;   OMIT: "none" (no key while None or ABSENT) or
 #   "absent" (no key while ABSENT; null is a value);   READ: a function of the whole
 #   object giving the field's value.
@@ -93,7 +93,13 @@ def _item(tp: Any) -> Callable[[Any], Any]:
     if origin in (tuple, list, dict) or dataclasses.is_dataclass(tp):
         kind = dict if origin is dict or dataclasses.is_dataclass(tp) else list
         read = _decoder(tp)
-        return lambda v: read(v) if isinstance(v, kind) else _DROP
+
+        def item(v: Any) -> Any:
+            try:
+                return read(v) if isinstance(v, kind) else _DROP
+            except ValueError:  # refused by its type (a rank without its job...)
+                return _DROP
+        return item
     read = _decoder(tp)
     if origin in (Union, UnionType):  # an optional item (str | None) stays null
         return read
@@ -809,6 +815,77 @@ class SignalSent:
         return decode(cls, data)
 
 
+@dataclass(frozen=True)
+class HotFrame:
+    """A frame where a thread's samples were taken (a leaf), summed by name."""
+
+    frame: str = ""
+    lib: str = ""
+    samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> HotFrame:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class PathFrame:
+    """A frame of a thread's heaviest path, with the samples under it."""
+
+    frame: str = ""
+    samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> PathFrame:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class HotThread:
+    """One thread of a native dump (macOS `sample`, probes/samplegraph.py): its samples,
+    its hottest leaves, its heaviest path from the root (the deepest frames)."""
+
+    thread: str
+    samples: int
+    top: tuple[HotFrame, ...] = ()
+    path: tuple[PathFrame, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> HotThread:
+        """ValueError unless it names its thread and its sample count."""
+        if not isinstance(data, dict) or not isinstance(data.get("thread"), str) \
+                or _int(data.get("samples")) is None:
+            raise ValueError("not a thread of a native dump")
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class NativeHot:
+    """A rank's native dump, parsed (act/evidence.hot_frames): its threads, or what the
+    sampler said instead of a call graph."""
+
+    rank: int | None = None
+    pid: int | None = None
+    threads: tuple[HotThread, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
+    error: str | None = field(default=None, metadata=_on_wire(omit="none"))
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NativeHot:
+        return decode(cls, data)
+
+
 # What a response adds, in the order it adds them (files are written with sorted keys):
 # a key not written yet is no key; "none": while None, "absent": while ABSENT (null is
 # a value then).
@@ -854,8 +931,8 @@ class Incident:
     # "begun": signals may have been sent to every target
     ladder: str | None = field(default=None, metadata=_LATER)
     outcome: dict[str, str] | None = field(default=None, metadata=_LATER)  # pid -> result
-    # samplegraph's parse
-    native_hot: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_LATER)
+    # the native dumps, parsed
+    native_hot: tuple[NativeHot, ...] | None = field(default=None, metadata=_LATER)
     wired_after: int | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
     wired_check: str | None = field(default=None, metadata=_LATER)
     # the flag's reason, False once closed

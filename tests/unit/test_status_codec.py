@@ -20,6 +20,8 @@ from watchdog.status import (
     Fence,
     FlightEntry,
     HoldingRank,
+    HotFrame,
+    HotThread,
     Incident,
     IncidentRank,
     JobCulprit,
@@ -27,7 +29,9 @@ from watchdog.status import (
     JobView,
     LastCollective,
     LaunchEvent,
+    NativeHot,
     NodeStatus,
+    PathFrame,
     PeerView,
     RankStatus,
     RebootFlag,
@@ -102,7 +106,10 @@ INCIDENT_FULL_VALUE = dataclasses.replace(
     INCIDENT_FOUND_VALUE, signals=(SignalSent(7, 0, "SIGTERM", 1.7e9, "sent"),),
     wired_before=None, wired_baseline=5, cluster=PeerView(error="timed out"), action="ended",
     evidence=("/s/evidence/x.txt",), evidence_error="no py-spy", ladder="begun",
-    outcome={"7": "killed"}, native_hot=({"thread": "1", "frames": []},), wired_after=6,
+    outcome={"7": "killed"},
+    native_hot=(NativeHot(0, 7, threads=(HotThread("Thread_1", 9, (HotFrame("f", "l", 8),),
+                                                   (PathFrame("g", 9),)),)),
+                NativeHot(1, 8, error="no call graph")), wired_after=6,
     wired_check="settled", reboot_required=False, completed_at_start=1.7e9 + 5,
     closed_at=1.7e9 + 9)
 
@@ -234,6 +241,17 @@ def test_an_event_carries_only_its_own_facts():
     assert event.to_json() == line and event.ending is status.ABSENT
     with pytest.raises(ValueError):
         LaunchEvent.from_json({"job": "j"})
+
+
+def test_native_stacks_keep_their_keys_and_drop_what_is_no_thread():
+    hot = NativeHot.from_json({"rank": 0, "pid": 1, "threads": [
+        {"thread": "T", "samples": 3, "top": [{"frame": "f", "lib": "l", "samples": 3}],
+         "path": [{"frame": "f", "samples": 3}]}, {"top": "x"}, None]})
+    assert [t.thread for t in hot.threads] == ["T"]
+    assert list(hot.to_json()) == ["rank", "pid", "threads"]
+    assert list(hot.to_json()["threads"][0]) == ["thread", "samples", "top", "path"]
+    assert list(hot.threads[0].top[0].to_json()) == ["frame", "lib", "samples"]
+    assert list(NativeHot(0, 1, error="e").to_json()) == ["rank", "pid", "error"]
 
 
 def test_a_decoded_default_is_never_shared_between_objects():

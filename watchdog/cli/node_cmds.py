@@ -13,7 +13,7 @@ import click
 from watchdog.cli.exits import SetupError
 from watchdog.cli.options import STATE_ENV, state_option
 from watchdog.daemon.store import journal
-from watchdog.status import ABSENT, Incident, LaunchEvent
+from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
 from watchdog.text import printable
 
 
@@ -122,29 +122,23 @@ def _echo_incident(inc: Incident) -> None:
         lines.append(f"    outcome: {outcome}")
     if inc.reboot_required:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
-    lines += _native_hot_lines(list(inc.native_hot) if inc.native_hot else None)
+    lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
 
 
-def _native_hot_lines(hot: Any, threads: int = 4) -> list[str]:
+def _native_hot_lines(hot: tuple[NativeHot, ...] | None, threads: int = 4) -> list[str]:
     """The parsed native stacks (macOS `sample`): each rank's hottest threads."""
     from watchdog.daemon.probes.samplegraph import summary_line
 
     lines = []
-    for entry in hot if isinstance(hot, list) else []:
-        if not isinstance(entry, dict):
-            continue
-        head = f"    native stacks, rank {entry.get('rank')} pid {entry.get('pid')}"
-        if entry.get("error"):
-            lines.append(f"{head}: {entry['error']}")
+    for entry in hot or ():
+        head = f"    native stacks, rank {entry.rank} pid {entry.pid}"
+        if entry.error:
+            lines.append(f"{head}: {entry.error}")
             continue
         lines.append(f"{head}:")
-        for thread in (entry.get("threads") or [])[:threads]:
-            try:
-                lines.append(f"      {summary_line(thread)}")
-            except (AttributeError, KeyError, TypeError):
-                continue  # a hand-edited or foreign journal line: show the rest
+        lines += [f"      {summary_line(thread)}" for thread in (entry.threads or ())[:threads]]
     return lines
 
 
