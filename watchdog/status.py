@@ -886,6 +886,22 @@ class NativeHot:
         return decode(cls, data)
 
 
+@dataclass(frozen=True, kw_only=True)
+class WiredCheck:
+    """What wired memory said after a kill, against the idle baseline (the enforcer's
+    settle): "returned", "leaked", "probe failed", "skipped: ..." or "no baseline"
+    (then without figures). Its fields go into the incident under these names."""
+
+    wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_on_wire(
+        omit="absent"))
+    wired_after: int | None | Absent = field(default=ABSENT, metadata=_on_wire(
+        omit="absent"))
+    wired_check: str
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
 # What a response adds, in the order it adds them (files are written with sorted keys):
 # a key not written yet is no key; "none": while None, "absent": while ABSENT (null is
 # a value then).

@@ -39,6 +39,7 @@ from watchdog.status import (
     ReportedRank,
     SignalSent,
     Unwritten,
+    WiredCheck,
 )
 
 RANK = ["pid", "host", "job", "uid", "rank", "world_size", "attempt", "backend", "state",
@@ -164,7 +165,11 @@ VALUES = [
 # Written, never read back as such (the view is judged from the nodes' answers).
 WRITTEN_ONLY = [(JOB_VIEW_VALUE, JOB_VIEW),
                 (ClusterNode(peer="a:1", ok=False, error="timed out", host=None,
-                             reboot_required=None), CLUSTER_NODE)]
+                             reboot_required=None), CLUSTER_NODE),
+                # the enforcer's settle, as its dict was keyed
+                (WiredCheck(wired_baseline=1, wired_after=None, wired_check="probe failed"),
+                 ["wired_baseline", "wired_after", "wired_check"]),
+                (WiredCheck(wired_check="no baseline"), ["wired_check"])]
 
 
 @pytest.mark.parametrize("value, keys", VALUES + WRITTEN_ONLY,
