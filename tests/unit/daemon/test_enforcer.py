@@ -211,7 +211,7 @@ def test_a_stopped_rank_is_not_asked_for_a_python_dump(state_dir: Path) -> None:
 def test_settle_wired_returned(state_dir: Path) -> None:
     probe = FakeProbe(wired=[9 * GiB, 8 * GiB, 4 * GiB, int(1.5 * GiB)])
     enf, _ = enforcer(state_dir, FakeSignaller(), probe)
-    result = enf.settle_wired(1 * GiB, lambda: False)
+    result = enf.settle_wired(1 * GiB, lambda: False).to_json()
     assert result["wired_check"] == "returned"
     assert result["wired_baseline"] == 1 * GiB and result["wired_after"] == int(1.5 * GiB)
 
@@ -220,28 +220,28 @@ def test_settle_wired_leaked_within_the_settle_time(state_dir: Path) -> None:
     probe = FakeProbe(wired=5 * GiB)
     enf, clock = enforcer(state_dir, FakeSignaller(), probe)
     start = clock.now()
-    result = enf.settle_wired(1 * GiB, lambda: False)
+    result = enf.settle_wired(1 * GiB, lambda: False).to_json()
     assert result["wired_check"] == "leaked" and result["wired_after"] == 5 * GiB
     assert 30.0 <= clock.now() - start < 31.0
 
 
 def test_settle_wired_skipped_while_others_live(state_dir: Path) -> None:
     enf, _ = enforcer(state_dir, FakeSignaller(), FakeProbe(wired=5 * GiB))
-    result = enf.settle_wired(1 * GiB, lambda: True)
+    result = enf.settle_wired(1 * GiB, lambda: True).to_json()
     assert result["wired_check"].startswith("skipped")
 
 
 def test_settle_wired_no_baseline(state_dir: Path) -> None:
     probe = FakeProbe(wired=5 * GiB)
     enf, _ = enforcer(state_dir, FakeSignaller(), probe)
-    assert enf.settle_wired(None, lambda: False) == {"wired_check": "no baseline"}
+    assert enf.settle_wired(None, lambda: False).to_json() == {"wired_check": "no baseline"}
 
 
 def test_settle_wired_probe_failure_is_not_a_leak(state_dir: Path) -> None:
     probe = FakeProbe(wired=5 * GiB)
     probe.wired_error = "meminfo unreadable"
     enf, _ = enforcer(state_dir, FakeSignaller(), probe)
-    assert enf.settle_wired(1 * GiB, lambda: False)["wired_check"] == "probe failed"
+    assert enf.settle_wired(1 * GiB, lambda: False).wired_check == "probe failed"
 
 
 def test_a_wired_leak_flags_the_node(state_dir: Path) -> None:

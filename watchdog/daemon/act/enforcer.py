@@ -56,7 +56,15 @@ from watchdog.daemon.signaller import (
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
-from watchdog.status import ABSENT, Incident, PeerView, RebootFlag, RebootReason, SignalSent
+from watchdog.status import (
+    ABSENT,
+    Incident,
+    PeerView,
+    RebootFlag,
+    RebootReason,
+    SignalSent,
+    WiredCheck,
+)
 
 log = logging.getLogger(__name__)
 
@@ -448,24 +456,23 @@ class Enforcer:
                 and wired > baseline + self.settings.wired_threshold)
 
     def wired_check(self, baseline: int | None, wired: int | None,
-                    others_live: Callable[[], bool]) -> dict[str, Any]:
+                    others_live: Callable[[], bool]) -> WiredCheck:
         """What wired memory read `wired` says after a kill, against the idle baseline."""
         if baseline is None:
-            return {"wired_check": "no baseline"}
-        result: dict[str, Any] = {"wired_baseline": baseline, "wired_after": wired}
+            return WiredCheck(wired_check="no baseline")
         if wired is None:
-            result["wired_check"] = "probe failed"
+            said = "probe failed"
         elif not self._over(baseline, wired):
-            result["wired_check"] = "returned"
+            said = "returned"
         elif others_live():
             # Other ranks hold wired memory legitimately; no verdict on a leak.
-            result["wired_check"] = "skipped: other ranks are live"
+            said = "skipped: other ranks are live"
         else:
-            result["wired_check"] = "leaked"
-        return result
+            said = "leaked"
+        return WiredCheck(wired_baseline=baseline, wired_after=wired, wired_check=said)
 
     def settle_wired(self, baseline: int | None, others_live: Callable[[], bool]
-                     ) -> dict[str, Any]:
+                     ) -> WiredCheck:
         """After a kill, on this thread: does wired memory come back to the baseline
         within the settle time? (The ladder's `SETTLE` step, driven alone.)"""
         until = self.clock() + self.settings.settle
@@ -485,8 +492,9 @@ class Enforcer:
     def _settled(self, ladder: Ladder, wired: int | None) -> None:
         """The settle's verdict, the reboot flag it calls for, and the close."""
         settled = self.wired_check(ladder.baseline, wired, ladder.others_live)
-        incident = replace(ladder.incident, wired_check=settled["wired_check"], **{
-            key: settled[key] for key in ("wired_baseline", "wired_after") if key in settled})
+        incident = replace(ladder.incident, wired_check=settled.wired_check, **{
+            key: getattr(settled, key) for key in ("wired_baseline", "wired_after")
+            if getattr(settled, key) is not ABSENT})
         unkillable = [pid for pid, result in ladder.outcome.items() if result == UNKILLABLE]
         reasons = []
         if unkillable:
