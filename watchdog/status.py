@@ -167,7 +167,12 @@ def _plan(cls: type) -> _Plan:
     return _PLANS[cls]
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _encode(value: Any) -> Any:
+    if type(value) in _SCALARS:  # most fields: taken as they are, first
+        return value
     if hasattr(value, "to_json"):
         return value.to_json()
     if isinstance(value, (tuple, list)):
@@ -179,14 +184,24 @@ def _encode(value: Any) -> Any:
     return value
 
 
+_ENCODE_PLANS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
 def encode(obj: Any) -> dict[str, Any]:
     """A contract object's JSON: every wire field, in field order."""
+    cls = type(obj)
+    plan = _ENCODE_PLANS.get(cls)
+    if plan is None:
+        plan = _ENCODE_PLANS[cls] = tuple((name, omit) for name, _, _, omit, _ in _plan(cls)
+                                          if omit != "skip")
     out: dict[str, Any] = {}
-    for name, _read, _default, omit, _whole in _plan(type(obj)):
+    for name, omit in plan:
         value = getattr(obj, name)
-        if omit == "skip" or value is ABSENT or (value is None and omit == "none"):
-            continue
-        out[name] = _encode(value)
+        if type(value) in _SCALARS:
+            if value is not None or omit != "none":
+                out[name] = value
+        elif value is not ABSENT:
+            out[name] = _encode(value)
     return out
 
 
