@@ -526,6 +526,26 @@ class NodeStatus:
         return decode(cls, data)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DaemonPointer:
+    """The record directory's pointer to the daemon that watches it (journal.POINTER):
+    where `status`, `watch` and `inspect` find its verdicts."""
+
+    daemon_pid: int | None = None
+    state_dir: str
+    listen: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> DaemonPointer:
+        """ValueError unless it names a state directory."""
+        if not isinstance(data, dict) or not isinstance(data.get("state_dir"), str):
+            raise ValueError("not a daemon's pointer")
+        return decode(cls, data)
+
+
 # -- the cluster view --------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from watchdog.status import (
     ComputingRank,
     Counters,
     Culprit,
+    DaemonPointer,
     Expect,
     Fence,
     FlightEntry,
@@ -161,6 +162,8 @@ VALUES = [
     (RebootReason(incident="i", reason="x", time=1.0, wired_after=2, wired_baseline=1),
      REBOOT_REASON),
     (LAUNCH_ENDED_VALUE, LAUNCH_ENDED),
+    (DaemonPointer(daemon_pid=7, state_dir="/s", listen="127.0.0.1:9753"),
+     ["daemon_pid", "state_dir", "listen"]),
 ]
 # Written, never read back as such (the view is judged from the nodes' answers).
 WRITTEN_ONLY = [(JOB_VIEW_VALUE, JOB_VIEW),

@@ -164,7 +164,7 @@ def test_a_planted_pointer_never_blocks_nor_misleads(tmp_path):
     assert pointer.is_symlink() and target.exists()  # a link is not ours to follow
     pointer.unlink()
     j.publish_pointer(str(tmp_path), str(tmp_path / "state"), "127.0.0.1:0")
-    assert j.read_pointer(str(tmp_path))["state_dir"] == str(tmp_path / "state")
+    assert j.read_pointer(str(tmp_path)).state_dir == str(tmp_path / "state")
     os.chown(pointer, 65534, 65534)  # another user's: not believed, not removed
     assert j.read_pointer(str(tmp_path)) is None
     j.remove_pointer(str(tmp_path))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from watchdog.status import ABSENT, Incident, RebootFlag, RebootReason
+from watchdog.status import ABSENT, DaemonPointer, Incident, RebootFlag, RebootReason
 
 INCIDENTS = "incidents.jsonl"
 REBOOT_FLAG = "reboot-required"
@@ -38,13 +38,13 @@ def scan_is_recent(last_scan_monotonic: float, interval: float, now_monotonic: f
 
 def publish_pointer(record_dir: str, state_dir: str, listen: str) -> None:
     """Tell `status`, `watch` and `inspect` given this record directory where we publish."""
-    write_json_atomic(os.path.join(record_dir, POINTER),
-                      {"daemon_pid": os.getpid(), "state_dir": os.path.abspath(state_dir),
-                       "listen": listen})
+    write_json_atomic(os.path.join(record_dir, POINTER), DaemonPointer(
+        daemon_pid=os.getpid(), state_dir=os.path.abspath(state_dir), listen=listen).to_json())
 
 
-def _pointer(record_dir: str, owners: tuple[int, ...]) -> dict[str, Any] | None:
-    """The pointer file's JSON, if it is a regular file one of `owners` owns.
+def _pointer(record_dir: str, owners: tuple[int, ...]) -> DaemonPointer | None:
+    """The pointer, if it is a regular file one of `owners` owns, naming a state
+    directory.
 
     The record directory is writable by every local user: no link is followed,
     and nothing blocks on a planted FIFO (O_NONBLOCK), so no file there can
@@ -60,16 +60,15 @@ def _pointer(record_dir: str, owners: tuple[int, ...]) -> dict[str, Any] | None:
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
             return None
         try:
-            data = json.loads(f.read(1 << 16))
+            return DaemonPointer.from_json(json.loads(f.read(1 << 16)))
         except ValueError:
             return None
-    return data if isinstance(data, dict) else None
 
 
 def remove_pointer(record_dir: str) -> None:
     """On a clean stop: no daemon watches the directory any more (ours only)."""
     data = _pointer(record_dir, (os.getuid(),))
-    if data is None or data.get("daemon_pid") != os.getpid():
+    if data is None or data.daemon_pid != os.getpid():
         return  # gone already, or not ours: a stale pointer names a dead pid
     try:
         os.unlink(os.path.join(record_dir, POINTER))
@@ -77,14 +76,13 @@ def remove_pointer(record_dir: str) -> None:
         return
 
 
-def read_pointer(record_dir: str) -> dict[str, Any] | None:
+def read_pointer(record_dir: str) -> DaemonPointer | None:
     """The pointer, if a daemon we may believe wrote it: root's, or our own user's.
 
     A pointer planted by another user could send us to forged verdicts, so it is
     not read at all.
     """
-    data = _pointer(record_dir, (0, os.getuid()))
-    return data if data is not None and isinstance(data.get("state_dir"), str) else None
+    return _pointer(record_dir, (0, os.getuid()))
 
 
 def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
