@@ -16,7 +16,7 @@ from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal, launchlog
 from watchdog.net.metrics import render
-from watchdog.status import Incident, NodeStatus
+from watchdog.status import Incident, LaunchEvent, NodeStatus
 
 # What mlx.launch 0.32.4 prints on stderr (colours included) for each rank that did not exit 0.
 WARN = "\x1b[33m[WARN] Node with rank {} {} \x1b[0m"
@@ -158,7 +158,7 @@ def test_launch_journal_appends_reads_and_counts(state_dir):
     counts = launchlog.Counts(str(state_dir))
     assert counts.get() == {"restart": 0, "refused": 0, "gave_up": 0}
     for event in ("launch", "ended", "restart", "launch", "ended", "gave_up"):
-        launchlog.append(str(state_dir), {"event": event, "job": "j", "time": time.time()})
+        launchlog.append(str(state_dir), LaunchEvent(event=event, job="j", time=time.time()))
     with open(state_dir / launchlog.LAUNCHES, "a") as f:
         f.write("not json\n[1]\n")
     events, bad = launchlog.read(str(state_dir))
@@ -166,7 +166,7 @@ def test_launch_journal_appends_reads_and_counts(state_dir):
                                              "gave_up"]
     assert bad == 2
     assert counts.get() == {"restart": 1, "refused": 0, "gave_up": 1}
-    launchlog.append(str(state_dir), {"event": "refused", "job": "j"})
+    launchlog.append(str(state_dir), LaunchEvent(event="refused", job="j"))
     assert counts.get()["refused"] == 1  # re-read once the file changed
 
 
@@ -242,8 +242,8 @@ def test_incidents_lists_restarts_refusals_and_give_ups(state_dir, tmp_path, mon
                                              "attempt": 1, "verdict": "stalled", "ranks": []})
     for when, event, number in ((90.0, "launch", 1), (101.0, "restart", 2),
                                 (102.0, "refused", 2)):
-        launchlog.append(str(state_dir), {"time": when, "event": event, "job": "j",
-                                          "attempt": number, "reason": f"{event} why"})
+        launchlog.append(str(state_dir), LaunchEvent(time=when, event=event, job="j",
+                                                     attempt=number, reason=f"{event} why"))
     out = CliRunner().invoke(cli, ["incidents", "--state-dir", str(state_dir)]).output
     lines = [line for line in out.splitlines() if not line.startswith("    ")]
     assert "job j attempt 1  stalled" in lines[0]

@@ -39,11 +39,11 @@ def journal_dir(state_dir: str) -> str:
     return user_state_dir()
 
 
-def append(directory: str, event: dict[str, Any]) -> str:
+def append(directory: str, event: LaunchEvent) -> str:
     """Append one event; returns the file. Raises OSError when it cannot be written."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = os.path.join(directory, LAUNCHES)
-    line = (json.dumps(event, sort_keys=True, default=str) + "\n").encode()
+    line = (json.dumps(event.to_json(), sort_keys=True, default=str) + "\n").encode()
     fd = journal.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
