@@ -4,7 +4,7 @@ Pure, like `daemon/judge/`: the ranks of one job as the reachable nodes report t
 (`status.RankStatus`, each with its node's data-link probe), the ranks no node
 reports, and the nodes that did not answer, in; a `Finding` (cause, culprit, one-line
 summary) out. It sits with the contracts, not under `daemon/`, because the cluster
-view (`net/cluster.py`, run by `cluster status` too) decides with it; the daemon
+view (`daemon/judge/cluster.py`, run by `cluster status` too) decides with it; the daemon
 decides with the same function, so an incident and `cluster status` agree.
 
 The decision table, first match wins (docs/operations.md has one section per cause):

@@ -1,7 +1,9 @@
-"""The daemon-to-everyone contract: what a rank, a node, an incident and a fence look like.
+"""The daemon-to-everyone contract: what a rank, a node, an incident, a fence, the
+cluster view and a launcher's event look like.
 
-Data only, like `states.py`: frozen dataclasses with one `to_json()` and one
-`from_json()` each, importing nothing from the daemon. The daemon builds them
+Data only, like `states.py`: dataclasses with one `to_json()` and one `from_json()`
+each, both derived from the fields by the codec below (`encode`, `decode`),
+importing nothing from the daemon. The daemon builds them
 (`daemon/view.py`, `daemon/publish.py`, `daemon/act/incidents.py`, the enforcer);
 the HTTP endpoint, the metrics, the cluster view, the CLI and the demo read
 them as attributes. `to_json()` gives the JSON the docs describe
@@ -17,10 +19,13 @@ never the view), an incident without an id, a fence without job, uid or nonce.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
 
@@ -61,6 +66,167 @@ def _obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+# -- the codec: each class's JSON derived from its fields ----------------------------------
+#
+# A field is written once, as a dataclass field; its JSON key is its name, in field
+# order. `to_json` encodes by value (a nested contract type by its own `to_json`, a
+# tuple as a list, an enum as its value); `from_json` decodes by the field's type:
+# a scalar of the wrong type reads as the field's default, a list keeps its items
+# of the right type (text items are stringified; an object its type refuses is
+# left out), a nested type reads through its own `from_json`. What a class cannot do
+# without is checked by its `from_json` before the codec runs. A field's `metadata` may say:
+#   WIRE_SKIP: never a key of its own;   OMIT: "none" (no key while None or ABSENT) or
+#   "absent" (no key while ABSENT; null is a value);   READ: a function of the whole
+#   object giving the field's value.
+
+WIRE_SKIP, OMIT, READ = "wire_skip", "omit", "read"
+_DROP = object()  # an item of the wrong type: left out of its list
+
+
+def _item(tp: Any) -> Callable[[Any], Any]:
+    """How one item of a list (or value of a mapping) is read: _DROP if unfit."""
+    if tp is str:
+        return str
+    if tp is Any:
+        return lambda v: v
+    origin = get_origin(tp)
+    if origin in (tuple, list, dict) or dataclasses.is_dataclass(tp):
+        kind = dict if origin is dict or dataclasses.is_dataclass(tp) else list
+        read = _decoder(tp)
+
+        def item(v: Any) -> Any:
+            try:
+                return read(v) if isinstance(v, kind) else _DROP
+            except ValueError:  # refused by its type (a rank without its job...)
+                return _DROP
+        return item
+    read = _decoder(tp)
+    if origin in (Union, UnionType):  # an optional item (str | None) stays null
+        return read
+    return lambda v: _DROP if (got := read(v)) is None else got
+
+
+def _decoder(tp: Any) -> Callable[[Any], Any]:
+    """How a value of type `tp` is read from JSON: None if unfit."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        members = tuple(a for a in args if a is not type(None) and get_origin(a) is not Literal)
+        if len(members) == 1:
+            return _decoder(members[0])
+        return lambda v: _typed(v, members, None)  # str | bool: either, as it is
+    if tp is bool:
+        return lambda v: v if isinstance(v, bool) else None
+    if tp in (int, float, str):
+        return {int: _int, float: _num, str: _str}[tp]
+    if tp is Any:
+        return lambda v: v
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = {member.value: member for member in tp}
+        return lambda v: values.get(v) if isinstance(v, (str, int)) else None
+    if dataclasses.is_dataclass(tp):
+        return lambda v: tp.from_json(v)  # type: ignore[union-attr]  # looked up when read
+    if origin in (tuple, list):
+        item, kind = _item(args[0]), origin
+        return lambda v: kind(x for x in map(item, v) if x is not _DROP) \
+            if isinstance(v, list) else None
+    if origin is dict:
+        if args[1] is Any:
+            return lambda v: v if isinstance(v, dict) else None
+        value = _item(args[1])
+        return lambda v: {str(k): x for k, x in ((k, value(x)) for k, x in v.items())
+                          if x is not _DROP} if isinstance(v, dict) else None
+    raise TypeError(f"no JSON codec for {tp!r}")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_Plan = tuple[tuple[str, Callable[[Any], Any], Callable[[], Any], Any, Any], ...]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    """Per wire field of `cls`: (name, decoder, its default's maker, omit, read)."""
+    if cls in _PLANS:
+        return _PLANS[cls]
+    hints = get_type_hints(cls)
+    plan = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get(WIRE_SKIP) and f.metadata.get(READ) is None:
+            continue  # never on the wire, nor read from it
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory  # called per object: never one shared dict
+        else:
+            default = functools.partial(_same, None if f.default is dataclasses.MISSING
+                                        else f.default)
+        plan.append((f.name, _decoder(hints[f.name]), default,
+                     "skip" if f.metadata.get(WIRE_SKIP) else f.metadata.get(OMIT),
+                     f.metadata.get(READ)))
+    _PLANS[cls] = tuple(plan)
+    return _PLANS[cls]
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _encode(value: Any) -> Any:
+    if type(value) in _SCALARS:  # most fields: taken as they are, first
+        return value
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, (tuple, list)):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+_ENCODE_PLANS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def encode(obj: Any) -> dict[str, Any]:
+    """A contract object's JSON: every wire field, in field order."""
+    cls = type(obj)
+    plan = _ENCODE_PLANS.get(cls)
+    if plan is None:
+        plan = _ENCODE_PLANS[cls] = tuple((name, omit) for name, _, _, omit, _ in _plan(cls)
+                                          if omit != "skip")
+    out: dict[str, Any] = {}
+    for name, omit in plan:
+        value = getattr(obj, name)
+        if type(value) in _SCALARS:
+            if value is not None or omit != "none":
+                out[name] = value
+        elif value is not ABSENT:
+            out[name] = _encode(value)
+    return out
+
+
+def decode(cls: type[T], data: Any) -> T:
+    """A contract object read from untrusted JSON (not an object: every field defaults).
+    A missing key of an OMIT="absent" field reads as ABSENT; a value of the wrong type
+    as the field's default (a falsy one too, when the default is not None)."""
+    data = _obj(data)
+    values: dict[str, Any] = {}
+    for name, read, default, omit, whole in _plan(cls):
+        if whole is not None:
+            values[name] = whole(data)
+        elif omit == "absent":  # null is a value: no key, not written yet
+            values[name] = read(data[name]) if name in data else ABSENT
+        else:
+            value, fallback = read(data.get(name)), default()
+            values[name] = value if fallback is None else value or fallback
+    return cls(**values)
+
+
+def _on_wire(omit: str | None = None, read: Callable[[Any], Any] | None = None,
+             skip: bool = False) -> dict[str, Any]:
+    return {OMIT: omit, READ: read, WIRE_SKIP: skip}
+
+
 # -- a rank ------------------------------------------------------------------------------
 
 # What a rank of a peer's /status must hold to be lined up: field -> allowed types
@@ -85,51 +251,47 @@ def _fits(item: Mapping[str, Any], fields: dict[str, tuple[type, ...]]) -> bool:
 
 
 @dataclass(frozen=True)
-class Collective:
-    """The last collective a rank issued: its number, op and bytes."""
+class LastCollective:
+    """The last collective a rank issued, as /status shows it: its number, op and bytes
+    (record.Collective is a flight recorder's entry)."""
 
-    number: int | None
-    op: str | None
+    number: int | None = None
+    op: str | None = None
     bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "op": self.op, "bytes": self.bytes}
+        return encode(self)
 
     @classmethod
-    def from_json(cls, data: Any) -> Collective | None:
-        data = _obj(data)
-        return cls(_int(data.get("number")), _str(data.get("op")),
-                   _int(data.get("bytes"))) if data else None
+    def from_json(cls, data: Any) -> LastCollective | None:
+        return decode(cls, data) if isinstance(data, dict) and data else None
 
 
 @dataclass(frozen=True)
 class Expect:
     """A window the rank announced (`hb.expect`): a wait that long is no stall."""
 
-    seconds: float
-    reason: str
+    seconds: float = 0.0
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "reason": self.reason}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Expect | None:
-        data = _obj(data)
-        if not data:
-            return None
-        return cls(_num(data.get("seconds")) or 0.0, _str(data.get("reason")) or "")
+        return decode(cls, data) if isinstance(data, dict) and data else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RankStatus:
     """One rank as users see it: an object of `status --json` and `/status` "ranks".
 
     Built by the daemon (and the CLI sampling with no daemon) with every field;
     a peer's rank may lack or null the optional ones."""
 
-    job: str
     pid: int | None = None
     host: str | None = None
+    job: str
     uid: int | None = None
     rank: int | None = None
     world_size: int | None = None
@@ -146,7 +308,7 @@ class RankStatus:
     busiest_thread_cpu: float | None = None
     computing: bool | None = None
     current_op: str | None = None
-    last_collective: Collective | None = None
+    last_collective: LastCollective | None = None
     expect: Expect | None = None
     reason: str | None = None
     source: str | None = None  # "daemon" or "sampled"
@@ -159,21 +321,7 @@ class RankStatus:
     cause: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid, "host": self.host, "job": self.job, "uid": self.uid,
-            "rank": self.rank, "world_size": self.world_size, "attempt": self.attempt,
-            "backend": self.backend, "state": self.state, "phase": self.phase,
-            "progress": self.progress, "collectives": self.collectives, "steps": self.steps,
-            "seconds_since_progress": self.seconds_since_progress,
-            "seconds_in_wait": self.seconds_in_wait,
-            "deadline_seconds": self.deadline_seconds,
-            "busiest_thread_cpu": self.busiest_thread_cpu,
-            "computing": self.computing, "current_op": self.current_op,
-            "last_collective": self.last_collective.to_json() if self.last_collective else None,
-            "expect": self.expect.to_json() if self.expect else None,
-            "reason": self.reason, "source": self.source, "holding": self.holding,
-            "data_link": self.data_link, "cause": self.cause,
-        }
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> RankStatus:
@@ -182,21 +330,7 @@ class RankStatus:
         if not isinstance(data, dict) or not _fits(data, RANK_FIELDS) \
                 or not _fits(data.get("last_collective") or {}, COLLECTIVE_FIELDS):
             raise ValueError("not a rank of an mlx-watchdog /status")
-        return cls(
-            job=data["job"], pid=data.get("pid"), host=data.get("host"), uid=data.get("uid"),
-            rank=data.get("rank"), world_size=data.get("world_size"),
-            attempt=_int(data.get("attempt")), backend=_str(data.get("backend")),
-            state=data.get("state"), phase=data.get("phase"), progress=data.get("progress"),
-            collectives=data.get("collectives"), steps=_int(data.get("steps")),
-            seconds_since_progress=_num(data.get("seconds_since_progress")),
-            seconds_in_wait=_num(data.get("seconds_in_wait")),
-            deadline_seconds=_num(data.get("deadline_seconds")),
-            busiest_thread_cpu=_num(data.get("busiest_thread_cpu")),
-            computing=data.get("computing"), current_op=_str(data.get("current_op")),
-            last_collective=Collective.from_json(data.get("last_collective")),
-            expect=Expect.from_json(data.get("expect")), reason=data.get("reason"),
-            source=_str(data.get("source")), holding=_str(data.get("holding")),
-            data_link=_str(data.get("data_link")), cause=_str(data.get("cause")))
+        return decode(cls, data)
 
 
 def valid_ranks(data: Any) -> tuple[RankStatus, ...]:
@@ -213,45 +347,65 @@ def valid_ranks(data: Any) -> tuple[RankStatus, ...]:
 
 # -- a node ------------------------------------------------------------------------------
 
+# The bounds of the scan-duration histogram (seconds), published as scan_bucket_bounds.
+SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-@dataclass(frozen=True)
-class CounterValues:
-    """The daemon's counters as published (`counters` in /status)."""
+
+@dataclass(kw_only=True)
+class Counters:
+    """The daemon's counters: counted by its loop, published (`counters` in /status) as
+    a copy (`values`). Read back, a missing count is none at all; the daemon starts
+    from `zeroed`, every verdict and signal at 0, so each has its series from the
+    start."""
 
     stalls: dict[str, int] = field(default_factory=dict)  # verdict -> hangs acted on
+    stall_causes: dict[str, int] = field(default_factory=dict)  # "verdict:cause" -> count
     kills: dict[str, int] = field(default_factory=dict)  # signal -> sent to end a rank
     job_kills: dict[str, int] = field(default_factory=dict)
     invalid_records: int = 0
     probe_errors: int = 0
     loop_errors: int = 0
-    scan_buckets: tuple[int, ...] = ()  # per bound of scan_bucket_bounds, then +Inf
+    scan_buckets: list[int] = field(default_factory=list)  # per bound, then +Inf
     scan_sum: float = 0.0
     scan_count: int = 0
-    stall_causes: dict[str, int] = field(default_factory=dict)  # "verdict:cause" -> count
-
-    def to_json(self) -> dict[str, Any]:
-        return {"stalls": dict(self.stalls), "stall_causes": dict(self.stall_causes),
-                "kills": dict(self.kills),
-                "job_kills": dict(self.job_kills), "invalid_records": self.invalid_records,
-                "probe_errors": self.probe_errors, "loop_errors": self.loop_errors,
-                "scan_buckets": list(self.scan_buckets), "scan_sum": self.scan_sum,
-                "scan_count": self.scan_count}
 
     @classmethod
-    def from_json(cls, data: Any) -> CounterValues:
-        data = _obj(data)
+    def zeroed(cls) -> Counters:
+        """The counters a daemon starts with."""
+        return cls(stalls={"stalled": 0, "blocked": 0}, kills={"SIGTERM": 0, "SIGKILL": 0},
+                   scan_buckets=[0] * (len(SCAN_BUCKETS) + 1))
 
-        def counts(value: Any) -> dict[str, int]:
-            return {str(k): v for k, v in _obj(value).items() if _int(v) is not None}
+    def stall(self, verdict: str, cause: str | None) -> None:
+        """A hang acted on, counted by its verdict and cause."""
+        self.stalls[verdict] += 1
+        key = f"{verdict}:{cause or 'unknown'}"
+        self.stall_causes[key] = self.stall_causes.get(key, 0) + 1
 
-        buckets = data.get("scan_buckets")
-        return cls(counts(data.get("stalls")), counts(data.get("kills")),
-                   counts(data.get("job_kills")), _int(data.get("invalid_records")) or 0,
-                   _int(data.get("probe_errors")) or 0, _int(data.get("loop_errors")) or 0,
-                   tuple(b for b in buckets if _int(b) is not None)
-                   if isinstance(buckets, list) else (),
-                   _num(data.get("scan_sum")) or 0.0, _int(data.get("scan_count")) or 0,
-                   counts(data.get("stall_causes")))
+    def observe_scan(self, seconds: float) -> None:
+        """One scan's duration, into the histogram (SCAN_BUCKETS)."""
+        self.scan_sum += seconds
+        self.scan_count += 1
+        for i, bound in enumerate(SCAN_BUCKETS):
+            if seconds <= bound:
+                self.scan_buckets[i] += 1
+                break
+        else:
+            self.scan_buckets[-1] += 1
+
+    def values(self) -> Counters:
+        """The counters as they stand: a copy the loop's counting does not change."""
+        return Counters(stalls=dict(self.stalls), stall_causes=dict(self.stall_causes),
+                        kills=dict(self.kills), job_kills=dict(self.job_kills),
+                        invalid_records=self.invalid_records, probe_errors=self.probe_errors,
+                        loop_errors=self.loop_errors, scan_buckets=list(self.scan_buckets),
+                        scan_sum=self.scan_sum, scan_count=self.scan_count)
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Counters:
+        return decode(cls, data)
 
 
 @dataclass(frozen=True)
@@ -263,20 +417,66 @@ class Unwritten:
     write_failures: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"reboot_flags_unwritten": list(self.reboot_flags_unwritten),
-                "incidents_unwritten": list(self.incidents_unwritten),
-                "write_failures": self.write_failures}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Unwritten:
-        data = _obj(data)
-        flags, ids = data.get("reboot_flags_unwritten"), data.get("incidents_unwritten")
-        return cls(tuple(str(f) for f in flags) if isinstance(flags, list) else (),
-                   tuple(_str(i) for i in ids) if isinstance(ids, list) else (),
-                   _int(data.get("write_failures")) or 0)
+        return decode(cls, data)
 
 
-@dataclass(frozen=True)
+_FIGURE = _on_wire(omit="absent")  # a reboot flag's figure: no key when not given
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebootReason:
+    """One reason the node was flagged for reboot, with its figures: the enforcer's,
+    held until written (pending.Backlog), then a line of the flag's "reasons". Fields
+    in the file's (sorted) key order."""
+
+    incident: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    reason: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    time: float | None | Absent = field(default=ABSENT, metadata=_FIGURE)  # wall seconds
+    wired_after: int | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RebootReason:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebootFlag:
+    """The node's reboot flag (`<state-dir>/reboot-required`, journal.reboot_flag), as
+    /status "reboot" and `node status --json` show it: its first reason and every
+    reason; or, unreadable, a reason saying so and its path; or, not yet on disk
+    (a full disk), its reason held in memory (`unwritten`)."""
+
+    reason: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    path: str | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+    reasons: tuple[RebootReason, ...] | None | Absent = field(default=ABSENT,
+                                                                metadata=_FIGURE)
+    unwritten: bool | None | Absent = field(default=ABSENT, metadata=_FIGURE)
+
+    @property
+    def why(self) -> str | None:
+        """The flag's (first) reason; None when it names none."""
+        return None if self.reason is ABSENT else self.reason
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RebootFlag | None:
+        return decode(cls, data) if isinstance(data, dict) else None
+
+
+_SHORT = ("host", "version", "started", "time", "ranks")  # a node before its first scan
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeStatus:
     """The node as the daemon publishes it after each scan: `/status`, `status.json`,
     and what `/metrics` is built from.
@@ -285,45 +485,35 @@ class NodeStatus:
     ranks (`scanned` False): that short form is what `to_json` gives then."""
 
     host: str | None = None
-    version: str | None = None
-    started: float | None = None
-    time: float | None = None  # wall time of the last scan; None before the first
-    ranks: tuple[RankStatus, ...] = ()
-    scanned: bool = False  # the full form: every field below was published
     daemon_pid: int | None = None
+    version: str | None = None
     mode: str | None = None
     interval: float | None = None
+    time: float | None = None  # wall time of the last scan; None before the first
     scan_monotonic: float | None = None
     dir: str | None = None
     state_dir: str | None = None
+    started: float | None = None
     wired_bytes: int | None = None
     wired_baseline_bytes: int | None = None
     reboot_required: bool | None = None
-    reboot: dict[str, Any] | None = None  # the reboot flag's contents (journal.reboot_flag)
+    reboot: RebootFlag | None = None  # the reboot flag (journal.reboot_flag)
+    # A peer's answer whose ranks are malformed keeps the others (valid_ranks).
+    ranks: tuple[RankStatus, ...] = field(default=(), metadata=_on_wire(
+        read=lambda data: valid_ranks(data.get("ranks"))))
     invalid_records: dict[str, str] = field(default_factory=dict)  # path -> why
     invalid_files: int = 0
-    counters: CounterValues = field(default_factory=CounterValues)
+    counters: Counters = field(default_factory=Counters)
     launches: dict[str, int] = field(default_factory=dict)  # launcher event -> count
     unwritten: Unwritten = field(default_factory=Unwritten)
     scan_bucket_bounds: tuple[float, ...] = ()
+    # The full form: every field above was published (never a key of its own).
+    scanned: bool = field(default=False, metadata=_on_wire(
+        skip=True, read=lambda data: "scan_monotonic" in data))
 
     def to_json(self) -> dict[str, Any]:
-        if not self.scanned:
-            return {"host": self.host, "version": self.version, "started": self.started,
-                    "time": self.time, "ranks": [r.to_json() for r in self.ranks]}
-        return {
-            "host": self.host, "daemon_pid": self.daemon_pid, "version": self.version,
-            "mode": self.mode, "interval": self.interval, "time": self.time,
-            "scan_monotonic": self.scan_monotonic, "dir": self.dir,
-            "state_dir": self.state_dir, "started": self.started,
-            "wired_bytes": self.wired_bytes, "wired_baseline_bytes": self.wired_baseline_bytes,
-            "reboot_required": self.reboot_required, "reboot": self.reboot,
-            "ranks": [r.to_json() for r in self.ranks],
-            "invalid_records": dict(self.invalid_records),
-            "invalid_files": self.invalid_files, "counters": self.counters.to_json(),
-            "launches": dict(self.launches), "unwritten": self.unwritten.to_json(),
-            "scan_bucket_bounds": list(self.scan_bucket_bounds),
-        }
+        full = encode(self)
+        return full if self.scanned else {name: full[name] for name in _SHORT}
 
     @classmethod
     def from_json(cls, data: Any) -> NodeStatus:
@@ -333,28 +523,203 @@ class NodeStatus:
         refused before: cluster.fetch)."""
         if not isinstance(data, dict):
             raise ValueError("not an mlx-watchdog /status")
-        bounds = data.get("scan_bucket_bounds")
-        invalid = _obj(data.get("invalid_records"))
-        reboot = data.get("reboot")
-        return cls(
-            host=_str(data.get("host")), version=_str(data.get("version")),
-            started=_num(data.get("started")), time=_num(data.get("time")),
-            ranks=valid_ranks(data.get("ranks")), scanned="scan_monotonic" in data,
-            daemon_pid=_int(data.get("daemon_pid")), mode=_str(data.get("mode")),
-            interval=_num(data.get("interval")), scan_monotonic=_num(data.get("scan_monotonic")),
-            dir=_str(data.get("dir")), state_dir=_str(data.get("state_dir")),
-            wired_bytes=_int(data.get("wired_bytes")),
-            wired_baseline_bytes=_int(data.get("wired_baseline_bytes")),
-            reboot_required=_typed(data.get("reboot_required"), bool, None),
-            reboot=reboot if isinstance(reboot, dict) else None,
-            invalid_records={str(k): str(v) for k, v in invalid.items()},
-            invalid_files=_int(data.get("invalid_files")) or 0,
-            counters=CounterValues.from_json(data.get("counters")),
-            launches={str(k): v for k, v in _obj(data.get("launches")).items()
-                      if _int(v) is not None},
-            unwritten=Unwritten.from_json(data.get("unwritten")),
-            scan_bucket_bounds=tuple(b for b in bounds if _num(b) is not None)
-            if isinstance(bounds, list) else ())
+        return decode(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonPointer:
+    """The record directory's pointer to the daemon that watches it (journal.POINTER):
+    where `status`, `watch` and `inspect` find its verdicts."""
+
+    daemon_pid: int | None = None
+    state_dir: str
+    listen: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> DaemonPointer:
+        """ValueError unless it names a state directory."""
+        if not isinstance(data, dict) or not isinstance(data.get("state_dir"), str):
+            raise ValueError("not a daemon's pointer")
+        return decode(cls, data)
+
+
+# -- the cluster view --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's answer to `GET /status` (net/cluster.fetch): its status, or why not."""
+
+    peer: str
+    ok: bool
+    status: NodeStatus | None = None  # when ok
+    error: str | None = None  # when not
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NodeAnswer:
+        """An answer as JSON ({"peer", "ok", "status" or "error"}); a status that is no
+        object reads as an empty one (the node answered nothing of use)."""
+        data = _obj(data)
+        ok, status = data.get("ok") is True, data.get("status")
+        return cls(str(data.get("peer")), ok,
+                   (NodeStatus.from_json(status) if isinstance(status, dict) else NodeStatus())
+                   if ok else None, _str(data.get("error")))
+
+
+@dataclass(frozen=True)
+class ReportedRank:
+    """A rank as one node reported it: the rank, and the peer that answered. Its JSON
+    is the rank's with the node added (a rank of `cluster status --json`)."""
+
+    node: str | None
+    rank: RankStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.rank.to_json(), "node": self.node}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ReportedRank:
+        """ValueError if the rank is malformed (RankStatus.from_json)."""
+        node = data.get("node") if isinstance(data, dict) else None
+        return cls(node if isinstance(node, str) else None, RankStatus.from_json(data))
+
+
+class JobState(enum.Enum):
+    """What the cluster view says of a job (docs/cluster.md)."""
+
+    HEALTHY = "healthy"
+    HUNG = "hung"
+    UNKNOWN = "unknown"  # a rank behind an unreachable node while another waits or ended
+    ENDED = "ended"  # every rank gone, or the watchdog ended some
+
+
+@dataclass(frozen=True)
+class JobCulprit:
+    """The rank that holds a job up as the cluster view names it (with the node that
+    reported it; `Culprit` is what an incident and a fence carry)."""
+
+    host: str | None = None
+    node: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    state: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobCulprit | None:
+        return decode(cls, data) if isinstance(data, dict) and data else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobView:
+    """One job (an owner's uid and a job id) across every reachable node, judged
+    (daemon/judge/cluster.judge_job): a job of `cluster status --json`."""
+
+    job: str
+    uid: int | None = None
+    world_size: int = 0
+    state: JobState = JobState.HEALTHY
+    ranks: tuple[ReportedRank, ...] = ()
+    missing_ranks: tuple[int, ...] = ()  # no reachable node reports them
+    culprit: JobCulprit | None = None
+    evidence: str = ""
+    cause: str | None = None  # watchdog/cause.py's vocabulary, when hung or unknown
+    summary: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """A node as the cluster view lists it: whether it answered, and its reboot flag."""
+
+    peer: str
+    ok: bool
+    error: str | None
+    host: str | None
+    reboot_required: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Every node asked, and every job their ranks belong to (`cluster status --json`)."""
+
+    nodes: tuple[ClusterNode, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class ComputingRank:
+    """A rank on a peer that computes: its job is slow, not hung."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> ComputingRank:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class HoldingRank:
+    """A rank on a peer in a wait of its own (a checkpoint) that ours may wait for."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    what: str | None = None  # RankStatus.holding
+    collectives: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> HoldingRank:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerView:
+    """The peers' verdict on a job of ours (act/peers.Peers.view), journaled as an
+    incident's "cluster": who holds the job up and why, which peers did not answer,
+    and the ranks there that hold it (computing, or in a wait of their own). When
+    the peers could not be asked, only `error` (its JSON has no other key)."""
+
+    culprit: JobCulprit | None = None
+    evidence: str = ""
+    cause: str | None = None
+    summary: str | None = None
+    unreachable: tuple[str, ...] = ()
+    computing: tuple[ComputingRank, ...] = ()
+    holding: tuple[HoldingRank, ...] = ()
+    error: str | None = field(default=None, metadata=_on_wire(omit="none"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.error} if self.error is not None else encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> PeerView | None:
+        return decode(cls, data) if isinstance(data, dict) else None
 
 
 # -- a fence -----------------------------------------------------------------------------
@@ -364,26 +729,26 @@ class NodeStatus:
 class Culprit:
     """The rank that holds a job up, as an incident (and a fence) names it."""
 
-    host: str | None
-    rank: int | None
-    pid: int | None
-    state: str | None
-    reason: str | None
+    host: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    state: str | None = None
+    reason: str | None = None
     # The job's cause (watchdog/cause.py) and its one line: a fence carries them.
     cause: str | None = None
     summary: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "rank": self.rank, "pid": self.pid, "state": self.state,
-                "reason": self.reason, "cause": self.cause, "summary": self.summary}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Culprit | None:
-        if not isinstance(data, dict) or not data:
-            return None
-        return cls(_str(data.get("host")), _int(data.get("rank")), _int(data.get("pid")),
-                   _str(data.get("state")), _str(data.get("reason")), _str(data.get("cause")),
-                   _str(data.get("summary")))
+        return decode(cls, data) if isinstance(data, dict) and data else None
+
+
+def _text_or_null(name: str) -> Callable[[dict[str, Any]], str | None]:
+    """A field read as text whatever it was sent as (its words are only shown)."""
+    return lambda data: None if data.get(name) is None else str(data[name])
 
 
 @dataclass(frozen=True)
@@ -393,22 +758,19 @@ class Fence:
 
     job: str
     uid: int
-    origin: str | None  # the node that fenced
-    reason: str | None
+    origin: str | None = field(metadata=_on_wire(read=_text_or_null("origin")))  # who fenced
+    reason: str | None = field(metadata=_on_wire(read=_text_or_null("reason")))
     culprit: Culprit | None
     nonce: str = ""
     time: float | None = None
     # When the origin found the job dead (its wall clock): a rank started after it is
     # a relaunch of the job under its name, never one of the dead job's ranks.
     since: float | None = None
-    local: bool = False
+    local: bool = field(default=False, metadata=_on_wire(skip=True))
 
     def to_json(self) -> dict[str, Any]:
         """The body a fence request carries (signed as sent)."""
-        return {"job": self.job, "uid": self.uid, "origin": self.origin,
-                "reason": self.reason,
-                "culprit": self.culprit.to_json() if self.culprit else None,
-                "nonce": self.nonce, "time": self.time, "since": self.since}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Fence:
@@ -417,12 +779,7 @@ class Fence:
                 or not isinstance(data.get("nonce"), str) or not data["job"] \
                 or type(data.get("uid")) is not int or not 0 <= data["uid"] < 2**32:
             raise ValueError("body lacks job, uid or nonce")
-        reason, origin = data.get("reason"), data.get("origin")
-        return cls(job=data["job"], uid=data["uid"],
-                   origin=None if origin is None else str(origin),
-                   reason=None if reason is None else str(reason),
-                   culprit=Culprit.from_json(data.get("culprit")), nonce=data["nonce"],
-                   time=_num(data.get("time")), since=_num(data.get("since")))
+        return decode(cls, data)
 
     def ends(self, start_time: float) -> bool:
         """Whether a local rank started at `start_time` (wall seconds) may be one of the
@@ -439,9 +796,9 @@ class Fence:
 class IncidentRank:
     """A rank an incident ends, as it was when the daemon decided."""
 
-    pid: int | None
-    rank: int | None
-    state: str | None
+    pid: int | None = None
+    rank: int | None = None
+    state: str | None = None
     phase: str | None = None
     op: str | None = None
     seconds_in_wait: float | None = None
@@ -451,67 +808,139 @@ class IncidentRank:
     collectives: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "rank": self.rank, "state": self.state, "phase": self.phase,
-                "op": self.op, "seconds_in_wait": self.seconds_in_wait,
-                "busiest_thread_cpu": self.busiest_thread_cpu, "attempt": self.attempt,
-                "progress": self.progress, "collectives": self.collectives}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> IncidentRank:
-        data = _obj(data)
-        return cls(_int(data.get("pid")), _int(data.get("rank")), _str(data.get("state")),
-                   _str(data.get("phase")), _str(data.get("op")),
-                   _num(data.get("seconds_in_wait")), _num(data.get("busiest_thread_cpu")),
-                   _int(data.get("attempt")), _int(data.get("progress")),
-                   _int(data.get("collectives")))
+        return decode(cls, data)
 
 
 @dataclass(frozen=True)
 class FlightEntry:
     """One collective of a flight recorder's tail."""
 
-    number: int | None
-    op: str | None
-    dtype: str | None
-    bytes: int | None
+    number: int | None = None
+    op: str | None = None
+    dtype: str | None = None
+    bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "op": self.op, "dtype": self.dtype, "bytes": self.bytes}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> FlightEntry:
-        data = _obj(data)
-        return cls(_int(data.get("number")), _str(data.get("op")), _str(data.get("dtype")),
-                   _int(data.get("bytes")))
+        return decode(cls, data)
 
 
 @dataclass(frozen=True)
 class SignalSent:
     """One signal of the ladder, with what the signaller said."""
 
-    pid: int | None
-    rank: int | None
-    signal: str | None  # its name: SIGCONT, SIGTERM, SIGKILL
-    time: float | None  # wall time
-    result: str | None  # signaller.SENT, GONE, NOT_OURS, ...
+    pid: int | None = None
+    rank: int | None = None
+    signal: str | None = None  # its name: SIGCONT, SIGTERM, SIGKILL
+    time: float | None = None  # wall time
+    result: str | None = None  # signaller.SENT, GONE, NOT_OURS, ...
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "rank": self.rank, "signal": self.signal, "time": self.time,
-                "result": self.result}
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> SignalSent:
-        data = _obj(data)
-        return cls(_int(data.get("pid")), _int(data.get("rank")), _str(data.get("signal")),
-                   _num(data.get("time")), _str(data.get("result")))
+        return decode(cls, data)
 
 
-# The keys a response adds, in the order it adds them (for reading only: files are
-# written with sorted keys). A None (or ABSENT) field is a key not written yet.
-_RESPONSE = ("signals", "wired_before", "wired_baseline", "cluster", "action", "evidence",
-             "evidence_error", "ladder", "outcome", "native_hot", "wired_after",
-             "wired_check", "reboot_required", "completed_at_start", "closed_at")
-_NULLABLE = ("wired_before", "wired_baseline", "cluster", "wired_after")  # null is a value
+@dataclass(frozen=True)
+class HotFrame:
+    """A frame where a thread's samples were taken (a leaf), summed by name."""
+
+    frame: str = ""
+    lib: str = ""
+    samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> HotFrame:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class PathFrame:
+    """A frame of a thread's heaviest path, with the samples under it."""
+
+    frame: str = ""
+    samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> PathFrame:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class HotThread:
+    """One thread of a native dump (macOS `sample`, probes/samplegraph.py): its samples,
+    its hottest leaves, its heaviest path from the root (the deepest frames)."""
+
+    thread: str
+    samples: int
+    top: tuple[HotFrame, ...] = ()
+    path: tuple[PathFrame, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> HotThread:
+        """ValueError unless it names its thread and its sample count."""
+        if not isinstance(data, dict) or not isinstance(data.get("thread"), str) \
+                or _int(data.get("samples")) is None:
+            raise ValueError("not a thread of a native dump")
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class NativeHot:
+    """A rank's native dump, parsed (act/evidence.hot_frames): its threads, or what the
+    sampler said instead of a call graph."""
+
+    rank: int | None = None
+    pid: int | None = None
+    threads: tuple[HotThread, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
+    error: str | None = field(default=None, metadata=_on_wire(omit="none"))
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NativeHot:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WiredCheck:
+    """What wired memory said after a kill, against the idle baseline (the enforcer's
+    settle): "returned", "leaked", "probe failed", "skipped: ..." or "no baseline"
+    (then without figures). Its fields go into the incident under these names."""
+
+    wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_on_wire(
+        omit="absent"))
+    wired_after: int | None | Absent = field(default=ABSENT, metadata=_on_wire(
+        omit="absent"))
+    wired_check: str
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+# What a response adds, in the order it adds them (files are written with sorted keys):
+# a key not written yet is no key; "none": while None, "absent": while ABSENT (null is
+# a value then).
+_LATER, _LATER_OR_NULL = _on_wire(omit="none"), _on_wire(omit="absent")
 
 
 @dataclass(frozen=True)
@@ -542,47 +971,28 @@ class Incident:
     flight_recorder_tail: dict[str, tuple[FlightEntry, ...]] = field(default_factory=dict)
     culprit: Culprit | None = None
     # -- what the response did (None or ABSENT: not written yet)
-    signals: tuple[SignalSent, ...] | None = None
-    wired_before: int | None | Absent = ABSENT
-    wired_baseline: int | None | Absent = ABSENT
-    cluster: dict[str, Any] | None | Absent = ABSENT  # the peers' view (peers.view)
-    action: str | None = None  # ending, ended, observed (...)
-    evidence: tuple[str, ...] | None = None  # the files captured
-    evidence_error: str | None = None
-    ladder: str | None = None  # "begun": signals may have been sent to every target
-    outcome: dict[str, str] | None = None  # pid -> signaller result
-    native_hot: tuple[dict[str, Any], ...] | None = None  # samplegraph's parse
-    wired_after: int | None | Absent = ABSENT
-    wired_check: str | None = None
-    reboot_required: str | bool | None = None  # the flag's reason, False once closed
-    completed_at_start: float | None = None
-    closed_at: float | None = None
+    signals: tuple[SignalSent, ...] | None = field(default=None, metadata=_LATER)
+    wired_before: int | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
+    wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
+    # the peers' verdict (peers.view)
+    cluster: PeerView | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
+    action: str | None = field(default=None, metadata=_LATER)  # ending, ended, observed
+    evidence: tuple[str, ...] | None = field(default=None, metadata=_LATER)  # files captured
+    evidence_error: str | None = field(default=None, metadata=_LATER)
+    # "begun": signals may have been sent to every target
+    ladder: str | None = field(default=None, metadata=_LATER)
+    outcome: dict[str, str] | None = field(default=None, metadata=_LATER)  # pid -> result
+    # the native dumps, parsed
+    native_hot: tuple[NativeHot, ...] | None = field(default=None, metadata=_LATER)
+    wired_after: int | None | Absent = field(default=ABSENT, metadata=_LATER_OR_NULL)
+    wired_check: str | None = field(default=None, metadata=_LATER)
+    # the flag's reason, False once closed
+    reboot_required: str | bool | None = field(default=None, metadata=_LATER)
+    completed_at_start: float | None = field(default=None, metadata=_LATER)
+    closed_at: float | None = field(default=None, metadata=_LATER)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": self.id, "time": self.time, "host": self.host, "job": self.job,
-            "attempt": self.attempt, "uid": self.uid, "verdict": self.verdict,
-            "mode": self.mode, "kill_scope": self.kill_scope, "reason": self.reason,
-            "cause": self.cause, "summary": self.summary,
-            "ranks": [r.to_json() for r in self.ranks], "pids": list(self.pids),
-            "seconds_without_progress": self.seconds_without_progress,
-            "busiest_thread_cpu": self.busiest_thread_cpu,
-            "flight_recorder_tail": {rank: [c.to_json() for c in tail]
-                                     for rank, tail in self.flight_recorder_tail.items()},
-            "culprit": self.culprit.to_json() if self.culprit else None,
-        }
-        for name in _RESPONSE:
-            value = getattr(self, name)
-            if value is ABSENT or (value is None and name not in _NULLABLE):
-                continue
-            if name == "signals":
-                value = [s.to_json() for s in value]
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, dict):
-                value = dict(value)
-            out[name] = value
-        return out
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Incident:
@@ -590,43 +1000,45 @@ class Incident:
         without an id. An older or partial line reads with defaults."""
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
             raise ValueError("no incident id")
-        ranks, pids, tail = data.get("ranks"), data.get("pids"), data.get("flight_recorder_tail")
-        signals, evidence, hot = data.get("signals"), data.get("evidence"), data.get("native_hot")
-        outcome, reboot = data.get("outcome"), data.get("reboot_required")
+        return decode(cls, data)
 
-        def nullable(name: str, types: type | tuple[type, ...]) -> Any:
-            return _typed(data[name], types, None) if name in data else ABSENT
 
-        return cls(
-            id=data["id"], time=_num(data.get("time")) or 0.0, host=_str(data.get("host")),
-            job=_str(data.get("job")), attempt=_int(data.get("attempt")),
-            uid=_int(data.get("uid")), verdict=_str(data.get("verdict")),
-            mode=_str(data.get("mode")), kill_scope=_str(data.get("kill_scope")),
-            reason=_str(data.get("reason")), cause=_str(data.get("cause")),
-            summary=_str(data.get("summary")),
-            ranks=tuple(IncidentRank.from_json(r) for r in ranks if isinstance(r, dict))
-            if isinstance(ranks, list) else (),
-            pids=tuple(p for p in pids if _int(p) is not None) if isinstance(pids, list) else (),
-            seconds_without_progress=_num(data.get("seconds_without_progress")) or 0.0,
-            busiest_thread_cpu=_num(data.get("busiest_thread_cpu")) or 0.0,
-            flight_recorder_tail={str(rank): tuple(FlightEntry.from_json(c) for c in entries
-                                                   if isinstance(c, dict))
-                                  for rank, entries in _obj(tail).items()
-                                  if isinstance(entries, list)},
-            culprit=Culprit.from_json(data.get("culprit")),
-            signals=tuple(SignalSent.from_json(s) for s in signals if isinstance(s, dict))
-            if isinstance(signals, list) else None,
-            wired_before=nullable("wired_before", int),
-            wired_baseline=nullable("wired_baseline", int),
-            cluster=nullable("cluster", dict),
-            action=_str(data.get("action")),
-            evidence=tuple(str(p) for p in evidence) if isinstance(evidence, list) else None,
-            evidence_error=_str(data.get("evidence_error")), ladder=_str(data.get("ladder")),
-            outcome={str(k): str(v) for k, v in outcome.items()}
-            if isinstance(outcome, dict) else None,
-            native_hot=tuple(h for h in hot if isinstance(h, dict))
-            if isinstance(hot, list) else None,
-            wired_after=nullable("wired_after", int), wired_check=_str(data.get("wired_check")),
-            reboot_required=reboot if isinstance(reboot, (str, bool)) else None,
-            completed_at_start=_num(data.get("completed_at_start")),
-            closed_at=_num(data.get("closed_at")))
+# -- the launcher's journal ----------------------------------------------------------------
+
+_SAID = _on_wire(omit="absent")  # an event carries only its own facts
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchEvent:
+    """One line of `launches.jsonl` (store/launchlog.py): what `mlx-watchdog launch`
+    decided for an attempt of a job. Each event writes its own facts (docs/operations.md,
+    "The journal"); a fact it does not carry is ABSENT, a null one None. Fields in
+    the file's (sorted) key order."""
+
+    argv: tuple[str, ...] | None | Absent = field(default=ABSENT, metadata=_SAID)  # launch
+    attempt: int | None | Absent = field(default=ABSENT, metadata=_SAID)
+    backoff: float | None | Absent = field(default=ABSENT, metadata=_SAID)  # restart
+    ending: str | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    event: str  # launch, ended, restart, refused, gave_up
+    exit_code: int | None | Absent = field(default=ABSENT, metadata=_SAID)
+    host: str | None | Absent = field(default=ABSENT, metadata=_SAID)
+    incident: str | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    job: str | None | Absent = field(default=ABSENT, metadata=_SAID)
+    launcher_code: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    progressed: bool | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    reason: str | None | Absent = field(default=ABSENT, metadata=_SAID)
+    restarts_left: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # restart
+    steps: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+    time: float | None | Absent = field(default=ABSENT, metadata=_SAID)  # wall seconds
+    uid: int | None | Absent = field(default=ABSENT, metadata=_SAID)
+    waits: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> LaunchEvent:
+        """ValueError unless it names its event."""
+        if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+            raise ValueError("not a launch event")
+        return decode(cls, data)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from watchdog import cause
-from watchdog.net import cluster
-from watchdog.status import Collective, NodeStatus, RankStatus
+from watchdog.cli.look.cluster import render_text
+from watchdog.daemon.judge import cluster
+from watchdog.status import LastCollective, NodeAnswer, NodeStatus, RankStatus
 
 MIB16 = 16 << 20
 
@@ -20,7 +21,7 @@ def rank(n: int, state: str = "stalled", phase: str = "wait", number: int = 8,
         cpu = 1.0 if state == "stalled" else 0.0
     fields: dict = dict(job="j", pid=100 + n, host=f"h{n}", uid=0, rank=n, world_size=2,
                         state=state, phase=phase, busiest_thread_cpu=cpu,
-                        last_collective=Collective(number, op, MIB16))
+                        last_collective=LastCollective(number, op, MIB16))
     fields.update(more)
     return RankStatus(**fields)
 
@@ -131,38 +132,44 @@ def test_a_computing_peer_is_never_a_mismatch():
     assert found.cause != cause.MISMATCH
 
 
-def node(peer: str, *ranks: RankStatus) -> dict:
-    return {"peer": peer, "ok": True, "status": NodeStatus(host=peer, ranks=ranks)}
+def node(peer: str, *ranks: RankStatus) -> NodeAnswer:
+    return NodeAnswer(peer, True, NodeStatus(host=peer, ranks=ranks))
 
 
-def down(peer: str) -> dict:
-    return {"peer": peer, "ok": False, "error": "timed out"}
+def down(peer: str) -> NodeAnswer:
+    return NodeAnswer(peer, False, error="timed out")
+
+
+def analyze(nodes: list[NodeAnswer]) -> dict:
+    """The cluster view, as `cluster status --json` gives it."""
+    return cluster.analyze(nodes).to_json()
 
 
 def test_the_cluster_view_gives_each_hung_job_its_cause_and_summary():
-    view = cluster.analyze([node("a:1", rank(0)), node("b:1", rank(1, "stopped"))])
+    typed = cluster.analyze([node("a:1", rank(0)), node("b:1", rank(1, "stopped"))])
+    view = typed.to_json()
     job = view["jobs"][0]
     assert job["state"] == "hung" and job["cause"] == cause.PEER_STOPPED
     assert job["summary"].startswith("rank 1 on h1 (pid 101) is stopped at all_sum #8")
-    text = cluster.render_text(view)
+    text = render_text(typed)
     assert "  cause: peer_stopped: rank 1 on h1 (pid 101) is stopped" in text
-    healthy = cluster.analyze([node("a:1", rank(0, "running", "running"),
+    healthy = analyze([node("a:1", rank(0, "running", "running"),
                                     rank(1, "running", "running"))])["jobs"][0]
     assert healthy["state"] == "healthy" and healthy["cause"] is None
 
 
 def test_a_node_answering_late():
     # Within the timeout it did not answer: its rank is behind an unreachable node.
-    job = cluster.analyze([node("a:1", rank(0)), down("b:1")])["jobs"][0]
+    job = analyze([node("a:1", rank(0)), down("b:1")])["jobs"][0]
     assert job["cause"] == cause.NODE_UNREACHABLE and "b:1" in job["summary"]
     # A background ask failed, the fresh one answered late: it is reachable, and what
     # it says decides (its rank is stopped), not the old silence.
-    job = cluster.analyze([down("b:1"), node("a:1", rank(0)),
+    job = analyze([down("b:1"), node("a:1", rank(0)),
                            node("b:1", rank(1, "stopped"))])["jobs"][0]
     assert job["cause"] == cause.PEER_STOPPED, job
     # It answered, but its rank's last word is an older scan's, still running and not
     # known to compute: a rank outside a wait while its peer waits.
-    job = cluster.analyze([node("a:1", rank(0)),
+    job = analyze([node("a:1", rank(0)),
                            node("b:1", rank(1, "running", "running"))])["jobs"][0]
     assert job["cause"] == cause.MISMATCH
 

@@ -65,5 +65,6 @@ def test_new_job_ids_differ_and_say_when():
 def test_sample_frames_without_a_library_and_threads_without_frames():
     text = ("Call graph:\n    10 Thread_1\n    + 10 ???  [0x1]\n    4 Thread_2\n")
     one, two = samplegraph.parse(text)
-    assert one["top"] == [{"frame": "???  [0x1]".split("  ")[0], "lib": "", "samples": 10}]
+    assert one.to_json()["top"] == [{"frame": "???  [0x1]".split("  ")[0], "lib": "",
+                                     "samples": 10}]
     assert samplegraph.summary_line(two) == "Thread_2: 4 samples, no frames"

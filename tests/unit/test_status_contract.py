@@ -18,18 +18,20 @@ from tests.support.users import publish
 from watchdog import record
 from watchdog.daemon.act.incidents import new_incident
 from watchdog.daemon.config import Settings
+from watchdog.daemon.judge import cluster
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.publish import Counters, snapshot
 from watchdog.daemon.ranks import Rank
-from watchdog.net import cluster, fence
+from watchdog.net import fence
 from watchdog.states import State
 from watchdog.status import (
     ABSENT,
-    Collective,
     Culprit,
     Expect,
     Fence,
     Incident,
+    LastCollective,
+    NodeAnswer,
     NodeStatus,
     RankStatus,
     SignalSent,
@@ -84,7 +86,7 @@ def hung_rank(tmp_path) -> Rank:
 
 
 def _node(tmp_path, ranks: list[Rank]) -> NodeStatus:
-    counters = Counters()
+    counters = Counters.zeroed()
     counters.observe_scan(0.003)
     counters.kills["SIGTERM"] += 1
     settings = Settings(dir=str(tmp_path), state_dir=str(tmp_path / "state"))
@@ -130,7 +132,7 @@ def test_before_its_first_scan_a_daemon_publishes_the_short_form():
 def test_every_part_reads_back_equal(tmp_path, hung_rank):
     node = _node(tmp_path, [hung_rank])
     assert NodeStatus.from_json(json.loads(json.dumps(node.to_json()))) == node
-    full = dataclasses.replace(node.ranks[0], last_collective=Collective(7, "all_sum"),
+    full = dataclasses.replace(node.ranks[0], last_collective=LastCollective(7, "all_sum"),
                                expect=Expect(30.0, "checkpoint"), computing=True)
     assert RankStatus.from_json(full.to_json()) == full
     culprit = Culprit("node-b", 1, 4242, "stopped", "stopped while its peers wait")
@@ -199,7 +201,8 @@ def test_a_malformed_rank_of_a_peer_is_refused_and_the_others_kept(bad):
         RankStatus.from_json(bad)
     node = NodeStatus.from_json({"host": ["h"], "ranks": [bad, GOOD]})
     assert [r.pid for r in node.ranks] == [11] and node.host is None
-    view = cluster.analyze([{"peer": "p", "ok": True, "status": {"ranks": [bad, GOOD]}}])
+    view = cluster.analyze([NodeAnswer.from_json(
+        {"peer": "p", "ok": True, "status": {"ranks": [bad, GOOD]}})]).to_json()
     assert [r["pid"] for r in view["jobs"][0]["ranks"]] == [11]
 
 

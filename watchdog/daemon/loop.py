@@ -41,7 +41,7 @@ from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.net import fence
 from watchdog.record import Record
 from watchdog.states import FINAL, WAITING_LONG, State
-from watchdog.status import Culprit, Fence, NodeStatus
+from watchdog.status import Culprit, Fence, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class Daemon:
         # ranks), for jobs one of whose ranks died (PEER_DEATH_GRACE).
         self.orphans: dict[tuple[int, str], Orphaned] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
-        self.counters = Counters()
+        self.counters = Counters.zeroed()
         self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
         self.wired: int | None = None
         self.baseline: int | None = None
@@ -415,7 +415,7 @@ class Daemon:
 
     # -- the cluster: views and fences -------------------------------------------
 
-    def cluster_view(self, uid: int, job: str) -> dict[str, Any] | None:
+    def cluster_view(self, uid: int, job: str) -> PeerView | None:
         return self.peers.view(uid, job, self.snapshot)
 
     def _fence_peers(self, uid: int, job: str, reason: str,

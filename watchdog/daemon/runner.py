@@ -117,14 +117,14 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
     # other live daemon's pointer in the record directory.
     lock_fd = dirs.lock_state_dir(settings.state_dir)
     pointer = journal.read_pointer(settings.dir)
-    if pointer is not None and os.path.abspath(pointer["state_dir"]) != os.path.abspath(
+    if pointer is not None and os.path.abspath(pointer.state_dir) != os.path.abspath(
             settings.state_dir):
-        holder = dirs.held_by(pointer["state_dir"])
+        holder = dirs.held_by(pointer.state_dir)
         if holder is not None:
             os.close(lock_fd)
             raise SetupError(f"another daemon (pid {holder}) already watches "
                                   f"{settings.dir} (its state directory is "
-                                  f"{pointer['state_dir']})")
+                                  f"{pointer.state_dir})")
     nofile = raise_nofile()
     daemon = Daemon(settings)
     try:

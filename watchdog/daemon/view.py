@@ -6,7 +6,7 @@ from __future__ import annotations
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.record import Record
 from watchdog.states import Phase, State
-from watchdog.status import Collective, Expect, RankStatus
+from watchdog.status import Expect, LastCollective, RankStatus
 
 
 def current_op(record: Record) -> str:
@@ -33,7 +33,7 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         busiest_thread_cpu=round(verdict.busiest_cpu, 3) if verdict else None,
         computing=verdict.computing if verdict else None,
         current_op=current_op(record),
-        last_collective=(Collective(record.flight[-1].number, record.flight[-1].op,
+        last_collective=(LastCollective(record.flight[-1].number, record.flight[-1].op,
                                     record.flight[-1].nbytes) if record.flight else None),
         expect=(Expect(record.expect_seconds, record.expect_reason)
                 if record.expect_seconds > 0 else None),

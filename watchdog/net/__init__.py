@@ -1,4 +1,5 @@
 """What other machines and the service manager talk to.
 
-Metrics and HTTP, the cluster view, fences between daemons, sd_notify.
+Metrics and HTTP, asking the other nodes' /status (judged in daemon/judge/cluster.py),
+fences between daemons, sd_notify.
 """

@@ -120,7 +120,8 @@ class Launch:
     def events(self) -> list[dict]:
         from watchdog.daemon.store import launchlog
 
-        return [e for e in launchlog.read(str(self.node.state_dir))[0] if e["job"] == self.job]
+        return [e.to_json() for e in launchlog.read(str(self.node.state_dir))[0]
+                if e.job == self.job]
 
     def incidents(self) -> list[dict]:
         return [i for i in self.node.incidents() if i["job"] == self.job]

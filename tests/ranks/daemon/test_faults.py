@@ -93,7 +93,7 @@ def test_daemon_killed_mid_escalation_and_restarted_converges(tmp_path, record_d
             assert took < 40
             # The reboot flag survived the SIGKILL and the restart, reason first.
             after = journal.reboot_flag(str(state_dir))
-            assert after is not None and after["reason"] == flag["reason"]
+            assert after is not None and after.reason == flag.reason
             wait_for(lambda: second.status()["reboot_required"] is True, 5)
             assert second.alive()
         finally:

@@ -144,7 +144,7 @@ def test_evidence_a_rank_grows_without_end_cannot_fill_the_state_disk(tmp_path, 
             wait_for(lambda: attacker.poll() is not None, 40, what="the hung rank ended")
             assert signal.SIGUSR2 in attacker.signals()
             inc = wait_for(lambda: journal.read_incidents(str(state_dir))[0], 15,
-                           what="the incident written")[0]
+                           what="the incident written")[0].to_json()
             assert inc["outcome"] == {str(attacker.pid): "killed"}
             dumps = [Path(p) for p in inc["evidence"] if p.endswith("-python.txt")]
             assert dumps, inc["evidence"]

@@ -102,7 +102,7 @@ def status(daemon: DaemonProc) -> dict:
 def incidents(state_dir: Path) -> list[dict]:
     lines, bad = journal.read_incidents(str(state_dir))
     assert bad == 0, "a torn or half-written incident line"
-    return lines
+    return [line.to_json() for line in lines]
 
 
 def test_a_full_state_disk_loses_neither_the_reboot_flag_nor_the_incident(tmp_path, record_dir):
@@ -135,7 +135,7 @@ def test_a_full_state_disk_loses_neither_the_reboot_flag_nor_the_incident(tmp_pa
             assert inc[0]["outcome"] == {str(proc.pid): "killed"}
             assert inc[0]["wired_check"] == "leaked" and inc[0]["reboot_required"]
             flag = journal.reboot_flag(str(state_dir))
-            assert flag is not None and flag["reasons"][0]["incident"] == inc[0]["id"]
+            assert flag is not None and flag.reasons[0].incident == inc[0]["id"]
             wait_for(lambda: not status(daemon)["unwritten"]["incidents_unwritten"], 5)
             assert not list((state_dir / "pending").glob("*.json"))
             assert "without closing its record" not in daemon.log()
@@ -176,7 +176,7 @@ def test_a_daemon_killed_during_the_settle_leaves_a_kill_the_next_one_completes(
         assert {s["signal"] for s in inc[0]["signals"]} <= {"SIGCONT", "SIGTERM"}
         assert inc[0]["wired_check"] == "leaked"
         flag = journal.reboot_flag(str(state_dir))
-        assert flag is not None and flag["reasons"][0]["incident"] == inc[0]["id"]
+        assert flag is not None and flag.reasons[0].incident == inc[0]["id"]
         rank = wait_for(lambda: (r := second.ranks().get(proc.pid)) and r["state"] == "killed"
                         and r, 10, what="the rank shown killed")
         assert "ended by the watchdog" in rank["reason"], rank
@@ -211,7 +211,7 @@ def test_a_flag_held_in_memory_keeps_its_entry_so_a_restart_still_raises_it(stat
     again, _ = enforcer(state_dir, FakeSignaller({301: UNKILLABLE}), FakeProbe(wired=None))
     complete(again, entry)
     flag = journal.reboot_flag(str(state_dir))
-    assert flag is not None and flag["reasons"][0]["incident"] == out.incident.id
+    assert flag is not None and flag.reasons[0].incident == out.incident.id
     assert [i["id"] for i in incidents(state_dir)] == [out.incident.id]  # not twice
     assert pending.unfinished(str(state_dir)) == []
 

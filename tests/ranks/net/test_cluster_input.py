@@ -19,6 +19,7 @@ import pytest
 from tests.support.ranks import REPO, base_env
 from tests.unit.net.test_cluster_input import MALFORMED, rank
 from watchdog.daemon.act.peers import Peers
+from watchdog.status import ComputingRank, NodeStatus
 
 
 def peer_status() -> dict[str, Any]:
@@ -68,8 +69,9 @@ def test_the_slow_peer_hold_still_sees_the_computing_rank(peer, tmp_path):
     peers = Peers(SimpleNamespace(peers=(peer,), peer_timeout=5.0, secret="",
                                   state_dir=str(tmp_path)),  # type: ignore[arg-type]
                   "here", None, 0.0)  # type: ignore[arg-type]
-    local = {"host": "here", "ranks": [rank(host="here", pid=20, rank=0, state="suspect",
-                                            phase="wait", computing=False)]}
+    local = NodeStatus.from_json({"host": "here", "ranks": [
+        rank(host="here", pid=20, rank=0, state="suspect", phase="wait", computing=False)]})
     view = peers.view(0, "j", local)
     assert view is not None
-    assert view["computing"] == [{"rank": 1, "host": "peer", "pid": 11}]
+    assert view.computing == (ComputingRank(rank=1, host="peer", pid=11),)
+    assert view.to_json()["computing"] == [{"rank": 1, "host": "peer", "pid": 11}]

@@ -16,6 +16,7 @@ import pytest
 from tests.support.users import OTHER_UID
 from watchdog.cli.node import health
 from watchdog.daemon.config import Settings
+from watchdog.status import NodeAnswer
 
 EACH = 6 << 20  # under the unprivileged RLIMIT_MEMLOCK of 8 MiB
 LOCKERS = 8  # 48 MiB in all, as a user's many small processes would
@@ -105,7 +106,7 @@ def test_an_unreachable_peer_fails_closed_until_it_is_taken_for_down(tmp_path, m
                         peers=("b:9753",))
     monkeypatch.setattr(health, "daemon_status", lambda _: None)
     monkeypatch.setattr(health.cluster, "gather",
-                        lambda peers, timeout: [{"peer": "b:9753", "ok": False}])
+                        lambda peers, timeout: [NodeAnswer("b:9753", False)])
     now = [0.0]
     look = health.wait_healthy(settings, 0, clock=lambda: now[0], sleep=lambda s: None)
     assert look.problem is not None and "b:9753 unreachable" in look.problem

@@ -17,7 +17,7 @@ from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal, launchlog
 from watchdog.net.metrics import exposition
-from watchdog.status import Incident, NodeStatus
+from watchdog.status import Incident, LaunchEvent, NodeStatus
 
 # What mlx.launch 0.32.4 prints on stderr (colours included) for each rank that did not exit 0.
 WARN = "\x1b[33m[WARN] Node with rank {} {} \x1b[0m"
@@ -109,6 +109,11 @@ def test_backoff_doubles_and_is_capped():
     assert relaunch.backoff(0, 4) == 0
 
 
+def incident_for(lines, *args, **kwargs):
+    """relaunch.incident_for on journal lines, read as journal.read_incidents reads them."""
+    return relaunch.incident_for([Incident.from_json(line) for line in lines], *args, **kwargs)
+
+
 def test_the_incident_of_this_attempt_only():
     me = os.getuid()
     a = Attempt(number=2, started=1000.0, pids={11, 12})
@@ -119,12 +124,12 @@ def test_the_incident_of_this_attempt_only():
         {"id": "other-ranks", "job": "j", "time": 1001.0, "pids": [99], "uid": me},
         {"id": "bad-time", "job": "j", "time": "soon", "uid": me},
     ]
-    assert relaunch.incident_for(incidents, "j", a) is None
+    assert incident_for(incidents, "j", a) is None
     incidents.insert(2, {"id": "ours", "job": "j", "time": 1002.0, "attempt": 2, "pids": [12],
                          "uid": me})
-    assert relaunch.incident_for(incidents, "j", a).id == "ours"
+    assert incident_for(incidents, "j", a).id == "ours"
     # An incident of a daemon that could not read the attempt counts by its pids.
-    assert relaunch.incident_for([{"id": "n", "job": "j", "time": 1000.5, "pids": [11],
+    assert incident_for([{"id": "n", "job": "j", "time": 1000.5, "pids": [11],
                                    "uid": me}], "j", a).id == "n"
 
 
@@ -135,11 +140,11 @@ def test_another_users_incident_under_our_job_id_is_not_ours():
     a = Attempt(number=1, started=1000.0)  # no ranks seen yet: pids cannot tell
     theirs = {"id": "theirs", "job": "j", "time": 1001.0, "attempt": 1, "pids": [77],
               "uid": 65534}
-    assert relaunch.incident_for([theirs], "j", a, uid=0) is None
-    assert relaunch.incident_for([{**theirs, "uid": None}], "j", a, uid=0) is None
+    assert incident_for([theirs], "j", a, uid=0) is None
+    assert incident_for([{**theirs, "uid": None}], "j", a, uid=0) is None
     ours = {**theirs, "id": "ours", "uid": 0}
-    assert relaunch.incident_for([ours, theirs], "j", a, uid=0).id == "ours"
-    assert relaunch.incident_for([theirs], "j", a, uid=65534).id == "theirs"
+    assert incident_for([ours, theirs], "j", a, uid=0).id == "ours"
+    assert incident_for([theirs], "j", a, uid=65534).id == "theirs"
 
 
 def test_attempt_numbers_as_the_launcher_writes_them():
@@ -154,15 +159,15 @@ def test_launch_journal_appends_reads_and_counts(state_dir):
     counts = launchlog.Counts(str(state_dir))
     assert counts.get() == {"restart": 0, "refused": 0, "gave_up": 0}
     for event in ("launch", "ended", "restart", "launch", "ended", "gave_up"):
-        launchlog.append(str(state_dir), {"event": event, "job": "j", "time": time.time()})
+        launchlog.append(str(state_dir), LaunchEvent(event=event, job="j", time=time.time()))
     with open(state_dir / launchlog.LAUNCHES, "a") as f:
         f.write("not json\n[1]\n")
     events, bad = launchlog.read(str(state_dir))
-    assert [e["event"] for e in events] == ["launch", "ended", "restart", "launch", "ended",
+    assert [e.event for e in events] == ["launch", "ended", "restart", "launch", "ended",
                                              "gave_up"]
     assert bad == 2
     assert counts.get() == {"restart": 1, "refused": 0, "gave_up": 1}
-    launchlog.append(str(state_dir), {"event": "refused", "job": "j"})
+    launchlog.append(str(state_dir), LaunchEvent(event="refused", job="j"))
     assert counts.get()["refused"] == 1  # re-read once the file changed
 
 
@@ -238,8 +243,8 @@ def test_incidents_lists_restarts_refusals_and_give_ups(state_dir, tmp_path, mon
                                              "attempt": 1, "verdict": "stalled", "ranks": []})
     for when, event, number in ((90.0, "launch", 1), (101.0, "restart", 2),
                                 (102.0, "refused", 2)):
-        launchlog.append(str(state_dir), {"time": when, "event": event, "job": "j",
-                                          "attempt": number, "reason": f"{event} why"})
+        launchlog.append(str(state_dir), LaunchEvent(time=when, event=event, job="j",
+                                                     attempt=number, reason=f"{event} why"))
     out = CliRunner().invoke(cli, ["incidents", "--state-dir", str(state_dir)]).output
     lines = [line for line in out.splitlines() if not line.startswith("    ")]
     assert "job j attempt 1  stalled" in lines[0]

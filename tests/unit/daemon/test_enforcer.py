@@ -120,11 +120,11 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
     assert clock.now() - start >= 10.0 + 10.0  # grace, then the kill timeout
     flag = journal.reboot_flag(str(state_dir))
     assert flag is not None
-    assert "301" in flag["reason"] and "SIGKILL" in flag["reason"]
-    assert flag["reasons"][0]["incident"] == inc["id"]
-    assert inc["reboot_required"] == flag["reason"]
+    assert "301" in flag.reason and "SIGKILL" in flag.reason
+    assert flag.reasons[0].incident == inc["id"]
+    assert inc["reboot_required"] == flag.reason
     journaled, bad = journal.read_incidents(str(state_dir))
-    assert bad == 0 and journaled[-1]["reboot_required"] == flag["reason"]
+    assert bad == 0 and journaled[-1].reboot_required == flag.reason
 
 
 def test_a_target_already_gone_is_a_result(state_dir: Path) -> None:
@@ -148,7 +148,7 @@ def test_observe_mode_signals_nothing_and_still_journals(state_dir: Path) -> Non
     assert "observe" in inc["action"]
     assert journal.reboot_flag(str(state_dir)) is None  # observing never flags the node
     journaled, bad = journal.read_incidents(str(state_dir))
-    assert bad == 0 and [i["id"] for i in journaled] == [inc["id"]]
+    assert bad == 0 and [i.id for i in journaled] == [inc["id"]]
 
 
 def test_observe_mode_signals_nothing_not_even_the_dump_signal(state_dir: Path) -> None:
@@ -263,10 +263,10 @@ def test_a_wired_leak_flags_the_node(state_dir: Path) -> None:
     inc = respond(enf, incident(targets=[t]), [t], baseline=1 * GiB).incident.to_json()
     assert inc["wired_check"] == "leaked"
     flag = journal.reboot_flag(str(state_dir))
-    assert flag is not None and "wired" in flag["reason"]
-    assert flag["reasons"][0]["wired_after"] == 5 * GiB
-    assert flag["reasons"][0]["wired_baseline"] == 1 * GiB
-    assert inc["reboot_required"] == flag["reason"]
+    assert flag is not None and "wired" in flag.reason
+    assert flag.reasons[0].wired_after == 5 * GiB
+    assert flag.reasons[0].wired_baseline == 1 * GiB
+    assert inc["reboot_required"] == flag.reason
 
 
 def test_a_wired_rise_while_others_live_does_not_flag(state_dir: Path) -> None:

@@ -139,8 +139,8 @@ def test_a_stuck_capture_does_not_hold_the_kill(setup, monkeypatch) -> None:
             tick()
             settle(daemon)
         (incident,) = journal.read_incidents(daemon.settings.state_dir)[0]
-        assert "not gathered within" in incident["evidence_error"]
-        assert incident["outcome"] == {str(PID): "killed"}
+        assert "not gathered within" in incident.evidence_error
+        assert incident.outcome == {str(PID): "killed"}
     finally:
         release.append(2)
 
@@ -222,4 +222,4 @@ def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
     assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM", "SIGKILL"]
     assert not daemon.pending
     (line,) = journal.read_incidents(daemon.settings.state_dir)[0]
-    assert line["outcome"] == {str(PID): "killed"}
+    assert line.outcome == {str(PID): "killed"}

@@ -21,7 +21,7 @@ from watchdog.daemon.act.incidents import (
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.ranks import Rank
 from watchdog.states import State
-from watchdog.status import Culprit, Fence
+from watchdog.status import Culprit, Fence, PeerView
 
 
 def a_rank(tmp_path, name: str, state: State, world_size: int = 1) -> Rank:
@@ -60,13 +60,14 @@ def test_the_peers_view_refines_it_and_the_culprit_carries_it_to_a_fence(tmp_pat
     view = {"cause": "peer_stopped", "summary": "rank 1 on b (pid 7) is stopped at all_sum #3",
             "culprit": {"host": "b", "rank": 1, "pid": 7, "state": "stopped",
                         "reason": "stopped at all_sum #3 while its peers wait"}}
-    refined = with_view(found, view)
+    typed = PeerView.from_json(view)  # as the peers' verdict is journaled and read back
+    refined = with_view(found, typed)
     assert (refined.cause, refined.summary) == ("peer_stopped", view["summary"])
     assert refined.culprit is None  # no local culprit: the view's stays under `cluster`
-    sent = fence_culprit(refined, view)
+    sent = fence_culprit(refined, typed)
     assert sent == Culprit("b", 1, 7, "stopped", view["culprit"]["reason"], "peer_stopped",
                            view["summary"])
-    assert with_view(found, {"error": "timed out"}) == found  # no view: its own stands
+    assert with_view(found, PeerView(error="timed out")) == found  # no view: its own stands
     # The fence's receiver says what the sender found, in its words.
     fenced = Fence(job="job-1", uid=os.getuid(), origin="node-b", reason="stalled: ...",
                    culprit=sent, nonce="n")

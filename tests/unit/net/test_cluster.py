@@ -15,10 +15,24 @@ import urllib.request
 import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, free_ports, wait_for
-from watchdog.net import cluster, fence
+from watchdog.cli.look.cluster import render_text
+from watchdog.daemon.judge import cluster as judge
+from watchdog.net import fence
 from watchdog.record import RecordWriter
+from watchdog.status import ClusterView, NodeAnswer, NodeStatus, ReportedRank
 
 SECRET = "correct horse battery staple"
+
+
+def judge_job(job, ranks, unreachable):
+    """judge.judge_job on ranks as a peer's JSON gives them; the view as JSON."""
+    return judge.judge_job(job, [ReportedRank.from_json(r) for r in ranks],
+                           unreachable).to_json()
+
+
+def analyze(nodes):
+    """judge.analyze on nodes' answers as JSON; the view as JSON."""
+    return judge.analyze([NodeAnswer.from_json(n) for n in nodes]).to_json()
 
 
 def rank(n, state="running", phase="wait", last=10, host="mac", pid=None, world=3):
@@ -37,7 +51,7 @@ def rank(n, state="running", phase="wait", last=10, host="mac", pid=None, world=
      1, "furthest behind"),
 ])
 def test_judge_names_the_culprit(ranks, culprit_rank, reason):
-    view = cluster.judge_job("j", ranks, [])
+    view = judge_job("j", ranks, [])
     assert view["state"] == "hung"
     assert view["culprit"]["rank"] == culprit_rank
     assert reason in view["culprit"]["reason"]
@@ -45,7 +59,7 @@ def test_judge_names_the_culprit(ranks, culprit_rank, reason):
 
 
 def test_judge_healthy_job_has_no_culprit():
-    view = cluster.judge_job("j", [rank(0), rank(1, phase="running"), rank(2, "idle", "idle")],
+    view = judge_job("j", [rank(0), rank(1, phase="running"), rank(2, "idle", "idle")],
                              [])
     assert view["state"] == "healthy" and view["culprit"] is None
 
@@ -54,7 +68,7 @@ def test_analyze_groups_by_job_and_reports_unreachable_nodes():
     nodes = [{"peer": "a:1", "ok": True, "status": {"host": "a", "ranks": [rank(0)]}},
              {"peer": "b:1", "ok": False, "error": "timed out"},
              {"peer": "a:1", "ok": True, "status": {"host": "a", "ranks": [rank(0)]}}]
-    view = cluster.analyze(nodes)
+    view = analyze(nodes)
     assert [n["ok"] for n in view["nodes"]] == [True, False, True]
     assert len(view["jobs"]) == 1 and len(view["jobs"][0]["ranks"]) == 1  # deduplicated
 
@@ -238,39 +252,40 @@ def test_an_unreachable_peer_never_blocks_a_local_kill(tmp_path, record_dir, sta
 
 
 def test_a_rank_behind_an_unreachable_node_while_another_waits_is_unknown():
-    view = cluster.judge_job("j", [rank(0, "running", world=2)], ["b:9753"])
+    view = judge_job("j", [rank(0, "running", world=2)], ["b:9753"])
     assert view["state"] == "unknown" and view["missing_ranks"] == [1]
     assert view["culprit"]["rank"] == 1 and "unreachable: b:9753" in view["culprit"]["reason"]
     assert "rank 1 is not reported" in view["evidence"]
     # Nothing waits: the job runs on, with a node out of sight (the node line says so).
-    running = cluster.judge_job("j", [rank(0, phase="running", world=2)], ["b:9753"])
+    running = judge_job("j", [rank(0, phase="running", world=2)], ["b:9753"])
     assert running["state"] == "healthy"
     # Every node answered and a rank is missing: that rank exited and was forgotten.
-    assert cluster.judge_job("j", [rank(0, world=2)], [])["state"] == "healthy"
+    assert judge_job("j", [rank(0, world=2)], [])["state"] == "healthy"
 
 
 def test_a_job_the_watchdog_ended_says_so():
     killed = dict(rank(0, "killed", "wait", world=2), reason="ended by the watchdog "
                   "(incident 20260101T000000-abc123)")
     exited = dict(rank(1, "exited", "wait", world=2), reason="exited on an uncaught exception")
-    view = cluster.judge_job("j", [killed, exited], [])
+    view = judge_job("j", [killed, exited], [])
     assert view["state"] == "ended" and view["culprit"] is None
     assert "rank 0 on mac0: killed (ended by the watchdog (incident" in view["evidence"]
     assert "rank 1 on mac1: exited (exited on an uncaught exception)" in view["evidence"]
     # One rank killed, its peer behind an unreachable node: that peer is not known to
     # have ended (the fence may not have reached it), so the job is not known over.
-    behind = cluster.judge_job("j", [killed], ["b:9753"])
+    behind = judge_job("j", [killed], ["b:9753"])
     assert behind["state"] == "unknown" and behind["culprit"]["rank"] == 1, behind
     assert "unreachable: b:9753" in behind["culprit"]["reason"]
     assert "rank 0 on mac0: killed (ended by the watchdog (incident" in behind["evidence"]
     # A clean end: every rank exited.
-    done = cluster.judge_job("j", [rank(0, "exited", "running", world=2),
+    done = judge_job("j", [rank(0, "exited", "running", world=2),
                                    rank(1, "exited", "running", world=2)], [])
     assert done["state"] == "ended"
     # Its peer ended, a stopped rank left behind (outside a wait): hung, and named.
-    left = cluster.judge_job("j", [killed, rank(1, "stopped", "running", world=2)], [])
+    left = judge_job("j", [killed, rank(1, "stopped", "running", world=2)], [])
     assert left["state"] == "hung" and left["culprit"]["state"] == "stopped"
-    text = cluster.render_text({"nodes": [], "jobs": [view]})
+    text = render_text(ClusterView(jobs=(judge.judge_job(
+        "j", [ReportedRank.from_json(r) for r in (killed, exited)], []),)))
     assert "ENDED" in text and "evidence: rank 0 on mac0: killed" in text
 
 
@@ -287,8 +302,8 @@ def test_peers_are_asked_ahead_of_a_verdict_and_the_answer_is_used(monkeypatch):
 
     def gather(peer_list, timeout):
         asked.append((now[0], tuple(peer_list)))
-        return [{"peer": p, "ok": False, "error": "timed out"} if p == "b:9753" else
-                {"peer": p, "ok": True, "status": {"host": "c", "ranks": []}}
+        return [NodeAnswer(p, False, error="timed out") if p == "b:9753" else
+                NodeAnswer(p, True, NodeStatus(host="c"))
                 for p in peer_list]
 
     monkeypatch.setattr(peers_mod.cluster, "gather", gather)
@@ -302,10 +317,11 @@ def test_peers_are_asked_ahead_of_a_verdict_and_the_answer_is_used(monkeypatch):
         pool.submit(lambda: None).result()
         assert len(asked) == 1
         now[0] += peers_mod.PREFETCH_EVERY - 0.1
-        local = {"host": "a", "ranks": [dict(rank(0, "stalled", world=2), uid=0)]}
+        local = NodeStatus.from_json(
+            {"host": "a", "ranks": [dict(rank(0, "stalled", world=2), uid=0)]})
         view = peers.view(0, "j", local)  # the verdict
         assert asked[1:] == [(now[0], ("c:9753",))]  # only the peer that answers
-        assert view is not None and view["unreachable"] == ["b:9753"]
+        assert view is not None and view.unreachable == ("b:9753",)
         now[0] += peers_mod.FRESH  # too old to stand in: every peer asked at the verdict
         peers.view(0, "j", local)
         assert asked[-1] == (now[0], ("b:9753", "c:9753"))

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from watchdog.net import cluster
+from watchdog.cli.look.cluster import render_text
+from watchdog.daemon.judge import cluster
+from watchdog.status import NodeAnswer
 
 
 def rank(**fields: Any) -> dict[str, Any]:
@@ -32,13 +34,15 @@ MALFORMED = [rank(host=["x"]), rank(pid="10"), rank(rank=[1]), rank(world_size={
 def test_each_malformed_rank_is_dropped_and_the_rest_judged(bad):
     local = {"host": "here", "ranks": [rank(host="here", pid=20, rank=0, state="suspect",
                                             phase="wait", computing=False)]}
-    view = cluster.analyze([{"peer": "p", "ok": True, "status": {"host": ["h"], "ranks": [
-        bad, rank(pid=11)]}}, {"peer": "local", "ok": True, "status": local}])
+    typed = cluster.analyze([NodeAnswer.from_json(n) for n in (
+        {"peer": "p", "ok": True, "status": {"host": ["h"], "ranks": [bad, rank(pid=11)]}},
+        {"peer": "local", "ok": True, "status": local})])
+    view = typed.to_json()
     (job,) = view["jobs"]
     assert sorted(r["pid"] for r in job["ranks"]) == [11, 20]
     assert job["state"] == "healthy" and job["missing_ranks"] == []
     assert view["nodes"][0]["host"] is None  # a non-text host is not shown
-    cluster.render_text(view)
+    render_text(typed)
 
 
 @pytest.mark.slow

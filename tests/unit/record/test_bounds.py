@@ -67,11 +67,13 @@ def test_cluster_status_stays_fast_on_a_peer_claiming_a_huge_world(tmp_path):
     code = textwrap.dedent("""
         import json, resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-        from watchdog.net import cluster
-        view = cluster.analyze(json.load(sys.stdin))
-        text = cluster.render_text(view)
-        print(json.dumps({"world": view["jobs"][0]["world_size"],
-                          "missing": len(view["jobs"][0]["missing_ranks"])}))
+        from watchdog.cli.look.cluster import render_text
+        from watchdog.daemon.judge import cluster
+        from watchdog.status import NodeAnswer
+        view = cluster.analyze([NodeAnswer.from_json(n) for n in json.load(sys.stdin)])
+        text = render_text(view)
+        print(json.dumps({"world": view.jobs[0].world_size,
+                          "missing": len(view.jobs[0].missing_ranks)}))
     """)
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(nodes), text=True,
                          capture_output=True, timeout=60,
@@ -83,7 +85,9 @@ def test_cluster_status_stays_fast_on_a_peer_claiming_a_huge_world(tmp_path):
 
 
 def test_a_peer_status_with_wrongly_typed_numbers_is_judged_without_an_error():
-    from watchdog.net import cluster
+    from watchdog.cli.look.cluster import render_text
+    from watchdog.daemon.judge import cluster
+    from watchdog.status import NodeAnswer
 
     # Wrongly typed ranks are dropped (never the view); the
     # well-typed one is judged.
@@ -93,8 +97,10 @@ def test_a_peer_status_with_wrongly_typed_numbers_is_judged_without_an_error():
               "world_size": 2.5},
              {"rank": 1, "pid": 7, "job": "j", "state": "stopped", "phase": "wait",
               "world_size": 2}]
-    view = cluster.analyze([{"peer": "a:1", "ok": True, "status": {"ranks": ranks}}])
+    typed = cluster.analyze([NodeAnswer.from_json(
+        {"peer": "a:1", "ok": True, "status": {"ranks": ranks}})])
+    view = typed.to_json()
     (job,) = view["jobs"]
     assert job["state"] == "hung" and job["world_size"] == 2
     assert [r["pid"] for r in job["ranks"]] == [7] and job["missing_ranks"] == [0]
-    assert cluster.render_text(view)
+    assert render_text(typed)

@@ -26,7 +26,6 @@ import os
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any
 
 from watchdog.daemon.signaller import KILLED, UNKILLABLE
 from watchdog.status import Incident
@@ -168,7 +167,7 @@ def backoff(base: float, restart: int) -> float:
     return min(MAX_BACKOFF, base * 2 ** (restart - 1)) if base > 0 else 0.0
 
 
-def incident_for(incidents: list[dict[str, Any]], job: str, attempt: Attempt,
+def incident_for(incidents: list[Incident], job: str, attempt: Attempt,
                  slack: float = 1.0, uid: int | None = None) -> Incident | None:
     """The daemon's incident that ended this attempt of `job`, if any (newest first).
 
@@ -180,11 +179,7 @@ def incident_for(incidents: list[dict[str, Any]], job: str, attempt: Attempt,
     we saw when we saw any.
     """
     own = os.getuid() if uid is None else uid
-    for line in reversed(incidents):
-        try:
-            found = Incident.from_json(line)
-        except ValueError:
-            continue  # no id: no incident of ours
+    for found in reversed(incidents):
         if found.job != job or not found.time or found.uid != own:
             continue
         if found.time < attempt.started - slack:

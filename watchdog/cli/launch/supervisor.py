@@ -33,6 +33,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.recdir import read_dir
 from watchdog.daemon.store import journal, launchlog
 from watchdog.states import ENDED, WAITING_LONG, State
+from watchdog.status import LaunchEvent
 from watchdog.text import printable
 
 POLL = 0.25  # seconds between looks at the record directory during an attempt
@@ -72,8 +73,8 @@ class Supervisor:
     # -- the journal -----------------------------------------------------------
 
     def record(self, event: str, attempt: int, **facts: Any) -> None:
-        entry = {"time": time.time(), "host": socket.gethostname(), "uid": os.getuid(),
-                 "job": self.plan.job, "attempt": attempt, "event": event, **facts}
+        entry = LaunchEvent(time=time.time(), host=socket.gethostname(), uid=os.getuid(),
+                            job=self.plan.job, attempt=attempt, event=event, **facts)
         try:
             launchlog.append(self.journal_dir, entry)
         except OSError as err:
@@ -230,7 +231,7 @@ class Supervisor:
                 wired = wired_now()
                 if wired is not None:
                     self.reference = Reference(wired, self._others_live)
-            self.record("launch", number, argv=self.argv(number))
+            self.record("launch", number, argv=tuple(self.argv(number)))
             attempt = self.run_attempt(number)
             ending = relaunch.ending_of(attempt)
             code = relaunch.exit_code(ending, attempt.interrupted)

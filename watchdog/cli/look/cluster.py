@@ -10,6 +10,40 @@ import click
 
 from watchdog.cli import exits
 from watchdog.cli.options import Node, state_option
+from watchdog.status import ClusterView, JobState
+from watchdog.text import printable
+
+
+def render_text(view: ClusterView) -> str:
+    """The cluster view as `cluster status` prints it."""
+    lines = []
+    for node in view.nodes:
+        state = f"ok ({node.host})" if node.ok else f"UNREACHABLE: {node.error}"
+        flag = "  REBOOT REQUIRED" if node.reboot_required else ""
+        lines.append(f"node {node.peer}: {state}{flag}")
+    for job in view.jobs:
+        lines.append("")
+        owner = f" of uid {job.uid}" if job.uid is not None else ""
+        lines.append(f"job {job.job}{owner} ({job.world_size} ranks): "
+                     f"{job.state.value.upper()}")
+        for seen in job.ranks:
+            r, last = seen.rank, seen.rank.last_collective
+            at = f"{last.op} #{last.number}" if last is not None else "no collective yet"
+            lines.append(f"  rank {r.rank}  {r.host} pid {r.pid}  {r.state}  {r.phase}  "
+                         f"at {at}  progress {r.progress}")
+        for missing in job.missing_ranks:
+            lines.append(f"  rank {missing}  (not reported)")
+        if job.culprit:
+            c = job.culprit
+            lines.append(f"  culprit: rank {c.rank} on {c.host or c.node or '?'}"
+                         f" (pid {c.pid}): {c.reason}")
+        if job.cause:
+            lines.append(f"  cause: {job.cause}: {job.summary or ''}")
+        if job.evidence:
+            lines.append(f"  evidence: {job.evidence}")
+    if not view.jobs:
+        lines.append("no ranks on any reachable node")
+    return "\n".join(printable(line) for line in lines)  # peers' strings are untrusted
 
 
 @click.group()
@@ -38,7 +72,9 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
     (2 is a usage error, as for every command)."""
     from watchdog.cli.look.sampling import daemon_status
     from watchdog.daemon.config import ConfigError, load, parse_listen
-    from watchdog.net import cluster as cluster_view
+    from watchdog.daemon.judge import cluster as judge
+    from watchdog.net import cluster as asking
+    from watchdog.status import NodeAnswer
 
     peers = tuple(p for item in peers for p in item.replace(",", " ").split())
     for peer in peers:
@@ -53,24 +89,24 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
     if not peers:
         raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
     while True:
-        nodes = cluster_view.gather(peers, timeout)
+        nodes = asking.gather(peers, timeout)
         # This node's own daemon, read from its status.json: a node cut off from the
         # network (its own address unreachable too) still shows its own ranks.
         local = daemon_status(state_dir)
         if local is not None:
-            nodes.append({"peer": "local", "ok": True, "status": local})
-        view = cluster_view.analyze(nodes)
+            nodes.append(NodeAnswer(judge.LOCAL, True, local))
+        view = judge.analyze(nodes)
         if as_json:
-            click.echo(json.dumps(view, indent=1))
+            click.echo(json.dumps(view.to_json(), indent=1))
         else:
             prefix = "\x1b[H\x1b[2J" if watch else ""
-            click.echo(prefix + cluster_view.render_text(view))
+            click.echo(prefix + render_text(view))
         if not watch:
             break
         time.sleep(interval)
-    if any(job["state"] in ("hung", "unknown") for job in view["jobs"]):
+    if any(job.state in (JobState.HUNG, JobState.UNKNOWN) for job in view.jobs):
         sys.exit(exits.VERDICT)
-    if not any(node["ok"] for node in view["nodes"]):
+    if not any(node.ok for node in view.nodes):
         click.echo("mlx-watchdog: no node answered", err=True)
         sys.exit(exits.NO_ANSWER)
 

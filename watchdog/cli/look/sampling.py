@@ -112,7 +112,7 @@ def find_daemon(record_dir: str, state_dir: str) -> NodeStatus | None:
     directory's pointer, else the one publishing in `state_dir` if it watches it."""
     pointer = journal.read_pointer(record_dir)
     if pointer is not None:
-        snap = daemon_status(pointer["state_dir"], record_dir)
+        snap = daemon_status(pointer.state_dir, record_dir)
         if snap is not None:
             return snap
     return daemon_status(state_dir, record_dir)

@@ -123,5 +123,5 @@ def inspect(pid: int, record_dir: str, as_json: bool) -> None:
         raise SetupError(f"no usable record for pid {pid} in {record_dir}"
                                    + (f": {why}" if why else ""))
     info = describe(rec)
-    click.echo(json.dumps(info, indent=1) if as_json else render_text(info))
+    click.echo(json.dumps(info.to_json(), indent=1) if as_json else render_text(info))
 

@@ -15,7 +15,7 @@ from watchdog.cli.exits import SetupError
 from watchdog.cli.options import STATE_ENV, dir_option, state_option
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
-from watchdog.status import Incident
+from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
 from watchdog.text import printable
 
 
@@ -33,57 +33,78 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     """The incident journal: what the watchdog found and did, and what `launch` did
     about it (restarts, refusals, give-ups)."""
     _existing_state_dir(state_dir)
-    items, bad = journal.read_incidents(state_dir)
-    items += _launch_events(state_dir)
-    items.sort(key=lambda item: float(item.get("time") or 0)
-               if isinstance(item.get("time"), (int, float)) else 0.0)
-    if last:
-        items = items[-last:]
-    if bad:
-        click.echo(f"warning: {bad} malformed lines skipped", err=True)
-    if as_json:
-        click.echo(json.dumps(items, indent=1))
+    if as_json:  # the journals' lines as written, with the launcher's events
+        lines, bad = journal.read_lines(os.path.join(state_dir, journal.INCIDENTS))
+        items = sorted(lines + _launch_lines(state_dir),
+                       key=lambda item: float(item.get("time") or 0)
+                       if isinstance(item.get("time"), (int, float)) else 0.0)
+        _warn(bad)
+        click.echo(json.dumps(items[-last:] if last else items, indent=1))
         return
-    items = [i for i in items if i.get("kind") != "launch" or i.get("event") in SHOWN_EVENTS]
-    if not items:
+    found, bad = journal.read_incidents(state_dir)
+    shown: list[Incident | LaunchEvent] = sorted(
+        [*found, *_launch_events(state_dir)], key=_when)
+    _warn(bad)
+    shown = [i for i in (shown[-last:] if last else shown)
+             if isinstance(i, Incident) or i.event in SHOWN_EVENTS]
+    if not shown:
         click.echo("no incidents")
         return
-    for inc in items:
-        if inc.get("kind") == "launch":
-            _echo_launch_event(inc)
+    for item in shown:
+        if isinstance(item, Incident):
+            _echo_incident(item)
         else:
-            _echo_incident(_incident(inc))
+            _echo_launch_event(item)
+
+
+def _when(item: Incident | LaunchEvent) -> float:
+    return item.time if isinstance(item.time, (int, float)) else 0.0
+
+
+def _warn(bad: int) -> None:
+    if bad:
+        click.echo(f"warning: {bad} malformed lines skipped", err=True)
 
 
 # The launcher's events shown among the incidents; "launch" and "ended" only with --json.
 SHOWN_EVENTS = ("restart", "refused", "gave_up")
 
 
-def _launch_events(state_dir: str) -> list[dict[str, Any]]:
-    """The launcher's journal here, and this user's own when a launch by this user
+def _journal_dirs(state_dir: str) -> tuple[str, ...]:
+    """The launcher's journals: here, and this user's own when a launch by this user
     could not write here (launchlog.journal_dir)."""
     from watchdog.daemon.store import launchlog
 
-    events = []
-    for directory in dict.fromkeys((state_dir, launchlog.journal_dir(state_dir))):
-        events += [{**event, "kind": "launch"} for event in launchlog.read(directory)[0]]
-    return events
+    return tuple(dict.fromkeys((state_dir, launchlog.journal_dir(state_dir))))
 
 
-def _echo_launch_event(event: dict[str, Any]) -> None:
-    when = datetime.fromtimestamp(float(event.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
+def _launch_events(state_dir: str) -> list[LaunchEvent]:
+    from watchdog.daemon.store import launchlog
+
+    return [event for directory in _journal_dirs(state_dir)
+            for event in launchlog.read(directory)[0]]
+
+
+def _launch_lines(state_dir: str) -> list[dict[str, Any]]:
+    """The launcher's events as written, each marked as one (`incidents --json`)."""
+    from watchdog.daemon.store import launchlog
+
+    return [{**line, "kind": "launch"} for directory in _journal_dirs(state_dir)
+            for line in launchlog.read_lines(directory)[0]]
+
+
+def _said(value: object, absent: object = "") -> object:
+    """A fact of an event as shown: `absent` when the event does not carry it."""
+    return absent if value is ABSENT else value
+
+
+def _echo_launch_event(event: LaunchEvent) -> None:
+    when = datetime.fromtimestamp(_when(event)).strftime("%Y-%m-%d %H:%M:%S")
     what = {"restart": "relaunched as attempt", "refused": "refused attempt",
-            "gave_up": "gave up after attempt"}[str(event["event"])]
-    click.echo(printable(f"{when}  launch  job {event.get('job')}  {what} "
-                         f"{event.get('attempt')}"))
-    click.echo(printable(f"    {event.get('reason', '')}"))
-
-
-def _incident(line: dict[str, Any]) -> Incident:
-    """A journal line read through the contract; one without an id (edited by hand)
-    is still shown."""
-    return Incident.from_json(line if isinstance(line.get("id"), str)
-                              else {**line, "id": str(line.get("id"))})
+            "gave_up": "gave up after attempt"}[event.event]
+    click.echo(printable(f"{when}  launch  job {_said(event.job, None)}  {what} "
+                         f"{_said(event.attempt, None)}"))
+    click.echo(printable(f"    {_said(event.reason)}"))
 
 
 def _echo_incident(inc: Incident) -> None:
@@ -103,29 +124,23 @@ def _echo_incident(inc: Incident) -> None:
         lines.append(f"    outcome: {outcome}")
     if inc.reboot_required:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
-    lines += _native_hot_lines(list(inc.native_hot) if inc.native_hot else None)
+    lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
 
 
-def _native_hot_lines(hot: Any, threads: int = 4) -> list[str]:
+def _native_hot_lines(hot: tuple[NativeHot, ...] | None, threads: int = 4) -> list[str]:
     """The parsed native stacks (macOS `sample`): each rank's hottest threads."""
     from watchdog.daemon.probes.samplegraph import summary_line
 
     lines = []
-    for entry in hot if isinstance(hot, list) else []:
-        if not isinstance(entry, dict):
-            continue
-        head = f"    native stacks, rank {entry.get('rank')} pid {entry.get('pid')}"
-        if entry.get("error"):
-            lines.append(f"{head}: {entry['error']}")
+    for entry in hot or ():
+        head = f"    native stacks, rank {entry.rank} pid {entry.pid}"
+        if entry.error:
+            lines.append(f"{head}: {entry.error}")
             continue
         lines.append(f"{head}:")
-        for thread in (entry.get("threads") or [])[:threads]:
-            try:
-                lines.append(f"      {summary_line(thread)}")
-            except (AttributeError, KeyError, TypeError):
-                continue  # a hand-edited or foreign journal line: show the rest
+        lines += [f"      {summary_line(thread)}" for thread in (entry.threads or ())[:threads]]
     return lines
 
 
@@ -147,13 +162,13 @@ def node_status(state_dir: str, as_json: bool) -> None:
     snap = daemon_status(state_dir)
     wired = snap.wired_bytes if snap else None
     baseline = snap.wired_baseline_bytes if snap else None
-    info = {"reboot_required": flag is not None, "reboot": flag,
+    info = {"reboot_required": flag is not None, "reboot": flag.to_json() if flag else None,
             "daemon_running": snap is not None, "wired_bytes": wired,
             "wired_baseline_bytes": baseline}
     if as_json:
         click.echo(json.dumps(info, indent=1))
     else:
-        click.echo("reboot required: " + (f"YES ({flag.get('reason')})" if flag else "no"))
+        click.echo("reboot required: " + (f"YES ({flag.why})" if flag else "no"))
         click.echo(f"daemon: {'running' if snap else 'not running'}")
         if wired is not None:
             click.echo(f"wired memory: {wired / 2**20:.0f} MiB "

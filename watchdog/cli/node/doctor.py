@@ -29,6 +29,7 @@ from watchdog.cli.node.doctor_env import (
 from watchdog.daemon.config import ConfigError, parse_listen
 from watchdog.daemon.store import journal
 from watchdog.daemon.store.dirs import UnsafeDirectory, check_record_dir, check_state_dir
+from watchdog.status import ABSENT
 
 HTTP_TIMEOUT = 2.0
 
@@ -226,7 +227,8 @@ def check_reboot_flag(state_dir: str) -> list[Line]:
     if flag is None:
         return [(OK, "no reboot flag: this node is not flagged for reboot")]
     path = os.path.join(state_dir, journal.REBOOT_FLAG)
-    return [(FAIL, f"this node is flagged for reboot: {flag.get('reason', 'no reason given')} "
+    said = "no reason given" if flag.reason is ABSENT else flag.reason
+    return [(FAIL, f"this node is flagged for reboot: {said} "
                    f"({path}); reboot it, then run: mlx-watchdog node clear-reboot "
                    f"--state-dir {state_dir}")]
 

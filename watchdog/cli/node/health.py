@@ -120,7 +120,7 @@ def check(settings: Settings, reference: Reference | None = None,
     note (else it is the problem: its reboot flag is not known)."""
     flag = journal.reboot_flag(settings.state_dir)
     if flag is not None:
-        return Health(f"this node is flagged for reboot ({printable(str(flag.get('reason')))}; "
+        return Health(f"this node is flagged for reboot ({printable(str(flag.why))}; "
                       f"clear it with `mlx-watchdog node clear-reboot` after rebooting)")
     notes = []
     snap = daemon_status(settings.state_dir)
@@ -157,16 +157,16 @@ def check(settings: Settings, reference: Reference | None = None,
                               f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
     problem, unreachable = None, None
     for node in cluster.gather(settings.peers, settings.peer_timeout):
-        if not node["ok"]:
-            notes.append(f"peer {node['peer']} unreachable: its reboot flag not checked")
+        if not node.ok or node.status is None:
+            notes.append(f"peer {node.peer} unreachable: its reboot flag not checked")
             unreachable = unreachable or (
-                f"peer {node['peer']} unreachable: its reboot flag not checked (passed "
+                f"peer {node.peer} unreachable: its reboot flag not checked (passed "
                 f"over once it has not answered for {PEER_DOWN_AFTER:g}s)")
             continue
-        status = node["status"]  # a NodeStatus (cluster.fetch read it through the contract)
+        status = node.status
         if status.reboot_required and problem is None:
-            reason = status.reboot.get("reason") if status.reboot is not None else None
-            problem = (f"peer {node['peer']} ({printable(str(status.host))}) is "
+            reason = status.reboot.why if status.reboot is not None else None
+            problem = (f"peer {node.peer} ({printable(str(status.host))}) is "
                        f"flagged for reboot ({printable(str(reason))})")
     if problem is None and unreachable is not None and not peers_down_ok:
         problem = unreachable

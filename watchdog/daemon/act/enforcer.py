@@ -54,7 +54,15 @@ from watchdog.daemon.signaller import (
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
-from watchdog.status import ABSENT, Incident, SignalSent
+from watchdog.status import (
+    ABSENT,
+    Incident,
+    PeerView,
+    RebootFlag,
+    RebootReason,
+    SignalSent,
+    WiredCheck,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +183,7 @@ class Enforcer:
 
     def begin(self, incident: Incident, targets: list[Target], baseline: int | None = None,
               others_live: Callable[[], bool] = lambda: False,
-              cluster: dict[str, Any] | None = None, evidence: bool = True,
+              cluster: PeerView | None = None, evidence: bool = True,
               asked: bool = False, verdict_at: float | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
@@ -439,21 +447,20 @@ class Enforcer:
                 and wired > baseline + self.settings.wired_threshold)
 
     def wired_check(self, baseline: int | None, wired: int | None,
-                    others_live: Callable[[], bool]) -> dict[str, Any]:
+                    others_live: Callable[[], bool]) -> WiredCheck:
         """What wired memory read `wired` says after a kill, against the idle baseline."""
         if baseline is None:
-            return {"wired_check": "no baseline"}
-        result: dict[str, Any] = {"wired_baseline": baseline, "wired_after": wired}
+            return WiredCheck(wired_check="no baseline")
         if wired is None:
-            result["wired_check"] = "probe failed"
+            said = "probe failed"
         elif not self._over(baseline, wired):
-            result["wired_check"] = "returned"
+            said = "returned"
         elif others_live():
             # Other ranks hold wired memory legitimately; no verdict on a leak.
-            result["wired_check"] = "skipped: other ranks are live"
+            said = "skipped: other ranks are live"
         else:
-            result["wired_check"] = "leaked"
-        return result
+            said = "leaked"
+        return WiredCheck(wired_baseline=baseline, wired_after=wired, wired_check=said)
 
     def _wired(self) -> int | None:
         try:
@@ -465,8 +472,9 @@ class Enforcer:
     def _settled(self, ladder: Ladder, wired: int | None) -> None:
         """The settle's verdict, the reboot flag it calls for, and the close."""
         settled = self.wired_check(ladder.baseline, wired, ladder.others_live)
-        incident = replace(ladder.incident, wired_check=settled["wired_check"], **{
-            key: settled[key] for key in ("wired_baseline", "wired_after") if key in settled})
+        incident = replace(ladder.incident, wired_check=settled.wired_check, **{
+            key: getattr(settled, key) for key in ("wired_baseline", "wired_after")
+            if getattr(settled, key) is not ABSENT})
         unkillable = [pid for pid, result in ladder.outcome.items() if result == UNKILLABLE]
         reasons = []
         if unkillable:
@@ -477,14 +485,15 @@ class Enforcer:
         flag = None
         if reasons:
             reason = "; ".join(reasons)
-            flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
-                    "wired_baseline": ladder.baseline, "wired_after": _wired_after(incident)}
+            flag = RebootReason(reason=reason, time=self.wall(), incident=incident.id,
+                                wired_baseline=ladder.baseline,
+                                wired_after=_wired_after(incident))
             log.error("node flagged for reboot: %s", reason)
             incident = replace(incident, reboot_required=reason)
         ladder.incident = incident
         self._close(ladder, flag)
 
-    def _close(self, ladder: Ladder, flag: dict[str, Any] | None) -> None:
+    def _close(self, ladder: Ladder, flag: RebootReason | None) -> None:
         """Journal the incident and the flag, each on its own: one failed write
         neither skips the other nor loses itself (held and retried each scan)."""
         incident = ladder.incident
@@ -537,15 +546,15 @@ class Enforcer:
         """A closed incident an earlier daemon could not finish writing: its line
         and its reboot flag, whichever is not on disk yet (never twice)."""
         state_dir = self.settings.state_dir
-        written = any(i.get("id") == incident.id
+        written = any(i.id == incident.id
                       for i in journal.read_incidents(state_dir)[0])
         flag = None
         reason = incident.reboot_required
-        present = journal.reboot_flag(state_dir) or {}
-        if reason and not any(r.get("incident") == incident.id
-                              for r in present.get("reasons", []) if isinstance(r, dict)):
-            flag = {"reason": reason, "time": self.wall(), "incident": incident.id,
-                    "wired_baseline": baseline, "wired_after": _wired_after(incident)}
+        present = journal.reboot_flag(state_dir) or RebootFlag()
+        told = present.reasons if isinstance(present.reasons, tuple) else ()
+        if reason and not any(r.incident == incident.id for r in told):
+            flag = RebootReason(reason=str(reason), time=self.wall(), incident=incident.id,
+                                wired_baseline=baseline, wired_after=_wired_after(incident))
         if written:
             self.backlog.written(incident.id)
         self.backlog.add(None if written else incident, flag)

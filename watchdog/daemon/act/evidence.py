@@ -26,6 +26,7 @@ from typing import Any
 
 from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError
 from watchdog.daemon.signaller import DUMP_SIGNALS, OURS, SENT, Signaller, Target
+from watchdog.status import NativeHot
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ class Evidence:
         return out
 
     def hot_frames(self, incident_id: str, targets: list[Target], evidence: list[str]
-                   ) -> list[dict[str, Any]]:
+                   ) -> list[NativeHot]:
         """Each native dump the probe can parse, as threads and their hot frames."""
         folder = os.path.join(self.state_dir, "evidence", incident_id)
         parsed = []
@@ -281,11 +282,10 @@ class Evidence:
             threads = self.probe.hot_frames(text)
             if threads is None:
                 continue
-            entry: dict[str, Any] = {"rank": target.rank, "pid": target.pid}
             if threads:
-                entry["threads"] = threads
+                parsed.append(NativeHot(target.rank, target.pid, threads=tuple(threads)))
             else:  # a sampler that failed or was cut short: say what it said
                 first = next((line for line in text.splitlines() if line.strip()), "")
-                entry["error"] = f"no call graph in the output: {first[:200] or 'empty'}"
-            parsed.append(entry)
+                parsed.append(NativeHot(target.rank, target.pid, error=(
+                    f"no call graph in the output: {first[:200] or 'empty'}")))
         return parsed

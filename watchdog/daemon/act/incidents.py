@@ -8,13 +8,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
 
 from watchdog import cause
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import State
-from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank
+from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
 
 FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
 
@@ -102,27 +101,31 @@ def fenced_finding(fenced: Fence) -> tuple[str, str]:
             f"fenced by {fenced.origin}: {said}")
 
 
-def with_view(incident: Incident, view: dict[str, Any] | None) -> Incident:
+def with_view(incident: Incident, view: PeerView | None) -> Incident:
     """The incident with the cluster view's cause and one line (the peers answered);
     a local culprit carries them too."""
-    if not view or not view.get("cause"):
+    if view is None or not view.cause:
         return incident
-    found, summary = view["cause"], view.get("summary") or incident.summary
+    found, summary = view.cause, view.summary or incident.summary
     c = incident.culprit
     return replace(incident, cause=found, summary=summary,
                    culprit=replace(c, cause=found, summary=summary) if c else None)
 
 
-def fence_culprit(incident: Incident, view: dict[str, Any] | None) -> Culprit:
+def view_culprit(view: PeerView | None) -> Culprit | None:
+    """The rank the peers' view names as holding the job up, as an incident names it."""
+    named = view.culprit if view is not None else None
+    if named is None:
+        return None
+    return Culprit(host=named.host, rank=named.rank, pid=named.pid, state=named.state,
+                   reason=named.reason)
+
+
+def fence_culprit(incident: Incident, view: PeerView | None) -> Culprit:
     """What a fence names: the incident's culprit, else the cluster view's, else no
     rank; always with the cause and its one line, which the peers' incidents take."""
-    if incident.culprit is not None:
-        return replace(incident.culprit, cause=incident.cause, summary=incident.summary)
-    named = (view or {}).get("culprit")
-    named = named if isinstance(named, dict) else {}
-    return Culprit(host=named.get("host"), rank=named.get("rank"), pid=named.get("pid"),
-                   state=named.get("state"), reason=named.get("reason"),
-                   cause=incident.cause, summary=incident.summary)
+    named = incident.culprit or view_culprit(view) or Culprit()
+    return replace(named, cause=incident.cause, summary=incident.summary)
 
 
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,

@@ -22,9 +22,9 @@ from concurrent.futures import Executor, Future
 from typing import Any
 
 from watchdog.daemon.config import Settings
+from watchdog.daemon.judge import cluster as judge
 from watchdog.net import cluster, fence
-from watchdog.states import State
-from watchdog.status import Culprit, Fence, NodeStatus
+from watchdog.status import Culprit, Fence, NodeAnswer, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Peers:
         self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
         self.clock = clock
         self._lock = threading.Lock()
-        self._asked: tuple[float, list[dict[str, Any]]] | None = None  # (when, answers)
+        self._asked: tuple[float, list[NodeAnswer]] | None = None  # (when, answers)
         self._asking: Future[None] | None = None  # a background ask under way
 
     def prefetch(self) -> None:
@@ -71,7 +71,7 @@ class Peers:
             except RuntimeError:  # the executor is shut down: the daemon is stopping
                 self._asking = None
 
-    def _remote(self) -> list[dict[str, Any]]:
+    def _remote(self) -> list[NodeAnswer]:
         """Every peer's answer. A peer that answered is asked again now (it answers in
         milliseconds, and what it says must be current: a rank that started computing
         a moment ago); one that did not answer a recent background ask is not waited
@@ -83,37 +83,20 @@ class Peers:
             except Exception:  # noqa: BLE001, S110 - then ask anew below
                 pass
         asked, peers = self._asked, self.settings.peers
-        down: list[dict[str, Any]] = []
+        down: list[NodeAnswer] = []
         if asked is not None and self.clock() - asked[0] <= FRESH:
-            down = [n for n in asked[1] if not n["ok"] and n["peer"] in peers]
-        ask = [p for p in peers if p not in {n["peer"] for n in down}]
+            down = [n for n in asked[1] if not n.ok and n.peer in peers]
+        ask = [p for p in peers if p not in {n.peer for n in down}]
         return down + (cluster.gather(ask, self.settings.peer_timeout) if ask else [])
 
-    def view(self, uid: int, job: str, local: NodeStatus) -> dict[str, Any] | None:
+    def view(self, uid: int, job: str, local: NodeStatus) -> PeerView | None:
         """This job of this owner across every node (the peers' answers within
         peer_timeout, or a recent background one; `local` our own snapshot), or None."""
         nodes = self._remote()
-        nodes.append({"peer": "local", "ok": True, "status": local})
-        for view in cluster.analyze(nodes)["jobs"]:
-            if view["job"] == job and view.get("uid") == uid:
-                # The view's ranks, each with the node that reported it.
-                seen = [cluster.Seen.from_json(r) for r in view["ranks"]]
-                computing = [{"rank": s.rank.rank, "host": s.rank.host, "pid": s.rank.pid}
-                             for s in seen
-                             if s.node != "local" and s.rank.computing is True
-                             and s.rank.state not in (State.STOPPED, State.EXITED,
-                                                      State.KILLED)]
-                # A rank there in a wait of its own (a checkpoint) that ours may wait for.
-                holding = [{"rank": s.rank.rank, "host": s.rank.host, "pid": s.rank.pid,
-                            "what": s.rank.holding, "collectives": s.rank.collectives}
-                           for s in seen
-                           if s.node != "local" and s.rank.holding
-                           and s.rank.state not in (State.STOPPED, State.EXITED,
-                                                    State.KILLED)]
-                return {"culprit": view["culprit"], "evidence": view["evidence"],
-                        "cause": view.get("cause"), "summary": view.get("summary"),
-                        "unreachable": [n["peer"] for n in nodes if not n["ok"]],
-                        "computing": computing, "holding": holding}
+        nodes.append(NodeAnswer(judge.LOCAL, True, local))
+        for view in judge.analyze(nodes).jobs:
+            if view.job == job and view.uid == uid:
+                return judge.peer_view(view, [n.peer for n in nodes if not n.ok])
         return None
 
     def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None) -> None:

@@ -20,14 +20,13 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
-from watchdog.daemon.act.incidents import fence_culprit, with_view
+from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
 from watchdog.daemon.signaller import Target
-from watchdog.status import Culprit, Incident, NodeStatus
+from watchdog.status import Culprit, Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ class Response:
     others_live: Callable[[], bool]
     may_hold: bool = False
     evidence: bool = True
-    asking: Future[dict[str, Any] | None] | None = None
+    asking: Future[PeerView | None] | None = None
     ladder: Ladder | None = None
     failed: bool = False  # its start raised: its ranks are tried again
     verdict_at: float = 0.0  # the enforcer's clock at the verdict (the time boxes)
@@ -103,13 +102,13 @@ class Responses:
                                      incident, ladder.targets, ladder.others_live,
                                      ladder=ladder))
 
-    def _begin(self, response: Response, view: dict[str, Any] | None, asked: bool) -> None:
+    def _begin(self, response: Response, view: PeerView | None, asked: bool) -> None:
         incident = response.incident
         if asked and incident.culprit is None:
             # No local rank stopped: the peers' view names the rank that holds the job
             # up, with its host and pid (a frozen exo runner on the other Mac), for the
             # incident and for the fence that tells the peers.
-            named = Culprit.from_json((view or {}).get("culprit"))
+            named = view_culprit(view)
             if named is not None:
                 incident = response.incident = replace(incident, culprit=replace(
                     named, cause=incident.cause, summary=incident.summary))
@@ -134,27 +133,27 @@ class Responses:
         assert response.asking is not None
         if not response.asking.done():
             response.asking.cancel()
-            view: dict[str, Any] | None = {
-                "error": f"the peers did not answer within {self.ask_bound():g}s"}
+            view: PeerView | None = PeerView(
+                error=f"the peers did not answer within {self.ask_bound():g}s")
         else:
             try:
                 view = response.asking.result()
             except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
-                view = {"error": str(err)}
+                view = PeerView(error=str(err))
         response.asking = None
-        busy = (view or {}).get("computing") or []
+        busy = view.computing if view is not None else ()
         if busy and response.may_hold:
-            names = ", ".join(f"{b['rank']} on {b['host']}" for b in busy)
+            names = ", ".join(f"{b.rank} on {b.host}" for b in busy)
             return Outcome(response.incident, held=f"held: rank {names} of the job is "
                                                    "computing (a slow peer, not a hang)")
         # A rank there in a wait of its own, not ahead of ours: the job's pace.
         ours = max((r.collectives or 0 for r in response.incident.ranks), default=0)
-        pace = [h for h in (view or {}).get("holding") or []
-                if isinstance(h.get("collectives"), int) and h["collectives"] <= ours]
+        pace = [h for h in (view.holding if view is not None else ())
+                if h.collectives is not None and h.collectives <= ours]
         if pace and response.may_hold:
             h = pace[0]
             return Outcome(response.incident,
-                           held=f"held: rank {h['rank']} on {h['host']} is {h['what']}")
+                           held=f"held: rank {h.rank} on {h.host} is {h.what}")
         response.incident = with_view(response.incident, view)
         log.error("job %s: %s; %s %s ranks %s; cause %s: %s", response.job,
                   response.incident.reason,

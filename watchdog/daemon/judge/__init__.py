@@ -1,2 +1,3 @@
-"""Judging a rank, purely: the detector, the deadline of a wait and its rules, and a
-rank's threads between two samples. No I/O: the loop hands in what it saw."""
+"""Judging, purely: a rank (the detector, the deadline of a wait and its rules, a rank's
+threads between two samples) and a job across the nodes (cluster.py). No I/O: the loop,
+the peers' asking and `cluster status` hand in what they saw."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
 from watchdog import host
+from watchdog.status import HotThread
 
 
 class ProbeError(Exception):
@@ -111,7 +111,7 @@ class Probe:
         """A native stack sampler for evidence, or None when none is installed."""
         return None
 
-    def hot_frames(self, text: str) -> list[dict[str, Any]] | None:
+    def hot_frames(self, text: str) -> list[HotThread] | None:
         """The sampler's output as threads with their hot frames; None: no parser
         for this platform's tool, [] for output that holds no stacks."""
         return None

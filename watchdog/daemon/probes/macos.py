@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool, samplegraph
+from watchdog.status import HotThread
 
 RUSAGE_INFO_V2 = 2
 # struct rusage_info_v2 (<sys/resource.h>): a 16-byte uuid, 16 uint64 counters, then
@@ -74,5 +75,5 @@ class MacProbe(Probe):
         # `sample PID 1`: one second of samples of every thread, to stdout.
         return [sample, str(pid), "1"] if sample else None
 
-    def hot_frames(self, text: str) -> list[dict[str, Any]] | None:
+    def hot_frames(self, text: str) -> list[HotThread] | None:
         return samplegraph.parse(text)

@@ -13,13 +13,15 @@ with the tree drawn in `+ ! : |`:
 For each thread this returns its sample count, its leaf frames summed by
 name (where the samples were taken: a thread hung in a collective shows one
 leaf holding nearly all of them), and its heaviest path from the root. Pure:
-text in, plain data out, never raises on bad input.
+text in, `status.HotThread`s out, never raises on bad input.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from watchdog.status import HotFrame, HotThread, PathFrame
 
 MAX_THREADS = 64
 TOP_LEAVES = 5
@@ -36,14 +38,14 @@ def _frame(text: str) -> tuple[str, str]:
     return text.split("  ")[0].strip(), ""
 
 
-def parse(text: str) -> list[dict[str, Any]]:
+def parse(text: str) -> list[HotThread]:
     """The threads of one `sample` report; [] when it holds no call graph."""
     lines = text.splitlines()
     try:
         start = next(i for i, line in enumerate(lines) if line.strip() == "Call graph:")
     except StopIteration:
         return []
-    threads: list[dict[str, Any]] = []
+    threads: list[HotThread] = []
     nodes: list[list[Any]] = []  # of the current thread: [depth, count, name, lib, children]
     roots: list[int] = []
     stack: list[int] = []
@@ -56,10 +58,10 @@ def parse(text: str) -> list[dict[str, Any]]:
         lead, count, text = match.group("lead"), int(match.group("count")), match.group("text")
         if "+" not in lead:  # a thread's line: its frames all start with "+"
             if threads:
-                threads[-1].update(_summarise(nodes, roots))
+                threads[-1] = _summarise(threads[-1], nodes, roots)
             if len(threads) >= MAX_THREADS:
                 return threads
-            threads.append({"thread": " ".join(text.split()), "samples": count})
+            threads.append(HotThread(" ".join(text.split()), count))
             nodes, roots, stack = [], [], []
             continue
         if not threads:
@@ -72,11 +74,11 @@ def parse(text: str) -> list[dict[str, Any]]:
         stack.append(len(nodes))
         nodes.append([depth, count, name, lib, []])
     if threads:
-        threads[-1].update(_summarise(nodes, roots))
+        threads[-1] = _summarise(threads[-1], nodes, roots)
     return threads
 
 
-def _summarise(nodes: list[list[Any]], roots: list[int]) -> dict[str, Any]:
+def _summarise(thread: HotThread, nodes: list[list[Any]], roots: list[int]) -> HotThread:
     leaves: dict[tuple[str, str], int] = {}
     for _, count, name, lib, children in nodes:
         # Samples taken in this very frame: its count less its callees'.
@@ -84,22 +86,22 @@ def _summarise(nodes: list[list[Any]], roots: list[int]) -> dict[str, Any]:
         if own > 0:
             leaves[(name, lib)] = leaves.get((name, lib), 0) + own
     top = sorted(leaves.items(), key=lambda item: -item[1])[:TOP_LEAVES]
-    path: list[dict[str, Any]] = []
+    path: list[PathFrame] = []
     current = max(roots, key=lambda i: nodes[i][1]) if roots else None
     while current is not None:
         _, count, name, _, children = nodes[current]
-        path.append({"frame": name, "samples": count})
+        path.append(PathFrame(name, count))
         current = max(children, key=lambda c: nodes[c][1]) if children else None
-    return {"top": [{"frame": name, "lib": lib, "samples": n} for (name, lib), n in top],
-            "path": path[-PATH_FRAMES:]}
+    return HotThread(thread.thread, thread.samples,
+                     tuple(HotFrame(name, lib, n) for (name, lib), n in top),
+                     tuple(path[-PATH_FRAMES:]))
 
 
-def summary_line(thread: dict[str, Any]) -> str:
+def summary_line(thread: HotThread) -> str:
     """One line for people: "Thread_1 StreamThread: 1156 of 1304 in tbt_poll_cq (...)"."""
-    top = thread.get("top") or []
-    if not top:
-        return f"{thread.get('thread')}: {thread.get('samples')} samples, no frames"
-    hot = top[0]
-    path = [p["frame"] for p in thread.get("path", [])[-3:]]
-    return (f"{thread.get('thread')}: {hot['samples']} of {thread.get('samples')} samples "
-            f"in {hot['frame']}" + (f" ({' > '.join(path)})" if path else ""))
+    if not thread.top:
+        return f"{thread.thread}: {thread.samples} samples, no frames"
+    hot = thread.top[0]
+    path = [p.frame for p in thread.path[-3:]]
+    return (f"{thread.thread}: {hot.samples} of {thread.samples} samples "
+            f"in {hot.frame}" + (f" ({' > '.join(path)})" if path else ""))

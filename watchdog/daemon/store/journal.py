@@ -15,7 +15,10 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+from watchdog.status import ABSENT, DaemonPointer, Incident, RebootFlag, RebootReason
 
 INCIDENTS = "incidents.jsonl"
 REBOOT_FLAG = "reboot-required"
@@ -35,13 +38,13 @@ def scan_is_recent(last_scan_monotonic: float, interval: float, now_monotonic: f
 
 def publish_pointer(record_dir: str, state_dir: str, listen: str) -> None:
     """Tell `status`, `watch` and `inspect` given this record directory where we publish."""
-    write_json_atomic(os.path.join(record_dir, POINTER),
-                      {"daemon_pid": os.getpid(), "state_dir": os.path.abspath(state_dir),
-                       "listen": listen})
+    write_json_atomic(os.path.join(record_dir, POINTER), DaemonPointer(
+        daemon_pid=os.getpid(), state_dir=os.path.abspath(state_dir), listen=listen).to_json())
 
 
-def _pointer(record_dir: str, owners: tuple[int, ...]) -> dict[str, Any] | None:
-    """The pointer file's JSON, if it is a regular file one of `owners` owns.
+def _pointer(record_dir: str, owners: tuple[int, ...]) -> DaemonPointer | None:
+    """The pointer, if it is a regular file one of `owners` owns, naming a state
+    directory.
 
     The record directory is writable by every local user: no link is followed,
     and nothing blocks on a planted FIFO (O_NONBLOCK), so no file there can
@@ -57,16 +60,15 @@ def _pointer(record_dir: str, owners: tuple[int, ...]) -> dict[str, Any] | None:
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
             return None
         try:
-            data = json.loads(f.read(1 << 16))
+            return DaemonPointer.from_json(json.loads(f.read(1 << 16)))
         except ValueError:
             return None
-    return data if isinstance(data, dict) else None
 
 
 def remove_pointer(record_dir: str) -> None:
     """On a clean stop: no daemon watches the directory any more (ours only)."""
     data = _pointer(record_dir, (os.getuid(),))
-    if data is None or data.get("daemon_pid") != os.getpid():
+    if data is None or data.daemon_pid != os.getpid():
         return  # gone already, or not ours: a stale pointer names a dead pid
     try:
         os.unlink(os.path.join(record_dir, POINTER))
@@ -74,14 +76,13 @@ def remove_pointer(record_dir: str) -> None:
         return
 
 
-def read_pointer(record_dir: str) -> dict[str, Any] | None:
+def read_pointer(record_dir: str) -> DaemonPointer | None:
     """The pointer, if a daemon we may believe wrote it: root's, or our own user's.
 
     A pointer planted by another user could send us to forged verdicts, so it is
     not read at all.
     """
-    data = _pointer(record_dir, (0, os.getuid()))
-    return data if data is not None and isinstance(data.get("state_dir"), str) else None
+    return _pointer(record_dir, (0, os.getuid()))
 
 
 def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
@@ -175,13 +176,21 @@ def read_lines(path: str, keep: Callable[[dict[str, Any]], bool] = lambda item: 
     return items, bad
 
 
-def read_incidents(state_dir: str) -> tuple[list[dict[str, Any]], int]:
-    """All well-formed incidents, oldest first, and how many lines were not."""
-    return read_lines(os.path.join(state_dir, INCIDENTS))
+def read_incidents(state_dir: str) -> tuple[list[Incident], int]:
+    """All well-formed incidents, oldest first, read through the contract; and how many
+    lines were not (not JSON, not an object, or without an id)."""
+    lines, bad = read_lines(os.path.join(state_dir, INCIDENTS))
+    incidents = []
+    for line in lines:
+        try:
+            incidents.append(Incident.from_json(line))
+        except ValueError:
+            bad += 1
+    return incidents, bad
 
 
-def reboot_flag(state_dir: str) -> dict[str, Any] | None:
-    """The reboot flag's contents, or None when the node is not flagged."""
+def reboot_flag(state_dir: str) -> RebootFlag | None:
+    """The reboot flag, or None when the node is not flagged."""
     path = os.path.join(state_dir, REBOOT_FLAG)
     try:
         with os.fdopen(open_regular(path), "r") as f:
@@ -189,17 +198,21 @@ def reboot_flag(state_dir: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {"reason": "reboot flag present but unreadable", "path": path}
-    return data if isinstance(data, dict) else {"reason": str(data)}
+        return RebootFlag(reason="reboot flag present but unreadable", path=path)
+    return RebootFlag.from_json(data) or RebootFlag(reason=str(data))
 
 
-def set_reboot_flag(state_dir: str, reason: str, **figures: Any) -> dict[str, Any]:
-    """Flag the node; an existing flag keeps its first reason and gains this one."""
-    flag = reboot_flag(state_dir) or {"reasons": []}
-    flag.setdefault("reasons", [])
-    flag["reasons"].append({"reason": reason, **figures})
-    flag["reason"] = flag["reasons"][0]["reason"]
-    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag, durable=True)
+def set_reboot_flag(state_dir: str, reason: str | RebootReason, **figures: Any
+                    ) -> RebootFlag:
+    """Flag the node (`reason` with its figures: RebootReason's fields); an existing
+    flag keeps its first reason and gains this one."""
+    said = reason if isinstance(reason, RebootReason) else RebootReason(reason=reason,
+                                                                         **figures)
+    present = reboot_flag(state_dir) or RebootFlag()
+    reasons = (*(present.reasons if isinstance(present.reasons, tuple) else ()), said)
+    first = reasons[0].reason
+    flag = replace(present, reasons=reasons, reason=None if first is ABSENT else first)
+    write_json_atomic(os.path.join(state_dir, REBOOT_FLAG), flag.to_json(), durable=True)
     return flag
 
 

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from watchdog.daemon.store import journal
+from watchdog.status import LaunchEvent
 
 LAUNCHES = "launches.jsonl"
 COUNTED = ("restart", "refused", "gave_up")  # the events /metrics counts
@@ -38,11 +39,11 @@ def journal_dir(state_dir: str) -> str:
     return user_state_dir()
 
 
-def append(directory: str, event: dict[str, Any]) -> str:
+def append(directory: str, event: LaunchEvent) -> str:
     """Append one event; returns the file. Raises OSError when it cannot be written."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = os.path.join(directory, LAUNCHES)
-    line = (json.dumps(event, sort_keys=True, default=str) + "\n").encode()
+    line = (json.dumps(event.to_json(), sort_keys=True, default=str) + "\n").encode()
     fd = journal.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -51,10 +52,17 @@ def append(directory: str, event: dict[str, Any]) -> str:
     return path
 
 
-def read(directory: str) -> tuple[list[dict[str, Any]], int]:
-    """All well-formed events, oldest first, and how many lines were not."""
+def read_lines(directory: str) -> tuple[list[dict[str, Any]], int]:
+    """Every line that names its event, as written (`incidents --json` shows them so),
+    oldest first, and how many lines were not."""
     return journal.read_lines(os.path.join(directory, LAUNCHES),
                               lambda item: isinstance(item.get("event"), str))
+
+
+def read(directory: str) -> tuple[list[LaunchEvent], int]:
+    """All well-formed events, oldest first, and how many lines were not."""
+    lines, bad = read_lines(directory)
+    return [LaunchEvent.from_json(line) for line in lines], bad
 
 
 class Counts:
@@ -75,8 +83,8 @@ class Counts:
         if seen != self._seen:
             counts = dict.fromkeys(COUNTED, 0)
             for event in read(os.path.dirname(self.path))[0]:
-                if event["event"] in counts:
-                    counts[event["event"]] += 1
+                if event.event in counts:
+                    counts[event.event] += 1
             self._seen, self._counts = seen, counts
         return dict(self._counts)
 

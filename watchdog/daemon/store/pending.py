@@ -30,7 +30,7 @@ from typing import Any
 
 from watchdog.daemon.signaller import Target
 from watchdog.daemon.store import journal
-from watchdog.status import Incident, Unwritten
+from watchdog.status import Incident, RebootReason, Unwritten
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +145,14 @@ class Backlog:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.incidents: list[Incident] = []
-        self.flags: list[dict[str, Any]] = []  # {"reason": ..., figures}
+        self.flags: list[RebootReason] = []
         self.failures = 0  # writes that failed (a metric)
         # Incidents written whose flag is not yet: their write-ahead entry stays, so a
         # restart meanwhile still raises the flag (Enforcer.resume).
         self._written: set[str] = set()
         self._lock = threading.Lock()
 
-    def add(self, incident: Incident | None, flag: dict[str, Any] | None) -> None:
+    def add(self, incident: Incident | None, flag: RebootReason | None) -> None:
         with self._lock:
             if flag is not None:
                 self.flags.append(flag)
@@ -172,11 +172,11 @@ class Backlog:
             while self.flags:
                 flag = self.flags[0]
                 try:
-                    journal.set_reboot_flag(self.state_dir, **flag)
+                    journal.set_reboot_flag(self.state_dir, flag)
                 except OSError as err:
                     self.failures += 1
                     log.error("cannot write the reboot flag (%s); held in memory, tried "
-                              "again each scan: %s", flag["reason"], err)
+                              "again each scan: %s", flag.reason, err)
                     break
                 self.flags.pop(0)
             while self.incidents:
@@ -190,7 +190,7 @@ class Backlog:
                     break
                 self.incidents.pop(0)
                 self._written.add(incident.id)
-            flagged = {f.get("incident") for f in self.flags}
+            flagged = {f.incident for f in self.flags}
             for incident_id in sorted(self._written - flagged):
                 self._written.discard(incident_id)
                 try:
@@ -202,5 +202,5 @@ class Backlog:
     def state(self) -> Unwritten:
         """For /status and the metrics."""
         with self._lock:
-            return Unwritten(tuple(f["reason"] for f in self.flags),
+            return Unwritten(tuple(str(f.reason) for f in self.flags),
                              tuple(i.id for i in self.incidents), self.failures)

@@ -146,7 +146,8 @@ def test_wired_absent_means_no_reboot_verdict(state_dir):
 
 
 def test_parse_a_jaccl_rank_hung_in_recv():
-    threads = samplegraph.parse(REPORT.format(pid=4242, ppid=1))
+    typed = samplegraph.parse(REPORT.format(pid=4242, ppid=1))
+    threads = [t.to_json() for t in typed]  # as an incident journals them
     assert [t["thread"] for t in threads] == [
         "Thread_8812211 DispatchQueue_1: com.apple.main-thread (serial)",
         "Thread_8812260: StreamThread", "Thread_8812261"]
@@ -160,7 +161,7 @@ def test_parse_a_jaccl_rank_hung_in_recv():
     assert recv["samples"] == 1156  # 1156 of 1304 StreamThread samples inside recv
     assert stream["path"][-1] == {"frame": "ibv_poll_cq", "samples": 1102}
     assert threads[0]["top"][0]["frame"] == "__psynch_cvwait"
-    assert "1102 of 1304 samples in ibv_poll_cq" in samplegraph.summary_line(stream)
+    assert "1102 of 1304 samples in ibv_poll_cq" in samplegraph.summary_line(typed[1])
 
 
 @pytest.mark.parametrize("text", [
@@ -178,8 +179,8 @@ def test_parse_caps_the_thread_count():
         f"    5 Thread_{i}\n    + 5 f{i}  (in lib)  [0x1]\n" for i in range(200))
     threads = samplegraph.parse(text)
     assert len(threads) == samplegraph.MAX_THREADS
-    assert threads[-1]["top"] == [{"frame": f"f{samplegraph.MAX_THREADS - 1}", "lib": "lib",
-                                   "samples": 5}]
+    assert threads[-1].to_json()["top"] == [
+        {"frame": f"f{samplegraph.MAX_THREADS - 1}", "lib": "lib", "samples": 5}]
 
 
 @pytest.fixture
@@ -339,7 +340,7 @@ def test_split_offsets_of_one_function_are_summed():
             "    + ! 36 tbt_poll_cq  (in libjaccl_tbt.dylib) + 40  [0x3]\n"
             "    + 4 start_wqthread  (in libsystem_pthread.dylib) + 0,2  [0x4,0x5]\n")
     [thread] = samplegraph.parse(text)
-    assert thread["top"] == [
+    assert thread.to_json()["top"] == [
         {"frame": "__workq_kernreturn", "lib": "libsystem_kernel.dylib", "samples": 60},
         {"frame": "tbt_poll_cq", "lib": "libjaccl_tbt.dylib", "samples": 36},
         {"frame": "start_wqthread", "lib": "libsystem_pthread.dylib", "samples": 8}]
@@ -348,11 +349,14 @@ def test_split_offsets_of_one_function_are_summed():
 def test_incidents_output_survives_a_malformed_native_hot():
     from watchdog.cli.node.commands import _native_hot_lines
 
-    lines = _native_hot_lines([{"rank": 0, "pid": 1, "threads": [{"top": "x"}, None,
-                                                                   {"thread": "T", "samples": 3,
-                                                                    "top": [{"frame": "f",
-                                                                             "samples": 3}]}]},
-                               "junk", {"rank": 1, "pid": 2, "error": "no call graph"}])
+    def native_hot(hot):  # a journal line's native_hot, read as `incidents` reads it
+        return Incident.from_json({"id": "i", "native_hot": hot}).native_hot
+
+    lines = _native_hot_lines(native_hot([
+        {"rank": 0, "pid": 1, "threads": [{"top": "x"}, None, {"thread": "T", "samples": 3,
+                                                               "top": [{"frame": "f",
+                                                                        "samples": 3}]}]},
+        "junk", {"rank": 1, "pid": 2, "error": "no call graph"}]))
     assert lines == ["    native stacks, rank 0 pid 1:", "      T: 3 of 3 samples in f",
                      "    native stacks, rank 1 pid 2: no call graph"]
-    assert _native_hot_lines({"not": "a list"}) == []
+    assert _native_hot_lines(native_hot({"not": "a list"})) == []

@@ -1,0 +1,181 @@
+"""The cluster judgement: a job's ranks as every reachable node reported them, judged.
+
+On a cluster with one rank per Mac, each daemon sees one rank and cannot tell
+a rank waiting on a frozen peer from the frozen peer itself. Lining up all
+ranks of a job does: the waiting ranks sit in the same collective, and the
+culprit is the one that is stopped, gone, elsewhere, or furthest behind. A job
+is `healthy` only when nothing says otherwise: `hung`, `unknown` (a rank behind
+an unreachable node while another waits) and `ended` (every rank gone, or the
+watchdog ended some; each rank with what happened to it) are told apart.
+
+Pure, like the rest of `judge/`: the nodes' answers (`status.NodeAnswer`, asked by
+`net/cluster.py`) in, a `status.ClusterView` out. `cluster status` and the daemon
+(`act/peers.py`, whose `peer_view` says what holds a job of ours) judge with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from watchdog import cause
+from watchdog.record import MAX_WORLD_SIZE
+from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
+from watchdog.status import (
+    ClusterNode,
+    ClusterView,
+    ComputingRank,
+    HoldingRank,
+    JobCulprit,
+    JobState,
+    JobView,
+    NodeAnswer,
+    PeerView,
+    RankStatus,
+    ReportedRank,
+)
+
+LOCAL = "local"  # the peer name of this node's own answer
+
+
+def _last(seen: ReportedRank) -> int:
+    last = seen.rank.last_collective
+    return last.number if last is not None and last.number is not None else 0
+
+
+def where(rank: RankStatus) -> str:
+    """The rank's last collective, as "op #number"."""
+    c = rank.last_collective
+    return f"{c.op if c.op is not None else '?'} #{c.number if c.number is not None else 0}" \
+        if c is not None else "no collective yet"
+
+
+def _culprit(seen: ReportedRank, reason: str) -> JobCulprit:
+    r = seen.rank
+    return JobCulprit(host=r.host, node=seen.node, rank=r.rank, pid=r.pid, state=r.state,
+                      reason=reason)
+
+
+def _ended_note(ranks: Sequence[ReportedRank]) -> str:
+    return "; ".join(f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
+                     + (f" ({s.rank.reason})" if s.rank.reason else "") for s in ranks)
+
+
+def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str],
+              uid: int | None = None) -> JobView:
+    """Healthy or hung, and if hung, which rank holds the job up and why."""
+    def order(seen: ReportedRank) -> tuple[int, int]:
+        return (seen.rank.rank if seen.rank.rank is not None else -1, seen.rank.pid or 0)
+
+    seen = sorted(ranks, key=order)
+    # A peer's /status is untrusted: sizes are bounded before any range is built.
+    sizes = [s.rank.world_size for s in seen]
+    world = min(MAX_WORLD_SIZE, max([n for n in sizes if n is not None] + [len(seen)]))
+    present = {s.rank.rank for s in seen}
+    missing = tuple(i for i in range(world) if i not in present)
+    waiting = [s for s in seen if s.rank.phase in WAITING_PHASES and s.rank.state not in ENDED]
+    hung = any(s.rank.state in HUNG for s in seen)
+    troubled = [s for s in seen if s.rank.state in (ENDED | {State.STOPPED})]
+    if waiting and troubled:
+        hung = True
+    stopped_live = [s for s in seen if s.rank.state == State.STOPPED]
+    if stopped_live and any(s.rank.state in ENDED for s in seen):
+        hung = True  # its peers are gone and a stopped rank of it is left behind
+    # A rank behind an unreachable node cannot be seen: while another rank of the
+    # job waits (on it, perhaps), the job is not known to be healthy.
+    # Nor known to be over: a rank ended here says nothing of one behind a node
+    # that does not answer, which may still hold the job's other ranks.
+    unknown = not hung and bool(missing and unreachable) and bool(
+        waiting or any(s.rank.state in ENDED for s in seen))
+    # Every rank gone, or the watchdog ended some: the job is over, whatever waits.
+    ended = not hung and not unknown and bool(seen) and (
+        all(s.rank.state in ENDED for s in seen)
+        or any(s.rank.state == State.KILLED for s in seen))
+    state = (JobState.HUNG if hung else JobState.UNKNOWN if unknown
+             else JobState.ENDED if ended else JobState.HEALTHY)
+    view = JobView(job=job, uid=uid, world_size=world, state=state, ranks=tuple(seen),
+                   missing_ranks=missing)
+    if ended:
+        return replace(view, evidence=_ended_note(seen))
+    if not hung and not unknown:
+        return view
+    finding = cause.decide([s.rank for s in seen], missing, unreachable)
+    names = ",".join(str(s.rank.rank) for s in waiting)
+    wait_note = (f"ranks {names} wait in {where(waiting[0].rank)}" if waiting
+                 else "no rank waits")
+    stopped = [s for s in seen if s.rank.state == State.STOPPED]
+    gone = [s for s in seen if s.rank.state in ENDED]
+    outside = [s for s in seen
+               if s.rank.phase not in WAITING_PHASES and s not in stopped + gone]
+    if stopped:
+        r = stopped[0]
+        culprit = _culprit(r, f"stopped at {where(r.rank)} while its peers wait")
+        note = f"rank {r.rank.rank} is stopped at {where(r.rank)}"
+    elif gone and not unknown:
+        r = gone[0]
+        culprit = _culprit(r, f"{r.rank.state} at {where(r.rank)}: "
+                              f"{r.rank.reason or ''}".strip())
+        note = f"rank {r.rank.rank} is gone ({r.rank.state}) at {where(r.rank)}"
+    elif missing:
+        culprit = JobCulprit(rank=missing[0], state="unknown",
+                             reason="not reported by any reachable node"
+                             + (f" (unreachable: {', '.join(unreachable)})"
+                                if unreachable else ""))
+        note = f"rank {missing[0]} is not reported by any node"
+    elif outside and waiting:
+        r = outside[0]
+        culprit = _culprit(r, f"outside a wait ({r.rank.phase}) at {where(r.rank)} while "
+                              "its peers wait")
+        note = f"rank {r.rank.rank} is {r.rank.phase} at {where(r.rank)}"
+    else:
+        r = min(seen, key=_last)
+        culprit = _culprit(r, f"furthest behind, at {where(r.rank)}")
+        note = f"rank {r.rank.rank} is furthest behind at {where(r.rank)}"
+    if unknown and gone:  # what is known of the job: its ranks that ended here
+        note += "; " + _ended_note(gone)
+    return replace(view, culprit=culprit, evidence=f"{wait_note}; {note}",
+                   cause=finding.cause, summary=finding.summary)
+
+
+def analyze(nodes: Sequence[NodeAnswer]) -> ClusterView:
+    """Group every reachable node's ranks by job and judge each job."""
+    # A job is (owner uid, job id): another user's ranks naming the same id
+    # are another job, and never its culprit.
+    jobs: dict[tuple[int, str], list[ReportedRank]] = {}
+    # A node whose earlier ask failed but which answered since (late) is reachable.
+    answered = {n.peer for n in nodes if n.ok}
+    unreachable = [n.peer for n in nodes if not n.ok and n.peer not in answered]
+    seen: set[tuple[str | None, int | None]] = set()  # a node listed twice counts once
+    for node in nodes:
+        for rank in node.status.ranks if node.ok and node.status is not None else ():
+            key = (rank.host, rank.pid)
+            if key not in seen:
+                seen.add(key)
+                owner = rank.uid if rank.uid is not None else -1
+                jobs.setdefault((owner, rank.job), []).append(ReportedRank(node.peer, rank))
+    return ClusterView(
+        nodes=tuple(ClusterNode(
+            peer=n.peer, ok=n.ok, error=n.error,
+            host=n.status.host if n.ok and n.status else None,
+            reboot_required=n.status.reboot_required if n.ok and n.status else None)
+            for n in nodes),
+        jobs=tuple(judge_job(job, ranks, unreachable, uid if uid >= 0 else None)
+                   for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])))
+
+
+_GONE = (State.STOPPED, State.EXITED, State.KILLED)
+
+
+def peer_view(view: JobView, unreachable: Sequence[str]) -> PeerView:
+    """What the peers say of a job of ours (its view judged with our own answer, named
+    LOCAL): who holds it up, and the ranks on the peers that hold it, computing (a
+    slow peer) or in a wait of their own (a checkpoint that ours may wait for)."""
+    theirs = [s.rank for s in view.ranks if s.node != LOCAL and s.rank.state not in _GONE]
+    return PeerView(
+        culprit=view.culprit, evidence=view.evidence, cause=view.cause, summary=view.summary,
+        unreachable=tuple(unreachable),
+        computing=tuple(ComputingRank(rank=r.rank, host=r.host, pid=r.pid)
+                        for r in theirs if r.computing is True),
+        holding=tuple(HoldingRank(rank=r.rank, host=r.host, pid=r.pid, what=r.holding,
+                                  collectives=r.collectives)
+                      for r in theirs if r.holding))
