@@ -1,11 +1,13 @@
-"""The per-node loop: scan records, check identities, sample, judge, act, publish.
+"""The per-node loop, and only its wiring: scan, judge, hold, act, publish.
 
-Each tick reads every record in the directory, samples the process behind
-each one, asks the detector for a verdict, and hands a hung job to the
-enforcer (on a worker thread, so the loop keeps scanning while the ladder
-runs). The loop never dies: any error is logged, counted and the next tick
-comes. What it knows is published as one immutable snapshot (a `status.NodeStatus`)
-for the metrics endpoint, `/status` and `status.json`.
+Each tick the rank table (table.py) reads every record and sorts it; the detector
+judges the live ranks; holds.py holds the due ranks of a job whose peer computes;
+the rest go to a response (act/responses.py), which the loop steps on its own
+thread, at every tick and between ticks while one is under way, as it begins the
+fences the HTTP thread queued (fences.py). What each response did comes back and
+is applied to its ranks. The loop never dies: any error is logged, counted and the
+next tick comes. What it knows is published as one immutable snapshot (a
+`status.NodeStatus`) for the metrics endpoint, `/status` and `status.json`.
 """
 
 from __future__ import annotations
@@ -404,8 +406,9 @@ class Daemon:
         notify("STOPPING=1")
         with self.lock:
             self.learned.keep(self.detector, self.clock.wall(), force=True)
-            # A response under way ends its ladder first (what a stop cuts short, the
-            # next daemon completes from the journal).
+            # A fence answered 202 is begun; a response under way ends its ladder first
+            # (what a stop cuts short, the next daemon completes from the journal).
+            self._begin_fences()
             self.responses.finish(self.clock.monotonic)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.asking.shutdown(wait=False, cancel_futures=True)

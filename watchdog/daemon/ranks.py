@@ -6,8 +6,8 @@ which states that edge may be taken and what it sets. A rank has two parts to it
 life: the state users see (`State`: running, stalled, killed, ...) and whether a
 response has it (`escalating`: not judged meanwhile), with the two marks the
 responses leave on it: the wait an incident was raised for (`acted_on`: one
-incident per wait) and a peer node's hold (`held_until`, `held_reason`). Only
-`transition` writes any of them. A rank in a final state (`killed`, `unkillable`,
+incident per wait) and a peer node's hold (`held_until`, `held_reason`); and the
+verdict and reason shown with it. Only `transition` writes any of them. A rank in a final state (`killed`, `unkillable`,
 `exited`) stays there, but for the one way out of `unkillable`: it went after all.
 
     edge        from                      to                 sets, and why
