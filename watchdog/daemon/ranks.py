@@ -7,8 +7,9 @@ life: the state users see (`State`: running, stalled, killed, ...) and whether a
 response has it (`escalating`: not judged meanwhile), with the two marks the
 responses leave on it: the wait an incident was raised for (`acted_on`: one
 incident per wait) and a peer node's hold (`held_until`, `held_reason`); and the
-verdict and reason shown with it. Only `transition` writes any of them. A rank in a final state (`killed`, `unkillable`,
-`exited`) stays there, but for the one way out of `unkillable`: it went after all.
+verdict and reason shown with it. Only `transition` writes any of them. A rank in a
+final state (`killed`, `unkillable`, `exited`) stays there, but for the one way out of
+`unkillable`: it went after all.
 
     edge        from                      to                 sets, and why
     judged      live, not escalating      the verdict's      a scan judged it (its verdict, reason)
