@@ -146,6 +146,44 @@ def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_p
         daemon.executor.shutdown()
 
 
+def test_a_fence_is_begun_on_the_loops_thread_never_the_http_one(tmp_path, record_dir):
+    """The HTTP thread authenticates, picks the ranks for its answer and queues them;
+    the ladder (write-ahead entry, SIGCONT, SIGTERM) begins on the loop's thread."""
+    settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"), secret=SECRET)
+    os.makedirs(settings.state_dir)
+    daemon = Daemon(settings)
+    begun: list[str] = []
+    real = daemon.enforcer.begin
+
+    def begin(*args, **kwargs):
+        begun.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    daemon.enforcer.begin = begin  # type: ignore[method-assign]
+    try:
+        with UserProc(0) as rank:
+            publish(record_dir, rank.pid, 0, "j", hung=False, world_size=2)
+            daemon.scan()
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None)
+            answers = []
+            http = threading.Thread(target=lambda: answers.append(
+                daemon.fence_request(headers, body)), name="http")
+            http.start()
+            http.join(30)
+            assert answers == [(202, {"job": "j", "uid": 0, "ending": [rank.pid]})]
+            assert begun == [] and daemon.wake.is_set() and not daemon.pending
+            assert rank.signals() == []
+            daemon.scan()  # the loop's next tick (woken by the fence)
+            assert begun == [threading.current_thread().name]
+            until = time.monotonic() + 30
+            while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
+                daemon.step_responses()
+                time.sleep(0.05)
+            assert signal.SIGTERM in rank.signals()
+    finally:
+        daemon.executor.shutdown()
+
+
 def test_a_fence_without_since_is_as_old_as_its_signature():
     old = Fence(job="j", uid=0, origin="o", reason=None, culprit=None, time=100.0)
     assert old.ends(99.0) and not old.ends(101.0)
