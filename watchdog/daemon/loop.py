@@ -409,7 +409,7 @@ class Daemon:
             # A fence answered 202 is begun; a response under way ends its ladder first
             # (what a stop cuts short, the next daemon completes from the journal).
             self._begin_fences()
-            self.responses.finish(self.clock.monotonic)
+            self.responses.finish(self.clock)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.probing.shutdown(wait=False, cancel_futures=True)

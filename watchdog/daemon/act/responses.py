@@ -25,6 +25,7 @@ from typing import Any
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
 from watchdog.daemon.act.incidents import fence_culprit, with_view
 from watchdog.daemon.act.peers import Peers
+from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.holds import peer_hold
 from watchdog.daemon.signaller import Target
@@ -201,12 +202,12 @@ class Responses:
         assert response.ladder is not None
         return self.enforcer.step(response.ladder)
 
-    def finish(self, now: Callable[[], float]) -> None:
+    def finish(self, clock: Clock) -> None:
         """At the daemon's stop: step every response to its end, for at most the
         ladder's own bounds (what is left is completed by the next daemon, from the
-        journal). `now` is the loop's clock."""
-        until = now() + self.settings.ladder_span()
-        while self.pending and now() < until:
-            self.step(now())
+        journal). `clock` is the loop's."""
+        until = clock.monotonic() + self.settings.ladder_span()
+        while self.pending and clock.monotonic() < until:
+            self.step(clock.monotonic())
             if self.pending:
-                self.enforcer.sleep(self.enforcer.TICK)
+                clock.sleep(self.enforcer.TICK)
