@@ -82,6 +82,17 @@ class Settings:
     def listen_address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
 
+    def ladder_span(self) -> float:
+        """Seconds a response's steps take at most by their own bounds: the peers'
+        answer, the evidence, the grace, the kill timeout and the settle."""
+        return self.peer_timeout + self.evidence_timeout + self.grace + self.kill_timeout \
+            + self.settle
+
+    def response_bound(self) -> float:
+        """Seconds a response may take before it is presumed stuck (and an earlier
+        daemon's is still completed at start): every step's bound, with room to spare."""
+        return 2 * self.ladder_span() + 30.0
+
 
 @dataclass(frozen=True)
 class Spec:

@@ -1,6 +1,18 @@
-"""A slow peer is not a hang: due ranks of a job that has a rank still computing, still
-making progress, or busy in a wait of its own they wait for (a checkpoint being written:
-judge/ownwait.py) are held instead of acted on."""
+"""A slow peer is not a hang: the one owner of the hold rule.
+
+A job is hung only when none of its ranks makes progress. Its due ranks are held
+instead of acted on while:
+
+- local: a rank of the job here computes, still makes progress, or is busy in a wait
+  of its own they wait for (a checkpoint being written: judge/ownwait.py)
+  (`hold_reason`, applied by `hold` at every scan);
+- the peers' view: a rank of the job on another node computes, or is in a wait of its
+  own not ahead of ours (`peer_hold`, asked by a response before its ladder begins);
+- recheck: a job a peer held is left alone for HOLD_RECHECK seconds, then asked about
+  again, and shown held meanwhile (`peer_held`, `still_held`, `shown_held`);
+- bound: no hold outlasts the blocked deadline (`past_bound`), so a misread can delay
+  a verdict but never prevent it, but for a save or load still moving bytes.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +20,69 @@ import logging
 from collections.abc import Iterable
 
 from watchdog.daemon.judge.deadlines import Rules
-from watchdog.daemon.judge.detector import hold_reason
+from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.ranks import Edge, Rank, transition
-from watchdog.states import FINAL
+from watchdog.states import FINAL, State
+from watchdog.status import Incident, PeerView
 
 log = logging.getLogger(__name__)
 
+HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
+
 Jobs = dict[tuple[int, str], list[Rank]]  # (uid, job) -> its due ranks
+
+
+def past_bound(due: Verdict, rules: Rules) -> bool:
+    """The wait has outlasted every excuse but bytes still moving: the blocked
+    deadline, or its own when longer."""
+    return due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline)
+
+
+def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
+                rank: int | None = None) -> str:
+    """Why a rank due for action should be left alone, or "" to act.
+
+    A job is hung only when none of its ranks makes progress: while another
+    rank of the job (`job`: (rank, verdict) of each rank seen; `rank` is the
+    due one's) completes waits or issues collectives within its deadline (and
+    the due rank's), or
+    any rank of the job, the due one included, looks like it is computing,
+    the others wait on a slow peer, not a dead one. That excuse ends at the
+    blocked deadline (`past_bound`).
+
+    So does a rank the due one may wait for (not ahead of it in collectives issued:
+    those of an `mx.compile`d step are counted once, at the trace, so counts can tie)
+    busy in a wait of its own (ownwait.py), not spinning: within that wait's own
+    deadline, up to the same bound; or a save or load still moving bytes, however long
+    (up to ownwait.MAX_IO_HOLD). A save or load that moved no byte for the stuck window
+    (`auto_floor`) holds nobody.
+    """
+    live = [(r, v) for r, v in job if v.state != State.STOPPED]
+    bounded = past_bound(due, rules)
+    for r, v in sorted(live, key=lambda item: item[0]):
+        own = v.own
+        if r == rank or own is None or v.collectives > due.collectives:
+            continue
+        what = own.holds(rules.auto_floor)
+        if what and (own.moving(rules.auto_floor) or not bounded):
+            return f"held: rank {r} is {what}"
+    if bounded:
+        return ""
+    busy = sorted(r for r, v in live if v.computing)
+    if busy:
+        names = ", ".join(str(r) for r in busy)
+        return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
+                f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
+    # Recent by both deadlines: a peer on a long fallback deadline must not hold
+    # a rank whose own (learned) deadline passed long ago.
+    moving = sorted(r for r, v in live if r != rank
+                    and v.seconds_since_progress < min(v.deadline, due.deadline))
+    if moving:
+        names = ", ".join(str(r) for r in moving)
+        return (f"held: rank{'s' if len(moving) > 1 else ''} {names} of the job "
+                f"{'are' if len(moving) > 1 else 'is'} still making progress "
+                "(a slow peer, not a hang)")
+    return ""
 
 
 def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
@@ -26,7 +94,7 @@ def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
         for rank in found:
             rec = rank.record
             assert rank.verdict is not None
-            if rank.held_until > now:  # a peer node said a rank of the job computes
+            if still_held(rank, now):  # a peer node said a rank of the job computes
                 transition(rank, Edge.HELD, now, rank.held_reason)
                 continue
             # Only ranks of the same owner may speak for the job (a job is its owner's).
@@ -41,3 +109,49 @@ def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
                 continue
             kept.setdefault((uid, job), []).append(rank)  # escalated: loop._escalate
     return kept
+
+
+def may_hold(due: Iterable[Rank], rules: Rules) -> bool:
+    """Whether the peers' view may still hold these due ranks (none past the bound)."""
+    return all(r.verdict is not None and not past_bound(r.verdict, rules) for r in due)
+
+
+# -- the peers' view -----------------------------------------------------------------
+
+def peer_hold(view: PeerView | None, incident: Incident) -> str:
+    """Why the peers' view holds the job (a rank there computing, or in a wait of its
+    own not ahead of ours: the job's pace), or "" to act."""
+    busy = view.computing if view is not None else ()
+    if busy:
+        names = ", ".join(f"{b.rank} on {b.host}" for b in busy)
+        return f"held: rank {names} of the job is computing (a slow peer, not a hang)"
+    ours = max((r.collectives or 0 for r in incident.ranks), default=0)
+    pace = [h for h in (view.holding if view is not None else ())
+            if h.collectives is not None and h.collectives <= ours]
+    if pace:
+        h = pace[0]
+        return f"held: rank {h.rank} on {h.host} is {h.what}"
+    return ""
+
+
+# -- the recheck ---------------------------------------------------------------------
+
+def peer_held(ranks: Iterable[Rank], held: str, now: float) -> None:
+    """A rank of the job computes on another node: these are left alone until the
+    recheck, shown held with why."""
+    for rank in ranks:
+        transition(rank, Edge.PEER_HELD, now,
+                   f"{rank.verdict.reason if rank.verdict else ''}; {held}",
+                   until=now + HOLD_RECHECK)
+
+
+def still_held(rank: Rank, now: float) -> bool:
+    """A peer's hold of this rank is not over yet."""
+    return rank.held_until > now
+
+
+def shown_held(rank: Rank, now: float) -> None:
+    """A rank a peer held, escalated again: it stays shown held while the peers are
+    asked again, instead of flipping to the verdict's state."""
+    if rank.held_reason and now - rank.held_until < HOLD_RECHECK:
+        transition(rank, Edge.HELD, now, rank.held_reason)

@@ -6,12 +6,15 @@ which states that edge may be taken and what it sets. A rank has two parts to it
 life: the state users see (`State`: running, stalled, killed, ...) and whether a
 response has it (`escalating`: not judged meanwhile), with the two marks the
 responses leave on it: the wait an incident was raised for (`acted_on`: one
-incident per wait) and a peer node's hold (`held_until`, `held_reason`). Only
-`transition` writes any of them. A rank in a final state (`killed`, `unkillable`,
-`exited`) stays there, but for the one way out of `unkillable`: it went after all.
+incident per wait) and a peer node's hold (`held_until`, `held_reason`); and the
+verdict and reason shown with it. Only `transition` writes any of them. A rank in a
+final state (`killed`, `unkillable`, `exited`) stays there, but for the one way out of
+`unkillable`: it went after all.
 
     edge        from                      to                 sets, and why
-    judged      live, not escalating      the verdict's      a scan judged it
+    judged      live, not escalating      the verdict's      a scan judged it (its verdict, reason)
+    rejudged    live, escalating          (kept)             a scan judged it while a response has
+                                                             it: verdict and reason shown fresh
     abandoned   live, not escalating      abandoned          its record is closed, the process runs
     held        live, not escalating      suspect            due, but a rank of its job computes
                                                              (`note`: the local hold, logged once)
@@ -49,6 +52,7 @@ from watchdog.states import FINAL, State
 
 class Edge(enum.Enum):
     JUDGED = "judged"
+    REJUDGED = "rejudged"
     ABANDONED = "abandoned"
     HELD = "held"
     EXITED = "exited"
@@ -110,6 +114,7 @@ def _live_idle(rank: Rank) -> bool:
 # Which states each edge may leave from (see the module's table).
 ALLOWED: dict[Edge, Callable[[Rank], bool]] = {
     Edge.JUDGED: _live_idle,
+    Edge.REJUDGED: lambda rank: rank.escalating and rank.live,
     Edge.ABANDONED: _live_idle,
     Edge.HELD: _live_idle,
     Edge.ESCALATED: _live_idle,
@@ -128,16 +133,19 @@ def transition(rank: Rank, edge: Edge, now: float, reason: str = "",
                note: str | None = None, until: float = 0.0) -> bool:
     """Take `edge` if the rank's state allows it; returns whether it was taken.
 
-    `verdict` is the detector's, for `judged` (its state and reason become the
-    rank's); `reason` says why for every other edge. `wait` is the wait an
+    `verdict` is the detector's, for `judged` (it, its state and its reason become
+    the rank's) and `rejudged` (it and its reason: the state stays the response's);
+    `reason` says why for every other edge. `wait` is the wait an
     `escalated` rank's incident was raised for, `note` a local hold's why (`held`),
     `until` when a `peer_held` rank's hold ends.
     """
     if not ALLOWED[edge](rank):
         return False
-    if edge is Edge.JUDGED:
+    if edge in (Edge.JUDGED, Edge.REJUDGED):
         assert verdict is not None
-        rank.state, rank.reason = verdict.state, verdict.reason
+        rank.verdict, rank.reason = verdict, verdict.reason
+        if edge is Edge.JUDGED:
+            rank.state = verdict.state
     elif edge is Edge.ABANDONED:
         rank.state, rank.verdict, rank.reason = State.ABANDONED, None, reason
     elif edge is Edge.HELD:

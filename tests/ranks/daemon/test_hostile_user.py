@@ -31,8 +31,8 @@ from tests.support.ranks import DaemonProc, http_get, wait_for
 from tests.support.users import OTHER_UID, UserProc, publish
 from watchdog import record
 from watchdog.daemon.act import evidence
-from watchdog.daemon.loop import MAX_RANKS_PER_UID
 from watchdog.daemon.store import journal
+from watchdog.daemon.table import MAX_RANKS_PER_UID
 from watchdog.net import http as httpd
 from watchdog.procstat import read_start_ticks
 from watchdog.record import OP_CODE, RecordWriter

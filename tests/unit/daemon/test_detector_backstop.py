@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from watchdog.daemon.holds import hold_reason
 from watchdog.daemon.judge.deadlines import Rules
-from watchdog.daemon.judge.detector import NS, Detector, Verdict, hold_reason
+from watchdog.daemon.judge.detector import NS, Detector, Verdict
 from watchdog.daemon.judge.threads import python_threads
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record

@@ -20,6 +20,7 @@ from tests.support.fakes import (
     process_sample,
 )
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Step
+from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import journal
@@ -52,7 +53,7 @@ def node(tmp_path: Path, behaviour: str, **settings: float
     signaller = FakeSignaller({PID: behaviour})
     daemon = Daemon(Settings(dir=str(record_dir), state_dir=str(state_dir), deadline=2.0,
                              evidence_timeout=0.2, settle=0.0, **settings),
-                    probe, signaller, clock_ns=lambda: int(clock.now() * 1e9), wall=clock.wall)
+                    probe, signaller, clock=Clock(lambda: int(clock.now() * 1e9), clock.wall))
     return daemon, signaller, clock, probe, hung_rank(record_dir, clock)
 
 

@@ -108,7 +108,7 @@ def test_a_stepped_wall_clock_does_not_make_live_ranks_read_as_forged(tmp_path):
                 daemon.scan()
             ((key, watched),) = daemon.ranks.items()
             assert watched.record.pid == rank.pid and watched.state == State.RUNNING
-            assert daemon.invalid == {} and daemon.records.bad == {}
+            assert daemon.table.invalid == {} and daemon.table.records.bad == {}
             assert Signaller(stepped).identify(watched.target()) == OURS
         finally:
             daemon.executor.shutdown()

@@ -33,6 +33,7 @@ def rank(state: State, escalating: bool = False) -> Rank:
 # (edge, from state, escalating) -> (to state, gone_at set, still escalating)
 TAKEN = [
     (Edge.JUDGED, State.RUNNING, False, State.STALLED, False, False),
+    (Edge.REJUDGED, State.BLOCKED, True, State.BLOCKED, False, True),
     (Edge.ABANDONED, State.STALLED, False, State.ABANDONED, False, False),
     (Edge.HELD, State.STALLED, False, State.SUSPECT, False, False),
     (Edge.ESCALATED, State.STALLED, False, State.STALLED, False, True),
@@ -54,7 +55,10 @@ def test_each_edge_where_it_may_be_taken(edge, before, escalating, after, gone, 
     assert transition(r, edge, 100.0, "why", verdict=STALLED)
     assert r.state == after and (r.gone_at == 100.0) == gone and r.escalating == still
     kept = edge in (Edge.ESCALATED, Edge.RELEASED, Edge.RETRIED)  # the state stays
-    assert r.reason == (STALLED.reason if edge is Edge.JUDGED else "" if kept else "why")
+    judged = edge in (Edge.JUDGED, Edge.REJUDGED)
+    assert r.reason == (STALLED.reason if judged else "" if kept else "why")
+    if judged:
+        assert r.verdict is STALLED
 
 
 @pytest.mark.parametrize("edge", list(Edge))
@@ -73,7 +77,8 @@ def test_every_edge_is_refused_where_the_table_says_so(edge, before, escalating)
     if before == State.UNKILLABLE:
         assert allowed == (edge is Edge.WENT_LATE)
     # The ladder's results only for a rank under escalation; the scan's never.
-    if edge in (Edge.KILLED, Edge.UNKILLABLE, Edge.PEER_HELD, Edge.RELEASED, Edge.RETRIED):
+    if edge in (Edge.KILLED, Edge.UNKILLABLE, Edge.PEER_HELD, Edge.RELEASED, Edge.RETRIED,
+                Edge.REJUDGED):
         assert allowed == (escalating and before in LIVE)
     if edge in (Edge.JUDGED, Edge.ABANDONED, Edge.HELD, Edge.EXITED, Edge.ESCALATED):
         assert allowed == (not escalating and before in LIVE)
@@ -103,7 +108,7 @@ def test_a_retried_rank_is_judged_afresh_and_a_peer_hold_lasts_until_its_time():
 
 
 LIFECYCLE = {"state", "escalating", "gone_at", "acted_on", "held_until", "held_reason",
-             "hold_note"}
+             "hold_note", "verdict", "reason"}
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ import dataclasses
 import pytest
 
 from watchdog.daemon.act.incidents import waited_for
+from watchdog.daemon.holds import hold_reason
 from watchdog.daemon.judge.deadlines import Rules
-from watchdog.daemon.judge.detector import NS, Detector, Verdict, hold_reason
+from watchdog.daemon.judge.detector import NS, Detector, Verdict
 from watchdog.daemon.judge.ownwait import MAX_IO_HOLD, OwnWait, size_text
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.linux import io_bytes, read_io

@@ -13,8 +13,10 @@ import pytest
 
 from tests.support.ranks import wait_for
 from tests.support.users import UserProc, publish
+from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
-from watchdog.daemon.loop import PEER_DEATH_GRACE, Daemon
+from watchdog.daemon.fences import PEER_DEATH_GRACE
+from watchdog.daemon.loop import Daemon
 from watchdog.states import State
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
@@ -30,7 +32,7 @@ def test_a_dead_ranks_peers_are_ended_but_not_the_next_attempts_ranks(tmp_path):
     with UserProc(0) as peer, UserProc(0) as crashing, UserProc(0) as relaunched:
         publish(records, peer.pid, 0, "j", hung=False, rank=0)
         publish(records, crashing.pid, 0, "j", hung=False, rank=1)
-        daemon = Daemon(settings, clock_ns=lambda: clock[0])
+        daemon = Daemon(settings, clock=Clock(lambda: clock[0]))
         try:
             daemon.scan()  # both seen alive: a death of either fences its peers
             crashing.kill()  # a crash: its record stays open

@@ -5,10 +5,13 @@ tests/ranks/net/test_fences.py replays a fence across a real daemon's restart.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -45,30 +48,58 @@ def test_an_unreadable_nonce_file_refuses_fences_for_the_window(tmp_path):
         fence.verify(SECRET, headers, body, nonces, now=later)
 
 
+class Peer(ThreadingHTTPServer):
+    """A peer that answers no view (404) and keeps every fence POSTed to it, with
+    whether the sender's response was still under way when it came."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon, self.fences = daemon, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_error(404)
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                server.fences.append((json.loads(body), bool(server.daemon.pending)))
+                self.send_response(202)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = self
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
 def test_the_fence_goes_out_at_the_verdict_not_after_the_ladder(tmp_path, record_dir):
     settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"),
-                        blocked_deadline=0.5, peers=("127.0.0.1:9",), secret=SECRET)
+                        blocked_deadline=0.5, secret=SECRET)
     os.makedirs(settings.state_dir)
     daemon = Daemon(settings)
-    fenced: list[tuple] = []
-    ladder_may_end = threading.Event()
-    daemon._fence_peers = lambda *args: fenced.append(args)  # type: ignore[method-assign]
-
-    def slow_capture(incident_id, targets):  # the ladder's first step: long
-        ladder_may_end.wait(30)
-        return []
-
-    daemon.enforcer.capture = slow_capture  # type: ignore[method-assign]
+    peer = Peer(daemon)
+    daemon.apply_settings(dataclasses.replace(
+        settings, peers=(f"127.0.0.1:{peer.server_address[1]}",)))
     try:
         with UserProc(0) as rank:
             publish(record_dir, rank.pid, 0, "j", hung=True, world_size=2)
             for _ in range(4):
                 daemon.scan()
             assert daemon.pending, "no escalation started"
-            assert fenced and fenced[0][:2] == (0, "j"), "the fence waited on the ladder"
+            until = time.monotonic() + 30
+            while not peer.fences and time.monotonic() < until:
+                daemon.step_responses()
+                time.sleep(0.01)
+            ((sent, under_way),) = peer.fences
+            assert (sent["uid"], sent["job"]) == (0, "j")
+            assert under_way, "the fence waited on the ladder"
     finally:
-        ladder_may_end.set()
+        peer.shutdown()
+        peer.server_close()
         daemon.executor.shutdown()
+        daemon.fencing.shutdown()
 
 
 def test_a_fence_signed_before_the_receiver_started_is_refused(tmp_path):
@@ -105,8 +136,48 @@ def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_p
                                                                  "ending": []})
             body, headers = fence.make(SECRET, "j", "peer", "hung", None)
             assert daemon.fence_request(headers, body)[1]["ending"] == [rank.pid]
+            assert daemon.wake.is_set()  # queued for the loop's thread, which begins it
             until = time.monotonic() + 30
             while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
+                daemon.step_responses()
+                time.sleep(0.05)
+            assert signal.SIGTERM in rank.signals()
+    finally:
+        daemon.executor.shutdown()
+
+
+def test_a_fence_is_begun_on_the_loops_thread_never_the_http_one(tmp_path, record_dir):
+    """The HTTP thread authenticates, picks the ranks for its answer and queues them;
+    the ladder (write-ahead entry, SIGCONT, SIGTERM) begins on the loop's thread."""
+    settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"), secret=SECRET)
+    os.makedirs(settings.state_dir)
+    daemon = Daemon(settings)
+    begun: list[str] = []
+    real = daemon.enforcer.begin
+
+    def begin(*args, **kwargs):
+        begun.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    daemon.enforcer.begin = begin  # type: ignore[method-assign]
+    try:
+        with UserProc(0) as rank:
+            publish(record_dir, rank.pid, 0, "j", hung=False, world_size=2)
+            daemon.scan()
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None)
+            answers = []
+            http = threading.Thread(target=lambda: answers.append(
+                daemon.fence_request(headers, body)), name="http")
+            http.start()
+            http.join(30)
+            assert answers == [(202, {"job": "j", "uid": 0, "ending": [rank.pid]})]
+            assert begun == [] and daemon.wake.is_set() and not daemon.pending
+            assert rank.signals() == []
+            daemon.scan()  # the loop's next tick (woken by the fence)
+            assert begun == [threading.current_thread().name]
+            until = time.monotonic() + 30
+            while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
+                daemon.step_responses()
                 time.sleep(0.05)
             assert signal.SIGTERM in rank.signals()
     finally:

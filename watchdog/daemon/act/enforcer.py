@@ -538,9 +538,7 @@ class Enforcer:
     def replay_within(self) -> float:
         """Seconds after its verdict an interrupted response is still completed at
         start: every step's bound, as for a response presumed stuck."""
-        s = self.settings
-        return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
-                    + s.settle) + 30.0
+        return self.settings.response_bound()
 
     def _reclose(self, incident: Incident, baseline: int | None) -> None:
         """A closed incident an earlier daemon could not finish writing: its line

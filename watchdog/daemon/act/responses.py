@@ -24,14 +24,15 @@ from dataclasses import dataclass, replace
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
+from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
+from watchdog.daemon.holds import peer_hold
 from watchdog.daemon.signaller import Target
-from watchdog.status import Culprit, Incident, NodeStatus, PeerView
+from watchdog.status import Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, float]  # a rank: (pid, start time)
-Fence = Callable[[int, str, str, "Culprit | None"], None]
 
 
 @dataclass(eq=False)
@@ -63,20 +64,16 @@ class Response:
 
 class Responses:
     def __init__(self, settings: Settings, enforcer: Enforcer, peers: Peers,
-                 executor: ThreadPoolExecutor, fence: Fence,
-                 snapshot: Callable[[], NodeStatus],
+                 executor: ThreadPoolExecutor, snapshot: Callable[[], NodeStatus],
                  baseline: Callable[[], int | None]) -> None:
         self.settings, self.enforcer, self.peers = settings, enforcer, peers
-        self.executor, self.fence = executor, fence
+        self.executor = executor
         self.snapshot, self.baseline = snapshot, baseline
         self.pending: list[Response] = []
 
     def bound(self) -> float:
-        """Seconds a response may take before it is presumed stuck: every step's own
-        bound, with room to spare."""
-        s = self.settings
-        return 2 * (s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout
-                    + s.settle) + 30.0
+        """Seconds a response may take before it is presumed stuck (config.py)."""
+        return self.settings.response_bound()
 
     def start(self, keys: list[Key], now: float, uid: int, job: str,
               incident: Incident, targets: list[Target],
@@ -115,8 +112,9 @@ class Responses:
         if response.evidence and self.settings.mode == "enforce":  # a verdict of ours
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
-            self.fence(response.uid, response.job, f"{incident.verdict}: {incident.reason}",
-                       fence_culprit(incident, view))
+            self.peers.fence(response.uid, response.job,
+                             f"{incident.verdict}: {incident.reason}",
+                             fence_culprit(incident, view))
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
                                               evidence=response.evidence, asked=asked,
@@ -141,19 +139,9 @@ class Responses:
             except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
                 view = PeerView(error=str(err))
         response.asking = None
-        busy = view.computing if view is not None else ()
-        if busy and response.may_hold:
-            names = ", ".join(f"{b.rank} on {b.host}" for b in busy)
-            return Outcome(response.incident, held=f"held: rank {names} of the job is "
-                                                   "computing (a slow peer, not a hang)")
-        # A rank there in a wait of its own, not ahead of ours: the job's pace.
-        ours = max((r.collectives or 0 for r in response.incident.ranks), default=0)
-        pace = [h for h in (view.holding if view is not None else ())
-                if h.collectives is not None and h.collectives <= ours]
-        if pace and response.may_hold:
-            h = pace[0]
-            return Outcome(response.incident,
-                           held=f"held: rank {h.rank} on {h.host} is {h.what}")
+        held = peer_hold(view, response.incident) if response.may_hold else ""
+        if held:
+            return Outcome(response.incident, held=held)
         response.incident = with_view(response.incident, view)
         log.error("job %s: %s; %s %s ranks %s; cause %s: %s", response.job,
                   response.incident.reason,
@@ -213,14 +201,12 @@ class Responses:
         assert response.ladder is not None
         return self.enforcer.step(response.ladder)
 
-    def finish(self, now: Callable[[], float]) -> None:
+    def finish(self, clock: Clock) -> None:
         """At the daemon's stop: step every response to its end, for at most the
         ladder's own bounds (what is left is completed by the next daemon, from the
-        journal). `now` is the loop's clock."""
-        s = self.settings
-        until = now() + s.peer_timeout + s.evidence_timeout + s.grace + s.kill_timeout \
-            + s.settle
-        while self.pending and now() < until:
-            self.step(now())
+        journal). `clock` is the loop's."""
+        until = clock.monotonic() + self.settings.ladder_span()
+        while self.pending and clock.monotonic() < until:
+            self.step(clock.monotonic())
             if self.pending:
-                self.enforcer.sleep(self.enforcer.TICK)
+                clock.sleep(self.enforcer.TICK)

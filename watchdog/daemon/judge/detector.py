@@ -14,7 +14,7 @@ protocol, `np.array(a)`). A rank inside `hb.idle()` is never a hang.
 
 Each verdict also says whether the rank looks like it is computing (a Python
 thread busy, or a busy thread spending its time in user space where the
-backend's peer wait would spend it in the kernel): `hold_reason` uses that to
+backend's peer wait would spend it in the kernel): holds.py uses that to
 keep a job whose ranks wait on a computing peer from being torn down.
 """
 
@@ -46,7 +46,7 @@ from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.record import Record
 from watchdog.states import Phase, State
 
-__all__ = ["NS", "Detector", "Track", "Verdict", "hold_reason"]
+__all__ = ["NS", "Detector", "Track", "Verdict"]
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32
@@ -366,50 +366,3 @@ class Detector:
         track.due_ticks += 1
         return verdict(State.STALLED, f"{what}, past the {deadline:g}s deadline",
                        act=track.due_ticks >= rules.confirm, seconds=since, busy=False)
-
-
-def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
-                rank: int | None = None) -> str:
-    """Why a rank due for action should be left alone, or "" to act.
-
-    A job is hung only when none of its ranks makes progress: while another
-    rank of the job (`job`: (rank, verdict) of each rank seen; `rank` is the
-    due one's) completes waits or issues collectives within its deadline (and
-    the due rank's), or
-    any rank of the job, the due one included, looks like it is computing,
-    the others wait on a slow peer, not a dead one. That excuse ends at the
-    blocked deadline, so a misread can delay a verdict but never prevent it.
-
-    So does a rank the due one may wait for (not ahead of it in collectives issued:
-    those of an `mx.compile`d step are counted once, at the trace, so counts can tie)
-    busy in a wait of its own (ownwait.py), not spinning: within that wait's own
-    deadline, up to the same bound; or a save or load still moving bytes, however long
-    (up to ownwait.MAX_IO_HOLD). A save or load that moved no byte for the stuck window
-    (`auto_floor`) holds nobody.
-    """
-    live = [(r, v) for r, v in job if v.state != State.STOPPED]
-    bounded = due.seconds_in_wait >= max(due.deadline, rules.blocked_deadline)
-    for r, v in sorted(live, key=lambda item: item[0]):
-        own = v.own
-        if r == rank or own is None or v.collectives > due.collectives:
-            continue
-        what = own.holds(rules.auto_floor)
-        if what and (own.moving(rules.auto_floor) or not bounded):
-            return f"held: rank {r} is {what}"
-    if bounded:
-        return ""
-    busy = sorted(r for r, v in live if v.computing)
-    if busy:
-        names = ", ".join(str(r) for r in busy)
-        return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
-                f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
-    # Recent by both deadlines: a peer on a long fallback deadline must not hold
-    # a rank whose own (learned) deadline passed long ago.
-    moving = sorted(r for r, v in live if r != rank
-                    and v.seconds_since_progress < min(v.deadline, due.deadline))
-    if moving:
-        names = ", ".join(str(r) for r in moving)
-        return (f"held: rank{'s' if len(moving) > 1 else ''} {names} of the job "
-                f"{'are' if len(moving) > 1 else 'is'} still making progress "
-                "(a slow peer, not a hang)")
-    return ""

@@ -1,0 +1,129 @@
+"""Fences and orphans: a job known dead, ended here and on the peers.
+
+Incoming: a peer's `POST /fence` is authenticated and its ranks picked on the HTTP
+thread (for the 202 answer), then queued; the loop's thread begins their response
+(`take`), so every ladder is stepped on one thread. Outgoing: a rank of a multi-rank
+job that died without closing its record, or on an uncaught exception, fences its
+job on the peers at once, and its local peers still alive PEER_DEATH_GRACE later are
+ended too (`orphaned`): those alive when it died, never a relaunch started since.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from watchdog.daemon.act.incidents import death_culprit
+from watchdog.daemon.act.peers import Peers
+from watchdog.daemon.config import Settings
+from watchdog.daemon.ranks import Rank
+from watchdog.daemon.table import Death, Key, RankTable
+from watchdog.net import fence
+from watchdog.status import Culprit, Fence
+
+log = logging.getLogger(__name__)
+
+# A rank of a job died (crash, signal, uncaught exception): its local peers still alive
+# this long after are ended too. A ring rank exits on its own within milliseconds of
+# "connection to a peer was lost"; mlx_lm.server's rank 0 does not (only its generation
+# thread dies: the server stays up, deaf), nor does a rank whose wait never noticed.
+PEER_DEATH_GRACE = 5.0
+
+
+@dataclass(frozen=True)
+class Orphaned:
+    """A job one of whose ranks died: when its live local ranks are ended, why, the
+    dead rank as culprit, and those ranks (alive when it died)."""
+
+    due_at: float  # monotonic seconds
+    reason: str
+    culprit: Culprit
+    peers: frozenset[Key]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A job to end on a fence (a peer's, or a local death's): the ranks it names."""
+
+    uid: int
+    job: str
+    keys: frozenset[Key]
+    fence: Fence
+
+
+class Fences:
+    def __init__(self, settings: Settings, host: str, peers: Peers, table: RankTable,
+                 lock: threading.RLock, wake: threading.Event) -> None:
+        self.settings, self.host, self.peers, self.table = settings, host, peers, table
+        self.lock, self.wake = lock, wake  # the rank table's lock; the loop's alarm
+        # (uid, job) -> its orphans, for jobs one of whose ranks died.
+        self.orphans: dict[tuple[int, str], Orphaned] = {}
+        self._queue: list[Ending] = []  # incoming fences, for the loop's thread
+
+    def request(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
+        """An incoming `POST /fence` (the HTTP thread): authenticate, pick our ranks of
+        that job, and queue their end for the loop's thread."""
+        if not self.settings.secret:
+            return 403, {"error": "fences are off (no secret configured)"}
+        try:
+            request = self.peers.verify(headers, body)
+        except fence.FenceRejected as err:
+            log.warning("refused a fence: %s", err)
+            return 401, {"error": str(err)}
+        job, uid = request.job, request.uid
+        with self.lock:
+            # Only the ranks of the job's owner (a fence names (uid, job)) that started
+            # before the job was found dead: a later one is the job relaunched.
+            named = self.table.job(uid, job)
+            ranks = [r for r in named if request.ends(r.record.start_time)]
+            if len(ranks) < len(named):
+                log.warning("fence from %s: %s ranks of job %s started after it was found "
+                            "dead (a relaunch): left alone", request.origin,
+                            len(named) - len(ranks), job)
+            log.warning("fence from %s: ending %s local ranks of job %s of uid %s (%s)",
+                        request.origin, len(ranks), job, uid, request.reason)
+            if ranks:
+                self._queue.append(Ending(uid, job, frozenset(r.key for r in ranks), request))
+                self.wake.set()  # the loop, maybe asleep for its interval, begins it
+        return 202, {"job": job, "uid": uid, "ending": sorted(r.record.pid for r in ranks)}
+
+    def died(self, death: Death, now: float) -> None:
+        """A rank of a multi-rank job died: fence its job on the peers now, and end its
+        local peers still alive after the grace."""
+        rank = death.rank
+        culprit = death_culprit(self.host, rank, death.how)
+        self.peers.fence(rank.record.uid, rank.record.job,
+                         f"rank {rank.record.rank} {death.how}", culprit)
+        self.orphans.setdefault((rank.record.uid, rank.record.job), Orphaned(
+            now + PEER_DEATH_GRACE,
+            f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
+            "cannot finish without it", culprit, death.peers))
+
+    def queued(self) -> list[tuple[Ending, list[Rank]]]:
+        """The peers' fences queued, to begin now (the loop's thread, under the table's
+        lock); each with its ranks still there to end."""
+        endings, self._queue = self._queue, []
+        return self._alive(endings)
+
+    def orphaned(self, now: float) -> list[tuple[Ending, list[Rank]]]:
+        """The jobs whose dead rank's grace is out, with their ranks still alive (those
+        that were alive when it died)."""
+        endings = []
+        for (uid, job), orphaned in list(self.orphans.items()):
+            if now < orphaned.due_at:
+                continue
+            del self.orphans[(uid, job)]
+            endings.append(Ending(uid, job, orphaned.peers, Fence(
+                job=job, uid=uid, origin=self.host, reason=orphaned.reason,
+                culprit=orphaned.culprit, local=True)))
+        return self._alive(endings)
+
+    def _alive(self, endings: list[Ending]) -> list[tuple[Ending, list[Rank]]]:
+        taken = []
+        for ending in endings:
+            alive = [r for r in self.table.job(ending.uid, ending.job) if r.key in ending.keys]
+            if alive:
+                taken.append((ending, alive))
+        return taken
