@@ -29,7 +29,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from watchdog.daemon.store.journal import open_regular
+from watchdog.files import open_regular
 from watchdog.status import Culprit, Fence
 
 WINDOW = 30.0  # seconds a fence stays valid; node clocks must agree this well (NTP)

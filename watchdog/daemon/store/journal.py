@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from watchdog.files import open_regular
 from watchdog.status import ABSENT, DaemonPointer, Incident, RebootFlag, RebootReason
 
 INCIDENTS = "incidents.jsonl"
@@ -83,21 +84,6 @@ def read_pointer(record_dir: str) -> DaemonPointer | None:
     not read at all.
     """
     return _pointer(record_dir, (0, os.getuid()))
-
-
-def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
-    """A descriptor on `path`, only if it is a regular file: no link followed, and
-    nothing planted there (a FIFO) can block the open or the reads and writes
-    after it. Raises OSError otherwise."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"{path} is not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _fsync_dir(directory: str) -> None:

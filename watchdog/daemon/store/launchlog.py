@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from watchdog.daemon.store import journal
+from watchdog.files import open_regular
 from watchdog.status import LaunchEvent
 
 LAUNCHES = "launches.jsonl"
@@ -44,7 +45,7 @@ def append(directory: str, event: LaunchEvent) -> str:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = os.path.join(directory, LAUNCHES)
     line = (json.dumps(event.to_json(), sort_keys=True, default=str) + "\n").encode()
-    fd = journal.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:

@@ -23,7 +23,8 @@ import time
 from typing import Any
 
 from watchdog.daemon.judge.deadlines import Learned
-from watchdog.daemon.store.journal import open_regular, write_json_atomic
+from watchdog.daemon.store.journal import write_json_atomic
+from watchdog.files import open_regular
 
 log = logging.getLogger(__name__)
 

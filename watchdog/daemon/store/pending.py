@@ -30,6 +30,7 @@ from typing import Any
 
 from watchdog.daemon.signaller import Target
 from watchdog.daemon.store import journal
+from watchdog.files import open_regular
 from watchdog.status import Incident, RebootReason, Unwritten
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def unfinished(state_dir: str) -> list[Entry]:
     for name in names:
         path = os.path.join(folder, name)
         try:
-            with os.fdopen(journal.open_regular(path), "rb") as f:
+            with os.fdopen(open_regular(path), "rb") as f:
                 entry = json.loads(f.read(4 << 20))
             targets = tuple(target_from_json(t) for t in entry["targets"])
             incident = Incident.from_json(entry["incident"])
