@@ -14,6 +14,7 @@ from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
 from watchdog.net.http import serve, set_peers
+from watchdog.net.notify import watchdog_interval
 from watchdog.text import OneLineFormatter
 
 
@@ -81,9 +82,11 @@ def reloaded(old: Settings, new: Settings) -> tuple[Settings, list[str], list[st
     return dataclasses.replace(new, **keep), changed, kept
 
 
-def describe(settings: Settings, config_path: str | None) -> list[tuple[int, str]]:
+def describe(settings: Settings, config_path: str | None,
+             systemd_watchdog: float | None = None) -> list[tuple[int, str]]:
     """The start's log lines beyond `watching`: where the settings came from, peers and
-    fences, and a listen address no peer can reach."""
+    fences, a listen address no peer can reach, and an interval systemd's watchdog
+    (`WatchdogSec`, `systemd_watchdog` seconds) would take for a hung daemon."""
     lines = [(logging.INFO, f"settings from {config_path}" if config_path
               else "no config file: defaults and flags")]
     if settings.peers:
@@ -98,6 +101,12 @@ def describe(settings: Settings, config_path: str | None) -> list[tuple[int, str
                           "on an address they reach"))
     else:
         lines.append((logging.INFO, "no peers: cluster view and fences off"))
+    # The loop pings systemd once a scan; sd_watchdog_enabled(3) asks for half the timeout.
+    if systemd_watchdog is not None and settings.interval > systemd_watchdog / 2:
+        lines.append((logging.WARNING,
+                      f"interval {settings.interval:g}s is more than half systemd's "
+                      f"WatchdogSec ({systemd_watchdog:g}s): systemd may restart a healthy "
+                      "daemon; lower interval or raise WatchdogSec"))
     return lines
 
 
@@ -141,7 +150,7 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
         log.warning("job_label = \"job\": rank series name the MLX job `job` (deprecated, "
                     "removed in the next release; scrape with honor_labels, or move to "
                     "mlx_job: docs/operations.md, Upgrading)")
-    for level, line in describe(settings, config_path):
+    for level, line in describe(settings, config_path, watchdog_interval()):
         log.log(level, "%s", line)
 
     def reload() -> None:

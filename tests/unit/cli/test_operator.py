@@ -388,3 +388,24 @@ def test_doctor_compares_this_environments_hook_with_the_daemons_version(
     snap["version"] = __version__
     (state / journal.STATUS).write_text(json.dumps(snap))
     assert check_versions(str(state))[0][0] == "ok"
+
+
+# -- the start warns when systemd's watchdog would restart a healthy daemon ------------------
+
+
+def test_the_start_warns_when_the_interval_outlasts_half_of_systemds_watchdog(tmp_path):
+    import logging
+
+    from watchdog.daemon.config import Settings
+    from watchdog.daemon.runner import describe
+    from watchdog.net.notify import watchdog_interval
+
+    settings = Settings(dir=str(tmp_path), state_dir=str(tmp_path), interval=20.0)
+    timeout = watchdog_interval({"WATCHDOG_USEC": "30000000"})  # the unit's WatchdogSec=30
+    warned = [line for level, line in describe(settings, None, timeout)
+              if level == logging.WARNING]
+    assert warned == ["interval 20s is more than half systemd's WatchdogSec (30s): systemd "
+                      "may restart a healthy daemon; lower interval or raise WatchdogSec"]
+    for fine in (None, 40.0):  # not under systemd's watchdog, or a long enough one
+        assert not [line for level, line in describe(settings, None, fine)
+                    if level == logging.WARNING]

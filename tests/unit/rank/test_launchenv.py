@@ -218,15 +218,20 @@ def test_mlx_watchdog_launch_keeps_a_job_the_user_named(monkeypatch):
     assert set(jobs.values()) == {"from-env"}
 
 
-def test_launch_argv_puts_the_job_before_the_command():
-    from watchdog.cli.launch.launcher import launch_argv, named_job
+def test_the_launch_puts_the_job_before_the_command(tmp_path):
+    from watchdog.cli.launch.launcher import JOB_ENV, named_env
+    from watchdog.cli.launch.supervisor import Plan, Supervisor
+    from watchdog.daemon.config import Settings
 
-    argv = launch_argv("/v/bin/mlx.launch", ["--hostfile", "h.json", "--", "python", "t.py",
-                                              "--env", "MLX_WATCHDOG_JOB=not-ours"], {},
-                       job="J")
-    assert argv == ["/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--hostfile", "h.json",
-                    "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
-    assert named_job(["--env=MLX_WATCHDOG_JOB=x", "t.py"]) == "x"
+    args = ["--hostfile", "h.json", "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
+    settings = Settings(dir=str(tmp_path), state_dir=str(tmp_path))
+    plan = Plan(mlx_launch="/v/bin/mlx.launch", args=args, job="J",
+                job_given=named_env(args, JOB_ENV) is not None, record_dir=str(tmp_path),
+                settings=settings)
+    assert Supervisor(plan).argv(1) == [
+        "/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--env", "MLX_WATCHDOG_ATTEMPT=1",
+        "--hostfile", "h.json", "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
+    assert named_env(["--env=MLX_WATCHDOG_JOB=x", "t.py"], JOB_ENV) == "x"
 
 
 def test_a_device_file_that_is_not_json_is_hashed_as_text(tmp_path):

@@ -15,7 +15,6 @@ import sys
 import sysconfig
 import time
 import uuid
-from collections.abc import Mapping
 
 JOB_ENV = "MLX_WATCHDOG_JOB"
 
@@ -27,11 +26,6 @@ class LauncherError(Exception):
 def new_job_id(now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
     return f"launch-{stamp}-{uuid.uuid4().hex[:8]}"
-
-
-def named_job(args: list[str]) -> str | None:
-    """The MLX_WATCHDOG_JOB already given with --env, if any (before the command)."""
-    return named_env(args, JOB_ENV)
 
 
 def named_env(args: list[str], key: str) -> str | None:
@@ -47,15 +41,6 @@ def named_env(args: list[str], key: str) -> str | None:
         if arg == "--":
             break
     return None
-
-
-def launch_argv(mlx_launch: str, args: list[str], env: Mapping[str, str],
-                job: str | None = None) -> list[str]:
-    """The mlx.launch command line: ours first, the user's arguments unchanged after."""
-    if named_job(args) is not None:
-        return [mlx_launch, *args]
-    job = env.get(JOB_ENV) or job or new_job_id()
-    return [mlx_launch, "--env", f"{JOB_ENV}={job}", *args]
 
 
 def find_mlx_launch() -> str:
