@@ -33,7 +33,7 @@ def one_run(daemon: DaemonProc, port: int, job: str) -> float:
         body, headers = fence.make(SECRET, job, "bench", "benchmark", None)
         posted = time.monotonic()
         answer = fence.post(f"127.0.0.1:{port}", body, headers, 10.0)
-        assert answer["ok"] and answer["answer"]["ending"] == [rank.pid], answer
+        assert answer.answer is not None and answer.answer.ending == (rank.pid,), answer
         wait_for(lambda: signal.SIGTERM in rank.signals(), 30, interval=0.0005)
         return time.monotonic() - posted
 

@@ -789,6 +789,36 @@ class Fence:
         return cutoff is None or start_time < cutoff
 
 
+@dataclass(frozen=True)
+class FenceAnswer:
+    """A node's answer to a fence: the job and the pids of its ranks it is ending
+    (202), or why it refused (only `error`)."""
+
+    job: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    uid: int | None = field(default=None, metadata=_on_wire(omit="none"))
+    ending: tuple[int, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
+    error: str | None = field(default=None, metadata=_on_wire(omit="none"))
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> FenceAnswer:
+        return decode(cls, data)
+
+
+@dataclass(frozen=True)
+class FenceSent:
+    """A fence sent to one peer: its answer, or why none came."""
+
+    peer: str
+    answer: FenceAnswer | None = None
+    error: str | None = None
+
+    def __str__(self) -> str:
+        return str(self.answer.to_json()) if self.answer is not None else str(self.error)
+
+
 # -- an incident -------------------------------------------------------------------------
 
 

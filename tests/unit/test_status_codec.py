@@ -266,3 +266,14 @@ def test_a_decoded_default_is_never_shared_between_objects():
     a, b = Counters.from_json({}), Counters.from_json({})
     a.stalls["stalled"] = 1
     assert b.stalls == {} and status.Counters().stalls == {}
+
+
+def test_a_fence_answer_is_todays_json_either_way():
+    from watchdog.status import FenceAnswer
+
+    ending = FenceAnswer("j", 501, (7, 9))
+    assert ending.to_json() == {"job": "j", "uid": 501, "ending": [7, 9]}
+    assert list(ending.to_json()) == ["job", "uid", "ending"]
+    assert FenceAnswer(error="replayed nonce").to_json() == {"error": "replayed nonce"}
+    assert FenceAnswer.from_json(json.loads(json.dumps(ending.to_json()))) == ending
+    assert FenceAnswer.from_json("junk") == FenceAnswer()

@@ -21,7 +21,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.table import Death, Key, RankTable
 from watchdog.net import fence
-from watchdog.status import Culprit, Fence
+from watchdog.status import Culprit, Fence, FenceAnswer
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +62,16 @@ class Fences:
         self.orphans: dict[tuple[int, str], Orphaned] = {}
         self._queue: list[Ending] = []  # incoming fences, for the loop's thread
 
-    def request(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
+    def request(self, headers: Any, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticate, pick our ranks of
         that job, and queue their end for the loop's thread."""
         if not self.settings.secret:
-            return 403, {"error": "fences are off (no secret configured)"}
+            return 403, FenceAnswer(error="fences are off (no secret configured)")
         try:
             request = self.peers.verify(headers, body)
         except fence.FenceRejected as err:
             log.warning("refused a fence: %s", err)
-            return 401, {"error": str(err)}
+            return 401, FenceAnswer(error=str(err))
         job, uid = request.job, request.uid
         with self.lock:
             # Only the ranks of the job's owner (a fence names (uid, job)) that started
@@ -87,7 +87,7 @@ class Fences:
             if ranks:
                 self._queue.append(Ending(uid, job, frozenset(r.key for r in ranks), request))
                 self.wake.set()  # the loop, maybe asleep for its interval, begins it
-        return 202, {"job": job, "uid": uid, "ending": sorted(r.record.pid for r in ranks)}
+        return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)))
 
     def died(self, death: Death, now: float) -> None:
         """A rank of a multi-rank job died: fence its job on the peers now, and end its

@@ -38,7 +38,7 @@ from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
 from watchdog.states import FINAL, WAITING_LONG
-from watchdog.status import Fence, NodeStatus
+from watchdog.status import Fence, FenceAnswer, NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class Daemon:
                              [r.target() for r in targets], others_live,
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None)
 
-    def fence_request(self, headers: object, body: bytes) -> tuple[int, dict[str, object]]:
+    def fence_request(self, headers: object, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticated and queued; the
         loop's thread ends the ranks (fences.py)."""
         return self.fences.request(headers, body)

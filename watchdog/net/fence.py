@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from watchdog.files import open_regular
-from watchdog.status import Culprit, Fence
+from watchdog.status import Culprit, Fence, FenceAnswer, FenceSent
 
 WINDOW = 30.0  # seconds a fence stays valid; node clocks must agree this well (NTP)
 MAX_BODY = 64 << 10
@@ -196,25 +196,25 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
     return dataclasses.replace(fence, time=now, since=now - age)
 
 
-def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> dict[str, Any]:
+def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> FenceSent:
     request = urllib.request.Request(f"http://{peer}/fence", data=body, headers=headers,
                                      method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return {"peer": peer, "ok": True, "answer": json.loads(response.read(MAX_BODY))}
+            return FenceSent(peer, FenceAnswer.from_json(json.loads(response.read(MAX_BODY))))
     except Exception as err:  # noqa: BLE001 - an unreachable peer is a result
-        return {"peer": peer, "ok": False, "error": str(getattr(err, "reason", err))}
+        return FenceSent(peer, error=str(getattr(err, "reason", err)))
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
          culprit: Culprit | None, timeout: float, uid: int = 0,
-         since: float | None = None) -> list[dict[str, Any]]:
+         since: float | None = None) -> list[FenceSent]:
     """Fence `uid`'s `job` (its ranks started before `since`) on every peer,
     concurrently; each answer or error."""
     if not peers:
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
-        def one(peer: str) -> dict[str, Any]:
+        def one(peer: str) -> FenceSent:
             body, headers = make(secret, job, origin, reason, culprit, uid=uid,  # a nonce each
                                  since=since)
             return post(peer, body, headers, timeout)

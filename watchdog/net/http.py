@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from watchdog.net.metrics import JOB_LABEL, Snapshot, exposition
-from watchdog.status import NodeStatus
+from watchdog.status import FenceAnswer, NodeStatus
 
 log = logging.getLogger(__name__)
 MAX_FENCE_BODY = 64 << 10
@@ -50,7 +50,7 @@ MAX_HEADERS = 32  # header lines (a scrape sends 5, a signed fence 8)
 PEER_CONNECTIONS = 16  # slots of the peers' own addresses, beside the shared ones
 ACCEPTS_PER_SECOND = 100.0  # a scrape every few seconds, a few CLIs: far below this
 # A peer's fence: (headers, body) -> (HTTP status, JSON answer); the daemon's `fence_request`.
-FenceHandler = Callable[[Any, bytes], tuple[int, dict[str, Any]]]
+FenceHandler = Callable[[Any, bytes], tuple[int, FenceAnswer]]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -155,8 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
             code, answer = self.server.fence(self.headers, self.rfile.read(length))
         except Exception:  # noqa: BLE001
             log.exception("fence request failed")
-            code, answer = 500, {"error": "internal error"}
-        self._send(code, json.dumps(answer).encode(), "application/json")
+            code, answer = 500, FenceAnswer(error="internal error")
+        self._send(code, json.dumps(answer.to_json()).encode(), "application/json")
 
 
 class _Server(ThreadingHTTPServer):

@@ -110,7 +110,7 @@ def test_a_fence_signed_before_the_receiver_started_is_refused(tmp_path):
     try:  # signed 5 s before the start: well within the 30 s window, so fresh otherwise
         body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=daemon.started - 5)
         code, answer = daemon.fence_request(headers, body)
-        assert code == 401 and "before this daemon started" in answer["error"]
+        assert code == 401 and "before this daemon started" in (answer.error or "")
         body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=2000.5)
         verified = fence.verify(SECRET, headers, body, fence.NonceCache(), now=2001.0,
                                 not_before=2000.0)
@@ -132,10 +132,10 @@ def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_p
             daemon.scan()
             started = next(iter(daemon.ranks.values())).record.start_time
             body, headers = fence.make(SECRET, "j", "peer", "hung", None, since=started - 1)
-            assert daemon.fence_request(headers, body) == (202, {"job": "j", "uid": 0,
-                                                                 "ending": []})
+            code, answer = daemon.fence_request(headers, body)
+            assert (code, answer.to_json()) == (202, {"job": "j", "uid": 0, "ending": []})
             body, headers = fence.make(SECRET, "j", "peer", "hung", None)
-            assert daemon.fence_request(headers, body)[1]["ending"] == [rank.pid]
+            assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
             assert daemon.wake.is_set()  # queued for the loop's thread, which begins it
             until = time.monotonic() + 30
             while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
@@ -170,7 +170,8 @@ def test_a_fence_is_begun_on_the_loops_thread_never_the_http_one(tmp_path, recor
                 daemon.fence_request(headers, body)), name="http")
             http.start()
             http.join(30)
-            assert answers == [(202, {"job": "j", "uid": 0, "ending": [rank.pid]})]
+            assert [(code, a.to_json()) for code, a in answers] == [
+                (202, {"job": "j", "uid": 0, "ending": [rank.pid]})]
             assert begun == [] and daemon.wake.is_set() and not daemon.pending
             assert rank.signals() == []
             daemon.scan()  # the loop's next tick (woken by the fence)
@@ -213,12 +214,12 @@ def test_a_sender_whose_clock_is_ahead_cannot_end_a_relaunch(tmp_path):
             ahead = time.time() + skew
             body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=ahead,
                                        since=started - 1 + skew)
-            assert daemon.fence_request(headers, body)[1]["ending"] == []
+            assert daemon.fence_request(headers, body)[1].ending == ()
             assert rank.signals() == []
             while time.time() < started + 0.5:
                 time.sleep(0.05)
             body, headers = fence.make(SECRET, "j", "peer", "hung", None,
                                        now=time.time() + skew, since=started + 0.2 + skew)
-            assert daemon.fence_request(headers, body)[1]["ending"] == [rank.pid]
+            assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
     finally:
         daemon.executor.shutdown()

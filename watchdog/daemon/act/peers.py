@@ -24,7 +24,7 @@ from typing import Any
 from watchdog.daemon.config import Settings
 from watchdog.daemon.judge import cluster as judge
 from watchdog.net import cluster, fence
-from watchdog.status import Culprit, Fence, NodeAnswer, NodeStatus, PeerView
+from watchdog.status import Culprit, Fence, FenceSent, NodeAnswer, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,9 @@ class Peers:
         # starts on a peer before the fence reaches it is not the dead job.
         since = time.time()
 
-        def sent(future: Future[list[dict[str, Any]]]) -> None:
+        def sent(future: Future[list[FenceSent]]) -> None:
             for answer in future.result():
-                log.info("fence of job %s to %s: %s", job, answer["peer"],
-                         answer.get("answer") if answer["ok"] else answer.get("error"))
+                log.info("fence of job %s to %s: %s", job, answer.peer, answer)
 
         self.fencing.submit(fence.send, peers, secret, job, self.host, reason, culprit,
                              self.settings.peer_timeout, uid, since).add_done_callback(sent)
