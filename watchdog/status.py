@@ -222,6 +222,25 @@ def decode(cls: type[T], data: Any) -> T:
     return cls(**values)
 
 
+class Encodable:
+    """A contract type whose JSON the codec writes from its fields alone."""
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+
+class Decodable(Encodable):
+    """One the codec reads back too (a type that refuses some input, or reads a
+    non-object as None, has a `from_json` of its own)."""
+
+    @classmethod
+    def from_json(cls: type[D], data: Any) -> D:
+        return decode(cls, data)
+
+
+D = TypeVar("D", bound=Decodable)
+
+
 def _on_wire(omit: str | None = None, read: Callable[[Any], Any] | None = None,
              skip: bool = False) -> dict[str, Any]:
     return {OMIT: omit, READ: read, WIRE_SKIP: skip}
@@ -251,7 +270,7 @@ def _fits(item: Mapping[str, Any], fields: dict[str, tuple[type, ...]]) -> bool:
 
 
 @dataclass(frozen=True)
-class LastCollective:
+class LastCollective(Encodable):
     """The last collective a rank issued, as /status shows it: its number, op and bytes
     (record.Collective is a flight recorder's entry)."""
 
@@ -259,8 +278,6 @@ class LastCollective:
     op: str | None = None
     bytes: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> LastCollective | None:
@@ -268,14 +285,12 @@ class LastCollective:
 
 
 @dataclass(frozen=True)
-class Expect:
+class Expect(Encodable):
     """A window the rank announced (`hb.expect`): a wait that long is no stall."""
 
     seconds: float = 0.0
     reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Expect | None:
@@ -283,7 +298,7 @@ class Expect:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankStatus:
+class RankStatus(Encodable):
     """One rank as users see it: an object of `status --json` and `/status` "ranks".
 
     Built by the daemon (and the CLI sampling with no daemon) with every field;
@@ -320,8 +335,6 @@ class RankStatus:
     data_link: str | None = None
     cause: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> RankStatus:
@@ -352,7 +365,7 @@ SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 
 
 @dataclass(kw_only=True)
-class Counters:
+class Counters(Decodable):
     """The daemon's counters: counted by its loop, published (`counters` in /status) as
     a copy (`values`). Read back, a missing count is none at all; the daemon starts
     from `zeroed`, every verdict and signal at 0, so each has its series from the
@@ -400,35 +413,21 @@ class Counters:
                         loop_errors=self.loop_errors, scan_buckets=list(self.scan_buckets),
                         scan_sum=self.scan_sum, scan_count=self.scan_count)
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> Counters:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class Unwritten:
+class Unwritten(Decodable):
     """What a failed write left in memory (pending.Backlog): shown until it is on disk."""
 
     reboot_flags_unwritten: tuple[str, ...] = ()  # their reasons
     incidents_unwritten: tuple[str | None, ...] = ()  # their ids
     write_failures: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> Unwritten:
-        return decode(cls, data)
-
 
 _FIGURE = _on_wire(omit="absent")  # a reboot flag's figure: no key when not given
 
 
 @dataclass(frozen=True, kw_only=True)
-class RebootReason:
+class RebootReason(Decodable):
     """One reason the node was flagged for reboot, with its figures: the enforcer's,
     held until written (pending.Backlog), then a line of the flag's "reasons". Fields
     in the file's (sorted) key order."""
@@ -439,16 +438,9 @@ class RebootReason:
     wired_after: int | None | Absent = field(default=ABSENT, metadata=_FIGURE)
     wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_FIGURE)
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> RebootReason:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True)
-class RebootFlag:
+class RebootFlag(Encodable):
     """The node's reboot flag (`<state-dir>/reboot-required`, journal.reboot_flag), as
     /status "reboot" and `node status --json` show it: its first reason and every
     reason; or, unreadable, a reason saying so and its path; or, not yet on disk
@@ -465,8 +457,6 @@ class RebootFlag:
         """The flag's (first) reason; None when it names none."""
         return None if self.reason is ABSENT else self.reason
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> RebootFlag | None:
@@ -527,7 +517,7 @@ class NodeStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DaemonPointer:
+class DaemonPointer(Encodable):
     """The record directory's pointer to the daemon that watches it (journal.POINTER):
     where `status`, `watch` and `inspect` find its verdicts."""
 
@@ -535,8 +525,6 @@ class DaemonPointer:
     state_dir: str
     listen: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> DaemonPointer:
@@ -550,7 +538,7 @@ class DaemonPointer:
 
 
 @dataclass(frozen=True)
-class NodeAnswer:
+class NodeAnswer(Encodable):
     """One node's answer to `GET /status` (net/cluster.fetch): its status, or why not."""
 
     peer: str
@@ -558,8 +546,6 @@ class NodeAnswer:
     status: NodeStatus | None = None  # when ok
     error: str | None = None  # when not
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> NodeAnswer:
@@ -600,7 +586,7 @@ class JobState(enum.Enum):
 
 
 @dataclass(frozen=True)
-class JobCulprit:
+class JobCulprit(Encodable):
     """The rank that holds a job up as the cluster view names it (with the node that
     reported it; `Culprit` is what an incident and a fence carry)."""
 
@@ -611,8 +597,6 @@ class JobCulprit:
     state: str | None = None
     reason: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> JobCulprit | None:
@@ -620,7 +604,7 @@ class JobCulprit:
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobView:
+class JobView(Decodable):
     """One job (an owner's uid and a job id) across every reachable node, judged
     (daemon/judge/cluster.judge_job): a job of `cluster status --json`."""
 
@@ -635,12 +619,9 @@ class JobView:
     cause: str | None = None  # watchdog/cause.py's vocabulary, when hung or unknown
     summary: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class ClusterNode:
+class ClusterNode(Decodable):
     """A node as the cluster view lists it: whether it answered, and its reboot flag."""
 
     peer: str
@@ -649,39 +630,26 @@ class ClusterNode:
     host: str | None
     reboot_required: bool | None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class ClusterView:
+class ClusterView(Decodable):
     """Every node asked, and every job their ranks belong to (`cluster status --json`)."""
 
     nodes: tuple[ClusterNode, ...] = ()
     jobs: tuple[JobView, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class ComputingRank:
+class ComputingRank(Decodable):
     """A rank on a peer that computes: its job is slow, not hung."""
 
     rank: int | None = None
     host: str | None = None
     pid: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> ComputingRank:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class HoldingRank:
+class HoldingRank(Decodable):
     """A rank on a peer in a wait of its own (a checkpoint) that ours may wait for."""
 
     rank: int | None = None
@@ -689,13 +657,6 @@ class HoldingRank:
     pid: int | None = None
     what: str | None = None  # RankStatus.holding
     collectives: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> HoldingRank:
-        return decode(cls, data)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -726,7 +687,7 @@ class PeerView:
 
 
 @dataclass(frozen=True)
-class Culprit:
+class Culprit(Encodable):
     """The rank that holds a job up, as an incident (and a fence) names it."""
 
     host: str | None = None
@@ -738,8 +699,6 @@ class Culprit:
     cause: str | None = None
     summary: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Culprit | None:
@@ -790,7 +749,7 @@ class Fence:
 
 
 @dataclass(frozen=True)
-class FenceAnswer:
+class FenceAnswer(Decodable):
     """A node's answer to a fence: the job and the pids of its ranks it is ending
     (202), or why it refused (only `error`)."""
 
@@ -798,13 +757,6 @@ class FenceAnswer:
     uid: int | None = field(default=None, metadata=_on_wire(omit="none"))
     ending: tuple[int, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
     error: str | None = field(default=None, metadata=_on_wire(omit="none"))
-
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> FenceAnswer:
-        return decode(cls, data)
 
 
 @dataclass(frozen=True)
@@ -823,7 +775,7 @@ class FenceSent:
 
 
 @dataclass(frozen=True)
-class IncidentRank:
+class IncidentRank(Decodable):
     """A rank an incident ends, as it was when the daemon decided."""
 
     pid: int | None = None
@@ -837,16 +789,9 @@ class IncidentRank:
     progress: int | None = None  # completed waits at the verdict (a replay compares)
     collectives: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> IncidentRank:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class FlightEntry:
+class FlightEntry(Decodable):
     """One collective of a flight recorder's tail."""
 
     number: int | None = None
@@ -854,16 +799,9 @@ class FlightEntry:
     dtype: str | None = None
     bytes: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> FlightEntry:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class SignalSent:
+class SignalSent(Decodable):
     """One signal of the ladder, with what the signaller said."""
 
     pid: int | None = None
@@ -872,47 +810,26 @@ class SignalSent:
     time: float | None = None  # wall time
     result: str | None = None  # signaller.SENT, GONE, NOT_OURS, ...
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> SignalSent:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class HotFrame:
+class HotFrame(Decodable):
     """A frame where a thread's samples were taken (a leaf), summed by name."""
 
     frame: str = ""
     lib: str = ""
     samples: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> HotFrame:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class PathFrame:
+class PathFrame(Decodable):
     """A frame of a thread's heaviest path, with the samples under it."""
 
     frame: str = ""
     samples: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> PathFrame:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True)
-class HotThread:
+class HotThread(Encodable):
     """One thread of a native dump (macOS `sample`, probes/samplegraph.py): its samples,
     its hottest leaves, its heaviest path from the root (the deepest frames)."""
 
@@ -921,8 +838,6 @@ class HotThread:
     top: tuple[HotFrame, ...] = ()
     path: tuple[PathFrame, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> HotThread:
@@ -934,7 +849,7 @@ class HotThread:
 
 
 @dataclass(frozen=True)
-class NativeHot:
+class NativeHot(Decodable):
     """A rank's native dump, parsed (act/evidence.hot_frames): its threads, or what the
     sampler said instead of a call graph."""
 
@@ -943,16 +858,9 @@ class NativeHot:
     threads: tuple[HotThread, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
     error: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> NativeHot:
-        return decode(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True)
-class WiredCheck:
+class WiredCheck(Decodable):
     """What wired memory said after a kill, against the idle baseline (the enforcer's
     settle): "returned", "leaked", "probe failed", "skipped: ..." or "no baseline"
     (then without figures). Its fields go into the incident under these names."""
@@ -963,9 +871,6 @@ class WiredCheck:
         omit="absent"))
     wired_check: str
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 # What a response adds, in the order it adds them (files are written with sorted keys):
 # a key not written yet is no key; "none": while None, "absent": while ABSENT (null is
@@ -974,7 +879,7 @@ _LATER, _LATER_OR_NULL = _on_wire(omit="none"), _on_wire(omit="absent")
 
 
 @dataclass(frozen=True)
-class Incident:
+class Incident(Encodable):
     """An incident as it is journaled (incidents.jsonl, the write-ahead entry).
 
     What was found is set when the daemon decides to act (incidents.new_incident);
@@ -1021,8 +926,6 @@ class Incident:
     completed_at_start: float | None = field(default=None, metadata=_LATER)
     closed_at: float | None = field(default=None, metadata=_LATER)
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Incident:
@@ -1039,7 +942,7 @@ _SAID = _on_wire(omit="absent")  # an event carries only its own facts
 
 
 @dataclass(frozen=True, kw_only=True)
-class LaunchEvent:
+class LaunchEvent(Encodable):
     """One line of `launches.jsonl` (store/launchlog.py): what `mlx-watchdog launch`
     decided for an attempt of a job. Each event writes its own facts (docs/operations.md,
     "The journal"); a fact it does not carry is ABSENT, a null one None. Fields in
@@ -1063,8 +966,6 @@ class LaunchEvent:
     uid: int | None | Absent = field(default=ABSENT, metadata=_SAID)
     waits: int | None | Absent = field(default=ABSENT, metadata=_SAID)  # ended
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> LaunchEvent:

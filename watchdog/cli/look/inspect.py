@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from watchdog.daemon.judge.detector import NS
 from watchdog.daemon.judge.threads import busiest_ratio
@@ -12,70 +11,55 @@ from watchdog.daemon.observation import observe
 from watchdog.daemon.probes import ProbeError, probe
 from watchdog.daemon.view import current_op
 from watchdog.record import Record
-from watchdog.status import encode
+from watchdog.status import Encodable
 from watchdog.text import printable
 
 
 @dataclass(frozen=True, kw_only=True)
-class ThreadCpu:
+class ThreadCpu(Encodable):
     """A thread's share of a core over the look's pause."""
 
     id: int
     cpu_seconds: float
     cpu_ratio: float
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class WaitCounts:
+class WaitCounts(Encodable):
     collectives: int
     waits_entered: int
     waits_completed: int
     steps: int
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class ExpectLeft:
+class ExpectLeft(Encodable):
     """The rank's `hb.expect` window, and what is left of it."""
 
     seconds: float
     reason: str
     seconds_left: float
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class OpPace:
+class OpPace(Encodable):
     """An op's completed waits, which the auto deadline learns from."""
 
     waits: int
     longest_seconds: float
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class FlightRow:
+class FlightRow(Encodable):
     number: int
     op: str
     dtype: str
     bytes: int
     seconds_ago: float
 
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class Inspection:
+class Inspection(Encodable):
     """One rank in depth: `inspect --json` (its JSON, through the contract's codec)."""
 
     pid: int
@@ -99,9 +83,6 @@ class Inspection:
     dump_signal: int
     threads: tuple[ThreadCpu, ...]
     flight_recorder: tuple[FlightRow, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return encode(self)
 
 
 def _thread_cpu(rec: Record, pause: float = 0.5) -> list[ThreadCpu]:
