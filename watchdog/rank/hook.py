@@ -49,15 +49,16 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
 
     me = psutil.Process()
     rank, size = env_rank_size(os.environ)
-    fields: dict[str, Any] = dict(
-        pid=me.pid, start_time=me.create_time(), uid=os.getuid(), host=socket.gethostname(),
-        job=job, rank=rank, world_size=size, backend=guess_backend(os.environ),
-        dump_signal=dump_signal, start_ticks=_start_ticks(), workload=workload())
+    writer = functools.partial(
+        RecordWriter, path, pid=me.pid, start_time=me.create_time(), uid=os.getuid(),
+        host=socket.gethostname(), job=job, rank=rank, world_size=size,
+        backend=guess_backend(os.environ), dump_signal=dump_signal,
+        start_ticks=_start_ticks(), workload=workload())
     try:
-        return RecordWriter(path, **fields)
+        return writer()
     except FileExistsError:  # a staging file left by an earlier process with our pid
         os.unlink(record.staging_path(path))
-        return RecordWriter(path, **fields)
+        return writer()
 
 
 def _start_ticks() -> int:

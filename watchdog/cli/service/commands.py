@@ -39,7 +39,7 @@ def _service_options(f: Any) -> Any:
     return f
 
 
-def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[str, Any]]:
+def _render(launchd: bool, systemd: bool, config_path: str) -> tuple[str, dict[str, str]]:
     from watchdog.cli.service import unit as service
 
     kind = _service_kind(launchd, systemd)
