@@ -28,7 +28,7 @@ from watchdog.cli.node import commands as node_cmds
 from watchdog.cli.options import Node
 from watchdog.cli.service import commands as service_cmds
 from watchdog.cli.service.unit import DEFAULT_CONFIG
-from watchdog.daemon.config import ConfigError, SetupError
+from watchdog.daemon.config import ConfigError, SetupRefused
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"mlx-watchdog: {err.format_message()}", err=True)
         # A bare ClickException is an error, never a verdict: not click's 1.
         sys.exit(exits.SETUP if err.exit_code == 1 else err.exit_code)
-    except SetupError as err:
+    except SetupRefused as err:
         click.echo(f"mlx-watchdog: {err}", err=True)
         sys.exit(exits.SETUP)
     except ConfigError as err:

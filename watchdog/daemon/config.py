@@ -31,7 +31,7 @@ class ConfigError(Exception):
     """A setting that cannot be used; the message is one sentence for the user."""
 
 
-class SetupError(ConfigError):
+class SetupRefused(ConfigError):
     """The node is not set up for this (a directory missing, unwritable or unsafe, or
     another daemon on it): a setup error, exit 3, never a verdict's code."""
 

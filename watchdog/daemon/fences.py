@@ -44,7 +44,7 @@ class Orphaned:
 
 
 @dataclass(frozen=True)
-class Ending:
+class RanksToEnd:
     """A job to end on a fence (a peer's, or a local death's): the ranks it names."""
 
     uid: int
@@ -60,7 +60,7 @@ class Fences:
         self.lock, self.wake = lock, wake  # the rank table's lock; the loop's alarm
         # (uid, job) -> its orphans, for jobs one of whose ranks died.
         self.orphans: dict[tuple[int, str], Orphaned] = {}
-        self._queue: list[Ending] = []  # incoming fences, for the loop's thread
+        self._queue: list[RanksToEnd] = []  # incoming fences, for the loop's thread
 
     def request(self, headers: Any, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticate, pick our ranks of
@@ -85,7 +85,7 @@ class Fences:
             log.warning("fence from %s: ending %s local ranks of job %s of uid %s (%s)",
                         request.origin, len(ranks), job, uid, request.reason)
             if ranks:
-                self._queue.append(Ending(uid, job, frozenset(r.key for r in ranks), request))
+                self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request))
                 self.wake.set()  # the loop, maybe asleep for its interval, begins it
         return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)))
 
@@ -101,13 +101,13 @@ class Fences:
             f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
             "cannot finish without it", culprit, death.peers))
 
-    def queued(self) -> list[tuple[Ending, list[Rank]]]:
+    def queued(self) -> list[tuple[RanksToEnd, list[Rank]]]:
         """The peers' fences queued, to begin now (the loop's thread, under the table's
         lock); each with its ranks still there to end."""
         endings, self._queue = self._queue, []
         return self._alive(endings)
 
-    def orphaned(self, now: float) -> list[tuple[Ending, list[Rank]]]:
+    def orphaned(self, now: float) -> list[tuple[RanksToEnd, list[Rank]]]:
         """The jobs whose dead rank's grace is out, with their ranks still alive (those
         that were alive when it died)."""
         endings = []
@@ -115,12 +115,12 @@ class Fences:
             if now < orphaned.due_at:
                 continue
             del self.orphans[(uid, job)]
-            endings.append(Ending(uid, job, orphaned.peers, Fence(
+            endings.append(RanksToEnd(uid, job, orphaned.peers, Fence(
                 job=job, uid=uid, origin=self.host, reason=orphaned.reason,
                 culprit=orphaned.culprit, local=True)))
         return self._alive(endings)
 
-    def _alive(self, endings: list[Ending]) -> list[tuple[Ending, list[Rank]]]:
+    def _alive(self, endings: list[RanksToEnd]) -> list[tuple[RanksToEnd, list[Rank]]]:
         taken = []
         for ending in endings:
             alive = [r for r in self.table.job(ending.uid, ending.job) if r.key in ending.keys]

@@ -9,7 +9,7 @@ import signal
 import threading
 from typing import Any
 
-from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupError, load
+from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupRefused, load
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
@@ -131,7 +131,7 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
         holder = dirs.held_by(pointer.state_dir)
         if holder is not None:
             os.close(lock_fd)
-            raise SetupError(f"another daemon (pid {holder}) already watches "
+            raise SetupRefused(f"another daemon (pid {holder}) already watches "
                                   f"{settings.dir} (its state directory is "
                                   f"{pointer.state_dir})")
     nofile = raise_nofile()

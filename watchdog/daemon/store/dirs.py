@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import stat
 
-from watchdog.daemon.config import SetupError
+from watchdog.daemon.config import SetupRefused
 
 
-class UnsafeDirectory(SetupError):
+class UnsafeDirectory(SetupRefused):
     """A directory whose ownership or mode would let others tamper with it."""
 
 
@@ -78,10 +78,10 @@ def prepare(record_dir: str, state_dir: str) -> None:
                 os.chmod(path, mode)  # explicit: makedirs is subject to the umask
             check(path)
         except PermissionError as err:
-            raise SetupError(f"cannot create or use {path}: {err.strerror} "
+            raise SetupRefused(f"cannot create or use {path}: {err.strerror} "
                               "(run as root, or pass a directory you own)") from None
         except OSError as err:
-            raise SetupError(f"cannot create or use {path}: {err.strerror}") from None
+            raise SetupRefused(f"cannot create or use {path}: {err.strerror}") from None
 
 
 LOCK = "daemon.lock"  # in the state directory: held (flock) by the one daemon using it
@@ -100,7 +100,7 @@ def lock_state_dir(state_dir: str) -> int:
     """One daemon per state directory: take `<state_dir>/daemon.lock` (flock, released by
     the kernel when this process ends, however it ends) and write our pid in it.
 
-    Returns the descriptor, to keep open for the daemon's life. Refuses (SetupError)
+    Returns the descriptor, to keep open for the daemon's life. Refuses (SetupRefused)
     when another daemon holds it, or when this user cannot write there: a daemon
     that cannot keep its journal must not start and log the failure every scan.
     """
@@ -108,19 +108,19 @@ def lock_state_dir(state_dir: str) -> int:
 
     path = os.path.join(state_dir, LOCK)
     if not os.access(state_dir, os.W_OK | os.X_OK):
-        raise SetupError(f"cannot write in state directory {state_dir} (uid {os.geteuid()}): "
+        raise SetupRefused(f"cannot write in state directory {state_dir} (uid {os.geteuid()}): "
                          "run as root, or pass --state-dir a directory this user owns")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as err:
-        raise SetupError(f"cannot write {path}: {err.strerror} (run as root, or pass "
+        raise SetupRefused(f"cannot write {path}: {err.strerror} (run as root, or pass "
                          "--state-dir a directory this user owns)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         pid = _holder(fd)
         os.close(fd)
-        raise SetupError(f"another daemon (pid {pid}) already uses state directory "
+        raise SetupRefused(f"another daemon (pid {pid}) already uses state directory "
                          f"{state_dir}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
