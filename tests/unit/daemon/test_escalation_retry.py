@@ -122,6 +122,9 @@ def test_a_stuck_capture_does_not_hold_the_kill(setup, monkeypatch) -> None:
     try:
         for _ in range(4):
             tick()
+        until = time.monotonic() + 10  # the capture starts on an evidence worker
+        while not release and time.monotonic() < until:
+            time.sleep(0.01)
         assert release and PID in signaller.alive_pids  # stuck in the first escalation
         # Issue 30, item 1: past the evidence's time box from the verdict (real time:
         # the enforcer's clock), the ladder goes on without it.
