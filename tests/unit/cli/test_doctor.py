@@ -228,3 +228,20 @@ def test_doctor_does_not_call_a_missing_state_directory_unflagged(tmp_path):
     assert [level for level, _ in lines] == [doctor.WARN]
     assert "no reboot flag" not in lines[0][1] and "does not exist" in lines[0][1]
     assert doctor.check_reboot_flag(str(tmp_path))[0][0] == doctor.OK
+
+
+def test_doctor_compares_the_installed_pth_with_the_one_this_version_ships(tmp_path,
+                                                                          monkeypatch):
+    from pathlib import Path
+
+    import watchdog
+    from watchdog.cli.node import doctor_env
+
+    shipped = (Path(watchdog.__file__).parent / "_pth" / doctor_env.PTH).read_bytes()
+    monkeypatch.setattr(doctor_env, "_site_dirs", lambda: [str(tmp_path)])
+    (tmp_path / doctor_env.PTH).write_bytes(shipped)
+    ((level, line),) = doctor_env.check_pth()
+    assert level == doctor_env.OK and "present" in line
+    (tmp_path / doctor_env.PTH).write_bytes(shipped + b"# an older hook\n")
+    ((level, line),) = doctor_env.check_pth()
+    assert level == doctor_env.WARN and "differs from this version's hook" in line

@@ -121,7 +121,11 @@ def _site_dirs() -> list[str]:
 
 
 def check_pth() -> list[Line]:
-    shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_pth", PTH)
+    import watchdog
+
+    # The one this version ships, beside the package (it looked beside the CLI's
+    # module before, where no .pth is: the comparison never ran).
+    shipped = os.path.join(os.path.dirname(os.path.abspath(watchdog.__file__)), "_pth", PTH)
     try:
         with open(shipped, "rb") as f:
             expected: bytes | None = f.read()
