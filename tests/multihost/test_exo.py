@@ -195,8 +195,12 @@ def test_exo_instances_are_one_job_and_a_frozen_runner_ends_its_instance_on_both
     again = a.runners(f"{a.instance}-1")
     one_job_on_both_hosts(bed, again, f"exo-{a.instance}-1")
     for host, runner in zip(bed.hosts, again, strict=True):
-        shown = status_of(host, runner["pid"])
-        assert shown is not None and shown["deadline_seconds"] == FLOOR, shown
+        # The daemon's last scan may still show init (its own 600 s deadline): past it,
+        # the idle runner's deadline is what A taught, never the 600 s fallback.
+        shown = wait_for(lambda h=host, r=runner: (s if (s := status_of(h, r["pid"]))
+                                                   and s["phase"] != "init" else None),
+                         15, interval=0.2, what="the recreated runner past its init")
+        assert shown["deadline_seconds"] == FLOOR, shown
     a.request("generate 20")
     wait_for(lambda: min(a.steps(f"{a.instance}-1")) >= 20, 60, interval=0.2,
              what="the recreated instance answering")
