@@ -119,6 +119,16 @@ def test_a_fence_signed_before_the_receiver_started_is_refused(tmp_path):
         daemon.executor.shutdown()
 
 
+def stepped_to_sigterm(daemon: Daemon, rank: UserProc) -> bool:
+    """Step the daemon's ladders, as its loop does between scans, until the rank got
+    SIGTERM (30 s at most)."""
+    until = time.monotonic() + 30
+    while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
+        daemon.step_responses()
+        time.sleep(0.05)
+    return signal.SIGTERM in rank.signals()
+
+
 def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_path,
                                                                            record_dir):
     """A job relaunched under its name on this node before a peer's late fence
@@ -137,11 +147,7 @@ def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_p
             body, headers = fence.make(SECRET, "j", "peer", "hung", None)
             assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
             assert daemon.wake.is_set()  # queued for the loop's thread, which begins it
-            until = time.monotonic() + 30
-            while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
-                daemon.step_responses()
-                time.sleep(0.05)
-            assert signal.SIGTERM in rank.signals()
+            assert stepped_to_sigterm(daemon, rank)
     finally:
         daemon.executor.shutdown()
 
@@ -176,11 +182,7 @@ def test_a_fence_is_begun_on_the_loops_thread_never_the_http_one(tmp_path, recor
             assert rank.signals() == []
             daemon.scan()  # the loop's next tick (woken by the fence)
             assert begun == [threading.current_thread().name]
-            until = time.monotonic() + 30
-            while signal.SIGTERM not in rank.signals() and time.monotonic() < until:
-                daemon.step_responses()
-                time.sleep(0.05)
-            assert signal.SIGTERM in rank.signals()
+            assert stepped_to_sigterm(daemon, rank)
     finally:
         daemon.executor.shutdown()
 
