@@ -68,10 +68,15 @@ def run_prefill(tmp_path, record_dir, state_dir, first: float, prefill: float):
         rows: dict[str, list[dict]] = {"first": [], "prefill": []}
         while any(p.poll() is None for p in job.procs):
             log = job.log(0)
-            phase = ("prefill" if "prefill 2 start" in log
-                     else "first" if "short rounds" not in log else None)
+            # Each window is its long step alone: not the short rounds between them,
+            # nor the rounds after the prefill (their `.item()` and `.tolist()` waits
+            # are a kind of their own, learned down to the floor).
+            phase = ("first" if "short rounds" not in log
+                     else "prefill" if "prefill 2 start" in log
+                     and log.count("long step took") < 2 else None)
             if phase is not None:
-                rows[phase].extend(r for r in map(daemon.ranks().get, job.pids) if r)
+                rows[phase].extend(r for r in map(daemon.ranks().get, job.pids)
+                                   if r and (r["current_op"] or "").startswith("eval"))
             time.sleep(0.25)
             assert daemon.incidents() == [], daemon.incidents()
         assert [p.returncode for p in job.procs] == [0, 0], job.log(0) + job.log(1)
