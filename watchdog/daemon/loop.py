@@ -243,15 +243,20 @@ class Daemon:
 
     def step_responses(self) -> None:
         """Between scans: fences queued begun, the responses' steps that are due (a
-        grace, a SIGKILL)."""
+        grace, a SIGKILL). A response that finished is published at once: its ranks
+        ended are what `cluster status` and the peers' judgement read next, not the
+        wait they were in until the next scan."""
         with self.lock:
             self._begin_fences()
-            self._collect_finished()
+            if self._collect_finished():
+                self.publish()
 
-    def _collect_finished(self) -> None:
-        """Every response's due steps; what each finished one did, applied to its ranks."""
+    def _collect_finished(self) -> bool:
+        """Every response's due steps; what each finished one did, applied to its ranks.
+        True when one finished."""
         now = self.clock.monotonic()
-        for keys, outcome in self.responses.step(now):
+        finished = self.responses.step(now)
+        for keys, outcome in finished:
             if outcome is None:
                 self._retry(keys)
             elif outcome.held:
@@ -261,6 +266,7 @@ class Daemon:
                                 outcome.held, now)
             else:
                 self._ended(keys, outcome, now)
+        return bool(finished)
 
     def _ended(self, keys: list[Key], outcome: Outcome, now: float) -> None:
         # A hang acted on (not a fence, not a hold: a hold re-asked every 5 s is no

@@ -201,6 +201,10 @@ def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> N
     assert not daemon.pending
     (rank,) = daemon.ranks.values()
     assert rank.state is State.KILLED
+    # Published as the response finished, not at the next scan: a reader (a peer,
+    # `cluster status`) never sees the rank still in its wait once it has ended.
+    (shown,) = daemon.snapshot.ranks
+    assert shown.state == State.KILLED.value, shown
 
 
 @pytest.mark.slow
