@@ -139,7 +139,8 @@ class Daemon:
         due: Due = {}
         for rank, sample in live:
             rec = rank.record
-            verdict = self.detector.observe(rec, sample, now_ns, load)
+            verdict = self.detector.observe(rec, sample, now_ns, load,
+                                            learn=not rank.escalating)
             # Judged while a response has it: its verdict shown fresh, its state kept.
             edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
             transition(rank, edge, now, verdict=verdict)

@@ -159,7 +159,7 @@ def stubborn(tmp_path: Path):
                                                    kill_timeout=0.5, interval=0.2)
     probe.set_sample(process_sample(PID, START, os.getuid(), "running",
                                     ((PID, 0.01), (PID + 1, 100.0))))
-    yield daemon, signaller, clock, probe
+    yield daemon, signaller, clock, probe, writer
     writer.close(0, remove=False)
     daemon.executor.shutdown(wait=True)
 
@@ -178,7 +178,7 @@ def verdict(daemon: Daemon, clock: FakeClock, probe: FakeProbe) -> None:
 
 @pytest.mark.slow
 def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> None:
-    daemon, signaller, clock, probe = stubborn
+    daemon, signaller, clock, probe, _ = stubborn
     verdict(daemon, clock, probe)
     until = time.monotonic() + 10
     while "SIGTERM" not in signaller.signals_to(PID) and time.monotonic() < until:
@@ -209,7 +209,7 @@ def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> N
 
 @pytest.mark.slow
 def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
-    daemon, signaller, clock, probe = stubborn
+    daemon, signaller, clock, probe, _ = stubborn
     daemon.settings = dataclasses.replace(daemon.settings, grace=3.0)
     daemon.enforcer.settings = daemon.settings
     runner = threading.Thread(target=daemon.run)
@@ -231,3 +231,22 @@ def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
     assert not daemon.pending
     (line,) = journal.read_incidents(daemon.settings.state_dir)[0]
     assert line.outcome == {str(PID): "killed"}
+
+
+def test_a_wait_the_rank_ends_under_its_response_is_not_learned(stubborn) -> None:
+    """The response's SIGCONT to a frozen peer lets the rank's all_sum return before
+    SIGTERM lands: the wait lasted as long as the hang, and the job (or its relaunch,
+    through its workload) must not learn that as its pace."""
+    daemon, signaller, clock, probe, writer = stubborn
+    verdict(daemon, clock, probe)
+    now = int(clock.now() * 1e9)
+    writer.begin()
+    writer.write_hot(5, 5, 5, 0, Phase.RUNNING, 0, now, 0, now, 6 * 10**9, 6 * 10**9)
+    writer.write_pace(OP_CODE["eval"], 5, 6 * 10**9)
+    writer.end()
+    clock.advance(1.0)
+    daemon.scan()
+    (rank,) = daemon.ranks.values()
+    assert rank.escalating and rank.record.waits_completed == 5
+    learned = daemon.detector.learned[f"{os.getuid()}:j"]["eval"]
+    assert learned.count == 5 and learned.longest < 6.0, learned

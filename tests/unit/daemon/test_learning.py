@@ -36,10 +36,11 @@ class Rank:
         self.detector, self.rec = detector, dataclasses.replace(BASE, **fields)
         self.t = self.cpu = 0.0
 
-    def observe(self, spin: float = 0.0, status: str = "sleeping"):
+    def observe(self, spin: float = 0.0, status: str = "sleeping", learn: bool = True):
         self.cpu += spin
         sample = ProcessSample(self.rec.pid, 1.7e9, 501, status, ((1, 0.0), (2, self.cpu)))
-        return self.detector.observe(self.rec, sample, ORIGIN + round(self.t * NS))
+        return self.detector.observe(self.rec, sample, ORIGIN + round(self.t * NS),
+                                     learn=learn)
 
     def wait(self, op: str, seconds: float, seen: bool = True, returns: bool = True, **extra):
         """A wait of `op` lasting `seconds`; a scan sees it mid-way if `seen`."""
@@ -126,6 +127,46 @@ def test_a_wait_that_spanned_a_stop_counts_but_does_not_stretch_the_pace():
     assert detector.learned[JOB]["eval"].count == 11
     assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
     rank.observe()  # the record's longest is still the stop's: never learned later either
+    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+
+
+def test_a_wait_ended_under_a_response_counts_but_does_not_stretch_the_pace():
+    """A rank waiting on a frozen peer, its hang acted on: the response's SIGCONT lets
+    the peer finish the collective, and the 61 s wait ends before SIGTERM lands. That
+    is the hang's length; learned, it made exo's recreated instance wait 4 minutes."""
+    detector = Detector(AUTO)
+    rank = PacedRank(detector, workload="w1")
+    rank.complete("eval", 0.5, count=10)
+    rank.observe()
+    rank.complete("eval", 61.0)
+    rank.observe(learn=False)
+    assert detector.learned[JOB]["eval"].count == 11
+    workload = f"{BASE.uid}:w:w1:{BASE.world_size}"
+    assert detector.learned[workload]["eval"].longest == pytest.approx(0.5)
+    rank.observe()  # released (the peer was only slow): the hang's wait is not learned late
+    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+    rank.complete("eval", 0.5, count=4)  # the job's own waits count again
+    rank.observe()
+    assert detector.learned[JOB]["eval"].count == 15
+
+
+def test_a_wait_seen_under_a_response_is_not_learned_from_an_older_record():
+    """The same for a record without a pace table (learned from waits a scan saw)."""
+    detector = Detector(AUTO)
+    rank = Rank(detector)
+    for _ in range(3):
+        rank.wait("eval", 0.5)
+    rank.rec = dataclasses.replace(rank.rec, phase=Phase.WAIT, op="eval",
+                                   wait_since_ns=ORIGIN + round(rank.t * NS))
+    rank.t += 30
+    rank.observe()  # seen in progress, then its hang acted on
+    rank.t += 31
+    rank.observe(learn=False)
+    rank.rec = dataclasses.replace(rank.rec, phase=Phase.RUNNING, op="", wait_since_ns=0,
+                                   waits_completed=rank.rec.waits_completed + 1,
+                                   last_wait_ns=61 * NS)
+    rank.observe(learn=False)
+    rank.observe()
     assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
 
 

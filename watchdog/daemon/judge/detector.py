@@ -162,12 +162,13 @@ class Detector:
                 self.learned.setdefault(learns, {}).setdefault(kind, Learned()).add(lasted)
                 self.changed.add(learns)
 
-    def _learn_pace(self, record: Record, track: Track, stopped: bool) -> None:
+    def _learn_pace(self, record: Record, track: Track, paused: bool) -> None:
         """Learn from every wait the rank completed since the last tick (record v3):
         its pace table's new waits count for the job, and a longer longest raises
-        the job's. Not the longest of a rank stopped at this tick or the one
-        before: a wait that spanned a SIGSTOP or a debugger's pause lasted as long
-        as the pause, which says nothing of the job's pace (its count still does)."""
+        the job's. Not the longest when `paused` (a rank stopped at this tick or the
+        one before, or under a response): a wait that spanned a SIGSTOP, a
+        debugger's pause or a hang lasted as long as the pause, which says nothing
+        of the job's pace (its count still does)."""
         kinds: dict[str, tuple[int, int]] = {}
         for pace in record.pace or ():
             kind = kind_of(pace.op)
@@ -182,7 +183,7 @@ class Detector:
             for key in keys:
                 learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
                 learned.count += max(0, waits - seen_waits)
-                if longest > seen_longest and not stopped:
+                if longest > seen_longest and not paused:
                     learned.longest = max(learned.longest, longest / NS)
                 self.changed.add(key)
 
@@ -190,12 +191,17 @@ class Detector:
         self.tracks.pop(key, None)
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
-                load: float = 1.0) -> Verdict:
+                load: float = 1.0, learn: bool = True) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
         this tick: on an oversubscribed machine a spinning thread gets only
         1/load of a core, so what it got is scaled up by it.
+
+        `learn` False: the rank is under a response (its hang acted on, or a peer's
+        fence). A wait it ends now (its frozen peer resumed by the response's
+        SIGCONT) lasted as long as the hang, which is not the job's pace: it counts,
+        and never stretches the deadline of the job or of its relaunch.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -224,9 +230,11 @@ class Detector:
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         stopped = sample.status in STOPPED_STATUSES
         if record.pace is not None:
-            self._learn_pace(record, track, stopped or track.stopped)
-        else:
+            self._learn_pace(record, track, stopped or track.stopped or not learn)
+        elif learn:
             self._learn(record, track, waiting)
+        else:
+            track.seen_wait = None
         track.stopped = stopped
         kind = kind_of(record.op) if waiting else NATIVE_KIND
         deadline = deadline_for(record, rules, self._known(record, kind))
@@ -271,7 +279,7 @@ class Detector:
                      else track.was_computing)
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
-                and record.expect_seconds == 0 and not stopped):
+                and record.expect_seconds == 0 and not stopped and learn):
             track.seen_wait = (kind, record.waits_completed, in_wait)
 
         own = (self._own(record, sample, track, in_wait, deadline, now_ns)
