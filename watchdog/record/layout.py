@@ -13,9 +13,9 @@ has it.
 
     region    offset  struct  field
     identity       0  8s      magic  b"MLXWDREC"
-                   8  H       version (2)
+                   8  H       version (3)
                   10  H       reserved (0)
-                  12  I       record size (16384)
+                  12  I       record size (24576)
                   16  q       pid
                   24  d       process start time (psutil create_time, epoch s)
                   32  I       uid of the writer
