@@ -11,7 +11,7 @@ import click
 from watchdog.cli import exits
 from watchdog.cli.options import Node, state_option
 from watchdog.status import ClusterView, JobState
-from watchdog.text import printable
+from watchdog.text import printable, who
 
 
 def render_text(view: ClusterView) -> str:
@@ -35,8 +35,8 @@ def render_text(view: ClusterView) -> str:
             lines.append(f"  rank {missing}  (not reported)")
         if job.culprit:
             c = job.culprit
-            lines.append(f"  culprit: rank {c.rank} on {c.host or c.node or '?'}"
-                         f" (pid {c.pid}): {c.reason}")
+            lines.append(f"  culprit: {who(c.rank, c.host or c.node, c.pid)}: "
+                         f"{c.reason or c.state or 'holds the job up'}")
         if job.cause:
             lines.append(f"  cause: {job.cause}: {job.summary or ''}")
         if job.evidence:

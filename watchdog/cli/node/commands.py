@@ -16,7 +16,7 @@ from watchdog.cli.options import STATE_ENV, dir_option, state_option
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
-from watchdog.text import printable
+from watchdog.text import printable, who
 
 
 def _existing_state_dir(state_dir: str) -> None:
@@ -118,7 +118,7 @@ def _echo_incident(inc: Incident) -> None:
     lines.append(f"    {inc.reason or ''}")
     if inc.culprit:
         c = inc.culprit
-        lines.append(f"    culprit: rank {c.rank} pid {c.pid} on {c.host}: {c.reason}")
+        lines.append(f"    culprit: {who(c.rank, c.host, c.pid)}: {c.reason or c.state or ''}")
     outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.outcome or {}).items())
     if outcome:
         lines.append(f"    outcome: {outcome}")
