@@ -97,6 +97,13 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     click.echo(f"wrote {written}")
+    hidden = svc.under_private_tmp(kwargs["executable"]) if kind == "systemd" else None
+    if hidden:
+        click.echo(f"mlx-watchdog: warning: the unit runs {kwargs['executable']}, under "
+                   f"{hidden}, which the unit's PrivateTmp=yes hides from the service: it "
+                   "would not start. Install mlx-watchdog outside a temporary directory "
+                   "(e.g. a venv in /opt/mlx-watchdog) and install the service from there",
+                   err=True)
     if path is None:
         try:
             if svc.write_default_config(config_path):
@@ -111,6 +118,9 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     try:
         for argv in ctl.load(kind, written):
             click.echo(f"ran: {ctl.shell_line(argv)}")
+    except ctl.ManagerUnreachable as err:
+        raise SetupError(f"{written} is written but not loaded: {err}; "
+                         f"`mlx-watchdog service uninstall --{kind}` removes it") from None
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     click.echo(f"the {kind} service is loaded; check it with: mlx-watchdog doctor")
@@ -128,11 +138,13 @@ def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
     kind = _service_kind(launchd, systemd)
     target = path if path is not None else svc.default_path(kind)
     try:
-        ran, removed = ctl.uninstall(kind, target)
+        ran, removed, failed = ctl.uninstall(kind, target)
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     for argv in ran:
         click.echo(f"ran: {ctl.shell_line(argv)}")
+    for said in failed:  # the file goes whatever systemctl says
+        click.echo(f"mlx-watchdog: warning: {said}", err=True)
     click.echo(f"removed {target}" if removed else f"no {target} to remove")
 
 
