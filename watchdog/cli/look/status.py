@@ -11,11 +11,13 @@ from typing import Any
 
 import click
 
+from watchdog.cli import colour
+from watchdog.cli.colour import state as colour_of
 from watchdog.cli.exits import SetupError
 from watchdog.cli.options import DIR_ENV, deadline_option, dir_option, state_option
 from watchdog.states import HUNG
 from watchdog.status import RankStatus
-from watchdog.text import printable
+from watchdog.text import plural, printable
 
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
@@ -37,29 +39,38 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
     return ranks, "sampled"
 
 
-def _fmt(value: Any, spec: str = "") -> str:
+def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
     if value is None:
         return "-"
-    return format(value, spec) if spec else str(value)
+    return (format(value, spec) if spec else str(value)) + unit
 
 
 COLUMNS = ("PID", "JOB", "RANK", "STATE", "PHASE", "PROGRESS", "COLL", "SINCE", "DEADLINE",
            "CPU", "OP")
+STATE_COLUMN = COLUMNS.index("STATE")
 
 
-def table(ranks: list[RankStatus]) -> str:
+def table(ranks: list[RankStatus], colour: bool = False) -> str:
+    """One line per rank under a header: SINCE (the last progress) and DEADLINE in
+    seconds, CPU the busiest thread's share of a core; states coloured when `colour`."""
     rows: list[tuple[str, ...]] = [COLUMNS]
     for r in ranks:
         # The attempt of a relaunched job (`launch --restart`), when the daemon knows it.
         job = r.job if r.attempt is None else f"{r.job} #{r.attempt}"
-        cells = (r.pid, job, f"{r.rank}/{r.world_size}", r.state, r.phase,
-                 r.progress, r.collectives, _fmt(r.seconds_since_progress, ".1f"),
-                 _fmt(r.deadline_seconds, ".0f"),
-                 _fmt(r.busiest_thread_cpu, ".2f"), r.current_op or "")
+        cpu = None if r.busiest_thread_cpu is None else r.busiest_thread_cpu * 100
+        cells = (_fmt(r.pid), job, f"{_fmt(r.rank)}/{_fmt(r.world_size)}", _fmt(r.state),
+                 _fmt(r.phase), _fmt(r.progress), _fmt(r.collectives),
+                 _fmt(r.seconds_since_progress, ".1f", "s"), _fmt(r.deadline_seconds, ".0f", "s"),
+                 _fmt(cpu, ".0f", "%"), r.current_op or "")
         rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    lines = []
+    for n, row in enumerate(rows):
+        padded = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        if n:
+            padded[STATE_COLUMN] = colour_of(padded[STATE_COLUMN], row[STATE_COLUMN], colour)
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
 
 
 @click.command()
@@ -76,9 +87,10 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
     if as_json:
         click.echo(json.dumps([r.to_json() for r in ranks], indent=1))
     elif ranks:
-        click.echo(table(ranks))
-        click.echo(f"({len(ranks)} ranks; " + ("verdicts from the daemon)" if source == "daemon"
-                   else "sampled here: no daemon running)"), err=True)
+        click.echo(table(ranks, colour=colour.wanted()))
+        click.echo(f"({plural(len(ranks), 'rank')}; " + (
+            "verdicts from the daemon)" if source == "daemon"
+            else "sampled here: no daemon running)"), err=True)
     else:
         click.echo(f"no ranks in {record_dir}")
     if check and any(r.state in HUNG for r in ranks):
@@ -99,7 +111,7 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
         while count is None or shown < count:
             ranks, source = _ranks(record_dir, state_dir, deadline)
             stamp = datetime.now().strftime("%H:%M:%S")
-            body = table(ranks) if ranks else f"no ranks in {record_dir}"
+            body = table(ranks, colour=colour.wanted()) if ranks else f"no ranks in {record_dir}"
             click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
             shown += 1
             if count is None or shown < count:

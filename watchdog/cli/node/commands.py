@@ -16,7 +16,7 @@ from watchdog.cli.options import STATE_ENV, dir_option, state_option
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
-from watchdog.text import printable, who
+from watchdog.text import plural, printable, who
 
 
 def _existing_state_dir(state_dir: str) -> None:
@@ -52,7 +52,7 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
         return
     for item in shown:
         if isinstance(item, Incident):
-            _echo_incident(item)
+            _echo_incident(item, state_dir)
         else:
             _echo_launch_event(item)
 
@@ -98,8 +98,13 @@ def _said(value: object, absent: object = "") -> object:
     return absent if value is ABSENT else value
 
 
+def _local_time(when: float) -> str:
+    """A time as a person reads it: local, with its zone."""
+    return datetime.fromtimestamp(when).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
 def _echo_launch_event(event: LaunchEvent) -> None:
-    when = datetime.fromtimestamp(_when(event)).strftime("%Y-%m-%d %H:%M:%S")
+    when = _local_time(_when(event))
     what = {"restart": "relaunched as attempt", "refused": "refused attempt",
             "gave_up": "gave up after attempt"}[event.event]
     click.echo(printable(f"{when}  launch  job {_said(event.job, None)}  {what} "
@@ -107,12 +112,13 @@ def _echo_launch_event(event: LaunchEvent) -> None:
     click.echo(printable(f"    {_said(event.reason)}"))
 
 
-def _echo_incident(inc: Incident) -> None:
-    when = datetime.fromtimestamp(inc.time).strftime("%Y-%m-%d %H:%M:%S")
+def _echo_incident(inc: Incident, state_dir: str) -> None:
+    when = _local_time(inc.time)
     ranks = ",".join(str(r.rank) for r in inc.ranks)
     attempt = f" attempt {inc.attempt}" if inc.attempt is not None else ""
+    label = "rank" if len(inc.ranks) == 1 else "ranks"
     lines = [f"{when}  {inc.id}  job {inc.job}{attempt}  {inc.verdict}  "
-             f"ranks {ranks}  {inc.action or ''}"]
+             f"{label} {ranks}  {inc.action or ''}".rstrip()]
     if inc.cause:  # the line a person reads first
         lines.append(f"    {inc.cause}: {inc.summary or ''}")
     lines.append(f"    {inc.reason or ''}")
@@ -124,6 +130,9 @@ def _echo_incident(inc: Incident) -> None:
         lines.append(f"    outcome: {outcome}")
     if inc.reboot_required:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
+    if inc.evidence:
+        folder = os.path.join(state_dir, "evidence", inc.id)
+        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})")
     lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
