@@ -6,12 +6,15 @@ import sys
 
 import click
 
+from watchdog.cli.options import Duration
+
 
 @click.command()
 @click.option("--ranks", type=click.IntRange(2, 8), default=3, show_default=True,
               help="Ranks of the local MLX ring job.")
-@click.option("--deadline", type=click.FloatRange(min=1), default=4.0, show_default=True,
-              help="Seconds a wait may last before the demo's daemon judges it hung.")
+@click.option("--deadline", type=Duration(1), default=4.0, show_default=True,
+              help="How long a wait may last before the demo's daemon judges it hung "
+                   "(seconds, or 4s, 1m, as every duration).")
 @click.option("--fault", type=click.Choice(["stop", "kill", "mismatch"]), default="stop",
               show_default=True, help="Freeze a rank, kill one, or leave one waiting in "
               "a recv nobody sends.")

@@ -6,8 +6,8 @@ daemon (`mlx-watchdog run` with a short deadline) and N ranks of
 fault, narrates what the daemon publishes each second, prints the incident
 from the journal, and checks the outcome:
 
-- `stop`: one rank is frozen with SIGSTOP, like a wedged host in the seeds'
-  JACCL and ring hangs; its peers spin in `all_sum` forever. Expected: the
+- `stop`: one rank is frozen with SIGSTOP, like a wedged host in the JACCL and
+  ring hangs seen on Mac clusters; its peers spin in `all_sum` forever. Expected: the
   watchdog names the frozen rank as the culprit and ends the whole job.
 - `kill`: one rank is killed with SIGKILL. On mlx 0.32.4 the ring survivors
   raise "connection to a peer was lost" and exit by themselves. Expected:
@@ -93,7 +93,7 @@ class Demo(DemoJob):
             self.stopped.add(victim.pid)
             result.victim = victim.rank
             self.say(f"rank {victim.rank} frozen with SIGSTOP (pid {victim.pid})")
-            self.note("like a wedged host or GPU in the seeds' JACCL/ring hang: its peers")
+            self.note("like a wedged host or GPU in a JACCL or ring hang: its peers")
             self.note("now wait in all_sum forever, one thread spinning: it wants a whole")
             self.note("core (what the verdict reads); the share of one it gets, shown below,")
             self.note("is less on a busy machine. No error: nothing in MLX ends this job.")

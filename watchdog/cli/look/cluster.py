@@ -11,7 +11,7 @@ import click
 from watchdog.cli import exits
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.colour import wanted as colour_wanted
-from watchdog.cli.options import Node, state_option
+from watchdog.cli.options import Commands, Duration, Node, state_option
 from watchdog.status import ClusterView, JobState
 from watchdog.text import plural, printable, who
 
@@ -70,21 +70,23 @@ def _rank_rows(rows: list[tuple[str, ...]], colour: bool) -> list[str]:
     return out
 
 
-@click.group()
+@click.group(cls=Commands)
 def cluster() -> None:
     """Every node's ranks, lined up by job: which rank holds a job up."""
 
 
-@cluster.command("status")
+@cluster.command("status", short_help="Every node's ranks by job, each job judged, and "
+                 "the culprit of a hung one.")
 @click.argument("peers", nargs=-1)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               envvar="MLX_WATCHDOG_CONFIG", help="Take the peers from this config file.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds to wait for each node.")
+@click.option("--timeout", type=Duration(0.1), default=2.0, show_default=True,
+              help="How long to wait for each node (seconds, or 500ms, 2s).")
 @click.option("--json", "as_json", is_flag=True,
               help="The nodes and the judged jobs as one JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("--interval", type=Duration(0.2), default=2.0, show_default=True,
+              help="With --watch: the time between refreshes (seconds, or 500ms, 2s).")
 @state_option
 @click.pass_obj
 def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str | None,

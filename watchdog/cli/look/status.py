@@ -14,7 +14,7 @@ import click
 from watchdog.cli import colour
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import DIR_ENV, deadline_option, dir_option, state_option
+from watchdog.cli.options import DIR_ENV, Duration, deadline_option, dir_option, state_option
 from watchdog.states import HUNG
 from watchdog.status import RankStatus
 from watchdog.text import plural, printable
@@ -100,7 +100,8 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
 @click.command()
 @dir_option
 @state_option
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+@click.option("--interval", type=Duration(0.1), default=1.0, show_default=True,
+              help="The time between refreshes (seconds, or 500ms, 2s).")
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
 @deadline_option
 def watch(record_dir: str, state_dir: str, interval: float, count: int | None,

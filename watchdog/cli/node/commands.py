@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import STATE_ENV, dir_option, state_option
+from watchdog.cli.options import STATE_ENV, Commands, Duration, dir_option, state_option
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
@@ -153,7 +153,7 @@ def _native_hot_lines(hot: tuple[NativeHot, ...] | None, threads: int = 4) -> li
     return lines
 
 
-@click.group()
+@click.group(cls=Commands)
 def node() -> None:
     """This node's reboot flag and wired memory."""
 
@@ -201,9 +201,9 @@ def clear_reboot(state_dir: str) -> None:
 
 @node.command("wait-healthy")
 @state_option
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
-              help="Seconds to wait for a fit node before refusing [the config's "
-                   "health_timeout, 120].")
+@click.option("--timeout", type=Duration(0), default=None,
+              help="How long to wait for a fit node before refusing (seconds, or 90s, 5m) "
+                   "[default: the config's health_timeout, 120].")
 @click.option("--quiet", "-q", is_flag=True, help="Say nothing when the node is fit.")
 @click.pass_obj
 def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: bool) -> None:
