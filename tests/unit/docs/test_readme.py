@@ -296,3 +296,14 @@ def test_operations_doc_has_every_runbook_anchor():
     for state in ("running", "idle", "suspect", "stalled", "blocked", "stopped", "killed",
                   "unkillable", "exited"):
         assert re.search(rf"^\| `{state}` \|", doc, re.M), f"operations.md: no row for {state}"
+
+
+def test_the_docs_say_what_a_down_peer_costs_a_start_and_what_the_quota_needs():
+    from watchdog.cli.node.health import PEER_DOWN_AFTER
+
+    ops = (DOCS / "operations.md").read_text(encoding="utf-8")
+    waits = ops.split('<a id="wait-healthy"></a>', 1)[1].split("\n## ", 1)[0]
+    assert f"holds every\nstart for {PEER_DOWN_AFTER:g} s" in waits
+    assert f"{PEER_DOWN_AFTER:g} s" in (DOCS / "cluster.md").read_text(encoding="utf-8")
+    quota = ops[ops.index("usrquota"):][:600]
+    assert "CONFIG_TMPFS_QUOTA" in quota
