@@ -282,7 +282,9 @@ class Demo(DemoJob):
     def run(self) -> int:
         self.echo(f"mlx-watchdog demo: {self.size} MLX ring ranks on 127.0.0.1, fault "
                   f"'{self.fault}', deadline {self.deadline:g}s")
-        self.echo(f"scratch directory {self.tmp} (removed at the end)")
+        self.echo(f"scratch directory {self.tmp} "
+                  + ("(kept at the end: --keep)" if self.keep else
+                     "(removed at the end, evidence too; --keep keeps it)"))
         if not self.start_daemon() or not self.start_ranks():
             self.echo("Summary\n  NOT AS EXPECTED: the demo could not start")
             return 1
@@ -304,7 +306,8 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(ranks: int = 3, deadline: float = 4.0, fault: str = "stop") -> int:
+def run_demo(ranks: int = 3, deadline: float = 4.0, fault: str = "stop",
+             keep: bool = False) -> int:
     """Run the demo; 0 when the outcome is as expected, 1 when not, 130 on interrupt."""
     if fault not in FAULTS:
         raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
@@ -322,7 +325,7 @@ def run_demo(ranks: int = 3, deadline: float = 4.0, fault: str = "stop") -> int:
             previous[signum] = signal.signal(signum, _interrupt)
     demo: Demo | None = None
     try:
-        demo = Demo(ranks, deadline, fault)
+        demo = Demo(ranks, deadline, fault, keep=keep)
         return demo.run()
     except KeyboardInterrupt:
         click.echo("interrupted: cleaning up", err=True)
