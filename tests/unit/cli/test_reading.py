@@ -135,3 +135,32 @@ def test_incidents_show_their_zone_and_evidence_folder(tmp_path):
     assert f"    evidence: {state}/evidence/20260101T000000-abcdef/ (1 file)" in rest
     assert "    culprit: rank 1 on h1: stopped" in rest
     assert "None" not in done.stdout
+
+
+def test_with_no_daemon_an_exited_rank_ages_out_of_status(tmp_path):
+    """A rank that died without closing its record is shown for the daemon's default
+    retention after its record's last write, then left out with one line saying so."""
+    import os
+    import time
+
+    from tests.unit.daemon.test_observation import reaped_pid, write
+    from watchdog.cli.look.sampling import RETENTION, sample_ranks
+    from watchdog.daemon.judge.deadlines import Rules
+
+    recent, old = reaped_pid(), reaped_pid()
+    write(tmp_path, "recent", pid=recent, start_ticks=0)
+    write(tmp_path, "old", pid=old, start_ticks=0)
+    long_ago = time.time() - RETENTION - 5
+    os.utime(tmp_path / "old.rec", (long_ago, long_ago))
+    ranks, invalid = sample_ranks(str(tmp_path), Rules(), pause=0.0)
+    assert [(r.pid, r.state) for r in ranks] == [(recent, "exited")]
+    assert list(invalid) == [str(tmp_path / "old.rec")]
+    state = tmp_path / "state"
+    state.mkdir()
+    done = CliRunner().invoke(cli, ["status", "--dir", str(tmp_path), "--state-dir", str(state)])
+    assert done.exit_code == 0, done.output
+    assert str(old) not in done.stdout and str(recent) in done.stdout
+    assert done.stderr.splitlines() == [
+        f"(1 rank that exited over {RETENTION:g}s ago not shown; their records stay in "
+        f"{tmp_path} until a daemon runs)",
+        "(1 rank; sampled here: no daemon running)"], done.stderr

@@ -22,7 +22,7 @@ from watchdog.text import plural, printable
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[RankStatus], str]:
-    from watchdog.cli.look.sampling import find_daemon, sample_ranks
+    from watchdog.cli.look.sampling import AGED, RETENTION, find_daemon, sample_ranks
     from watchdog.daemon.config import coerce
     from watchdog.daemon.judge.deadlines import Rules
 
@@ -34,8 +34,13 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
                                    f"(set --dir or {DIR_ENV})")
     rules = Rules(deadline=coerce("deadline", deadline))
     ranks, invalid = sample_ranks(record_dir, rules)
+    aged = [path for path, why in invalid.items() if why.startswith(AGED)]
     for path, why in invalid.items():
-        click.echo(f"skipped {path}: {why}", err=True)
+        if not why.startswith(AGED):
+            click.echo(f"skipped {path}: {why}", err=True)
+    if aged:  # one line for them all: with no daemon, such records pile up
+        click.echo(f"({plural(len(aged), 'rank')} that exited over {RETENTION:g}s ago not shown; "
+                   f"their records stay in {record_dir} until a daemon runs)", err=True)
     return ranks, "sampled"
 
 
