@@ -236,8 +236,10 @@ class RankTable:
             transition(rank, Edge.ESCALATED, 0.0)
         # Present from the job's first sight, so increase() sees its first kills.
         self.counters.job_kills.setdefault(rec.job, 0)
-        log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
-                 rec.world_size, f"backend {rec.backend}" if rec.backend else "no backend yet")
+        log.info("watching pid %s: job %s %s (%s)", rec.pid, rec.job,
+                 f"rank {rec.rank}/{rec.world_size}" if rec.rank >= 0 and rec.world_size > 0
+                 else "rank not known yet", f"backend {rec.backend}" if rec.backend
+                 else "no backend yet")
         return rank
 
     def gone(self, rank: Rank, now: float, status: int) -> None:
