@@ -164,3 +164,12 @@ def test_with_no_daemon_an_exited_rank_ages_out_of_status(tmp_path):
         f"(1 rank that exited over {RETENTION:g}s ago not shown; their records stay in "
         f"{tmp_path} until a daemon runs)",
         "(1 rank; sampled here: no daemon running)"], done.stderr
+
+
+def test_a_rank_known_in_part_is_named_without_none_or_question_marks():
+    from watchdog import cause
+
+    partial = RankStatus(job="j", rank=1, last_collective=LastCollective(None, None, 0))
+    assert cause.who(partial) == "rank 1"
+    assert cause.where(partial) == "a collective"
+    assert cause.who(rank(0)) == "rank 0 on h0 (pid 100)"

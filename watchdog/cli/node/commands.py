@@ -107,8 +107,9 @@ def _echo_launch_event(event: LaunchEvent) -> None:
     when = _local_time(_when(event))
     what = {"restart": "relaunched as attempt", "refused": "refused attempt",
             "gave_up": "gave up after attempt"}[event.event]
-    click.echo(printable(f"{when}  launch  job {_said(event.job, None)}  {what} "
-                         f"{_said(event.attempt, None)}"))
+    job, attempt = _said(event.job, None), _said(event.attempt, None)
+    click.echo(printable(f"{when}  launch" + (f"  job {job}" if job is not None else "")
+                         + f"  {what}" + (f" {attempt}" if attempt is not None else "")))
     click.echo(printable(f"    {_said(event.reason)}"))
 
 
