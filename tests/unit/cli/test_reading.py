@@ -171,5 +171,5 @@ def test_a_rank_known_in_part_is_named_without_none_or_question_marks():
 
     partial = RankStatus(job="j", rank=1, last_collective=LastCollective(None, None, 0))
     assert cause.who(partial) == "rank 1"
-    assert cause.where(partial) == "a collective"
+    assert cause.where(partial) == "a collective (0 B)"
     assert cause.who(rank(0)) == "rank 0 on h0 (pid 100)"
