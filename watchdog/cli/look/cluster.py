@@ -20,6 +20,7 @@ RANK_COLUMNS = ("RANK", "HOST", "PID", "STATE", "PHASE", "AT", "PROGRESS")
 
 def render_text(view: ClusterView, colour: bool = False) -> str:
     """The cluster view as `cluster status` prints it; states coloured when `colour`."""
+    from watchdog.cause import where
     from watchdog.daemon.judge.cluster import LOCAL
 
     lines = []
@@ -36,10 +37,9 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
                      + verdict)
         rows: list[tuple[str, ...]] = [RANK_COLUMNS]
         for seen in job.ranks:
-            r, last = seen.rank, seen.rank.last_collective
-            at = f"{last.op} #{last.number}" if last is not None else "no collective yet"
+            r = seen.rank
             rows.append(tuple(printable("-" if cell is None else cell) for cell in (
-                r.rank, r.host, r.pid, r.state, r.phase, at, r.progress)))
+                r.rank, r.host, r.pid, r.state, r.phase, where(r), r.progress)))
         rows += [(printable(missing), "(not reported)") for missing in job.missing_ranks]
         lines += _rank_rows(rows, colour)
         if job.culprit:
