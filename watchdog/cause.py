@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from watchdog import text
 from watchdog.status import RankStatus
 
 PEER_STOPPED = "peer_stopped"
@@ -79,12 +80,13 @@ def where(rank: RankStatus) -> str:
     if last is None:
         return "init" if rank.phase == "init" else "no collective yet"
     nbytes = size(last.bytes)
-    return (f"{last.op or '?'} #{last.number if last.number is not None else '?'}"
+    return (f"{last.op or 'a collective'}"
+            + (f" #{last.number}" if last.number is not None else "")
             + (f" ({nbytes})" if nbytes else ""))
 
 
 def who(rank: RankStatus) -> str:
-    return f"rank {rank.rank} on {rank.host or '?'} (pid {rank.pid})"
+    return text.who(rank.rank, rank.host, rank.pid)
 
 
 def _names(ranks: Sequence[RankStatus]) -> str:

@@ -19,6 +19,22 @@ def printable(text: object) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """"1 rank", "2 ranks": a count with its noun."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def who(rank: object = None, host: object = None, pid: object = None) -> str:
+    """A rank as a person reads it, "rank 1 on mac-02 (pid 4242)", leaving out what
+    is not known (a peer may not say), never "None" or "?"."""
+    text = f"rank {rank}" if rank is not None else "a rank"
+    if host:
+        text += f" on {host}"
+    if pid is not None:
+        text += f" (pid {pid})"
+    return text
+
+
 class OneLineFormatter(logging.Formatter):
     """Log lines with control characters escaped; tracebacks stay as they are."""
 

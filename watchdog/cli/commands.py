@@ -25,18 +25,20 @@ from watchdog.cli.launch import commands as launch_cmds
 from watchdog.cli.look import cluster as cluster_cmds
 from watchdog.cli.look import status
 from watchdog.cli.node import commands as node_cmds
-from watchdog.cli.options import Node
+from watchdog.cli.options import Commands, Node
 from watchdog.cli.service import commands as service_cmds
 from watchdog.cli.service.unit import DEFAULT_CONFIG
 from watchdog.daemon.config import ConfigError, SetupRefused
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="mlx-watchdog")
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Every duration takes seconds or a unit (500ms, 90s, 2m, 1h); shell "
+                    "completion: see the README.")
+@click.version_option(__version__, "-V", "--version", prog_name="mlx-watchdog")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               envvar="MLX_WATCHDOG_CONFIG",
               help=f"The node's config file, for the directories and peers of every command "
-                   f"[{DEFAULT_CONFIG} when present].")
+                   f"[default: {DEFAULT_CONFIG} when present].")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """Find MLX distributed ranks hung in a collective, and end them safely."""

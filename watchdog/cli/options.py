@@ -14,6 +14,19 @@ from watchdog.daemon.config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, Config
 DIR_ENV = "MLX_WATCHDOG_DIR"
 STATE_ENV = "MLX_WATCHDOG_STATE_DIR"
 
+class Commands(click.Group):
+    """A group whose --help lists each command with its whole first sentence
+    (click cuts them at the terminal's width with "...")."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=200))
+                for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 class Node:
     """ctx.obj: this node's configuration, read once, when a command first needs it.
 
@@ -120,11 +133,39 @@ def settings_options(f: Any) -> Any:
             continue
         shown = {"deadline": "auto", "secret": "unset"}.get(field.name, default)
         f = click.option(flag, field.name, envvar=envvars.get(field.name),
-                         type=SettingType(field.name), help=f"{spec.help} [{shown}]")(f)
+                         type=SettingType(field.name), help=f"{spec.help} [default: {shown}]")(f)
     return f
 
 
 deadline_option = click.option(
     "--deadline", type=SettingType("deadline"), default="auto", show_default=True,
-    help="With no daemon running: the deadline to judge waits by.")
+    help="With no daemon running: the deadline to judge waits by, 'auto' or a duration "
+         "(seconds, or 500ms, 90s, 2m, as every duration).")
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """Seconds, as a number or with a unit (500ms, 90s, 2m, 1h): what every duration of
+    the config file and the daemon's flags takes, at least `low`."""
+
+    name = "DURATION"
+
+    def __init__(self, low: float = 0.0) -> None:
+        self.low = low
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        from watchdog.daemon.config import parse_duration
+
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds: float | None = float(value)
+        else:
+            text = str(value).strip()
+            try:
+                seconds = float(text)
+            except ValueError:
+                seconds = parse_duration(text)
+        if seconds is None or seconds != seconds or seconds in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a duration (seconds, or 500ms, 90s, 2m)", param, ctx)
+        if seconds < self.low:
+            self.fail(f"{value!r} is under {self.low:g}s", param, ctx)
+        return seconds
 

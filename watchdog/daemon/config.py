@@ -8,6 +8,7 @@ key; the CLI turns it into a one-line error and exit 2.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import sys
@@ -115,7 +116,8 @@ SPECS: dict[str, Spec] = {
     "dir": Spec("record directory the ranks publish into", "text", "DIR"),
     "state_dir": Spec("journal, reboot flag, evidence and status.json", "text", "DIR"),
     "interval": _seconds("seconds between scans"),
-    "deadline": Spec("seconds a wait may last, or 'auto' to learn it per job and kind of wait",
+    "deadline": Spec("how long a wait may last (seconds, or 90s, 2m as every duration), or "
+                     "'auto' to learn it per job and kind of wait",
                      "deadline", "SECONDS|auto", low=0, above=True),
     "auto_factor": Spec("auto: the deadline is this many times the longest completed wait",
                         "number", "FACTOR", low=0, above=True),
@@ -242,8 +244,8 @@ def coerce(key: str, value: Any) -> Any:
         try:
             return _number(key, value, spec)
         except ConfigError:
-            raise ConfigError(f"deadline must be 'auto' or a number of seconds > 0, "
-                              f"got {value!r}") from None
+            raise ConfigError(f"deadline must be 'auto' or a duration > 0 (seconds, or "
+                              f"500ms, 90s, 2m), got {value!r}") from None
     if spec.kind in ("text", "listen", "choice"):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
@@ -288,7 +290,7 @@ def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
         for key, value in source.items():
             key = key.replace("-", "_")
             if key not in KEYS:
-                raise ConfigError(f"unknown setting {key!r}")
+                raise ConfigError(f"unknown setting {key!r}{_did_you_mean(key)}")
             values[key] = coerce(key, value)
     settings = Settings(**values)
     _check(settings)
@@ -323,7 +325,21 @@ def load_file(path: str) -> dict[str, Any]:
                           "(or drop the [watchdog] header)")
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: [watchdog] must be a table")
+    for key, value in section.items():
+        if isinstance(value, dict):  # a [header] of its own: a mistyped [watchdog]?
+            hint = "did you mean [watchdog]?" if difflib.get_close_matches(
+                key, ["watchdog"], n=1, cutoff=0.6) else "the only one is [watchdog]"
+            raise ConfigError(f"config file {path}: unknown section [{key}]: {hint}")
+        if key.replace("-", "_") not in KEYS:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}"
+                              f"{_did_you_mean(key.replace('-', '_'))}")
     return section
+
+
+def _did_you_mean(key: str) -> str:
+    """"; did you mean deadline?" for a key close to a setting's name, else ""."""
+    close = difflib.get_close_matches(key, sorted(KEYS), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def load(path: str | None, overrides: dict[str, Any]) -> Settings:

@@ -121,27 +121,33 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
     # Whatever umask it inherited (000 from a careless unit): nothing it creates,
     # parents of its directories included, is writable by others.
     os.umask(0o022)
-    dirs.prepare(settings.dir, settings.state_dir)
-    # One daemon per directory: the state directory's lock (kept for our life), and no
-    # other live daemon's pointer in the record directory.
-    lock_fd = dirs.lock_state_dir(settings.state_dir)
-    pointer = journal.read_pointer(settings.dir)
-    if pointer is not None and os.path.abspath(pointer.state_dir) != os.path.abspath(
-            settings.state_dir):
-        holder = dirs.held_by(pointer.state_dir)
-        if holder is not None:
-            os.close(lock_fd)
-            raise SetupRefused(f"another daemon (pid {holder}) already watches "
-                                  f"{settings.dir} (its state directory is "
-                                  f"{pointer.state_dir})")
-    nofile = raise_nofile()
-    daemon = Daemon(settings)
+    created = dirs.prepare(settings.dir, settings.state_dir)
+    lock_fd = -1
     try:
-        server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
-                       daemon.fence_request if settings.secret else None,
-                       peers=settings.peers, job_label=settings.job_label)
-    except OSError as err:
-        raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
+        # One daemon per directory: the state directory's lock (kept for our life), and
+        # no other live daemon's pointer in the record directory.
+        lock_fd = dirs.lock_state_dir(settings.state_dir)
+        pointer = journal.read_pointer(settings.dir)
+        if pointer is not None and os.path.abspath(pointer.state_dir) != os.path.abspath(
+                settings.state_dir):
+            holder = dirs.held_by(pointer.state_dir)
+            if holder is not None:
+                raise SetupRefused(f"another daemon (pid {holder}) already watches "
+                                   f"{settings.dir} (its state directory is "
+                                   f"{pointer.state_dir})")
+        nofile = raise_nofile()
+        daemon = Daemon(settings)
+        try:
+            server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
+                           daemon.fence_request if settings.secret else None,
+                           peers=settings.peers, job_label=settings.job_label)
+        except OSError as err:
+            raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
+    except (SetupRefused, CannotStart):
+        if lock_fd >= 0:
+            os.close(lock_fd)
+        dirs.undo(created, settings.state_dir)  # a refused start leaves nothing behind
+        raise
     log = logging.getLogger("watchdog")
     if nofile:
         log.log(logging.WARNING if nofile.startswith("cannot") else logging.INFO, "%s", nofile)

@@ -76,6 +76,7 @@ class RankTable:
         self.ended_by_us: dict[Key, str] = {}  # key -> incident id
         self.deaths: list[Death] = []  # taken by the loop (fences.py)
         self._seen: set[Key] = set()
+        self._clashes: set[tuple[int, str, int]] = set()  # slots claimed twice, warned
 
     # -- the ranks ---------------------------------------------------------------
 
@@ -122,7 +123,28 @@ class RankTable:
                 self._final(rank, now)
             else:
                 self._look(path, rec, rank, st, per_uid, now, found)
+        self._check_slots()
         return found
+
+    def _check_slots(self) -> None:
+        """Warn once when two live processes claim one rank of one job: they are not
+        one group. Under `mpirun`, ranks whose MLX found no MPI library each run alone,
+        rank 0 of 1, under the one job id mpirun gives them. Both are still watched."""
+        claims: dict[tuple[int, str, int], list[Rank]] = {}
+        for r in self.live():
+            if r.record.rank >= 0 and not r.escalating:
+                claims.setdefault((r.record.uid, r.record.job, r.record.rank), []).append(r)
+        clashes = {slot for slot, ranks in claims.items() if len(ranks) > 1}
+        for slot in sorted(clashes - self._clashes):
+            ranks = sorted(claims[slot], key=lambda r: r.record.pid)
+            pids = ", ".join(str(r.record.pid) for r in ranks)
+            log.warning("pids %s all claim rank %s of job %s (world size %s): they are not one "
+                        "group. An mpirun whose MLX found no MPI library runs each process "
+                        "alone as rank 0 of 1 (name it with MLX_MPI_LIBNAME: README, "
+                        "\"Instrumenting a job\"); or two launches share one "
+                        "MLX_WATCHDOG_JOB", pids, slot[2], slot[1],
+                        ranks[0].record.world_size)
+        self._clashes = clashes
 
     def _copy(self, path: str, rec: Record, rank: Rank, st: os.stat_result | None) -> None:
         """A process has one record: a second one naming it is a copy."""
@@ -214,8 +236,10 @@ class RankTable:
             transition(rank, Edge.ESCALATED, 0.0)
         # Present from the job's first sight, so increase() sees its first kills.
         self.counters.job_kills.setdefault(rec.job, 0)
-        log.info("watching pid %s: job %s rank %s/%s (%s)", rec.pid, rec.job, rec.rank,
-                 rec.world_size, rec.backend or "?")
+        log.info("watching pid %s: job %s %s (%s)", rec.pid, rec.job,
+                 f"rank {rec.rank}/{rec.world_size}" if rec.rank >= 0 and rec.world_size > 0
+                 else "rank not known yet", f"backend {rec.backend}" if rec.backend
+                 else "no backend yet")
         return rank
 
     def gone(self, rank: Rank, now: float, status: int) -> None:

@@ -257,7 +257,9 @@ def _addresses(peers: tuple[str, ...]) -> frozenset[str]:
         try:
             found.update(str(info[4][0]) for info in socket.getaddrinfo(host, None))
         except (OSError, UnicodeError):
-            log.warning("peer %s does not resolve: it gets no slots of its own", peer)
+            log.warning("peer %s does not resolve: its connections do not get the connection "
+                        "slots reserved for peers (they share those of every local client, "
+                        "which could keep its fences waiting)", peer)
     return frozenset(found)
 
 

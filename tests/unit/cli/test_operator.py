@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,13 +125,22 @@ def test_a_second_daemon_on_the_same_directories_refuses_naming_the_first(tmp_pa
         assert same.stderr.splitlines() == [
             f"mlx-watchdog: another daemon (pid {first.proc.pid}) already uses state "
             f"directory {state}"], same.stderr
-        # Another state directory, the same record directory: refused too.
-        other = cli_proc(["run", "--dir", rec, "--state-dir", tmp_path / "state2",
+        # Another state directory, the same record directory: refused too, and the
+        # directories the refused start made (parents too) are gone again.
+        other = cli_proc(["run", "--dir", rec, "--state-dir", tmp_path / "new" / "state2",
                           "--listen", "127.0.0.1:0"])
         assert other.returncode == 3, other
         assert other.stderr.splitlines() == [
             f"mlx-watchdog: another daemon (pid {first.proc.pid}) already watches {rec} "
             f"(its state directory is {state})"], other.stderr
+        assert not (tmp_path / "new").exists()
+        # Refused for a port in use: nothing left behind either.
+        served = re.search(r"serving \S+ \S+ \S+ on http://(\S+)", first.log())
+        assert served, first.log()
+        busy = cli_proc(["run", "--dir", tmp_path / "r3", "--state-dir", tmp_path / "s3",
+                         "--listen", served.group(1)])
+        assert busy.returncode == 3 and "cannot listen on" in busy.stderr, busy.stderr
+        assert not (tmp_path / "r3").exists() and not (tmp_path / "s3").exists()
         # The refused ones took nothing away: the first is still the one `status` finds.
         assert json.loads((rec / journal.POINTER).read_text())["daemon_pid"] == first.proc.pid
         shown = cli_proc(["status", "--dir", rec, "--state-dir", state])

@@ -133,6 +133,9 @@ def test_quick_start_install_step_is_sound():
         for wanted in re.findall(r"\.\[([\w,-]+)\]", line):
             for extra in wanted.split(","):
                 assert extra in extras, f"{line!r} asks for extra {extra!r}: not in pyproject"
+    # The demo needs the package alone: the test extra (mlx-lm, ...) is for the tests.
+    assert "python3 -m pip install ." in install, install
+    assert not any("[test]" in line for line in install), install
     minimum = re.search(r">=\s*(3\.\d+)", project["requires-python"])
     assert minimum and f"Python {minimum.group(1)}" in quick, (
         "the quick start must say which Python the package needs")
@@ -149,6 +152,32 @@ def test_test_command_is_what_ci_runs():
     assert any(re.search(r"apt-get install\b.*\bprometheus\b", line) for line in before), before
     assert re.search(r"apt-get install\b.*\bprometheus\b", ci)
     assert any("pip install -e '.[test]'" in line for line in before), before
+
+
+@pytest.mark.slow
+def test_shell_completion_lines_work_as_written(tmp_path):
+    """The README's completion lines: bash's defines the completion function and
+    completes a command; zsh's source is zsh's (compdef)."""
+    lines = shell_lines(section(readme(), "Shell completion"))
+    bash = [line for line in lines if line.endswith("# bash")]
+    zsh = [line for line in lines if line.endswith("# zsh")]
+    assert len(bash) == 1 and len(zsh) == 1, lines
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    env.update(PYTHONPATH=str(REPO), PATH=os.pathsep.join([*script_dirs(), env.get("PATH", "")]))
+    done = subprocess.run(["bash", "-c", f"{bash[0]}\ncomplete -p mlx-watchdog"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "_mlx_watchdog_completion" in done.stdout
+    asked = subprocess.run([cli_script()], env={**env, "COMP_WORDS": "mlx-watchdog sta",
+                                                "COMP_CWORD": "1",
+                                                "_MLX_WATCHDOG_COMPLETE": "bash_complete"},
+                           capture_output=True, text=True, timeout=60)
+    assert "plain,status" in asked.stdout.splitlines(), asked.stdout
+    source = re.search(r'"\$\((.*)\)"', zsh[0])
+    assert source
+    made = subprocess.run(["bash", "-c", source.group(1)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert "compdef" in made.stdout, made.stdout
 
 
 # -- commands, files and links the README names ----------------------------------
@@ -267,3 +296,14 @@ def test_operations_doc_has_every_runbook_anchor():
     for state in ("running", "idle", "suspect", "stalled", "blocked", "stopped", "killed",
                   "unkillable", "exited"):
         assert re.search(rf"^\| `{state}` \|", doc, re.M), f"operations.md: no row for {state}"
+
+
+def test_the_docs_say_what_a_down_peer_costs_a_start_and_what_the_quota_needs():
+    from watchdog.cli.node.health import PEER_DOWN_AFTER
+
+    ops = (DOCS / "operations.md").read_text(encoding="utf-8")
+    waits = ops.split('<a id="wait-healthy"></a>', 1)[1].split("\n## ", 1)[0]
+    assert f"holds every\nstart for {PEER_DOWN_AFTER:g} s" in waits
+    assert f"{PEER_DOWN_AFTER:g} s" in (DOCS / "cluster.md").read_text(encoding="utf-8")
+    quota = ops[ops.index("usrquota"):][:600]
+    assert "CONFIG_TMPFS_QUOTA" in quota

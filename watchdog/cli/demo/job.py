@@ -94,8 +94,9 @@ class DemoJob:
     """The demo's daemon and ranks, and how the demo talks to the terminal."""
 
     def __init__(self, ranks: int, deadline: float, fault: str,
-                 echo: Callable[[str], None] = click.echo) -> None:
+                 echo: Callable[[str], None] = click.echo, keep: bool = False) -> None:
         self.size = ranks
+        self.keep = keep  # the scratch directory stays: the incident, evidence, log
         self.deadline = deadline
         self.fault = fault
         self.echo = echo
@@ -262,7 +263,12 @@ class DemoJob:
                 self.daemon.kill()
                 self.daemon.wait(timeout=5)
             self.say(f"cleanup: stopped the daemon (pid {self.daemon.pid})")
+        if self.keep:
+            shutil.rmtree(self.record_dir, ignore_errors=True)  # the ranks' records: gone
+            self.say(f"cleanup: kept {self.tmp} (incidents and evidence in state/, the "
+                     f"daemon's log in daemon.log); remove it with: rm -rf {self.tmp}")
+            return
         shutil.rmtree(self.tmp, ignore_errors=True)
-        self.say(f"cleanup: removed {self.tmp}")
+        self.say(f"cleanup: removed {self.tmp} (--keep keeps it)")
 
 

@@ -9,6 +9,7 @@ import re
 from watchdog.daemon.store import journal
 from watchdog.states import PAST_DEADLINE
 from watchdog.status import Incident
+from watchdog.text import plural
 
 
 def read_incidents(state_dir: str) -> list[Incident]:
@@ -40,7 +41,7 @@ def incident_lines(inc: Incident, state_dir: str, t0_wall: float) -> list[str]:
             ops = ", ".join(f"{c.op} #{c.number}" for c in tail[-3:])
             out.append(f"  flight recorder of rank {rank} (last 3): {ops}")
     evidence = list(inc.evidence or ())
-    out.append(f"  evidence: {len(evidence)} file(s)")
+    out.append(f"  evidence: {plural(len(evidence), 'file')}")
     for path in evidence:
         try:
             size = os.path.getsize(path)

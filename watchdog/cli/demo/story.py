@@ -6,8 +6,8 @@ daemon (`mlx-watchdog run` with a short deadline) and N ranks of
 fault, narrates what the daemon publishes each second, prints the incident
 from the journal, and checks the outcome:
 
-- `stop`: one rank is frozen with SIGSTOP, like a wedged host in the seeds'
-  JACCL and ring hangs; its peers spin in `all_sum` forever. Expected: the
+- `stop`: one rank is frozen with SIGSTOP, like a wedged host in the JACCL and
+  ring hangs seen on Mac clusters; its peers spin in `all_sum` forever. Expected: the
   watchdog names the frozen rank as the culprit and ends the whole job.
 - `kill`: one rank is killed with SIGKILL. On mlx 0.32.4 the ring survivors
   raise "connection to a peer was lost" and exit by themselves. Expected:
@@ -93,7 +93,7 @@ class Demo(DemoJob):
             self.stopped.add(victim.pid)
             result.victim = victim.rank
             self.say(f"rank {victim.rank} frozen with SIGSTOP (pid {victim.pid})")
-            self.note("like a wedged host or GPU in the seeds' JACCL/ring hang: its peers")
+            self.note("like a wedged host or GPU in a JACCL or ring hang: its peers")
             self.note("now wait in all_sum forever, one thread spinning: it wants a whole")
             self.note("core (what the verdict reads); the share of one it gets, shown below,")
             self.note("is less on a busy machine. No error: nothing in MLX ends this job.")
@@ -282,7 +282,9 @@ class Demo(DemoJob):
     def run(self) -> int:
         self.echo(f"mlx-watchdog demo: {self.size} MLX ring ranks on 127.0.0.1, fault "
                   f"'{self.fault}', deadline {self.deadline:g}s")
-        self.echo(f"scratch directory {self.tmp} (removed at the end)")
+        self.echo(f"scratch directory {self.tmp} "
+                  + ("(kept at the end: --keep)" if self.keep else
+                     "(removed at the end, evidence too; --keep keeps it)"))
         if not self.start_daemon() or not self.start_ranks():
             self.echo("Summary\n  NOT AS EXPECTED: the demo could not start")
             return 1
@@ -304,7 +306,8 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(ranks: int = 3, deadline: float = 4.0, fault: str = "stop") -> int:
+def run_demo(ranks: int = 3, deadline: float = 4.0, fault: str = "stop",
+             keep: bool = False) -> int:
     """Run the demo; 0 when the outcome is as expected, 1 when not, 130 on interrupt."""
     if fault not in FAULTS:
         raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
@@ -322,7 +325,7 @@ def run_demo(ranks: int = 3, deadline: float = 4.0, fault: str = "stop") -> int:
             previous[signum] = signal.signal(signum, _interrupt)
     demo: Demo | None = None
     try:
-        demo = Demo(ranks, deadline, fault)
+        demo = Demo(ranks, deadline, fault, keep=keep)
         return demo.run()
     except KeyboardInterrupt:
         click.echo("interrupted: cleaning up", err=True)

@@ -22,7 +22,7 @@ def _launch_options(f: Any) -> Any:
     for key in reversed(LAUNCH_KEYS):
         f = click.option("--" + key.replace("_", "-"), key, type=SettingType(key),
                          help=f"{SPECS[key].help.removeprefix('launch: ')} "
-                              f"[{getattr(defaults, key)}]")(f)
+                              f"[default: {getattr(defaults, key)}]")(f)
     return f
 
 

@@ -9,58 +9,84 @@ import time
 import click
 
 from watchdog.cli import exits
-from watchdog.cli.options import Node, state_option
+from watchdog.cli.colour import state as colour_of
+from watchdog.cli.colour import wanted as colour_wanted
+from watchdog.cli.options import Commands, Duration, Node, state_option
 from watchdog.status import ClusterView, JobState
-from watchdog.text import printable
+from watchdog.text import plural, printable, who
+
+RANK_COLUMNS = ("RANK", "HOST", "PID", "STATE", "PHASE", "AT", "PROGRESS")
 
 
-def render_text(view: ClusterView) -> str:
-    """The cluster view as `cluster status` prints it."""
+def render_text(view: ClusterView, colour: bool = False) -> str:
+    """The cluster view as `cluster status` prints it; states coloured when `colour`."""
+    from watchdog.cause import where
+    from watchdog.daemon.judge.cluster import LOCAL
+
     lines = []
     for node in view.nodes:
         state = f"ok ({node.host})" if node.ok else f"UNREACHABLE: {node.error}"
         flag = "  REBOOT REQUIRED" if node.reboot_required else ""
-        lines.append(f"node {node.peer}: {state}{flag}")
+        name = "this node's daemon" if node.peer == LOCAL else f"node {node.peer}"
+        lines.append(printable(f"{name}: {state}{flag}"))
     for job in view.jobs:
         lines.append("")
         owner = f" of uid {job.uid}" if job.uid is not None else ""
-        lines.append(f"job {job.job}{owner} ({job.world_size} ranks): "
-                     f"{job.state.value.upper()}")
+        verdict = colour_of(job.state.value.upper(), job.state.value, colour)
+        lines.append(printable(f"job {job.job}{owner} ({plural(job.world_size, 'rank')}): ")
+                     + verdict)
+        rows: list[tuple[str, ...]] = [RANK_COLUMNS]
         for seen in job.ranks:
-            r, last = seen.rank, seen.rank.last_collective
-            at = f"{last.op} #{last.number}" if last is not None else "no collective yet"
-            lines.append(f"  rank {r.rank}  {r.host} pid {r.pid}  {r.state}  {r.phase}  "
-                         f"at {at}  progress {r.progress}")
-        for missing in job.missing_ranks:
-            lines.append(f"  rank {missing}  (not reported)")
+            r = seen.rank
+            rows.append(tuple(printable("-" if cell is None else cell) for cell in (
+                r.rank, r.host, r.pid, r.state, r.phase, where(r), r.progress)))
+        rows += [(printable(missing), "(not reported)") for missing in job.missing_ranks]
+        lines += _rank_rows(rows, colour)
         if job.culprit:
             c = job.culprit
-            lines.append(f"  culprit: rank {c.rank} on {c.host or c.node or '?'}"
-                         f" (pid {c.pid}): {c.reason}")
+            lines.append(printable(f"  culprit: {who(c.rank, c.host or c.node, c.pid)}: "
+                                   f"{c.reason or c.state or 'holds the job up'}"))
         if job.cause:
-            lines.append(f"  cause: {job.cause}: {job.summary or ''}")
+            lines.append(printable(f"  cause: {job.cause}: {job.summary or ''}"))
         if job.evidence:
-            lines.append(f"  evidence: {job.evidence}")
+            lines.append(printable(f"  evidence: {job.evidence}"))
     if not view.jobs:
         lines.append("no ranks on any reachable node")
-    return "\n".join(printable(line) for line in lines)  # peers' strings are untrusted
+    return "\n".join(lines)  # peers' strings are untrusted: each made printable above
 
 
-@click.group()
+def _rank_rows(rows: list[tuple[str, ...]], colour: bool) -> list[str]:
+    """A job's ranks under their header, columns aligned (a rank not reported is one
+    cell wide); the STATE column coloured."""
+    full = [row for row in rows if len(row) == len(RANK_COLUMNS)]
+    widths = [max(len(row[i]) for row in full) for i in range(len(RANK_COLUMNS))]
+    state_at = RANK_COLUMNS.index("STATE")
+    out = []
+    for n, row in enumerate(rows):
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+        if n and len(row) == len(RANK_COLUMNS):
+            cells[state_at] = colour_of(cells[state_at], row[state_at], colour)
+        out.append(("  " + "  ".join(cells)).rstrip())
+    return out
+
+
+@click.group(cls=Commands)
 def cluster() -> None:
     """Every node's ranks, lined up by job: which rank holds a job up."""
 
 
-@cluster.command("status")
+@cluster.command("status", short_help="Every node's ranks by job, each job judged, and "
+                 "the culprit of a hung one.")
 @click.argument("peers", nargs=-1)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               envvar="MLX_WATCHDOG_CONFIG", help="Take the peers from this config file.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds to wait for each node.")
+@click.option("--timeout", type=Duration(0.1), default=2.0, show_default=True,
+              help="How long to wait for each node (seconds, or 500ms, 2s).")
 @click.option("--json", "as_json", is_flag=True,
               help="The nodes and the judged jobs as one JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("--interval", type=Duration(0.2), default=2.0, show_default=True,
+              help="With --watch: the time between refreshes (seconds, or 500ms, 2s).")
 @state_option
 @click.pass_obj
 def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str | None,
@@ -93,14 +119,16 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
         # This node's own daemon, read from its status.json: a node cut off from the
         # network (its own address unreachable too) still shows its own ranks.
         local = daemon_status(state_dir)
-        if local is not None:
+        if local is not None and not any(  # this node's daemon, unless named among them
+                n.ok and n.status is not None and n.status.host == local.host
+                and n.status.daemon_pid == local.daemon_pid for n in nodes):
             nodes.append(NodeAnswer(judge.LOCAL, True, local))
         view = judge.analyze(nodes)
         if as_json:
             click.echo(json.dumps(view.to_json(), indent=1))
         else:
             prefix = "\x1b[H\x1b[2J" if watch else ""
-            click.echo(prefix + render_text(view))
+            click.echo(prefix + render_text(view, colour=colour_wanted()))
         if not watch:
             break
         time.sleep(interval)

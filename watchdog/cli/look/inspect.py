@@ -135,7 +135,7 @@ def render_text(info: Inspection) -> str:
     c = info.counters
     lines = [
         f"pid {info.pid} on {info.host}: job {info.job} rank "
-        f"{info.rank}/{info.world_size} ({info.backend or '?'})",
+        f"{info.rank}/{info.world_size} ({info.backend or 'no backend yet'})",
         f"phase {info.phase} for {info.seconds_in_phase:.1f}s"
         + (f", waiting in {info.current_op} for {info.seconds_in_wait:.1f}s"
            if info.seconds_in_wait is not None else ""),

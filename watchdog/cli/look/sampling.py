@@ -24,25 +24,34 @@ from watchdog.states import State
 from watchdog.status import NodeStatus, RankStatus
 
 SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
+RETENTION = 60.0  # seconds an exited rank is shown, as the daemon's default `retention`
+AGED = "exited over"  # the start of an aged-out rank's reason in `invalid`
 
 
 def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
-                 probe_: Probe | None = None) -> tuple[list[RankStatus], dict[str, str]]:
+                 probe_: Probe | None = None, retention: float = RETENTION,
+                 now: float | None = None) -> tuple[list[RankStatus], dict[str, str]]:
     """(ranks as `status --json` shows them, invalid files with the reason) for one
-    directory."""
+    directory. A rank that exited without closing its record is shown for `retention`
+    seconds after its record's last write, as the daemon shows it; older, its record
+    is left behind (no daemon removes it) and goes under `invalid`, as AGED."""
+    wall = time.time() if now is None else now
     probe_ = probe_ or probe()
     detector = Detector(rules)
     found: list[tuple[Record, State, Verdict | None, str]] = []
     invalid: dict[str, str] = {}
     live: list[Record] = []
     paths: dict[int, str] = {}  # pid -> its record (not always <pid>.rec)
-    for path, rec, why, _ in read_dir(directory):
+    for path, rec, why, st in read_dir(directory):
         if rec is None:
             invalid[path] = why
             continue
         look = observe(rec, probe_)
         if look.seen is Seen.UNKNOWN:
             invalid[path] = str(look.error)
+        elif look.seen is Seen.GONE and st is not None and wall - st.st_mtime > retention:
+            invalid[path] = (f"{AGED} {retention:g}s ago without closing its record (the "
+                             "daemon removes such records)")
         elif look.seen is Seen.GONE:
             found.append((rec, State.EXITED, None, "exited without closing its record"))
         elif look.seen is Seen.NOT_OURS:

@@ -11,16 +11,18 @@ from typing import Any
 
 import click
 
+from watchdog.cli import colour
+from watchdog.cli.colour import state as colour_of
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import DIR_ENV, deadline_option, dir_option, state_option
+from watchdog.cli.options import DIR_ENV, Duration, deadline_option, dir_option, state_option
 from watchdog.states import HUNG
 from watchdog.status import RankStatus
-from watchdog.text import printable
+from watchdog.text import plural, printable
 
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[RankStatus], str]:
-    from watchdog.cli.look.sampling import find_daemon, sample_ranks
+    from watchdog.cli.look.sampling import AGED, RETENTION, find_daemon, sample_ranks
     from watchdog.daemon.config import coerce
     from watchdog.daemon.judge.deadlines import Rules
 
@@ -32,34 +34,48 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
                                    f"(set --dir or {DIR_ENV})")
     rules = Rules(deadline=coerce("deadline", deadline))
     ranks, invalid = sample_ranks(record_dir, rules)
+    aged = [path for path, why in invalid.items() if why.startswith(AGED)]
     for path, why in invalid.items():
-        click.echo(f"skipped {path}: {why}", err=True)
+        if not why.startswith(AGED):
+            click.echo(f"skipped {path}: {why}", err=True)
+    if aged:  # one line for them all: with no daemon, such records pile up
+        click.echo(f"({plural(len(aged), 'rank')} that exited over {RETENTION:g}s ago not shown; "
+                   f"their records stay in {record_dir} until a daemon runs)", err=True)
     return ranks, "sampled"
 
 
-def _fmt(value: Any, spec: str = "") -> str:
+def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
     if value is None:
         return "-"
-    return format(value, spec) if spec else str(value)
+    return (format(value, spec) if spec else str(value)) + unit
 
 
 COLUMNS = ("PID", "JOB", "RANK", "STATE", "PHASE", "PROGRESS", "COLL", "SINCE", "DEADLINE",
            "CPU", "OP")
+STATE_COLUMN = COLUMNS.index("STATE")
 
 
-def table(ranks: list[RankStatus]) -> str:
+def table(ranks: list[RankStatus], colour: bool = False) -> str:
+    """One line per rank under a header: SINCE (the last progress) and DEADLINE in
+    seconds, CPU the busiest thread's share of a core; states coloured when `colour`."""
     rows: list[tuple[str, ...]] = [COLUMNS]
     for r in ranks:
         # The attempt of a relaunched job (`launch --restart`), when the daemon knows it.
         job = r.job if r.attempt is None else f"{r.job} #{r.attempt}"
-        cells = (r.pid, job, f"{r.rank}/{r.world_size}", r.state, r.phase,
-                 r.progress, r.collectives, _fmt(r.seconds_since_progress, ".1f"),
-                 _fmt(r.deadline_seconds, ".0f"),
-                 _fmt(r.busiest_thread_cpu, ".2f"), r.current_op or "")
+        cpu = None if r.busiest_thread_cpu is None else r.busiest_thread_cpu * 100
+        cells = (_fmt(r.pid), job, f"{_fmt(r.rank)}/{_fmt(r.world_size)}", _fmt(r.state),
+                 _fmt(r.phase), _fmt(r.progress), _fmt(r.collectives),
+                 _fmt(r.seconds_since_progress, ".1f", "s"), _fmt(r.deadline_seconds, ".0f", "s"),
+                 _fmt(cpu, ".0f", "%"), r.current_op or "")
         rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    lines = []
+    for n, row in enumerate(rows):
+        padded = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        if n:
+            padded[STATE_COLUMN] = colour_of(padded[STATE_COLUMN], row[STATE_COLUMN], colour)
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
 
 
 @click.command()
@@ -76,9 +92,10 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
     if as_json:
         click.echo(json.dumps([r.to_json() for r in ranks], indent=1))
     elif ranks:
-        click.echo(table(ranks))
-        click.echo(f"({len(ranks)} ranks; " + ("verdicts from the daemon)" if source == "daemon"
-                   else "sampled here: no daemon running)"), err=True)
+        click.echo(table(ranks, colour=colour.wanted()))
+        click.echo(f"({plural(len(ranks), 'rank')}; " + (
+            "verdicts from the daemon)" if source == "daemon"
+            else "sampled here: no daemon running)"), err=True)
     else:
         click.echo(f"no ranks in {record_dir}")
     if check and any(r.state in HUNG for r in ranks):
@@ -88,7 +105,8 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
 @click.command()
 @dir_option
 @state_option
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+@click.option("--interval", type=Duration(0.1), default=1.0, show_default=True,
+              help="The time between refreshes (seconds, or 500ms, 2s).")
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
 @deadline_option
 def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
@@ -99,7 +117,7 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
         while count is None or shown < count:
             ranks, source = _ranks(record_dir, state_dir, deadline)
             stamp = datetime.now().strftime("%H:%M:%S")
-            body = table(ranks) if ranks else f"no ranks in {record_dir}"
+            body = table(ranks, colour=colour.wanted()) if ranks else f"no ranks in {record_dir}"
             click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
             shown += 1
             if count is None or shown < count:

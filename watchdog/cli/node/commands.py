@@ -12,11 +12,11 @@ from typing import Any
 import click
 
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import STATE_ENV, dir_option, state_option
+from watchdog.cli.options import STATE_ENV, Commands, Duration, dir_option, state_option
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
-from watchdog.text import printable
+from watchdog.text import plural, printable, who
 
 
 def _existing_state_dir(state_dir: str) -> None:
@@ -52,7 +52,7 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
         return
     for item in shown:
         if isinstance(item, Incident):
-            _echo_incident(item)
+            _echo_incident(item, state_dir)
         else:
             _echo_launch_event(item)
 
@@ -98,32 +98,42 @@ def _said(value: object, absent: object = "") -> object:
     return absent if value is ABSENT else value
 
 
+def _local_time(when: float) -> str:
+    """A time as a person reads it: local, with its zone."""
+    return datetime.fromtimestamp(when).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
 def _echo_launch_event(event: LaunchEvent) -> None:
-    when = datetime.fromtimestamp(_when(event)).strftime("%Y-%m-%d %H:%M:%S")
+    when = _local_time(_when(event))
     what = {"restart": "relaunched as attempt", "refused": "refused attempt",
             "gave_up": "gave up after attempt"}[event.event]
-    click.echo(printable(f"{when}  launch  job {_said(event.job, None)}  {what} "
-                         f"{_said(event.attempt, None)}"))
+    job, attempt = _said(event.job, None), _said(event.attempt, None)
+    click.echo(printable(f"{when}  launch" + (f"  job {job}" if job is not None else "")
+                         + f"  {what}" + (f" {attempt}" if attempt is not None else "")))
     click.echo(printable(f"    {_said(event.reason)}"))
 
 
-def _echo_incident(inc: Incident) -> None:
-    when = datetime.fromtimestamp(inc.time).strftime("%Y-%m-%d %H:%M:%S")
+def _echo_incident(inc: Incident, state_dir: str) -> None:
+    when = _local_time(inc.time)
     ranks = ",".join(str(r.rank) for r in inc.ranks)
     attempt = f" attempt {inc.attempt}" if inc.attempt is not None else ""
+    label = "rank" if len(inc.ranks) == 1 else "ranks"
     lines = [f"{when}  {inc.id}  job {inc.job}{attempt}  {inc.verdict}  "
-             f"ranks {ranks}  {inc.action or ''}"]
+             f"{label} {ranks}  {inc.action or ''}".rstrip()]
     if inc.cause:  # the line a person reads first
         lines.append(f"    {inc.cause}: {inc.summary or ''}")
     lines.append(f"    {inc.reason or ''}")
     if inc.culprit:
         c = inc.culprit
-        lines.append(f"    culprit: rank {c.rank} pid {c.pid} on {c.host}: {c.reason}")
+        lines.append(f"    culprit: {who(c.rank, c.host, c.pid)}: {c.reason or c.state or ''}")
     outcome = ", ".join(f"{pid}:{res}" for pid, res in (inc.outcome or {}).items())
     if outcome:
         lines.append(f"    outcome: {outcome}")
     if inc.reboot_required:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
+    if inc.evidence:
+        folder = os.path.join(state_dir, "evidence", inc.id)
+        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})")
     lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
@@ -144,7 +154,7 @@ def _native_hot_lines(hot: tuple[NativeHot, ...] | None, threads: int = 4) -> li
     return lines
 
 
-@click.group()
+@click.group(cls=Commands)
 def node() -> None:
     """This node's reboot flag and wired memory."""
 
@@ -192,9 +202,9 @@ def clear_reboot(state_dir: str) -> None:
 
 @node.command("wait-healthy")
 @state_option
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
-              help="Seconds to wait for a fit node before refusing [the config's "
-                   "health_timeout, 120].")
+@click.option("--timeout", type=Duration(0), default=None,
+              help="How long to wait for a fit node before refusing (seconds, or 90s, 5m) "
+                   "[default: the config's health_timeout, 120].")
 @click.option("--quiet", "-q", is_flag=True, help="Say nothing when the node is fit.")
 @click.pass_obj
 def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: bool) -> None:

@@ -212,10 +212,12 @@ def check_service() -> list[Line]:
     if fields.get("state") != "running":
         log = host.defaults(host.DARWIN).stderr_log
         state = fields.get("state", "not running")
-        return [(FAIL, f"the launchd job {service_target()} is loaded but {state} "
-                       f"(last exit code {fields.get('last exit code', '?')}): read {log}")]
-    return [(OK, f"launchd job {service_target()} loaded and running (pid "
-                 f"{fields.get('pid', '?')}, from {fields.get('path', '?')})")]
+        code = fields.get("last exit code")
+        return [(FAIL, f"the launchd job {service_target()} is loaded but {state}"
+                       + (f" (last exit code {code})" if code else "") + f": read {log}")]
+    said = ", ".join(f"{key} {fields[key]}" for key in ("pid", "path") if fields.get(key))
+    return [(OK, f"launchd job {service_target()} loaded and running"
+                 + (f" ({said.replace('path ', 'from ')})" if said else ""))]
 
 
 def check_reboot_flag(state_dir: str) -> list[Line]:

@@ -96,7 +96,7 @@ def check_foreign_watchdog() -> list[Line]:
                             "not this project) is installed here and shares the import name "
                             f"'watchdog': {fix}"))
     package = sys.modules.get("watchdog") or importlib.import_module("watchdog")
-    where = os.path.dirname(getattr(package, "__file__", None) or "?")
+    where = os.path.dirname(getattr(package, "__file__", None) or "") or "the 'watchdog' package"
     if not hasattr(package, "install") or not hasattr(package, "Heartbeat"):
         lines.append((FAIL, f"{where}/__init__.py is not mlx-watchdog's (no install()): "
                             f"another 'watchdog' overwrote it: {fix}"))

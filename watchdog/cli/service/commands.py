@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import Node, settings_options
+from watchdog.cli.options import Commands, Node, settings_options
 from watchdog.cli.service.unit import DEFAULT_CONFIG
 
 
-@click.group()
+@click.group(cls=Commands)
 def service() -> None:
     """Install or print the launchd / systemd service for this machine."""
 
@@ -97,6 +97,13 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     click.echo(f"wrote {written}")
+    hidden = svc.under_private_tmp(kwargs["executable"]) if kind == "systemd" else None
+    if hidden:
+        click.echo(f"mlx-watchdog: warning: the unit runs {kwargs['executable']}, under "
+                   f"{hidden}, which the unit's PrivateTmp=yes hides from the service: it "
+                   "would not start. Install mlx-watchdog outside a temporary directory "
+                   "(e.g. a venv in /opt/mlx-watchdog) and install the service from there",
+                   err=True)
     if path is None:
         try:
             if svc.write_default_config(config_path):
@@ -111,6 +118,9 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     try:
         for argv in ctl.load(kind, written):
             click.echo(f"ran: {ctl.shell_line(argv)}")
+    except ctl.ManagerUnreachable as err:
+        raise SetupError(f"{written} is written but not loaded: {err}; "
+                         f"`mlx-watchdog service uninstall --{kind}` removes it") from None
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     click.echo(f"the {kind} service is loaded; check it with: mlx-watchdog doctor")
@@ -128,11 +138,13 @@ def service_uninstall(launchd: bool, systemd: bool, path: str | None) -> None:
     kind = _service_kind(launchd, systemd)
     target = path if path is not None else svc.default_path(kind)
     try:
-        ran, removed = ctl.uninstall(kind, target)
+        ran, removed, failed = ctl.uninstall(kind, target)
     except svc.ServiceError as err:
         raise SetupError(str(err)) from None
     for argv in ran:
         click.echo(f"ran: {ctl.shell_line(argv)}")
+    for said in failed:  # the file goes whatever systemctl says
+        click.echo(f"mlx-watchdog: warning: {said}", err=True)
     click.echo(f"removed {target}" if removed else f"no {target} to remove")
 
 
@@ -156,18 +168,21 @@ def service_restart(launchd: bool, systemd: bool) -> None:
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               envvar="MLX_WATCHDOG_CONFIG",
-              help=f"TOML file (keys as the options below) [the group's --config, else "
-                   f"{DEFAULT_CONFIG} when present].")
+              help=f"TOML file (keys as the options below) [default: the file given as "
+                   f"`mlx-watchdog --config FILE run`, else {DEFAULT_CONFIG} when present].")
 @settings_options
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+              type=click.Choice(["debug", "info", "warning", "error"]),
+              help="The least severe log lines written (debug adds every scan's detail).")
 @click.pass_obj
 def run(node: Node, /, config_path: str | None, log_level: str, **options: Any) -> None:
     """Run the daemon: watch every rank on this node and end hung ones.
 
-    Its settings: defaults, then the node's config file (this --config, the
-    group's --config, MLX_WATCHDOG_CONFIG, else /etc/mlx-watchdog.toml when it
-    exists, as every command reads it), then the flags. SIGHUP reloads the file.
+    Its settings: defaults, then the node's config file (this --config, else the
+    one given before the command, `mlx-watchdog --config FILE run`, else
+    MLX_WATCHDOG_CONFIG, else /etc/mlx-watchdog.toml when it exists, as every
+    command reads it), then the flags. Every duration takes seconds or a unit
+    (500ms, 90s, 2m, 1h), every size bytes or 1G, 512M. SIGHUP reloads the file.
     """
     from watchdog.daemon.config import load
     from watchdog.daemon.runner import CannotStart, run_daemon

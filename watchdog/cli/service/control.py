@@ -63,6 +63,19 @@ def shell_line(argv: list[str]) -> str:
 COMMAND_TIMEOUT = 60.0  # seconds for one launchctl/systemctl call
 
 
+class ManagerUnreachable(ServiceError):
+    """systemctl ran but could not reach systemd: a container, or WSL without systemd."""
+
+
+# What systemctl says where no systemd runs as init (containers, WSL without systemd).
+_NO_SYSTEMD = ("Failed to connect to bus", "System has not been booted with systemd")
+
+NO_SYSTEMD_HINT = ("systemctl cannot reach systemd on this machine (a container, or WSL "
+                   "without systemd). Install with --no-load and start the daemon another "
+                   "way (`mlx-watchdog run --config FILE` under your supervisor), or enable "
+                   "systemd first (WSL: `systemd=true` under [boot] in /etc/wsl.conf)")
+
+
 def run_command(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run one launchctl/systemctl command; a failure is a ServiceError saying what it said."""
     program = shutil.which(argv[0])
@@ -77,6 +90,8 @@ def run_command(argv: list[str], *, check: bool = True) -> subprocess.CompletedP
         raise ServiceError(f"cannot run {argv[0]}: {err.strerror or err}") from None
     if check and done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        if argv[0] == "systemctl" and any(m in done.stderr for m in _NO_SYSTEMD):
+            raise ManagerUnreachable(f"{shell_line(argv)} failed: {NO_SYSTEMD_HINT}")
         raise ServiceError(f"{shell_line(argv)} failed (exit {done.returncode}): "
                            f"{said[-1] if said else 'no message'}")
     return done
@@ -115,21 +130,28 @@ def _unload_launchd() -> list[str]:
     return argv
 
 
-def uninstall(kind: str, path: str | None = None) -> tuple[list[list[str]], bool]:
+def uninstall(kind: str, path: str | None = None
+              ) -> tuple[list[list[str]], bool, list[str]]:
     """Stop and unload the service, then delete its file.
 
-    Returns the commands run and whether a file was removed. Not loaded, or
-    no file, is not an error: uninstalling twice is fine.
+    Returns the commands run, whether a file was removed, and what systemctl said
+    when it failed: the file is removed whatever systemctl says (where it cannot
+    reach systemd, nothing runs the unit anyway). Not loaded, or no file, is not
+    an error: uninstalling twice is fine.
     """
     target = path if path is not None else default_path(kind)
     ran: list[list[str]] = []
+    failed: list[str] = []
     if kind == "launchd":
         if launchd_loaded()[0]:
             ran.append(_unload_launchd())
     elif os.path.exists(target):
         argv = deactivation_commands(kind, target)[0]
-        run_command(argv)
-        ran.append(argv)
+        try:
+            run_command(argv)
+            ran.append(argv)
+        except ServiceError as err:
+            failed.append(str(err))
     try:
         os.unlink(target)
         removed = True
@@ -139,8 +161,11 @@ def uninstall(kind: str, path: str | None = None) -> tuple[list[list[str]], bool
         raise ServiceError(f"not permitted to remove {target}: run this as root") from err
     except OSError as err:
         raise ServiceError(f"cannot remove {target}: {err.strerror or err}") from err
-    if kind == "systemd" and removed:
+    if kind == "systemd" and removed and not any(NO_SYSTEMD_HINT in f for f in failed):
         argv = ["systemctl", "daemon-reload"]
-        run_command(argv)
-        ran.append(argv)
-    return ran, removed
+        try:
+            run_command(argv)
+            ran.append(argv)
+        except ServiceError as err:
+            failed.append(str(err))
+    return ran, removed, failed

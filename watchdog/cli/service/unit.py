@@ -57,6 +57,17 @@ def script_path() -> str:
     raise ServiceError(f"no {SCRIPT} script next to this interpreter; is the package installed?")
 
 
+def under_private_tmp(path: str) -> str | None:
+    """The temporary directory `path` lies under, which the systemd unit's PrivateTmp
+    replaces with an empty one for the service; None when it lies elsewhere."""
+    real = os.path.realpath(path)
+    for tmp in dict.fromkeys(("/tmp", "/var/tmp", tempfile.gettempdir())):
+        base = os.path.realpath(tmp)
+        if real == base or real.startswith(base.rstrip("/") + "/"):
+            return tmp
+    return None
+
+
 def render(
     kind: str, *, executable: str, config: str | None, record_dir: str, state_dir: str
 ) -> str:

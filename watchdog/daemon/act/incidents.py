@@ -14,6 +14,7 @@ from watchdog.daemon.ranks import Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
+from watchdog.text import who
 
 FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
 
@@ -93,9 +94,8 @@ def fenced_finding(fenced: Fence) -> tuple[str, str]:
     if fenced.local:
         if c is not None and c.summary:
             return cause.PEER_DEAD, c.summary
-        who = (f"rank {c.rank} on {c.host} (pid {c.pid})" if c is not None
-               else "a rank of the job")
-        return cause.PEER_DEAD, f"{who} died: {fenced.reason}; its local peers are ended"
+        dead = who(c.rank, c.host, c.pid) if c is not None else "a rank of the job"
+        return cause.PEER_DEAD, f"{dead} died: {fenced.reason}; its local peers are ended"
     said = (c.summary if c is not None and c.summary else fenced.reason) or ""
     return ((c.cause if c is not None and c.cause in cause.CAUSES else cause.UNKNOWN),
             f"fenced by {fenced.origin}: {said}")

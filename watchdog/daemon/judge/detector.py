@@ -309,7 +309,7 @@ class Detector:
                                           f"{own.describe()}, bytes moving")
 
         # Past the deadline. A spinning thread over most of the wait means the
-        # seeds' hang (a survivor polling a dead or frozen peer); a quiet one may
+        # hang this tool is for (a survivor polling a dead or frozen peer); a quiet one may
         # be a wedged GPU or broken group, given a longer deadline of its own.
         spinning = len(track.busy) >= 2 and _median(track.busy) >= rules.spin_ratio
         if spinning:

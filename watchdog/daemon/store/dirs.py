@@ -68,13 +68,30 @@ def check_ancestors(path: str) -> None:
         current = parent
 
 
-def prepare(record_dir: str, state_dir: str) -> None:
-    """Create what is missing (record dir 1777, state dir 755), then check both."""
+def _missing(path: str) -> list[str]:
+    """`path` and those of its parents that do not exist yet."""
+    missing, current = [], os.path.abspath(path)
+    while not os.path.lexists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return missing
+
+
+def prepare(record_dir: str, state_dir: str) -> list[str]:
+    """Create what is missing (record dir 1777, state dir 755), then check both.
+    Returns the directories it created (parents too), for `undo` if the start is
+    refused."""
+    created: list[str] = []
     for path, mode, check in ((record_dir, 0o1777, check_record_dir),
                               (state_dir, 0o755, check_state_dir)):
         try:
             if not os.path.lexists(path):
+                missing = _missing(path)
                 os.makedirs(path, mode=0o755, exist_ok=True)  # parents: 0777 & ~umask
+                created += missing
                 os.chmod(path, mode)  # explicit: makedirs is subject to the umask
             check(path)
         except PermissionError as err:
@@ -82,6 +99,23 @@ def prepare(record_dir: str, state_dir: str) -> None:
                               "(run as root, or pass a directory you own)") from None
         except OSError as err:
             raise SetupRefused(f"cannot create or use {path}: {err.strerror}") from None
+    return created
+
+
+def undo(created: list[str], state_dir: str) -> None:
+    """A refused start leaves nothing behind: the lock file in a state directory it
+    created, then the directories `prepare` created, deepest first, each only while
+    empty (anything another process put there since stays, with its directory)."""
+    if os.path.abspath(state_dir) in created:
+        try:
+            os.unlink(os.path.join(state_dir, LOCK))
+        except OSError:
+            pass  # never written, or gone: the directory then goes if empty
+    for path in sorted(created, key=len, reverse=True):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # not empty (or not ours to remove): left as it is
 
 
 LOCK = "daemon.lock"  # in the state directory: held (flock) by the one daemon using it
