@@ -2,7 +2,8 @@
 
     Thread 4 (Thread 0x7f1f60bfd6c0 (LWP 7880) "python3"):
     #0  __libc_recv (flags=<optimized out>, len=32, buf=0x5653..., fd=4) at ../recv.c:28
-    #2  0x00007f1f63f01887 in mlx::core::distributed::ring::(anonymous namespace)::SocketThread::worker() () from .../libmlx.so
+    #2  0x00007f1f63f01887 in mlx::...::ring::(anonymous namespace)::SocketThread::worker() ()
+        from .../libmlx.so  (one line in gdb's output)
 
 Pure: text in, {tid: (frame names, leaf first)} out; never raises on bad input. A frame
 is its function's name as gdb prints it, without the address, the arguments and where

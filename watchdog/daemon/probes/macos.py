@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import functools
 import struct
+import subprocess
 from dataclasses import replace
 from typing import Any
 
@@ -77,3 +78,25 @@ class MacProbe(Probe):
 
     def hot_frames(self, text: str) -> list[HotThread] | None:
         return samplegraph.parse(text)
+
+    def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
+        """`sample PID 1`'s heaviest path of each thread, leaf first, by position (not
+        the OS's thread ids: judge/frames.py then takes every thread not parked as
+        busy). Never run on hardware (docs/macos.md)."""
+        command = self.stack_command(pid)
+        if not command:
+            return None
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return {}
+        except OSError as err:
+            raise ProbeError(f"sample on pid {pid}: {err}") from err
+        return sample_stacks(done.stdout[:8 << 20].decode("utf-8", "replace"))
+
+
+def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:
+    """Each thread of a `sample` report as its heaviest path, leaf first, by position."""
+    return {i: tuple(p.frame for p in reversed(t.path))
+            for i, t in enumerate(samplegraph.parse(text))}
