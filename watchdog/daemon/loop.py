@@ -17,6 +17,9 @@ import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import psutil
 
 from watchdog import __version__
 from watchdog.daemon import holds, roomkeeper
@@ -146,11 +149,18 @@ class Daemon:
         due: Due = {}
         jobs: dict[tuple[int, str], list[tuple[Rank, ProcessSample]]] = {}
         for rank, sample in live:
+            if sample.status == psutil.STATUS_TRACING_STOP and self.stacks.tracing(rank.key, now):
+                # Stopped by our own stack sample, for half a second: not a pause.
+                sample = replace(sample, status=psutil.STATUS_RUNNING)
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
         sampled: set[tuple[int, float]] = set()
         for members in jobs.values():
             seen = {rank.key: self._seen(rank, now) for rank, _ in members}
             wedged = wedge.decide([self._member(r, s, seen[r.key], now) for r, s in members])
+            if log.isEnabledFor(logging.DEBUG) and any(seen.values()):
+                log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
+                          [(r.record.rank, seen[r.key], self.stacks.queues.get(r.key))
+                           for r, _ in members], wedged)
             for rank, sample in members:
                 rec = rank.record
                 verdict = self.detector.observe(rec, sample, now_ns, load,

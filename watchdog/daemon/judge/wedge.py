@@ -1,7 +1,8 @@
 """Pure: a collective wedged with nothing to explain it, decided per job.
 
 Every rank of the job present (here: on this node), each in a wait at the same
-collective, none stopped; each rank's busy threads sampled spinning in a wait frame
+collective (or the next one of the same op, which a ring neighbour whose part of the
+current one completed has issued), none stopped; each rank's busy threads sampled spinning in a wait frame
 (judge/frames.py), no byte moving on the job's sockets for QUIET_FOR seconds, no data
 link found down. Then nobody computes and nothing moves: the job is ended at its
 wedge deadline, max(wedge_floor, auto_factor x the longest completed wait of that
@@ -60,7 +61,10 @@ def decide(members: Sequence[Member]) -> Wedge | None:
         return None  # a rank elsewhere (or none yet): decided where all are seen
     if any(m.stopped or m.phase != Phase.WAIT or m.waiting_since_ns <= 0 for m in members):
         return None
-    if len({(m.collectives, m.op) for m in members}) != 1:
+    # The same collective, or the next: a ring neighbour whose part of the current one
+    # completed has issued the next and waits in it (the same op).
+    numbers = [m.collectives for m in members]
+    if max(numbers) - min(numbers) > 1 or len({m.op for m in members}) != 1:
         return None
     if any(m.seen is None or m.seen.kind != WAITING for m in members):
         return None

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_RUNNING = 4  # samples under way at once, every rank together
+TRACE_SETTLE = 1.0  # seconds after a sample its stop may still show in a process sample
 
 Key = tuple[int, float]  # a rank's pid and start time
 
@@ -69,6 +70,7 @@ class StackSampler:
         self.found: dict[Key, Stacks] = {}
         self.running: set[Key] = set()
         self.queues: dict[Key, Queues] = {}
+        self.ended: dict[Key, float] = {}  # when each rank's last sample ended
         self.taken = 0  # samples taken since start (status, benchmarks)
         self.seconds = 0.0  # their time in all
 
@@ -88,11 +90,19 @@ class StackSampler:
 
     def _run(self, key: Key, who: Identity, busy: tuple[int, ...]) -> None:
         try:
-            self.found[key] = self.sample(who, busy)
+            found = self.found[key] = self.sample(who, busy)
+            log.debug("stacks of pid %s: %d threads in %.2fs (busy %s) %s", who.pid,
+                      len(found.stacks or {}), found.took, list(busy), found.error)
         except Exception as err:  # noqa: BLE001 - a failed sample is a result
             self.found[key] = Stacks(self.clock(), {}, busy, error=str(err))
         finally:
+            self.ended[key] = self.clock()
             self.running.discard(key)
+
+    def tracing(self, key: Key, now: float) -> bool:
+        """Is this rank stopped by our own sampler (gdb's ptrace stop), now or a moment
+        ago? Its "tracing-stop" is then ours, not a pause of the rank."""
+        return key in self.running or now - self.ended.get(key, -TRACE_SETTLE) < TRACE_SETTLE
 
     def sample(self, who: Identity, busy: tuple[int, ...]) -> Stacks:
         """One sample, now, on this thread: identity and state checked first."""
@@ -128,6 +138,6 @@ class StackSampler:
     def forget(self, keep: Iterable[Key]) -> None:
         """Drop what is known of every rank but `keep` (those still sampled)."""
         keep = set(keep)
-        for table in (self.asked, self.found, self.queues):
+        for table in (self.asked, self.found, self.queues, self.ended):
             for key in [k for k in table if k not in keep]:
                 table.pop(key, None)
