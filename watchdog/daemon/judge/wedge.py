@@ -4,11 +4,12 @@ Every rank of the job present (here: on this node), each in a wait at the same
 collective (or the next one of the same op, which a ring neighbour whose part of the
 current one completed has issued), none stopped; each rank's busy threads sampled
 spinning in a wait frame (judge/frames.py), no byte moving on the job's sockets for
-QUIET_FOR seconds, no data link found down. Then nobody computes and nothing moves:
-the job is ended at its wedge deadline, max(wedge_floor, auto_factor x the longest
-completed wait of that kind), instead of the auto floor. A pause (a stopped rank), a link blip (a link down,
-or bytes moving), a slow peer (a rank computing) and a checkpoint (a rank in a wait of
-its own, outside the collective) each fail one condition and keep today's rules.
+QUIET_FOR seconds, no data link found down. Then nobody computes and nothing moves: the
+job is ended at its wedge deadline, max(wedge_floor, auto_factor x the longest completed
+wait of that kind), instead of the auto floor. A pause (a stopped rank), a link blip (a
+link down, or bytes moving), a slow peer (a rank computing) and a checkpoint (a rank in
+a wait of its own, outside the collective) each fail one condition and keep today's
+rules.
 
 The culprit is the rank with bytes received and not read while its busy thread spins
 (it stopped reading its socket); with none, no one rank is named.
