@@ -193,7 +193,7 @@ class Daemon:
         return wedge.Member(
             rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
             waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
-            op=rec.flight[-1].op if rec.flight else rec.op,
+            op=f"{rec.op} ({rec.flight[-1].op if rec.flight else ''})",
             stopped=sample.status in STOPPED_STATUSES, seen=seen,
             quiet=now - queues.since if queues is not None and known else None,
             unread=queues.unread if queues is not None else 0, link=rank.data_link)
@@ -290,6 +290,7 @@ class Daemon:
             return any(r.state not in FINAL for r in others)
 
         may_hold = fenced is None and holds.may_hold(due, self.detector.rules)
+        self.stacks.settle(keys)  # no rank of it still under our stack sampler's trace
         self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None)

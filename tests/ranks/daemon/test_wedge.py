@@ -4,9 +4,10 @@
 The wedge is injected by tests/support/wedge_shim.c (LD_PRELOAD, compiled here with cc):
 once a file appears, rank 1's every recv() answers EAGAIN without reading, so its ring
 worker spins on a socket that never delivers (in user space, or through a real
-zero-byte recv() in the kernel), rank 0 spins waiting on it, and nothing moves. Today's rule alone read rank 1's user-space spin as computing and held the job
-for the blocked deadline (900 s); its stack says it spins in SocketThread::worker ->
-recv, so it holds nobody and the job is ended at the wedge floor (15 s).
+zero-byte recv() in the kernel), rank 0 spins waiting on it, and nothing moves.
+Today's rule alone read rank 1's user-space spin as computing and held the job for the
+blocked deadline (900 s); its stack says it spins in SocketThread::worker -> recv, so
+it holds nobody and the job is ended at the wedge floor (15 s).
 
 The look-alike: rank 1 computes a long CPU matmul chain while rank 0 waits in the
 all_sum: its stack says sgemm, the job is held and finishes.

@@ -36,7 +36,7 @@ class Member:
     phase: Phase
     waiting_since_ns: int  # 0 outside a wait
     collectives: int
-    op: str  # the last collective's op
+    op: str  # what it waits in, with its last collective's op: "eval (all_sum)"
     stopped: bool
     seen: Seen | None  # its latest stack sample, classified; None: none fresh
     quiet: float | None  # seconds its sockets' queues stood still; None: unknown

@@ -99,6 +99,15 @@ class StackSampler:
             self.ended[key] = self.clock()
             self.running.discard(key)
 
+    def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
+        """Wait (at most `timeout`) until no sample of these ranks is under way: a response
+        about to take them needs them out of our trace (its evidence asks a rank in
+        tracing-stop for nothing, and its own sampler cannot attach beside ours)."""
+        keys = set(keys)
+        until = self.clock() + timeout
+        while keys & self.running and self.clock() < until:
+            time.sleep(0.02)
+
     def tracing(self, key: Key, now: float) -> bool:
         """Is this rank stopped by our own sampler (gdb's ptrace stop), now or a moment
         ago? Its "tracing-stop" is then ours, not a pause of the rank."""

@@ -153,3 +153,14 @@ def test_gdb_reads_a_real_process_in_under_a_second_of_its_time():
     finally:
         child.kill()
         child.wait()
+
+
+def test_settle_waits_for_a_sample_under_way_and_no_longer_than_its_bound():
+    s = StackSampler(StackProbe({}), lambda fn: fn())  # the real clock
+    key = (40, 1.7e9)
+    began = time.monotonic()
+    s.settle([key])  # none under way: at once
+    assert time.monotonic() - began < 0.05
+    s.running.add(key)  # one that never ends: waited for up to the bound
+    s.settle([key], timeout=0.1)
+    assert 0.09 <= time.monotonic() - began < 1.0
