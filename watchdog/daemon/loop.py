@@ -183,7 +183,7 @@ class Daemon:
             return None
         if found.stacks is None or found.error:
             return frames.Seen(frames.UNKNOWN, found.error or "no native stack could be read")
-        return frames.classify(found.stacks, found.busy, rank.record.backend)
+        return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Seen | None,
                 now: float) -> wedge.Member:

@@ -134,3 +134,26 @@ def test_the_table_is_data_for_every_backend():
     assert all(isinstance(p, str) and p for p in WAITING_FRAMES + COMPUTING_FRAMES)
     named = {b.name for b in BACKENDS if b.waiting_frames}
     assert named == {"ring", "jaccl", "nccl", "mpi"}
+
+
+# -- the GPU's own clock (macOS) ---------------------------------------------------------
+
+
+def test_ioreg_gives_each_process_its_gpu_time_summed_over_its_clients():
+    from watchdog.daemon.probes.gputime import gpu_time_by_pid
+
+    text = (DATA / "ioreg_agx_clients.txt").read_text()
+    assert gpu_time_by_pid(text) == {4245: 812534000 + 3000, 4246: 0, 397: 4519238000000}
+    assert gpu_time_by_pid("") == {} and gpu_time_by_pid("+-o junk {}") == {}
+
+
+def test_gpu_time_advancing_computes_whatever_the_cpu_spins_in():
+    """mlx #3830's look-alike: a long prefill under fast synch spins the CPU in
+    waitUntilSignaledValue while the GPU works; the wedge spins there with the GPU idle."""
+    stacks = {0: ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
+                  "mlx::core::Event::wait()")}
+    assert classify(stacks, [], "ring").kind == WAITING
+    moving = classify(stacks, [], "ring", gpu_moved=True)
+    assert moving.kind == COMPUTING and "GPU time advances" in moving.what
+    flat = classify(stacks, [], "ring", gpu_moved=False)
+    assert flat.kind == WAITING and flat.what.endswith("GPU time flat")

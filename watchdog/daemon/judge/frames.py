@@ -100,7 +100,7 @@ def parked(frames: Sequence[str]) -> bool:
 
 
 def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
-             backend: str | None) -> Seen:
+             backend: str | None, gpu_moved: bool | None = None) -> Seen:
     """What the rank's busy threads (`busy`: their ids, as the stacks name them) ran.
 
     Waiting only when every busy thread read spins in a wait frame; computing when
@@ -108,7 +108,22 @@ def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
     stack was read (no sampler, no symbols, a sample that failed). With no busy id
     known (a sampler whose ids are not the OS's), every thread not parked in the
     kernel is taken as busy.
+
+    `gpu_moved`: whether the process's GPU time advanced since its sample before
+    (macOS; None: unknown). Advancing, it computes on the GPU whatever its CPU threads
+    spin in (a long prefill under MLX_METAL_FAST_SYNCH spins the CPU in
+    `waitUntilSignaledValue`); flat, its waiting threads spin on nothing.
     """
+    if gpu_moved:
+        return Seen(COMPUTING, "its GPU time advances (computing on the GPU)")
+    seen = _classify(stacks, busy, backend)
+    if gpu_moved is False and seen.kind == WAITING:
+        return Seen(WAITING, f"{seen.what}; GPU time flat")
+    return seen
+
+
+def _classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
+              backend: str | None) -> Seen:
     if not stacks:
         return Seen(UNKNOWN, "no native stack could be read")
     threads = [(tid, stacks[tid]) for tid in busy if stacks.get(tid)]

@@ -122,6 +122,11 @@ class Probe:
         The caller checks the process's identity first (probes/stacksampler.py)."""
         return None
 
+    def gpu_time(self, pid: int, timeout: float) -> int | None:
+        """The process's accumulated GPU nanoseconds (macOS: IOKit's per-client
+        `accumulatedGPUTime`); None when this platform cannot tell."""
+        return None
+
     def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
         """Each TCP socket of the process: (inode, bytes queued to send, bytes received
         and not yet read); None when this platform cannot tell."""

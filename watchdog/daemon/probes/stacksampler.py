@@ -14,6 +14,7 @@ scan for the same ranks: unchanged for a while, no byte moves on the job's links
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -50,6 +51,8 @@ class Stacks:
     busy: tuple[int, ...]
     took: float = 0.0
     error: str = ""
+    gpu_ns: int | None = None  # its accumulated GPU time then (macOS); None: unknown
+    gpu_moved: bool | None = None  # did it advance since the sample before; None: unknown
 
 
 @dataclass
@@ -90,7 +93,11 @@ class StackSampler:
 
     def _run(self, key: Key, who: Identity, busy: tuple[int, ...]) -> None:
         try:
-            found = self.found[key] = self.sample(who, busy)
+            found = self.sample(who, busy)
+            before = self.found.get(key)
+            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
+                found = dataclasses.replace(found, gpu_moved=found.gpu_ns > before.gpu_ns)
+            self.found[key] = found
             log.debug("stacks of pid %s: %d threads in %.2fs (busy %s) %s", who.pid,
                       len(found.stacks or {}), found.took, list(busy), found.error)
         except Exception as err:  # noqa: BLE001 - a failed sample is a result
@@ -124,13 +131,15 @@ class StackSampler:
             return Stacks(began, {}, busy, error="not sampled: not the rank's process")
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
+        gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
         stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took
         if stacks is None:
-            return Stacks(began, None, busy, took, "no native stack sampler installed")
-        return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing")
+            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+        return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
+                      gpu)
 
     def track_queues(self, key: Key, pid: int, now: float) -> Queues:
         """Read the rank's sockets' queues; since when they have stood still."""

@@ -164,3 +164,19 @@ def test_settle_waits_for_a_sample_under_way_and_no_longer_than_its_bound():
     s.running.add(key)  # one that never ends: waited for up to the bound
     s.settle([key], timeout=0.1)
     assert 0.09 <= time.monotonic() - began < 1.0
+
+
+def test_each_sample_says_whether_the_gpu_time_moved_since_the_one_before():
+    class GpuProbe(StackProbe):
+        gpu = [100, 100, 250]
+
+        def gpu_time(self, pid, timeout):
+            return self.gpu.pop(0)
+
+    probe = GpuProbe({40: process_sample(40, uid=501, status="running")})
+    s, key = StackSampler(probe, lambda fn: fn(), Clock()), (40, 1.7e9)
+    moved = []
+    for n in range(3):
+        s.ask(RANK, (7,), 1000.0 + n * SAMPLE_EVERY)
+        moved.append(s.found[key].gpu_moved)
+    assert moved == [None, False, True]
