@@ -148,8 +148,11 @@ class Daemon:
         now = now_ns / 1e9
         due: Due = {}
         jobs: dict[tuple[int, str], list[tuple[Rank, ProcessSample]]] = {}
+
+        def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
+            return self.stacks.tracing(rank.key, self.last_scan_mono)
         for rank, sample in live:
-            if sample.status == psutil.STATUS_TRACING_STOP and self.stacks.tracing(rank.key, now):
+            if sample.status == psutil.STATUS_TRACING_STOP and traced(rank):
                 # Stopped by our own stack sample, for half a second: not a pause.
                 sample = replace(sample, status=psutil.STATUS_RUNNING)
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
@@ -165,7 +168,8 @@ class Daemon:
                 rec = rank.record
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,
-                                                seen=seen[rank.key], wedge=wedged)
+                                                seen=seen[rank.key], wedge=wedged,
+                                                traced=traced(rank))
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -213,8 +217,10 @@ class Daemon:
             rec = rank.record
             if rank.escalating or sample.status in STOPPED_STATUSES or rank.verdict is None:
                 continue
+            # Busy threads by the OS's ids only (macOS gives list positions: none then).
+            busy = rank.verdict.hot if sample.native_ids else ()
             self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid, rec.start_ticks),
-                            rank.verdict.hot, now)
+                            busy, now)
             self.stacks.track_queues(rank.key, rec.pid, now)
             keys.add(rank.key)
         return keys

@@ -138,3 +138,26 @@ def test_an_expect_window_has_no_wedge_deadline():
     found = run(TICKS, seen=SPIN, wedge=Wedge("w"), record=rec)
     assert found[-1].deadline == 300.0 and found[-1].wedge_deadline == 0.0
     assert not any(v.act for v in found)
+
+
+def test_an_interval_the_sampler_held_the_rank_stopped_is_not_counted():
+    def last(traced: bool):
+        detector = Detector(Rules(), {"501:job-1": {"eval": FAST}})
+        cpu, found = 0.0, None
+        for t in TICKS:
+            held = traced and t >= 10  # gdb held it for most of these intervals
+            cpu += 0.1 if held else 1.0
+            sample = ProcessSample(4242, 1.7e9, 501, "running", ((2, cpu),), ((2, 0.0),))
+            found = detector.observe(WAITING_REC, sample, ORIGIN + round(t * NS),
+                                     traced=held)
+        return found
+
+    assert last(traced=False).busiest_cpu == pytest.approx(1.0)
+    assert last(traced=True).busiest_cpu == pytest.approx(1.0)  # the held ones not counted
+    untold = Detector(Rules(), {"501:job-1": {"eval": FAST}})
+    cpu = 0.0
+    for t in TICKS:  # the same held intervals, not said to be held: they read quiet
+        cpu += 0.1 if t >= 10 else 1.0
+        sample = ProcessSample(4242, 1.7e9, 501, "running", ((2, cpu),), ((2, 0.0),))
+        found = untold.observe(WAITING_REC, sample, ORIGIN + round(t * NS))
+    assert found.busiest_cpu == pytest.approx(0.1)

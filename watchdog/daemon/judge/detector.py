@@ -202,7 +202,7 @@ class Detector:
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
                 load: float = 1.0, learn: bool = True, seen: Seen | None = None,
-                wedge: Wedge | None = None) -> Verdict:
+                wedge: Wedge | None = None, traced: bool = False) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -218,6 +218,8 @@ class Detector:
         spinning in a wait frame it is not computing, in compute frames it is, on
         every backend; unknown (or no sample) leaves the per-backend rule. `wedge` is
         its job's wedge (judge/wedge.py): its wait is then judged at the wedge deadline.
+        `traced`: the daemon's stack sampler stopped it during this interval (gdb
+        holds it ~0.5 s): what its threads used then says nothing, and is not counted.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -232,7 +234,8 @@ class Detector:
             tick = thread_tick(track.cpu, cpu, track.system, system,
                                (now_ns - track.cpu_at_ns) / NS, python, scale,
                                track.demand, demand)
-            track.busiest, track.hot = tick.busiest, tick.hot
+            if not traced:
+                track.busiest, track.hot = tick.busiest, tick.hot
         track.cpu, track.system, track.demand, track.cpu_at_ns = cpu, system, demand, now_ns
 
         progress = (record.waits_completed, record.collectives, record.steps)
@@ -288,7 +291,7 @@ class Detector:
         if track.io_base is None:
             track.io_base = sample.io
         track.io = sample.io
-        if measured and cpu:
+        if measured and cpu and not traced:
             # How much a thread wanted a core, not what it got: on a loaded machine a
             # spinning thread gets a fraction of one (thread_tick).
             if waiting:

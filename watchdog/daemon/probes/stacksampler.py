@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_RUNNING = 4  # samples under way at once, every rank together
-TRACE_SETTLE = 1.0  # seconds after a sample its stop may still show in a process sample
 
 Key = tuple[int, float]  # a rank's pid and start time
 
@@ -115,10 +114,11 @@ class StackSampler:
         while keys & self.running and self.clock() < until:
             time.sleep(0.02)
 
-    def tracing(self, key: Key, now: float) -> bool:
-        """Is this rank stopped by our own sampler (gdb's ptrace stop), now or a moment
-        ago? Its "tracing-stop" is then ours, not a pause of the rank."""
-        return key in self.running or now - self.ended.get(key, -TRACE_SETTLE) < TRACE_SETTLE
+    def tracing(self, key: Key, since: float) -> bool:
+        """Was this rank stopped by our own sampler (gdb's ptrace stop) at any time since
+        `since` (monotonic)? Its "tracing-stop" is then ours, not a pause of the rank,
+        and what its threads used meanwhile says nothing."""
+        return key in self.running or self.ended.get(key, -1e18) >= since
 
     def sample(self, who: Identity, busy: tuple[int, ...]) -> Stacks:
         """One sample, now, on this thread: identity and state checked first."""

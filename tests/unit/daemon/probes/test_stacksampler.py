@@ -82,13 +82,13 @@ def test_a_gone_rank_is_not_traced():
     assert probe.traced == [] and s.taken == 0
 
 
-def test_its_own_trace_stop_is_known_for_a_moment():
+def test_its_own_trace_stop_is_known_since_a_given_time():
     s, _, clock = sampler({40: process_sample(40, uid=501, status="running")})
     key = (40, 1.7e9)
-    assert not s.tracing(key, clock.now)
-    s.ask(RANK, (7,), clock.now)
-    assert s.tracing(key, clock.now + 0.5)
-    assert not s.tracing(key, clock.now + 5)
+    assert not s.tracing(key, clock.now - 1)
+    s.ask(RANK, (7,), clock.now)  # ends at clock.now
+    assert s.tracing(key, clock.now - 1)  # the interval since the last scan held it
+    assert not s.tracing(key, clock.now + 0.5)  # the next interval did not
 
 
 def test_queues_that_stand_still_say_since_when_and_the_bytes_unread():
