@@ -97,12 +97,13 @@ class StackSampler:
             if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
                 found = dataclasses.replace(found, gpu_moved=found.gpu_ns > before.gpu_ns)
             self.found[key] = found
+            if found.stacks is not None and not found.error.startswith("not sampled"):
+                self.ended[key] = self.clock()  # a sampler attached: the rank was held
             log.debug("stacks of pid %s: %d threads in %.2fs (busy %s) %s", who.pid,
                       len(found.stacks or {}), found.took, list(busy), found.error)
         except Exception as err:  # noqa: BLE001 - a failed sample is a result
             self.found[key] = Stacks(self.clock(), {}, busy, error=str(err))
         finally:
-            self.ended[key] = self.clock()
             self.running.discard(key)
 
     def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
@@ -110,15 +111,15 @@ class StackSampler:
         about to take them needs them out of our trace (its evidence asks a rank in
         tracing-stop for nothing, and its own sampler cannot attach beside ours)."""
         keys = set(keys)
-        until = self.clock() + timeout
-        while keys & self.running and self.clock() < until:
+        until = time.monotonic() + timeout  # real time: a sample takes real time
+        while keys & self.running and time.monotonic() < until:
             time.sleep(0.02)
 
     def tracing(self, key: Key, since: float) -> bool:
         """Was this rank stopped by our own sampler (gdb's ptrace stop) at any time since
         `since` (monotonic)? Its "tracing-stop" is then ours, not a pause of the rank,
         and what its threads used meanwhile says nothing."""
-        return key in self.running or self.ended.get(key, -1e18) >= since
+        return key in self.running or self.ended.get(key, -1e18) > since
 
     def sample(self, who: Identity, busy: tuple[int, ...]) -> Stacks:
         """One sample, now, on this thread: identity and state checked first."""
