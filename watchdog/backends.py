@@ -58,6 +58,45 @@ class Backend:
     # mx.distributed functions of this backend alone, wrapped as collectives (each
     # needs an op code in watchdog/record's OP_CODE); the shared ones are in rank/patches.py.
     entry_points: tuple[str, ...] = ()
+    # Native frames of its wait on a peer: a busy thread running one of these spins on
+    # nothing of its own (judge/frames.py); with WAITING_FRAMES, what every backend shares.
+    waiting_frames: tuple[str, ...] = ()
+
+
+# -- what a busy thread runs: its native frames, waiting or computing -------------------
+#
+# Data, read by judge/frames.py. A thread's frames are read from its leaf up; the first
+# frame named in either table decides. A name with "::" (or another mark) matches where
+# it appears in a frame; a bare C name matches the frame's own name, its libc or
+# glibc-internal spelling (`__libc_recv`, `__GI___poll`), or the last part of a
+# qualified name. A thread whose frames match neither table computes: never end a
+# rank on a guess.
+
+WAITING_FRAMES: tuple[str, ...] = (
+    # MLX's events and fences: a CPU thread waiting on a stream or on the GPU
+    # (`waitUntilSignaledValue` spins under MLX_METAL_FAST_SYNCH: mlx #3830).
+    "Event::wait", "waitUntilSignaledValue", "Fence::wait", "AtomicEvent::wait",
+    "array::wait",
+)
+COMPUTING_FRAMES: tuple[str, ...] = (
+    # BLAS and LAPACK (OpenBLAS, Accelerate, MKL) and MLX's CPU kernels.
+    "sgemm_", "dgemm_", "sgemv_", "cblas_", "gemm_", "mkl_", "vDSP_", "BNNS",
+    "mlx::core::matmul", "Matmul::eval", "::eval_cpu", "mlx::core::cpu::", "simd::",
+    # Metal and CUDA encoding: the CPU building GPU work.
+    "::eval_gpu", "mlx::core::metal::", "CommandEncoder", "MTLCompute", "MTLCommandBuffer",
+    "cublas", "cudnn", "cuLaunchKernel",
+    # Python running the user's own code.
+    "_PyEval_EvalFrameDefault", "PyEval_EvalFrame",
+)
+# Frames of a thread parked in the kernel (not spinning): such a thread is not busy,
+# whatever its caller; skipped when a sampler cannot tell busy threads apart (macOS).
+PARKED_FRAMES: tuple[str, ...] = (
+    "futex_wait", "__futex_abstimed_wait_common64", "pthread_cond_wait",
+    "pthread_cond_timedwait", "__psynch_cvwait", "__psynch_mutexwait", "__semwait_signal",
+    "mach_msg2_trap", "mach_msg_trap", "__workq_kernreturn", "__ulock_wait", "__ulock_wait2",
+    "kevent", "kevent64", "epoll_wait", "nanosleep", "__select", "clock_nanosleep",
+    "do_futex_wait", "sem_wait", "_M_futex_wait_until", "__wait4",
+)
 
 
 # -- reading a launch's variables and files ------------------------------------------
@@ -232,6 +271,11 @@ BACKENDS: tuple[Backend, ...] = (
         job_parts=_ring_parts,
         wait_spins=Spin.KERNEL,  # it polls its neighbours' sockets (~85% system time)
         links_probed=True,  # its listeners close after init: a connect upsets nothing
+        # Its socket worker and the calls it spins on (recorded: tests/support/data/gdb_*).
+        waiting_frames=("SocketThread::worker", "recv", "send", "poll", "recvmsg",
+                        "sendmsg", "recvfrom", "sendto", "select", "ppoll",
+                        "RingGroup::all_reduce_impl", "ring::RingGroup::send",
+                        "ring::RingGroup::recv"),
     ),
     Backend(
         name="jaccl",
@@ -242,6 +286,10 @@ BACKENDS: tuple[Backend, ...] = (
         size=_jaccl_size,
         job_parts=_jaccl_parts,
         outranks=("ring",),  # JACCL's own variables name it over a hostfile left set
+        # Its completion-queue polls (mlx #3910: 1156 of 1304 samples in tbt_poll_cq).
+        waiting_frames=("MeshImpl::recv", "MeshImpl::send", "RingImpl::recv",
+                        "RingImpl::send", "tbt_poll_cq", "tbt_poll_qp_recv",
+                        "ibv_poll_cq", "ring_indicies_err", "jaccl::SideChannel"),
     ),
     Backend(
         name="nccl",
@@ -250,6 +298,8 @@ BACKENDS: tuple[Backend, ...] = (
         rank_from=("MLX_RANK",),
         size=mlx_world_size,
         job_parts=_nccl_parts,
+        waiting_frames=("ncclGroupEnd", "ncclProxyProgress", "cudaStreamSynchronize",
+                        "cuStreamSynchronize", "cudaEventSynchronize"),
     ),
     Backend(
         name="mpi",
@@ -261,6 +311,12 @@ BACKENDS: tuple[Backend, ...] = (
         job_parts=_mpi_parts,
         # An MLX backend's ranks started by mpirun keep that backend's identity.
         job_parts_alone=True,
+        # Its progress engine (Open MPI, MPICH) and the waits that spin it.
+        waiting_frames=("opal_progress", "ompi_request_default_wait",
+                        "ompi_request_wait_completion", "ompi_sync_wait_mt", "MPI_Wait",
+                        "PMPI_Wait", "mca_pml_ob1_recv", "mca_pml_ob1_send",
+                        "mca_btl_tcp_", "mca_btl_sm_", "mca_btl_vader_", "MPID_Progress",
+                        "MPIDI_", "MPIR_Wait"),
     ),
 )
 
@@ -285,6 +341,12 @@ def spins_in_kernel(name: str | None) -> bool:
     user space is computing, not waiting)?"""
     backend = by_name(name)
     return backend is not None and backend.wait_spins is Spin.KERNEL
+
+
+def waiting_frames(name: str | None) -> tuple[str, ...]:
+    """The frames of a wait on a peer for this backend: its own and every backend's."""
+    backend = by_name(name)
+    return (backend.waiting_frames if backend is not None else ()) + WAITING_FRAMES
 
 
 def links_probed(name: str | None) -> bool:

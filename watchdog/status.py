@@ -334,6 +334,9 @@ class RankStatus(Encodable):
     # (<how>)", "not probed: <why>"), and the cause of the incident acting on it.
     data_link: str | None = None
     cause: str | None = None
+    # What its busy threads ran at the latest native stack sample, taken only while a
+    # rank of its job waits past its deadline (judge/frames.py); None: not sampled.
+    frames: str | None = None
 
 
     @classmethod
@@ -788,6 +791,9 @@ class IncidentRank(Decodable):
     attempt: int | None = None
     progress: int | None = None  # completed waits at the verdict (a replay compares)
     collectives: int | None = None
+    # What its busy threads ran at the latest native stack sample ("busy thread 7880
+    # spins in SocketThread::worker -> recv"), or why none was read; None: not sampled.
+    frames: str | None = None
 
 
 @dataclass(frozen=True)

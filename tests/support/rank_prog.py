@@ -30,9 +30,9 @@ Modes:
   sleeper S       one round, then the main thread sleeps S seconds outside any wait
                   (a server waiting for requests without hb.idle(), nothing spinning);
                   in these three modes the other ranks sleep S seconds
-  slowpeer S      one round, then rank 1 computes for S seconds (one long CPU eval of
-                  an estimated S seconds, then shorter ones until S have passed)
-                  before its all_sum while rank 0 waits in that all_sum; prints
+  slowpeer S [N]  one round (N rounds), then rank 1 computes for S seconds (one long
+                  CPU eval of an estimated S seconds, then shorter ones until S have
+                  passed) before its all_sum while rank 0 waits in that all_sum; prints
                   "slowpeer done" after the round and exits 0
   save PATH       one round, then rank 1 writes a 256 KiB checkpoint (64 tensors) to PATH with
                   mx.save_safetensors (a FIFO the test drains slowly, or never) while
@@ -284,7 +284,8 @@ elif MODE == "slowpeer":
         per = max((time.monotonic() - began) / 2, 1e-4)
         steps = max(1, int(ARG / per))
         print(f"slowpeer: {steps} matmuls of {per * 1000:.1f} ms", flush=True)
-    one_round()
+    for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 1):
+        one_round()
     x = mx.ones(16)
     if rank == 1:
         # One long eval of the estimated size; a matmul's time swings 5x with the

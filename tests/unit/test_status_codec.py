@@ -47,7 +47,7 @@ RANK = ["pid", "host", "job", "uid", "rank", "world_size", "attempt", "backend",
         "phase", "progress", "collectives", "steps", "seconds_since_progress",
         "seconds_in_wait", "deadline_seconds", "busiest_thread_cpu", "computing",
         "current_op", "last_collective", "expect", "reason", "source", "holding",
-        "data_link", "cause"]
+        "data_link", "cause", "frames"]
 NODE_SHORT = ["host", "version", "started", "time", "ranks"]
 NODE = ["host", "daemon_pid", "version", "mode", "interval", "time", "scan_monotonic", "dir",
         "state_dir", "started", "wired_bytes", "wired_baseline_bytes", "reboot_required",
@@ -59,7 +59,7 @@ UNWRITTEN = ["reboot_flags_unwritten", "incidents_unwritten", "write_failures"]
 CULPRIT = ["host", "rank", "pid", "state", "reason", "cause", "summary"]
 FENCE = ["job", "uid", "origin", "reason", "culprit", "nonce", "time", "since"]
 INCIDENT_RANK = ["pid", "rank", "state", "phase", "op", "seconds_in_wait",
-                 "busiest_thread_cpu", "attempt", "progress", "collectives"]
+                 "busiest_thread_cpu", "attempt", "progress", "collectives", "frames"]
 FLIGHT_ENTRY = ["number", "op", "dtype", "bytes"]
 SIGNAL = ["pid", "rank", "signal", "time", "result"]
 LAST_COLLECTIVE = ["number", "op", "bytes"]

@@ -49,6 +49,7 @@ RANK_SHAPE = {
     "computing": (bool, type(None)), "current_op": (str,),
     "last_collective": (dict, type(None)), "expect": (dict, type(None)), "reason": (str,),
     "source": (str,), "holding": OPT_STR, "data_link": OPT_STR, "cause": OPT_STR,
+    "frames": OPT_STR,
 }
 # Every key of /status (and status.json), in order, with its JSON types.
 NODE_SHAPE = {

@@ -51,6 +51,7 @@ class Settings:
     blocked_deadline: float = 900.0
     spin_ratio: float = 0.5
     confirm: int = 2
+    wedge_floor: float = 15.0
     mode: str = "enforce"
     kill_scope: str = "job"
     grace: float = 10.0
@@ -77,7 +78,7 @@ class Settings:
                      auto_floor=self.auto_floor, auto_min_waits=self.auto_min_waits,
                      auto_fallback=self.auto_fallback, init_deadline=self.init_deadline,
                      blocked_deadline=self.blocked_deadline, spin_ratio=self.spin_ratio,
-                     confirm=self.confirm)
+                     confirm=self.confirm, wedge_floor=self.wedge_floor)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -132,6 +133,9 @@ SPECS: dict[str, Spec] = {
                        "RATIO", low=0, above=True, high=1),
     "confirm": Spec("scans in a row a rank must be due before it is acted on (no single sample "
                     "kills)", "whole", "COUNT", low=1),
+    "wedge_floor": _seconds("a collective found wedged (every rank spinning in a wait frame, "
+                            "no byte moving) is ended after max(this, auto_factor x its "
+                            "longest completed wait)"),
     "mode": Spec("enforce (signal hung ranks) or observe (report only)", "choice",
                  choices=("enforce", "observe")),
     "kill_scope": Spec("job (every local rank of a hung job) or rank (only the hung rank)",

@@ -71,8 +71,12 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
     busy = sorted(r for r, v in live if v.computing)
     if busy:
         names = ", ".join(str(r) for r in busy)
+        # What a stack sample saw its busy threads run, when one was taken (frames.py).
+        seen = "; ".join(f"rank {r}'s {v.seen}" for r, v in sorted(live, key=lambda i: i[0])
+                         if v.computing and v.seen)
         return (f"held: rank{'s' if len(busy) > 1 else ''} {names} of the job "
-                f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)")
+                f"{'are' if len(busy) > 1 else 'is'} computing (a slow peer, not a hang)"
+                + (f": {seen}" if seen else ""))
     # Recent by both deadlines: a peer on a long fallback deadline must not hold
     # a rank whose own (learned) deadline passed long ago.
     moving = sorted(r for r, v in live if r != rank

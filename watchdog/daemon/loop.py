@@ -17,6 +17,9 @@ import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import psutil
 
 from watchdog import __version__
 from watchdog.daemon import holds, roomkeeper
@@ -28,10 +31,12 @@ from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.fences import Fences
+from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
+from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
+from watchdog.daemon.probes.stacksampler import Identity, StackSampler
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
@@ -89,6 +94,11 @@ class Daemon:
         # on workers of its own: a probe never delays a capture, a view or a fence.
         self.probing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="links")
         self.links = Prober(self.probing.submit, min(1.0, settings.peer_timeout))
+        # A job whose rank waited past its wedge deadline: its ranks' native stacks
+        # sampled (bounded: stacksampler.py), to tell a rank that computes from one that
+        # spins on nothing (judge/frames.py, judge/wedge.py). A healthy job: none.
+        self.sampling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stacks")
+        self.stacks = StackSampler(self.probe, self.sampling.submit, clock.monotonic)
         self.responses = Responses(settings, self.enforcer, self.peers, self.asking,
                                    lambda: self.snapshot, lambda: self.baseline)
         self.exits = ExitWatcher(self.wake)
@@ -137,17 +147,83 @@ class Daemon:
         load = self.probe.load_per_cpu()
         now = now_ns / 1e9
         due: Due = {}
+        jobs: dict[tuple[int, str], list[tuple[Rank, ProcessSample]]] = {}
+
+        def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
+            return self.stacks.tracing(rank.key, self.last_scan_mono)
         for rank, sample in live:
-            rec = rank.record
-            verdict = self.detector.observe(rec, sample, now_ns, load,
-                                            learn=not rank.escalating)
-            # Judged while a response has it: its verdict shown fresh, its state kept.
-            edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
-            transition(rank, edge, now, verdict=verdict)
-            wait = (rec.wait_since_ns, rec.waits_completed)
-            if verdict.act and not rank.escalating and rank.acted_on != wait:
-                due.setdefault((rec.uid, rec.job), []).append(rank)
+            if sample.status == psutil.STATUS_TRACING_STOP and traced(rank):
+                # Stopped by our own stack sample, for half a second: not a pause.
+                sample = replace(sample, status=psutil.STATUS_RUNNING)
+            jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
+        sampled: set[tuple[int, float]] = set()
+        for members in jobs.values():
+            seen = {rank.key: self._seen(rank, now) for rank, _ in members}
+            wedged = wedge.decide([self._member(r, s, seen[r.key], now) for r, s in members])
+            if log.isEnabledFor(logging.DEBUG) and any(seen.values()):
+                log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
+                          [(r.record.rank, seen[r.key], self.stacks.queues.get(r.key))
+                           for r, _ in members], wedged)
+            for rank, sample in members:
+                rec = rank.record
+                verdict = self.detector.observe(rec, sample, now_ns, load,
+                                                learn=not rank.escalating,
+                                                seen=seen[rank.key], wedge=wedged,
+                                                traced=traced(rank))
+                # Judged while a response has it: its verdict shown fresh, its state kept.
+                edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
+                transition(rank, edge, now, verdict=verdict)
+                wait = (rec.wait_since_ns, rec.waits_completed)
+                if verdict.act and not rank.escalating and rank.acted_on != wait:
+                    due.setdefault((rec.uid, rec.job), []).append(rank)
+            sampled |= self._sample_stacks(members, now)
+        self.stacks.forget(sampled)
         return due
+
+    def _seen(self, rank: Rank, now: float) -> frames.Seen | None:
+        """What the rank's busy threads ran at its latest stack sample, if fresh."""
+        found = self.stacks.found.get(rank.key)
+        if found is None or now - found.at > wedge.FRESH:
+            return None
+        if found.stacks is None or found.error:
+            return frames.Seen(frames.UNKNOWN, found.error or "no native stack could be read")
+        return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
+
+    def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Seen | None,
+                now: float) -> wedge.Member:
+        rec = rank.record
+        queues = self.stacks.queues.get(rank.key)
+        known = queues is not None and queues.queues is not None
+        return wedge.Member(
+            rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
+            waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
+            op=f"{rec.op} ({rec.flight[-1].op if rec.flight else ''})",
+            stopped=sample.status in STOPPED_STATUSES, seen=seen,
+            quiet=now - queues.since if queues is not None and known else None,
+            unread=queues.unread if queues is not None else 0, link=rank.data_link)
+
+    def _sample_stacks(self, members: list[tuple[Rank, ProcessSample]],
+                       now: float) -> set[tuple[int, float]]:
+        """A job one of whose ranks waits past its wedge deadline (or its deadline): its
+        ranks' stacks sampled and their sockets' queues read; the ranks sampled."""
+        def late(rank: Rank) -> bool:
+            v = rank.verdict
+            return v is not None and v.seconds_in_wait > 0 and \
+                v.seconds_in_wait >= (v.wedge_deadline or v.deadline)
+        if not any(late(r) for r, _ in members):
+            return set()
+        keys = set()
+        for rank, sample in members:
+            rec = rank.record
+            if rank.escalating or sample.status in STOPPED_STATUSES or rank.verdict is None:
+                continue
+            # Busy threads by the OS's ids only (macOS gives list positions: none then).
+            busy = rank.verdict.hot if sample.native_ids else ()
+            self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid, rec.start_ticks),
+                            busy, now)
+            self.stacks.track_queues(rank.key, rec.pid, now)
+            keys.add(rank.key)
+        return keys
 
     def _probe_links(self, now: float) -> None:
         """Ranks waiting long: their data path probed (shown); the peers asked ahead."""
@@ -220,6 +296,7 @@ class Daemon:
             return any(r.state not in FINAL for r in others)
 
         may_hold = fenced is None and holds.may_hold(due, self.detector.rules)
+        self.stacks.settle(keys)  # no rank of it still under our stack sampler's trace
         self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None)
@@ -420,5 +497,6 @@ class Daemon:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.probing.shutdown(wait=False, cancel_futures=True)
+        self.sampling.shutdown(wait=False, cancel_futures=True)
         self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")

@@ -51,7 +51,8 @@ def raise_nofile() -> str:
 # what the evidence worker was built with) is kept, and the log says it needs a restart.
 RELOADABLE = frozenset({
     "mode", "kill_scope", "interval", "deadline", "auto_factor", "auto_floor", "auto_min_waits",
-    "auto_fallback", "init_deadline", "blocked_deadline", "spin_ratio", "confirm", "grace",
+    "auto_fallback", "init_deadline", "blocked_deadline", "spin_ratio", "confirm", "wedge_floor",
+    "grace",
     "kill_timeout", "wired_threshold", "settle", "retention", "peers", "peer_timeout",
     "secret", *LAUNCH_KEYS})
 

@@ -39,4 +39,5 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
                 if record.expect_seconds > 0 else None),
         reason=reason or (verdict.reason if verdict else ""),
         source=source, data_link=data_link, cause=cause,
+        frames=(verdict.seen or None) if verdict else None,
         holding=(verdict.own.holding() or None) if verdict and verdict.own else None)

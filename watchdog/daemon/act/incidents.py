@@ -60,7 +60,7 @@ def incident_rank(rank: Rank) -> IncidentRank:
                         seconds_in_wait=round(v.seconds_in_wait, 3) if v else None,
                         busiest_thread_cpu=round(v.busiest_cpu, 3) if v else None,
                         attempt=rank.attempt, progress=rank.record.waits_completed,
-                        collectives=rank.record.collectives)
+                        collectives=rank.record.collectives, frames=(v.seen or None) if v else None)
 
 
 def verdict_of(due: list[Rank], fenced: Fence | None) -> str:
@@ -136,8 +136,15 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
     behind = waited_for(due, local)
+    wedged = next((r.verdict.wedge for r in due if r.verdict and r.verdict.wedge), None)
     if fenced is not None:
         found, summary = fenced_finding(fenced)
+    elif wedged is not None:  # judge/wedge.py: every rank spinning on nothing
+        found, summary = cause.COLLECTIVE_WEDGED, wedged.note
+        stuck = next((r for r in local if r.record.rank == wedged.culprit), None)
+        if stuck is not None and behind is None and not stopped:
+            behind = (stuck, f"{stuck.verdict.seen if stuck.verdict else ''}, bytes left "
+                             "unread in its sockets while its peers wait on it")
     else:
         finding = local_finding(local)
         found, summary = finding.cause, finding.summary

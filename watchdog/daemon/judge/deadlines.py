@@ -26,6 +26,7 @@ class Rules:
     blocked_deadline: float = 900.0  # a wait at ~0% CPU is acted on only after this
     spin_ratio: float = 0.5  # a thread using this share of a core or more is spinning
     confirm: int = 2  # ticks in a row a rank must be due before it is acted on
+    wedge_floor: float = 15.0  # a wedged collective's deadline is never under this
 
 
 @dataclass
@@ -75,6 +76,14 @@ def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -
     if learned is None or learned.count < rules.auto_min_waits:
         return rules.auto_fallback
     return max(rules.auto_floor, rules.auto_factor * learned.longest)
+
+
+def wedge_deadline(rules: Rules, learned: Learned | None) -> float:
+    """The deadline of a wait in a collective found wedged (judge/wedge.py): the learned
+    one without its floor, max(wedge_floor, factor x the longest completed wait of
+    that kind); the floor alone before any wait of that kind completed."""
+    longest = learned.longest if learned is not None else 0.0
+    return max(rules.wedge_floor, rules.auto_factor * longest)
 
 
 def job_key(record: Record) -> str:

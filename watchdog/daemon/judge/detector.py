@@ -32,7 +32,9 @@ from watchdog.daemon.judge.deadlines import (
     deadline_for,
     kind_of,
     learning_keys,
+    wedge_deadline,
 )
+from watchdog.daemon.judge.frames import COMPUTING, WAITING, Seen
 from watchdog.daemon.judge.ownwait import OwnWait
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
@@ -42,6 +44,7 @@ from watchdog.daemon.judge.threads import (
     python_threads,
     thread_tick,
 )
+from watchdog.daemon.judge.wedge import Wedge
 from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.record import Record
 from watchdog.states import Phase, State
@@ -90,6 +93,7 @@ class Track:
     io: tuple[int, int] | None = None
     io_base: tuple[int, int] | None = None
     io_moved_ns: int = 0
+    hot: tuple[int, ...] = ()  # the threads busy over the last interval
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,12 @@ class Verdict:
     computing: bool = False  # over this stretch the rank mostly looked like computing
     collectives: int = 0  # the rank's collectives issued (which one the others wait in)
     own: OwnWait | None = None  # its wait, when one of its own (ownwait.py)
+    # Its wait's deadline were its collective found wedged (0: no such deadline: outside
+    # a collective's wait, or in an hb.expect() window), and the job's wedge when found.
+    wedge_deadline: float = 0.0
+    wedge: Wedge | None = None
+    seen: str = ""  # what its busy threads ran at the latest stack sample (frames.py)
+    hot: tuple[int, ...] = ()  # its threads busy over the last interval (their ids)
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -191,7 +201,8 @@ class Detector:
         self.tracks.pop(key, None)
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
-                load: float = 1.0, learn: bool = True) -> Verdict:
+                load: float = 1.0, learn: bool = True, seen: Seen | None = None,
+                wedge: Wedge | None = None, traced: bool = False) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -202,6 +213,13 @@ class Detector:
         fence). A wait it ends now (its frozen peer resumed by the response's
         SIGCONT) lasted as long as the hang, which is not the job's pace: it counts,
         and never stretches the deadline of the job or of its relaunch.
+
+        `seen` is what its busy threads ran at a fresh stack sample (judge/frames.py):
+        spinning in a wait frame it is not computing, in compute frames it is, on
+        every backend; unknown (or no sample) leaves the per-backend rule. `wedge` is
+        its job's wedge (judge/wedge.py): its wait is then judged at the wedge deadline.
+        `traced`: the daemon's stack sampler stopped it during this interval (gdb
+        holds it ~0.5 s): what its threads used then says nothing, and is not counted.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -216,7 +234,8 @@ class Detector:
             tick = thread_tick(track.cpu, cpu, track.system, system,
                                (now_ns - track.cpu_at_ns) / NS, python, scale,
                                track.demand, demand)
-            track.busiest = tick.busiest
+            if not traced:
+                track.busiest, track.hot = tick.busiest, tick.hot
         track.cpu, track.system, track.demand, track.cpu_at_ns = cpu, system, demand, now_ns
 
         progress = (record.waits_completed, record.collectives, record.steps)
@@ -237,7 +256,13 @@ class Detector:
             track.seen_wait = None
         track.stopped = stopped
         kind = kind_of(record.op) if waiting else NATIVE_KIND
-        deadline = deadline_for(record, rules, self._known(record, kind))
+        known = self._known(record, kind)
+        deadline = deadline_for(record, rules, known)
+        wedge_at = (min(deadline, wedge_deadline(rules, known))
+                    if waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
+                    else 0.0)
+        if wedge is not None and wedge_at:
+            deadline = wedge_at
         since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                              track.first_ns)) / NS)
@@ -266,7 +291,7 @@ class Detector:
         if track.io_base is None:
             track.io_base = sample.io
         track.io = sample.io
-        if measured and cpu:
+        if measured and cpu and not traced:
             # How much a thread wanted a core, not what it got: on a loaded machine a
             # spinning thread gets a fraction of one (thread_tick).
             if waiting:
@@ -277,6 +302,8 @@ class Detector:
                 track.native_busy.append(tick.native)
         computing = (_majority(track.computing) if len(track.computing) >= 2
                      else track.was_computing)
+        if seen is not None and seen.kind in (WAITING, COMPUTING):
+            computing = seen.kind == COMPUTING  # what it runs, over where its time goes
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):
@@ -288,7 +315,8 @@ class Detector:
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
             return Verdict(state, deadline, seconds, since_progress, track.busiest, act,
-                           reason, busy, record.collectives, own)
+                           reason, busy, record.collectives, own, wedge_at,
+                           wedge if wedge_at else None, seen.what if seen else "", track.hot)
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -315,6 +343,9 @@ class Detector:
         if spinning:
             state, due = State.STALLED, True
             reason = f"{what}, past the {deadline:g}s deadline, one thread spinning"
+            if wedge is not None and wedge_at:
+                reason = (f"{what}, past the {deadline:g}s deadline of a wedged collective, "
+                          "one thread spinning")
         else:
             state = State.BLOCKED
             due = in_wait >= max(deadline, rules.blocked_deadline)

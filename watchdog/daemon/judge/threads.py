@@ -47,6 +47,7 @@ class ThreadTick:
     native: float | None  # busiest thread that runs no Python; None: cannot tell
     busy: float = 0.0  # the most any one thread wanted a core
     measured_by: str = "cpu"  # "demand" when the busiest thread's share came from it
+    hot: tuple[int, ...] = ()  # the threads that wanted WORK_RATIO of a core or more
 
 
 def thread_tick(before: dict[int, float], after: dict[int, float],
@@ -63,6 +64,7 @@ def thread_tick(before: dict[int, float], after: dict[int, float],
     is its run + run-queue time, which does not fall with the load.
     """
     busiest, kernel, py, native, busy, by = 0.0, 0.0, 0.0, 0.0, 0.0, "cpu"
+    hot: list[int] = []
     wanted_before, wanted_after = demand_before or {}, demand_after or {}
     if seconds > 0:
         for tid, cpu in after.items():
@@ -76,6 +78,8 @@ def thread_tick(before: dict[int, float], after: dict[int, float],
             else:
                 share, how = min(ratio * scale, 1.0), "cpu"
             busiest = max(busiest, ratio)
+            if share >= WORK_RATIO:
+                hot.append(tid)
             if share > busy:
                 used = cpu - prior
                 spent = sys_after.get(tid, 0.0) - sys_before.get(tid, 0.0)
@@ -88,8 +92,8 @@ def thread_tick(before: dict[int, float], after: dict[int, float],
                     native = max(native, share)
     known = kernel if sys_after else None  # a probe without system times cannot tell
     if python is None:
-        return ThreadTick(busiest, known, None, None, busy, by)
-    return ThreadTick(busiest, known, py, native, busy, by)
+        return ThreadTick(busiest, known, None, None, busy, by, tuple(hot))
+    return ThreadTick(busiest, known, py, native, busy, by, tuple(hot))
 
 
 def python_threads(record: Record, sample: ProcessSample) -> frozenset[int] | None:

@@ -116,6 +116,22 @@ class Probe:
         for this platform's tool, [] for output that holds no stacks."""
         return None
 
+    def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
+        """One sample of every thread's native frames (leaf first) by thread id, within
+        `timeout` seconds; None when no sampler is installed, {} when it read nothing.
+        The caller checks the process's identity first (probes/stacksampler.py)."""
+        return None
+
+    def gpu_time(self, pid: int, timeout: float) -> int | None:
+        """The process's accumulated GPU nanoseconds (macOS: IOKit's per-client
+        `accumulatedGPUTime`); None when this platform cannot tell."""
+        return None
+
+    def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """Each TCP socket of the process: (inode, bytes queued to send, bytes received
+        and not yet read); None when this platform cannot tell."""
+        return None
+
 
 def same_process(sample: ProcessSample | None, start_time: float, uid: int,
                  start_ticks: int = 0) -> bool:

@@ -4,12 +4,13 @@ schedstat; stacks from py-spy or gdb."""
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool, gdbstack
 from watchdog.procstat import read_start_ticks
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -51,6 +52,47 @@ def read_io(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
             return io_bytes(f.read())
     except (OSError, ValueError, KeyError):
         return None
+
+
+STACK_READ_LIMIT = 4 << 20  # a backtrace of hundreds of threads is ~1 MB; cut here
+MAX_SOCKETS = 4096
+
+
+def socket_inodes(pid: int, proc: str = "/proc") -> set[int]:
+    """The inodes of the sockets the process holds open (its /proc fd links)."""
+    found: set[int] = set()
+    try:
+        fds = os.listdir(f"{proc}/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds[:65536]:
+        try:
+            link = os.readlink(f"{proc}/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link.endswith("]"):
+            found.add(int(link[8:-1]))
+            if len(found) >= MAX_SOCKETS:
+                break
+    return found
+
+
+def tcp_queues(text: str, inodes: set[int]) -> list[tuple[int, int, int]]:
+    """(inode, tx_queue, rx_queue) of the rows of /proc/net/tcp{,6} whose inode is one
+    of `inodes` ("sl local rem st tx_queue:rx_queue tr:when retrnsmt uid timeout inode")."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or not fields[9].isdigit():
+            continue
+        inode = int(fields[9])
+        if inode in inodes:
+            tx, _, rx = fields[4].partition(":")
+            try:
+                rows.append((inode, int(tx, 16), int(rx, 16)))
+            except ValueError:
+                continue
+    return rows
 
 
 def unevictable_bytes(meminfo: str) -> int:
@@ -154,6 +196,36 @@ class LinuxProbe(Probe):
                 return runnable_per_cpu(f.read(), psutil.cpu_count() or 1)
         except (OSError, ValueError):
             return super().load_per_cpu()
+
+    def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """The process's TCP sockets' queues, from its own network namespace's tables."""
+        inodes = socket_inodes(pid, self.proc)
+        rows: list[tuple[int, int, int]] = []
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(f"{self.proc}/{pid}/net/{table}") as f:
+                    rows += tcp_queues(f.read(), inodes)
+            except OSError:
+                continue
+        return tuple(sorted(rows))
+
+    def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
+        """gdb's backtrace of every thread (~0.5 s of the target's time, stopped while
+        gdb reads it), parsed; None without gdb."""
+        gdb = find_tool("gdb")
+        if not gdb:
+            return None
+        command = [gdb, "-nx", "-batch", "-iex", "set auto-load off", "-p", str(pid),
+                   "-ex", "thread apply all bt"]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return {}
+        except OSError as err:
+            raise ProbeError(f"gdb on pid {pid}: {err}") from err
+        text = done.stdout[:STACK_READ_LIMIT].decode("utf-8", "replace")
+        return gdbstack.parse(text)
 
     def stack_command(self, pid: int) -> list[str] | None:
         pyspy = find_tool("py-spy")

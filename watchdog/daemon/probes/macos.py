@@ -6,12 +6,20 @@ import ctypes
 import ctypes.util
 import functools
 import struct
+import subprocess
 from dataclasses import replace
 from typing import Any
 
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool, samplegraph
+from watchdog.daemon.probes import (
+    Probe,
+    ProbeError,
+    ProcessSample,
+    find_tool,
+    gputime,
+    samplegraph,
+)
 from watchdog.status import HotThread
 
 RUSAGE_INFO_V2 = 2
@@ -77,3 +85,40 @@ class MacProbe(Probe):
 
     def hot_frames(self, text: str) -> list[HotThread] | None:
         return samplegraph.parse(text)
+
+    def gpu_time(self, pid: int, timeout: float) -> int | None:
+        """`ioreg`'s AGXDeviceUserClient entries of the process, their GPU time summed;
+        None without ioreg or without a Metal client. Never run on hardware."""
+        ioreg = find_tool("ioreg")
+        if not ioreg:
+            return None
+        try:
+            done = subprocess.run([ioreg, "-r", "-c", "AGXDeviceUserClient", "-l", "-w0"],
+                                  capture_output=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except (subprocess.TimeoutExpired, OSError):
+            return None
+        text = done.stdout[:8 << 20].decode("utf-8", "replace")
+        return gputime.gpu_time_by_pid(text).get(pid)
+
+    def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
+        """`sample PID 1`'s heaviest path of each thread, leaf first, by position (not
+        the OS's thread ids: judge/frames.py then takes every thread not parked as
+        busy). Never run on hardware (docs/macos.md)."""
+        command = self.stack_command(pid)
+        if not command:
+            return None
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return {}
+        except OSError as err:
+            raise ProbeError(f"sample on pid {pid}: {err}") from err
+        return sample_stacks(done.stdout[:8 << 20].decode("utf-8", "replace"))
+
+
+def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:
+    """Each thread of a `sample` report as its heaviest path, leaf first, by position."""
+    return {i: tuple(p.frame for p in reversed(t.path))
+            for i, t in enumerate(samplegraph.parse(text))}

@@ -1,0 +1,120 @@
+"""Seconds from a wedged ring collective to every rank ended, at the daemon's default
+settings; what each native stack sample cost; samples taken of a healthy job.
+
+Each wedge run: a fresh daemon at its defaults (only the directories and the address
+given) and 2 ring ranks of tests/support/rank_prog.py `loop` on 127.0.0.1 under the
+wedge injector tests/support/wedge_shim.c (LD_PRELOAD, built here with cc); after 300
+collectives rank 1's recv() answers EAGAIN forever, in user space (`user`) or through a
+zero-byte recv() in the kernel (`syscall`); the clock stops when both ranks are gone.
+Then the healthy job: the same loop with no wedge for `--healthy` seconds, and the
+samples the daemon took of it (its debug log). The look-alike, `--lookalike S`: rank 1
+computes a CPU matmul chain for S seconds while rank 0 waits; incidents counted.
+
+    python -m benchmarks.wedge --runs 3 --healthy 60 --lookalike 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support import SUPPORT
+from tests.support.lm_server import DefaultDaemon
+from tests.support.ranks import RingJob, wait_for
+
+SAMPLED = re.compile(r"stacks of pid \d+: (\d+) threads in ([0-9.]+)s")
+
+
+def build_shim(base: Path) -> Path:
+    out = base / "wedge.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out),
+                    str(SUPPORT / "wedge_shim.c"), "-ldl"], check=True)
+    return out
+
+
+def samples(daemon: DefaultDaemon) -> list[float]:
+    return [float(m.group(2)) for m in SAMPLED.finditer(daemon.log())]
+
+
+def wedge_run(base: Path, shim: Path, mode: str) -> tuple[float, str, object, list[float]]:
+    records, state = base / "records", base / "state"
+    records.mkdir(parents=True)
+    trigger = base / "wedge-now"
+    env = {"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
+           "MLXWD_WEDGE_FILE": str(trigger), "MLXWD_WEDGE_MODE": mode}
+    with DefaultDaemon(records, state) as daemon, \
+            RingJob(base, records, 2, "loop", env=env) as job:
+        job.wait_running(collectives=300)
+        trigger.touch()
+        began = time.monotonic()
+        wait_for(lambda: all(p.poll() is not None for p in job.procs), 900, interval=0.1,
+                 what="both ranks ended")
+        took = time.monotonic() - began
+        inc = wait_for(lambda: [i for i in daemon.incidents() if i.get("outcome")], 60,
+                       what="the incident")[-1]
+        culprit = (inc.get("culprit") or {}).get("rank")
+        return took, inc["cause"], culprit, samples(daemon)
+
+
+def healthy_run(base: Path, seconds: float) -> tuple[int, int]:
+    records, state = base / "records", base / "state"
+    records.mkdir(parents=True)
+    with DefaultDaemon(records, state) as daemon, RingJob(base, records, 2, "loop") as job:
+        job.wait_running(collectives=10)
+        time.sleep(seconds)
+        return len(samples(daemon)), len(daemon.incidents())
+
+
+def lookalike_run(base: Path, seconds: float) -> tuple[int, int, str]:
+    records, state = base / "records", base / "state"
+    records.mkdir(parents=True)
+    with DefaultDaemon(records, state) as daemon, \
+            RingJob(base, records, 2, "slowpeer", args=(str(seconds), "100")) as job:
+        job.wait_running(collectives=1)
+        seen = ""
+        while any(p.poll() is None for p in job.procs):
+            seen = (daemon.ranks().get(job.pids[1]) or {}).get("frames") or seen
+            time.sleep(0.5)
+        return len(daemon.incidents()), len(samples(daemon)), seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", default="user,syscall")
+    parser.add_argument("--healthy", type=float, default=60.0)
+    parser.add_argument("--lookalike", type=float, default=0.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mlxwd-wedge-") as tmp:
+        base = Path(tmp)
+        shim = build_shim(base)
+        costs: list[float] = []
+        for mode in args.modes.split(","):
+            took = []
+            for n in range(args.runs):
+                seconds, cause, culprit, cost = wedge_run(base / f"{mode}{n}", shim, mode)
+                took.append(seconds)
+                costs += cost
+                print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
+                      f"rank {culprit}, {len(cost)} samples)", flush=True)
+            print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} runs "
+                  f"(min {min(took):.1f}, max {max(took):.1f})", flush=True)
+        if costs:
+            print(f"  per sample: median {statistics.median(costs):.2f} s, max "
+                  f"{max(costs):.2f} s of the target stopped under gdb ({len(costs)} samples)")
+        if args.healthy > 0:
+            taken, incidents = healthy_run(base / "healthy", args.healthy)
+            print(f"  healthy  {args.healthy:.0f} s: {taken} samples, {incidents} incidents")
+        if args.lookalike > 0:
+            incidents, taken, seen = lookalike_run(base / "lookalike", args.lookalike)
+            print(f"  lookalike {args.lookalike:.0f} s of matmuls: {incidents} incidents, "
+                  f"{taken} samples; rank 1: {seen}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""A wedged collective is ended within 30 s at the default settings; a slow peer never
+(real ring ranks, the real daemon as a user runs it: no setting but its directories).
+
+The wedge is injected by tests/support/wedge_shim.c (LD_PRELOAD, compiled here with cc):
+once a file appears, rank 1's every recv() answers EAGAIN without reading, so its ring
+worker spins on a socket that never delivers (in user space, or through a real
+zero-byte recv() in the kernel), rank 0 spins waiting on it, and nothing moves.
+Today's rule alone read rank 1's user-space spin as computing and held the job for the
+blocked deadline (900 s); its stack says it spins in SocketThread::worker -> recv, so
+it holds nobody and the job is ended at the wedge floor (15 s).
+
+The look-alike: rank 1 computes a long CPU matmul chain while rank 0 waits in the
+all_sum: its stack says sgemm, the job is held and finishes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import SUPPORT
+from tests.support.lm_server import DefaultDaemon
+from tests.support.ranks import RingJob, torn_down, wait_for
+
+pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
+                                                    reason="no gdb to sample stacks")]
+
+WEDGE_WITHIN = 30.0  # seconds from the wedge to the ranks' end, at the defaults
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> Path:
+    """The wedge injector, built now from its source."""
+    out = tmp_path_factory.mktemp("shim") / "wedge.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out),
+                    str(SUPPORT / "wedge_shim.c"), "-ldl"], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    """One daemon at its defaults for every scenario here."""
+    root = tmp_path_factory.mktemp("bed")
+    records = root / "records"
+    records.mkdir()
+    with DefaultDaemon(records, root / "state") as daemon:
+        yield daemon
+
+
+@pytest.mark.parametrize("mode", ["user", "syscall"])
+def test_a_ring_worker_spinning_on_a_dead_socket_is_ended_within_30s(
+        tmp_path, shim, bed, mode):
+    trigger = tmp_path / "wedge-now"
+    env = {"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
+           "MLXWD_WEDGE_FILE": str(trigger), "MLXWD_WEDGE_MODE": mode}
+    with RingJob(tmp_path, bed.record_dir, 2, "loop", env=env) as job:
+        job.wait_running(collectives=200)  # the job's pace learned (20 waits and more)
+        before = len(bed.incidents())
+        trigger.touch()
+        wedged = time.monotonic()
+        wait_for(lambda: all(p.poll() is not None for p in job.procs), 60,
+                 interval=0.2, what="the wedged job ended")
+        took = time.monotonic() - wedged
+        inc = wait_for(lambda: [i for i in bed.incidents()[before:] if i.get("outcome")], 30,
+                       what="the incident's outcome")[-1]
+        assert inc["cause"] == "collective_wedged", inc
+        assert inc["culprit"]["rank"] == 1 and inc["culprit"]["pid"] == job.pids[1], inc
+        assert "SocketThread::worker" in inc["summary"], inc["summary"]
+        assert torn_down(inc["outcome"]), inc["outcome"]
+        assert took <= WEDGE_WITHIN, f"ended {took:.1f}s after the wedge: {inc}"
+        print(f"wedge ({mode}) ended {took:.1f}s after it began")
+
+
+def test_a_rank_computing_a_long_matmul_chain_holds_its_waiting_peer(tmp_path, bed):
+    compute = 22.0
+    with RingJob(tmp_path, bed.record_dir, 2, "slowpeer",
+                 args=(str(compute), "100")) as job:
+        job.wait_running(collectives=1)
+        wait_for(lambda: "slowpeer:" in job.log(1), 60, what="rank 1 sized its work")
+        before = len(bed.incidents())
+        seen = ""
+        began = time.monotonic()
+        while any(p.poll() is None for p in job.procs):
+            rank1 = bed.ranks().get(job.pids[1]) or {}
+            seen = rank1.get("frames") or seen
+            time.sleep(0.5)
+            assert time.monotonic() - began < 120, "the slow round never finished"
+        assert [p.returncode for p in job.procs] == [0, 0], job.log(0) + job.log(1)
+        assert "slowpeer done 2.0" in job.log(0)
+        assert bed.incidents()[before:] == []
+        assert "computes in" in seen, f"rank 1's stack was never read as computing: {seen!r}"

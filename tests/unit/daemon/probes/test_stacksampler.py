@@ -1,0 +1,182 @@
+"""The bounded stack sampler (probes/stacksampler.py) with a fake probe, and the Linux
+probe's native stacks (real gdb on a real child) and sockets' queues (real sockets)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.fakes import FakeProbe, process_sample
+from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
+from watchdog.daemon.probes.stacksampler import SAMPLE_EVERY, Identity, StackSampler
+
+STACKS = {7: ("__libc_recv", "SocketThread::worker()")}
+
+
+class StackProbe(FakeProbe):
+    def __init__(self, samples: dict[int, ProcessSample]) -> None:
+        super().__init__(samples)
+        self.traced: list[int] = []
+        self.queues: tuple[tuple[int, int, int], ...] | None = ((11, 0, 64),)
+
+    def native_stacks(self, pid, timeout):
+        self.traced.append(pid)
+        return dict(STACKS)
+
+    def socket_queues(self, pid):
+        return self.queues
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sampler(samples: dict[int, ProcessSample]) -> tuple[StackSampler, StackProbe, Clock]:
+    probe, clock = StackProbe(samples), Clock()
+    return StackSampler(probe, lambda fn: fn(), clock), probe, clock
+
+
+RANK = Identity(pid=40, start_time=1.7e9, uid=501)
+
+
+def test_a_rank_is_sampled_at_most_once_every_few_seconds():
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="running")})
+    s.ask(RANK, (7,), clock.now)
+    s.ask(RANK, (7,), clock.now + SAMPLE_EVERY / 2)
+    assert probe.traced == [40]
+    s.ask(RANK, (7,), clock.now + SAMPLE_EVERY)
+    assert probe.traced == [40, 40] and s.taken == 2
+    found = s.found[(40, 1.7e9)]
+    assert found.stacks == STACKS and found.busy == (7,) and not found.error
+
+
+@pytest.mark.parametrize("sample, why", [
+    (process_sample(40, uid=502, status="running"), "another owner"),
+    (process_sample(40, start_time=1.8e9, uid=501, status="running"), "a recycled pid"),
+    (dataclasses.replace(process_sample(40, uid=501, status="running"), uids=(501, 0, 0, 0)),
+     "a setuid process"),
+    (process_sample(40, uid=501, status="stopped"), "a stopped rank (a pause)"),
+])
+def test_never_traced_unless_it_is_the_rank_and_it_runs(sample, why):
+    s, probe, clock = sampler({40: sample})
+    s.ask(RANK, (7,), clock.now)
+    assert probe.traced == [], why
+    assert s.found[(40, 1.7e9)].error.startswith("not sampled"), why
+
+
+def test_a_gone_rank_is_not_traced():
+    s, probe, clock = sampler({})
+    s.ask(RANK, (), clock.now)
+    assert probe.traced == [] and s.taken == 0
+
+
+def test_its_own_trace_stop_is_known_since_a_given_time():
+    s, _, clock = sampler({40: process_sample(40, uid=501, status="running")})
+    key = (40, 1.7e9)
+    assert not s.tracing(key, clock.now - 1)
+    s.ask(RANK, (7,), clock.now)  # ends at clock.now
+    assert s.tracing(key, clock.now - 1)  # the interval since the last scan held it
+    assert not s.tracing(key, clock.now + 0.5)  # the next interval did not
+
+
+def test_queues_that_stand_still_say_since_when_and_the_bytes_unread():
+    s, probe, _ = sampler({})
+    key = (40, 1.7e9)
+    assert s.track_queues(key, 40, 10.0).since == 10.0
+    found = s.track_queues(key, 40, 14.0)
+    assert found.since == 10.0 and found.unread == 64
+    probe.queues = ((11, 0, 0),)  # the peer's bytes were read: they move
+    assert s.track_queues(key, 40, 15.0).since == 15.0
+    s.forget([])
+    assert s.queues == {} and s.found == {}
+
+
+def test_tcp_queues_reads_the_rows_of_the_sockets_asked_for():
+    text = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
+            "   uid  timeout inode\n"
+            "   0: 0100007F:1F90 0100007F:C350 01 00000000:00000040 00:00000000 00000000"
+            "     0        0 4242 1 0000000000000000 20 4 30 10 -1\n"
+            "   1: 0100007F:1F91 0100007F:C351 01 00000010:00000000 00:00000000 00000000"
+            "     0        0 4343 1 0000000000000000 20 4 30 10 -1\n")
+    assert tcp_queues(text, {4242}) == [(4242, 0, 64)]
+    assert tcp_queues(text, {4242, 4343}) == [(4242, 0, 64), (4343, 16, 0)]
+    assert tcp_queues("garbage\nmore garbage", {1}) == []
+
+
+@pytest.mark.slow
+def test_bytes_unread_in_a_real_socket_show_in_its_queue():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        client.sendall(b"x" * 64)
+        probe = LinuxProbe()
+        deadline = time.monotonic() + 5
+        rows: tuple = ()
+        while time.monotonic() < deadline:
+            rows = probe.socket_queues(os.getpid()) or ()
+            if any(rx == 64 for _, _, rx in rows):
+                break
+            time.sleep(0.05)
+        assert any(rx == 64 for _, _, rx in rows), rows
+    finally:
+        for s in (client, peer, server):
+            s.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="no gdb")
+def test_gdb_reads_a_real_process_in_under_a_second_of_its_time():
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        began = time.monotonic()
+        stacks = LinuxProbe().native_stacks(child.pid, 10.0)
+        took = time.monotonic() - began
+        assert stacks and child.pid in stacks, stacks
+        assert any("_PyEval_EvalFrameDefault" in f or "PyEval" in f
+                   for f in stacks[child.pid]), stacks[child.pid]
+        assert took < 3.0, took  # ~0.5 s here; the target is stopped only while gdb reads
+        assert child.poll() is None  # it runs on after the sample
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_settle_waits_for_a_sample_under_way_and_no_longer_than_its_bound():
+    s = StackSampler(StackProbe({}), lambda fn: fn())  # the real clock
+    key = (40, 1.7e9)
+    began = time.monotonic()
+    s.settle([key])  # none under way: at once
+    assert time.monotonic() - began < 0.05
+    s.running.add(key)  # one that never ends: waited for up to the bound
+    s.settle([key], timeout=0.1)
+    assert 0.09 <= time.monotonic() - began < 1.0
+
+
+def test_each_sample_says_whether_the_gpu_time_moved_since_the_one_before():
+    class GpuProbe(StackProbe):
+        gpu = [100, 100, 250]
+
+        def gpu_time(self, pid, timeout):
+            return self.gpu.pop(0)
+
+    probe = GpuProbe({40: process_sample(40, uid=501, status="running")})
+    s, key = StackSampler(probe, lambda fn: fn(), Clock()), (40, 1.7e9)
+    moved = []
+    for n in range(3):
+        s.ask(RANK, (7,), 1000.0 + n * SAMPLE_EVERY)
+        moved.append(s.found[key].gpu_moved)
+    assert moved == [None, False, True]

@@ -1,0 +1,159 @@
+"""The frame table (watchdog/backends.py) and its classifier (judge/frames.py), against
+real stacks: gdb backtraces of real MLX ring ranks recorded on this machine
+(tests/support/data/gdb_ring_*.txt: rank 0 spinning on a stopped peer, rank 1
+computing a matmul chain, rank 0 waiting for it), a macOS `sample` report of a JACCL
+rank (sample_jaccl_recv.txt), and the frames the seeds' reports quote."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import SUPPORT
+from watchdog.backends import BACKENDS, COMPUTING_FRAMES, WAITING_FRAMES
+from watchdog.daemon.judge import frames
+from watchdog.daemon.judge.frames import COMPUTING, UNKNOWN, WAITING, classify, thread_kind
+from watchdog.daemon.probes import gdbstack
+from watchdog.daemon.probes.macos import sample_stacks
+
+DATA = SUPPORT / "data"
+
+
+def gdb(name: str) -> dict[int, tuple[str, ...]]:
+    return gdbstack.parse((DATA / name).read_text())
+
+
+def busiest_unparked(stacks: dict[int, tuple[str, ...]]) -> list[int]:
+    return [tid for tid, f in stacks.items() if not frames.parked(f)]
+
+
+def test_gdb_output_gives_every_thread_by_its_lwp_id_leaf_first():
+    stacks = gdb("gdb_ring_waiting_peer_stopped.txt")
+    assert sorted(stacks) == [7873, 7875, 7878, 7880, 7881, 7884]
+    worker = stacks[7880]
+    assert worker[0] == "__libc_recv"
+    assert "mlx::core::distributed::ring::(anonymous namespace)::SocketThread::worker()" in worker
+    assert stacks[7873][0] == "__futex_abstimed_wait_common64"
+
+
+@pytest.mark.parametrize("text", ["", "garbage\n#0 nothing", "Thread x (LWP y)\n#0 ?? ()"])
+def test_gdb_output_without_threads_gives_none(text):
+    assert gdbstack.parse(text) == {}
+
+
+def test_a_ring_worker_spinning_on_a_stopped_peer_waits():
+    stacks = gdb("gdb_ring_waiting_peer_stopped.txt")
+    seen = classify(stacks, [7880], "ring")
+    assert seen.kind == WAITING
+    assert "SocketThread::worker -> __libc_recv" in seen.what and "7880" in seen.what
+
+
+def test_a_rank_computing_a_matmul_chain_computes():
+    stacks = gdb("gdb_ring_computing_matmul.txt")
+    seen = classify(stacks, [7977], "ring")
+    assert seen.kind == COMPUTING and "sgemm_" in seen.what
+    # The same on JACCL and MPI: compute frames are every backend's.
+    assert classify(stacks, [7977], "jaccl").kind == COMPUTING
+    assert classify(stacks, [7977], "mpi").kind == COMPUTING
+
+
+def test_the_rank_waiting_for_a_slow_peer_waits():
+    stacks = gdb("gdb_ring_waiting_for_slowpeer.txt")
+    # Its busy thread (the socket worker in recv), and, with no busy id known, every
+    # thread not parked in the kernel: the worker alone (the others sleep in futexes).
+    assert busiest_unparked(stacks) == [7972]
+    assert classify(stacks, [7972], "ring").kind == WAITING
+    assert classify(stacks, [], "ring").kind == WAITING
+
+
+def test_a_ring_wait_is_not_another_backends():
+    """recv() is the ring's wait; on JACCL a busy thread in it is not named a wait."""
+    stacks = gdb("gdb_ring_waiting_peer_stopped.txt")
+    assert classify(stacks, [7880], "jaccl").kind == COMPUTING
+
+
+def test_a_jaccl_rank_sampled_on_a_mac_spins_in_tbt_poll_cq():
+    text = (DATA / "sample_jaccl_recv.txt").read_text()
+    stacks = sample_stacks(text)
+    assert len(stacks) == 3
+    seen = classify(stacks, [], "jaccl")
+    assert seen.kind == WAITING
+    assert "MeshImpl::recv" in seen.what
+
+
+# The frames the seeds' reports quote from macOS `sample` (mlx #3910, #3830, PR 4060).
+QUOTED = [
+    ("jaccl", ("tbt_poll_qp_recv", "tbt_poll_cq",
+               "mlx::core::distributed::jaccl::MeshImpl::recv(char*, unsigned long, int)"),
+     WAITING),
+    ("jaccl", ("ring_indicies_err", "tbt_poll_cq"), WAITING),
+    ("ring", ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
+              "mlx::core::Event::wait()", "mlx::core::array::wait()"), WAITING),
+    ("jaccl", ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
+               "mlx::core::Event::wait()"), WAITING),
+    ("ring", ("__recvfrom", "mlx::core::distributed::ring::(anonymous namespace)::"
+              "SocketThread::worker()"), WAITING),
+    ("mpi", ("opal_progress", "ompi_request_default_wait", "PMPI_Wait"), WAITING),
+    ("nccl", ("mlx::core::cu::AtomicEvent::wait()",), WAITING),
+    ("ring", ("mlx::core::metal::CommandEncoder::dispatch_threads()",), COMPUTING),
+    ("mpi", ("cblas_sgemm", "mlx::core::matmul<float>()"), COMPUTING),
+    ("jaccl", ("_PyEval_EvalFrameDefault",), COMPUTING),
+]
+
+
+@pytest.mark.parametrize("backend, stack, kind", QUOTED)
+def test_the_frames_the_reports_quote(backend, stack, kind):
+    assert thread_kind(stack, backend)[0] == kind
+
+
+def test_frames_the_table_does_not_name_count_as_computing():
+    kind, what = thread_kind(("some_vendor_kernel_loop", "??"), "jaccl")
+    assert kind == COMPUTING and "does not name" in what
+
+
+def test_no_stack_read_is_unknown():
+    assert classify(None, [1], "ring").kind == UNKNOWN
+    assert classify({}, [1], "ring").kind == UNKNOWN
+    # A busy thread the sample does not hold (it ended meanwhile): unknown, not waiting.
+    assert classify({5: ("recv",)}, [6], "ring").kind == UNKNOWN
+
+
+def test_one_busy_thread_computing_makes_the_rank_compute():
+    stacks = {1: ("__libc_recv", "SocketThread::worker()"), 2: ("sgemm_",)}
+    seen = classify(stacks, [1, 2], "ring")
+    assert seen.kind == COMPUTING and "thread 2" in seen.what
+
+
+def test_bare_names_match_whole_names_only():
+    assert frames.matches("__GI___poll", "poll")
+    assert frames.matches("mlx::core::distributed::jaccl::MeshImpl::recv(char*)", "recv")
+    assert not frames.matches("tbt_poll_cq", "poll")
+    assert not frames.matches("recvfrom_helper", "recv")
+
+
+def test_the_table_is_data_for_every_backend():
+    assert all(isinstance(p, str) and p for p in WAITING_FRAMES + COMPUTING_FRAMES)
+    named = {b.name for b in BACKENDS if b.waiting_frames}
+    assert named == {"ring", "jaccl", "nccl", "mpi"}
+
+
+# -- the GPU's own clock (macOS) ---------------------------------------------------------
+
+
+def test_ioreg_gives_each_process_its_gpu_time_summed_over_its_clients():
+    from watchdog.daemon.probes.gputime import gpu_time_by_pid
+
+    text = (DATA / "ioreg_agx_clients.txt").read_text()
+    assert gpu_time_by_pid(text) == {4245: 812534000 + 3000, 4246: 0, 397: 4519238000000}
+    assert gpu_time_by_pid("") == {} and gpu_time_by_pid("+-o junk {}") == {}
+
+
+def test_gpu_time_advancing_computes_whatever_the_cpu_spins_in():
+    """mlx #3830's look-alike: a long prefill under fast synch spins the CPU in
+    waitUntilSignaledValue while the GPU works; the wedge spins there with the GPU idle."""
+    stacks = {0: ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
+                  "mlx::core::Event::wait()")}
+    assert classify(stacks, [], "ring").kind == WAITING
+    moving = classify(stacks, [], "ring", gpu_moved=True)
+    assert moving.kind == COMPUTING and "GPU time advances" in moving.what
+    flat = classify(stacks, [], "ring", gpu_moved=False)
+    assert flat.kind == WAITING and flat.what.endswith("GPU time flat")

@@ -1,0 +1,137 @@
+"""Pure: what a rank's busy threads run, from a sample of their native frames.
+
+A thread spinning in its backend's wait on a peer (ring's socket worker in `recv`,
+JACCL's `tbt_poll_cq`, MPI's progress engine, `Event::wait`) waits on nothing of its
+own: it holds nobody as a slow peer. A thread in BLAS, a kernel, Metal encoding or
+Python's eval computes. The tables are data, in watchdog/backends.py; a thread whose
+frames match neither computes (never end a rank on a guess), and a rank none of whose
+threads could be read is "unknown": the per-backend rule (judge/threads.py) stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from watchdog.backends import COMPUTING_FRAMES, PARKED_FRAMES, waiting_frames
+
+WAITING = "waiting"
+COMPUTING = "computing"
+UNKNOWN = "unknown"
+_PREFIXES = ("__libc_", "__GI___", "__GI_", "__")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a rank's busy threads ran at one sample: `kind` (waiting, computing or
+    unknown), and in words which thread ran what."""
+
+    kind: str
+    what: str
+
+
+def _bare(name: str) -> set[str]:
+    """A frame's own name in the spellings a bare C name is matched against."""
+    if name.endswith(")"):  # a C++ name's parameter list: "worker()", "f(int)"
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += name[i] == ")"
+            depth -= name[i] == "("
+            if depth == 0:
+                name = name[:i]
+                break
+    last = name.rsplit("::", 1)[-1]
+    names = {name, last}
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            names.add(name[len(prefix):])
+    return names
+
+
+def matches(frame: str, pattern: str) -> bool:
+    """Does this frame name match a table entry (backends.py says how)?"""
+    if "::" in pattern or pattern.endswith("_") or not pattern.isidentifier():
+        return pattern in frame
+    return pattern in _bare(frame)
+
+
+def first_known(frames: Sequence[str], *tables: Sequence[str]) -> tuple[int, str] | None:
+    """(which table, the frame) of the first frame from the leaf any table names."""
+    for frame in frames:
+        for which, table in enumerate(tables):
+            if any(matches(frame, p) for p in table):
+                return which, frame
+    return None
+
+
+def short(frame: str) -> str:
+    """A frame as people read it: its last two name parts, no parameters or templates."""
+    name = frame.replace("(anonymous namespace)", "")
+    for opener in ("(", "<"):
+        cut = name.find(opener)
+        if cut > 0:
+            name = name[:cut]
+    parts = [p for p in name.split("::") if p]
+    return "::".join(parts[-2:]) or frame
+
+
+def thread_kind(frames: Sequence[str], backend: str | None) -> tuple[str, str]:
+    """(waiting or computing, what in words) of one busy thread's frames, leaf first."""
+    waits = waiting_frames(backend)
+    found = first_known(frames, waits, COMPUTING_FRAMES)
+    if found is None:
+        leaf = short(frames[0]) if frames else "no frame"
+        return COMPUTING, f"runs {leaf} (frames the table does not name: counted as computing)"
+    which, frame = found
+    if which == 1:
+        return COMPUTING, f"computes in {short(frame)}"
+    # The wait's outermost frame the table names, then the leaf of it: "worker -> recv".
+    outer = next((f for f in reversed(frames) if any(matches(f, p) for p in waits)), frame)
+    inner = short(frames[0]) if frames else short(frame)
+    path = short(outer) if short(outer) == inner else f"{short(outer)} -> {inner}"
+    return WAITING, f"spins in {path}"
+
+
+def parked(frames: Sequence[str]) -> bool:
+    """A thread asleep in the kernel (a condition variable, a futex): not busy. Its leaf
+    says so, or the caller of a raw `syscall` leaf (libstdc++'s futex wait)."""
+    top = list(frames[:2]) if frames and frames[0] in ("syscall", "??") else list(frames[:1])
+    return any(matches(f, p) for f in top for p in PARKED_FRAMES)
+
+
+def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
+             backend: str | None, gpu_moved: bool | None = None) -> Seen:
+    """What the rank's busy threads (`busy`: their ids, as the stacks name them) ran.
+
+    Waiting only when every busy thread read spins in a wait frame; computing when
+    any of them computes or runs frames the table does not name; unknown when no
+    stack was read (no sampler, no symbols, a sample that failed). With no busy id
+    known (a sampler whose ids are not the OS's), every thread not parked in the
+    kernel is taken as busy.
+
+    `gpu_moved`: whether the process's GPU time advanced since its sample before
+    (macOS; None: unknown). Advancing, it computes on the GPU whatever its CPU threads
+    spin in (a long prefill under MLX_METAL_FAST_SYNCH spins the CPU in
+    `waitUntilSignaledValue`); flat, its waiting threads spin on nothing.
+    """
+    if gpu_moved:
+        return Seen(COMPUTING, "its GPU time advances (computing on the GPU)")
+    seen = _classify(stacks, busy, backend)
+    if gpu_moved is False and seen.kind == WAITING:
+        return Seen(WAITING, f"{seen.what}; GPU time flat")
+    return seen
+
+
+def _classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
+              backend: str | None) -> Seen:
+    if not stacks:
+        return Seen(UNKNOWN, "no native stack could be read")
+    threads = [(tid, stacks[tid]) for tid in busy if stacks.get(tid)]
+    if not busy:
+        threads = [(tid, f) for tid, f in stacks.items() if f and not parked(f)]
+    if not threads:
+        return Seen(UNKNOWN, "its busy threads were not in the sample")
+    seen = [(tid, *thread_kind(frames, backend)) for tid, frames in threads]
+    computing = [s for s in seen if s[1] == COMPUTING]
+    tid, kind, what = (computing or seen)[0]
+    return Seen(kind, f"busy thread {tid} {what}")

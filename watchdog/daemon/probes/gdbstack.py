@@ -1,0 +1,59 @@
+"""Parse gdb's `thread apply all bt`: each thread's frames by its kernel thread id.
+
+    Thread 4 (Thread 0x7f1f60bfd6c0 (LWP 7880) "python3"):
+    #0  __libc_recv (flags=<optimized out>, len=32, buf=0x5653..., fd=4) at ../recv.c:28
+    #2  0x00007f1f63f01887 in mlx::...::ring::(anonymous namespace)::SocketThread::worker() ()
+        from .../libmlx.so  (one line in gdb's output)
+
+Pure: text in, {tid: (frame names, leaf first)} out; never raises on bad input. A frame
+is its function's name as gdb prints it, without the address, the arguments and where
+it is from (`??` for a frame without a symbol).
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_THREADS = 256
+MAX_FRAMES = 64  # of each thread, from its leaf: a deep recursion is cut
+
+_THREAD = re.compile(r"^Thread \d+ \(.*?\(LWP (?P<tid>\d+)\)")
+_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-fA-F]+ in )?(?P<rest>\S.*)$")
+
+
+def frame_name(rest: str) -> str:
+    """The function of a frame line's text after its number and address."""
+    for mark in (" from ", " at "):
+        cut = rest.find(mark)
+        if cut >= 0:
+            rest = rest[:cut]
+    rest = rest.rstrip()
+    # The argument list gdb prints after the name: " (fd=4, ...)" or " ()".
+    depth, i = 0, len(rest)
+    if rest.endswith(")"):
+        for i in range(len(rest) - 1, -1, -1):
+            ch = rest[i]
+            depth += ch == ")"
+            depth -= ch == "("
+            if depth == 0:
+                break
+        if i > 0 and rest[i - 1] == " ":
+            rest = rest[:i - 1]
+    return rest.strip()
+
+
+def parse(text: str) -> dict[int, tuple[str, ...]]:
+    """The threads of one backtrace, by LWP id; {} when it holds none."""
+    threads: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _THREAD.match(line)
+        if match:
+            if len(threads) >= MAX_THREADS:
+                break
+            current = threads.setdefault(int(match.group("tid")), [])
+            continue
+        found = _FRAME.match(line)
+        if found and current is not None and len(current) < MAX_FRAMES:
+            current.append(frame_name(found.group("rest")))
+    return {tid: tuple(frames) for tid, frames in threads.items()}

@@ -1,0 +1,162 @@
+"""A bounded sampler of ranks' native stacks, and of their sockets' queues.
+
+Asked by the loop only for the ranks of a job one of whose ranks has waited past its
+wedge deadline (judge/wedge.py): a healthy job is never sampled. At most one sample
+per rank every SAMPLE_EVERY seconds, one under way per rank and MAX_RUNNING in all, on
+the daemon's workers; each time-boxed (SAMPLE_TIMEOUT), after the rank's identity
+(pid, start, every uid, dumpable) and its state (not stopped: a stopped rank is a
+pause, and tracing it would wake nobody) are checked again. What it read is kept
+raw (thread id -> frames, leaf first): the judge classifies it.
+
+The sockets' queues (bytes queued to send, received and not read) are read at every
+scan for the same ranks: unchanged for a while, no byte moves on the job's links.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, same_process
+
+log = logging.getLogger(__name__)
+
+SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
+SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
+MAX_RUNNING = 4  # samples under way at once, every rank together
+
+Key = tuple[int, float]  # a rank's pid and start time
+
+
+@dataclass(frozen=True)
+class Identity:
+    pid: int
+    start_time: float
+    uid: int
+    start_ticks: int = 0
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """One sample of a rank: when (monotonic), its threads' frames (None: no sampler
+    here, {}: nothing read), the ids of the threads busy when it was asked, and what
+    failed, if anything."""
+
+    at: float
+    stacks: dict[int, tuple[str, ...]] | None
+    busy: tuple[int, ...]
+    took: float = 0.0
+    error: str = ""
+    gpu_ns: int | None = None  # its accumulated GPU time then (macOS); None: unknown
+    gpu_moved: bool | None = None  # did it advance since the sample before; None: unknown
+
+
+@dataclass
+class Queues:
+    """A rank's sockets' queues as last read, since when they have not changed, and the
+    bytes received and not read in them."""
+
+    queues: tuple[tuple[int, int, int], ...] | None
+    since: float
+    unread: int = 0
+
+
+class StackSampler:
+    def __init__(self, probe: Probe, submit: Callable[..., object],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.probe, self.submit, self.clock = probe, submit, clock
+        self.asked: dict[Key, float] = {}
+        self.found: dict[Key, Stacks] = {}
+        self.running: set[Key] = set()
+        self.queues: dict[Key, Queues] = {}
+        self.ended: dict[Key, float] = {}  # when each rank's last sample ended
+        self.taken = 0  # samples taken since start (status, benchmarks)
+        self.seconds = 0.0  # their time in all
+
+    def ask(self, who: Identity, busy: tuple[int, ...], now: float) -> None:
+        """Sample this rank's stacks on a worker, unless one was taken or asked lately."""
+        key = (who.pid, who.start_time)
+        if now - self.asked.get(key, -SAMPLE_EVERY) < SAMPLE_EVERY:
+            return
+        if key in self.running or len(self.running) >= MAX_RUNNING:
+            return
+        self.asked[key] = now
+        self.running.add(key)
+        try:
+            self.submit(lambda: self._run(key, who, busy))
+        except RuntimeError:  # the executor is shut down: the daemon is stopping
+            self.running.discard(key)
+
+    def _run(self, key: Key, who: Identity, busy: tuple[int, ...]) -> None:
+        try:
+            found = self.sample(who, busy)
+            before = self.found.get(key)
+            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
+                found = dataclasses.replace(found, gpu_moved=found.gpu_ns > before.gpu_ns)
+            self.found[key] = found
+            if found.stacks is not None and not found.error.startswith("not sampled"):
+                self.ended[key] = self.clock()  # a sampler attached: the rank was held
+            log.debug("stacks of pid %s: %d threads in %.2fs (busy %s) %s", who.pid,
+                      len(found.stacks or {}), found.took, list(busy), found.error)
+        except Exception as err:  # noqa: BLE001 - a failed sample is a result
+            self.found[key] = Stacks(self.clock(), {}, busy, error=str(err))
+        finally:
+            self.running.discard(key)
+
+    def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
+        """Wait (at most `timeout`) until no sample of these ranks is under way: a response
+        about to take them needs them out of our trace (its evidence asks a rank in
+        tracing-stop for nothing, and its own sampler cannot attach beside ours)."""
+        keys = set(keys)
+        until = time.monotonic() + timeout  # real time: a sample takes real time
+        while keys & self.running and time.monotonic() < until:
+            time.sleep(0.02)
+
+    def tracing(self, key: Key, since: float) -> bool:
+        """Was this rank stopped by our own sampler (gdb's ptrace stop) at any time since
+        `since` (monotonic)? Its "tracing-stop" is then ours, not a pause of the rank,
+        and what its threads used meanwhile says nothing."""
+        return key in self.running or self.ended.get(key, -1e18) > since
+
+    def sample(self, who: Identity, busy: tuple[int, ...]) -> Stacks:
+        """One sample, now, on this thread: identity and state checked first."""
+        began = self.clock()
+        try:
+            now = self.probe.sample(who.pid)
+        except ProbeError as err:
+            return Stacks(began, {}, busy, error=f"not sampled: {err}")
+        if now is None or not same_process(now, who.start_time, who.uid, who.start_ticks):
+            return Stacks(began, {}, busy, error="not sampled: not the rank's process")
+        if now.status in STOPPED_STATUSES:
+            return Stacks(began, {}, busy, error="not sampled: the process is stopped")
+        gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
+        stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+        took = self.clock() - began
+        self.taken += 1
+        self.seconds += took
+        if stacks is None:
+            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+        return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
+                      gpu)
+
+    def track_queues(self, key: Key, pid: int, now: float) -> Queues:
+        """Read the rank's sockets' queues; since when they have stood still."""
+        try:
+            queues = self.probe.socket_queues(pid)
+        except (OSError, ProbeError):
+            queues = None
+        last = self.queues.get(key)
+        if last is None or queues is None or last.queues != queues:
+            last = self.queues[key] = Queues(queues, now)
+        last.unread = sum(rx for _, _, rx in queues or ())
+        return last
+
+    def forget(self, keep: Iterable[Key]) -> None:
+        """Drop what is known of every rank but `keep` (those still sampled)."""
+        keep = set(keep)
+        for table in (self.asked, self.found, self.queues, self.ended):
+            for key in [k for k in table if k not in keep]:
+                table.pop(key, None)
