@@ -299,6 +299,10 @@ class Daemon:
                 # Its identity could not be checked, so it was left alone:
                 # judged afresh next scan rather than given up for this wait.
                 transition(rank, Edge.RETRIED, now)
+            elif not outcome.results and self.settings.mode == "enforce" \
+                    and outcome.incident.mode == "observe":
+                # Observed while a reload switched to enforce: its wait judged afresh.
+                transition(rank, Edge.RETRIED, now)
             else:  # observed, or not ended by us (gone, not ours, denied, its own exit)
                 transition(rank, Edge.RELEASED, now)
 
@@ -358,8 +362,20 @@ class Daemon:
 
     def apply_settings(self, settings: Settings) -> None:
         """A reload (SIGHUP): the new settings for every part that reads them, between
-        two scans (the scan's lock); a response under way goes on under the new ones."""
+        two scans (the scan's lock); a response under way goes on under the new ones.
+
+        A switch from observe to enforce rearms every wait only observed: the scan
+        that follows at once judges it afresh and ends it if it still hangs (a hang
+        already reported must not wait for a restart). A lowered deadline needs no
+        mark cleared: the wake below judges every wait by it at once."""
         with self.lock:
+            if settings.mode == "enforce" and self.settings.mode != "enforce":
+                now = self.clock.monotonic()
+                rearmed = [r for r in self.ranks.values() if r.acted_on is not None
+                           and transition(r, Edge.REARMED, now)]
+                if rearmed:
+                    log.info("mode enforce: %s judged again now (only observed so far)",
+                             _ranks_of_jobs(rearmed))
             self.settings = settings
             self.enforcer.settings = self.peers.settings = self.responses.settings = settings
             self.fences.settings = settings
@@ -422,3 +438,12 @@ class Daemon:
         self.probing.shutdown(wait=False, cancel_futures=True)
         self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")
+
+
+def _ranks_of_jobs(ranks: list[Rank]) -> str:
+    """`job a ranks 0, 1; job b rank 2`: ranks named as a person reads them."""
+    jobs: dict[str, list[int]] = {}
+    for r in ranks:
+        jobs.setdefault(r.record.job, []).append(r.record.rank)
+    return "; ".join(f"job {job} rank{'s' if len(nums) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(nums)))}" for job, nums in sorted(jobs.items()))
