@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +29,9 @@ def _existing_state_dir(state_dir: str) -> None:
 @click.command()
 @state_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON list of the incidents.")
-@click.option("--last", type=click.IntRange(min=1), help="Only the last N incidents.")
+@click.option("--last", type=click.IntRange(min=1),
+              help="Only the last N incidents (and what `launch` did from the first of "
+                   "them on).")
 def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     """The incident journal: what the watchdog found and did, and what `launch` did
     about it (restarts, refusals, give-ups)."""
@@ -39,13 +42,14 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
                        key=lambda item: float(item.get("time") or 0)
                        if isinstance(item.get("time"), (int, float)) else 0.0)
         _warn(bad)
-        click.echo(json.dumps(items[-last:] if last else items, indent=1))
+        click.echo(json.dumps(_last(items, last, lambda item: item.get("kind") != "launch"),
+                              indent=1))
         return
     found, bad = journal.read_incidents(state_dir)
     shown: list[Incident | LaunchEvent] = sorted(
         [*found, *_launch_events(state_dir)], key=_when)
     _warn(bad)
-    shown = [i for i in (shown[-last:] if last else shown)
+    shown = [i for i in _last(shown, last, lambda item: isinstance(item, Incident))
              if isinstance(i, Incident) or i.event in SHOWN_EVENTS]
     if not shown:
         click.echo("no incidents")
@@ -55,6 +59,15 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
             _echo_incident(item)
         else:
             _echo_launch_event(item)
+
+
+def _last(items: list[Any], last: int | None, is_incident: Callable[[Any], bool]) -> list[Any]:
+    """`--last N` of a list in time order: from the N-th incident from the end on (the
+    launcher's events among them and after them kept; none counted)."""
+    if not last:
+        return items
+    at = [i for i, item in enumerate(items) if is_incident(item)]
+    return items[at[-last]:] if len(at) >= last else items[at[0]:] if at else []
 
 
 def _when(item: Incident | LaunchEvent) -> float:
