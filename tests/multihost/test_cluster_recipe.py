@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -38,7 +39,9 @@ def shared_config(bed: Bed) -> str:
         toml = toml.replace(f"studio-{n}.local:9753", host.endpoint)
     toml = re.sub(r',?\s*"studio-\d\.local:9753"', "", toml)
     assert "studio-" not in toml and f":{PORT}" in toml, toml
-    return toml
+    # The page's placeholder, which the daemon refuses: a secret made as the page says.
+    assert 'secret = "REPLACE-' in toml, toml
+    return re.sub(r'"REPLACE[^"]*"', f'"{secrets.token_urlsafe(24)}"', toml)
 
 
 def command(host: Host, *args: object) -> subprocess.CompletedProcess[str]:
@@ -86,6 +89,7 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
     try:
         config = tmp_path / "mlx-watchdog.toml"  # the one file every node reads
         config.write_text(shared_config(bed))
+        config.chmod(0o600)  # it holds the secret (the page says so)
         assert 'mode = "observe"' in config.read_text()
         runs = [tmp_path / h.name for h in bed.hosts]
         daemons = [start(bed, h, config, run) for h, run in zip(bed.hosts, runs, strict=True)]
