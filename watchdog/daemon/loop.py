@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from watchdog import __version__
 from watchdog.daemon import holds, roomkeeper
+from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import new_incident
 from watchdog.daemon.act.peers import Peers
@@ -200,10 +201,8 @@ class Daemon:
             targets=targets, local=local, fenced=fenced)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
-            log.error("job %s: %s; %s %s ranks %s; cause %s: %s", job, incident.reason,
-                      "ending" if self.settings.mode == "enforce" else "observing",
-                      len(targets), sorted(r.record.rank for r in targets),
-                      incident.cause, incident.summary)
+            log.error("%s", told.verdict_line(incident, self.settings.mode == "enforce",
+                                              (r.record.rank for r in targets)))
         now = self.clock.monotonic()
         acted = set() if fenced else {r.key for r in due}  # a fence is no verdict on a wait
         for rank in targets:
@@ -244,13 +243,15 @@ class Daemon:
 
     def step_responses(self) -> None:
         """Between scans: fences queued begun, the responses' steps that are due (a
-        grace, a SIGKILL). A response that finished is published at once: its ranks
-        ended are what `cluster status` and the peers' judgement read next, not the
-        wait they were in until the next scan."""
+        grace, a SIGKILL). A response that finished is followed by a scan at once (which
+        publishes): its ranks ended, and those that went on their own meanwhile (ending
+        on the error the fence caused, seen gone only once the response let them go),
+        are what `cluster status` and the peers' judgement read next, not the wait they
+        were in until the next scan."""
         with self.lock:
             self._begin_fences()
             if self._collect_finished():
-                self.publish()
+                self._scan()
 
     def _collect_finished(self) -> bool:
         """Every response's due steps; what each finished one did, applied to its ranks.

@@ -155,6 +155,17 @@ def test_a_reload_to_enforce_ends_a_hang_already_observed(tmp_path, record_dir, 
         assert torn_down(ended[-1]["outcome"]), ended[-1]["outcome"]
         assert "mode observe -> enforce" in daemon.log()
         assert "judged again now (only observed so far)" in daemon.log()
+        # Issue 38, item 4: each response's end is one line a person reads.
+        def told_lines() -> list[str]:
+            return [line.split(" INFO ", 1)[1] for line in daemon.log().splitlines()
+                    if " INFO incident " in line and "read it: mlx-watchdog incidents" in line]
+
+        told = wait_for(lambda: len(told_lines()) >= 2 and told_lines(), 5, what="two ends")
+        assert [line.split(":")[0] for line in told] == [
+            f"incident {inc['id']}, job {inc['job']}",
+            f"incident {ended[-1]['id']}, job {inc['job']}"], told
+        assert "observed in " in told[0] and "nothing signalled (mode observe)" in told[0]
+        assert "ranks 0, 1 ended by SIGTERM in " in told[1] and "wired memory" in told[1]
         print(f"ended {took:.1f}s after the reload")
 
 

@@ -307,11 +307,16 @@ def test_an_observed_response_under_way_at_the_reload_is_judged_again(tmp_path: 
             if daemon.pending:
                 break
         rank = daemon.ranks[(PID, START)]
-        assert daemon.pending and rank.escalating
+        (observing,) = daemon.pending
+        assert rank.escalating and observing.incident.mode == "observe"
         # The reload lands while the observed response is still to be collected.
-        daemon.settings = dataclasses.replace(daemon.settings, mode="enforce")
-        daemon.step_responses()  # its observed outcome collected under enforce
-        assert not daemon.pending and rank.acted_on is None and not rank.escalating
+        daemon.apply_settings(dataclasses.replace(daemon.settings, mode="enforce"))
+        # Its observed outcome collected under enforce: the wait is judged again at once
+        # (the scan that follows a finished response), and a response to end it begins.
+        daemon.step_responses()
+        (ending,) = daemon.pending
+        assert ending is not observing and ending.incident.mode == "enforce"
+        assert rank.escalating
     finally:
         writer.close(0, remove=False)
         daemon.executor.shutdown(wait=True)
