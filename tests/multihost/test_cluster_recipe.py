@@ -127,6 +127,15 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
                        "--dir", daemons[0].record_dir, "--state-dir", daemons[0].state_dir,
                        "--listen", f"{bed.hosts[0].address}:{PORT}")
         assert "(the hook its ranks load) is the daemon's" in done.stdout, done.stdout
+        # Issue 38, item 9: the daemon on the port watches this config's directories,
+        # and every peer of the file answers with a clock inside the fences' window.
+        assert f"watches {daemons[0].record_dir} (state {daemons[0].state_dir}), as this " \
+            "config names" in done.stdout, done.stdout
+        for other in bed.hosts:
+            assert f"[OK  ] peer {other.endpoint} answers ({other.name}" in done.stdout, \
+                done.stdout
+        assert "[OK  ] fences on: a secret of 32 characters" in done.stdout, done.stdout
+        assert "may read it" not in done.stdout, done.stdout
         text = metrics_from(bed.hosts[1], bed.hosts[0])
         assert re.search(r'mlx_watchdog_rank_state\{mlx_job="[^"]+",rank="0",'
                          r'state="running"\} 1\.0', text), text[-2000:]

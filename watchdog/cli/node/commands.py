@@ -241,14 +241,32 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
 @click.command()
 @dir_option
 @state_option
-@click.option("--listen", default=Settings().listen, show_default=True,
-              help="Where the daemon serves /healthz (its listen setting).")
-def doctor(record_dir: str, state_dir: str, listen: str) -> None:
-    """Check this node's setup and say what to fix."""
-    from watchdog.cli.node.doctor import run_checks
+@click.option("--listen", default=None,
+              help="Where the daemon serves /healthz and /status [the config's listen, "
+                   f"else {Settings().listen}].")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: each check's name, level and message, and whether any "
+                   "failed (for checking a fleet).")
+@click.pass_obj
+def doctor(node_: Any, record_dir: str, state_dir: str, listen: str | None,
+           as_json: bool) -> None:
+    """Check this node's setup and say what to fix: its directories, the daemon on the
+    port (and the directories it watches), this environment, the config file (the
+    fence secret and who may read it) and each peer (resolves, answers, its clock).
+    Exits 1 when a check failed."""
+    from watchdog.cli.exits import OK, VERDICT
+    from watchdog.cli.node.doctor import named_checks
 
-    worst = 0
-    for level, message in run_checks(record_dir, state_dir, listen):
-        worst = max(worst, {"ok": 0, "warn": 1, "fail": 2}[level])
-        click.echo(f"[{level.upper():4}] {message}")
-    sys.exit(1 if worst == 2 else 0)
+    settings = node_.settings if node_ is not None else Settings()
+    path = node_.config_path if node_ is not None and (
+        node_.explicit or os.access(node_.config_path, os.R_OK)) else None
+    lines = named_checks(record_dir, state_dir, listen or settings.listen, path, settings)
+    failed = any(level == "fail" for _, level, _ in lines)
+    if as_json:
+        click.echo(json.dumps({"host": os.uname().nodename, "ok": not failed, "checks": [
+            {"check": name, "level": level, "message": message}
+            for name, level, message in lines]}, indent=1))
+    else:
+        for _, level, message in lines:
+            click.echo(f"[{level.upper():4}] {message}")
+    sys.exit(VERDICT if failed else OK)
