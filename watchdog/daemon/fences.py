@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +79,6 @@ class Fences:
             # before the job was found dead: a later one is the job relaunched.
             named = self.table.job(uid, job)
             ranks = [r for r in named if request.ends(r.record.start_time)]
-            self.peers.note_fenced(uid, job, request.since or time.time())
             if len(ranks) < len(named):
                 log.info("fence from %s: %s of job %s started after it was found dead (a "
                          "relaunch): left alone", request.origin,
@@ -104,8 +102,9 @@ class Fences:
         culprit = death_culprit(self.host, rank, death.how)
         fenced = self.peers.fenced_since(rank.record.uid, rank.record.job)
         if fenced is not None and rank.record.start_time <= fenced:
-            # Its job was fenced already (a rank ending on the error the fence caused):
-            # the peers know; a second fence would say it twice.
+            # This node fenced its job already (a rank ending on the error the fence
+            # caused): the peers know; a second fence would say it twice. (A fence taken
+            # from a peer is answered by one of ours: our peers may not be its peers.)
             log.debug("rank %s of job %s %s after its job was fenced: not fenced again",
                       rank.record.rank, rank.record.job, death.how)
         else:

@@ -5,6 +5,7 @@ verdict's line names its incident, and a fence is said in words, never a repr.""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 from watchdog.daemon.act.told import end_line, fence_line, ranks_words, verdict_line
@@ -93,3 +94,52 @@ def test_a_fence_is_one_line_in_words_and_a_warning_only_when_a_peer_missed_it()
     assert "mac-3:9753 did not answer (timed out); mac-4:9753 refused it (bad signature)" \
         in line
     assert "{" not in line and "FenceSent" not in line
+
+
+class Recording:
+    """An executor that records what would be sent and runs nothing."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, ...]] = []
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        self.sent.append(args)
+        return Future()
+
+
+def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path):
+    """Issue 38, item 4: rank 0 ending on the error its job's fence caused was fenced a
+    second time (every peer logged it again); a relaunch's rank that dies is fenced."""
+    import threading
+
+    from watchdog.daemon.act.peers import Peers
+    from watchdog.daemon.config import Settings
+    from watchdog.daemon.fences import Fences
+    from watchdog.daemon.ranks import Rank
+    from watchdog.daemon.table import Death
+    from watchdog.record import Record
+    from watchdog.states import Phase
+
+    settings = Settings(state_dir=str(tmp_path), peers=("mac-2:9753",), secret="s" * 24)
+    fencing = Recording()
+    peers = Peers(settings, "mac-1", fencing, started=0.0, fencing=fencing)  # type: ignore[arg-type]
+    fences = Fences(settings, "mac-1", peers, None, threading.RLock(),  # type: ignore[arg-type]
+                    threading.Event())
+    peers.fence(501, "j1", "stalled: in all_sum", None)  # the verdict's fence
+    assert len(fencing.sent) == 1 and peers.fenced_since(501, "j1") is not None
+
+    def death(start_time: float) -> Death:
+        rec = Record(pid=11, start_time=start_time, uid=501, rank=0, world_size=2,
+                     dump_signal=0, status=0, host="mac-1", job="j1", backend="ring", seq=0,
+                     collectives=0, waits_entered=0, waits_completed=0, steps=0,
+                     phase=Phase.RUNNING, op="", phase_since_ns=0, wait_since_ns=0,
+                     last_progress_ns=0, last_wait_ns=0, max_wait_ns=0, expect_seconds=0.0,
+                     expect_since_ns=0, expect_reason="", flight=())
+        return Death(Rank("/d/11.rec", rec), "exited on an uncaught exception", frozenset())
+
+    fences.died(death(start_time=1.0), now=5.0)  # one of the job fenced: no news
+    assert len(fencing.sent) == 1
+    fences.died(death(start_time=time.time() + 60), now=6.0)  # a relaunch's rank
+    assert len(fencing.sent) == 2

@@ -126,8 +126,8 @@ class Peers:
                              self.settings.peer_timeout, uid, since).add_done_callback(sent)
 
     def note_fenced(self, uid: int, job: str, since: float) -> None:
-        """A fence of this job sent or taken (the ranks started before `since`, wall
-        time): a rank of it that dies after is no news to the peers."""
+        """A fence of this job sent (its ranks started before `since`, wall time): a
+        rank of it that dies after is no news to the peers."""
         with self._lock:
             for key, when in list(self._fenced.items()):
                 if since - when > FENCED_KEPT:
@@ -135,7 +135,7 @@ class Peers:
             self._fenced[(uid, job)] = max(since, self._fenced.get((uid, job), since))
 
     def fenced_since(self, uid: int, job: str) -> float | None:
-        """When this job was last fenced here or by a peer (wall time), or None."""
+        """When this node last fenced this job (wall time), or None."""
         with self._lock:
             return self._fenced.get((uid, job))
 
