@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -38,7 +39,9 @@ def shared_config(bed: Bed) -> str:
         toml = toml.replace(f"studio-{n}.local:9753", host.endpoint)
     toml = re.sub(r',?\s*"studio-\d\.local:9753"', "", toml)
     assert "studio-" not in toml and f":{PORT}" in toml, toml
-    return toml
+    # The page's placeholder, which the daemon refuses: a secret made as the page says.
+    assert 'secret = "REPLACE-' in toml, toml
+    return re.sub(r'"REPLACE[^"]*"', f'"{secrets.token_urlsafe(24)}"', toml)
 
 
 def command(host: Host, *args: object) -> subprocess.CompletedProcess[str]:
@@ -86,6 +89,7 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
     try:
         config = tmp_path / "mlx-watchdog.toml"  # the one file every node reads
         config.write_text(shared_config(bed))
+        config.chmod(0o600)  # it holds the secret (the page says so)
         assert 'mode = "observe"' in config.read_text()
         runs = [tmp_path / h.name for h in bed.hosts]
         daemons = [start(bed, h, config, run) for h, run in zip(bed.hosts, runs, strict=True)]
@@ -123,6 +127,15 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
                        "--dir", daemons[0].record_dir, "--state-dir", daemons[0].state_dir,
                        "--listen", f"{bed.hosts[0].address}:{PORT}")
         assert "(the hook its ranks load) is the daemon's" in done.stdout, done.stdout
+        # Issue 38, item 9: the daemon on the port watches this config's directories,
+        # and every peer of the file answers with a clock inside the fences' window.
+        assert f"watches {daemons[0].record_dir} (state {daemons[0].state_dir}), as this " \
+            "config names" in done.stdout, done.stdout
+        for other in bed.hosts:
+            assert f"[OK  ] peer {other.endpoint} answers ({other.name}" in done.stdout, \
+                done.stdout
+        assert "[OK  ] fences on: a secret of 32 characters" in done.stdout, done.stdout
+        assert "may read it" not in done.stdout, done.stdout
         text = metrics_from(bed.hosts[1], bed.hosts[0])
         assert re.search(r'mlx_watchdog_rank_state\{mlx_job="[^"]+",rank="0",'
                          r'state="running"\} 1\.0', text), text[-2000:]
@@ -132,13 +145,36 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
         frozen = time.monotonic()
         wait_for(job.gone, 45, what="both ranks of the frozen job ended")
         ended_in = time.monotonic() - frozen
+        # Journaled once each node's response is done, a moment after the ranks are gone:
+        # the verdict's on host 0, the fence's on host 1.
+        wait_for(lambda: all(d.incidents() for d in daemons), 20, what="each node's incident")
         incidents = [d.incidents() for d in daemons]
-        # One response for the job, not one more for each time a node is in `peers`.
-        assert sum(map(len, incidents)) == 1, incidents
-        assert [i["action"] for host in incidents for i in host] == ["ended"], incidents
+        # One response for the job on each node, not one more for each time a node is
+        # in `peers`.
+        assert [len(host) for host in incidents] == [1, 1], incidents
+        assert [i["action"] for host in incidents for i in host] == ["ended", "ended"]
+        assert [i["verdict"] for host in incidents for i in host] == ["stalled", "fenced"]
         for daemon in daemons:
             log = daemon.log()
             assert "Traceback" not in log and "refused a fence" not in log, log
+        # Issue 38, item 4: the log as a person reads it. The verdict names its incident,
+        # one line tells how the response ended, the fence is one line in words (sent
+        # once: not again when rank 0 exits of it), and no WARNING needs no person.
+        logs = [d.log() for d in daemons]
+        said = [line for log in logs for line in log.splitlines() if " INFO " in line
+                or " WARNING " in line or " ERROR " in line]
+        assert not [line for line in said if "{'" in line or "FenceSent(" in line], said
+        assert not [line for line in said if " WARNING " in line], said
+        job_id = incidents[0][0]["job"]
+        assert len([line for line in said if f"fenced job {job_id} " in line]) == 1, said
+        for (incident,), how in zip(incidents, ("rank 0 ended", "rank 1 ended by SIGTERM"),
+                                    strict=True):
+            ends = [line for line in said if f"INFO incident {incident['id']}, job {job_id}: "
+                    in line and "read it: " in line]
+            assert len(ends) == 1 and how in ends[0], said
+            assert any(f"ERROR incident {incident['id']}, job {job_id}: " in line
+                       for line in said), said
+        print("\n".join(line for line in said if job_id in line))
 
         # Step 7: cluster status from the file's peers alone, on either host.
         done = command(bed.hosts[1], "--config", config, "cluster", "status", "--json",

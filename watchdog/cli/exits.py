@@ -1,4 +1,5 @@
-"""The exit codes of every command, in one table (docs/operations.md shows it).
+"""The exit codes of every command, in one table (`TABLE`; docs/operations.md shows it,
+and tests/unit/docs/test_exit_codes.py holds the docs' tables and sentences to it).
 
 A script can trust them: a usage or setup error never shares a code with a
 verdict, so `status --check` exiting 1 always means a rank is hung, never
@@ -14,7 +15,7 @@ that the directory was missing.
 4   `cluster status`: no node answered
 10-13  `launch` (10 a rank failed, 11 the watchdog or a fence ended the job,
     12 refused: node not fit, also `node wait-healthy`; 13 gave up)
-130 interrupted
+130 interrupted (`launch`: 143 when SIGTERM ended it)
 """
 
 from __future__ import annotations
@@ -26,7 +27,26 @@ VERDICT = 1
 USAGE = 2
 SETUP = 3
 NO_ANSWER = 4
+RANKS_FAILED = 10  # launch: a rank failed
+TORN_DOWN = 11  # launch: the watchdog or a fence ended the job
+REFUSED = 12  # launch, node wait-healthy: the node is not fit
+GAVE_UP = 13  # launch: no progress, attempt after attempt
 INTERRUPTED = 130
+TERMINATED = 143  # launch: SIGTERM to the launcher (128 + 15, as a shell says it)
+
+# Every code a command exits with, and who (docs/operations.md's table).
+TABLE: tuple[tuple[int, str], ...] = (
+    (OK, "done; nothing wrong found"),
+    (VERDICT, "a verdict: status --check, node status, cluster status, doctor"),
+    (USAGE, "usage: a bad flag, argument, config file or value"),
+    (SETUP, "setup: a directory, file, daemon or tool missing or unusable"),
+    (NO_ANSWER, "cluster status: no node answered"),
+    (RANKS_FAILED, "launch: a rank failed"),
+    (TORN_DOWN, "launch: the watchdog or a fence ended the job"),
+    (REFUSED, "launch, node wait-healthy: the node is not fit"),
+    (GAVE_UP, "launch: gave up (no progress)"),
+    (INTERRUPTED, "interrupted (Ctrl-C)"),
+)
 
 
 class SetupError(click.ClickException):

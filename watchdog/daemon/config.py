@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -26,6 +27,11 @@ else:  # pragma: no cover - Python 3.10
 DEFAULT_RECORD_DIR = host.defaults().record_dir
 DEFAULT_STATE_DIR = host.defaults().state_dir
 DEFAULT_PORT = 9753
+
+
+# The recipe's placeholder (docs/cluster.md), and anything like it, is no secret.
+PLACEHOLDER = "REPLACE"
+SECRET_HOWTO = "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 
 class ConfigError(Exception):
@@ -265,7 +271,11 @@ def coerce(key: str, value: Any) -> Any:
         if value is None or value == "":  # "" is how default_toml() (and TOML) spells unset
             return None
         if not isinstance(value, str) or len(value) < 16:
-            raise ConfigError("secret must be a string of at least 16 characters")
+            raise ConfigError(f"secret must be a string of at least 16 characters; "
+                              f"{SECRET_HOWTO}")
+        if value.strip().upper().startswith(PLACEHOLDER):
+            raise ConfigError(f"secret is still the recipe's placeholder (it starts "
+                              f"{PLACEHOLDER}); {SECRET_HOWTO}, the same on every node")
         return value
     if spec.kind == "peers":
         if isinstance(value, str):
@@ -344,6 +354,24 @@ def _did_you_mean(key: str) -> str:
     """"; did you mean deadline?" for a key close to a setting's name, else ""."""
     close = difflib.get_close_matches(key, sorted(KEYS), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
+
+
+def secret_exposed(path: str) -> str:
+    """What to do about a config file that holds the fence secret and that its group
+    or everyone may read ("" when it is not so, or cannot be read): whoever reads the
+    secret can end this cluster's jobs with a fence."""
+    try:
+        mode = os.stat(path).st_mode
+        values = load_file(path)
+    except (OSError, ConfigError):
+        return ""
+    if not values.get("secret") or not mode & 0o044:
+        return ""
+    who = " and ".join(name for name, bit in (("its group", 0o040), ("everyone", 0o004))
+                       if mode & bit)
+    return (f"config file {path} holds the fence secret and {who} may read it (mode "
+            f"{mode & 0o777:o}): whoever reads it can end this cluster's jobs; "
+            f"chmod 600 {path}")
 
 
 def load(path: str | None, overrides: dict[str, Any]) -> Settings:

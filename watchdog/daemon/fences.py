@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog.daemon.act import told
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
@@ -79,11 +80,16 @@ class Fences:
             named = self.table.job(uid, job)
             ranks = [r for r in named if request.ends(r.record.start_time)]
             if len(ranks) < len(named):
-                log.warning("fence from %s: %s ranks of job %s started after it was found "
-                            "dead (a relaunch): left alone", request.origin,
-                            len(named) - len(ranks), job)
-            log.warning("fence from %s: ending %s local ranks of job %s of uid %s (%s)",
-                        request.origin, len(ranks), job, uid, request.reason)
+                log.info("fence from %s: %s of job %s started after it was found dead (a "
+                         "relaunch): left alone", request.origin,
+                         told.ranks_words(r.record.rank for r in named if r not in ranks), job)
+            if ranks:
+                log.info("fence from %s: ending %s of job %s of uid %s (%s)", request.origin,
+                         told.ranks_words(r.record.rank for r in ranks), job, uid,
+                         request.reason)
+            else:
+                log.info("fence from %s: no rank of job %s of uid %s here to end (%s)",
+                         request.origin, job, uid, request.reason)
             if ranks:
                 self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request))
                 self.wake.set()  # the loop, maybe asleep for its interval, begins it
@@ -94,8 +100,16 @@ class Fences:
         local peers still alive after the grace."""
         rank = death.rank
         culprit = death_culprit(self.host, rank, death.how)
-        self.peers.fence(rank.record.uid, rank.record.job,
-                         f"rank {rank.record.rank} {death.how}", culprit)
+        fenced = self.peers.fenced_since(rank.record.uid, rank.record.job)
+        if fenced is not None and rank.record.start_time <= fenced:
+            # This node fenced its job already (a rank ending on the error the fence
+            # caused): the peers know; a second fence would say it twice. (A fence taken
+            # from a peer is answered by one of ours: our peers may not be its peers.)
+            log.debug("rank %s of job %s %s after its job was fenced: not fenced again",
+                      rank.record.rank, rank.record.job, death.how)
+        else:
+            self.peers.fence(rank.record.uid, rank.record.job,
+                             f"rank {rank.record.rank} {death.how}", culprit)
         self.orphans.setdefault((rank.record.uid, rank.record.job), Orphaned(
             now + PEER_DEATH_GRACE,
             f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "

@@ -23,6 +23,7 @@ import psutil
 
 from watchdog import __version__
 from watchdog.daemon import holds, roomkeeper
+from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import Enforcer, Outcome
 from watchdog.daemon.act.incidents import new_incident
 from watchdog.daemon.act.peers import Peers
@@ -276,10 +277,8 @@ class Daemon:
             targets=targets, local=local, fenced=fenced)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
-            log.error("job %s: %s; %s %s ranks %s; cause %s: %s", job, incident.reason,
-                      "ending" if self.settings.mode == "enforce" else "observing",
-                      len(targets), sorted(r.record.rank for r in targets),
-                      incident.cause, incident.summary)
+            log.error("%s", told.verdict_line(incident, self.settings.mode == "enforce",
+                                              (r.record.rank for r in targets)))
         now = self.clock.monotonic()
         acted = set() if fenced else {r.key for r in due}  # a fence is no verdict on a wait
         for rank in targets:
@@ -321,13 +320,15 @@ class Daemon:
 
     def step_responses(self) -> None:
         """Between scans: fences queued begun, the responses' steps that are due (a
-        grace, a SIGKILL). A response that finished is published at once: its ranks
-        ended are what `cluster status` and the peers' judgement read next, not the
-        wait they were in until the next scan."""
+        grace, a SIGKILL). A response that finished is followed by a scan at once (which
+        publishes): its ranks ended, and those that went on their own meanwhile (ending
+        on the error the fence caused, seen gone only once the response let them go),
+        are what `cluster status` and the peers' judgement read next, not the wait they
+        were in until the next scan."""
         with self.lock:
             self._begin_fences()
             if self._collect_finished():
-                self.publish()
+                self._scan()
 
     def _collect_finished(self) -> bool:
         """Every response's due steps; what each finished one did, applied to its ranks.
@@ -375,6 +376,10 @@ class Daemon:
             elif result == UNKNOWN:
                 # Its identity could not be checked, so it was left alone:
                 # judged afresh next scan rather than given up for this wait.
+                transition(rank, Edge.RETRIED, now)
+            elif not outcome.results and self.settings.mode == "enforce" \
+                    and outcome.incident.mode == "observe":
+                # Observed while a reload switched to enforce: its wait judged afresh.
                 transition(rank, Edge.RETRIED, now)
             else:  # observed, or not ended by us (gone, not ours, denied, its own exit)
                 transition(rank, Edge.RELEASED, now)
@@ -435,8 +440,20 @@ class Daemon:
 
     def apply_settings(self, settings: Settings) -> None:
         """A reload (SIGHUP): the new settings for every part that reads them, between
-        two scans (the scan's lock); a response under way goes on under the new ones."""
+        two scans (the scan's lock); a response under way goes on under the new ones.
+
+        A switch from observe to enforce rearms every wait only observed: the scan
+        that follows at once judges it afresh and ends it if it still hangs (a hang
+        already reported must not wait for a restart). A lowered deadline needs no
+        mark cleared: the wake below judges every wait by it at once."""
         with self.lock:
+            if settings.mode == "enforce" and self.settings.mode != "enforce":
+                now = self.clock.monotonic()
+                rearmed = [r for r in self.ranks.values() if r.acted_on is not None
+                           and transition(r, Edge.REARMED, now)]
+                if rearmed:
+                    log.info("mode enforce: %s judged again now (only observed so far)",
+                             _ranks_of_jobs(rearmed))
             self.settings = settings
             self.enforcer.settings = self.peers.settings = self.responses.settings = settings
             self.fences.settings = settings
@@ -500,3 +517,12 @@ class Daemon:
         self.sampling.shutdown(wait=False, cancel_futures=True)
         self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")
+
+
+def _ranks_of_jobs(ranks: list[Rank]) -> str:
+    """`job a ranks 0, 1; job b rank 2`: ranks named as a person reads them."""
+    jobs: dict[str, list[int]] = {}
+    for r in ranks:
+        jobs.setdefault(r.record.job, []).append(r.record.rank)
+    return "; ".join(f"job {job} rank{'s' if len(nums) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(nums)))}" for job, nums in sorted(jobs.items()))

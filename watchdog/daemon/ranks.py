@@ -25,7 +25,12 @@ final state (`killed`, `unkillable`, `exited`) stays there, but for the one way 
     released    escalating                (kept)             the response is done without ending
                                                              it (observed, gone, not ours, denied)
     retried     escalating                (kept), acted_on   the response failed, ran overdue or
-                                          cleared            could not identify it: judged afresh
+                                          cleared            could not identify it, or it only
+                                                             observed and the mode is now enforce:
+                                                             judged afresh
+    rearmed     live, not escalating      (kept), acted_on   a reload switched observe to enforce:
+                                          cleared            a wait only observed is judged afresh
+                                                             (due at once if still hung)
     exited      live, not escalating      exited             gone on its own
     killed      escalating                killed             the ladder ended it
     unkillable  escalating                unkillable         still there after SIGKILL
@@ -60,6 +65,7 @@ class Edge(enum.Enum):
     PEER_HELD = "peer_held"
     RELEASED = "released"
     RETRIED = "retried"
+    REARMED = "rearmed"
     KILLED = "killed"
     UNKILLABLE = "unkillable"
     WENT_LATE = "went_late"
@@ -121,6 +127,7 @@ ALLOWED: dict[Edge, Callable[[Rank], bool]] = {
     Edge.PEER_HELD: lambda rank: rank.escalating and rank.live,
     Edge.RELEASED: lambda rank: rank.escalating and rank.live,
     Edge.RETRIED: lambda rank: rank.escalating and rank.live,
+    Edge.REARMED: _live_idle,
     Edge.EXITED: _live_idle,
     Edge.KILLED: lambda rank: rank.escalating and rank.live,
     Edge.UNKILLABLE: lambda rank: rank.escalating and rank.live,
@@ -164,6 +171,8 @@ def transition(rank: Rank, edge: Edge, now: float, reason: str = "",
         rank.escalating = False
     elif edge is Edge.RETRIED:
         rank.escalating, rank.acted_on = False, None
+    elif edge is Edge.REARMED:
+        rank.acted_on = None
     elif edge in (Edge.EXITED, Edge.KILLED, Edge.WENT_LATE):
         rank.state = State.EXITED if edge is Edge.EXITED else State.KILLED
         rank.gone_at, rank.reason = now, reason

@@ -9,7 +9,14 @@ import signal
 import threading
 from typing import Any
 
-from watchdog.daemon.config import LAUNCH_KEYS, ConfigError, Settings, SetupRefused, load
+from watchdog.daemon.config import (
+    LAUNCH_KEYS,
+    ConfigError,
+    Settings,
+    SetupRefused,
+    load,
+    secret_exposed,
+)
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
@@ -90,6 +97,9 @@ def describe(settings: Settings, config_path: str | None,
     (`WatchdogSec`, `systemd_watchdog` seconds) would take for a hung daemon."""
     lines = [(logging.INFO, f"settings from {config_path}" if config_path
               else "no config file: defaults and flags")]
+    exposed = secret_exposed(config_path) if config_path else ""
+    if exposed:
+        lines.append((logging.WARNING, exposed))
     if settings.peers:
         lines.append((logging.INFO, f"peers {', '.join(settings.peers)} (timeout "
                                     f"{settings.peer_timeout:g}s); fences "
@@ -180,6 +190,9 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
         log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
         if kept:
             log.warning("SIGHUP: needs a restart, kept as running: %s", "; ".join(kept))
+        exposed = secret_exposed(config_path)
+        if exposed:
+            log.warning("%s", exposed)
 
     def stop(signum: int, _frame: Any) -> None:
         daemon.stop()

@@ -61,7 +61,8 @@ def test_daemon_killed_mid_escalation_and_restarted_converges(tmp_path, record_d
             first.start()
             wait_for(lambda: "ignoring SIGTERM" in job.log(0) and "ignoring SIGTERM" in job.log(1),
                      60, what="both ranks ignoring SIGTERM")
-            marker = r"ending 2 ranks" if kill_at == "evidence" else r"SIGTERM to pid \d+.*sent"
+            marker = r"; ending ranks 0, 1;" if kill_at == "evidence" else \
+                r"SIGTERM to pid \d+.*sent"
             pattern = re.compile(marker)
             wait_for(lambda: len(pattern.findall(first.log())) >= (1 if kill_at == "evidence"
                                                                    else 2),

@@ -130,6 +130,45 @@ def test_observe_mode_reports_but_kills_nothing(tmp_path, record_dir, state_dir)
         assert len(daemon.incidents()) == 1, "one incident per hung wait, not one per scan"
 
 
+def test_a_reload_to_enforce_ends_a_hang_already_observed(tmp_path, record_dir, state_dir):
+    """Issue 38, item 1: the rollout's step (observe, then enforce by SIGHUP) ends the
+    hang the node already reported, at once, not at the next restart."""
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('[watchdog]\nmode = "observe"\n')
+    with DaemonProc(record_dir, state_dir, "--config", str(cfg), deadline=1.5) as daemon, \
+            RingJob(tmp_path, record_dir, 2, "loop") as job:
+        job.wait_running()
+        job.signal(1, signal.SIGSTOP)
+        inc = wait_for(daemon.incidents, 30, what="an observed incident")[-1]
+        assert inc["mode"] == "observe" and inc["signals"] == []
+        time.sleep(1)  # four more scans: the wait stays observed, nothing ended
+        assert all(p.poll() is None for p in job.procs)
+        cfg.write_text('[watchdog]\nmode = "enforce"\n')
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloaded = time.monotonic()
+        # evidence (2 s box) + grace (1 s), with room for a busy machine
+        wait_for(lambda: all_exited(job), 15, what="the observed hang ended after the reload")
+        took = time.monotonic() - reloaded
+        assert [p.returncode for p in job.procs] == [-signal.SIGTERM] * 2
+        ended = wait_for(lambda: [i for i in daemon.incidents() if i["mode"] == "enforce"],
+                         10, what="the enforce incident")
+        assert torn_down(ended[-1]["outcome"]), ended[-1]["outcome"]
+        assert "mode observe -> enforce" in daemon.log()
+        assert "judged again now (only observed so far)" in daemon.log()
+        # Issue 38, item 4: each response's end is one line a person reads.
+        def told_lines() -> list[str]:
+            return [line.split(" INFO ", 1)[1] for line in daemon.log().splitlines()
+                    if " INFO incident " in line and "read it: mlx-watchdog incidents" in line]
+
+        told = wait_for(lambda: len(told_lines()) >= 2 and told_lines(), 5, what="two ends")
+        assert [line.split(":")[0] for line in told] == [
+            f"incident {inc['id']}, job {inc['job']}",
+            f"incident {ended[-1]['id']}, job {inc['job']}"], told
+        assert "observed in " in told[0] and "nothing signalled (mode observe)" in told[0]
+        assert "ranks 0, 1 ended by SIGTERM in " in told[1] and "wired memory" in told[1]
+        print(f"ended {took:.1f}s after the reload")
+
+
 def _fake_record(record_dir, proc: subprocess.Popen, *, owner: int | None = None,
                  start_time: float | None = None, name: str | None = None) -> str:
     """A record for a plain sleeping process, claiming a wait that began long ago."""

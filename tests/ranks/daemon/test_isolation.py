@@ -60,7 +60,7 @@ def test_a_crash_record_of_another_uid_fences_no_victim_on_a_peer(tmp_path):
             wait_for(lambda: attacker.pid in daemons[0].ranks(), 10,
                      what="the attacker seen alive")
             attacker.kill()  # dies with its record open: a crash
-            wait_for(lambda: "fence of job jvictim to" in daemons[0].log(), 20,
+            wait_for(lambda: f"fenced job jvictim of uid {OTHER_UID}" in daemons[0].log(), 20,
                      what="node 0 fencing the attacker's job")
             wait_for(lambda: "fence from" in daemons[1].log(), 10, what="node 1 answering")
             assert f"of uid {OTHER_UID}" in daemons[1].log()

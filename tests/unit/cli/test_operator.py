@@ -274,6 +274,9 @@ def test_sighup_reloads_mode_deadlines_peers_and_secret_and_logs_what_changed(tm
                        "peers none -> 127.0.0.2:9753", "secret unset -> set"):
             assert change in reloaded, reloaded
         assert "SIGHUP: needs a restart, kept as running: listen 127.0.0.1:0 -> " in log, log
+        # Issue 38, item 3: the file now holds the secret at mode 644.
+        daemon.wait_log(f"WARNING config file {cfg} holds the fence secret and its group "
+                        "and everyone may read it (mode 644)")
         wait_for(lambda: json.loads((state / journal.STATUS).read_text()).get("mode")
                  == "enforce", 30, what="the snapshot in enforce mode")
         # A file broken meanwhile: one line, and the running settings are kept.

@@ -257,6 +257,47 @@ def test_incidents_lists_restarts_refusals_and_give_ups(state_dir, tmp_path, mon
                                                              "refused"]
 
 
+def test_incidents_last_counts_incidents_not_the_launchers_lines(state_dir, tmp_path,
+                                                                  monkeypatch):
+    """Issue 38, item 2: a `launch --restart` run with two incidents writes more launch
+    lines than incidents; `--last N` counts incidents, and what launch did after the
+    first of them is kept."""
+    from click.testing import CliRunner
+
+    from watchdog.cli.commands import cli
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    for number, when in ((1, 100.0), (2, 200.0)):
+        journal.append_incident(str(state_dir), {"id": f"i{number}", "time": when,
+                                                 "job": "j", "attempt": number,
+                                                 "verdict": "stalled", "ranks": []})
+    for when, event, number in ((90.0, "launch", 1), (101.0, "ended", 1),
+                                (102.0, "restart", 2), (103.0, "launch", 2),
+                                (201.0, "ended", 2), (202.0, "gave_up", 2)):
+        launchlog.append(str(state_dir), LaunchEvent(time=when, event=event, job="j",
+                                                     attempt=number, reason=f"{event} why"))
+
+    def incidents(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["incidents", "--state-dir", str(state_dir), *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def heads(out: str) -> list[str]:
+        return [line for line in out.splitlines() if not line.startswith("    ")]
+
+    one = heads(incidents("--last", "1"))
+    assert "i2  job j attempt 2  stalled" in one[0], one
+    assert "gave up after attempt 2" in one[1] and len(one) == 2, one
+    two = heads(incidents("--last", "2"))
+    assert ["i1" in two[0], "relaunched as attempt 2" in two[1], "i2" in two[2]] == [True] * 3
+    assert len(heads(incidents("--last", "5"))) == len(heads(incidents())) == 4
+    last = json.loads(incidents("--json", "--last", "1"))
+    assert last[0]["id"] == "i2" and "kind" not in last[0]
+    assert [i.get("event") for i in last[1:]] == ["ended", "gave_up"]
+    assert [i.get("id") for i in json.loads(incidents("--json", "--last", "2"))
+            if "kind" not in i] == ["i1", "i2"]
+
+
 def test_health_against_the_first_attempts_wired_memory(state_dir, monkeypatch):
     """The daemon's baseline follows wired memory while no rank is live; the launcher's
     reading from before attempt 1 does not, unless other jobs' ranks hold memory now."""

@@ -250,3 +250,93 @@ def test_a_wait_the_rank_ends_under_its_response_is_not_learned(stubborn) -> Non
     assert rank.escalating and rank.record.waits_completed == 5
     learned = daemon.detector.learned[f"{os.getuid()}:j"]["eval"]
     assert learned.count == 5 and learned.longest < 6.0, learned
+
+
+# -- issue 38, item 1: observe -> enforce by a reload ends a hang already observed -------
+
+
+def spinning(daemon: Daemon, clock: FakeClock, probe: FakeProbe):
+    """A tick: a second of the fake clock, the rank's thread spinning, a scan."""
+    spun = [100.0]
+
+    def tick() -> None:
+        clock.advance(1.0)
+        spun[0] += 1.0
+        probe.set_sample(process_sample(PID, START, os.getuid(), "running",
+                                        ((PID, 0.01), (PID + 1, spun[0]))))
+        daemon.scan()
+        settle(daemon)
+
+    return tick
+
+
+def test_a_reload_to_enforce_ends_a_hang_already_observed(tmp_path: Path) -> None:
+    daemon, signaller, clock, probe, writer = node(tmp_path, DIES_ON_TERM, grace=0.2,
+                                                   kill_timeout=0.2, mode="observe")
+    try:
+        tick = spinning(daemon, clock, probe)
+        for _ in range(8):  # the observed incident, closed at once
+            tick()
+        (observed,) = journal.read_incidents(daemon.settings.state_dir)[0]
+        assert observed.mode == "observe" and signaller.sent == []
+        rank = daemon.ranks[(PID, START)]
+        assert rank.acted_on is not None and not rank.escalating  # one incident per wait
+        daemon.apply_settings(dataclasses.replace(daemon.settings, mode="enforce"))
+        assert rank.acted_on is None, "the wait only observed is still marked acted on"
+        for _ in range(6):
+            tick()
+            daemon.step_responses()
+            if PID not in signaller.alive_pids:
+                break
+        assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+        assert PID not in signaller.alive_pids, "the hang observed was not ended"
+    finally:
+        writer.close(0, remove=False)
+        daemon.executor.shutdown(wait=True)
+
+
+def test_an_observed_response_under_way_at_the_reload_is_judged_again(tmp_path: Path) -> None:
+    """The peers asked (observe mode) when the reload comes: its observed outcome does
+    not keep the wait marked; the next scan ends it."""
+    daemon, signaller, clock, probe, writer = node(tmp_path, DIES_ON_TERM, grace=0.2,
+                                                   kill_timeout=0.2, mode="observe")
+    try:
+        tick = spinning(daemon, clock, probe)
+        for _ in range(8):
+            tick()
+            if daemon.pending:
+                break
+        rank = daemon.ranks[(PID, START)]
+        (observing,) = daemon.pending
+        assert rank.escalating and observing.incident.mode == "observe"
+        # The reload lands while the observed response is still to be collected.
+        daemon.apply_settings(dataclasses.replace(daemon.settings, mode="enforce"))
+        # Its observed outcome collected under enforce: the wait is judged again at once
+        # (the scan that follows a finished response), and a response to end it begins.
+        daemon.step_responses()
+        (ending,) = daemon.pending
+        assert ending is not observing and ending.incident.mode == "enforce"
+        assert rank.escalating
+    finally:
+        writer.close(0, remove=False)
+        daemon.executor.shutdown(wait=True)
+
+
+def test_a_reload_that_lowers_the_deadline_ends_a_wait_past_it_at_once(tmp_path: Path) -> None:
+    daemon, signaller, clock, probe, writer = node(tmp_path, DIES_ON_TERM, grace=0.2,
+                                                   kill_timeout=0.2)
+    try:
+        daemon.apply_settings(dataclasses.replace(daemon.settings, deadline=60.0))
+        tick = spinning(daemon, clock, probe)
+        for _ in range(10):  # ten seconds in its wait: inside the 60 s deadline
+            tick()
+        assert not daemon.pending and signaller.sent == []
+        daemon.apply_settings(dataclasses.replace(daemon.settings, deadline=5.0))
+        assert daemon.wake.is_set(), "the loop does not scan at once after a reload"
+        for _ in range(3):  # the scans the verdict's confirmation takes
+            tick()
+            daemon.step_responses()
+        assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+    finally:
+        writer.close(0, remove=False)
+        daemon.executor.shutdown(wait=True)

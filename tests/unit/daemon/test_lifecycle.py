@@ -40,6 +40,7 @@ TAKEN = [
     (Edge.PEER_HELD, State.STALLED, True, State.SUSPECT, False, False),
     (Edge.RELEASED, State.BLOCKED, True, State.BLOCKED, False, False),
     (Edge.RETRIED, State.BLOCKED, True, State.BLOCKED, False, False),
+    (Edge.REARMED, State.STALLED, False, State.STALLED, False, False),
     (Edge.EXITED, State.RUNNING, False, State.EXITED, True, False),
     (Edge.EXITED, State.STOPPED, False, State.EXITED, True, False),
     (Edge.KILLED, State.STALLED, True, State.KILLED, True, False),
@@ -54,7 +55,7 @@ def test_each_edge_where_it_may_be_taken(edge, before, escalating, after, gone, 
     r = rank(before, escalating)
     assert transition(r, edge, 100.0, "why", verdict=STALLED)
     assert r.state == after and (r.gone_at == 100.0) == gone and r.escalating == still
-    kept = edge in (Edge.ESCALATED, Edge.RELEASED, Edge.RETRIED)  # the state stays
+    kept = edge in (Edge.ESCALATED, Edge.RELEASED, Edge.RETRIED, Edge.REARMED)  # state stays
     judged = edge in (Edge.JUDGED, Edge.REJUDGED)
     assert r.reason == (STALLED.reason if judged else "" if kept else "why")
     if judged:
@@ -80,7 +81,8 @@ def test_every_edge_is_refused_where_the_table_says_so(edge, before, escalating)
     if edge in (Edge.KILLED, Edge.UNKILLABLE, Edge.PEER_HELD, Edge.RELEASED, Edge.RETRIED,
                 Edge.REJUDGED):
         assert allowed == (escalating and before in LIVE)
-    if edge in (Edge.JUDGED, Edge.ABANDONED, Edge.HELD, Edge.EXITED, Edge.ESCALATED):
+    if edge in (Edge.JUDGED, Edge.ABANDONED, Edge.HELD, Edge.EXITED, Edge.ESCALATED,
+                Edge.REARMED):
         assert allowed == (not escalating and before in LIVE)
 
 
@@ -105,6 +107,17 @@ def test_a_retried_rank_is_judged_afresh_and_a_peer_hold_lasts_until_its_time():
     assert (r.state, r.reason, r.held_until, r.held_reason) == (
         State.SUSPECT, "held: rank 1 computes", 9.0, "held: rank 1 computes")
     assert not r.escalating and r.acted_on is None
+
+
+def test_a_rearmed_rank_forgets_the_wait_only_observed_and_keeps_the_rest():
+    r = rank(State.STALLED)
+    transition(r, Edge.ESCALATED, 1.0, wait=(7, 3))
+    assert transition(r, Edge.RELEASED, 2.0) and r.acted_on == (7, 3)  # observed
+    assert transition(r, Edge.REARMED, 3.0)
+    assert r.acted_on is None and r.state == State.STALLED and not r.escalating
+    transition(r, Edge.ESCALATED, 4.0, wait=(7, 3))
+    assert not transition(r, Edge.REARMED, 5.0)  # a response has it: its own to end
+    assert r.acted_on == (7, 3)
 
 
 LIFECYCLE = {"state", "escalating", "gone_at", "acted_on", "held_until", "held_reason",

@@ -37,7 +37,8 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
 
     Exit status: 0 every rank exited 0; 10 a rank failed or crashed; 11 the
     watchdog or a fence ended the job; 12 refused (node flagged for reboot, or
-    wired memory not back); 13 gave up (no progress); 130 interrupted.
+    wired memory not back); 13 gave up (no progress); 130 interrupted (143 by
+    SIGTERM); 2 a bad option; 3 mlx-watchdog itself could not launch (no mlx.launch).
     """
     import dataclasses
 

@@ -27,14 +27,15 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from watchdog.cli import exits
 from watchdog.daemon.signaller import KILLED, UNKILLABLE
 from watchdog.status import Incident
 
-EXIT_OK = 0
-EXIT_RANKS_FAILED = 10
-EXIT_TORN_DOWN = 11
-EXIT_REFUSED = 12
-EXIT_GAVE_UP = 13
+EXIT_OK = exits.OK
+EXIT_RANKS_FAILED = exits.RANKS_FAILED
+EXIT_TORN_DOWN = exits.TORN_DOWN
+EXIT_REFUSED = exits.REFUSED
+EXIT_GAVE_UP = exits.GAVE_UP
 MAX_BACKOFF = 60.0
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

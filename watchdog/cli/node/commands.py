@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +29,9 @@ def _existing_state_dir(state_dir: str) -> None:
 @click.command()
 @state_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON list of the incidents.")
-@click.option("--last", type=click.IntRange(min=1), help="Only the last N incidents.")
+@click.option("--last", type=click.IntRange(min=1),
+              help="Only the last N incidents (and what `launch` did from the first of "
+                   "them on).")
 def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
     """The incident journal: what the watchdog found and did, and what `launch` did
     about it (restarts, refusals, give-ups)."""
@@ -39,13 +42,14 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
                        key=lambda item: float(item.get("time") or 0)
                        if isinstance(item.get("time"), (int, float)) else 0.0)
         _warn(bad)
-        click.echo(json.dumps(items[-last:] if last else items, indent=1))
+        click.echo(json.dumps(_last(items, last, lambda item: item.get("kind") != "launch"),
+                              indent=1))
         return
     found, bad = journal.read_incidents(state_dir)
     shown: list[Incident | LaunchEvent] = sorted(
         [*found, *_launch_events(state_dir)], key=_when)
     _warn(bad)
-    shown = [i for i in (shown[-last:] if last else shown)
+    shown = [i for i in _last(shown, last, lambda item: isinstance(item, Incident))
              if isinstance(i, Incident) or i.event in SHOWN_EVENTS]
     if not shown:
         click.echo("no incidents")
@@ -55,6 +59,15 @@ def incidents(state_dir: str, as_json: bool, last: int | None) -> None:
             _echo_incident(item, state_dir)
         else:
             _echo_launch_event(item)
+
+
+def _last(items: list[Any], last: int | None, is_incident: Callable[[Any], bool]) -> list[Any]:
+    """`--last N` of a list in time order: from the N-th incident from the end on (the
+    launcher's events among them and after them kept; none counted)."""
+    if not last:
+        return items
+    at = [i for i, item in enumerate(items) if is_incident(item)]
+    return items[at[-last]:] if len(at) >= last else items[at[0]:] if at else []
 
 
 def _when(item: Incident | LaunchEvent) -> float:
@@ -238,14 +251,33 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
 @click.command()
 @dir_option
 @state_option
-@click.option("--listen", default=Settings().listen, show_default=True,
-              help="Where the daemon serves /healthz (its listen setting).")
-def doctor(record_dir: str, state_dir: str, listen: str) -> None:
-    """Check this node's setup and say what to fix."""
-    from watchdog.cli.node.doctor import run_checks
+@click.option("--listen", default=None,
+              help="Where the daemon serves /healthz and /status "
+                   f"[default: the config's listen, else {Settings().listen}].")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: each check's name, level and message, and whether any "
+                   "failed (for checking a fleet).")
+@click.pass_obj
+def doctor(node_: Any, record_dir: str, state_dir: str, listen: str | None,
+           as_json: bool) -> None:
+    """Check this node's setup and say what to fix.
 
-    worst = 0
-    for level, message in run_checks(record_dir, state_dir, listen):
-        worst = max(worst, {"ok": 0, "warn": 1, "fail": 2}[level])
-        click.echo(f"[{level.upper():4}] {message}")
-    sys.exit(1 if worst == 2 else 0)
+    Its directories, the daemon on the port (and the directories it watches), this
+    environment, the config file (the fence secret and who may read it) and each peer
+    (resolves, answers, its clock). Exits 1 when a check failed."""
+    from watchdog.cli.exits import OK, VERDICT
+    from watchdog.cli.node.doctor import named_checks
+
+    settings = node_.settings if node_ is not None else Settings()
+    path = node_.config_path if node_ is not None and (
+        node_.explicit or os.access(node_.config_path, os.R_OK)) else None
+    lines = named_checks(record_dir, state_dir, listen or settings.listen, path, settings)
+    failed = any(level == "fail" for _, level, _ in lines)
+    if as_json:
+        click.echo(json.dumps({"host": os.uname().nodename, "ok": not failed, "checks": [
+            {"check": name, "level": level, "message": message}
+            for name, level, message in lines]}, indent=1))
+    else:
+        for _, level, message in lines:
+            click.echo(f"[{level.upper():4}] {message}")
+    sys.exit(VERDICT if failed else OK)

@@ -26,7 +26,8 @@ from watchdog.cli.node.doctor_env import (
     check_instrumentation,
     check_pth,
 )
-from watchdog.daemon.config import ConfigError, parse_listen
+from watchdog.cli.node.doctor_fleet import check_config, check_peers, check_watches
+from watchdog.daemon.config import ConfigError, Settings, parse_listen
 from watchdog.daemon.store import journal
 from watchdog.daemon.store.dirs import UnsafeDirectory, check_record_dir, check_state_dir
 from watchdog.status import ABSENT
@@ -235,12 +236,24 @@ def check_reboot_flag(state_dir: str) -> list[Line]:
                    f"--state-dir {state_dir}")]
 
 
-def run_checks(record_dir: str, state_dir: str, listen: str) -> list[Line]:
+def run_checks(record_dir: str, state_dir: str, listen: str,
+               config_path: str | None = None, settings: Settings | None = None) -> list[Line]:
+    return [(level, message) for _, level, message in
+            named_checks(record_dir, state_dir, listen, config_path, settings)]
+
+
+def named_checks(record_dir: str, state_dir: str, listen: str,
+                 config_path: str | None = None,
+                 settings: Settings | None = None) -> list[tuple[str, str, str]]:
+    """Every check's lines, each with the check's name: (check, level, message).
+    `settings` are the node's (its config file `config_path`): the secret, the file's
+    mode and the peers are checked only with them."""
     checks: list[tuple[str, Callable[[], list[Line]]]] = [
         ("version", check_about),
         ("record directory", lambda: check_record(record_dir)),
         ("state directory", lambda: check_state(state_dir)),
         ("daemon", lambda: check_daemon(listen, state_dir)),
+        ("daemon's directories", lambda: check_watches(listen, record_dir, state_dir)),
         ("instrumentation", check_instrumentation),
         ("foreign watchdog", check_foreign_watchdog),
         ("zero-code hook", check_pth),
@@ -250,10 +263,13 @@ def run_checks(record_dir: str, state_dir: str, listen: str) -> list[Line]:
         ("service", check_service),
         ("reboot flag", lambda: check_reboot_flag(state_dir)),
     ]
-    lines: list[Line] = []
+    if settings is not None:
+        checks += [("config", lambda: check_config(config_path, settings)),
+                   ("peers", lambda: check_peers(settings))]
+    lines: list[tuple[str, str, str]] = []
     for name, check in checks:
         try:
-            lines.extend(check())
+            lines.extend((name, level, message) for level, message in check())
         except Exception as err:  # noqa: BLE001 - one broken check must not hide the rest
-            lines.append((FAIL, f"the {name} check itself failed: {err!r}"))
+            lines.append((name, FAIL, f"the {name} check itself failed: {err!r}"))
     return lines

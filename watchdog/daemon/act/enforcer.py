@@ -488,7 +488,6 @@ class Enforcer:
             flag = RebootReason(reason=reason, time=self.wall(), incident=incident.id,
                                 wired_baseline=ladder.baseline,
                                 wired_after=_wired_after(incident))
-            log.error("node flagged for reboot: %s", reason)
             incident = replace(incident, reboot_required=reason)
         ladder.incident = incident
         self._close(ladder, flag)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from watchdog.daemon.act import told
 from watchdog.daemon.config import Settings
 from watchdog.daemon.judge import cluster as judge
 from watchdog.net import cluster, fence
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 PREFETCH_EVERY = 2.0  # seconds between background asks while a rank of ours waits long
 FRESH = 3.0  # seconds a background answer stands in for asking at a verdict
+FENCED_KEPT = 600.0  # seconds a job fenced is remembered (its ranks' deaths not fenced again)
 
 
 class Peers:
@@ -46,6 +48,7 @@ class Peers:
         self._lock = threading.Lock()
         self._asked: tuple[float, list[NodeAnswer]] | None = None  # (when, answers)
         self._asking: Future[None] | None = None  # a background ask under way
+        self._fenced: dict[tuple[int, str], float] = {}  # (uid, job) -> fenced since
 
     def prefetch(self) -> None:
         """Ask every peer in the background, unless an answer is recent or on its way."""
@@ -104,17 +107,37 @@ class Peers:
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
             return
-        log.info("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
+        log.debug("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
         # Found dead now, whenever a busy pool sends it: a relaunch of the job that
         # starts on a peer before the fence reaches it is not the dead job.
         since = time.time()
+        self.note_fenced(uid, job, since)
 
         def sent(future: Future[list[FenceSent]]) -> None:
-            for answer in future.result():
-                log.info("fence of job %s to %s: %s", job, answer.peer, answer)
+            try:
+                answers = future.result()
+            except Exception as err:  # noqa: BLE001 - a callback's error is lost otherwise
+                log.error("fencing job %s of uid %s failed: %s", job, uid, err)
+                return
+            level, line = told.fence_line(job, uid, reason, answers)
+            log.log(level, "%s", line)
 
         self.fencing.submit(fence.send, peers, secret, job, self.host, reason, culprit,
                              self.settings.peer_timeout, uid, since).add_done_callback(sent)
+
+    def note_fenced(self, uid: int, job: str, since: float) -> None:
+        """A fence of this job sent (its ranks started before `since`, wall time): a
+        rank of it that dies after is no news to the peers."""
+        with self._lock:
+            for key, when in list(self._fenced.items()):
+                if since - when > FENCED_KEPT:
+                    del self._fenced[key]
+            self._fenced[(uid, job)] = max(since, self._fenced.get((uid, job), since))
+
+    def fenced_since(self, uid: int, job: str) -> float | None:
+        """When this node last fenced this job (wall time), or None."""
+        with self._lock:
+            return self._fenced.get((uid, job))
 
     def verify(self, headers: Any, body: bytes) -> Fence:
         """An incoming fence, authenticated; raises fence.FenceRejected."""

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
@@ -143,11 +144,8 @@ class Responses:
         if held:
             return Outcome(response.incident, held=held)
         response.incident = with_view(response.incident, view)
-        log.error("job %s: %s; %s %s ranks %s; cause %s: %s", response.job,
-                  response.incident.reason,
-                  "ending" if self.settings.mode == "enforce" else "observing",
-                  len(response.targets), sorted(t.rank for t in response.targets),
-                  response.incident.cause, response.incident.summary)
+        log.error("%s", told.verdict_line(response.incident, self.settings.mode == "enforce",
+                                          (t.rank for t in response.targets)))
         self._begin(response, view, asked=True)
         return None
 
@@ -177,6 +175,9 @@ class Responses:
             if outcome is not None or failed:
                 self.pending.remove(response)
                 ended.append((response.keys, outcome))
+                if outcome is not None and not outcome.held:
+                    level, line = told.end_line(outcome.incident)
+                    log.log(level, "%s", line)  # one line: how it ended
         return ended
 
     def _close(self, response: Response, why: str) -> Outcome | None:
