@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog.daemon.act.enforcer import EVIDENCE_SLACK
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
@@ -88,6 +89,15 @@ class Fences:
                 self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request))
                 self.wake.set()  # the loop, maybe asleep for its interval, begins it
         return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)))
+
+    def term_in(self, fenced: Fence) -> float:
+        """Seconds a fenced job's ranks are held frozen before their SIGTERM: until the
+        moment the origin ends its own (the fence's `term_in`), at most this daemon's
+        evidence time box; at once for an older sender's fence, or a local death's."""
+        held = fenced.term_in
+        if fenced.local or not isinstance(held, (int, float)) or not held > 0:
+            return 0.0  # NaN too
+        return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK)
 
     def died(self, death: Death, now: float) -> None:
         """A rank of a multi-rank job died: fence its job on the peers now, and end its

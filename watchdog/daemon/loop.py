@@ -222,7 +222,8 @@ class Daemon:
         may_hold = fenced is None and holds.may_hold(due, self.detector.rules)
         self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
-                             ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None)
+                             ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None,
+                             term_in=None if fenced is None else self.fences.term_in(fenced))
 
     def fence_request(self, headers: object, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticated and queued; the

@@ -99,22 +99,28 @@ class Peers:
                 return judge.peer_view(view, [n.peer for n in nodes if not n.ok])
         return None
 
-    def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None) -> None:
-        """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret)."""
+    def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None,
+              term_in: float | None = None) -> Future[list[FenceSent]] | None:
+        """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret):
+        frozen at once, SIGTERMed `term_in` seconds from now (None: at once). The
+        fences' answers to come, or None when none is sent."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
-            return
+            return None
         log.info("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
         # Found dead now, whenever a busy pool sends it: a relaunch of the job that
         # starts on a peer before the fence reaches it is not the dead job.
         since = time.time()
+        term_at = None if term_in is None else since + term_in
 
         def sent(future: Future[list[FenceSent]]) -> None:
             for answer in future.result():
                 log.info("fence of job %s to %s: %s", job, answer.peer, answer)
 
-        self.fencing.submit(fence.send, peers, secret, job, self.host, reason, culprit,
-                             self.settings.peer_timeout, uid, since).add_done_callback(sent)
+        future = self.fencing.submit(fence.send, peers, secret, job, self.host, reason,
+                                     culprit, self.settings.peer_timeout, uid, since, term_at)
+        future.add_done_callback(sent)
+        return future
 
     def verify(self, headers: Any, body: bytes) -> Fence:
         """An incoming fence, authenticated; raises fence.FenceRejected."""
