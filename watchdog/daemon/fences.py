@@ -62,6 +62,9 @@ class Fences:
         # (uid, job) -> its orphans, for jobs one of whose ranks died.
         self.orphans: dict[tuple[int, str], Orphaned] = {}
         self._queue: list[RanksToEnd] = []  # incoming fences, for the loop's thread
+        # (uid, job, term_in): fences for jobs whose ranks a response holds frozen
+        # already: their SIGTERM brought forward (the origin's evidence was done early).
+        self._hurry: list[tuple[int, str, float]] = []
 
     def request(self, headers: Any, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticate, pick our ranks of
@@ -87,7 +90,9 @@ class Fences:
                         request.origin, len(ranks), job, uid, request.reason)
             if ranks:
                 self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request))
-                self.wake.set()  # the loop, maybe asleep for its interval, begins it
+            else:  # held frozen by an earlier fence of the job, maybe: its SIGTERM now
+                self._hurry.append((uid, job, self.term_in(request)))
+            self.wake.set()  # the loop, maybe asleep for its interval, begins it
         return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)))
 
     def term_in(self, fenced: Fence) -> float:
@@ -110,6 +115,12 @@ class Fences:
             now + PEER_DEATH_GRACE,
             f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
             "cannot finish without it", culprit, death.peers))
+
+    def hurried(self) -> list[tuple[int, str, float]]:
+        """Fences for jobs already under a response (the loop's thread): (uid, job,
+        seconds from now their SIGTERM is due at the latest)."""
+        hurried, self._hurry = self._hurry, []
+        return hurried
 
     def queued(self) -> list[tuple[RanksToEnd, list[Rank]]]:
         """The peers' fences queued, to begin now (the loop's thread, under the table's

@@ -169,6 +169,8 @@ class Daemon:
         """The peers' fences queued by the HTTP thread: their responses begun here."""
         for ending, ranks in self.fences.queued():
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
+        for uid, job, term_in in self.fences.hurried():
+            self.responses.hurry(uid, job, term_in)
 
     def _sample_wired(self) -> None:
         try:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome
+from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome, Step
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
@@ -55,6 +55,8 @@ class Response:
     verdict_at: float = 0.0  # the enforcer's clock at the verdict (the time boxes)
     term_at: float | None = None  # the enforcer's clock: no SIGTERM before (a fence's)
     fencing: Future[list[FenceSent]] | None = None  # the peers' answers to our fence
+    fenced: bool = False  # the peers were told to hold theirs frozen until `term_at`
+    hurried: bool = False  # ... and told again to end them now (our evidence was done)
 
     @property
     def working(self) -> bool:
@@ -134,6 +136,16 @@ class Responses:
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
                 fence_culprit(incident, view),
                 term_in=max(0.0, term_at - self.enforcer.clock()))
+            response.fenced = response.fencing is not None
+
+    def hurry(self, uid: int, job: str, term_in: float) -> None:
+        """A fence for a job a response holds frozen already (the origin's evidence was
+        done before the moment it had announced): its SIGTERM no later than `term_in`
+        seconds from now."""
+        due = self.enforcer.clock() + term_in
+        for response in self.pending:
+            if (response.uid, response.job) == (uid, job) and response.ladder is not None:
+                response.ladder.term_at = min(response.ladder.term_at, due)
 
     def ask_bound(self) -> float:
         """Seconds the peers' answer is waited for (Peers.view: a background ask
@@ -217,7 +229,18 @@ class Responses:
         if response.fencing is not None and response.fencing.done():
             self._fenced(response.ladder, response.fencing)
             response.fencing = None
-        return self.enforcer.step(response.ladder)
+        ladder = response.ladder
+        if response.fenced and not response.hurried and ladder.step is Step.HOLD \
+                and self.enforcer.clock() < ladder.term_at:
+            # Our evidence is in before the moment the peers were told: tell them again,
+            # to end theirs now, and end ours with them (their SIGTERMs a fence's trip
+            # after ours).
+            response.hurried = True
+            self.peers.fence(response.uid, response.job,
+                             f"{ladder.incident.verdict}: {ladder.incident.reason}",
+                             ladder.incident.culprit, term_in=0.0)
+            ladder.term_at = self.enforcer.clock()
+        return self.enforcer.step(ladder)
 
     def _fenced(self, ladder: Ladder, fencing: Future[list[FenceSent]]) -> None:
         """The peers' answers to our fence: one that did not take it (unreachable, a
