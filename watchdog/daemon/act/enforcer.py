@@ -256,7 +256,8 @@ class Enforcer:
                     notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: in "
                                  "uninterruptible sleep (it stops once it leaves it)")
         said = "; ".join(notes) if notes else (
-            f"{len(ladder.frozen)} ranks frozen" if ladder.frozen else "nothing frozen")
+            f"{len(ladder.frozen)} rank{'' if len(ladder.frozen) == 1 else 's'} frozen"
+            if ladder.frozen else "nothing frozen")
         ladder.sent = sent
         ladder.incident = replace(ladder.incident, signals=tuple(sent), freeze=said)
         if sent:
