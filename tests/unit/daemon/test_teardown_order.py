@@ -83,9 +83,14 @@ def test_a_frozen_rank_is_resumed_for_its_python_dump_alone_and_frozen_again(
     stacks = tmp_path / "31.stacks"
     stacks.write_text("")
 
+    probe = FakeProbe({31: process_sample(31, status="running")})
+
     class Dumps(FakeSignaller):
         def _react(self, pid: int, signum: int) -> None:
             super()._react(pid, signum)
+            if signum in (signal.SIGSTOP, signal.SIGCONT):
+                probe.set_sample(process_sample(pid, status="stopped" if signum == signal.SIGSTOP
+                                                else "running"))
             if signum == signal.SIGCONT and pid in self.asked:
                 stacks.write_text('Thread 0x1 (most recent call first):\n  File "x.py"\n')
             if signum == signal.SIGUSR2:
@@ -93,7 +98,6 @@ def test_a_frozen_rank_is_resumed_for_its_python_dump_alone_and_frozen_again(
 
     fake = Dumps({31: DIES_ON_TERM})
     fake.asked = set()  # type: ignore[attr-defined]
-    probe = FakeProbe({31: process_sample(31, status="stopped")})
     enf, _ = enforcer(state_dir, fake, probe)
     t = target(31, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks))
     outcome = drive(enf, enf.begin(incident(targets=[t]), [t]))
@@ -102,6 +106,22 @@ def test_a_frozen_rank_is_resumed_for_its_python_dump_alone_and_frozen_again(
     assert dump.endswith("-python.txt") and "x.py" in Path(dump).read_text()
     # A rank stopped by someone else (not the ladder) is never resumed for a dump.
     assert enf.capture("other", [t], frozenset()) == []
+
+
+def test_a_rank_stopped_by_someone_else_is_never_resumed_before_its_sigterm(
+        state_dir: Path, tmp_path: Path) -> None:
+    """The rank its job waits on, SIGSTOPped by someone: resumed for a dump, it would
+    complete the collective its peers wait in (they would compute on)."""
+    stacks = tmp_path / "32.stacks"
+    stacks.write_text("")
+    fake = FakeSignaller({32: DIES_ON_TERM, 33: DIES_ON_TERM})
+    probe = FakeProbe({32: process_sample(32, status="stopped"), 33: process_sample(33)})
+    enf, _ = enforcer(state_dir, fake, probe)
+    targets = [target(32, dump_signal=int(signal.SIGUSR2), stacks_path=str(stacks)),
+               target(33, rank=1)]
+    outcome = drive(enf, enf.begin(incident(targets=targets), targets))
+    assert fake.signals_to(32) == ["SIGSTOP", "SIGTERM", "SIGCONT"]
+    assert outcome.incident.freeze == "1 rank frozen; rank 0 (pid 32) was stopped already"
 
 
 def test_a_response_closed_unfinished_thaws_what_it_froze(state_dir: Path) -> None:

@@ -51,7 +51,7 @@ from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
 from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import Settings
-from watchdog.daemon.probes import UNINTERRUPTIBLE, Probe, ProbeError
+from watchdog.daemon.probes import STOPPED_STATUSES, UNINTERRUPTIBLE, Probe, ProbeError
 from watchdog.daemon.signaller import (
     EXITED,
     KILLED,
@@ -244,32 +244,42 @@ class Enforcer:
         evidence; what could not be frozen is said in the incident (`freeze`)."""
         sent: list[SignalSent] = []
         notes = []
-        for target in ladder.targets:
-            if self._ending_itself(target):
-                notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: "
-                             "leaving on its own error")
+        leaving = [t for t in ladder.targets if self._ending_itself(t)]
+        for target in leaving:
+            notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: leaving on "
+                         "its own error")
+        # Sampled before any SIGSTOP, so the SIGSTOPs go back to back.
+        status = {t.pid: self._status(t) for t in ladder.targets if t not in leaving}
+        for target in [t for t in ladder.targets if t not in leaving]:
+            if self._signal(sent, target, signal.SIGSTOP) != SENT:
                 continue
-            result = self._signal(sent, target, signal.SIGSTOP)
-            if result == SENT:
+            if status[target.pid] in STOPPED_STATUSES:
+                # Stopped by someone else (the rank the job waits on, often): never
+                # resumed by the ladder before its SIGTERM, not even for a dump.
+                notes.append(f"rank {target.rank} (pid {target.pid}) was stopped already")
+            else:
                 ladder.frozen.append(target)
-                if self._sleeping(target):
-                    notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: in "
-                                 "uninterruptible sleep (it stops once it leaves it)")
-        said = "; ".join(notes) if notes else (
-            f"{len(ladder.frozen)} rank{'' if len(ladder.frozen) == 1 else 's'} frozen"
-            if ladder.frozen else "nothing frozen")
+        for target in ladder.frozen:
+            if UNINTERRUPTIBLE in (status[target.pid], self._status(target)):
+                notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: in "
+                             "uninterruptible sleep (it stops once it leaves it)")
+        count = len(ladder.frozen)
+        said = "; ".join(([f"{count} rank{'' if count == 1 else 's'} frozen"] if count else
+                          [] if notes else ["nothing frozen"]) + notes)
         ladder.sent = sent
         ladder.incident = replace(ladder.incident, signals=tuple(sent), freeze=said)
         if sent:
             self.write_ahead(ladder)
 
-    def _sleeping(self, target: Target) -> bool:
-        """In uninterruptible sleep ('D'): a SIGSTOP takes effect only once it leaves."""
+    def _status(self, target: Target) -> str:
+        """The process's status (psutil's words), "" when it cannot be sampled. Stopped
+        ones are not the ladder's to resume; one in uninterruptible sleep ('D') takes
+        a SIGSTOP only once it leaves it."""
         try:
             sample = self.probe.sample(target.pid)
         except ProbeError:
-            return False
-        return sample is not None and sample.status == UNINTERRUPTIBLE
+            return ""
+        return sample.status if sample is not None else ""
 
     def thaw(self, ladder: Ladder, why: str) -> None:
         """SIGCONT to every target frozen and not SIGTERMed (a response closed without
