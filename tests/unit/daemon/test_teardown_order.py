@@ -201,10 +201,13 @@ class FencingPeers:
     def __init__(self, signaller: FakeSignaller) -> None:
         self.signaller = signaller
         self.sent: list[tuple[float | None, list[str]]] = []
+        self.since: list[float | None] = []
 
     def fence(self, uid: int, job: str, reason: str, culprit: object,
-              term_in: float | None = None) -> Future[list[FenceSent]]:
+              term_in: float | None = None, since: float | None = None
+              ) -> Future[list[FenceSent]]:
         self.sent.append((term_in, self.signaller.names()))
+        self.since.append(since)
         done: Future[list[FenceSent]] = Future()
         done.set_result([FenceSent("node-b:9100", FenceAnswer(job, uid, (7,))),
                          FenceSent("node-c:9100", error="timed out")])
@@ -234,6 +237,8 @@ def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
         clock.advance(enf.TICK)
     assert [t for t, _ in peers.sent] == [3.0 + EVIDENCE_SLACK, 0.0]
     assert peers.sent[1][1] == ["SIGSTOP", "SIGSTOP"]  # before any SIGTERM of ours
+    # Both name the moment the job was found dead: the second ends no relaunch since.
+    assert peers.since[0] is not None and peers.since[0] == peers.since[1]
     assert fake.names()[2:] == ["SIGTERM", "SIGTERM", "SIGCONT", "SIGCONT"]
     # Ended well within the box, not at its end; a peer that missed the fence is said.
     ((_, outcome),) = ended

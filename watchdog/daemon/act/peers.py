@@ -100,9 +100,11 @@ class Peers:
         return None
 
     def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None,
-              term_in: float | None = None) -> Future[list[FenceSent]] | None:
+              term_in: float | None = None, since: float | None = None
+              ) -> Future[list[FenceSent]] | None:
         """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret):
-        frozen at once, SIGTERMed `term_in` seconds from now (None: at once). The
+        frozen at once, SIGTERMed `term_in` seconds from now (None: at once), those that
+        started before `since` (wall time the job was found dead; default now). The
         fences' answers to come, or None when none is sent."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
@@ -110,8 +112,9 @@ class Peers:
         log.info("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
         # Found dead now, whenever a busy pool sends it: a relaunch of the job that
         # starts on a peer before the fence reaches it is not the dead job.
-        since = time.time()
-        term_at = None if term_in is None else since + term_in
+        now = time.time()
+        since = now if since is None else since
+        term_at = None if term_in is None else now + term_in
 
         def sent(future: Future[list[FenceSent]]) -> None:
             for answer in future.result():

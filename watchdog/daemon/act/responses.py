@@ -17,6 +17,7 @@ never dropped: its ladder may have signalled).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -57,6 +58,7 @@ class Response:
     fencing: Future[list[FenceSent]] | None = None  # the peers' answers to our fence
     fenced: bool = False  # the peers were told to hold theirs frozen until `term_at`
     hurried: bool = False  # ... and told again to end them now (our evidence was done)
+    fenced_since: float = 0.0  # wall time the first fence found the job dead
 
     @property
     def working(self) -> bool:
@@ -132,10 +134,11 @@ class Responses:
         if fencing and term_at is not None:
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
+            response.fenced_since = time.time()
             response.fencing = self.peers.fence(
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
                 fence_culprit(incident, view),
-                term_in=max(0.0, term_at - self.enforcer.clock()))
+                term_in=max(0.0, term_at - self.enforcer.clock()), since=response.fenced_since)
             response.fenced = response.fencing is not None
 
     def hurry(self, uid: int, job: str, term_in: float) -> None:
@@ -238,7 +241,8 @@ class Responses:
             response.hurried = True
             self.peers.fence(response.uid, response.job,
                              f"{ladder.incident.verdict}: {ladder.incident.reason}",
-                             ladder.incident.culprit, term_in=0.0)
+                             ladder.incident.culprit, term_in=0.0,
+                             since=response.fenced_since)  # never a relaunch since
             ladder.term_at = self.enforcer.clock()
         return self.enforcer.step(ladder)
 
