@@ -472,8 +472,11 @@ class Enforcer:
             if result != SENT:
                 ladder.outcome[target.pid] = result
         ladder.live = [t for t in targets if t.pid not in ladder.outcome]
-        for target in ladder.live:
-            self._signal(ladder.sent, target, signal.SIGCONT)  # gone already: it is ended
+        for target in targets:
+            # Gone already: it is ended. One frozen that the SIGTERM did not reach (its
+            # identity unknown for a moment) is thawed if it can be: never left stopped.
+            if target in ladder.live or target in ladder.frozen:
+                self._signal(ladder.sent, target, signal.SIGCONT)
         ladder.frozen = []
         ladder.left = [t for t in ladder.live if self._not_gone(t)]
         ladder.step, ladder.until = Step.TERM, self.clock() + self.settings.grace
