@@ -728,6 +728,10 @@ class Fence:
     # When the origin found the job dead (its wall clock): a rank started after it is
     # a relaunch of the job under its name, never one of the dead job's ranks.
     since: float | None = None
+    # Seconds after the signing the origin sends its own ranks SIGTERM: the receiver
+    # freezes its ranks of the job at once and ends them then, so no rank of the job
+    # runs on after its peers' end. None (an older sender): at once.
+    term_in: float | None = field(default=None, metadata=_on_wire(omit="none"))
     local: bool = field(default=False, metadata=_on_wire(skip=True))
 
     def to_json(self) -> dict[str, Any]:
@@ -922,6 +926,9 @@ class Incident(Encodable):
     evidence_error: str | None = field(default=None, metadata=_LATER)
     # "begun": signals may have been sent to every target
     ladder: str | None = field(default=None, metadata=_LATER)
+    # how the job's ranks were frozen before any SIGTERM: "N ranks frozen", or what
+    # could not be (a rank in uninterruptible sleep, a peer that did not answer the fence)
+    freeze: str | None = field(default=None, metadata=_LATER)
     outcome: dict[str, str] | None = field(default=None, metadata=_LATER)  # pid -> result
     # the native dumps, parsed
     native_hot: tuple[NativeHot, ...] | None = field(default=None, metadata=_LATER)

@@ -12,7 +12,10 @@ two faults share one wait for the 60 s floor:
 - instance B generates without end, and its rank 0 is frozen mid-generation.
 
 Each must end on both hosts within the floor plus 15 s (the frozen runner by the
-other host's fence), with the frozen rank's host and pid in the incident; A's recreated
+other host's fence), with the frozen rank's host and pid in the incident, every runner
+frozen before the first SIGTERM and the two SIGTERMs within TERM_SPREAD of each other,
+no surviving runner printing a ring error (exo would put it in the request's error
+event, which exo's other node failed to parse, and exo stopped answering); A's recreated
 instance is one job again, watched with what the last one taught (not the 600 s
 fallback)."""
 
@@ -36,6 +39,9 @@ pytestmark = pytest.mark.ranks
 
 FLOOR = 60.0  # the auto deadline's floor, at the defaults
 BOUND = FLOOR + 15.0
+# What a survivor prints when it sees its peer's socket reset (mlx 0.32's ring).
+RING_ERRORS = ("failed with errno", "Too many send/recv errors", "connection to a peer was lost")
+TERM_SPREAD = 0.5  # seconds between the first and the last SIGTERM of a job's ranks
 
 
 class Instance:
@@ -176,6 +182,12 @@ def test_exo_instances_are_one_job_and_a_frozen_runner_ends_its_instance_on_both
     print(f"\nexo bed: both frozen instances ended on both hosts {ended:.1f}s after the "
           "freeze (the idle one's request sent at the freeze)")
     assert FLOOR - 5 < ended < BOUND, ended  # at the learned deadline, not before
+    # No surviving runner saw its peer end (every rank frozen before the first SIGTERM):
+    # no ring error on its stderr, which exo would put in the request's error event.
+    for instance in (a, b):
+        printed = [line for line in instance.logs().splitlines()
+                   if any(e in line for e in RING_ERRORS)]
+        assert printed == [], "\n".join(printed)
 
     # A: host0 ended the waiting rank 0 and named the frozen rank 1 on host1 by pid;
     # host1's daemon ended the frozen runner on the fence.
@@ -190,6 +202,18 @@ def test_exo_instances_are_one_job_and_a_frozen_runner_ends_its_instance_on_both
         assert fenced["verdict"] == "fenced", fenced
         assert frozen[1]["pid"] in [r["pid"] for r in fenced["ranks"]], fenced
         assert frozen[1]["pid"] in [s["pid"] for s in fenced["signals"]], fenced
+        # Both hosts' runners frozen, then SIGTERMed at one moment (one wall clock: the
+        # hosts are namespaces of one machine); the frozen runner no earlier than its
+        # surviving peer.
+        signals = [s for i in (found, fenced) for s in i["signals"] if s["result"] == "sent"]
+        stops = [s["time"] for s in signals if s["signal"] == "SIGSTOP"]
+        terms = {s["pid"]: s["time"] for s in signals if s["signal"] == "SIGTERM"}
+        assert len(terms) == 2 and len(stops) == 2, signals
+        assert max(stops) < min(terms.values()), signals
+        spread = max(terms.values()) - min(terms.values())
+        print(f"exo bed, job {job[:14]}: SIGTERMs of its two ranks {spread * 1000:.0f} ms "
+              f"apart across the hosts; frozen {max(stops) - min(stops):.3f}s apart")
+        assert spread < TERM_SPREAD, signals
 
     # exo recreates A: one job again from its init, watched with what A taught.
     again = a.runners(f"{a.instance}-1")

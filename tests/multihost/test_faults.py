@@ -31,6 +31,7 @@ DEADLINE = 3.0
 # SIGTERM's grace (1 s): 12 s bounds it on a loaded machine.
 BOUND = 12.0
 PEER_TIMEOUT = 1.0
+TERM_SPREAD = 0.5  # seconds between a job's first and last SIGTERM across the hosts
 FIGURES: dict[str, float] = {}
 
 
@@ -120,10 +121,11 @@ def start(bed: Bed, fences: bool, mode: str = "loop", *args: str,
     """Daemons on both hosts (with `daemon`'s settings), then the ring job in `mode`."""
     daemons = bed.start_daemons(fences, **(daemon or {}))
     job = bed.ring(mode, *args)
-    job.wait_running(collectives=3 if mode == "loop" else 1)
+    looping = mode in ("loop", "catch")
+    job.wait_running(collectives=3 if looping else 1)
     code, view, err = bed.hosts[0].cluster_status()
     seen = job_of(view)
-    if mode == "loop":  # (a slow peer's job may already wait on it: not judged here)
+    if looping:  # (a slow peer's job may already wait on it: not judged here)
         assert code == 0 and seen["state"] == "healthy", (code, view, err)
     assert {r["host"] for r in seen["ranks"]} == {h.name for h in bed.hosts}
     return daemons, job, seen["job"]
@@ -133,8 +135,13 @@ def start(bed: Bed, fences: bool, mode: str = "loop", *args: str,
 def test_a_stopped_rank(hosts, fences):
     """SIGSTOP rank 1: host 0 judges rank 0 stalled and ends it; with fences host 1
     ends the stopped rank with the job, without them it is left stopped (never killed
-    for itself) and the cluster view keeps the job hung, naming it."""
-    (d0, d1), job, job_id = start(hosts, fences)
+    for itself) and the cluster view keeps the job hung, naming it.
+
+    With fences, the ranks catch the ring's "connection to a peer was lost" and go on
+    (rank_prog.py's `catch`): rank 0 is frozen before rank 1 is ended, and both are
+    SIGTERMed at one moment across the hosts, so it never sees its peer end, and
+    completes no collective after the verdict."""
+    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop")
     job.signal(1, signal.SIGSTOP)
     began = time.monotonic()
     code, hung, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] == "hung", BOUND,
@@ -149,14 +156,27 @@ def test_a_stopped_rank(hosts, fences):
         assert mine["verdict"] == "stalled", mine
         wait_for(lambda: d0.status()["counters"]["stalls"]["stalled"] == 1, 10,
                  what="the stall counted once it was acted on")
-        # Rank 0 is ended by its daemon, or first by the ring's own error once the
-        # fence has ended rank 1: either way not left running.
-        assert set(mine["outcome"]) == {str(job.pids[0])}, mine["outcome"]
+        # Rank 0 is ended by its daemon, frozen before the fence ended rank 1: it never
+        # saw its peer end (no ring error, nothing caught) and computed on no further.
+        assert mine["outcome"] == {str(job.pids[0]): "killed"}, mine["outcome"]
+        said = job.log(0)
+        assert "caught" not in said and "[ring]" not in said, said
+        completed = (job.logs[0].parent / "completed-0.txt").read_text().split()
+        assert completed and max(map(float, completed)) < mine["time"], completed[-3:]
         assert mine["cluster"]["culprit"]["rank"] == 1
         assert mine["cluster"]["culprit"]["host"] == hosts.hosts[1].name
         has_cause(mine, "peer_stopped", stopped)
         theirs = incident(d1, job_id)
         assert theirs["verdict"] == "fenced" and theirs["outcome"] == {str(job.pids[1]): "killed"}
+        # Each host's rank frozen before either's SIGTERM; the SIGTERMs within
+        # TERM_SPREAD across the hosts (the bed's hosts share one wall clock).
+        sent = [s for i in (mine, theirs) for s in i["signals"] if s["result"] == "sent"]
+        terms = {s["pid"]: s["time"] for s in sent if s["signal"] == "SIGTERM"}
+        assert sorted(terms) == sorted(job.pids), sent
+        assert max(s["time"] for s in sent if s["signal"] == "SIGSTOP") < min(terms.values())
+        FIGURES["SIGSTOP rank 1: first to last SIGTERM across the hosts"] = spread = \
+            max(terms.values()) - min(terms.values())
+        assert spread < TERM_SPREAD, sent
         has_cause(theirs, "peer_stopped", stopped)
         assert hosts.hosts[0].name in theirs["reason"]
         code, done, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] != "hung", 10,

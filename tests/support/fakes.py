@@ -42,6 +42,8 @@ DIES_ON_TERM = "term"  # a well-behaved rank: SIGTERM ends it
 DIES_ON_KILL = "kill"  # ignores SIGTERM (a rank stuck in C code)
 UNKILLABLE = "never"  # survives even SIGKILL (uninterruptible sleep in a driver)
 STOPPED = "stopped"  # SIGSTOPped: SIGTERM waits for SIGCONT; SIGKILL ends it anyway
+# Every rank is SIGSTOPped first by the ladder (its freeze): a SIGTERM while frozen waits
+# for the SIGCONT that follows it (a handler's case; the default action would end it).
 
 
 class FakeSignaller:
@@ -56,6 +58,7 @@ class FakeSignaller:
         self.alive_pids: set[int] = set(self.behaviour)
         self.continued: set[int] = set()
         self.pending_term: set[int] = set()
+        self.frozen: set[int] = set()  # SIGSTOPped by the ladder, not resumed yet
         self.sent: list[tuple[int, int]] = []  # every send, in order
         self.results: list[tuple[int, int, str]] = []
 
@@ -80,10 +83,16 @@ class FakeSignaller:
 
     def _react(self, pid: int, signum: int) -> None:
         kind = self.behaviour.get(pid, DIES_ON_TERM)
-        if signum == signal.SIGCONT:
+        if signum == signal.SIGSTOP:
+            self.frozen.add(pid)  # the ladder's freeze: SIGTERM waits for SIGCONT
+            self.continued.discard(pid)
+        elif signum == signal.SIGCONT:
             self.continued.add(pid)
-            if pid in self.pending_term:  # a stopped process acts on SIGTERM once resumed
-                self.alive_pids.discard(pid)
+            self.frozen.discard(pid)
+            if pid in self.pending_term and kind != DIES_ON_KILL and kind != UNKILLABLE:
+                self.alive_pids.discard(pid)  # a stopped process acts on SIGTERM once resumed
+        elif signum == signal.SIGTERM and pid in self.frozen:
+            self.pending_term.add(pid)
         elif signum == signal.SIGTERM:
             if kind == DIES_ON_TERM:
                 self.alive_pids.discard(pid)

@@ -39,6 +39,11 @@ Modes:
                   rank 0 waits in the next all_sum; "save done" and exit 0
   pyslowpeer S    the same shape, but rank 1 computes in pure Python for S seconds (by
                   the clock, so a loaded machine cannot stretch it); "slowpeer done"
+  catch           all_sum in a loop, hb.step() each round, appending each completed
+                  round's wall time to completed-<rank>.txt (in the working
+                  directory); it catches the ring's RuntimeError ("[ring] connection
+                  to a peer was lost", mlx >= 0.32.1), prints "caught: ..." and goes on,
+                  as a program that does so computes on with a rank missing
   prefill S T P   a generation's shape: a long first step (every rank computes ~S s in
                   one eval, rank 1 half as long again, so rank 0 then waits in the
                   all_sum), short checked rounds for T s (rank 0 decides the end and
@@ -313,6 +318,18 @@ elif MODE == "save":
         mx.save_safetensors(sys.argv[2], weights)
     one_round()
     print("save done", flush=True)
+elif MODE == "catch":
+    done = open(f"completed-{rank}.txt", "a", buffering=1)  # noqa: SIM115 - until killed
+    while True:
+        try:
+            x = mx.distributed.all_sum(mx.ones(16))
+            mx.eval(x)
+            x[0].item()
+        except RuntimeError as err:
+            print(f"caught: {err}", flush=True)
+            continue
+        done.write(f"{time.time():.6f}\n")
+        hb.step()
 elif MODE == "pyslowpeer":
     one_round()
     if rank == 1:

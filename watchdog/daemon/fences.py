@@ -4,8 +4,8 @@ Incoming: a peer's `POST /fence` is authenticated and its ranks picked on the HT
 thread (for the 202 answer), then queued; the loop's thread begins their response
 (`take`), so every ladder is stepped on one thread. Outgoing: a rank of a multi-rank
 job that died without closing its record, or on an uncaught exception, fences its
-job on the peers at once, and its local peers still alive PEER_DEATH_GRACE later are
-ended too (`orphaned`): those alive when it died, never a relaunch started since.
+job on the peers at once, and its local peers still alive are ended too, at once
+(`orphaned`): those alive when it died, never a relaunch started since.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon.act import told
+from watchdog.daemon.act.enforcer import EVIDENCE_SLACK
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
@@ -27,10 +28,13 @@ from watchdog.status import Culprit, Fence, FenceAnswer
 log = logging.getLogger(__name__)
 
 # A rank of a job died (crash, signal, uncaught exception): its local peers still alive
-# this long after are ended too. A ring rank exits on its own within milliseconds of
-# "connection to a peer was lost"; mlx_lm.server's rank 0 does not (only its generation
-# thread dies: the server stays up, deaf), nor does a rank whose wait never noticed.
-PEER_DEATH_GRACE = 5.0
+# this long after are ended too (frozen first, as every kill). At once: a survivor left
+# running sees its peer's socket reset, prints ring errors and, from mlx 0.32.1, may
+# catch "connection to a peer was lost" and compute on with a rank missing; and
+# mlx_lm.server's rank 0 never ends on its own (only its generation thread dies: the
+# server stays up, deaf). A rank already leaving on that error (its record says so)
+# is neither frozen nor signalled: the ladder gives it the grace to go (`exited`).
+PEER_DEATH_GRACE = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class Fences:
         # (uid, job) -> its orphans, for jobs one of whose ranks died.
         self.orphans: dict[tuple[int, str], Orphaned] = {}
         self._queue: list[RanksToEnd] = []  # incoming fences, for the loop's thread
+        # (uid, job, term_in): fences for jobs whose ranks a response holds frozen
+        # already: their SIGTERM brought forward (the origin's evidence was done early).
+        self._hurry: list[tuple[int, str, float]] = []
 
     def request(self, headers: Any, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticate, pick our ranks of
@@ -92,12 +99,23 @@ class Fences:
                          request.origin, job, uid, request.reason)
             if ranks:
                 self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request))
-                self.wake.set()  # the loop, maybe asleep for its interval, begins it
+            else:  # held frozen by an earlier fence of the job, maybe: its SIGTERM now
+                self._hurry.append((uid, job, self.term_in(request)))
+            self.wake.set()  # the loop, maybe asleep for its interval, begins it
         return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)))
+
+    def term_in(self, fenced: Fence) -> float:
+        """Seconds a fenced job's ranks are held frozen before their SIGTERM: until the
+        moment the origin ends its own (the fence's `term_in`), at most this daemon's
+        evidence time box; at once for an older sender's fence, or a local death's."""
+        held = fenced.term_in
+        if fenced.local or not isinstance(held, (int, float)) or not held > 0:
+            return 0.0  # NaN too
+        return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK)
 
     def died(self, death: Death, now: float) -> None:
         """A rank of a multi-rank job died: fence its job on the peers now, and end its
-        local peers still alive after the grace."""
+        local peers still alive (the loop's next `orphaned`, this scan)."""
         rank = death.rank
         culprit = death_culprit(self.host, rank, death.how)
         fenced = self.peers.fenced_since(rank.record.uid, rank.record.job)
@@ -114,6 +132,12 @@ class Fences:
             now + PEER_DEATH_GRACE,
             f"rank {rank.record.rank} (pid {rank.record.pid}) {rank.reason}: the job "
             "cannot finish without it", culprit, death.peers))
+
+    def hurried(self) -> list[tuple[int, str, float]]:
+        """Fences for jobs already under a response (the loop's thread): (uid, job,
+        seconds from now their SIGTERM is due at the latest)."""
+        hurried, self._hurry = self._hurry, []
+        return hurried
 
     def queued(self) -> list[tuple[RanksToEnd, list[Rank]]]:
         """The peers' fences queued, to begin now (the loop's thread, under the table's

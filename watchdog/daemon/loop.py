@@ -246,6 +246,8 @@ class Daemon:
         """The peers' fences queued by the HTTP thread: their responses begun here."""
         for ending, ranks in self.fences.queued():
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
+        for uid, job, term_in in self.fences.hurried():
+            self.responses.hurry(uid, job, term_in)
 
     def _sample_wired(self) -> None:
         try:
@@ -298,7 +300,8 @@ class Daemon:
         self.stacks.settle(keys)  # no rank of it still under our stack sampler's trace
         self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
-                             ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None)
+                             ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None,
+                             term_in=None if fenced is None else self.fences.term_in(fenced))
 
     def fence_request(self, headers: object, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticated and queued; the

@@ -48,8 +48,11 @@ def test_frozen_peer_gets_survivors_killed_and_is_named(tmp_path, record_dir, st
         assert inc["busiest_thread_cpu"] >= 0.1
         assert inc["flight_recorder_tail"]["0"][-1]["op"] == "all_sum"
         sent = [(s["pid"], s["signal"]) for s in inc["signals"] if s["result"] == "sent"]
+        # Every rank frozen before the first SIGTERM; each resumed only after its own.
+        first_term = min(sent.index((pid, "SIGTERM")) for pid in job.pids)
         for pid in job.pids:
-            assert sent.index((pid, "SIGCONT")) < sent.index((pid, "SIGTERM"))
+            assert sent.index((pid, "SIGSTOP")) < first_term
+            assert sent.index((pid, "SIGTERM")) < sent.index((pid, "SIGCONT"))
         # Evidence: the hook's faulthandler dump shows the Python stack of a survivor.
         python_dumps = [p for p in inc["evidence"] if p.endswith("-python.txt")]
         assert python_dumps, inc["evidence"]

@@ -74,7 +74,8 @@ def incident(job: str = "job-1", targets: list[Target] = ()) -> Incident:
 # -- the ladder ----------------------------------------------------------------------
 
 
-def test_ladder_order_sigcont_sigterm_then_sigkill_for_survivors_only(state_dir: Path) -> None:
+def test_ladder_order_sigstop_sigterm_sigcont_then_sigkill_for_survivors_only(
+        state_dir: Path) -> None:
     fake = FakeSignaller({101: DIES_ON_TERM, 102: DIES_ON_KILL, 103: STOPPED})
     enf, clock = enforcer(state_dir, fake)
     targets = [target(101, rank=0), target(102, rank=1), target(103, rank=2)]
@@ -83,11 +84,13 @@ def test_ladder_order_sigcont_sigterm_then_sigkill_for_survivors_only(state_dir:
     inc = ended.to_json()
 
     assert outcome == {101: "killed", 102: "killed", 103: "killed"}
-    assert fake.signals_to(101) == ["SIGCONT", "SIGTERM"]  # died on SIGTERM: no SIGKILL
-    assert fake.signals_to(102) == ["SIGCONT", "SIGTERM", "SIGKILL"]
-    assert fake.signals_to(103) == ["SIGCONT", "SIGTERM"]  # resumed first, so TERM worked
-    # Every SIGCONT before any SIGTERM, every SIGTERM before the SIGKILL.
-    assert fake.names() == ["SIGCONT"] * 3 + ["SIGTERM"] * 3 + ["SIGKILL"]
+    # Frozen first; SIGTERM while frozen, then resumed: it acts on the SIGTERM at once.
+    assert fake.signals_to(101) == ["SIGSTOP", "SIGTERM", "SIGCONT"]  # no SIGKILL
+    assert fake.signals_to(102) == ["SIGSTOP", "SIGTERM", "SIGCONT", "SIGKILL"]
+    assert fake.signals_to(103) == ["SIGSTOP", "SIGTERM", "SIGCONT"]
+    # Every rank frozen before any SIGTERM; every SIGTERM before any SIGCONT (no rank
+    # resumed while a peer may still be running); the SIGKILL last.
+    assert fake.names() == ["SIGSTOP"] * 3 + ["SIGTERM"] * 3 + ["SIGCONT"] * 3 + ["SIGKILL"]
     # SIGKILL only after the grace period, by the (fake) clock.
     sent_at = {(s["pid"], s["signal"]): s["time"] for s in inc["signals"]}
     assert sent_at[(102, "SIGKILL")] - sent_at[(102, "SIGTERM")] >= 10.0
@@ -116,7 +119,7 @@ def test_unkillable_flags_the_node(state_dir: Path) -> None:
     assert inc["outcome"] == {"301": "unkillable", "302": "killed"}
     assert outcome.results == {301: "unkillable", 302: "killed"}  # typed, for the daemon
     assert outcome.signals_sent.count("SIGKILL") == 1 and "SIGTERM" in outcome.signals_sent
-    assert fake.signals_to(301) == ["SIGCONT", "SIGTERM", "SIGKILL"]
+    assert fake.signals_to(301) == ["SIGSTOP", "SIGTERM", "SIGCONT", "SIGKILL"]
     assert clock.now() - start >= 10.0 + 10.0  # grace, then the kill timeout
     flag = journal.reboot_flag(str(state_dir))
     assert flag is not None
@@ -132,7 +135,7 @@ def test_a_target_already_gone_is_a_result(state_dir: Path) -> None:
     enf, _ = enforcer(state_dir, fake)
     outcome = end(enf, [target(400), target(401, rank=1)])[1]  # 400 never existed
     assert outcome == {400: GONE, 401: "killed"}
-    assert fake.signals_to(400) == ["SIGCONT"]  # nothing more once it is known gone
+    assert fake.signals_to(400) == ["SIGSTOP", "SIGTERM"]  # nothing more once known gone
 
 
 def test_observe_mode_signals_nothing_and_still_journals(state_dir: Path) -> None:
@@ -302,8 +305,9 @@ def test_the_incident_is_one_json_line_with_the_design_fields(state_dir: Path) -
     assert inc["wired_check"] == "returned" and inc["reboot_required"] is False
     assert isinstance(inc["evidence"], list)
     assert [(s["pid"], s["signal"]) for s in inc["signals"]] == [
-        (1001, "SIGCONT"), (1002, "SIGCONT"), (1001, "SIGTERM"), (1002, "SIGTERM"),
-        (1002, "SIGKILL")]
+        (1001, "SIGSTOP"), (1002, "SIGSTOP"), (1001, "SIGTERM"), (1002, "SIGTERM"),
+        (1001, "SIGCONT"), (1002, "SIGCONT"), (1002, "SIGKILL")]
+    assert inc["freeze"] == "2 ranks frozen"
     for s in inc["signals"]:
         assert isinstance(s["time"], float) and s["result"] == SENT
     assert inc["outcome"] == {"1001": "killed", "1002": "killed"}
@@ -383,7 +387,7 @@ def test_the_ladder_never_touches_a_mismatched_real_process(
                    clock=clock.now, sleep=clock.sleep, wall=clock.wall)
     inc = respond(enf, incident(targets=[stale]), [stale]).incident.to_json()
     assert inc["outcome"] == {str(sleeper.pid): NOT_OURS}
-    assert [s["result"] for s in inc["signals"]] == [NOT_OURS]
+    assert [s["result"] for s in inc["signals"]] == [NOT_OURS, NOT_OURS]  # STOP, TERM
     time.sleep(0.05)
     assert sleeper.poll() is None
 
@@ -470,8 +474,9 @@ def test_a_rank_leaving_on_an_error_that_does_not_go_gets_the_ladder(tmp_path, s
     stuck = dataclasses.replace(target(102), record_path=str(tmp_path / "102.rec"))
     start = clock.now()
     outcome = end(enf, [stuck])[1]
-    # Waited out the grace unsignalled, then SIGCONT and SIGTERM ended it: that is ours.
-    assert clock.now() - start >= 2.0 and fake.names()[:2] == ["SIGCONT", "SIGTERM"]
+    # Not frozen (leaving on its own error), waited out the grace unsignalled, then
+    # SIGTERM and SIGCONT ended it: that is ours.
+    assert clock.now() - start >= 2.0 and fake.names()[:2] == ["SIGTERM", "SIGCONT"]
     assert outcome == {102: "killed"}
 
 

@@ -101,7 +101,8 @@ def test_a_failed_escalation_is_tried_again(setup, monkeypatch) -> None:
         tick()
         settle(daemon)
     assert len(calls) >= 2, "the hang was given up after one failed escalation"
-    assert signaller.signals_to(PID)[-1] in ("SIGTERM", "SIGKILL")
+    # The last signal that ends (the SIGCONT after a SIGTERM only resumes it to act on it).
+    assert [s for s in signaller.signals_to(PID) if s != "SIGCONT"][-1] in ("SIGTERM", "SIGKILL")
     assert PID not in signaller.alive_pids
 
 
@@ -184,13 +185,14 @@ def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> N
     while "SIGTERM" not in signaller.signals_to(PID) and time.monotonic() < until:
         daemon.step_responses()  # the evidence's worker, then SIGCONT and SIGTERM
         time.sleep(0.01)
-    assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+    assert signaller.signals_to(PID) == ["SIGSTOP", "SIGTERM", "SIGCONT"]
     (response,) = daemon.pending
     assert response.ladder is not None and response.ladder.step is Step.TERM
     assert not response.working, "a worker sleeps through the grace"
     time.sleep(0.2)
     daemon.step_responses()
-    assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"], "SIGKILL before the grace"
+    assert signaller.signals_to(PID) == ["SIGSTOP", "SIGTERM", "SIGCONT"], \
+        "SIGKILL before the grace"
     time.sleep(0.4)  # the grace is out: the next step sends SIGKILL
     daemon.step_responses()
     assert signaller.signals_to(PID)[-1] == "SIGKILL" and PID not in signaller.alive_pids
@@ -222,12 +224,12 @@ def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
             probe.set_sample(process_sample(PID, START, os.getuid(), "running",
                                             ((PID, 0.01), (PID + 1, spun))))
             time.sleep(0.25)
-        assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+        assert signaller.signals_to(PID) == ["SIGSTOP", "SIGTERM", "SIGCONT"]
     finally:
         daemon.stop()  # well within the 3 s grace
         runner.join(30)
     assert not runner.is_alive()
-    assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM", "SIGKILL"]
+    assert signaller.signals_to(PID) == ["SIGSTOP", "SIGTERM", "SIGCONT", "SIGKILL"]
     assert not daemon.pending
     (line,) = journal.read_incidents(daemon.settings.state_dir)[0]
     assert line.outcome == {str(PID): "killed"}
@@ -288,7 +290,7 @@ def test_a_reload_to_enforce_ends_a_hang_already_observed(tmp_path: Path) -> Non
             daemon.step_responses()
             if PID not in signaller.alive_pids:
                 break
-        assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+        assert signaller.signals_to(PID) == ["SIGSTOP", "SIGTERM", "SIGCONT"]
         assert PID not in signaller.alive_pids, "the hang observed was not ended"
     finally:
         writer.close(0, remove=False)
@@ -336,7 +338,7 @@ def test_a_reload_that_lowers_the_deadline_ends_a_wait_past_it_at_once(tmp_path:
         for _ in range(3):  # the scans the verdict's confirmation takes
             tick()
             daemon.step_responses()
-        assert signaller.signals_to(PID) == ["SIGCONT", "SIGTERM"]
+        assert signaller.signals_to(PID) == ["SIGSTOP", "SIGTERM", "SIGCONT"]
     finally:
         writer.close(0, remove=False)
         daemon.executor.shutdown(wait=True)

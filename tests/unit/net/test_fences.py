@@ -225,3 +225,45 @@ def test_a_sender_whose_clock_is_ahead_cannot_end_a_relaunch(tmp_path):
             assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
     finally:
         daemon.executor.shutdown()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1][0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_a_fenced_rank_is_held_frozen_until_the_origin_ends_its_own(tmp_path, record_dir):
+    """A fence naming its origin's SIGTERM 30 s ahead: the rank is frozen at once and
+    not signalled meanwhile; a second fence of the job (the origin's evidence was in
+    early) brings its SIGTERM forward to now. A relaunch started since is left alone."""
+    settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"), secret=SECRET)
+    os.makedirs(settings.state_dir)
+    daemon = Daemon(settings)
+    try:
+        with UserProc(0) as rank:
+            publish(record_dir, rank.pid, 0, "j", hung=False, world_size=2)
+            daemon.scan()
+            now = time.time()
+            body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=now,
+                                       term_at=now + 30.0)
+            assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
+            daemon.scan()
+            for _ in range(5):
+                daemon.step_responses()
+                time.sleep(0.02)
+            assert _state(rank.pid) == "T" and rank.signals() == []  # frozen, held
+            with UserProc(0) as relaunch:
+                publish(record_dir, relaunch.pid, 0, "j", hung=False, world_size=2)
+                daemon.scan()
+                body, headers = fence.make(SECRET, "j", "peer", "hung", None, since=now,
+                                           term_at=time.time())
+                assert daemon.fence_request(headers, body)[1].ending == ()
+                hurried = time.monotonic()
+                assert stepped_to_sigterm(daemon, rank)
+                # At once, not at the hold's cap (the receiver's time box, 11 s here).
+                assert time.monotonic() - hurried < 5.0
+                assert relaunch.signals() == [] and _state(relaunch.pid) != "T"
+    finally:
+        daemon.executor.shutdown()

@@ -9,15 +9,26 @@ the evidence's counts from the verdict, so work queued behind another user's hun
 captures never delays the signals.
 
     step       waits for                              then
-    EVIDENCE   the stack dumps (worker), or the time  journal; SIGCONT, SIGTERM (or LEAVING)
+    (begin)    -                                      journal; SIGSTOP to every target
+    EVIDENCE   the stack dumps (worker), or the time  HOLD
                box from the verdict
-    LEAVING    ranks leaving on their own error:      SIGCONT, SIGTERM to those still there
+    HOLD       the moment the peers were told to end  journal; SIGTERM, SIGCONT (or LEAVING)
+               theirs (a fence's; at once without)
+    LEAVING    ranks leaving on their own error:      SIGTERM, SIGCONT to those still there
                gone, or the grace
     TERM       every target gone, or the grace        journal; SIGKILL to the rest
     KILL       every target gone, or kill_timeout     outcomes; FRAMES (a resumed one: SETTLE)
     FRAMES     the native dumps parsed (worker), or   journal; SETTLE
                the evidence time box
     SETTLE     wired memory back, or the settle time  the reboot flag; the incident closed
+
+The teardown order is one for every kill, a verdict's, a fence's or a death's: every
+rank of the job is frozen first (SIGSTOP, on the peers by the fence), the evidence
+is taken from frozen ranks, then every rank gets SIGTERM and SIGCONT back to back,
+so no rank of the job runs between the first signal to any of them and its own end
+(a survivor would see its peer's socket reset: print ring errors, or catch
+"connection to a peer was lost" and compute on with a rank missing). A frozen rank
+is never left stopped: a response closed or resumed without its SIGTERM thaws it.
 
 Every signal goes through a `Signaller` (signaller.py), which re-checks the
 process identity right before it signals; evidence comes from `Evidence`
@@ -40,7 +51,7 @@ from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
 from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import Settings
-from watchdog.daemon.probes import Probe, ProbeError
+from watchdog.daemon.probes import STOPPED_STATUSES, UNINTERRUPTIBLE, Probe, ProbeError
 from watchdog.daemon.signaller import (
     EXITED,
     KILLED,
@@ -89,6 +100,7 @@ class Step(enum.Enum):
     called (each tick of the daemon's loop)."""
 
     EVIDENCE = "gathering evidence"  # stack dumps, on a worker
+    HOLD = "holding frozen"  # until the moment the peers end theirs (a fence's)
     LEAVING = "leaving on its own error"  # such ranks get the grace, unsignalled
     TERM = "SIGTERM sent"  # SIGCONT and SIGTERM sent: the grace
     KILL = "SIGKILL sent"  # the kill timeout
@@ -122,6 +134,8 @@ class Ladder:
     left: list[Target] = field(default_factory=list)  # not known to be gone yet
     next_probe: float = 0.0  # of wired memory, while settling
     result: Outcome | None = None
+    frozen: list[Target] = field(default_factory=list)  # SIGSTOPped, not yet SIGTERMed
+    term_at: float = 0.0  # monotonic: no SIGTERM before (the moment the peers were told)
 
     @property
     def working(self) -> bool:
@@ -150,9 +164,11 @@ class Enforcer:
         # Incidents and reboot flags a failed write left in memory (pending.py).
         self.backlog = pending.Backlog(settings.state_dir)
 
-    def capture(self, incident_id: str, targets: list[Target]) -> list[str]:
-        """Stack dumps of every target, time-boxed; their files."""
-        return self.evidence.capture(incident_id, targets)
+    def capture(self, incident_id: str, targets: list[Target],
+                frozen: frozenset[int] = frozenset()) -> list[str]:
+        """Stack dumps of every target (`frozen`: pids the ladder froze), time-boxed;
+        their files."""
+        return self.evidence.capture(incident_id, targets, frozen)
 
     def _work(self, uid: int, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if isinstance(self.executor, FairWork):
@@ -184,12 +200,15 @@ class Enforcer:
     def begin(self, incident: Incident, targets: list[Target], baseline: int | None = None,
               others_live: Callable[[], bool] = lambda: False,
               cluster: PeerView | None = None, evidence: bool = True,
-              asked: bool = False, verdict_at: float | None = None) -> Ladder:
+              asked: bool = False, verdict_at: float | None = None,
+              term_at: float | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
         asked (`asked`); `evidence=False` skips stack dumps (a fenced job is known
         dead, and its peers wait on its end). `verdict_at` (monotonic, by this
-        enforcer's clock; default now) starts the evidence's time box."""
+        enforcer's clock; default now) starts the evidence's time box. Every target is
+        frozen first; `term_at` (monotonic) holds the SIGTERMs until then (the moment a
+        fence told the peers to end theirs), never past the evidence's time box."""
         incident = replace(incident, signals=(), wired_before=self._wired(),
                            wired_baseline=baseline)
         if asked:
@@ -203,17 +222,73 @@ class Enforcer:
             self._close(ladder, None)
             return ladder
         ladder.incident = replace(incident, action="ending")
-        self.write_ahead(ladder)  # the verdict, before the first signal (evidence's)
+        self.write_ahead(ladder)  # the verdict, before the first signal (the freeze)
+        self._freeze(ladder)
         if evidence:
             ladder.work = self._work(incident.uid or 0, self.capture, incident.id,
-                                     list(targets))
+                                     list(targets), frozenset(t.pid for t in ladder.frozen))
         else:
             ladder.work = None
         ladder.step = Step.EVIDENCE
         ladder.until = (self.clock() if verdict_at is None else verdict_at) \
             + self.settings.evidence_timeout + EVIDENCE_SLACK
+        if term_at is not None:
+            ladder.term_at = min(term_at, ladder.until)
         self.step(ladder)
         return ladder
+
+    def _freeze(self, ladder: Ladder) -> None:
+        """SIGSTOP to every target, back to back, first of all signals: no rank of the
+        job runs on to see a peer end (its ring errors, a caught "connection to a peer
+        was lost" computed on with a rank missing). Journaled once sent, before the
+        evidence; what could not be frozen is said in the incident (`freeze`)."""
+        sent: list[SignalSent] = []
+        notes = []
+        leaving = [t for t in ladder.targets if self._ending_itself(t)]
+        for target in leaving:
+            notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: leaving on "
+                         "its own error")
+        # Sampled before any SIGSTOP, so the SIGSTOPs go back to back.
+        status = {t.pid: self._status(t) for t in ladder.targets if t not in leaving}
+        for target in [t for t in ladder.targets if t not in leaving]:
+            if self._signal(sent, target, signal.SIGSTOP) != SENT:
+                continue
+            if status[target.pid] in STOPPED_STATUSES:
+                # Stopped by someone else (the rank the job waits on, often): never
+                # resumed by the ladder before its SIGTERM, not even for a dump.
+                notes.append(f"rank {target.rank} (pid {target.pid}) was stopped already")
+            else:
+                ladder.frozen.append(target)
+        for target in ladder.frozen:
+            if UNINTERRUPTIBLE in (status[target.pid], self._status(target)):
+                notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: in "
+                             "uninterruptible sleep (it stops once it leaves it)")
+        count = len(ladder.frozen)
+        said = "; ".join(([f"{count} rank{'' if count == 1 else 's'} frozen"] if count else
+                          [] if notes else ["nothing frozen"]) + notes)
+        ladder.sent = sent
+        ladder.incident = replace(ladder.incident, signals=tuple(sent), freeze=said)
+        if sent:
+            self.write_ahead(ladder)
+
+    def _status(self, target: Target) -> str:
+        """The process's status (psutil's words), "" when it cannot be sampled. Stopped
+        ones are not the ladder's to resume; one in uninterruptible sleep ('D') takes
+        a SIGSTOP only once it leaves it."""
+        try:
+            sample = self.probe.sample(target.pid)
+        except ProbeError:
+            return ""
+        return sample.status if sample is not None else ""
+
+    def thaw(self, ladder: Ladder, why: str) -> None:
+        """SIGCONT to every target frozen and not SIGTERMed (a response closed without
+        its SIGTERM): never left stopped."""
+        for target in ladder.frozen:
+            log.warning("thawing pid %s (job %s rank %s): %s", target.pid, target.job,
+                        target.rank, why)
+            self._signal(ladder.sent, target, signal.SIGCONT)
+        ladder.frozen = []
 
     def resume(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Ladder:
         """At start: a response an earlier daemon journaled and never closed, to finish.
@@ -250,6 +325,20 @@ class Enforcer:
                 ladder.outcome[target.pid] = UNKNOWN  # left to the scan to judge afresh
             else:
                 ladder.outcome[target.pid] = KILLED if target.pid in signalled else who
+        # Frozen by the earlier daemon and not ended now (stale, observe, progressed):
+        # thawed, never left stopped. Those ended now are frozen still: SIGTERM first.
+        termed = {s.pid for s in incident.signals or () if s.signal == "SIGTERM"}
+        ladder.frozen = [t for t in targets if t.pid not in termed and any(
+            s.pid == t.pid and s.signal == "SIGSTOP" and s.result == SENT
+            for s in incident.signals or ())]
+        ladder.sent = list(ladder.incident.signals or ())
+        stale = [t for t in ladder.frozen if t not in live
+                 and ladder.outcome.get(t.pid) == UNKNOWN]
+        if stale:
+            ladder.frozen = stale
+            self.thaw(ladder, "an earlier daemon froze it, and its verdict is not acted on")
+            ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
+        ladder.frozen = [t for t in ladder.frozen if t in live]
         if live:
             ladder.incident = replace(ladder.incident, action="ended")
             self._signals(ladder, live)
@@ -290,6 +379,10 @@ class Enforcer:
                     ladder.incident = replace(ladder.incident, evidence_error=str(err))
             ladder.work = None
             ladder.incident = replace(ladder.incident, evidence=files, action="ended")
+            ladder.step = Step.HOLD
+        elif ladder.step is Step.HOLD:
+            if now < ladder.term_at:
+                return False
             self._signals(ladder, ladder.targets)
         elif ladder.step is Step.LEAVING:
             ladder.left = [t for t in ladder.left if self._not_gone(t)]
@@ -350,36 +443,42 @@ class Enforcer:
         return True
 
     def _signals(self, ladder: Ladder, targets: list[Target]) -> None:
-        """The first round: SIGCONT and SIGTERM to every target, back to back."""
+        """The first round: SIGTERM and SIGCONT to every target, back to back."""
         ladder.sent = list(ladder.incident.signals or ())
         # Journaled before the first signal of each round, not before each signal:
-        # a write (an fsync) between a SIGCONT and the SIGTERM that follows would
-        # let a resumed rank see its peer die and exit first. A target gone after
-        # the ladder began was ended by it (Enforcer.resume).
+        # a write (an fsync) between two ranks' signals would let one see its peer
+        # die. A target gone after the ladder began was ended by it (Enforcer.resume).
         ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent), ladder="begun")
         self.write_ahead(ladder)
         ladder.live = list(targets)
-        # A rank already leaving on its own error gets the grace to finish, unsignalled.
+        # A rank already leaving on its own error gets the grace to finish, unsignalled
+        # (thawed, if it reached its error after the freeze).
         ladder.ending = [t for t in targets if self._ending_itself(t)]
         if ladder.ending:
+            for target in [t for t in ladder.frozen if t in ladder.ending]:
+                self._signal(ladder.sent, target, signal.SIGCONT)
+            ladder.frozen = [t for t in ladder.frozen if t not in ladder.ending]
             ladder.left = [t for t in ladder.ending if self._not_gone(t)]
             ladder.step, ladder.until = Step.LEAVING, self.clock() + self.settings.grace
             return
         self._term(ladder, targets)
 
     def _term(self, ladder: Ladder, targets: list[Target]) -> None:
+        """SIGTERM to every target, then SIGCONT to each it reached: a stopped (frozen)
+        rank takes its SIGTERM as it resumes, before it runs a line of its own (the
+        default action ends it even stopped); never resumed first, to see a peer end."""
         for target in targets:
-            # SIGCONT first: a stopped rank would not act on SIGTERM until resumed.
-            result = self._signal(ladder.sent, target, signal.SIGCONT)
-            if result != SENT:
-                ladder.outcome[target.pid] = result
-        ladder.live = [t for t in targets if t.pid not in ladder.outcome]
-        for target in ladder.live:
             result = self._signal(ladder.sent, target, signal.SIGTERM)
             if result != SENT:
                 ladder.outcome[target.pid] = result
-        ladder.left = [t for t in ladder.live
-                       if t.pid not in ladder.outcome and self._not_gone(t)]
+        ladder.live = [t for t in targets if t.pid not in ladder.outcome]
+        for target in targets:
+            # Gone already: it is ended. One frozen that the SIGTERM did not reach (its
+            # identity unknown for a moment) is thawed if it can be: never left stopped.
+            if target in ladder.live or target in ladder.frozen:
+                self._signal(ladder.sent, target, signal.SIGCONT)
+        ladder.frozen = []
+        ladder.left = [t for t in ladder.live if self._not_gone(t)]
         ladder.step, ladder.until = Step.TERM, self.clock() + self.settings.grace
 
     def _ended(self, ladder: Ladder) -> None:
@@ -414,6 +513,7 @@ class Enforcer:
         dropped: a begun ladder may have signalled, and every kill is journaled."""
         if ladder.work is not None:
             ladder.work.cancel()
+        self.thaw(ladder, f"its response is closed unfinished ({why})")
         for target in ladder.targets:
             ladder.outcome.setdefault(target.pid, UNKNOWN)
         ladder.incident = replace(

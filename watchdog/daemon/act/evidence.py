@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -158,12 +159,16 @@ class Evidence:
         self.signaller, self.probe = signaller, probe
         self.clock, self.sleep = clock, sleep
 
-    def capture(self, incident_id: str, targets: list[Target]) -> list[str]:
+    def capture(self, incident_id: str, targets: list[Target],
+                frozen: frozenset[int] = frozenset()) -> list[str]:
         """Stack dumps (Python and native) of every target, time-boxed; their files.
 
         Python dumps are asked of all targets at once, then collected; a
-        stopped rank is not asked (its handler cannot run until resumed).
-        Native samplers run one per target, side by side, in what time is left.
+        stopped rank is not asked (its handler cannot run until resumed), but
+        one the ladder froze (`frozen`, pids) is: asked, resumed for the dump
+        alone, and frozen again (no rank of the job has been ended yet, so it only
+        writes its stacks and waits on). Native samplers run one per target, side by
+        side, in what time is left, on frozen ranks.
         """
         root = os.path.join(self.state_dir, "evidence")
         os.makedirs(root, mode=0o700, exist_ok=True)
@@ -175,21 +180,24 @@ class Evidence:
         folder = os.path.join(root, incident_id)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         until = self.clock() + self.timeout
-        files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0), until)
+        files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0), until,
+                                    frozen)
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
             native = pool.map(lambda t: self._native_stacks(t, folder, until), targets)
             files += [path for path in native if path]
         return files
 
-    def _running(self, target: Target) -> bool:
-        """Not stopped (a stopped rank cannot run its dump handler), and the target:
-        the status from the probe, the identity as the signaller checks it."""
+    def _running(self, target: Target, frozen: frozenset[int] = frozenset()) -> bool:
+        """Not stopped (a stopped rank cannot run its dump handler) unless the ladder
+        froze it, and the target: the status from the probe, the identity as the
+        signaller checks it."""
         try:
             sample = self.probe.sample(target.pid)
         except ProbeError as err:
             log.info("not asking pid %s for its stacks: %s", target.pid, err)
             return False
-        return (sample is not None and sample.status not in STOPPED_STATUSES
+        return (sample is not None and (sample.status not in STOPPED_STATUSES
+                                        or target.pid in frozen)
                 and self.signaller.identify(target) == OURS)
 
     def _room(self, wanted: int) -> int:
@@ -197,24 +205,31 @@ class Evidence:
         return max(0, min(wanted, free_bytes(self.state_dir) - reserve_for(self.state_dir)))
 
     def _python_stacks(self, targets: list[Target], folder: str, until: float,
-                       copy_until: float) -> list[str]:
+                       copy_until: float, frozen: frozenset[int] = frozenset()) -> list[str]:
         asked: dict[Target, int] = {}  # target -> size of its dump file before asking
         for target in targets:
             if target.dump_signal not in DUMP_SIGNALS or not target.stacks_path:
                 continue
-            if not self._running(target):
+            if not self._running(target, frozen):
                 continue
             before = _size(target.stacks_path)
             if self.signaller.send(target, target.dump_signal) == SENT:
                 asked[target] = before
+        thawed = [t for t in asked if t.pid in frozen]
+        for target in thawed:  # its dump signal pending: the handler runs first
+            self.signaller.send(target, signal.SIGCONT)
         grown: dict[Target, int] = {}
-        while asked and self.clock() < until:
-            grown = {t: b for t, b in asked.items() if _size(t.stacks_path) > b}
-            if len(grown) == len(asked):
-                break
-            self.sleep(0.05)
-        if grown:
-            self.sleep(0.1)  # let faulthandler finish writing every thread
+        try:
+            while asked and self.clock() < until:
+                grown = {t: b for t, b in asked.items() if _size(t.stacks_path) > b}
+                if len(grown) == len(asked):
+                    break
+                self.sleep(0.05)
+            if grown:
+                self.sleep(0.1)  # let faulthandler finish writing every thread
+        finally:
+            for target in thawed:
+                self.signaller.send(target, signal.SIGSTOP)
         files = []
         for target, before in grown.items():
             out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")

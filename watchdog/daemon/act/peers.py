@@ -102,15 +102,22 @@ class Peers:
                 return judge.peer_view(view, [n.peer for n in nodes if not n.ok])
         return None
 
-    def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None) -> None:
-        """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret)."""
+    def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None,
+              term_in: float | None = None, since: float | None = None
+              ) -> Future[list[FenceSent]] | None:
+        """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret):
+        frozen at once, SIGTERMed `term_in` seconds from now (None: at once), those that
+        started before `since` (wall time the job was found dead; default now). The
+        fences' answers to come, or None when none is sent."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
-            return
+            return None
         log.debug("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
         # Found dead now, whenever a busy pool sends it: a relaunch of the job that
         # starts on a peer before the fence reaches it is not the dead job.
-        since = time.time()
+        now = time.time()
+        since = now if since is None else since
+        term_at = None if term_in is None else now + term_in
         self.note_fenced(uid, job, since)
 
         def sent(future: Future[list[FenceSent]]) -> None:
@@ -122,8 +129,10 @@ class Peers:
             level, line = told.fence_line(job, uid, reason, answers)
             log.log(level, "%s", line)
 
-        self.fencing.submit(fence.send, peers, secret, job, self.host, reason, culprit,
-                             self.settings.peer_timeout, uid, since).add_done_callback(sent)
+        future = self.fencing.submit(fence.send, peers, secret, job, self.host, reason,
+                                     culprit, self.settings.peer_timeout, uid, since, term_at)
+        future.add_done_callback(sent)
+        return future
 
     def note_fenced(self, uid: int, job: str, since: float) -> None:
         """A fence of this job sent (its ranks started before `since`, wall time): a

@@ -17,19 +17,20 @@ never dropped: its ladder may have signalled).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from watchdog.daemon.act import told
-from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
+from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome, Step
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.holds import peer_hold
 from watchdog.daemon.signaller import Target
-from watchdog.status import Incident, NodeStatus, PeerView
+from watchdog.status import FenceSent, Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,11 @@ class Response:
     ladder: Ladder | None = None
     failed: bool = False  # its start raised: its ranks are tried again
     verdict_at: float = 0.0  # the enforcer's clock at the verdict (the time boxes)
+    term_at: float | None = None  # the enforcer's clock: no SIGTERM before (a fence's)
+    fencing: Future[list[FenceSent]] | None = None  # the peers' answers to our fence
+    fenced: bool = False  # the peers were told to hold theirs frozen until `term_at`
+    hurried: bool = False  # ... and told again to end them now (our evidence was done)
+    fenced_since: float = 0.0  # wall time the first fence found the job dead
 
     @property
     def working(self) -> bool:
@@ -79,9 +85,13 @@ class Responses:
     def start(self, keys: list[Key], now: float, uid: int, job: str,
               incident: Incident, targets: list[Target],
               others_live: Callable[[], bool], *, ask_peers: bool, may_hold: bool,
-              evidence: bool) -> None:
+              evidence: bool, term_in: float | None = None) -> None:
+        """A response begun (or its peers asked first). `term_in`: seconds from now
+        its SIGTERMs wait at least (a fence's, for its ranks frozen meanwhile)."""
+        verdict_at = self.enforcer.clock()
         response = Response(keys, now, uid, job, incident, targets, others_live, may_hold,
-                            evidence, verdict_at=self.enforcer.clock())
+                            evidence, verdict_at=verdict_at,
+                            term_at=None if term_in is None else verdict_at + term_in)
         self.pending.append(response)
         try:
             if ask_peers:
@@ -110,16 +120,36 @@ class Responses:
             if named is not None:
                 incident = response.incident = replace(incident, culprit=replace(
                     named, cause=incident.cause, summary=incident.summary))
-        if response.evidence and self.settings.mode == "enforce":  # a verdict of ours
-            # The peers wait on this job's end: fence them now, not after evidence,
-            # grace and wired-memory settling (30 s and more).
-            self.peers.fence(response.uid, response.job,
-                             f"{incident.verdict}: {incident.reason}",
-                             fence_culprit(incident, view))
+        fencing = (response.evidence and self.settings.mode == "enforce"  # a verdict of ours
+                   and bool(self.settings.secret) and bool(self.settings.peers))
+        term_at = response.term_at
+        if fencing:
+            # Every rank of the job ends at one moment, here and on the peers: the
+            # evidence's time box from the verdict (the peers freeze theirs meanwhile).
+            term_at = response.verdict_at + self.settings.evidence_timeout + EVIDENCE_SLACK
+        # Ours frozen first (a rank frozen sees no peer end), then the peers told.
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
                                               evidence=response.evidence, asked=asked,
-                                              verdict_at=response.verdict_at)
+                                              verdict_at=response.verdict_at, term_at=term_at)
+        if fencing and term_at is not None:
+            # The peers wait on this job's end: fence them now, not after evidence,
+            # grace and wired-memory settling (30 s and more).
+            response.fenced_since = time.time()
+            response.fencing = self.peers.fence(
+                response.uid, response.job, f"{incident.verdict}: {incident.reason}",
+                fence_culprit(incident, view),
+                term_in=max(0.0, term_at - self.enforcer.clock()), since=response.fenced_since)
+            response.fenced = response.fencing is not None
+
+    def hurry(self, uid: int, job: str, term_in: float) -> None:
+        """A fence for a job a response holds frozen already (the origin's evidence was
+        done before the moment it had announced): its SIGTERM no later than `term_in`
+        seconds from now."""
+        due = self.enforcer.clock() + term_in
+        for response in self.pending:
+            if (response.uid, response.job) == (uid, job) and response.ladder is not None:
+                response.ladder.term_at = min(response.ladder.term_at, due)
 
     def ask_bound(self) -> float:
         """Seconds the peers' answer is waited for (Peers.view: a background ask
@@ -200,7 +230,38 @@ class Responses:
             if held is not None:
                 return held
         assert response.ladder is not None
-        return self.enforcer.step(response.ladder)
+        if response.fencing is not None and response.fencing.done():
+            self._fenced(response.ladder, response.fencing)
+            response.fencing = None
+        ladder = response.ladder
+        if response.fenced and not response.hurried and ladder.step is Step.HOLD \
+                and self.enforcer.clock() < ladder.term_at:
+            # Our evidence is in before the moment the peers were told: tell them again,
+            # to end theirs now, and end ours with them (their SIGTERMs a fence's trip
+            # after ours).
+            response.hurried = True
+            self.peers.fence(response.uid, response.job,
+                             f"{ladder.incident.verdict}: {ladder.incident.reason}",
+                             ladder.incident.culprit, term_in=0.0,
+                             since=response.fenced_since)  # never a relaunch since
+            ladder.term_at = self.enforcer.clock()
+        return self.enforcer.step(ladder)
+
+    def _fenced(self, ladder: Ladder, fencing: Future[list[FenceSent]]) -> None:
+        """The peers' answers to our fence: one that did not take it (unreachable, a
+        refusal) ends its ranks by its own verdict, unfrozen meanwhile; the incident
+        says so."""
+        try:
+            answers = fencing.result()
+        except Exception as err:  # noqa: BLE001 - a failed send is a result
+            missed = [f"fence not sent ({err})"]
+        else:
+            missed = [f"peer {a.peer} did not take the fence ({a})" for a in answers
+                      if a.answer is None or a.answer.error is not None]
+        if missed:
+            said = ladder.incident.freeze
+            ladder.incident = replace(ladder.incident, freeze="; ".join(
+                [said] + missed if said else missed))
 
     def finish(self, clock: Clock) -> None:
         """At the daemon's stop: step every response to its end, for at most the

@@ -57,6 +57,8 @@ class ProcessSample:
 
 
 STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+# Uninterruptible sleep ('D'): a SIGSTOP takes effect only once the process leaves it.
+UNINTERRUPTIBLE = psutil.STATUS_DISK_SLEEP
 GONE_STATUSES = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
 
 
