@@ -53,11 +53,10 @@ class Daemon:
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
         # The responses' workers, each kind its own so none waits behind another:
-        # evidence and its parse (one capture in flight per uid: workers.py), the
-        # peers' views, and fences (what a peer's job waits on).
+        # evidence and its parse (one capture in flight per uid: workers.py) and the
+        # peers' background asks; a view and a fence each get a thread of their own.
         self.executor = FairWork(4, "evidence")
         self.asking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peers")
-        self.fencing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fence")
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=clock.wall,
                                  executor=self.executor)
         self.learned = learning.Keeper(settings.state_dir, clock.wall())
@@ -83,13 +82,13 @@ class Daemon:
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set by the exit watcher or a fence: scan now
         self.peers = Peers(settings, self.host, self.asking, self.started,
-                           clock=clock.monotonic, fencing=self.fencing)
+                           clock=clock.monotonic)
         self.fences = Fences(settings, self.host, self.peers, self.table, self.lock, self.wake)
         # A rank waiting long: its data path to its peers probed (a cause's evidence),
         # on workers of its own: a probe never delays a capture, a view or a fence.
         self.probing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="links")
         self.links = Prober(self.probing.submit, min(1.0, settings.peer_timeout))
-        self.responses = Responses(settings, self.enforcer, self.peers, self.asking,
+        self.responses = Responses(settings, self.enforcer, self.peers,
                                    lambda: self.snapshot, lambda: self.baseline)
         self.exits = ExitWatcher(self.wake)
 
@@ -420,5 +419,4 @@ class Daemon:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.probing.shutdown(wait=False, cancel_futures=True)
-        self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")

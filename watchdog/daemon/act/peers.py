@@ -24,7 +24,7 @@ from typing import Any
 from watchdog.daemon.config import Settings
 from watchdog.daemon.judge import cluster as judge
 from watchdog.net import cluster, fence
-from watchdog.status import Culprit, Fence, FenceSent, NodeAnswer, NodeStatus, PeerView
+from watchdog.status import Culprit, Fence, NodeAnswer, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,8 @@ FRESH = 3.0  # seconds a background answer stands in for asking at a verdict
 
 class Peers:
     def __init__(self, settings: Settings, host: str, executor: Executor,
-                 started: float, clock: Callable[[], float] = time.monotonic,
-                 fencing: Executor | None = None) -> None:
+                 started: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.host, self.executor = settings, host, executor
-        # Fences on their own workers (default: `executor`): never behind a view.
-        self.fencing = fencing or executor
         self.started = started  # a fence signed before we started is refused
         # Kept on disk: a restart must not forget the fences it accepted (fence.py).
         self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
@@ -109,12 +106,15 @@ class Peers:
         # starts on a peer before the fence reaches it is not the dead job.
         since = time.time()
 
-        def sent(future: Future[list[FenceSent]]) -> None:
-            for answer in future.result():
+        def send() -> None:
+            for answer in fence.send(peers, secret, job, self.host, reason, culprit,
+                                     self.settings.peer_timeout, uid, since):
                 log.info("fence of job %s to %s: %s", job, answer.peer, answer)
 
-        self.fencing.submit(fence.send, peers, secret, job, self.host, reason, culprit,
-                             self.settings.peer_timeout, uid, since).add_done_callback(sent)
+        # Each fence on a thread of its own, each peer's exchange within peer_timeout:
+        # never behind a view, another fence or a slow peer. Not a daemon thread: a
+        # fence under way at the daemon's stop still reaches its peers (by its bound).
+        threading.Thread(target=send, name=f"fence-{job}", daemon=False).start()
 
     def verify(self, headers: Any, body: bytes) -> Fence:
         """An incoming fence, authenticated; raises fence.FenceRejected."""
