@@ -91,7 +91,7 @@ class Peers:
         peer_timeout, or a recent background one; `local` our own snapshot), or None."""
         nodes = self._remote()
         nodes.append(NodeAnswer(judge.LOCAL, True, local))
-        for view in judge.analyze(nodes).jobs:
+        for view in judge.analyze(nodes, only=(uid, job)).jobs:  # that job alone
             if view.job == job and view.uid == uid:
                 return judge.peer_view(view, [n.peer for n in nodes if not n.ok])
         return None
