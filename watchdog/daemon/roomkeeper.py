@@ -7,8 +7,11 @@ and their hangs unseen. Each scan the daemon looks at the free space (one
 the reserve is back: files that are not records (any name but a record, a
 staging record, a stack dump or the daemon's pointer), records of a size no
 record has, and stack dumps past what a dump needs (truncated, not removed: the
-rank holds its dump file open). Never a link's target, never a directory, and
-each removal logged.
+rank holds its dump file open). The keeper runs as root: it writes (truncates)
+only a file proven a rank's dump (one link, owned by the uid owning the record
+beside it, never root's); any other file it only unlinks, so a hard link to a
+file of another owner planted here costs that file nothing. Never a link's
+target, never a directory, and each removal logged.
 
 This bounds a fill the daemon sees; a user who keeps writing can still race a
 rank's start. For a hard bound the directory gets its own filesystem with a
@@ -51,6 +54,40 @@ def _kind(name: str) -> str:
     return "junk"
 
 
+def _truncate(path: str) -> bool:
+    """Empty the dump at `path` if it is proven a rank's: a regular file of one link
+    (a hard link to another file, even one its linker may not write, is no dump),
+    owned by the uid that owns the record beside it, and not root's. False, and
+    nothing written, when it is not (the caller unlinks the entry instead)."""
+    try:
+        record = os.stat(path[: -len(layout.STACKS_SUFFIX)] + layout.SUFFIX,
+                         follow_symlinks=False)
+    except OSError:
+        return False  # no rank's record beside it: no rank's dump
+    # O_RDONLY first: nothing is opened for writing before it is proven (a fifo or
+    # a device never blocks the scan: O_NONBLOCK).
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid != 0
+                and stat.S_ISREG(record.st_mode) and record.st_uid == st.st_uid):
+            return False
+        # The file checked is the one truncated: opened again for writing, it must
+        # be the same file (device, inode), still of one link.
+        wfd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            again = os.fstat(wfd)
+            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) \
+                    or again.st_nlink != 1:
+                return False
+            os.ftruncate(wfd, 0)
+            return True
+        finally:
+            os.close(wfd)
+    finally:
+        os.close(fd)
+
+
 def keep_room(directory: str) -> int:
     """Below the reserve: free it as above; the bytes freed (0: nothing to do)."""
     try:
@@ -80,21 +117,16 @@ def keep_room(directory: str) -> int:
         elif kind == "record" and st.st_size not in layout.SIZES.values():
             candidates.append((used, entry.path, "remove", st.st_uid))
         elif kind == "dump" and used > DUMP_KEEP_BYTES:
+            # Written to only when proven a rank's dump (_truncate); else unlinked.
             candidates.append((used, entry.path, "truncate", st.st_uid))
     freed = 0
     for used, path, what, owner in sorted(candidates, reverse=True):
         if free + freed >= reserve:
             break
         try:
-            if what == "remove":
+            if what == "remove" or not _truncate(path):
+                what = "remove"
                 os.unlink(path)
-            else:
-                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                try:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        os.ftruncate(fd, 0)
-                finally:
-                    os.close(fd)
         except OSError as err:
             log.warning("cannot free %s in the record directory: %s", path, err)
             continue
