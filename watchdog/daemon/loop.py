@@ -38,7 +38,7 @@ from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
 from watchdog.states import FINAL, WAITING_LONG
-from watchdog.status import Fence, FenceAnswer, NodeStatus
+from watchdog.status import Fence, FenceAnswer, NodeStatus, job_key
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +289,8 @@ class Daemon:
             if result == KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")
-                self.counters.job_kills[rank.record.job] = (
-                    self.counters.job_kills.get(rank.record.job, 0) + 1)
+                counted = job_key(rank.record.uid, rank.record.job)  # per (uid, job)
+                self.counters.job_kills[counted] = self.counters.job_kills.get(counted, 0) + 1
                 self.table.remove_record(rank)
             elif result == UNKILLABLE:
                 transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
