@@ -508,6 +508,9 @@ class NodeStatus:
     launches: dict[str, int] = field(default_factory=dict)  # launcher event -> count
     unwritten: Unwritten = field(default_factory=Unwritten)
     scan_bucket_bounds: tuple[float, ...] = ()
+    # Why the record directory is full and nothing in it can be freed (new ranks cannot
+    # publish: unwatched), with the uids holding the space where found; None: room.
+    record_dir_full: str | None = None
     # The full form: every field above was published (never a key of its own).
     scanned: bool = field(default=False, metadata=_on_wire(
         skip=True, read=lambda data: "scan_monotonic" in data))

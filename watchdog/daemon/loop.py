@@ -91,6 +91,10 @@ class Daemon:
         self.responses = Responses(settings, self.enforcer, self.peers,
                                    lambda: self.snapshot, lambda: self.baseline)
         self.exits = ExitWatcher(self.wake)
+        # Room in the record directory for every user's next rank; why it is full
+        # and nothing can free it ("" while there is room), published and alerted on.
+        self.keeper = roomkeeper.Keeper(settings.dir, self.probe.deleted_holders)
+        self.room_full = ""
 
     # -- one tick --------------------------------------------------------------
 
@@ -104,7 +108,7 @@ class Daemon:
         now = now_ns / 1e9
         self._collect_finished()
         self._begin_fences()
-        roomkeeper.keep_room(self.settings.dir)  # one statvfs; room for every user's ranks
+        self.room_full = self.keeper.keep()  # one statvfs; room for every user's ranks
         found = self.table.read(now)
         self._deaths(now)
         due = self._judge(found.live, now_ns)
@@ -340,7 +344,8 @@ class Daemon:
             # A directory full of junk must not make every scan write megabytes.
             invalid={**records.unusable(INVALID_LISTED), **transient},
             invalid_count=len(records.bad) + len(transient),
-            launches=self.launches.get(), backlog=self.enforcer.backlog.state())
+            launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
+            record_dir_full=self.room_full)
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot.to_json())

@@ -24,6 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from watchdog.daemon.store.journal import POINTER
 from watchdog.record import layout
@@ -32,6 +35,15 @@ log = logging.getLogger(__name__)
 
 RESERVE_BYTES = 4 << 20  # ~170 records' worth, or an eighth of a small filesystem
 DUMP_KEEP_BYTES = 4 << 20  # a faulthandler dump of many threads is tens of kB
+MAX_ENTRIES_PER_SCAN = 4096  # looked at per scan below the reserve, as the reader's cap
+HOLDERS_EVERY = 30.0  # seconds between looks for who holds a full directory's space
+
+
+class Room(NamedTuple):
+    free: int  # bytes an unprivileged writer may use, when looked at
+    reserve: int  # what is kept for ranks
+    freed: int  # by this call
+    looked: int  # entries looked at
 
 
 def _free(directory: str) -> tuple[int, int]:
@@ -88,22 +100,27 @@ def _truncate(path: str) -> bool:
         os.close(fd)
 
 
-def keep_room(directory: str) -> int:
-    """Below the reserve: free it as above; the bytes freed (0: nothing to do)."""
+def keep_room(directory: str, entries: Iterator[os.DirEntry[str]] | None = None,
+              limit: int | None = None) -> Room | None:
+    """Below the reserve: free it as above. `entries` (default: the whole directory)
+    are looked at, at most `limit` of them. The room found and the bytes freed; None
+    when the filesystem cannot be read."""
     try:
         free, size = _free(directory)
     except OSError:
-        return 0
+        return None
     reserve = reserve_for(size)
     if free >= reserve:
-        return 0
+        return Room(free, reserve, 0, 0)
     candidates: list[tuple[int, str, str, int]] = []  # (bytes, path, what, owner)
     try:
-        entries = list(os.scandir(directory))
+        listing = entries if entries is not None else iter(list(os.scandir(directory)))
     except OSError as err:
         log.warning("cannot list %s to free room: %s", directory, err)
-        return 0
-    for entry in entries:
+        return Room(free, reserve, 0, 0)
+    looked = 0
+    for entry in listing:
+        looked += 1
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
@@ -119,6 +136,8 @@ def keep_room(directory: str) -> int:
         elif kind == "dump" and used > DUMP_KEEP_BYTES:
             # Written to only when proven a rank's dump (_truncate); else unlinked.
             candidates.append((used, entry.path, "truncate", st.st_uid))
+        if limit is not None and looked >= limit:
+            break
     freed = 0
     for used, path, what, owner in sorted(candidates, reverse=True):
         if free + freed >= reserve:
@@ -135,4 +154,72 @@ def keep_room(directory: str) -> int:
                     "%s %s of uid %s (%d KiB), not a record", directory, free >> 10,
                     reserve >> 10, "removed" if what == "remove" else "truncated", path, owner,
                     used >> 10)
-    return freed
+    return Room(free, reserve, freed, looked)
+
+
+def _entries(directory: str) -> Iterator[os.DirEntry[str]]:
+    """The directory's entries, listed as they are taken (closed at the end)."""
+    try:
+        with os.scandir(directory) as listing:
+            yield from listing
+    except OSError as err:
+        log.warning("cannot list %s to free room: %s", directory, err)
+
+
+class Keeper:
+    """The room keeper at each scan: at most MAX_ENTRIES_PER_SCAN entries looked at,
+    the next scan resuming where the last stopped (a directory of 200,000 entries
+    costs each scan a bounded share); and a directory below the reserve that a whole
+    pass could not free, reported (`full`: why, with the uids holding the space when
+    they can be found; "" while there is room), and logged once per change."""
+
+    def __init__(self, directory: str, holders: Callable[[str], dict[int, int] | None],
+                 limit: int = MAX_ENTRIES_PER_SCAN) -> None:
+        self.directory, self.holders, self.limit = directory, holders, limit
+        self.full = ""
+        self._pass: Iterator[os.DirEntry[str]] | None = None  # a pass under way
+        self._pass_freed = 0
+        self._told = ""  # what the last log line said holds the space
+        self._held: dict[int, int] | None = None  # uid -> bytes, as last looked for
+        self._held_at: float | None = None
+
+    def keep(self) -> str:
+        """One scan's share of the work; why the directory is full and stays so, or ""."""
+        if self._pass is None:
+            self._pass = _entries(self.directory)  # opened only when looked at
+            self._pass_freed = 0
+        room = keep_room(self.directory, self._pass, self.limit)
+        if room is None:
+            return self.full
+        self._pass_freed += room.freed
+        ended = room.looked < self.limit or room.free >= room.reserve
+        if ended:
+            self._pass = None
+        if room.free + room.freed >= room.reserve:
+            if self.full:
+                log.warning("record directory %s has room again", self.directory)
+            self.full, self._told = "", ""
+        elif ended and self._pass_freed == 0:
+            self._report(room)
+        return self.full
+
+    def _report(self, room: Room) -> None:
+        now = time.monotonic()
+        if self._held_at is None or now - self._held_at >= HOLDERS_EVERY:
+            self._held, self._held_at = self.holders(self.directory), now
+        held = self._held
+        by = ""
+        if held:
+            by = "; held by " + ", ".join(f"uid {uid} ({used >> 10} KiB)" for uid, used in
+                                          sorted(held.items(), key=lambda kv: -kv[1]))
+            by += " in deleted files still open"
+        elif held is None:
+            by = "; who holds the space cannot be found on this OS"
+        self.full = (f"record directory {self.directory} full: {room.free >> 10} KiB free, "
+                     f"below the {room.reserve >> 10} KiB kept for ranks, and nothing in it "
+                     f"left to free: new ranks cannot publish their records and go "
+                     f"unwatched{by}")
+        told = ",".join(str(uid) for uid in sorted(held or {}))
+        if told != self._told or not self._told:
+            log.error("%s", self.full)
+            self._told = told or "-"

@@ -235,6 +235,9 @@ FAMILIES: tuple[Family | Histogram, ...] = (
            scalar(lambda snap: 1.0 if snap.reboot_required else 0.0)),
     Family("wired_memory_bytes", "System wired memory", GAUGE, (),
            scalar(lambda snap: None if snap.wired_bytes is None else float(snap.wired_bytes))),
+    Family("record_dir_full", "1 while the record directory is below the room kept for "
+           "ranks and nothing in it can be freed (new ranks cannot publish: unwatched)",
+           GAUGE, (), scalar(lambda snap: 1.0 if snap.record_dir_full else 0.0)),
     Family("invalid_records", "Unusable files seen in the record directory", COUNTER, (),
            scalar(lambda snap: snap.counters.invalid_records)),
     Family("probe_errors", "Failed process or memory probes", COUNTER, (),

@@ -62,3 +62,79 @@ def test_only_a_proven_ranks_dump_is_truncated(full):
     assert dump.exists() and dump.stat().st_size == 0  # the rank holds it open: kept
     for path in (roots, orphan, mismatched):
         assert not path.exists(), path
+
+
+# -- a fill nothing can free, and the keeper's work per scan (issue 37, items 5 and 6) --
+
+
+def test_a_fill_held_in_a_deleted_open_file_is_reported_with_the_uid_holding_it(
+        full, caplog, monkeypatch):
+    """uid 65534 holds a deleted file of the directory open: nothing there can be
+    freed. The keeper says so (status, metric, alert, log), naming the uid, logged
+    once while it lasts; room again is said once too."""
+    import logging
+
+    from tests.support.users import UserProc
+    from watchdog.daemon.probes import probe
+
+    held = full / "fill"
+    fd = os.open(held, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"x" * (2 << 20))
+    os.unlink(held)
+    with UserProc() as other:  # forked: holds the descriptor, as uid 65534
+        os.close(fd)
+        holders = probe().deleted_holders(str(full))
+        if holders is not None:  # Linux reads /proc; elsewhere not findable
+            assert holders.get(OTHER_UID, 0) >= 2 << 20 and other.pid
+        keeper = roomkeeper.Keeper(str(full), probe().deleted_holders)
+        caplog.set_level(logging.ERROR, logger="watchdog.daemon.roomkeeper")
+        for _ in range(5):
+            why = keeper.keep()
+        assert "nothing in it left to free" in why and "unwatched" in why
+        if holders is not None:
+            assert f"uid {OTHER_UID}" in why
+        assert len([r for r in caplog.records if "full" in r.getMessage()]) == 1
+    monkeypatch.setattr(roomkeeper, "_free", lambda _d: (64 << 20, 64 << 20))  # freed
+    assert keeper.keep() == "" and keeper.full == ""
+
+
+def test_a_full_record_directory_is_in_the_status_and_the_metrics(full, tmp_path):
+    from watchdog.daemon.config import Settings
+    from watchdog.daemon.loop import Daemon
+    from watchdog.net.metrics import exposition
+
+    daemon = Daemon(Settings(dir=str(full), state_dir=str(tmp_path / "state")))
+    try:
+        os.makedirs(tmp_path / "state")
+        daemon.scan()
+        assert daemon.snapshot.record_dir_full and "full" in daemon.snapshot.record_dir_full
+        assert b"mlx_watchdog_record_dir_full 1.0" in exposition(lambda: daemon.snapshot)
+        assert "record_dir_full" in daemon.snapshot.to_json()
+    finally:
+        daemon.executor.shutdown(wait=False)
+
+
+@pytest.mark.slow
+def test_the_keepers_work_per_scan_is_capped_and_resumed(full, monkeypatch):
+    """Issue 37, item 6: 200,000 empty dumps below the reserve made every scan stat
+    them all. Each scan looks at no more than its cap, the next going on where it
+    stopped; a whole pass still finds what there is to free."""
+    for n in range(5000):
+        (full / f"{n}.stacks").touch()
+    looked: list[int] = []
+    real = roomkeeper.keep_room
+
+    def counted(*args, **kwargs):
+        room = real(*args, **kwargs)
+        looked.append(room.looked)
+        return room
+
+    monkeypatch.setattr(roomkeeper, "keep_room", counted)
+    keeper = roomkeeper.Keeper(str(full), lambda _d: {}, limit=1000)
+    junk = _file(full / "junk", OTHER_UID, 1 << 20)  # somewhere in the listing
+    scans = 0
+    while junk.exists() and scans < 10:
+        keeper.keep()
+        scans += 1
+    assert not junk.exists(), "a whole pass did not find the junk"
+    assert max(looked) <= 1000 and scans <= 6, (looked, scans)

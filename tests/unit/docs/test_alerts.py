@@ -40,6 +40,7 @@ EXPORTED_METRICS: frozenset[str] = frozenset(
         "mlx_watchdog_node_reboot_required",
         "mlx_watchdog_wired_memory_bytes",
         "mlx_watchdog_invalid_records_total",
+        "mlx_watchdog_record_dir_full",
         "mlx_watchdog_probe_errors_total",
         "mlx_watchdog_loop_errors_total",
         "mlx_watchdog_scan_duration_seconds",

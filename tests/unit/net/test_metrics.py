@@ -52,6 +52,7 @@ FAMILIES = {
     P + "launch_events": "counter",
     P + "node_reboot_required": "gauge",
     P + "wired_memory_bytes": "gauge",
+    P + "record_dir_full": "gauge",
     P + "invalid_records": "counter",
     P + "probe_errors": "counter",
     P + "loop_errors": "counter",
