@@ -156,7 +156,7 @@ class Daemon:
         """Ranks waiting long: their data path probed (shown); the peers asked ahead."""
         long = [r for r in self.ranks.values() if r.state in WAITING_LONG]
         for r in long:
-            self.links.ask(r.key, now, r.record.backend)
+            self.links.ask(r.key, now, r.record.backend, r.record.uid)
         self.links.forget(r.key for r in long)
         for r in self.ranks.values():
             r.data_link = self.links.found.get(r.key)
