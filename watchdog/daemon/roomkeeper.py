@@ -113,11 +113,7 @@ def keep_room(directory: str, entries: Iterator[os.DirEntry[str]] | None = None,
     if free >= reserve:
         return Room(free, reserve, 0, 0)
     candidates: list[tuple[int, str, str, int]] = []  # (bytes, path, what, owner)
-    try:
-        listing = entries if entries is not None else iter(list(os.scandir(directory)))
-    except OSError as err:
-        log.warning("cannot list %s to free room: %s", directory, err)
-        return Room(free, reserve, 0, 0)
+    listing = entries if entries is not None else _entries(directory)
     looked = 0
     for entry in listing:
         looked += 1
