@@ -144,7 +144,8 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
                        f"{who(r)} cannot reach its peer over the ranks' own connection "
                        f"({r.data_link}) while every node's daemon answers; "
                        + _wait_note(waiting))
-    outside = [r for r in ranks if r not in waiting and r not in gone
+    placed = {id(r) for r in waiting} | {id(r) for r in gone}  # by identity: linear
+    outside = [r for r in ranks if id(r) not in placed
                and (r.phase == "idle" or r.computing is not True)]
     if waiting and outside:
         r, w = outside[0], waiting[0]

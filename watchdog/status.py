@@ -367,6 +367,17 @@ def valid_ranks(data: Any) -> tuple[RankStatus, ...]:
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def job_key(uid: int | None, job: str) -> str:
+    """A per-job count's key: "<uid>:<job>" (a job is its owner's uid with its id:
+    any user may name any job id, so a count keyed by the id alone is anyone's)."""
+    return f"{'' if uid is None else uid}:{job}"
+
+
+def split_job_key(key: str) -> tuple[str, str]:
+    """(uid, job) of a `job_key`; a key of an older daemon (the job alone) has no uid."""
+    uid, sep, job = key.partition(":")
+    return (uid, job) if sep and (uid.isdigit() or not uid) else ("", key)
+
 @dataclass(kw_only=True)
 class Counters(Decodable):
     """The daemon's counters: counted by its loop, published (`counters` in /status) as
@@ -377,7 +388,7 @@ class Counters(Decodable):
     stalls: dict[str, int] = field(default_factory=dict)  # verdict -> hangs acted on
     stall_causes: dict[str, int] = field(default_factory=dict)  # "verdict:cause" -> count
     kills: dict[str, int] = field(default_factory=dict)  # signal -> sent to end a rank
-    job_kills: dict[str, int] = field(default_factory=dict)
+    job_kills: dict[str, int] = field(default_factory=dict)  # job_key(uid, job) -> ranks
     invalid_records: int = 0
     probe_errors: int = 0
     loop_errors: int = 0
@@ -500,6 +511,9 @@ class NodeStatus:
     launches: dict[str, int] = field(default_factory=dict)  # launcher event -> count
     unwritten: Unwritten = field(default_factory=Unwritten)
     scan_bucket_bounds: tuple[float, ...] = ()
+    # Why the record directory is full and nothing in it can be freed (new ranks cannot
+    # publish: unwatched), with the uids holding the space where found; None: room.
+    record_dir_full: str | None = None
     # The full form: every field above was published (never a key of its own).
     scanned: bool = field(default=False, metadata=_on_wire(
         skip=True, read=lambda data: "scan_monotonic" in data))

@@ -138,7 +138,7 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
         assert "may read it" not in done.stdout, done.stdout
         text = metrics_from(bed.hosts[1], bed.hosts[0])
         assert re.search(r'mlx_watchdog_rank_state\{mlx_job="[^"]+",rank="0",'
-                         r'state="running"\} 1\.0', text), text[-2000:]
+                         r'state="running",uid="\d+"\} 1\.0', text), text[-2000:]
 
         # A frozen rank: ended on both hosts, each listing itself among its peers.
         job.signal(1, signal.SIGSTOP)

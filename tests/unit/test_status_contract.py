@@ -59,7 +59,7 @@ NODE_SHAPE = {
     "wired_baseline_bytes": OPT_INT, "reboot_required": (bool,),
     "reboot": (dict, type(None)), "ranks": (list,), "invalid_records": (dict,),
     "invalid_files": (int,), "counters": (dict,), "launches": (dict,), "unwritten": (dict,),
-    "scan_bucket_bounds": (list,),
+    "scan_bucket_bounds": (list,), "record_dir_full": OPT_STR,
 }
 COUNTER_KEYS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
                 "loop_errors", "scan_buckets", "scan_sum", "scan_count"]

@@ -107,12 +107,18 @@ def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
                      and r.state not in FINAL and r.verdict is not None]
             why = hold_reason(rank.verdict, mates, rules, rec.rank)
             if why:
-                if rank.hold_note != why:  # logged once per change, not every scan
+                if holder(rank.hold_note) != holder(why):  # once per hold or change of it
                     log.info("job %s rank %s: %s; %s", job, rec.rank, rank.verdict.reason, why)
                 transition(rank, Edge.HELD, now, f"{rank.verdict.reason}; {why}", note=why)
                 continue
             kept.setdefault((uid, job), []).append(rank)  # escalated: loop._escalate
     return kept
+
+
+def holder(why: str) -> str:
+    """What holds a rank, without how long or how many bytes so far (which change at
+    every scan): a hold is logged when it begins or what holds it changes."""
+    return why.split(" (", 1)[0]
 
 
 def may_hold(due: Iterable[Rank], rules: Rules) -> bool:

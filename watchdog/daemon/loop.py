@@ -44,7 +44,7 @@ from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
 from watchdog.states import FINAL, WAITING_LONG
-from watchdog.status import Fence, FenceAnswer, NodeStatus
+from watchdog.status import Fence, FenceAnswer, NodeStatus, job_key
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,10 @@ class Daemon:
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
         # The responses' workers, each kind its own so none waits behind another:
-        # evidence and its parse (one capture in flight per uid: workers.py), the
-        # peers' views, and fences (what a peer's job waits on).
+        # evidence and its parse (one capture in flight per uid: workers.py) and the
+        # peers' background asks; a view and a fence each get a thread of their own.
         self.executor = FairWork(4, "evidence")
         self.asking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peers")
-        self.fencing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fence")
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=clock.wall,
                                  executor=self.executor)
         self.learned = learning.Keeper(settings.state_dir, clock.wall())
@@ -89,7 +88,7 @@ class Daemon:
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set by the exit watcher or a fence: scan now
         self.peers = Peers(settings, self.host, self.asking, self.started,
-                           clock=clock.monotonic, fencing=self.fencing)
+                           clock=clock.monotonic)
         self.fences = Fences(settings, self.host, self.peers, self.table, self.lock, self.wake)
         # A rank waiting long: its data path to its peers probed (a cause's evidence),
         # on workers of its own: a probe never delays a capture, a view or a fence.
@@ -100,9 +99,13 @@ class Daemon:
         # spins on nothing (judge/frames.py, judge/wedge.py). A healthy job: none.
         self.sampling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stacks")
         self.stacks = StackSampler(self.probe, self.sampling.submit, clock.monotonic)
-        self.responses = Responses(settings, self.enforcer, self.peers, self.asking,
+        self.responses = Responses(settings, self.enforcer, self.peers,
                                    lambda: self.snapshot, lambda: self.baseline)
         self.exits = ExitWatcher(self.wake)
+        # Room in the record directory for every user's next rank; why it is full
+        # and nothing can free it ("" while there is room), published and alerted on.
+        self.keeper = roomkeeper.Keeper(settings.dir, self.probe.deleted_holders)
+        self.room_full = ""
 
     # -- one tick --------------------------------------------------------------
 
@@ -116,7 +119,7 @@ class Daemon:
         now = now_ns / 1e9
         self._collect_finished()
         self._begin_fences()
-        roomkeeper.keep_room(self.settings.dir)  # one statvfs; room for every user's ranks
+        self.room_full = self.keeper.keep()  # one statvfs; room for every user's ranks
         found = self.table.read(now)
         self._deaths(now)
         due = self._judge(found.live, now_ns)
@@ -230,7 +233,7 @@ class Daemon:
         """Ranks waiting long: their data path probed (shown); the peers asked ahead."""
         long = [r for r in self.ranks.values() if r.state in WAITING_LONG]
         for r in long:
-            self.links.ask(r.key, now, r.record.backend)
+            self.links.ask(r.key, now, r.record.backend, r.record.uid)
         self.links.forget(r.key for r in long)
         for r in self.ranks.values():
             r.data_link = self.links.found.get(r.key)
@@ -371,8 +374,8 @@ class Daemon:
             if result == KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")
-                self.counters.job_kills[rank.record.job] = (
-                    self.counters.job_kills.get(rank.record.job, 0) + 1)
+                counted = job_key(rank.record.uid, rank.record.job)  # per (uid, job)
+                self.counters.job_kills[counted] = self.counters.job_kills.get(counted, 0) + 1
                 self.table.remove_record(rank)
             elif result == UNKILLABLE:
                 transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
@@ -426,7 +429,8 @@ class Daemon:
             # A directory full of junk must not make every scan write megabytes.
             invalid={**records.unusable(INVALID_LISTED), **transient},
             invalid_count=len(records.bad) + len(transient),
-            launches=self.launches.get(), backlog=self.enforcer.backlog.state())
+            launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
+            record_dir_full=self.room_full)
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot.to_json())
@@ -518,7 +522,6 @@ class Daemon:
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.probing.shutdown(wait=False, cancel_futures=True)
         self.sampling.shutdown(wait=False, cancel_futures=True)
-        self.fencing.shutdown(wait=False)  # a fence under way still reaches its peers
         log.info("stopped")
 
 

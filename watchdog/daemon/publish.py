@@ -23,7 +23,7 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
              scanned: tuple[float, float], started: float, wired: tuple[int | None, int | None],
              invalid: dict[str, str], invalid_count: int,
              launches: dict[str, int] | None = None,
-             backlog: Unwritten | None = None) -> NodeStatus:
+             backlog: Unwritten | None = None, record_dir_full: str = "") -> NodeStatus:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
     `wired` the wired bytes now and at rest, `launches` the launcher's counted events."""
     flag = journal.reboot_flag(settings.state_dir)
@@ -44,4 +44,4 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         reboot_required=flag is not None, reboot=flag, ranks=shown, scanned=True,
         invalid_records=dict(invalid), invalid_files=invalid_count,
         counters=counters.values(), launches=dict(launches or {}), unwritten=backlog,
-        scan_bucket_bounds=SCAN_BUCKETS)
+        scan_bucket_bounds=SCAN_BUCKETS, record_dir_full=record_dir_full or None)

@@ -28,6 +28,7 @@ from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.signaller import GONE, NOT_OURS, Signaller
 from watchdog.record import Record
 from watchdog.states import FINAL, State
+from watchdog.status import job_key
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class RankTable:
         # (those unusable for good are kept by self.records)
         self.invalid: dict[str, str] = {}
         self._invalid_seen: set[tuple[str, int, int]] = set()
-        self.job_seen: dict[str, float] = {}  # job -> when a rank of it was last listed
+        self.job_seen: dict[str, float] = {}  # job_key -> when a rank of it was last listed
         # Ranks of responses an earlier daemon left unfinished (pending.py): being
         # completed (not judged meanwhile), or ended by it before we saw them.
         self.replaying: set[Key] = set()
@@ -190,7 +191,7 @@ class RankTable:
             per_uid[rec.uid] = per_uid.get(rec.uid, 0) + 1
         rank = rank or self._add(path, rec)
         if rank.record.job != rec.job:  # the group formed: the launch's job is known now
-            self.counters.job_kills.setdefault(rec.job, 0)
+            self.counters.job_kills.setdefault(job_key(rec.uid, rec.job), 0)
             log.info("pid %s: job %s, rank %s/%s (was job %s before its group formed)",
                      rec.pid, rec.job, rec.rank, rec.world_size, rank.record.job)
         rank.record, rank.seen_alive = rec, True
@@ -235,7 +236,7 @@ class RankTable:
             # An earlier daemon's response has it: not judged again.
             transition(rank, Edge.ESCALATED, 0.0)
         # Present from the job's first sight, so increase() sees its first kills.
-        self.counters.job_kills.setdefault(rec.job, 0)
+        self.counters.job_kills.setdefault(job_key(rec.uid, rec.job), 0)
         log.info("watching pid %s: job %s %s (%s)", rec.pid, rec.job,
                  f"rank {rec.rank}/{rec.world_size}" if rec.rank >= 0 and rec.world_size > 0
                  else "rank not known yet", f"backend {rec.backend}" if rec.backend
@@ -283,7 +284,7 @@ class RankTable:
             self.forget(key)
             self.remove_record(rank)
         for rank in self.ranks.values():
-            self.job_seen[rank.record.job] = now
+            self.job_seen[job_key(rank.record.uid, rank.record.job)] = now
         # A job's kill counter outlives its ranks by an hour (the repeated-kills
         # alert looks back that far), then goes: the series stay bounded.
         # A job never killed has nothing to count once its ranks are forgotten.

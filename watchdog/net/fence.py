@@ -24,12 +24,11 @@ import json
 import os
 import threading
 import time
-import urllib.request
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from watchdog.files import open_regular
+from watchdog.net import cluster
 from watchdog.status import Culprit, Fence, FenceAnswer, FenceSent
 
 WINDOW = 30.0  # seconds a fence stays valid; node clocks must agree this well (NTP)
@@ -200,26 +199,28 @@ def verify(secret: str, headers: Any, body: bytes, nonces: NonceCache,
 
 
 def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> FenceSent:
-    request = urllib.request.Request(f"http://{peer}/fence", data=body, headers=headers,
-                                     method="POST")
+    """One fence to one peer and its answer, all of it within `timeout` seconds."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return FenceSent(peer, FenceAnswer.from_json(json.loads(response.read(MAX_BODY))))
+        code, answer = cluster.exchange(peer, "/fence", timeout, MAX_BODY, body=body,
+                                        headers=headers)
+        try:
+            return FenceSent(peer, FenceAnswer.from_json(json.loads(answer)))
+        except (ValueError, TypeError):
+            return FenceSent(peer, error=f"HTTP {code}")
     except Exception as err:  # noqa: BLE001 - an unreachable peer is a result
-        return FenceSent(peer, error=str(getattr(err, "reason", err)))
+        return FenceSent(peer, error=str(err) or type(err).__name__)
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
          culprit: Culprit | None, timeout: float, uid: int = 0,
          since: float | None = None, term_at: float | None = None) -> list[FenceSent]:
     """Fence `uid`'s `job` (its ranks started before `since`, to be SIGTERMed at
-    `term_at`, wall time) on every peer, concurrently; each answer or error."""
-    if not peers:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
-        def one(peer: str) -> FenceSent:
-            body, headers = make(secret, job, origin, reason, culprit, uid=uid,  # a nonce each
-                                 since=since, term_at=term_at)
-            return post(peer, body, headers, timeout)
+    `term_at`, wall time) on every peer, each on its own thread within `timeout` (a slow
+    peer never holds another's fence back); each answer or error."""
+    def one(peer: str) -> FenceSent:
+        body, headers = make(secret, job, origin, reason, culprit, uid=uid,  # a nonce each
+                             since=since, term_at=term_at)
+        return post(peer, body, headers, timeout)
 
-        return list(pool.map(one, peers))
+    return cluster.each(peers, one, timeout,
+                        lambda p: FenceSent(p, error=f"no answer within {timeout:g}s"))

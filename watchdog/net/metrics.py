@@ -25,7 +25,7 @@ from prometheus_client.core import (
 
 from watchdog.cause import CAUSES
 from watchdog.states import ENDED, State
-from watchdog.status import NodeStatus, RankStatus
+from watchdog.status import NodeStatus, RankStatus, split_job_key
 
 PREFIX = "mlx_watchdog_"
 Snapshot = Callable[[], NodeStatus]
@@ -37,18 +37,23 @@ JOB_LABEL = "mlx_job"
 MODES = ("enforce", "observe")
 
 
+def _uid(r: RankStatus) -> str:
+    return "" if r.uid is None else str(r.uid)
+
+
 def _one_per_label(ranks: tuple[RankStatus, ...]) -> list[RankStatus]:
-    """One rank per (job, rank) label pair: a relaunch within the retention (same
+    """One rank per (job, uid, rank) labels: a relaunch within the retention (same
     hostfile, same job id) must not emit duplicate series. Prefer an unkillable
     rank, then a live one, then an ended one; of two alike, the later attempt of a job
-    `mlx-watchdog launch` relaunched."""
+    `mlx-watchdog launch` relaunched. The owner is in the labels: job ids are anyone's
+    to name, and another user's rank naming the job never stands for its owner's."""
     def weight(r: RankStatus) -> tuple[int, int]:
         return (2 if r.state == State.UNKILLABLE else 0 if r.state in ENDED else 1,
                 r.attempt or 0)
 
-    best: dict[tuple[str, str], RankStatus] = {}
+    best: dict[tuple[str, str, str], RankStatus] = {}
     for r in ranks:
-        key = (str(r.job), str(r.rank))
+        key = (str(r.job), _uid(r), str(r.rank))
         if key not in best or weight(r) > weight(best[key]):
             best[key] = r
     return list(best.values())
@@ -59,7 +64,7 @@ def _one_per_label(ranks: tuple[RankStatus, ...]) -> list[RankStatus]:
 
 @dataclass(frozen=True)
 class Scrape:
-    """What one scrape reads: the snapshot, and its ranks one per (job, rank) pair."""
+    """What one scrape reads: the snapshot, and its ranks one per (job, uid, rank)."""
 
     snap: NodeStatus
     ranks: list[RankStatus]
@@ -67,7 +72,7 @@ class Scrape:
 
 Samples = Iterable[tuple[tuple[str, ...], float]]  # (label values, value) of each series
 JOB = "{job}"  # in a row's labels: the MLX job's label, as configured (`job_label`)
-RANK = (JOB, "rank")  # a rank's own series
+RANK = (JOB, "uid", "rank")  # a rank's own series: its job, its owner, its rank
 GAUGE = GaugeMetricFamily
 COUNTER = CounterMetricFamily
 
@@ -120,7 +125,7 @@ def per_rank(field: str) -> Callable[[Scrape], Samples]:
         for r in scrape.ranks:
             value = getattr(r, field)
             if value is not None:
-                yield (str(r.job), str(r.rank)), float(value)
+                yield (str(r.job), _uid(r), str(r.rank)), float(value)
     return samples
 
 
@@ -144,7 +149,8 @@ def _rank_states(scrape: Scrape) -> Samples:
     """One series per rank and state, 1 for the rank's current one."""
     for r in scrape.ranks:
         for s in State:
-            yield (str(r.job), str(r.rank), s.value), 1.0 if r.state == s.value else 0.0
+            yield (str(r.job), _uid(r), str(r.rank), s.value), \
+                1.0 if r.state == s.value else 0.0
 
 
 def _stalls(scrape: Scrape) -> Samples:
@@ -156,6 +162,13 @@ def _stalls(scrape: Scrape) -> Samples:
         by_cause["unknown"] += max(0, total - sum(by_cause.values()))
         for cause, n in by_cause.items():
             yield (verdict, cause), n
+
+
+def _job_kills(scrape: Scrape) -> Samples:
+    """Per job and owner (the counter's keys are `job_key`s)."""
+    for key, n in scrape.snap.counters.job_kills.items():
+        uid, job = split_job_key(key)
+        yield (job, uid), n
 
 
 def _scan_buckets(scrape: Scrape) -> tuple[list[tuple[str, float]], float] | None:
@@ -212,8 +225,8 @@ FAMILIES: tuple[Family | Histogram, ...] = (
            _stalls),
     Family("kills", "Signals sent to end ranks", COUNTER, ("signal",),
            counts(lambda snap: snap.counters.kills)),
-    Family("job_kills", "Ranks of a job the watchdog ended", COUNTER, (JOB,),
-           counts(lambda snap: snap.counters.job_kills)),
+    Family("job_kills", "Ranks of a job the watchdog ended", COUNTER, (JOB, "uid"),
+           _job_kills),
     Family("launch_events", "What mlx-watchdog launch did with torn-down jobs "
            "(restart, refused, gave_up), from launches.jsonl", COUNTER, ("event",),
            counts(lambda snap: snap.launches)),
@@ -222,6 +235,9 @@ FAMILIES: tuple[Family | Histogram, ...] = (
            scalar(lambda snap: 1.0 if snap.reboot_required else 0.0)),
     Family("wired_memory_bytes", "System wired memory", GAUGE, (),
            scalar(lambda snap: None if snap.wired_bytes is None else float(snap.wired_bytes))),
+    Family("record_dir_full", "1 while the record directory is below the room kept for "
+           "ranks and nothing in it can be freed (new ranks cannot publish: unwatched)",
+           GAUGE, (), scalar(lambda snap: 1.0 if snap.record_dir_full else 0.0)),
     Family("invalid_records", "Unusable files seen in the record directory", COUNTER, (),
            scalar(lambda snap: snap.counters.invalid_records)),
     Family("probe_errors", "Failed process or memory probes", COUNTER, (),

@@ -153,7 +153,7 @@ def test_a_job_frozen_on_its_first_attempt_is_relaunched_and_finishes(node, tmp_
     assert {r["state"] for r in shown if r["attempt"] == 1} == {"killed"}
     _, _, body = http_get(node.url() + "/metrics")
     text = body.decode()
-    assert f'mlx_watchdog_rank_attempt{{mlx_job="{launch.job}",rank="0"}} 2.0' in text
+    assert f'mlx_watchdog_rank_attempt{{mlx_job="{launch.job}",rank="0",uid="0"}} 2.0' in text
     assert 'mlx_watchdog_launch_events_total{event="restart"}' in text
     table = subprocess.run(
         [sys.executable, "-m", "watchdog.cli", "status", "--dir", str(node.record_dir),

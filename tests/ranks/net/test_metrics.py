@@ -52,19 +52,20 @@ def test_real_job_healthy_frozen_killed_then_expired(tmp_path, record_dir, state
         # Healthy: every rank running, progress and collectives growing.
         def healthy(f: dict) -> bool:  # running, and past init (whose deadline is 600 s)
             return rank_states(f, name) == dict.fromkeys(ranks, "running") and all(
-                value(f, P + "rank_deadline_seconds", mlx_job=name, rank=r) == 2 for r in ranks)
+                value(f, P + "rank_deadline_seconds", mlx_job=name, uid="0", rank=r) == 2
+                for r in ranks)
 
         first = wait_for(lambda: (f := scrape(url)) and healthy(f) and f, 15,
                          what="every rank running in /metrics")
         assert value(first, P + "kills_total", signal="SIGTERM") == 0
         assert stalls(first, "stalled") == 0
-        assert value(first, P + "job_kills_total", mlx_job=name) == 0
+        assert value(first, P + "job_kills_total", mlx_job=name, uid="0") == 0
         time.sleep(0.6)  # a couple of scans
         second = scrape(url)
         for r in ranks:
             for counter in (P + "rank_progress_total", P + "rank_collectives_total"):
-                before = value(first, counter, mlx_job=name, rank=r)
-                after = value(second, counter, mlx_job=name, rank=r)
+                before = value(first, counter, mlx_job=name, uid="0", rank=r)
+                after = value(second, counter, mlx_job=name, uid="0", rank=r)
                 assert after > before > 0, (counter, r, before, after)
 
         # The reboot gauge follows the flag file on the next scan.
@@ -88,7 +89,7 @@ def test_real_job_healthy_frozen_killed_then_expired(tmp_path, record_dir, state
                 history[r].append(state)
                 if state == "stalled":
                     cpu_when_stalled.append(value(
-                        last, P + "rank_busiest_thread_cpu_ratio", mlx_job=name, rank=r))
+                        last, P + "rank_busiest_thread_cpu_ratio", mlx_job=name, uid="0", rank=r))
             if (all(p.poll() is not None for p in job.procs)
                     and value(last, P + "kills_total", signal="SIGTERM")
                     and set(rank_states(last, name).values()) == {"killed"}):
@@ -112,12 +113,12 @@ def test_real_job_healthy_frozen_killed_then_expired(tmp_path, record_dir, state
         assert value(last, P + "kills_total", signal="SIGKILL") == 0
         assert stalls(last, "stalled") == 1
         assert stalls(last, "blocked") == 0
-        assert value(last, P + "job_kills_total", mlx_job=name) == ended
+        assert value(last, P + "job_kills_total", mlx_job=name, uid="0") == ended
 
         # After `retention` (2 s) the killed ranks' series are gone; the counters stay.
         gone = wait_for(lambda: (f := scrape(url)) and not rank_series(f, name) and f, 10,
                         what="the killed ranks' series to disappear")
-        assert value(gone, P + "job_kills_total", mlx_job=name) == ended
+        assert value(gone, P + "job_kills_total", mlx_job=name, uid="0") == ended
         assert value(gone, P + "kills_total", signal="SIGTERM") == size
         assert daemon.alive()
 

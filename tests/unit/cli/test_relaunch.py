@@ -183,8 +183,8 @@ def test_metrics_show_attempts_and_launch_events():
                       {"job": "j", "rank": 1, "state": "running", "attempt": None}],
             "launches": {"restart": 2, "refused": 1, "gave_up": 0}}
     text = exposition(lambda: NodeStatus.from_json(snap)).decode()
-    assert 'mlx_watchdog_rank_attempt{mlx_job="j",rank="0"} 3.0' in text
-    assert 'mlx_watchdog_rank_attempt{mlx_job="j",rank="1"}' not in text
+    assert 'mlx_watchdog_rank_attempt{mlx_job="j",rank="0",uid=""} 3.0' in text
+    assert 'mlx_watchdog_rank_attempt{mlx_job="j",rank="1",uid=""}' not in text
     assert 'mlx_watchdog_launch_events_total{event="restart"} 2.0' in text
     assert 'mlx_watchdog_launch_events_total{event="refused"} 1.0' in text
 

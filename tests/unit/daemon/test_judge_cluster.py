@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from watchdog.daemon.judge import cluster
 from watchdog.status import (
     ComputingRank,
@@ -55,3 +57,53 @@ def test_the_peers_verdict_names_their_computing_and_holding_ranks_not_ours():
     assert verdict.unreachable == ("c:1",) and verdict.culprit is not None
     assert (verdict.cause, verdict.summary) == (job.cause, job.summary)
     assert verdict.to_json()["culprit"] == job.to_json()["culprit"]
+
+
+def _big_job(count: int, job: str = "j", uid: int = 0) -> list[RankStatus]:
+    """`count` ranks of one job waiting in all_sum #10, and its last rank outside any
+    wait, not computing (a mismatch: the judgement goes through every step)."""
+    from watchdog.status import LastCollective
+
+    ranks = [rank(n, f"{job}{n}", job=job, uid=uid, world_size=count, state="blocked",
+                  last_collective=LastCollective(number=10, op="all_sum"))
+             for n in range(count - 1)]
+    ranks.append(rank(count - 1, f"{job}x", job=job, uid=uid, world_size=count, phase="running",
+                      pid=99, last_collective=LastCollective(number=9, op="all_sum")))
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_peers_answer_of_16k_ranks_is_judged_in_linear_time():
+    import time
+
+    from watchdog import cause
+    from watchdog.record import MAX_WORLD_SIZE
+
+    ranks = _big_job(MAX_WORLD_SIZE)
+    nodes = [NodeAnswer("a:1", True, NodeStatus(host="a", ranks=tuple(ranks)))]
+    began = time.process_time()
+    (view,) = cluster.analyze(nodes).jobs
+    finding = cause.decide(ranks)
+    took = time.process_time() - began
+    # Linear: well under a second even on a loaded machine (quadratic took 40 s).
+    assert took < 3.0, f"judging {MAX_WORLD_SIZE} ranks took {took:.1f}s of CPU"
+    assert view.state == JobState.HUNG and view.cause == "mismatch"
+    assert view.culprit is not None and view.culprit.pid == 99
+    assert finding.cause == "mismatch" and finding.culprit is not None \
+        and finding.culprit.pid == 99
+
+
+@pytest.mark.slow
+def test_only_the_job_asked_about_is_judged_and_a_job_is_capped_at_the_world_size_cap():
+    from watchdog.record import MAX_WORLD_SIZE
+
+    ranks = [*_big_job(4, "other"), *_big_job(4, "j", uid=7),
+             *(rank(n, f"h{n}", job="huge", world_size=10) for n in range(MAX_WORLD_SIZE + 5))]
+    nodes = [NodeAnswer("a:1", True, NodeStatus(host="a", ranks=tuple(ranks)))]
+    assert {(v.uid, v.job) for v in cluster.analyze(nodes).jobs} == \
+        {(0, "other"), (7, "j"), (0, "huge")}
+    (only,) = cluster.analyze(nodes, only=(7, "j")).jobs
+    assert (only.uid, only.job, only.state) == (7, "j", JobState.HUNG)
+    assert cluster.analyze(nodes, only=(0, "j")).jobs == ()  # another owner's id: none
+    (huge,) = cluster.analyze(nodes, only=(0, "huge")).jobs
+    assert len(huge.ranks) == MAX_WORLD_SIZE

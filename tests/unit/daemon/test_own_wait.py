@@ -177,3 +177,42 @@ def test_io_counters_are_parsed_on_each_platform(tmp_path):
 def test_sizes_read_as_people_write_them():
     assert [size_text(n) for n in (0, 812, 4048, 40_000_000, 1_100_000, 140_000_000_000)] == \
         ["0 B", "812 B", "4.0 kB", "40 MB", "1.1 MB", "140 GB"]
+
+
+def test_a_checkpoint_hold_is_logged_once_per_hold_not_at_every_scan(caplog):
+    """Issue 37, item 9: the hold's note carries seconds and bytes, which change at
+    every scan; 15 held jobs logged 15 lines a second. One line per hold, or per change
+    of what holds it."""
+    import dataclasses
+    import logging
+
+    from watchdog.daemon.holds import hold
+    from watchdog.daemon.judge.deadlines import Rules
+    from watchdog.daemon.ranks import Edge, Rank, transition
+    from watchdog.record import Record
+
+    def rec(n: int) -> Record:
+        return Record(pid=10 + n, start_time=1.7e9, uid=501, rank=n, world_size=2,
+                      dump_signal=0, status=0, host="h", job="j", backend="ring", seq=0,
+                      collectives=40 + n, waits_entered=0, waits_completed=0, steps=0,
+                      phase=Phase.WAIT, op="eval", phase_since_ns=0, wait_since_ns=0,
+                      last_progress_ns=0, last_wait_ns=0, max_wait_ns=0, expect_seconds=0.0,
+                      expect_since_ns=0, expect_reason="", flight=())
+
+    writer, waiter = Rank("/d/10.rec", rec(0)), Rank("/d/11.rec", rec(1))
+    caplog.set_level(logging.INFO, logger="watchdog.daemon.holds")
+    for scan in range(10):  # every scan: more seconds, more bytes
+        own = dataclasses.replace(WRITING, seconds=95.0 + scan, written=(40 + scan) << 20)
+        transition(writer, Edge.JUDGED, float(scan), verdict=mate(own))
+        transition(waiter, Edge.JUDGED, float(scan), verdict=due(62.0 + scan))
+        assert hold({(501, "j"): [waiter]}, [writer, waiter], Rules(), float(scan)) == {}
+    lines = [r.getMessage() for r in caplog.records if "held: rank 0" in r.getMessage()]
+    assert len(lines) == 1 and "writing a checkpoint" in lines[0], lines
+    # What holds it changes (a load now): logged again, once.
+    for scan in range(10, 13):
+        own = OwnWait("load", 5.0 + scan, 600.0, scan << 20, 0, 1.0)
+        transition(writer, Edge.JUDGED, float(scan), verdict=mate(own))
+        transition(waiter, Edge.JUDGED, float(scan), verdict=due(62.0 + scan))
+        hold({(501, "j"): [waiter]}, [writer, waiter], Rules(), float(scan))
+    lines = [r.getMessage() for r in caplog.records if "held: rank 0" in r.getMessage()]
+    assert len(lines) == 2 and "loading" in lines[1], lines

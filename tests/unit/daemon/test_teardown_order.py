@@ -10,7 +10,7 @@ import json
 import math
 import signal
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 from tests.support.fakes import (
@@ -221,7 +221,7 @@ def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
     peers = FencingPeers(fake)
     responses = Responses(
         settings(state_dir, evidence_timeout=3.0, secret="s", peers=("node-b:9100",)),
-        enf, peers, ThreadPoolExecutor(1), lambda: NodeStatus(), lambda: None)  # type: ignore[arg-type]
+        enf, peers, lambda: NodeStatus(), lambda: None)  # type: ignore[arg-type]
     targets = [target(71), target(72, rank=1)]
     responses.start([(71, 1.7e9), (72, 1.7e9)], clock.now(), 0, "job-1",
                     incident(targets=targets), targets, lambda: False,

@@ -109,7 +109,7 @@ class Recording:
         return Future()
 
 
-def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path):
+def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path, monkeypatch):
     """Issue 38, item 4: rank 0 ending on the error its job's fence caused was fenced a
     second time (every peer logged it again); a relaunch's rank that dies is fenced."""
     import threading
@@ -123,12 +123,15 @@ def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path):
     from watchdog.states import Phase
 
     settings = Settings(state_dir=str(tmp_path), peers=("mac-2:9753",), secret="s" * 24)
-    fencing = Recording()
-    peers = Peers(settings, "mac-1", fencing, started=0.0, fencing=fencing)  # type: ignore[arg-type]
+    from watchdog.net import fence
+
+    sent: list[tuple[object, ...]] = []
+    monkeypatch.setattr(fence, "send", lambda *args: sent.append(args) or [])
+    peers = Peers(settings, "mac-1", Recording(), started=0.0)  # type: ignore[arg-type]
     fences = Fences(settings, "mac-1", peers, None, threading.RLock(),  # type: ignore[arg-type]
                     threading.Event())
     peers.fence(501, "j1", "stalled: in all_sum", None)  # the verdict's fence
-    assert len(fencing.sent) == 1 and peers.fenced_since(501, "j1") is not None
+    assert len(sent) == 1 and peers.fenced_since(501, "j1") is not None
 
     def death(start_time: float) -> Death:
         rec = Record(pid=11, start_time=start_time, uid=501, rank=0, world_size=2,
@@ -140,6 +143,6 @@ def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path):
         return Death(Rank("/d/11.rec", rec), "exited on an uncaught exception", frozenset())
 
     fences.died(death(start_time=1.0), now=5.0)  # one of the job fenced: no news
-    assert len(fencing.sent) == 1
+    assert len(sent) == 1
     fences.died(death(start_time=time.time() + 60), now=6.0)  # a relaunch's rank
-    assert len(fencing.sent) == 2
+    assert len(sent) == 2

@@ -40,6 +40,7 @@ EXPORTED_METRICS: frozenset[str] = frozenset(
         "mlx_watchdog_node_reboot_required",
         "mlx_watchdog_wired_memory_bytes",
         "mlx_watchdog_invalid_records_total",
+        "mlx_watchdog_record_dir_full",
         "mlx_watchdog_probe_errors_total",
         "mlx_watchdog_loop_errors_total",
         "mlx_watchdog_scan_duration_seconds",
@@ -129,7 +130,10 @@ def test_rules_scrape_job_and_label_assumption_documented():
     text = RULES.read_text()
     assert 'up{job="mlx-watchdog"}' in text
     # The MLX job is `mlx_job`: `job` stays the scrape job's, no honor_labels needed.
-    assert "on (instance, mlx_job, rank)" in text and "$labels.mlx_job" in text
+    # A rank is its job's, its owner's and its number: another user's rank naming
+    # the job never stands for the owner's (issue 37).
+    assert "on (instance, mlx_job, uid, rank)" in text and "$labels.mlx_job" in text
+    assert "on (instance, mlx_job, rank)" not in text
     assert "honor_labels: true" not in text
 
 

@@ -120,6 +120,16 @@ def test_rank_panels_filter_on_both_variables(dashboard):
                 assert 'mlx_job=~"$mlx_job"' in selector, expr
 
 
+def test_a_rank_or_a_jobs_kills_are_never_merged_across_owners(dashboard):
+    """A job is its owner's uid with its id (another user may name the same id): an
+    aggregation that keeps `mlx_job` keeps `uid` too (issue 37)."""
+    for expr in _exprs(dashboard):
+        for kept in re.findall(r"by \(([^)]*)\)", expr):
+            labels = {label.strip() for label in kept.split(",")}
+            if "mlx_job" in labels:
+                assert "uid" in labels, expr
+
+
 def test_queries_are_valid_promql(dashboard, tmp_path):
     rules = ["groups:", "  - name: dashboard", "    rules:"]
     for n, expr in enumerate(e for e in _exprs(dashboard) if not e.startswith("label_values(")):

@@ -99,7 +99,6 @@ def test_the_fence_goes_out_at_the_verdict_not_after_the_ladder(tmp_path, record
         peer.shutdown()
         peer.server_close()
         daemon.executor.shutdown()
-        daemon.fencing.shutdown()
 
 
 def test_a_fence_signed_before_the_receiver_started_is_refused(tmp_path):

@@ -52,6 +52,7 @@ FAMILIES = {
     P + "launch_events": "counter",
     P + "node_reboot_required": "gauge",
     P + "wired_memory_bytes": "gauge",
+    P + "record_dir_full": "gauge",
     P + "invalid_records": "counter",
     P + "probe_errors": "counter",
     P + "loop_errors": "counter",
@@ -74,13 +75,16 @@ RANK_VALUES = {
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
 # Labels a series may carry; pid and thread ids never (unbounded cardinality).
-ALLOWED_LABELS = {"mlx_job", "rank", "state", "verdict", "cause", "signal", "le", "version",
+ALLOWED_LABELS = {"mlx_job", "uid", "rank", "state", "verdict", "cause", "signal", "le", "version",
                   "python", "event", "mode"}
+
+
+UID = 501  # the ranks' owner: in every rank series and per-job count
 
 
 def rank(job: str, n: int, state: str, **values: object) -> dict:
     """One rank as `status --json` / the daemon snapshot shows it."""
-    base = {"pid": 4000 + n, "host": "mac-01", "job": job, "rank": n, "world_size": 4,
+    base = {"pid": 4000 + n, "host": "mac-01", "job": job, "uid": UID, "rank": n, "world_size": 4,
             "backend": "ring", "state": state, "phase": "wait", "progress": 100 + n,
             "collectives": 50 + n, "steps": 10 + n, "seconds_since_progress": 0.5 + n,
             "seconds_in_wait": 0.5 + n, "deadline_seconds": 30.0,
@@ -104,7 +108,7 @@ def snapshot(**over: object) -> dict:
         "counters": {"stalls": {"stalled": 2, "blocked": 1},
                      "stall_causes": {"stalled:peer_stopped": 1}, "kills": {"SIGTERM": 3,
                                                                        "SIGKILL": 1},
-                     "job_kills": {"train": 3, "serve": 0}, "invalid_records": 7,
+                     "job_kills": {"501:train": 3, "501:serve": 0}, "invalid_records": 7,
                      "probe_errors": 4, "loop_errors": 0, "scan_buckets": buckets,
                      "scan_sum": 42.5, "scan_count": sum(buckets)},
         "scan_bucket_bounds": list(SCAN_BUCKETS),
@@ -138,7 +142,7 @@ def test_every_family_is_exported_with_its_type():
         assert f"# HELP {exposed} " in text, exposed
 
 
-def test_rank_series_carry_job_and_rank_only():
+def test_rank_series_carry_job_owner_and_rank_only():
     families = parse(snapshot())
     for family in families.values():
         for s in family.samples:
@@ -146,8 +150,8 @@ def test_rank_series_carry_job_and_rank_only():
             assert not {"pid", "tid", "thread", "thread_id", "host"} & set(s.labels)
     for name in RANK_FAMILIES:
         for s in families[name].samples:
-            want = ({"mlx_job", "rank", "state"} if name == P + "rank_state"
-                    else {"mlx_job", "rank"})
+            want = ({"mlx_job", "uid", "rank", "state"} if name == P + "rank_state"
+                    else {"mlx_job", "uid", "rank"})
             assert set(s.labels) == want, (s.name, s.labels)
 
 
@@ -155,7 +159,7 @@ def test_rank_values_come_from_the_snapshot():
     snap = snapshot()
     families = parse(snap)
     for r in snap["ranks"]:
-        labels = {"mlx_job": r["job"], "rank": str(r["rank"])}
+        labels = {"mlx_job": r["job"], "uid": str(UID), "rank": str(r["rank"])}
         for sample_name, key in RANK_VALUES.items():
             assert value(families, sample_name, **labels) == pytest.approx(r[key]), sample_name
         states = samples(families, P + "rank_state", **labels)
@@ -177,8 +181,8 @@ def test_node_and_daemon_families():
     assert {dict(k)["cause"] for k in samples(families, P + "stalls_total")} == set(CAUSES)
     assert value(families, P + "kills_total", signal="SIGTERM") == 3
     assert value(families, P + "kills_total", signal="SIGKILL") == 1
-    assert value(families, P + "job_kills_total", mlx_job="train") == 3
-    assert value(families, P + "job_kills_total", mlx_job="serve") == 0
+    assert value(families, P + "job_kills_total", mlx_job="train", uid="501") == 3
+    assert value(families, P + "job_kills_total", mlx_job="serve", uid="501") == 0
     assert value(families, P + "node_reboot_required") == 0
     assert value(families, P + "wired_memory_bytes") == 123 << 20
     assert value(families, P + "invalid_records_total") == 7
@@ -197,7 +201,7 @@ def test_a_rank_absent_from_the_snapshot_has_no_series():
     for name in RANK_FAMILIES:
         for s in families[name].samples:
             assert (s.labels["mlx_job"], s.labels["rank"]) != ("train", "1"), s
-    assert value(families, P + "rank_progress_total", mlx_job="train", rank="0") == 100
+    assert value(families, P + "rank_progress_total", mlx_job="train", uid="501", rank="0") == 100
 
 
 def test_series_follow_each_scrape_nothing_is_cached_or_registered_globally():
@@ -219,7 +223,7 @@ def test_a_value_the_snapshot_lacks_is_left_out_not_zeroed():
     for name in (P + "rank_seconds_since_progress", P + "rank_deadline_seconds",
                  P + "rank_busiest_thread_cpu_ratio"):
         assert families[name].samples == [], name
-    assert value(families, P + "rank_progress_total", mlx_job="train", rank="0") == 100
+    assert value(families, P + "rank_progress_total", mlx_job="train", uid="501", rank="0") == 100
     assert P + "wired_memory_bytes" not in families
 
 
@@ -266,9 +270,9 @@ def test_a_daemon_that_has_not_scanned_yet_exports_its_start_time(tmp_path):
 def test_label_values_from_records_are_escaped(job):
     # The job name comes from the ranks' environment: any text must round-trip.
     families = parse(snapshot(ranks=[rank(job, 0, "running")], counters={
-        **snapshot()["counters"], "job_kills": {job: 2}}))
-    assert value(families, P + "rank_progress_total", mlx_job=job, rank="0") == 100
-    assert value(families, P + "job_kills_total", mlx_job=job) == 2
+        **snapshot()["counters"], "job_kills": {f"501:{job}": 2}}))
+    assert value(families, P + "rank_progress_total", mlx_job=job, uid="501", rank="0") == 100
+    assert value(families, P + "job_kills_total", mlx_job=job, uid="501") == 2
 
 
 def test_a_relaunch_within_retention_gives_one_series_per_rank():
@@ -301,8 +305,8 @@ def test_the_standard_process_metrics_are_exported():
 def test_the_old_job_label_is_kept_one_release_behind_a_setting():
     text = exposition(lambda: node(snapshot()), job_label="job").decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert value(families, P + "rank_progress_total", job="train", rank="0") == 100
-    assert value(families, P + "job_kills_total", job="train") == 3
+    assert value(families, P + "rank_progress_total", job="train", uid="501", rank="0") == 100
+    assert value(families, P + "job_kills_total", job="train", uid="501") == 3
     assert "mlx_job=" not in text
     # The default, and what a scrape config needs no honor_labels for: no `job` label.
     assert 'job="' not in exposition(lambda: node(snapshot())).decode().replace('mlx_job="', "")
@@ -325,8 +329,30 @@ def test_a_new_metric_is_one_row_of_the_table():
     assert names[-3:] == [P + "rank_world_size", P + "kills_by_job", P + "ranks_watched"]
     families = {m.name: m for m in collector.collect()}
     assert {tuple(s.labels.items()): s.value for s in families[P + "rank_world_size"].samples
-            } == {(("mlx_job", r["job"]), ("rank", str(r["rank"]))): 4.0
+            } == {(("mlx_job", r["job"]), ("uid", str(UID)), ("rank", str(r["rank"]))): 4.0
                   for r in snapshot()["ranks"]}
     assert {s.labels["mlx_job"]: s.value for s in families[P + "kills_by_job"].samples} == {
-        "train": 3, "serve": 0}
+        "501:train": 3, "501:serve": 0}
     assert [s.value for s in families[P + "ranks_watched"].samples] == [4.0]
+
+
+# -- issue 37: another user's rank never stands for the owner's -------------------------
+
+
+def test_another_users_rank_naming_the_job_never_replaces_the_owners_series():
+    """Job ids are world-readable and MLX_WATCHDOG_JOB/ATTEMPT anyone's to set: an
+    attacker's running rank 0 of "train" at attempt 9 beside the victim's hung rank 0
+    at attempt 1. Both are shown, each under its owner; the victim's stays blocked
+    (MLXRankHung fires on it), and the kills are counted per owner."""
+    snap = snapshot(ranks=[rank("train", 0, "blocked", attempt=1),
+                           rank("train", 0, "running", attempt=9, uid=65534, pid=1)],
+                    counters={**snapshot()["counters"],
+                              "job_kills": {"501:train": 0, "65534:train": 4}})
+    families = parse(snap)
+    victim = {"mlx_job": "train", "uid": "501", "rank": "0"}
+    other = {"mlx_job": "train", "uid": "65534", "rank": "0"}
+    assert value(families, P + "rank_state", **victim, state="blocked") == 1
+    assert value(families, P + "rank_state", **other, state="running") == 1
+    assert value(families, P + "rank_attempt", **victim) == 1
+    assert value(families, P + "job_kills_total", mlx_job="train", uid="501") == 0
+    assert value(families, P + "job_kills_total", mlx_job="train", uid="65534") == 4

@@ -115,9 +115,10 @@ def _excused(over: int, threshold: int, others_live: bool) -> str | None:
 
 
 def check(settings: Settings, reference: Reference | None = None,
-          peers_down_ok: bool = False) -> Health:
+          peers_down_ok: bool = False, timeout: float | None = None) -> Health:
     """One look. `peers_down_ok`: a peer that does not answer is passed over with a
-    note (else it is the problem: its reboot flag is not known)."""
+    note (else it is the problem: its reboot flag is not known). The peers are
+    waited for at most `timeout` seconds (at most peer_timeout)."""
     flag = journal.reboot_flag(settings.state_dir)
     if flag is not None:
         return Health(f"this node is flagged for reboot ({printable(str(flag.why))}; "
@@ -156,7 +157,8 @@ def check(settings: Settings, reference: Reference | None = None,
                               f"before the first attempt (more than wired_threshold "
                               f"{settings.wired_threshold / 2**20:.0f} MiB)", tuple(notes))
     problem, unreachable = None, None
-    for node in cluster.gather(settings.peers, settings.peer_timeout):
+    wait = settings.peer_timeout if timeout is None else min(settings.peer_timeout, timeout)
+    for node in cluster.gather(settings.peers, max(0.1, wait)):
         if not node.ok or node.status is None:
             notes.append(f"peer {node.peer} unreachable: its reboot flag not checked")
             unreachable = unreachable or (
@@ -186,12 +188,13 @@ def wait_healthy(settings: Settings, timeout: float, *, reference: Reference | N
     """
     began = clock()
     until = began + timeout
-    health = check(settings, reference)
+    health = check(settings, reference, timeout=timeout)
     told = False
     while health.problem is not None and clock() < until:
         if on_wait is not None and not told:
             on_wait(health.problem)
             told = True
         sleep(min(poll, max(0.0, until - clock())))
-        health = check(settings, reference, peers_down_ok=clock() - began >= PEER_DOWN_AFTER)
+        health = check(settings, reference, peers_down_ok=clock() - began >= PEER_DOWN_AFTER,
+                       timeout=until - clock())
     return health

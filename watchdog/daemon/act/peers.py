@@ -36,11 +36,8 @@ FENCED_KEPT = 600.0  # seconds a job fenced is remembered (its ranks' deaths not
 
 class Peers:
     def __init__(self, settings: Settings, host: str, executor: Executor,
-                 started: float, clock: Callable[[], float] = time.monotonic,
-                 fencing: Executor | None = None) -> None:
+                 started: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.host, self.executor = settings, host, executor
-        # Fences on their own workers (default: `executor`): never behind a view.
-        self.fencing = fencing or executor
         self.started = started  # a fence signed before we started is refused
         # Kept on disk: a restart must not forget the fences it accepted (fence.py).
         self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
@@ -97,7 +94,7 @@ class Peers:
         peer_timeout, or a recent background one; `local` our own snapshot), or None."""
         nodes = self._remote()
         nodes.append(NodeAnswer(judge.LOCAL, True, local))
-        for view in judge.analyze(nodes).jobs:
+        for view in judge.analyze(nodes, only=(uid, job)).jobs:  # that job alone
             if view.job == job and view.uid == uid:
                 return judge.peer_view(view, [n.peer for n in nodes if not n.ok])
         return None
@@ -120,18 +117,24 @@ class Peers:
         term_at = None if term_in is None else now + term_in
         self.note_fenced(uid, job, since)
 
-        def sent(future: Future[list[FenceSent]]) -> None:
+        future: Future[list[FenceSent]] = Future()
+
+        def send() -> None:
             try:
-                answers = future.result()
-            except Exception as err:  # noqa: BLE001 - a callback's error is lost otherwise
+                answers = fence.send(peers, secret, job, self.host, reason, culprit,
+                                     self.settings.peer_timeout, uid, since, term_at)
+            except Exception as err:  # noqa: BLE001 - a thread's error is lost otherwise
                 log.error("fencing job %s of uid %s failed: %s", job, uid, err)
+                future.set_exception(err)
                 return
             level, line = told.fence_line(job, uid, reason, answers)
             log.log(level, "%s", line)
+            future.set_result(answers)
 
-        future = self.fencing.submit(fence.send, peers, secret, job, self.host, reason,
-                                     culprit, self.settings.peer_timeout, uid, since, term_at)
-        future.add_done_callback(sent)
+        # Each fence on a thread of its own, each peer's exchange within peer_timeout:
+        # never behind a view, another fence or a slow peer. Not a daemon thread: a
+        # fence under way at the daemon's stop still reaches its peers (by its bound).
+        threading.Thread(target=send, name=f"fence-{job}", daemon=False).start()
         return future
 
     def note_fenced(self, uid: int, job: str, since: float) -> None:

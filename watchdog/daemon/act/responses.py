@@ -6,7 +6,8 @@ A response first asks the peers, where there are any, whether a rank of the job
 computes on another node (then it holds: a slow peer is not a hang); else it
 fences the peers at once and begins the enforcer's ladder. Only the peers' answer,
 the evidence and its parse run on workers, each kind on its own: the peers' views
-and the fences on executors of their own (a fence never waits behind evidence), the
+and the fences each on a thread of their own (never behind evidence, another view
+or a slow peer: each exchange with a peer has a total bound, net/cluster.py), the
 evidence on `FairWork` (one capture in flight per uid). No worker is waited for past
 its bound: peers that do not answer within theirs count as unreachable; evidence
 not gathered within its time box from the verdict is done without. A response
@@ -17,10 +18,12 @@ never dropped: its ladder may have signalled).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import Any
 
 from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome, Step
@@ -69,12 +72,27 @@ class Response:
         return self.ladder.working
 
 
+def _on_thread(fn: Callable[..., PeerView | None], *args: Any) -> Future[PeerView | None]:
+    """`fn(*args)` on a daemon thread of its own (a view never queues behind another's
+    slow peer; it ends by its own bound, Peers.view); its future."""
+    future: Future[PeerView | None] = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 - read by the step
+                future.set_exception(err)
+
+    threading.Thread(target=run, name="peer-view", daemon=True).start()
+    return future
+
+
 class Responses:
     def __init__(self, settings: Settings, enforcer: Enforcer, peers: Peers,
-                 executor: ThreadPoolExecutor, snapshot: Callable[[], NodeStatus],
+                 snapshot: Callable[[], NodeStatus],
                  baseline: Callable[[], int | None]) -> None:
         self.settings, self.enforcer, self.peers = settings, enforcer, peers
-        self.executor = executor
         self.snapshot, self.baseline = snapshot, baseline
         self.pending: list[Response] = []
 
@@ -95,8 +113,7 @@ class Responses:
         self.pending.append(response)
         try:
             if ask_peers:
-                response.asking = self.executor.submit(self.peers.view, uid, job,
-                                                       self.snapshot())
+                response.asking = _on_thread(self.peers.view, uid, job, self.snapshot())
             else:
                 self._begin(response, None, asked=False)
         except Exception:  # noqa: BLE001 - the scan goes on; the ranks are retried

@@ -105,8 +105,9 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
                  else "no rank waits")
     stopped = [s for s in seen if s.rank.state == State.STOPPED]
     gone = [s for s in seen if s.rank.state in ENDED]
+    placed = {id(s) for s in stopped} | {id(s) for s in gone}  # by identity: linear
     outside = [s for s in seen
-               if s.rank.phase not in WAITING_PHASES and s not in stopped + gone]
+               if s.rank.phase not in WAITING_PHASES and id(s) not in placed]
     if stopped:
         r = stopped[0]
         culprit = _culprit(r, f"stopped at {where(r.rank)} while its peers wait")
@@ -137,8 +138,10 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
                    cause=finding.cause, summary=finding.summary)
 
 
-def analyze(nodes: Sequence[NodeAnswer]) -> ClusterView:
-    """Group every reachable node's ranks by job and judge each job."""
+def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) -> ClusterView:
+    """Group every reachable node's ranks by job and judge each job (only the job
+    `only`, (uid, job id), when given: a verdict here needs no other). Linear in
+    the answers; a job's ranks past the world size cap are not its ranks."""
     # A job is (owner uid, job id): another user's ranks naming the same id
     # are another job, and never its culprit.
     jobs: dict[tuple[int, str], list[ReportedRank]] = {}
@@ -152,7 +155,11 @@ def analyze(nodes: Sequence[NodeAnswer]) -> ClusterView:
             if key not in seen:
                 seen.add(key)
                 owner = rank.uid if rank.uid is not None else -1
-                jobs.setdefault((owner, rank.job), []).append(ReportedRank(node.peer, rank))
+                if only is not None and (owner, rank.job) != only:
+                    continue
+                group = jobs.setdefault((owner, rank.job), [])
+                if len(group) < MAX_WORLD_SIZE:
+                    group.append(ReportedRank(node.peer, rank))
     return ClusterView(
         nodes=tuple(ClusterNode(
             peer=n.peer, ok=n.ok, error=n.error,

@@ -109,6 +109,12 @@ class Probe:
         except (OSError, AttributeError):
             return 1.0
 
+    def deleted_holders(self, directory: str) -> dict[int, int] | None:
+        """Bytes of deleted files under `directory` still held open, by the uid of the
+        process holding them (what fills a filesystem nothing can free); None where
+        that cannot be found."""
+        return None
+
     def stack_command(self, pid: int) -> list[str] | None:
         """A native stack sampler for evidence, or None when none is installed."""
         return None

@@ -6,8 +6,12 @@ addresses are read from its established connections, not from a hostfile that ex
 deletes after init). The probe opens a fresh TCP connection to each remote end
 (the daemon runs next to the rank, so it takes the same route): an answer, even a
 refusal, means the peer's host is reachable on that path; a connect that times out
-or finds no route means it is not. One timeout among the answers is "down": a
-firewall that drops only the ranks' port shows on the connect to that port.
+or finds no route means it is not. An end that times out twice in a row is "down"
+(once may be a full accept queue): a firewall that drops only the ranks' port shows
+on the connect to that port. A local end where another user listens is no evidence
+(that user may have bound the port the rank's peer released and hold its queue
+full), and each user's ranks share one probe slot: another user's crowd delays a
+probe by at most one probe's time.
 
 JACCL moves its data over RDMA (Thunderbolt), MPI through its own transports (whose
 TCP listener a stray connect could upset): only ring ranks are probed; the others,
@@ -66,17 +70,53 @@ def os_error(err: OSError) -> str:
     return (errno.errorcode.get(err.errno, str(err.errno)) if err.errno else str(err)).lower()
 
 
+def listener_uid(address: tuple[str, int]) -> int | None:
+    """The uid of the process listening on `address` on this host (a local end), or
+    None: no listener here, or it cannot be read."""
+    ip, port = address
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port \
+                and c.laddr.ip in (ip, "0.0.0.0", "::") and c.pid:
+            try:
+                return int(psutil.Process(c.pid).uids().real)
+            except (psutil.Error, OSError):
+                return None
+    return None
+
+
 def probe(pid: int, timeout: float,
           addresses: Callable[[int], Iterable[tuple[str, int]]] = peer_addresses,
-          connector: Callable[[tuple[str, int], float], str] = connect) -> str:
-    """`up`, `down <ip:port> (<how>)`, or `not probed: <why>`."""
+          connector: Callable[[tuple[str, int], float], str] = connect,
+          owner: int | None = None,
+          listener: Callable[[tuple[str, int]], int | None] = listener_uid) -> str:
+    """`up`, `down <ip:port> (<how>)`, or `not probed: <why>`.
+
+    What another user controls is no evidence against `owner`'s rank: a local end
+    where another uid listens (it may have bound the port the rank's peer released,
+    and hold its accept queue full) is passed over. And one timeout is not "down":
+    a full accept queue drops a connect too; the end is asked again, and "down"
+    only when that times out as well."""
     ends = list(addresses(pid))
     if not ends:
         return "not probed: no TCP connection to a peer (JACCL or MPI, or none yet)"
+    others = 0
     for address in ends:
+        if owner is not None:
+            uid = listener(address)
+            if uid is not None and uid != owner:
+                others += 1
+                continue
         failed = connector(address, timeout)
+        if failed.startswith("connect timed out"):
+            failed = connector(address, timeout)  # once more: a full queue, not a path
         if failed:
             return f"down {address[0]}:{address[1]} ({failed})"
+    if others == len(ends):
+        return "not probed: another user listens where the rank's peers were"
     return UP
 
 
@@ -88,21 +128,27 @@ MAX_RUNNING = 8
 
 class Prober:
     """Probes of waiting ranks' data paths on the daemon's workers, at most one under
-    way per rank and one every PROBE_EVERY seconds; `found` gives each rank's last
+    way per rank and per uid, and one every PROBE_EVERY seconds; `found` gives each rank's last
     result (its key: pid and start time)."""
 
     def __init__(self, submit: Callable[..., object], timeout: float,
-                 probe_: Callable[[int, float], str] = probe) -> None:
+                 probe_: Callable[..., str] = probe) -> None:
         self.submit, self.timeout, self.probe = submit, timeout, probe_
         self.asked: dict[tuple[int, float], float] = {}  # key -> when last asked
         self.found: dict[tuple[int, float], str] = {}
         self.running: set[tuple[int, float]] = set()  # probes submitted, not yet done
+        self.running_uids: dict[tuple[int, float], int] = {}  # their owners
 
-    def ask(self, key: tuple[int, float], now: float, backend: str = "ring") -> None:
+    def ask(self, key: tuple[int, float], now: float, backend: str = "ring",
+            uid: int | None = None) -> None:
         if now - self.asked.get(key, -PROBE_EVERY) < PROBE_EVERY:
             return
         if key in self.running or len(self.running) >= MAX_RUNNING:
             return  # never a queue that grows: asked again at a later scan
+        if uid is not None and uid in self.running_uids.values():
+            # One probe under way per uid: another user's crowd of ranks waiting on a
+            # full accept queue delays a probe by at most one probe's time.
+            return
         self.asked[key] = now
         if not links_probed(backend):
             # Only the ring's sockets are known safe to knock on (backends.py): its
@@ -112,17 +158,22 @@ class Prober:
 
         def run() -> None:
             try:
-                self.found[key] = self.probe(key[0], self.timeout)
+                self.found[key] = (self.probe(key[0], self.timeout) if uid is None
+                                   else self.probe(key[0], self.timeout, owner=uid))
             except Exception as err:  # noqa: BLE001 - a failed probe is a result
                 self.found[key] = f"not probed: {err}"
             finally:
                 self.running.discard(key)
+                self.running_uids.pop(key, None)
 
         self.running.add(key)
+        if uid is not None:
+            self.running_uids[key] = uid
         try:
             self.submit(run)
         except RuntimeError:  # the executor is shut down: the daemon is stopping
             self.running.discard(key)
+            self.running_uids.pop(key, None)
 
     def forget(self, keep: Iterable[tuple[int, float]]) -> None:
         """Drop what is known of every rank but `keep` (those still waiting long)."""

@@ -131,6 +131,37 @@ class LinuxProbe(Probe):
         # the boot time as it reads *now* (tests pass a moved one).
         self.boot_time = boot_time
 
+    def deleted_holders(self, directory: str) -> dict[int, int] | None:
+        """Every process's descriptors (/proc/PID/fd) on a deleted file of `directory`:
+        their blocks, by the process's uid (a file's bytes counted once)."""
+        prefix = os.path.abspath(directory).rstrip("/") + "/"
+        held: dict[int, int] = {}
+        seen: set[tuple[int, int]] = set()
+        try:
+            pids = [name for name in os.listdir(self.proc) if name.isdigit()]
+        except OSError:
+            return None
+        for pid in pids:
+            fds = os.path.join(self.proc, pid, "fd")
+            try:
+                uid = os.stat(os.path.join(self.proc, pid)).st_uid
+                names = os.listdir(fds)
+            except OSError:
+                continue
+            for fd in names:
+                path = os.path.join(fds, fd)
+                try:
+                    target = os.readlink(path)
+                    if not (target.startswith(prefix) and target.endswith(" (deleted)")):
+                        continue
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    held[uid] = held.get(uid, 0) + st.st_blocks * 512
+        return held
+
     def sample(self, pid: int) -> ProcessSample | None:
         """psutil's sample and each thread's demand (schedstat), plus the start in
         ticks read before and after them: a pid recycled in between is caught

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 from watchdog.daemon.probes import datalink
 
 
@@ -76,3 +78,78 @@ def test_probes_under_way_are_bounded_and_a_rank_is_never_probed_twice_at_once()
     assert prober.found[(0, 1.0)] == datalink.UP
     prober.ask((50, 1.0), now=10.0)
     assert len(queued) == datalink.MAX_RUNNING  # its room taken by another rank
+
+
+# -- issue 37, items 7 and 8: another user's ranks and listeners -------------------------
+
+
+def test_one_users_ranks_never_starve_anothers_probe():
+    """16 of one user's ranks wait on a full accept queue (their probes slow): they
+    hold one probe slot between them, so another user's rank is probed at once."""
+    submitted: list[object] = []
+    prober = datalink.Prober(submitted.append, 1.0)
+    for n in range(16):
+        prober.ask((1000 + n, 1.0), 10.0, "ring", uid=65534)
+    prober.ask((7, 1.0), 10.0, "ring", uid=0)
+    assert len(submitted) == 2 and (7, 1.0) in prober.running
+    assert sum(1 for key in prober.running if key[0] >= 1000) == 1
+
+
+def test_one_timeout_is_asked_again_before_it_is_down():
+    said = ["connect timed out after 1s", ""]
+    assert datalink.probe(7, 1.0, addresses=lambda pid: [("10.0.0.2", 5151)],
+                          connector=lambda a, t: said.pop(0)) == datalink.UP
+
+
+def _full_listener(uid: int) -> tuple[int, int]:
+    """A child of `uid` listening on 127.0.0.1 with a full accept queue it never
+    takes from; (its pid, its port)."""
+    import time
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            server = socket.socket()
+            server.bind(("127.0.0.1", 0))
+            server.listen(0)
+            os.write(write, str(server.getsockname()[1]).encode())
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(write)
+    port = int(os.read(read, 16))
+    os.close(read)
+    return pid, port
+
+
+@pytest.mark.slow
+def test_another_users_listener_with_a_full_queue_is_no_evidence_of_a_down_link():
+    """The victim's released listening port bound by another user who keeps its accept
+    queue full: the connect times out, but that listener is not the victim's peer.
+    Before: the cause turned from `mismatch` to `data_link_down`."""
+    import signal
+
+    from tests.support.users import OTHER_UID
+
+    pid, port = _full_listener(OTHER_UID)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(8):  # fill its queue: later connects get no answer
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            held.append(s)
+        ends = lambda _pid: [("127.0.0.1", port)]  # noqa: E731
+        assert datalink.connect(("127.0.0.1", port), 0.3).startswith("connect timed out")
+        found = datalink.probe(7, 0.3, addresses=ends, owner=0)
+        assert found.startswith("not probed") and "another user" in found, found
+        # The same listener, the rank's own uid's: evidence, down after two timeouts.
+        assert datalink.probe(7, 0.3, addresses=ends, owner=OTHER_UID).startswith("down ")
+    finally:
+        for s in held:
+            s.close()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
