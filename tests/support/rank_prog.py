@@ -45,6 +45,9 @@ Modes:
                   tells the others in the all_sum), a long step of ~P s (a prefill
                   after many short decode steps), a few rounds, exit 0.
                   Prints "prefill 1 start", "short rounds", "prefill 2 start", "done"
+  work N          a training step's shape: N 512 x 512 matmuls and an all_sum of their
+                  result in one eval (compute and collective together, as mlx-lm's
+                  trainer does), checked, hb.step() each round, forever
 """
 
 import sys
@@ -365,5 +368,17 @@ elif MODE == "prefill":
         one_round()
     print("done", flush=True)
     time.sleep(0.5)
+elif MODE == "work":
+    a = mx.random.normal((512, 512), key=mx.random.key(0))
+    while True:
+        y = a
+        for _ in range(int(ARG)):
+            y = (y @ a) / NORM
+        got = mx.distributed.all_sum(mx.ones(16) + 0 * y.sum())
+        mx.eval(got)
+        if got[0].item() != size:
+            print(f"WRONG all_sum: {got[0].item()}", flush=True)
+            sys.exit(3)
+        hb.step()
 else:
     sys.exit(f"unknown mode {MODE}")

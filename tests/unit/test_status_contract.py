@@ -49,6 +49,7 @@ RANK_SHAPE = {
     "computing": (bool, type(None)), "current_op": (str,),
     "last_collective": (dict, type(None)), "expect": (dict, type(None)), "reason": (str,),
     "source": (str,), "holding": OPT_STR, "data_link": OPT_STR, "cause": OPT_STR,
+    "wait_share": OPT_NUM, "pace": OPT_NUM, "pace_score": OPT_NUM, "run_queue": OPT_NUM,
 }
 # Every key of /status (and status.json), in order, with its JSON types.
 NODE_SHAPE = {
@@ -58,7 +59,7 @@ NODE_SHAPE = {
     "wired_baseline_bytes": OPT_INT, "reboot_required": (bool,),
     "reboot": (dict, type(None)), "ranks": (list,), "invalid_records": (dict,),
     "invalid_files": (int,), "counters": (dict,), "launches": (dict,), "unwritten": (dict,),
-    "scan_bucket_bounds": (list,),
+    "scan_bucket_bounds": (list,), "stragglers": (list,),
 }
 COUNTER_KEYS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
                 "loop_errors", "scan_buckets", "scan_sum", "scan_count"]

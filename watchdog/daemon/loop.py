@@ -29,6 +29,7 @@ from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge.detector import Detector
+from watchdog.daemon.judge.stragglers import Stragglers, summary, why
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
@@ -38,7 +39,7 @@ from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
 from watchdog.states import FINAL, WAITING_LONG
-from watchdog.status import Fence, FenceAnswer, NodeStatus
+from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,10 @@ class Daemon:
         self.responses = Responses(settings, self.enforcer, self.peers, self.asking,
                                    lambda: self.snapshot, lambda: self.baseline)
         self.exits = ExitWatcher(self.wake)
+        # Each rank's last minute of work and each job's straggler (reported, never ended).
+        self.stragglers = Stragglers()
+        self.slow: tuple[Straggler, ...] = ()
+        self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
 
     # -- one tick --------------------------------------------------------------
 
@@ -109,6 +114,7 @@ class Daemon:
         found = self.table.read(now)
         self._deaths(now)
         due = self._judge(found.live, now_ns)
+        self._paces(found.live, now)
         due = holds.hold(due, self.ranks.values(), self.detector.rules, now)
         self._probe_links(now)
         self.table.sweep(now)
@@ -148,6 +154,38 @@ class Daemon:
             if verdict.act and not rank.escalating and rank.acted_on != wait:
                 due.setdefault((rec.uid, rec.job), []).append(rank)
         return due
+
+    def _paces(self, live: list[tuple[Rank, ProcessSample]], now: float) -> None:
+        """Each live rank's minute of work, each job scored, its straggler named when clear
+        (judge/stragglers.py): shown, never acted on."""
+        jobs: dict[tuple[int, str], list[Rank]] = {}
+        for rank, sample in live:
+            self.stragglers.observe(rank.key, rank.record, sample, now)
+            jobs.setdefault((rank.record.uid, rank.record.job), []).append(rank)
+        seen = {rank.key for rank, _ in live}
+        for key in [k for k in self.stragglers.tracks if k not in seen]:
+            self.stragglers.forget(key)
+        self.stragglers.forget_jobs(jobs)
+        slow = []
+        for (uid, job), ranks in jobs.items():
+            by_key: dict[object, Rank] = {r.key: r for r in ranks}
+            scored, worst = self.stragglers.judge_job((uid, job), list(by_key), now)
+            for r in ranks:
+                r.pace, r.pace_score = self.stragglers.pace(r.key), None
+            for s in scored:
+                by_key[s.key].pace_score = s.score
+            if worst is None or worst.key not in by_key:
+                continue
+            rec = by_key[worst.key].record
+            if now - self.thermal[0] >= 30.0:  # a subprocess on macOS: asked rarely
+                self.thermal = (now, self.probe.thermal())
+            cause = why(worst.pace, self.thermal[1])
+            slow.append(Straggler(
+                job=job, uid=uid, rank=rec.rank, host=rec.host or self.host, pid=rec.pid,
+                score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
+                others_wait=round(worst.excess, 3), why=cause,
+                summary=summary(rec.rank, rec.host or self.host, worst.excess, cause)))
+        self.slow = tuple(sorted(slow, key=lambda s: (s.job, s.uid or 0)))
 
     def _probe_links(self, now: float) -> None:
         """Ranks waiting long: their data path probed (shown); the peers asked ahead."""
@@ -341,7 +379,8 @@ class Daemon:
             # A directory full of junk must not make every scan write megabytes.
             invalid={**records.unusable(INVALID_LISTED), **transient},
             invalid_count=len(records.bad) + len(transient),
-            launches=self.launches.get(), backlog=self.enforcer.backlog.state())
+            launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
+            stragglers=self.slow)
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot.to_json())

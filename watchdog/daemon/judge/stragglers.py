@@ -1,0 +1,273 @@
+"""Pure: the rank that holds a healthy job back, by how much, and why.
+
+A rank of a job in step waits for its slowest peer at every collective; the peer it
+waits for waits least. So, per rank over a sliding window (`WINDOW`), two figures:
+
+- its *wait share*: the share of its time spent waiting on its peers. A ring rank
+  waiting in a collective polls its peers' sockets, and that thread's time goes to
+  the kernel (`backends.Spin.KERNEL`, ~60-85% system time), while computing goes to
+  user space (or to the GPU). So the share is the CPU of the rank's polling threads
+  (threads whose time went mostly to the kernel) per second of the interval: read off
+  the two process samples the scan takes anyway, nothing new in the rank's hot path.
+  A backend whose wait spins in user space (JACCL, MPI) cannot be told this way: its
+  ranks get no figure (docs/limits.md);
+- its *pace*: collectives issued per second (the record's counter). In step, every
+  rank has the job's pace; it is shown, and it gates what is counted.
+
+Only the intervals in which the rank made progress at its usual pace are counted
+(its collectives advanced by at least half its median interval's, and it was never
+idle): a rank waiting for a peer that waits for a request (mlx_lm.server's rank 0
+reads requests while the others wait in a collective, by design), or a hang, is not
+work held back, and is left out.
+
+From the job's ranks (`judge`): a rank's *score* is the job's pace over its own, as
+NVRx's relative score (1: the job's pace, lower: slower): the share of time the
+others spend working (their median) over its own, at most 1. The *slowdown* is how
+much faster the job would run if its slowest rank kept the others' median pace:
+the others wait `excess` of each step for it, so a step would take `1 - excess` of
+its time. A rank is named (`Stragglers`) only when it is clear: every rank counted
+`MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
+seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
+Never a kill: a straggler is reported, not ended.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from watchdog import backends
+from watchdog.daemon.judge.threads import KERNEL_SHARE
+from watchdog.daemon.probes import ProcessSample
+from watchdog.record import Record
+from watchdog.states import Phase
+
+WINDOW = 60.0  # seconds of intervals each rank's figures are taken over
+MIN_SECONDS = 20.0  # counted seconds every rank of the job needs before any is judged
+NAME_SLOWDOWN = 1.25  # the job would run 25% faster at the others' pace: named...
+SUSTAIN = 10.0  # ...once it has held this long
+CLEAR_SLOWDOWN = 1.12  # a named straggler stays named until the slowdown falls under this
+MAX_WAIT = 0.95  # a share above this is read as this (a score stays finite)
+POLLING_FLOOR = 0.02  # a thread using less of a core than this polls nothing
+# Causes: a share of the time the rank's busiest thread waited in a run queue for a
+# core (CPU contention), major page faults per second (memory pressure).
+RUN_QUEUE_CAUSE = 0.15
+FAULTS_CAUSE = 20.0
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One rank's interval between two scans."""
+
+    at: float  # monotonic seconds at its end
+    seconds: float
+    wait: float  # share of the interval its polling threads ran (waiting on peers)
+    collectives: int  # issued in the interval
+    queue: float  # share of the interval its busiest thread waited for a core
+    faults: int | None  # major page faults in the interval (None: unknown)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """One rank's figures over the window."""
+
+    seconds: float  # counted
+    wait_share: float
+    pace: float  # collectives per second
+    run_queue: float
+    faults: float | None  # major faults per second
+
+
+def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
+           ) -> dict[int, float]:
+    old = dict(before)
+    return {tid: v - old[tid] for tid, v in after if tid in old and v >= old[tid]}
+
+
+def tick(before: ProcessSample, after: ProcessSample, seconds: float, collectives: int,
+         at: float) -> Tick:
+    """The interval between two samples of one rank's process."""
+    cpu = _delta(before.threads, after.threads)
+    system = _delta(before.system, after.system)
+    demand = _delta(before.demand, after.demand)
+    wait = 0.0
+    for tid, used in cpu.items():
+        if used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used:
+            wait += used
+    queue = max((max(0.0, wanted - cpu.get(tid, wanted)) for tid, wanted in demand.items()),
+                default=0.0)
+    faults = None
+    if before.major_faults is not None and after.major_faults is not None:
+        faults = max(0, after.major_faults - before.major_faults)
+    return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
+                min(1.0, queue / seconds), faults)
+
+
+def summarise(ticks: Sequence[Tick]) -> Pace | None:
+    """A rank's figures over its ticks: those at its usual pace counted; None if none."""
+    moving = [t for t in ticks if t.collectives > 0]
+    if not moving:
+        return None
+    usual = median(t.collectives / t.seconds for t in moving)
+    counted = [t for t in moving if t.collectives / t.seconds >= usual / 2]
+    seconds = sum(t.seconds for t in counted)
+    known = [t.faults for t in counted if t.faults is not None]
+    return Pace(
+        seconds=seconds,
+        wait_share=sum(t.wait * t.seconds for t in counted) / seconds,
+        pace=sum(t.collectives for t in counted) / seconds,
+        run_queue=sum(t.queue * t.seconds for t in counted) / seconds,
+        faults=sum(known) / seconds if len(known) == len(counted) else None)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One rank of a job, judged against the others."""
+
+    key: object
+    pace: Pace
+    score: float  # 1: the job's pace; lower: slower
+    excess: float  # how much more of each step the others wait than it does
+
+    @property
+    def slowdown(self) -> float:
+        """How much faster the job would run if this rank kept the others' median pace."""
+        return 1.0 / (1.0 - max(0.0, min(self.excess, MAX_WAIT)))
+
+
+def judge(paces: Sequence[tuple[object, Pace]]) -> list[Scored]:
+    """Each rank of one job scored against the median of the others; [] for fewer
+    than two ranks with figures."""
+    if len(paces) < 2:
+        return []
+    out = []
+    for i, (key, pace) in enumerate(paces):
+        others = median(min(p.wait_share, MAX_WAIT) for j, (_, p) in enumerate(paces)
+                        if j != i)
+        own = min(pace.wait_share, MAX_WAIT)
+        out.append(Scored(key, pace, min(1.0, (1.0 - others) / (1.0 - own)), others - own))
+    return out
+
+
+def slowest(scored: Sequence[Scored], min_seconds: float = MIN_SECONDS) -> Scored | None:
+    """The rank the others wait for, once every rank has counted enough of the window."""
+    if not scored or any(s.pace.seconds < min_seconds for s in scored):
+        return None
+    return min(scored, key=lambda s: (s.score, -s.excess))
+
+
+def why(pace: Pace, thermal: str | None = None) -> str:
+    """What the node can tell of the reason, one line ("" when nothing stands out)."""
+    parts = []
+    if pace.run_queue >= RUN_QUEUE_CAUSE:
+        parts.append(f"run queue {pace.run_queue:.0%} (CPU contention)")
+    if pace.faults is not None and pace.faults >= FAULTS_CAUSE:
+        parts.append(f"{pace.faults:.0f} major faults/s (memory pressure)")
+    if thermal:
+        parts.append(thermal)
+    return "; ".join(parts)
+
+
+def summary(rank: int | None, host: str | None, excess: float, cause: str) -> str:
+    """The job's line: "rank 2 on mac-3 is the straggler: the others wait 38% of each
+    step for it; run queue 45% (CPU contention)"."""
+    where = f" on {host}" if host else ""
+    line = (f"rank {rank if rank is not None else '?'}{where} is the straggler: the others "
+            f"wait {max(0.0, excess):.0%} of each step for it")
+    return f"{line}; {cause}" if cause else line
+
+
+# -- the daemon's state: each rank's window, each job's named straggler -------------------
+
+
+@dataclass
+class _Track:
+    last: tuple[float, ProcessSample, int]  # (monotonic s, sample, collectives)
+    ticks: deque[Tick]
+
+
+@dataclass
+class Named:
+    """A job's straggler, from when it was first clear (`since`) and whether named."""
+
+    key: object
+    since: float
+    named: bool = False
+
+
+def counts(record: Record, before_idle: bool) -> bool:
+    """Whether an interval of this rank may be counted: a backend whose wait polls in
+    the kernel, and never idle (hb.idle) at either end of it."""
+    return (backends.spins_in_kernel(record.backend) and not before_idle
+            and record.phase is not Phase.IDLE)
+
+
+class Stragglers:
+    """Each rank's window of ticks (fed every scan) and each job's straggler, with its
+    hysteresis (named after `SUSTAIN` at `NAME_SLOWDOWN`, cleared under
+    `CLEAR_SLOWDOWN`)."""
+
+    def __init__(self, window: float = WINDOW, min_seconds: float = MIN_SECONDS,
+                 sustain: float = SUSTAIN) -> None:
+        self.window, self.min_seconds, self.sustain = window, min_seconds, sustain
+        self.tracks: dict[object, _Track] = {}
+        self.idle: dict[object, bool] = {}
+        self.jobs: dict[object, Named] = {}
+
+    def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
+        """One scan's look at a live rank."""
+        track = self.tracks.get(key)
+        was_idle = self.idle.get(key, True)
+        self.idle[key] = record.phase is Phase.IDLE
+        if track is None:
+            self.tracks[key] = _Track((now, sample, record.collectives), deque())
+            return
+        at, before, collectives = track.last
+        track.last = (now, sample, record.collectives)
+        seconds = now - at
+        if seconds > 0 and counts(record, was_idle):
+            track.ticks.append(tick(before, sample, seconds, record.collectives - collectives,
+                                    now))
+        while track.ticks and track.ticks[0].at <= now - self.window:
+            track.ticks.popleft()
+
+    def forget(self, key: object) -> None:
+        self.tracks.pop(key, None)
+        self.idle.pop(key, None)
+
+    def pace(self, key: object) -> Pace | None:
+        track = self.tracks.get(key)
+        return summarise(track.ticks) if track is not None else None
+
+    def judge_job(self, job: object, keys: Sequence[object], now: float
+                  ) -> tuple[list[Scored], Scored | None]:
+        """The job's ranks scored, and its straggler when named (with hysteresis)."""
+        paces = [(k, p) for k in keys if (p := self.pace(k)) is not None]
+        scored = judge(paces)
+        worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
+        held = self.jobs.get(job)
+        if worst is None:
+            self.jobs.pop(job, None)
+            return scored, None
+        if held is not None and held.key == worst.key:
+            if held.named and worst.slowdown < CLEAR_SLOWDOWN:
+                self.jobs.pop(job, None)
+                return scored, None
+            if not held.named and worst.slowdown < NAME_SLOWDOWN:
+                self.jobs.pop(job, None)
+                return scored, None
+        elif worst.slowdown >= NAME_SLOWDOWN:
+            held = self.jobs[job] = Named(worst.key, now)
+        else:
+            self.jobs.pop(job, None)
+            return scored, None
+        if not held.named and now - held.since >= self.sustain:
+            held.named = True
+        return scored, worst if held.named else None
+
+    def forget_jobs(self, live: Iterable[object]) -> None:
+        keep = set(live)
+        for job in [j for j in self.jobs if j not in keep]:
+            del self.jobs[job]
