@@ -342,6 +342,7 @@ class RankStatus(Encodable):
     pace: float | None = None
     pace_score: float | None = None
     run_queue: float | None = None
+    pace_why: str | None = None  # what the node tells of its pace, one line ("": nothing)
 
 
     @classmethod

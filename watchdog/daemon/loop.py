@@ -29,7 +29,7 @@ from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge.detector import Detector
-from watchdog.daemon.judge.stragglers import Stragglers, summary, why
+from watchdog.daemon.judge.stragglers import MIN_SECONDS, Stragglers, summary, why
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
@@ -170,15 +170,19 @@ class Daemon:
         for (uid, job), ranks in jobs.items():
             by_key: dict[object, Rank] = {r.key: r for r in ranks}
             scored, worst = self.stragglers.judge_job((uid, job), list(by_key), now)
+            score = {s.key: s.score for s in scored}
             for r in ranks:
-                r.pace, r.pace_score = self.stragglers.pace(r.key), None
-            for s in scored:
-                by_key[s.key].pace_score = s.score
+                # Shown once the window holds enough to judge by (the cluster scores these).
+                pace = self.stragglers.pace(r.key)
+                ripe = pace is not None and pace.seconds >= MIN_SECONDS
+                if ripe and now - self.thermal[0] >= 30.0:  # a subprocess on macOS: rarely
+                    self.thermal = (now, self.probe.thermal())
+                r.pace = pace if ripe else None
+                r.pace_score = score.get(r.key) if ripe else None
+                r.pace_why = why(pace, self.thermal[1]) if pace is not None and ripe else None
             if worst is None or worst.key not in by_key:
                 continue
             rec = by_key[worst.key].record
-            if now - self.thermal[0] >= 30.0:  # a subprocess on macOS: asked rarely
-                self.thermal = (now, self.probe.thermal())
             cause = why(worst.pace, self.thermal[1])
             slow.append(Straggler(
                 job=job, uid=uid, rank=rec.rank, host=rec.host or self.host, pid=rec.pid,

@@ -97,6 +97,7 @@ class Rank:
     # score against the job's other ranks.
     pace: Pace | None = None
     pace_score: float | None = None
+    pace_why: str | None = None
 
     @property
     def key(self) -> tuple[int, float]:

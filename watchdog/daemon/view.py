@@ -23,7 +23,8 @@ def current_op(record: Record) -> str:
 def rank_status(record: Record, state: State, verdict: Verdict | None, *,
                 reason: str = "", source: str = "daemon", attempt: int | None = None,
                 data_link: str | None = None, cause: str | None = None,
-                pace: Pace | None = None, pace_score: float | None = None) -> RankStatus:
+                pace: Pace | None = None, pace_score: float | None = None,
+                pace_why: str | None = None) -> RankStatus:
     return RankStatus(
         pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
         world_size=record.world_size, attempt=attempt, backend=record.backend,
@@ -45,4 +46,4 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         wait_share=round(pace.wait_share, 3) if pace else None,
         pace=round(pace.pace, 3) if pace else None,
         pace_score=round(pace_score, 3) if pace_score is not None else None,
-        run_queue=round(pace.run_queue, 3) if pace else None)
+        run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why)

@@ -225,6 +225,8 @@ def test_why_and_summary() -> None:
     assert cause == ("run queue 45% (CPU contention); 120 major faults/s (memory pressure); "
                      "CPU speed limit 70% (thermal)")
     assert why(Pace(30.0, 0.0, 5.0, 0.05, 1.0)) == ""
+    assert why(Pace(30.0, 0.0, 5.0, 0.0, None, stopped=0.5)) == (
+        "stopped 50% of the time (a signal or a debugger)")
     assert summary(2, "mac-3", 0.38, "run queue 45% (CPU contention)") == (
         "rank 2 on mac-3 is the straggler: the others wait 38% of each step for it; "
         "run queue 45% (CPU contention)")

@@ -10,8 +10,17 @@ import click
 
 from watchdog.cli import exits
 from watchdog.cli.options import Node, state_option
-from watchdog.status import ClusterView, JobState
+from watchdog.status import ClusterView, JobState, JobView
 from watchdog.text import printable
+
+
+def straggler_lines(job: JobView) -> list[str]:
+    """A healthy job held back by one rank: who, by how much, why (judge/stragglers.py)."""
+    s = job.straggler
+    if s is None:
+        return []
+    return [f"  straggler: {s.summary} (the job would run {s.slowdown or 1:.2f}x faster "
+            "at the others' pace)"]
 
 
 def render_text(view: ClusterView) -> str:
@@ -41,6 +50,7 @@ def render_text(view: ClusterView) -> str:
             lines.append(f"  cause: {job.cause}: {job.summary or ''}")
         if job.evidence:
             lines.append(f"  evidence: {job.evidence}")
+        lines.extend(straggler_lines(job))
     if not view.jobs:
         lines.append("no ranks on any reachable node")
     return "\n".join(printable(line) for line in lines)  # peers' strings are untrusted

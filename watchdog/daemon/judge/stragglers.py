@@ -40,9 +40,10 @@ from statistics import median
 
 from watchdog import backends
 from watchdog.daemon.judge.threads import KERNEL_SHARE
-from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.record import Record
-from watchdog.states import Phase
+from watchdog.states import ENDED, Phase
+from watchdog.status import RankStatus, Straggler
 
 WINDOW = 60.0  # seconds of intervals each rank's figures are taken over
 MIN_SECONDS = 20.0  # counted seconds every rank of the job needs before any is judged
@@ -55,6 +56,7 @@ POLLING_FLOOR = 0.02  # a thread using less of a core than this polls nothing
 # core (CPU contention), major page faults per second (memory pressure).
 RUN_QUEUE_CAUSE = 0.15
 FAULTS_CAUSE = 20.0
+STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Tick:
     collectives: int  # issued in the interval
     queue: float  # share of the interval its busiest thread waited for a core
     faults: int | None  # major page faults in the interval (None: unknown)
+    stopped: bool = False  # the process was seen stopped (SIGSTOP, a debugger) at its end
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Pace:
     pace: float  # collectives per second
     run_queue: float
     faults: float | None  # major faults per second
+    stopped: float = 0.0  # share of its counted scans that saw it stopped
 
 
 def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
@@ -102,7 +106,7 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     if before.major_faults is not None and after.major_faults is not None:
         faults = max(0, after.major_faults - before.major_faults)
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
-                min(1.0, queue / seconds), faults)
+                min(1.0, queue / seconds), faults, after.status in STOPPED_STATUSES)
 
 
 def summarise(ticks: Sequence[Tick]) -> Pace | None:
@@ -119,7 +123,8 @@ def summarise(ticks: Sequence[Tick]) -> Pace | None:
         wait_share=sum(t.wait * t.seconds for t in counted) / seconds,
         pace=sum(t.collectives for t in counted) / seconds,
         run_queue=sum(t.queue * t.seconds for t in counted) / seconds,
-        faults=sum(known) / seconds if len(known) == len(counted) else None)
+        faults=sum(known) / seconds if len(known) == len(counted) else None,
+        stopped=sum(t.stopped for t in counted) / len(counted))
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,8 @@ def why(pace: Pace, thermal: str | None = None) -> str:
     parts = []
     if pace.run_queue >= RUN_QUEUE_CAUSE:
         parts.append(f"run queue {pace.run_queue:.0%} (CPU contention)")
+    if pace.stopped >= STOPPED_CAUSE:
+        parts.append(f"stopped {pace.stopped:.0%} of the time (a signal or a debugger)")
     if pace.faults is not None and pace.faults >= FAULTS_CAUSE:
         parts.append(f"{pace.faults:.0f} major faults/s (memory pressure)")
     if thermal:
@@ -177,6 +184,27 @@ def summary(rank: int | None, host: str | None, excess: float, cause: str) -> st
     line = (f"rank {rank if rank is not None else '?'}{where} is the straggler: the others "
             f"wait {max(0.0, excess):.0%} of each step for it")
     return f"{line}; {cause}" if cause else line
+
+
+def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Straggler | None:
+    """The cluster's judgement (`cluster status`): a job's ranks as the nodes reported
+    them, each with its minute's figures, scored together; the slowest named when it
+    holds the job back by `NAME_SLOWDOWN` (each node's window already smooths it)."""
+    live = [r for r in ranks if r.state not in ENDED]
+    if len(live) < 2 or any(r.wait_share is None for r in live):
+        return None
+    paces: list[tuple[object, Pace]] = [
+        (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None))
+        for i, r in enumerate(live)]
+    worst = slowest(judge(paces), 0.0)
+    if worst is None or worst.slowdown < NAME_SLOWDOWN:
+        return None
+    r = dict[object, RankStatus](enumerate(live))[worst.key]
+    cause = r.pace_why or ""
+    return Straggler(job=job, uid=uid, rank=r.rank, host=r.host, pid=r.pid,
+                     score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
+                     others_wait=round(worst.excess, 3), why=cause,
+                     summary=summary(r.rank, r.host, worst.excess, cause))
 
 
 # -- the daemon's state: each rank's window, each job's named straggler -------------------
