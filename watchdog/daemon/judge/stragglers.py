@@ -45,7 +45,7 @@ from watchdog.record import Record
 from watchdog.states import ENDED, Phase
 from watchdog.status import RankStatus, Straggler
 
-WINDOW = 60.0  # seconds of intervals each rank's figures are taken over
+WINDOW = 30.0  # seconds of intervals each rank's figures are taken over
 MIN_SECONDS = 20.0  # counted seconds every rank of the job needs before any is judged
 NAME_SLOWDOWN = 1.25  # the job would run 25% faster at the others' pace: named...
 SUSTAIN = 10.0  # ...once it has held this long
