@@ -11,10 +11,10 @@ Two parts.
 2. A real job (unless --no-ranks): 2 ring ranks of tests/support/rank_prog.py `work`
    (matmuls and an all_sum in one eval), the real daemon (interval 1 s, the default).
    `--healthy S` seconds of the job in step, counting the scans that name a straggler
-   (target: none); then rank 1 sleeps a healthy step's time before each step (half
-   pace) and the script times how long until the daemon names it (target <= 60 s), and,
+   (target: none); then rank 1 computes in Python a healthy step's time before each step
+   (half pace) and the script times how long until the daemon names it (target <= 60 s), and,
    once the window holds only slow steps, the named slowdown against the true one
-   (how much faster rank 1's steps were without the sleep; target within 20%). The
+   (how much faster rank 1's steps were without that extra; target within 20%). The
    daemon's CPU (psutil) over the run, per rank, is printed too.
 
     python -m benchmarks.stragglers --healthy 120 --runs 3

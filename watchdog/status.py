@@ -343,6 +343,10 @@ class RankStatus(Encodable):
     pace_score: float | None = None
     run_queue: float | None = None
     pace_why: str | None = None  # what the node tells of its pace, one line ("": nothing)
+    # Share of its intervals at its usual pace in which it was working, waiting or stopped
+    # (not sleeping by design, as a server's rank 0 reading requests): the cluster names
+    # a straggler only when most of them were.
+    active_share: float | None = None
 
 
     @classmethod

@@ -48,10 +48,11 @@ Modes:
   work N [FLAG]   a training step's shape: N 512 x 512 matmuls and an all_sum of their
                   result in one eval (compute and collective together, as mlx-lm's
                   trainer does), checked, hb.step() each round, forever; while the file
-                  FLAG exists, rank 1 sleeps before each step as long as a step took
-                  before (a rank at half pace, whose CPU its peers do not get: on
-                  one machine, twice the matmuls would slow its peers too), and
-                  prints "slow step T S" for each: the step took T s, S of them asleep
+                  FLAG exists, rank 1 computes in Python before each step, by the
+                  clock, as long as a step took before (a rank at half pace: by the
+                  clock, so its peers' share of the cores does not change what it
+                  costs), and prints "slow step T S AT" for each: the step took T s,
+                  S of them in that computation, ending at monotonic AT
 """
 
 import sys
@@ -382,7 +383,9 @@ elif MODE == "work":
         began = time.monotonic()
         slow = rank == 1 and flag and os.path.exists(flag)
         if slow and step:
-            time.sleep(step)
+            until = time.monotonic() + step
+            while time.monotonic() < until:
+                sum(range(1000))
         y = a
         for _ in range(int(ARG)):
             y = (y @ a) / NORM

@@ -48,7 +48,8 @@ RANK = ["pid", "host", "job", "uid", "rank", "world_size", "attempt", "backend",
         "phase", "progress", "collectives", "steps", "seconds_since_progress",
         "seconds_in_wait", "deadline_seconds", "busiest_thread_cpu", "computing",
         "current_op", "last_collective", "expect", "reason", "source", "holding",
-        "data_link", "cause", "wait_share", "pace", "pace_score", "run_queue", "pace_why"]
+        "data_link", "cause", "wait_share", "pace", "pace_score", "run_queue", "pace_why",
+        "active_share"]
 NODE_SHORT = ["host", "version", "started", "time", "ranks"]
 NODE = ["host", "daemon_pid", "version", "mode", "interval", "time", "scan_monotonic", "dir",
         "state_dir", "started", "wired_bytes", "wired_baseline_bytes", "reboot_required",

@@ -50,7 +50,7 @@ RANK_SHAPE = {
     "last_collective": (dict, type(None)), "expect": (dict, type(None)), "reason": (str,),
     "source": (str,), "holding": OPT_STR, "data_link": OPT_STR, "cause": OPT_STR,
     "wait_share": OPT_NUM, "pace": OPT_NUM, "pace_score": OPT_NUM, "run_queue": OPT_NUM,
-    "pace_why": OPT_STR,
+    "pace_why": OPT_STR, "active_share": OPT_NUM,
 }
 # Every key of /status (and status.json), in order, with its JSON types.
 NODE_SHAPE = {

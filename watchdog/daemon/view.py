@@ -46,4 +46,5 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         wait_share=round(pace.wait_share, 3) if pace else None,
         pace=round(pace.pace, 3) if pace else None,
         pace_score=round(pace_score, 3) if pace_score is not None else None,
-        run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why)
+        run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why,
+        active_share=round(pace.active, 3) if pace else None)

@@ -1,7 +1,7 @@
 """A straggler named (real ring ranks, the real daemon): two ranks run a training
-step's shape (matmuls and an all_sum in one eval); then rank 1 sleeps a healthy
-step's time before each step (as a SIGSTOP duty cycle would stop it), so the job runs
-at half its pace. The daemon names rank 1 within a minute, with the job's slowdown
+step's shape (matmuls and an all_sum in one eval); then rank 1 computes in Python
+for a healthy step's time (by the clock) before each step, so the job runs at half its
+pace. The daemon names rank 1 within a minute, with the job's slowdown
 near the one measured; rank 0 is never named. Nothing is ended. (Not a busy neighbour
 or twice the matmuls: on a shared 2-core machine the ranks share cores, so a rank slowed
 by CPU slows its peer too and the job's true slowdown is not the straggler's.)"""
@@ -36,7 +36,7 @@ def test_a_rank_at_half_pace_is_named_with_the_jobs_slowdown(tmp_path, record_di
         job.wait_running(collectives=5)
         healthy = pace(job, 8.0)
         assert daemon.status()["stragglers"] == []
-        flag.touch()  # rank 1 now sleeps a healthy step's time before each step
+        flag.touch()  # rank 1 now computes a healthy step's time before each step
         slowed_at = time.monotonic()
         slow = pace(job, 8.0)
         wait_for(lambda: daemon.status()["stragglers"], 60 - 8,
@@ -45,7 +45,7 @@ def test_a_rank_at_half_pace_is_named_with_the_jobs_slowdown(tmp_path, record_di
         assert took <= 60
         assert slow < healthy * 0.8, (healthy, slow)
         # The figure once the daemon's window holds only the slow steps, against the
-        # true one: how much faster the steps of that window were without rank 1's sleep.
+        # true one: how much faster the steps of that window were without rank 1's extra.
         time.sleep(max(0.0, slowed_at + stragglers.WINDOW + 2 - time.monotonic()))
         st = daemon.status()
         assert len(st["stragglers"]) == 1, st["stragglers"]

@@ -64,10 +64,11 @@ def two_nodes(slow_wait: float | None, fast_wait: float, **slow: object) -> list
     return [
         NodeAnswer("a:1", True, NodeStatus(host="a", ranks=(
             rank(0, "a", world_size=2, wait_share=fast_wait, pace=3.0, pace_score=1.0,
-                 run_queue=0.0, pace_why=""),))),
+                 run_queue=0.0, pace_why="", active_share=1.0),))),
         NodeAnswer("b:1", True, NodeStatus(host="b", ranks=(
             rank(1, "b", world_size=2, wait_share=slow_wait, pace=3.0, pace_score=0.5,
-                 run_queue=0.45, pace_why="run queue 45% (CPU contention)", **slow),))),
+                 run_queue=0.45, pace_why="run queue 45% (CPU contention)",
+                 **{"active_share": 0.95, **slow}),))),
     ]
 
 
@@ -88,6 +89,11 @@ def test_ranks_in_step_or_without_figures_name_no_straggler():
     assert job.straggler is None  # 5% more waiting: ordinary imbalance
     (job,) = cluster.analyze(two_nodes(None, 0.5)).jobs
     assert job.straggler is None  # one rank's window not ripe (or a JACCL rank)
+    # mlx_lm.server's rank 0 reading requests while rank 1 waits for it: asleep by design.
+    (job,) = cluster.analyze(two_nodes(0.02, 0.9, active_share=0.3)).jobs
+    assert job.straggler is None
+    (job,) = cluster.analyze(two_nodes(0.02, 0.9, active_share=None)).jobs
+    assert job.straggler is None  # an older daemon's rank: not known to be at work
 
 
 def test_a_hung_job_has_a_culprit_not_a_straggler():

@@ -38,6 +38,7 @@ class SimRank:
     collectives: int = 0
     faults: int = 0
     idle: bool = False
+    phase: Phase = Phase.WAIT  # at the scan: in an eval (working or waiting)
 
     def sample(self) -> ProcessSample:
         return ProcessSample(1000 + self.rank, 1.7e9, 501, "running",
@@ -47,7 +48,7 @@ class SimRank:
     def record(self) -> Record:
         return dataclasses.replace(BASE, pid=1000 + self.rank, rank=self.rank,
                                    collectives=self.collectives,
-                                   phase=Phase.IDLE if self.idle else Phase.WAIT)
+                                   phase=Phase.IDLE if self.idle else self.phase)
 
     def work(self, seconds: float, waiting: float, collectives: int,
              queue: float = 0.0) -> None:
@@ -168,6 +169,39 @@ def test_server_roles_rank_zero_reading_requests_not_named() -> None:
         named += [w for _, w in run(job, rng.randint(1, 3), work=[0.012, 0.01],
                                     per_step=40, jitter=0.1, rng=rng)]
     assert [w for w in named if w] == []
+
+
+def test_server_rank_zero_sharing_nothing_while_it_reads_requests_not_named() -> None:
+    """mlx_lm.server at rest: rank 0 shares "nothing" in a tiny all_sum every 0.1 s and
+    sleeps on its request queue in between (outside any wait, no CPU), while rank 1
+    polls in that all_sum: a steady pace, rank 1 waiting 95% of the time for rank 0.
+    Not a straggler: rank 0 sleeps by design."""
+    job = Job(2)
+    zero, one = job.ranks
+    named = []
+    for second in range(120):
+        generating = second % 40 >= 30  # 10 s of a generation in each 40
+        if generating:
+            named.append(job.second(work=[0.011, 0.01], per_step=40))
+            zero.phase = Phase.WAIT
+            continue
+        zero.phase = Phase.RUNNING  # asleep on its queue at the scan
+        zero.work(0.05, 0.0, 10)  # 50 ms of work a second: sharing "nothing"
+        one.work(1.0, 0.95, 10)
+        job.now += 1.0
+        named.append(job.scan())
+    assert [w for w in named if w] == []
+    rests = job.judge.pace(0)
+    assert rests is not None and rests.active < 0.8  # it slept most of its intervals
+
+
+def test_a_rank_at_half_pace_outside_waits_but_computing_is_named() -> None:
+    """A straggler computing in Python (outside any wait, a core busy) is active."""
+    job = Job(2)
+    job.ranks[1].phase = Phase.RUNNING
+    history = run(job, 60, work=[0.1, 0.2])
+    worst = history[-1][1]
+    assert worst is not None and worst.key == 1 and worst.pace.active == 1.0
 
 
 def test_idle_intervals_are_not_counted() -> None:

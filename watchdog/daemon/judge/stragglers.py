@@ -16,9 +16,12 @@ waits for waits least. So, per rank over a sliding window (`WINDOW`), two figure
 
 Only the intervals in which the rank made progress at its usual pace are counted
 (its collectives advanced by at least half its median interval's, and it was never
-idle): a rank waiting for a peer that waits for a request (mlx_lm.server's rank 0
-reads requests while the others wait in a collective, by design), or a hang, is not
-work held back, and is left out.
+idle), and of those only the ones in which every rank of the job was *active*: in a
+wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core, or
+stopped. A rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads
+requests (sharing "nothing" every 0.1 s) while the others wait in a collective for
+it; that wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
+be lined up, so a rank is named only when it was active in `ACTIVE_MIN` of its own.
 
 From the job's ranks (`judge`): a rank's *score* is the job's pace over its own, as
 NVRx's relative score (1: the job's pace, lower: slower): the share of time the
@@ -57,6 +60,8 @@ POLLING_FLOOR = 0.02  # a thread using less of a core than this polls nothing
 RUN_QUEUE_CAUSE = 0.15
 FAULTS_CAUSE = 20.0
 STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
+ACTIVE_MIN = 0.8  # a straggler is active (working, waiting or stopped) this share of the time
+WORK_RATIO = 0.25  # a thread wanting this share of a core works (judge/threads.py's)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Tick:
     queue: float  # share of the interval its busiest thread waited for a core
     faults: int | None  # major page faults in the interval (None: unknown)
     stopped: bool = False  # the process was seen stopped (SIGSTOP, a debugger) at its end
+    active: bool = True  # in a wait at its end, a thread at work through it, or stopped
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class Pace:
     run_queue: float
     faults: float | None  # major faults per second
     stopped: float = 0.0  # share of its counted scans that saw it stopped
+    active: float = 1.0  # share of its intervals at its usual pace in which it was active
 
 
 def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
@@ -91,8 +98,9 @@ def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float
 
 
 def tick(before: ProcessSample, after: ProcessSample, seconds: float, collectives: int,
-         at: float) -> Tick:
-    """The interval between two samples of one rank's process."""
+         at: float, waiting: bool = False) -> Tick:
+    """The interval between two samples of one rank's process (`waiting`: in a wait, an
+    eval or a collective, at its end)."""
     cpu = _delta(before.threads, after.threads)
     system = _delta(before.system, after.system)
     demand = _delta(before.demand, after.demand)
@@ -105,17 +113,25 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     faults = None
     if before.major_faults is not None and after.major_faults is not None:
         faults = max(0, after.major_faults - before.major_faults)
+    busiest = max((demand.get(tid, used) for tid, used in cpu.items()), default=0.0)
+    stopped = after.status in STOPPED_STATUSES
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
-                min(1.0, queue / seconds), faults, after.status in STOPPED_STATUSES)
+                min(1.0, queue / seconds), faults, stopped,
+                waiting or stopped or busiest / seconds >= WORK_RATIO)
 
 
-def summarise(ticks: Sequence[Tick]) -> Pace | None:
-    """A rank's figures over its ticks: those at its usual pace counted; None if none."""
+def summarise(ticks: Sequence[Tick], skip: frozenset[float] = frozenset()) -> Pace | None:
+    """A rank's figures over its ticks at its usual pace, active, and not ending at one
+    of `skip` (when another rank of the job was not active); None if none."""
     moving = [t for t in ticks if t.collectives > 0]
     if not moving:
         return None
     usual = median(t.collectives / t.seconds for t in moving)
-    counted = [t for t in moving if t.collectives / t.seconds >= usual / 2]
+    usual_pace = [t for t in moving if t.collectives / t.seconds >= usual / 2]
+    active = sum(t.active for t in usual_pace) / len(usual_pace)
+    counted = [t for t in usual_pace if t.active and t.at not in skip]
+    if not counted:
+        return None
     seconds = sum(t.seconds for t in counted)
     known = [t.faults for t in counted if t.faults is not None]
     return Pace(
@@ -124,7 +140,7 @@ def summarise(ticks: Sequence[Tick]) -> Pace | None:
         pace=sum(t.collectives for t in counted) / seconds,
         run_queue=sum(t.queue * t.seconds for t in counted) / seconds,
         faults=sum(known) / seconds if len(known) == len(counted) else None,
-        stopped=sum(t.stopped for t in counted) / len(counted))
+        stopped=sum(t.stopped for t in counted) / len(counted), active=active)
 
 
 @dataclass(frozen=True)
@@ -157,10 +173,12 @@ def judge(paces: Sequence[tuple[object, Pace]]) -> list[Scored]:
 
 
 def slowest(scored: Sequence[Scored], min_seconds: float = MIN_SECONDS) -> Scored | None:
-    """The rank the others wait for, once every rank has counted enough of the window."""
+    """The rank the others wait for, once every rank has counted enough of the window;
+    None when that rank was not active most of the time (it sleeps by design)."""
     if not scored or any(s.pace.seconds < min_seconds for s in scored):
         return None
-    return min(scored, key=lambda s: (s.score, -s.excess))
+    worst = min(scored, key=lambda s: (s.score, -s.excess))
+    return worst if worst.pace.active >= ACTIVE_MIN else None
 
 
 def why(pace: Pace, thermal: str | None = None) -> str:
@@ -194,7 +212,8 @@ def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Stragg
     if len(live) < 2 or any(r.wait_share is None for r in live):
         return None
     paces: list[tuple[object, Pace]] = [
-        (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None))
+        (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None,
+                 active=r.active_share if r.active_share is not None else 0.0))
         for i, r in enumerate(live)]
     worst = slowest(judge(paces), 0.0)
     if worst is None or worst.slowdown < NAME_SLOWDOWN:
@@ -243,6 +262,7 @@ class Stragglers:
         self.tracks: dict[object, _Track] = {}
         self.idle: dict[object, bool] = {}
         self.jobs: dict[object, Named] = {}
+        self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
 
     def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
         """One scan's look at a live rank."""
@@ -257,22 +277,33 @@ class Stragglers:
         seconds = now - at
         if seconds > 0 and counts(record, was_idle):
             track.ticks.append(tick(before, sample, seconds, record.collectives - collectives,
-                                    now))
+                                    now, record.phase in (Phase.WAIT, Phase.INIT)))
         while track.ticks and track.ticks[0].at <= now - self.window:
             track.ticks.popleft()
 
     def forget(self, key: object) -> None:
         self.tracks.pop(key, None)
         self.idle.pop(key, None)
+        self.paces.pop(key, None)
 
     def pace(self, key: object) -> Pace | None:
+        """The rank's figures as its job was last judged (with its other ranks here)."""
+        if key in self.paces:
+            return self.paces[key]
         track = self.tracks.get(key)
         return summarise(track.ticks) if track is not None else None
 
     def judge_job(self, job: object, keys: Sequence[object], now: float
                   ) -> tuple[list[Scored], Scored | None]:
-        """The job's ranks scored, and its straggler when named (with hysteresis)."""
-        paces = [(k, p) for k in keys if (p := self.pace(k)) is not None]
+        """The job's ranks scored, and its straggler when named (with hysteresis). The
+        ranks are scanned together: an interval in which one of them was not active
+        (it sleeps by design) is left out for every one."""
+        tracks = [self.tracks[k] for k in keys if k in self.tracks]
+        skip = frozenset(t.at for track in tracks for t in track.ticks if not t.active)
+        for k in keys:
+            track = self.tracks.get(k)
+            self.paces[k] = summarise(track.ticks, skip) if track is not None else None
+        paces = [(k, p) for k in keys if (p := self.paces[k]) is not None]
         scored = judge(paces)
         worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
         held = self.jobs.get(job)
