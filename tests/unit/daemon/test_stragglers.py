@@ -204,6 +204,24 @@ def test_a_rank_at_half_pace_outside_waits_but_computing_is_named() -> None:
     assert worst is not None and worst.key == 1 and worst.pace.active == 1.0
 
 
+def test_scans_shorter_than_a_step_still_count_its_time() -> None:
+    """The bed scans every 0.25 s and a slow step takes 0.6 s: most scans see no new
+    collective. A tick lasts until one is issued (at least a second), so the ranks'
+    time is counted all the same and the straggler named."""
+    job = Job(2)
+    step, done = 0.6, 0.0
+    named = None
+    for _ in range(4 * 60):
+        before = int(done)
+        done += 0.25 / step
+        for r, waiting in zip(job.ranks, (0.5, 0.02), strict=True):
+            r.work(0.25, 0.25 * waiting, int(done) - before)
+        job.now += 0.25
+        named = job.scan()
+    assert named is not None and named.key == 1
+    assert named.slowdown == pytest.approx(1 / (1 - 0.48), rel=0.05)
+
+
 def test_idle_intervals_are_not_counted() -> None:
     job = Job(2)
     job.ranks[0].idle = True

@@ -54,6 +54,8 @@ NAME_SLOWDOWN = 1.25  # the job would run 25% faster at the others' pace: named.
 SUSTAIN = 10.0  # ...once it has held this long
 CLEAR_SLOWDOWN = 1.12  # a named straggler stays named until the slowdown falls under this
 MAX_WAIT = 0.95  # a share above this is read as this (a score stays finite)
+TICK = 1.0  # seconds: a rank's interval closes once this long and a collective was issued
+LONG_TICK = 10.0  # ...or once this long without one
 POLLING_FLOOR = 0.02  # a thread using less of a core than this polls nothing
 # Causes: a share of the time the rank's busiest thread waited in a run queue for a
 # core (CPU contention), major page faults per second (memory pressure).
@@ -120,16 +122,20 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
                 waiting or stopped or busiest / seconds >= WORK_RATIO)
 
 
-def summarise(ticks: Sequence[Tick], skip: frozenset[float] = frozenset()) -> Pace | None:
-    """A rank's figures over its ticks at its usual pace, active, and not ending at one
-    of `skip` (when another rank of the job was not active); None if none."""
+def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
+    return any(start < t.at and t.at - t.seconds < end for start, end in spans)
+
+
+def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = ()) -> Pace | None:
+    """A rank's figures over its ticks at its usual pace, active, and overlapping none
+    of the spans `skip` (when another rank of the job was not active); None if none."""
     moving = [t for t in ticks if t.collectives > 0]
     if not moving:
         return None
     usual = median(t.collectives / t.seconds for t in moving)
     usual_pace = [t for t in moving if t.collectives / t.seconds >= usual / 2]
     active = sum(t.active for t in usual_pace) / len(usual_pace)
-    counted = [t for t in usual_pace if t.active and t.at not in skip]
+    counted = [t for t in usual_pace if t.active and not _overlaps(t, skip)]
     if not counted:
         return None
     seconds = sum(t.seconds for t in counted)
@@ -233,6 +239,8 @@ def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Stragg
 class _Track:
     last: tuple[float, ProcessSample, int]  # (monotonic s, sample, collectives)
     ticks: deque[Tick]
+    idle: bool = True  # idle at a scan since the open tick began (or never seen before)
+    waiting: bool = False  # in a wait at a scan since it began
 
 
 @dataclass
@@ -244,11 +252,10 @@ class Named:
     named: bool = False
 
 
-def counts(record: Record, before_idle: bool) -> bool:
+def counts(record: Record, idle: bool) -> bool:
     """Whether an interval of this rank may be counted: a backend whose wait polls in
-    the kernel, and never idle (hb.idle) at either end of it."""
-    return (backends.spins_in_kernel(record.backend) and not before_idle
-            and record.phase is not Phase.IDLE)
+    the kernel, and never idle (hb.idle) at a scan in it."""
+    return backends.spins_in_kernel(record.backend) and not idle
 
 
 class Stragglers:
@@ -260,30 +267,34 @@ class Stragglers:
                  sustain: float = SUSTAIN) -> None:
         self.window, self.min_seconds, self.sustain = window, min_seconds, sustain
         self.tracks: dict[object, _Track] = {}
-        self.idle: dict[object, bool] = {}
         self.jobs: dict[object, Named] = {}
         self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
 
     def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
-        """One scan's look at a live rank."""
+        """One scan's look at a live rank. A tick closes once it lasts `TICK` seconds and
+        the rank issued a collective in it (a scan interval may be shorter than a step),
+        or after `LONG_TICK` seconds without one (a tick that counts for nothing)."""
         track = self.tracks.get(key)
-        was_idle = self.idle.get(key, True)
-        self.idle[key] = record.phase is Phase.IDLE
         if track is None:
-            self.tracks[key] = _Track((now, sample, record.collectives), deque())
+            self.tracks[key] = _Track((now, sample, record.collectives), deque(),
+                                      idle=record.phase is Phase.IDLE)
             return
+        track.idle = track.idle or record.phase is Phase.IDLE
+        track.waiting = track.waiting or record.phase in (Phase.WAIT, Phase.INIT)
         at, before, collectives = track.last
-        track.last = (now, sample, record.collectives)
         seconds = now - at
-        if seconds > 0 and counts(record, was_idle):
+        if seconds < TICK or (record.collectives == collectives and seconds < LONG_TICK):
+            return
+        if counts(record, track.idle):
             track.ticks.append(tick(before, sample, seconds, record.collectives - collectives,
-                                    now, record.phase in (Phase.WAIT, Phase.INIT)))
+                                    now, track.waiting))
+        track.last = (now, sample, record.collectives)
+        track.idle, track.waiting = record.phase is Phase.IDLE, False
         while track.ticks and track.ticks[0].at <= now - self.window:
             track.ticks.popleft()
 
     def forget(self, key: object) -> None:
         self.tracks.pop(key, None)
-        self.idle.pop(key, None)
         self.paces.pop(key, None)
 
     def pace(self, key: object) -> Pace | None:
@@ -299,7 +310,8 @@ class Stragglers:
         ranks are scanned together: an interval in which one of them was not active
         (it sleeps by design) is left out for every one."""
         tracks = [self.tracks[k] for k in keys if k in self.tracks]
-        skip = frozenset(t.at for track in tracks for t in track.ticks if not t.active)
+        skip = [(t.at - t.seconds, t.at) for track in tracks for t in track.ticks
+                if not t.active]
         for k in keys:
             track = self.tracks.get(k)
             self.paces[k] = summarise(track.ticks, skip) if track is not None else None
