@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from watchdog import backends
-from watchdog.daemon.judge.threads import KERNEL_SHARE
+from watchdog.daemon.judge.threads import KERNEL_SHARE, WORK_RATIO
 from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
 from watchdog.record import Record
 from watchdog.states import ENDED, Phase
@@ -63,7 +63,6 @@ RUN_QUEUE_CAUSE = 0.15
 FAULTS_CAUSE = 20.0
 STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
 ACTIVE_MIN = 0.8  # a straggler is active (working, waiting or stopped) this share of the time
-WORK_RATIO = 0.25  # a thread wanting this share of a core works (judge/threads.py's)
 
 
 @dataclass(frozen=True)
