@@ -114,7 +114,6 @@ class Daemon:
         found = self.table.read(now)
         self._deaths(now)
         due = self._judge(found.live, now_ns)
-        self._paces(found.live, now)
         due = holds.hold(due, self.ranks.values(), self.detector.rules, now)
         self._probe_links(now)
         self.table.sweep(now)
@@ -127,6 +126,7 @@ class Daemon:
             self._escalate(uid, job, ranks)
         for ending, ranks in self.fences.orphaned(now):
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
+        self._paces(found.live, now)
         self.learned.keep(self.detector, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
@@ -157,7 +157,15 @@ class Daemon:
 
     def _paces(self, live: list[tuple[Rank, ProcessSample]], now: float) -> None:
         """Each live rank's minute of work, each job scored, its straggler named when clear
-        (judge/stragglers.py): shown, never acted on."""
+        (judge/stragglers.py): shown, never acted on. After the responses began, and never
+        in their way: an error here is logged and counted, and the scan goes on."""
+        try:
+            self._judge_paces(live, now)
+        except Exception:  # noqa: BLE001 - a report must never stop the hang's response
+            self.counters.loop_errors += 1
+            log.exception("judging the ranks' pace failed")
+
+    def _judge_paces(self, live: list[tuple[Rank, ProcessSample]], now: float) -> None:
         jobs: dict[tuple[int, str], list[Rank]] = {}
         for rank, sample in live:
             self.stragglers.observe(rank.key, rank.record, sample, now)
