@@ -337,6 +337,19 @@ class RankStatus(Encodable):
     # What its busy threads ran at the latest native stack sample, taken only while a
     # rank of its job waits past its deadline (judge/frames.py); None: not sampled.
     frames: str | None = None
+    # Over the last minute of its work (daemon/judge/stragglers.py): the share of its
+    # time spent waiting on its peers, its collectives per second, its score against
+    # the job's other ranks (1: the job's pace, lower: slower), the share of the time
+    # its busiest thread waited in a run queue for a core; None until known.
+    wait_share: float | None = None
+    pace: float | None = None
+    pace_score: float | None = None
+    run_queue: float | None = None
+    pace_why: str | None = None  # what the node tells of its pace, one line ("": nothing)
+    # Share of its intervals at its usual pace in which it was working, waiting or stopped
+    # (not sleeping by design, as a server's rank 0 reading requests): the cluster names
+    # a straggler only when most of them were.
+    active_share: float | None = None
 
 
     @classmethod
@@ -359,6 +372,29 @@ def valid_ranks(data: Any) -> tuple[RankStatus, ...]:
         except ValueError:
             continue
     return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(Encodable):
+    """The rank that holds a job back (daemon/judge/stragglers.py): reported, never
+    ended. `slowdown`: how much faster the job would run if it kept the others' pace;
+    `others_wait`: the share of each step the others wait for it; `why`: what the
+    node tells of the reason, one line ("" when nothing stands out)."""
+
+    job: str
+    uid: int | None = None
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    score: float | None = None
+    slowdown: float | None = None
+    others_wait: float | None = None
+    why: str = ""
+    summary: str = ""
+
+    @classmethod
+    def from_json(cls, data: Any) -> Straggler | None:
+        return decode(cls, data) if isinstance(data, dict) and data.get("job") else None
 
 
 # -- a node ------------------------------------------------------------------------------
@@ -514,6 +550,7 @@ class NodeStatus:
     # Why the record directory is full and nothing in it can be freed (new ranks cannot
     # publish: unwatched), with the uids holding the space where found; None: room.
     record_dir_full: str | None = None
+    stragglers: tuple[Straggler, ...] = ()  # the jobs here held back by one rank
     # The full form: every field above was published (never a key of its own).
     scanned: bool = field(default=False, metadata=_on_wire(
         skip=True, read=lambda data: "scan_monotonic" in data))
@@ -635,6 +672,7 @@ class JobView(Decodable):
     evidence: str = ""
     cause: str | None = None  # watchdog/cause.py's vocabulary, when hung or unknown
     summary: str = ""
+    straggler: Straggler | None = None  # a healthy job held back by one rank
 
 
 @dataclass(frozen=True)

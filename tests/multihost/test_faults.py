@@ -346,6 +346,29 @@ def test_a_slow_peer_is_held_across_hosts(hosts, how):
     assert any("held" in line for line in log.splitlines() if job_id in line)
 
 
+def test_a_straggler_on_the_other_host_is_named_by_cluster_status(hosts, tmp_path):
+    """Rank 1 (host 1) computes a healthy step's time before each step (half pace): each
+    daemon sees one rank and cannot judge the job; `cluster status` on host 0 lines up
+    both ranks' figures and names rank 1 on host 1 the straggler, within a minute.
+    Nothing is ended."""
+    flag = tmp_path / "slow"
+    (d0, d1), job, job_id = start(hosts, True, "work", "4", str(flag))
+    flag.touch()
+    slowed = time.monotonic()
+    code, seen, view = status_until(
+        hosts.hosts[0], lambda code, j, view: j.get("straggler") is not None, 60,
+        "cluster status names the straggler")
+    assert time.monotonic() - slowed <= 60
+    found = seen["straggler"]
+    assert code == 0 and seen["state"] == "healthy", (code, view)
+    assert (found["rank"], found["host"], found["pid"]) == (
+        1, hosts.hosts[1].name, job.pids[1]), found
+    assert found["slowdown"] >= 1.25 and found["score"] <= 0.8, found
+    assert found["summary"].startswith(f"rank 1 on {hosts.hosts[1].name} is the straggler")
+    assert not job.gone()
+    assert incidents_of(d0, job_id) == [] and incidents_of(d1, job_id) == []
+
+
 # -- the cause of each fault, on both hosts and in `cluster status` ---------------------
 # Observe mode: nothing is ended, so each host reaches its own verdict on the live
 # job (no kill or fence decides it for the other) and `cluster status` can be read

@@ -50,6 +50,14 @@ Modes:
                   tells the others in the all_sum), a long step of ~P s (a prefill
                   after many short decode steps), a few rounds, exit 0.
                   Prints "prefill 1 start", "short rounds", "prefill 2 start", "done"
+  work N [FLAG]   a training step's shape: N 512 x 512 matmuls and an all_sum of their
+                  result in one eval (compute and collective together, as mlx-lm's
+                  trainer does), checked, hb.step() each round, forever; while the file
+                  FLAG exists, rank 1 computes in Python before each step, by the
+                  clock, as long as a step took before (a rank at half pace: by the
+                  clock, so its peers' share of the cores does not change what it
+                  costs), and prints "slow step T S AT" for each: the step took T s,
+                  S of them in that computation, ending at monotonic AT
 """
 
 import sys
@@ -383,5 +391,32 @@ elif MODE == "prefill":
         one_round()
     print("done", flush=True)
     time.sleep(0.5)
+elif MODE == "work":
+    import os
+
+    flag = sys.argv[3] if len(sys.argv) > 3 else ""
+    a = mx.random.normal((512, 512), key=mx.random.key(0))
+    step = None  # a healthy step's time, averaged
+    while True:
+        began = time.monotonic()
+        slow = rank == 1 and flag and os.path.exists(flag)
+        if slow and step:
+            until = time.monotonic() + step
+            while time.monotonic() < until:
+                sum(range(1000))
+        y = a
+        for _ in range(int(ARG)):
+            y = (y @ a) / NORM
+        got = mx.distributed.all_sum(mx.ones(16) + 0 * y.sum())
+        mx.eval(got)
+        if got[0].item() != size:
+            print(f"WRONG all_sum: {got[0].item()}", flush=True)
+            sys.exit(3)
+        hb.step()
+        took = time.monotonic() - began
+        if not slow:
+            step = took if step is None else 0.9 * step + 0.1 * took
+        elif step:
+            print(f"slow step {took:.4f} {step:.4f} {time.monotonic():.3f}", flush=True)
 else:
     sys.exit(f"unknown mode {MODE}")

@@ -39,6 +39,7 @@ from watchdog.status import (
     RebootReason,
     ReportedRank,
     SignalSent,
+    Straggler,
     Unwritten,
     WiredCheck,
 )
@@ -47,12 +48,13 @@ RANK = ["pid", "host", "job", "uid", "rank", "world_size", "attempt", "backend",
         "phase", "progress", "collectives", "steps", "seconds_since_progress",
         "seconds_in_wait", "deadline_seconds", "busiest_thread_cpu", "computing",
         "current_op", "last_collective", "expect", "reason", "source", "holding",
-        "data_link", "cause", "frames"]
+        "data_link", "cause", "frames", "wait_share", "pace", "pace_score", "run_queue",
+        "pace_why", "active_share"]
 NODE_SHORT = ["host", "version", "started", "time", "ranks"]
 NODE = ["host", "daemon_pid", "version", "mode", "interval", "time", "scan_monotonic", "dir",
         "state_dir", "started", "wired_bytes", "wired_baseline_bytes", "reboot_required",
         "reboot", "ranks", "invalid_records", "invalid_files", "counters", "launches",
-        "unwritten", "scan_bucket_bounds", "record_dir_full"]
+        "unwritten", "scan_bucket_bounds", "record_dir_full", "stragglers"]
 COUNTERS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
             "loop_errors", "scan_buckets", "scan_sum", "scan_count"]
 UNWRITTEN = ["reboot_flags_unwritten", "incidents_unwritten", "write_failures"]
@@ -80,7 +82,11 @@ RANK_VALUE = RankStatus(
     seconds_since_progress=3.5, seconds_in_wait=3.25, deadline_seconds=2.0,
     busiest_thread_cpu=0.99, computing=False, current_op="eval (all_sum #12)",
     last_collective=LastCollective(12, "all_sum", 4096), expect=Expect(30.0, "checkpoint"),
-    reason="in eval", source="daemon", holding=None, data_link="up", cause="peer_stopped")
+    reason="in eval", source="daemon", holding=None, data_link="up", cause="peer_stopped",
+    wait_share=0.4, pace=12.5, pace_score=1.0, run_queue=0.02)
+STRAGGLER_VALUE = Straggler(job="j", uid=501, rank=1, host="h", pid=8, score=0.5,
+                            slowdown=1.9, others_wait=0.47, why="run queue 45% (CPU contention)",
+                            summary="rank 1 on h is the straggler: ...")
 COUNTERS_VALUE = Counters(stalls={"stalled": 1, "blocked": 0}, stall_causes={"stalled:x": 1},
                           kills={"SIGTERM": 2}, job_kills={"j": 1}, invalid_records=3,
                           probe_errors=4, loop_errors=5, scan_buckets=[1, 0, 2],
@@ -94,7 +100,7 @@ NODE_VALUE = NodeStatus(
     ranks=(RANK_VALUE,), invalid_records={"/r/x.rec": "garbage"}, invalid_files=1,
     counters=COUNTERS_VALUE, launches={"relaunched": 2},
     unwritten=Unwritten(("a leak",), ("id-1", None), 2), scan_bucket_bounds=(0.1, 1.0),
-    scanned=True)
+    stragglers=(STRAGGLER_VALUE,), scanned=True)
 FENCE_VALUE = Fence(job="j", uid=501, origin="node-a", reason="stalled", culprit=CULPRIT_VALUE,
                     nonce="n1", time=1.7e9, since=1.7e9 - 1)
 INCIDENT_FOUND_VALUE = Incident(
@@ -119,7 +125,9 @@ INCIDENT_FULL_VALUE = dataclasses.replace(
 # "cluster" gave them before they were typed (net/cluster.py, act/peers.py).
 JOB_CULPRIT = ["host", "node", "rank", "pid", "state", "reason"]
 JOB_VIEW = ["job", "uid", "world_size", "state", "ranks", "missing_ranks", "culprit",
-            "evidence", "cause", "summary"]
+            "evidence", "cause", "summary", "straggler"]
+STRAGGLER = ["job", "uid", "rank", "host", "pid", "score", "slowdown", "others_wait", "why",
+             "summary"]
 CLUSTER_NODE = ["peer", "ok", "error", "host", "reboot_required"]
 PEER_VIEW = ["culprit", "evidence", "cause", "summary", "unreachable", "computing", "holding"]
 COMPUTING = ["rank", "host", "pid"]
@@ -135,7 +143,7 @@ JOB_CULPRIT_VALUE = JobCulprit(host="h1", node="b:1", rank=1, pid=7, state="stop
 JOB_VIEW_VALUE = JobView(job="j", uid=501, world_size=2, state=JobState.HUNG,
                          ranks=(ReportedRank("a:1", RANK_VALUE),), missing_ranks=(1,),
                          culprit=JOB_CULPRIT_VALUE, evidence="e", cause="peer_stopped",
-                         summary="s")
+                         summary="s", straggler=STRAGGLER_VALUE)
 PEER_VIEW_VALUE = PeerView(culprit=JOB_CULPRIT_VALUE, evidence="e", cause="peer_stopped",
                            summary="s", unreachable=("c:1",),
                            computing=(ComputingRank(rank=1, host="h1", pid=7),),
@@ -161,7 +169,7 @@ VALUES = [
     (RebootFlag(reason="x", reasons=(RebootReason(reason="x"),)), REBOOT_FLAG),
     (RebootReason(incident="i", reason="x", time=1.0, wired_after=2, wired_baseline=1),
      REBOOT_REASON),
-    (LAUNCH_ENDED_VALUE, LAUNCH_ENDED),
+    (LAUNCH_ENDED_VALUE, LAUNCH_ENDED), (STRAGGLER_VALUE, STRAGGLER),
     (DaemonPointer(daemon_pid=7, state_dir="/s", listen="127.0.0.1:9753"),
      ["daemon_pid", "state_dir", "listen"]),
 ]

@@ -50,6 +50,8 @@ RANK_SHAPE = {
     "last_collective": (dict, type(None)), "expect": (dict, type(None)), "reason": (str,),
     "source": (str,), "holding": OPT_STR, "data_link": OPT_STR, "cause": OPT_STR,
     "frames": OPT_STR,
+    "wait_share": OPT_NUM, "pace": OPT_NUM, "pace_score": OPT_NUM, "run_queue": OPT_NUM,
+    "pace_why": OPT_STR, "active_share": OPT_NUM,
 }
 # Every key of /status (and status.json), in order, with its JSON types.
 NODE_SHAPE = {
@@ -59,7 +61,7 @@ NODE_SHAPE = {
     "wired_baseline_bytes": OPT_INT, "reboot_required": (bool,),
     "reboot": (dict, type(None)), "ranks": (list,), "invalid_records": (dict,),
     "invalid_files": (int,), "counters": (dict,), "launches": (dict,), "unwritten": (dict,),
-    "scan_bucket_bounds": (list,), "record_dir_full": OPT_STR,
+    "scan_bucket_bounds": (list,), "record_dir_full": OPT_STR, "stragglers": (list,),
 }
 COUNTER_KEYS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
                 "loop_errors", "scan_buckets", "scan_sum", "scan_count"]

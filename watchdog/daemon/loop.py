@@ -34,6 +34,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
+from watchdog.daemon.judge.stragglers import MIN_SECONDS, Stragglers, summary, why
 from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
@@ -44,7 +45,7 @@ from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
 from watchdog.states import FINAL, WAITING_LONG
-from watchdog.status import Fence, FenceAnswer, NodeStatus, job_key
+from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler, job_key
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,10 @@ class Daemon:
         # and nothing can free it ("" while there is room), published and alerted on.
         self.keeper = roomkeeper.Keeper(settings.dir, self.probe.deleted_holders)
         self.room_full = ""
+        # Each rank's last minute of work and each job's straggler (reported, never ended).
+        self.stragglers = Stragglers()
+        self.slow: tuple[Straggler, ...] = ()
+        self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
 
     # -- one tick --------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class Daemon:
             self._escalate(uid, job, ranks)
         for ending, ranks in self.fences.orphaned(now):
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
+        self._paces(found.live, now)
         self.learned.keep(self.detector, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
@@ -228,6 +234,50 @@ class Daemon:
             self.stacks.track_queues(rank.key, rec.pid, now)
             keys.add(rank.key)
         return keys
+
+    def _paces(self, live: list[tuple[Rank, ProcessSample]], now: float) -> None:
+        """Each live rank's minute of work, each job scored, its straggler named when clear
+        (judge/stragglers.py): shown, never acted on. After the responses began, and never
+        in their way: an error here is logged and counted, and the scan goes on."""
+        try:
+            self._judge_paces(live, now)
+        except Exception:  # noqa: BLE001 - a report must never stop the hang's response
+            self.counters.loop_errors += 1
+            log.exception("judging the ranks' pace failed")
+
+    def _judge_paces(self, live: list[tuple[Rank, ProcessSample]], now: float) -> None:
+        jobs: dict[tuple[int, str], list[Rank]] = {}
+        for rank, sample in live:
+            self.stragglers.observe(rank.key, rank.record, sample, now)
+            jobs.setdefault((rank.record.uid, rank.record.job), []).append(rank)
+        seen = {rank.key for rank, _ in live}
+        for key in [k for k in self.stragglers.tracks if k not in seen]:
+            self.stragglers.forget(key)
+        self.stragglers.forget_jobs(jobs)
+        slow = []
+        for (uid, job), ranks in jobs.items():
+            by_key: dict[object, Rank] = {r.key: r for r in ranks}
+            scored, worst = self.stragglers.judge_job((uid, job), list(by_key), now)
+            score = {s.key: s.score for s in scored}
+            for r in ranks:
+                # Shown once the window holds enough to judge by (the cluster scores these).
+                pace = self.stragglers.pace(r.key)
+                ripe = pace is not None and pace.seconds >= MIN_SECONDS
+                if ripe and now - self.thermal[0] >= 30.0:  # a subprocess on macOS: rarely
+                    self.thermal = (now, self.probe.thermal())
+                r.pace = pace if ripe else None
+                r.pace_score = score.get(r.key) if ripe else None
+                r.pace_why = why(pace, self.thermal[1]) if pace is not None and ripe else None
+            if worst is None or worst.key not in by_key:
+                continue
+            rec = by_key[worst.key].record
+            cause = why(worst.pace, self.thermal[1])
+            slow.append(Straggler(
+                job=job, uid=uid, rank=rec.rank, host=rec.host or self.host, pid=rec.pid,
+                score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
+                others_wait=round(worst.excess, 3), why=cause,
+                summary=summary(rec.rank, rec.host or self.host, worst.excess, cause)))
+        self.slow = tuple(sorted(slow, key=lambda s: (s.job, s.uid or 0)))
 
     def _probe_links(self, now: float) -> None:
         """Ranks waiting long: their data path probed (shown); the peers asked ahead."""
@@ -430,7 +480,7 @@ class Daemon:
             invalid={**records.unusable(INVALID_LISTED), **transient},
             invalid_count=len(records.bad) + len(transient),
             launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
-            record_dir_full=self.room_full)
+            record_dir_full=self.room_full, stragglers=self.slow)
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
                                       self.snapshot.to_json())

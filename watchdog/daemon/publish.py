@@ -12,7 +12,14 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
-from watchdog.status import SCAN_BUCKETS, Counters, NodeStatus, RebootFlag, Unwritten
+from watchdog.status import (
+    SCAN_BUCKETS,
+    Counters,
+    NodeStatus,
+    RebootFlag,
+    Straggler,
+    Unwritten,
+)
 
 __all__ = ["INVALID_LISTED", "SCAN_BUCKETS", "Counters", "snapshot"]
 
@@ -23,7 +30,8 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
              scanned: tuple[float, float], started: float, wired: tuple[int | None, int | None],
              invalid: dict[str, str], invalid_count: int,
              launches: dict[str, int] | None = None,
-             backlog: Unwritten | None = None, record_dir_full: str = "") -> NodeStatus:
+             backlog: Unwritten | None = None, record_dir_full: str = "",
+             stragglers: tuple[Straggler, ...] = ()) -> NodeStatus:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
     `wired` the wired bytes now and at rest, `launches` the launcher's counted events."""
     flag = journal.reboot_flag(settings.state_dir)
@@ -33,7 +41,8 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         # the same, and says so from memory until the file is there.
         flag = RebootFlag(reason=backlog.reboot_flags_unwritten[0], unwritten=True)
     shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
-                              data_link=r.data_link, cause=r.cause)
+                              data_link=r.data_link, cause=r.cause, pace=r.pace,
+                              pace_score=r.pace_score, pace_why=r.pace_why)
                   for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank,
                                                         r.record.pid)))
     return NodeStatus(
@@ -44,4 +53,5 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         reboot_required=flag is not None, reboot=flag, ranks=shown, scanned=True,
         invalid_records=dict(invalid), invalid_files=invalid_count,
         counters=counters.values(), launches=dict(launches or {}), unwritten=backlog,
-        scan_bucket_bounds=SCAN_BUCKETS, record_dir_full=record_dir_full or None)
+        scan_bucket_bounds=SCAN_BUCKETS, record_dir_full=record_dir_full or None,
+        stragglers=stragglers)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from watchdog import record
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.stragglers import Pace
 from watchdog.daemon.signaller import Target
 from watchdog.record import Record
 from watchdog.states import FINAL, State
@@ -98,6 +99,11 @@ class Rank:
     # long (probes/datalink.py), and the cause of the incident that acted on it.
     data_link: str | None = None
     cause: str | None = None
+    # Shown, never judged by (judge/stragglers.py): its last minute's figures and its
+    # score against the job's other ranks.
+    pace: Pace | None = None
+    pace_score: float | None = None
+    pace_why: str | None = None
 
     @property
     def key(self) -> tuple[int, float]:

@@ -4,6 +4,7 @@ built from its record and the detector's verdict."""
 from __future__ import annotations
 
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.stragglers import Pace
 from watchdog.record import Record
 from watchdog.states import Phase, State
 from watchdog.status import Expect, LastCollective, RankStatus
@@ -21,7 +22,9 @@ def current_op(record: Record) -> str:
 
 def rank_status(record: Record, state: State, verdict: Verdict | None, *,
                 reason: str = "", source: str = "daemon", attempt: int | None = None,
-                data_link: str | None = None, cause: str | None = None) -> RankStatus:
+                data_link: str | None = None, cause: str | None = None,
+                pace: Pace | None = None, pace_score: float | None = None,
+                pace_why: str | None = None) -> RankStatus:
     return RankStatus(
         pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
         world_size=record.world_size, attempt=attempt, backend=record.backend,
@@ -40,4 +43,9 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         reason=reason or (verdict.reason if verdict else ""),
         source=source, data_link=data_link, cause=cause,
         frames=(verdict.seen or None) if verdict else None,
-        holding=(verdict.own.holding() or None) if verdict and verdict.own else None)
+        holding=(verdict.own.holding() or None) if verdict and verdict.own else None,
+        wait_share=round(pace.wait_share, 3) if pace else None,
+        pace=round(pace.pace, 3) if pace else None,
+        pace_score=round(pace_score, 3) if pace_score is not None else None,
+        run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why,
+        active_share=round(pace.active, 3) if pace else None)

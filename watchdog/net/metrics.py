@@ -190,6 +190,15 @@ def _last_scan(snap: NodeStatus) -> float | None:
     return snap.time or snap.started or None
 
 
+def _slowdowns(scrape: Scrape) -> Samples:
+    """Each job held back by one rank here (named, with hysteresis): its slowdown,
+    labelled with its owner and that rank."""
+    for s in scrape.snap.stragglers:
+        if s.slowdown is not None:
+            yield (str(s.job), "" if s.uid is None else str(s.uid), str(s.rank)), \
+                float(s.slowdown)
+
+
 def _build_info(scrape: Scrape) -> Samples:
     return [((str(scrape.snap.version or ""), platform.python_version()), 1.0)]
 
@@ -219,6 +228,13 @@ FAMILIES: tuple[Family | Histogram, ...] = (
     Family("rank_busiest_thread_cpu_ratio",
            "Share of one core used by the rank's busiest thread", GAUGE, RANK,
            per_rank("busiest_thread_cpu")),
+    Family("rank_wait_share", "Share of the rank's last minute of work spent waiting on its "
+           "peers (ring: polling them)", GAUGE, RANK, per_rank("wait_share")),
+    Family("rank_pace_score", "The job's pace over the rank's own over the last minute "
+           "(1: the job's pace, lower: slower)", GAUGE, RANK, per_rank("pace_score")),
+    Family("job_slowdown_ratio", "How much faster the job would run if its straggler (the "
+           "rank label) kept the others' pace; only while one is named", GAUGE, RANK,
+           _slowdowns),
     Family("rank_attempt", "Which launch of its job the rank belongs to "
            "(mlx-watchdog launch numbers them from 1)", GAUGE, RANK, per_rank("attempt")),
     Family("stalls", "Hangs acted on, by verdict and cause", COUNTER, ("verdict", "cause"),

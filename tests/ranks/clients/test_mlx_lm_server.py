@@ -57,9 +57,12 @@ class Traffic(threading.Thread):
     """A user of the healthy server: short chats with idle gaps, a long prompt and a long
     generation among them, for TRAFFIC seconds; every answer is checked."""
 
-    def __init__(self, server: LmServer) -> None:
+    def __init__(self, server: LmServer, daemon: DefaultDaemon | None = None) -> None:
         super().__init__(daemon=True)
         self.server, self.answers, self.errors = server, 0, []  # type: ignore[var-annotated]
+        # The daemon's stragglers naming a rank of this server, as seen after each step
+        # (rank 0 reads requests while rank 1 waits in a collective: never a straggler).
+        self.watched, self.named = daemon, []  # type: ignore[var-annotated]
         self.began = time.monotonic()
         self.long_prompt_seconds = self.long_generation_seconds = 0.0
 
@@ -87,6 +90,9 @@ class Traffic(threading.Thread):
                     self.long_prompt_seconds = self.ask(words(LONG_PROMPT, f"p{n}"), 4)
                 else:
                     self.long_generation_seconds = self.ask(f"tell a story {n}", 600)
+                if self.watched is not None:
+                    self.named += [x for x in self.watched.status().get("stragglers", [])
+                                   if x["pid"] in self.server.pids]
         except Exception as err:  # reported by the test that joins it
             self.errors.append(repr(err))
 
@@ -96,7 +102,7 @@ def healthy(tmp_path_factory: pytest.TempPathFactory, node: tuple[DefaultDaemon,
             model: Path) -> Iterator[tuple[LmServer, Traffic]]:
     daemon, records = node
     with LmServer(tmp_path_factory.mktemp("healthy"), records, model) as server:
-        traffic = Traffic(server)
+        traffic = Traffic(server, daemon)
         traffic.start()
         yield server, traffic
         traffic.join(TRAFFIC + 300)
@@ -273,6 +279,7 @@ def test_three_minutes_of_real_traffic_end_in_no_incident(
     job = job_of(server)
     assert [i for i in daemon.incidents() if i["job"] == job] == []
     assert all(p.poll() is None for p in server.procs), "a healthy rank was ended"
+    assert traffic.named == [], traffic.named  # rank 0 reading requests is no straggler
     states = {r["rank"]: r["state"] for r in daemon.ranks().values() if r["job"] == job}
     assert set(states) == {0, 1} and set(states.values()) == {"running"}, states
     assert server.chat("still there?", 8)["choices"], "it still answers"

@@ -61,6 +61,7 @@ class Scenario(threading.Thread):
         self.facts: dict[str, Any] = {}
         self.error = ""
         self.reasons: set[str] = set()  # the daemon's reasons for this job's ranks, as seen
+        self.named: list[dict[str, Any]] = []  # the daemon's stragglers of this job, as seen
 
     def run(self) -> None:
         try:
@@ -78,8 +79,10 @@ class Scenario(threading.Thread):
 
     def shown(self) -> dict[int, dict[str, Any]]:
         """This job's ranks as the daemon shows them, by rank; their reasons kept."""
-        ranks = {r["rank"]: r for r in self.node.ranks().values() if r["pid"] in self.job.pids}
+        status = self.node.status()
+        ranks = {r["rank"]: r for r in status["ranks"] if r["pid"] in self.job.pids}
         self.reasons.update(r["reason"] or "" for r in ranks.values())
+        self.named += [s for s in status.get("stragglers", []) if s["pid"] in self.job.pids]
         return ranks
 
     def learned(self) -> bool:
@@ -199,6 +202,7 @@ def test_a_training_run_with_validation_and_saves_ends_clean(
     s = joined(scenarios, "healthy")
     assert s.facts["codes"] == [0, 0], s.job.logs()
     assert s.incidents() == []
+    assert s.named == [], s.named  # two ranks in step, with ordinary jitter: no straggler
     saved = sorted(p.name for p in s.job.adapters.glob("*_adapters.safetensors"))
     assert saved == [checkpoint_name(n) for n in (10, 20, 30, 40)], saved
     assert "val" in s.job.log(0)  # validation ran (rank 0 reports it)

@@ -107,3 +107,48 @@ def test_only_the_job_asked_about_is_judged_and_a_job_is_capped_at_the_world_siz
     assert cluster.analyze(nodes, only=(0, "j")).jobs == ()  # another owner's id: none
     (huge,) = cluster.analyze(nodes, only=(0, "huge")).jobs
     assert len(huge.ranks) == MAX_WORLD_SIZE
+
+
+# -- a healthy job held back by one rank, across nodes ------------------------------------
+
+
+def two_nodes(slow_wait: float | None, fast_wait: float, **slow: object) -> list[NodeAnswer]:
+    return [
+        NodeAnswer("a:1", True, NodeStatus(host="a", ranks=(
+            rank(0, "a", world_size=2, wait_share=fast_wait, pace=3.0, pace_score=1.0,
+                 run_queue=0.0, pace_why="", active_share=1.0),))),
+        NodeAnswer("b:1", True, NodeStatus(host="b", ranks=(
+            rank(1, "b", world_size=2, wait_share=slow_wait, pace=3.0, pace_score=0.5,
+                 run_queue=0.45, pace_why="run queue 45% (CPU contention)",
+                 **{"active_share": 0.95, **slow}),))),
+    ]
+
+
+def test_the_straggler_on_another_node_is_named_with_its_slowdown_and_why():
+    (job,) = cluster.analyze(two_nodes(0.02, 0.5)).jobs
+    assert job.state is JobState.HEALTHY
+    s = job.straggler
+    assert s is not None and (s.rank, s.host, s.pid) == (1, "b", 101)
+    assert s.slowdown is not None and abs(s.slowdown - 1 / (1 - 0.48)) < 0.01
+    assert s.others_wait == 0.48 and s.why == "run queue 45% (CPU contention)"
+    assert s.summary == ("rank 1 on b is the straggler: the others wait 48% of each step "
+                         "for it; run queue 45% (CPU contention)")
+    assert job.to_json()["straggler"]["rank"] == 1
+
+
+def test_ranks_in_step_or_without_figures_name_no_straggler():
+    (job,) = cluster.analyze(two_nodes(0.10, 0.15)).jobs
+    assert job.straggler is None  # 5% more waiting: ordinary imbalance
+    (job,) = cluster.analyze(two_nodes(None, 0.5)).jobs
+    assert job.straggler is None  # one rank's window not ripe (or a JACCL rank)
+    # mlx_lm.server's rank 0 reading requests while rank 1 waits for it: asleep by design.
+    (job,) = cluster.analyze(two_nodes(0.02, 0.9, active_share=0.3)).jobs
+    assert job.straggler is None
+    (job,) = cluster.analyze(two_nodes(0.02, 0.9, active_share=None)).jobs
+    assert job.straggler is None  # an older daemon's rank: not known to be at work
+
+
+def test_a_hung_job_has_a_culprit_not_a_straggler():
+    nodes = two_nodes(0.02, 0.5, state="stalled")
+    (job,) = cluster.analyze(nodes).jobs
+    assert job.state is JobState.HUNG and job.straggler is None

@@ -45,6 +45,9 @@ FAMILIES = {
     P + "rank_seconds_since_progress": "gauge",
     P + "rank_deadline_seconds": "gauge",
     P + "rank_busiest_thread_cpu_ratio": "gauge",
+    P + "rank_wait_share": "gauge",
+    P + "rank_pace_score": "gauge",
+    P + "job_slowdown_ratio": "gauge",
     P + "rank_attempt": "gauge",
     P + "stalls": "counter",
     P + "kills": "counter",
@@ -72,6 +75,8 @@ RANK_VALUES = {
     P + "rank_deadline_seconds": "deadline_seconds",
     P + "rank_busiest_thread_cpu_ratio": "busiest_thread_cpu",
     P + "rank_attempt": "attempt",
+    P + "rank_wait_share": "wait_share",
+    P + "rank_pace_score": "pace_score",
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
 # Labels a series may carry; pid and thread ids never (unbounded cardinality).
@@ -89,7 +94,8 @@ def rank(job: str, n: int, state: str, **values: object) -> dict:
             "collectives": 50 + n, "steps": 10 + n, "seconds_since_progress": 0.5 + n,
             "seconds_in_wait": 0.5 + n, "deadline_seconds": 30.0,
             "busiest_thread_cpu": 0.25 * n, "attempt": 1 + n, "current_op": "eval (all_sum #50)",
-            "reason": "", "source": "daemon"}
+            "reason": "", "source": "daemon", "wait_share": 0.1 * n,
+            "pace_score": 1.0 - 0.1 * n}
     base.update(values)
     return base
 
@@ -113,6 +119,9 @@ def snapshot(**over: object) -> dict:
                      "scan_sum": 42.5, "scan_count": sum(buckets)},
         "scan_bucket_bounds": list(SCAN_BUCKETS),
         "launches": {"restart": 2, "refused": 1, "gave_up": 0},
+        "stragglers": [{"job": "train", "uid": 501, "rank": 0, "host": "mac-01", "pid": 4000,
+                        "score": 0.5, "slowdown": 1.9, "others_wait": 0.47, "why": "",
+                        "summary": "rank 0 on mac-01 is the straggler: ..."}],
     }
     snap.update(over)
     return snap
@@ -167,6 +176,13 @@ def test_rank_values_come_from_the_snapshot():
         assert {dict(k)["state"] for k in states} == {s.value for s in State}
         assert [dict(k)["state"] for k, v in states.items() if v == 1] == [r["state"]]
         assert sum(states.values()) == 1
+
+
+def test_a_named_straggler_is_its_jobs_slowdown_labelled_with_its_rank():
+    families = parse(snapshot())
+    assert samples(families, P + "job_slowdown_ratio") == {
+        (("mlx_job", "train"), ("rank", "0"), ("uid", "501")): 1.9}
+    assert samples(parse(snapshot(stragglers=[])), P + "job_slowdown_ratio") == {}
 
 
 def test_node_and_daemon_families():

@@ -12,10 +12,19 @@ from watchdog.cli import exits
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.colour import wanted as colour_wanted
 from watchdog.cli.options import Commands, Duration, Node, state_option
-from watchdog.status import ClusterView, JobState
+from watchdog.status import ClusterView, JobState, JobView
 from watchdog.text import plural, printable, who
 
 RANK_COLUMNS = ("RANK", "HOST", "PID", "STATE", "PHASE", "AT", "PROGRESS")
+
+
+def straggler_lines(job: JobView) -> list[str]:
+    """A healthy job held back by one rank: who, by how much, why (judge/stragglers.py)."""
+    s = job.straggler
+    if s is None:
+        return []
+    return [f"  straggler: {s.summary} (the job would run {s.slowdown or 1:.2f}x faster "
+            "at the others' pace)"]
 
 
 def render_text(view: ClusterView, colour: bool = False) -> str:
@@ -50,6 +59,7 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
             lines.append(printable(f"  cause: {job.cause}: {job.summary or ''}"))
         if job.evidence:
             lines.append(printable(f"  evidence: {job.evidence}"))
+        lines.extend(straggler_lines(job))
     if not view.jobs:
         lines.append("no ranks on any reachable node")
     return "\n".join(lines)  # peers' strings are untrusted: each made printable above

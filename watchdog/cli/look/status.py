@@ -78,6 +78,16 @@ def table(ranks: list[RankStatus], colour: bool = False) -> str:
     return "\n".join(lines)
 
 
+def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
+    """A line per job the daemon finds held back by one rank (judge/stragglers.py)."""
+    from watchdog.cli.look.sampling import find_daemon
+
+    snap = find_daemon(record_dir, state_dir)
+    return [f"job {printable(s.job)}: {printable(s.summary)} (the job would run "
+            f"{s.slowdown or 1:.2f}x faster at the others' pace)"
+            for s in (snap.stragglers if snap is not None else ())]
+
+
 @click.command()
 @dir_option
 @state_option
@@ -98,6 +108,9 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
             else "sampled here: no daemon running)"), err=True)
     else:
         click.echo(f"no ranks in {record_dir}")
+    if not as_json and source == "daemon":
+        for line in straggler_lines(record_dir, state_dir):
+            click.echo(line)
     if check and any(r.state in HUNG for r in ranks):
         sys.exit(1)
 

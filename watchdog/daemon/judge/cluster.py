@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from watchdog import cause
+from watchdog.daemon.judge import stragglers
 from watchdog.record import MAX_WORLD_SIZE
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.status import (
@@ -98,7 +99,7 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     if ended:
         return replace(view, evidence=_ended_note(seen))
     if not hung and not unknown:
-        return view
+        return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]))
     finding = cause.decide([s.rank for s in seen], missing, unreachable)
     names = ",".join(str(s.rank.rank) for s in waiting)
     wait_note = (f"ranks {names} wait in {where(waiting[0].rank)}" if waiting

@@ -54,6 +54,9 @@ class ProcessSample:
     # Linux, proc_pid_rusage's disk bytes on macOS; None when unknown. A checkpoint
     # that writes moves them, one stuck on storage that never answers does not.
     io: tuple[int, int] | None = None
+    # Major page faults so far (pages read back from storage: memory pressure), from
+    # /proc/<pid>/stat on Linux; None when unknown.
+    major_faults: int | None = None
 
 
 STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
@@ -100,6 +103,11 @@ class Probe:
                              self.native_ids, uids=uids)
 
     def wired_bytes(self) -> int | None:
+        return None
+
+    def thermal(self) -> str | None:
+        """The node's thermal throttling in a few words ("CPU speed limit 70%"), or
+        None when it is not throttled or this platform cannot tell."""
         return None
 
     def load_per_cpu(self) -> float:

@@ -36,6 +36,60 @@ def read_demand(pid: int, tids: list[int], proc: str = "/proc") -> tuple[tuple[i
     return tuple(found)
 
 
+def major_faults(stat: str) -> int:
+    """/proc/<pid>/stat's majflt (field 12): counted after the command's closing
+    parenthesis, which the command itself may contain."""
+    return int(stat.rsplit(")", 1)[1].split()[9])
+
+
+def read_major_faults(pid: int, proc: str = "/proc") -> int | None:
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            return major_faults(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def thermal_state(zones: list[tuple[str, int, list[tuple[str, int]]]]) -> str | None:
+    """The first thermal zone at or past a passive trip point (where the kernel
+    throttles), from (zone type, millidegrees, [(trip type, millidegrees)]); None if none."""
+    for kind, temp, trips in zones:
+        passive = [t for typ, t in trips if typ == "passive" and t > 0]
+        if passive and temp >= min(passive):
+            return (f"thermal zone {kind} at {temp / 1000:.0f}\u00b0C "
+                    f"(throttles at {min(passive) / 1000:.0f}\u00b0C)")
+    return None
+
+
+def read_thermal(sys_class: str = "/sys/class/thermal") -> str | None:
+    """Linux thermal zones (where present: most VMs and containers have none)."""
+    try:
+        names = sorted(n for n in os.listdir(sys_class) if n.startswith("thermal_zone"))
+    except OSError:
+        return None
+    zones = []
+    for name in names[:32]:
+        base = f"{sys_class}/{name}"
+        try:
+            with open(f"{base}/type") as f:
+                kind = f.read().strip()
+            with open(f"{base}/temp") as f:
+                temp = int(f.read().strip())
+            trips = []
+            for i in range(16):
+                try:
+                    with open(f"{base}/trip_point_{i}_type") as f:
+                        typ = f.read().strip()
+                    with open(f"{base}/trip_point_{i}_temp") as f:
+                        trips.append((typ, int(f.read().strip())))
+                except FileNotFoundError:
+                    break
+        except (OSError, ValueError):
+            continue
+        zones.append((kind, temp, trips))
+    return thermal_state(zones)
+
+
 def io_bytes(text: str) -> tuple[int, int]:
     """/proc/<pid>/io's (rchar, wchar): the bytes passed to read- and write-like calls,
     storage, pipes and network mounts alike (read_bytes and write_bytes count only what
@@ -127,6 +181,7 @@ class LinuxProbe(Probe):
     def __init__(self, proc: str = "/proc",
                  boot_time: Callable[[], float] | None = None) -> None:
         self.proc = proc
+        self.sys_class = "/sys/class/thermal" if proc == "/proc" else f"{proc}/thermal"
         # The seam for a stepped clock: the epoch start time is derived from
         # the boot time as it reads *now* (tests pass a moved one).
         self.boot_time = boot_time
@@ -187,10 +242,12 @@ class LinuxProbe(Probe):
             return None  # the pid was recycled mid-sample: ours is gone
         uids, dumpable = self._credentials(pid)
         io = read_io(pid, self.proc)
+        faults = read_major_faults(pid, self.proc)
         start_time = (sample.start_time if self.boot_time is None
                       else after / CLOCK_TICKS + self.boot_time())
         return replace(sample, start_time=start_time, start_ticks=after, demand=demand,
-                       uids=uids or sample.uids, dumpable=dumpable, io=io)
+                       uids=uids or sample.uids, dumpable=dumpable, io=io,
+                       major_faults=faults)
 
     def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None]:
         """(real, effective, saved, fs uids; dumpable) from /proc, or ((), None).
@@ -215,6 +272,9 @@ class LinuxProbe(Probe):
                 return unevictable_bytes(f.read())
         except (OSError, ValueError) as err:
             raise ProbeError(f"reading {self.proc}/meminfo: {err}") from err
+
+    def thermal(self) -> str | None:
+        return read_thermal(self.sys_class)
 
     def load_per_cpu(self) -> float:
         """The larger of the last minute's load and the threads runnable now.

@@ -28,6 +28,34 @@ RUSAGE_INFO_V2 = 2
 RUSAGE_V2_SIZE = 16 + 26 * 8
 DISKIO = struct.Struct("<QQ")
 DISKIO_OFFSET = 16 + 16 * 8
+PAGEINS = struct.Struct("<Q")
+PAGEINS_OFFSET = 16 + 4 * 8  # ri_pageins: after user, system time and the two wakeups
+
+
+def rusage_pageins(buffer: bytes) -> int:
+    """ri_pageins (pages read back in: macOS's major faults) of a struct rusage_info_v2."""
+    if len(buffer) < PAGEINS_OFFSET + PAGEINS.size:
+        raise ValueError("a short rusage_info_v2")
+    return int(PAGEINS.unpack_from(buffer, PAGEINS_OFFSET)[0])
+
+
+def pmset_therm(text: str) -> str | None:
+    """`pmset -g therm`'s output: the CPU speed limit when under 100%, and a thermal
+    warning level when one was recorded; None when the node is not throttled."""
+    parts = []
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "CPU_Speed_Limit":
+            try:
+                limit = int(value.strip())
+            except ValueError:
+                continue
+            if 0 <= limit < 100:
+                parts.append(f"CPU speed limit {limit}% (thermal)")
+        low = line.strip().lower()
+        if low.startswith("thermal warning level") and "no thermal" not in low:
+            parts.append(line.strip().rstrip("."))
+    return "; ".join(parts) or None
 
 
 def rusage_io(buffer: bytes) -> tuple[int, int]:
@@ -61,6 +89,19 @@ def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
     return rusage_io(buffer.raw)
 
 
+def read_pageins(pid: int, libproc: Any = None) -> int | None:
+    lib = libproc if libproc is not None else _libproc()
+    if lib is None:
+        return None
+    buffer = ctypes.create_string_buffer(RUSAGE_V2_SIZE)
+    try:
+        if lib.proc_pid_rusage(ctypes.c_int(pid), ctypes.c_int(RUSAGE_INFO_V2), buffer) != 0:
+            return None
+    except (AttributeError, OSError):
+        return None
+    return rusage_pageins(buffer.raw)
+
+
 class MacProbe(Probe):
     """Thread ids from psutil here are positions in `task_threads` order, main
     first (the inherited `main_thread`), not `threading.get_native_id()` values:
@@ -70,7 +111,20 @@ class MacProbe(Probe):
 
     def sample(self, pid: int) -> ProcessSample | None:
         sample = super().sample(pid)
-        return None if sample is None else replace(sample, io=read_io(pid))
+        if sample is None:
+            return None
+        return replace(sample, io=read_io(pid), major_faults=read_pageins(pid))
+
+    def thermal(self) -> str | None:
+        pmset = find_tool("pmset")
+        if pmset is None:
+            return None
+        try:
+            done = subprocess.run([pmset, "-g", "therm"], capture_output=True, text=True,
+                                  timeout=2, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return pmset_therm(done.stdout)
 
     def wired_bytes(self) -> int | None:
         try:

@@ -1,0 +1,301 @@
+"""The straggler judge (daemon/judge/stragglers.py), pure, on synthetic jobs: ranks in
+step, one slowed to half pace, ordinary jitter, mlx_lm.server's roles."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from watchdog.daemon.judge import stragglers
+from watchdog.daemon.judge.stragglers import Pace, Stragglers, judge, summary, tick, why
+from watchdog.daemon.probes import ProcessSample
+from watchdog.record import Record
+from watchdog.states import Phase
+
+BASE = Record(
+    pid=4242, start_time=1.7e9, uid=501, rank=0, world_size=2, dump_signal=0, status=0,
+    host="node-a", job="job-1", backend="ring", seq=2, collectives=0, waits_entered=0,
+    waits_completed=0, steps=0, phase=Phase.WAIT, op="eval", phase_since_ns=0,
+    wait_since_ns=1, last_progress_ns=0, last_wait_ns=0, max_wait_ns=0,
+    expect_seconds=0.0, expect_since_ns=0, expect_reason="", flight=(),
+)
+COMPUTE, POLL = 11, 12  # thread ids: the stream computing, the one polling its peers
+POLL_SYSTEM = 0.7  # the share of a polling thread's CPU in the kernel (ring: 60-85%)
+
+
+@dataclasses.dataclass
+class SimRank:
+    """One rank's counters as its process samples would show them."""
+
+    rank: int
+    cpu: dict[int, float] = dataclasses.field(default_factory=lambda: {COMPUTE: 0., POLL: 0.})
+    system: dict[int, float] = dataclasses.field(
+        default_factory=lambda: {COMPUTE: 0., POLL: 0.})
+    demand: dict[int, float] = dataclasses.field(
+        default_factory=lambda: {COMPUTE: 0., POLL: 0.})
+    collectives: int = 0
+    faults: int = 0
+    idle: bool = False
+    phase: Phase = Phase.WAIT  # at the scan: in an eval (working or waiting)
+
+    def sample(self) -> ProcessSample:
+        return ProcessSample(1000 + self.rank, 1.7e9, 501, "running",
+                             tuple(self.cpu.items()), tuple(self.system.items()),
+                             demand=tuple(self.demand.items()), major_faults=self.faults)
+
+    def record(self) -> Record:
+        return dataclasses.replace(BASE, pid=1000 + self.rank, rank=self.rank,
+                                   collectives=self.collectives,
+                                   phase=Phase.IDLE if self.idle else self.phase)
+
+    def work(self, seconds: float, waiting: float, collectives: int,
+             queue: float = 0.0) -> None:
+        """`seconds` of which `waiting` polling its peers, the rest computing (and
+        `queue` of it waiting for a core)."""
+        computing = seconds - waiting
+        self.cpu[COMPUTE] += computing - queue
+        self.demand[COMPUTE] += computing
+        self.cpu[POLL] += waiting
+        self.system[POLL] += waiting * POLL_SYSTEM
+        self.demand[POLL] += waiting
+        self.collectives += collectives
+
+
+class Job:
+    """Ranks of one job fed to a `Stragglers` one scan a second."""
+
+    def __init__(self, size: int, **kw: float) -> None:
+        self.ranks = [SimRank(r) for r in range(size)]
+        self.judge = Stragglers(**kw)
+        self.now = 100.0
+        self.scan()
+
+    def scan(self) -> stragglers.Scored | None:
+        for r in self.ranks:
+            self.judge.observe(r.rank, r.record(), r.sample(), self.now)
+        _, worst = self.judge.judge_job("job", [r.rank for r in self.ranks], self.now)
+        return worst
+
+    def second(self, work: list[float], comm: float = 0.01, per_step: int = 4,
+               jitter: float = 0.0, rng: random.Random | None = None,
+               queue: list[float] | None = None) -> stragglers.Scored | None:
+        """One second of a job in step: rank r needs work[r] s a step (jittered), each
+        step takes the slowest one's time plus `comm`; the others poll meanwhile."""
+        rng = rng or random.Random(0)
+        need = [w * (1 + rng.uniform(-jitter, jitter)) for w in work]
+        step = max(need) + comm
+        steps = 1.0 / step
+        for r, n in zip(self.ranks, need, strict=True):
+            waiting = (step - n) * steps
+            r.work(1.0, waiting, round(per_step * steps),
+                   queue=(queue[r.rank] if queue else 0.0))
+        self.now += 1.0
+        return self.scan()
+
+
+def run(job: Job, seconds: int, **kw: object) -> list[tuple[float, stragglers.Scored | None]]:
+    return [(job.now, job.second(**kw)) for _ in range(seconds)]  # type: ignore[arg-type]
+
+
+def test_in_step_ranks_none_named() -> None:
+    job = Job(2)
+    rng = random.Random(1)
+    named = [w for _, w in run(job, 180, work=[0.1, 0.1], jitter=0.15, rng=rng) if w]
+    assert named == []
+    scored, _ = job.judge.judge_job("job", [0, 1], job.now)
+    assert all(s.score > 0.85 for s in scored)
+
+
+def test_one_rank_at_half_pace_named_with_its_slowdown() -> None:
+    job = Job(2)
+    run(job, 10, work=[0.1, 0.1])
+    began = job.now
+    history = run(job, 60, work=[0.1, 0.2])
+    named = [(at, w) for at, w in history if w is not None]
+    assert named, "the slow rank was never named"
+    at, worst = named[0]
+    assert at - began <= 60 and worst.key == 1
+    # Its figure once the window holds only the slow minute (at first naming it still
+    # averages in the seconds before).
+    worst = history[-1][1]
+    assert worst is not None and worst.key == 1
+    true = (0.2 + 0.01) / (0.1 + 0.01)  # the job's step now, and at the others' pace
+    assert abs(worst.slowdown - true) / true <= 0.2
+    assert worst.score == pytest.approx(0.5, abs=0.1)
+    scored, _ = job.judge.judge_job("job", [0, 1], job.now)
+    assert {s.key: s.score for s in scored}[0] == 1.0
+
+
+def test_four_ranks_one_slow_only_it_named() -> None:
+    job = Job(4)
+    rng = random.Random(2)
+    history = run(job, 60, work=[0.1, 0.1, 0.15, 0.1], jitter=0.05, rng=rng)
+    worst = history[-1][1]
+    assert worst is not None and worst.key == 2
+    assert worst.slowdown == pytest.approx(0.16 / 0.11, rel=0.2)
+    scored, _ = job.judge.judge_job("job", [0, 1, 2, 3], job.now)
+    assert sorted(s.key for s in scored if s.score < 0.9) == [2]
+
+
+def test_jitter_with_a_slightly_slower_rank_not_named() -> None:
+    """Ordinary imbalance (10% slower, 20% jitter) is no straggler."""
+    job = Job(2)
+    rng = random.Random(3)
+    assert not [w for _, w in run(job, 180, work=[0.1, 0.11], jitter=0.2, rng=rng) if w]
+
+
+def test_server_roles_rank_zero_reading_requests_not_named() -> None:
+    """mlx_lm.server: rank 0 waits for requests outside any collective while the others
+    wait in one (polling); then a generation runs in step. The wait for a request is
+    not work held back."""
+    job = Job(2)
+    rng = random.Random(4)
+    named = []
+    for _ in range(20):
+        for _ in range(rng.randint(3, 8)):  # between requests: rank 1 polls, no progress
+            job.ranks[1].work(1.0, 1.0, 0)
+            job.ranks[0].work(1.0, 0.0, 0, queue=0.0)
+            job.ranks[0].cpu[COMPUTE] -= 1.0  # asleep on its socket, not computing
+            job.ranks[0].demand[COMPUTE] -= 1.0
+            job.now += 1.0
+            named.append(job.scan())
+        # The request comes mid-interval: part of it rank 1 still waited for it.
+        job.ranks[1].work(1.0, 0.6, 10)
+        job.ranks[0].work(1.0, 0.05, 10)
+        job.now += 1.0
+        named.append(job.scan())
+        named += [w for _, w in run(job, rng.randint(1, 3), work=[0.012, 0.01],
+                                    per_step=40, jitter=0.1, rng=rng)]
+    assert [w for w in named if w] == []
+
+
+def test_server_rank_zero_sharing_nothing_while_it_reads_requests_not_named() -> None:
+    """mlx_lm.server at rest: rank 0 shares "nothing" in a tiny all_sum every 0.1 s and
+    sleeps on its request queue in between (outside any wait, no CPU), while rank 1
+    polls in that all_sum: a steady pace, rank 1 waiting 95% of the time for rank 0.
+    Not a straggler: rank 0 sleeps by design."""
+    job = Job(2)
+    zero, one = job.ranks
+    named = []
+    for second in range(120):
+        generating = second % 40 >= 30  # 10 s of a generation in each 40
+        if generating:
+            named.append(job.second(work=[0.011, 0.01], per_step=40))
+            zero.phase = Phase.WAIT
+            continue
+        zero.phase = Phase.RUNNING  # asleep on its queue at the scan
+        zero.work(0.05, 0.0, 10)  # 50 ms of work a second: sharing "nothing"
+        one.work(1.0, 0.95, 10)
+        job.now += 1.0
+        named.append(job.scan())
+    assert [w for w in named if w] == []
+    rests = job.judge.pace(0)
+    assert rests is not None and rests.active < 0.8  # it slept most of its intervals
+
+
+def test_a_rank_at_half_pace_outside_waits_but_computing_is_named() -> None:
+    """A straggler computing in Python (outside any wait, a core busy) is active."""
+    job = Job(2)
+    job.ranks[1].phase = Phase.RUNNING
+    history = run(job, 60, work=[0.1, 0.2])
+    worst = history[-1][1]
+    assert worst is not None and worst.key == 1 and worst.pace.active == 1.0
+
+
+def test_scans_shorter_than_a_step_still_count_its_time() -> None:
+    """The bed scans every 0.25 s and a slow step takes 0.6 s: most scans see no new
+    collective. A tick lasts until one is issued (at least a second), so the ranks'
+    time is counted all the same and the straggler named."""
+    job = Job(2)
+    step, done = 0.6, 0.0
+    named = None
+    for _ in range(4 * 60):
+        before = int(done)
+        done += 0.25 / step
+        for r, waiting in zip(job.ranks, (0.5, 0.02), strict=True):
+            r.work(0.25, 0.25 * waiting, int(done) - before)
+        job.now += 0.25
+        named = job.scan()
+    assert named is not None and named.key == 1
+    assert named.slowdown == pytest.approx(1 / (1 - 0.48), rel=0.05)
+
+
+def test_idle_intervals_are_not_counted() -> None:
+    job = Job(2)
+    job.ranks[0].idle = True
+    run(job, 60, work=[0.1, 0.2])
+    assert job.judge.pace(0) is None
+    job.ranks[0].idle = False
+    assert [w for _, w in run(job, 15, work=[0.1, 0.2]) if w] == []  # not enough yet
+
+
+def test_named_straggler_holds_through_a_dip_then_clears() -> None:
+    job = Job(2)
+    history = run(job, 60, work=[0.1, 0.2])
+    assert history[-1][1] is not None
+    # A lighter stretch (still over the clear line): still named, no flapping.
+    assert all(w is not None for _, w in run(job, 20, work=[0.1, 0.125]))
+    # Back in step: cleared once the window forgets the slow minute.
+    tail = run(job, 70, work=[0.1, 0.1])
+    assert tail[-1][1] is None
+    assert all(w is None for _, w in tail[-10:])
+
+
+def test_a_user_space_spinning_backend_gets_no_figures() -> None:
+    """JACCL's wait spins in user space: polling cannot be told from computing."""
+    judge = Stragglers()
+    r = SimRank(0)
+    rec = dataclasses.replace(r.record(), backend="jaccl")
+    judge.observe(0, rec, r.sample(), 0.0)
+    r.work(1.0, 0.5, 4)
+    judge.observe(0, dataclasses.replace(rec, collectives=4), r.sample(), 1.0)
+    assert judge.pace(0) is None
+
+
+def test_tick_counts_kernel_heavy_threads_as_waiting() -> None:
+    before = ProcessSample(1, 0.0, 0, "running", ((1, 0.0), (2, 0.0), (3, 0.0)),
+                           ((1, 0.0), (2, 0.0), (3, 0.0)),
+                           demand=((1, 0.0), (2, 0.0)), major_faults=10)
+    after = ProcessSample(1, 0.0, 0, "running", ((1, 0.6), (2, 0.4), (3, 0.01)),
+                          ((1, 0.01), (2, 0.3), (3, 0.01)),
+                          demand=((1, 0.9), (2, 0.45)), major_faults=60)
+    t = tick(before, after, 1.0, 8, at=1.0)
+    assert t.wait == pytest.approx(0.4)  # thread 2 only: 3 is under the floor
+    assert t.queue == pytest.approx(0.3)  # thread 1 wanted 0.9, got 0.6
+    assert t.faults == 50 and t.collectives == 8
+
+
+def test_judge_needs_two_ranks() -> None:
+    assert judge([("a", Pace(30.0, 0.1, 10.0, 0.0, None))]) == []
+
+
+def test_why_and_summary() -> None:
+    pace = Pace(30.0, 0.0, 5.0, run_queue=0.45, faults=120.0)
+    cause = why(pace, "CPU speed limit 70% (thermal)")
+    assert cause == ("run queue 45% (CPU contention); 120 major faults/s (memory pressure); "
+                     "CPU speed limit 70% (thermal)")
+    assert why(Pace(30.0, 0.0, 5.0, 0.05, 1.0)) == ""
+    assert why(Pace(30.0, 0.0, 5.0, 0.0, None, stopped=0.5)) == (
+        "stopped 50% of the time (a signal or a debugger)")
+    assert summary(2, "mac-3", 0.38, "run queue 45% (CPU contention)") == (
+        "rank 2 on mac-3 is the straggler: the others wait 38% of each step for it; "
+        "run queue 45% (CPU contention)")
+
+
+def test_cause_of_a_contended_rank() -> None:
+    job = Job(2)
+    history = run(job, 60, work=[0.1, 0.2], queue=[0.0, 0.45])
+    worst = history[-1][1]
+    assert worst is not None and worst.key == 1
+    assert worst.pace.run_queue == pytest.approx(0.45, abs=0.02)
+    assert "run queue 45%" in why(worst.pace)
+
+
+def test_forgotten_rank_drops_its_window() -> None:
+    job = Job(2)
+    run(job, 30, work=[0.1, 0.2])
+    job.judge.forget(1)
+    assert job.judge.pace(1) is None
+    job.judge.forget(1)  # twice is fine

@@ -1,0 +1,343 @@
+"""Pure: the rank that holds a healthy job back, by how much, and why.
+
+A rank of a job in step waits for its slowest peer at every collective; the peer it
+waits for waits least. So, per rank over a sliding window (`WINDOW`), two figures:
+
+- its *wait share*: the share of its time spent waiting on its peers. A ring rank
+  waiting in a collective polls its peers' sockets, and that thread's time goes to
+  the kernel (`backends.Spin.KERNEL`, ~60-85% system time), while computing goes to
+  user space (or to the GPU). So the share is the CPU of the rank's polling threads
+  (threads whose time went mostly to the kernel) per second of the interval: read off
+  the two process samples the scan takes anyway, nothing new in the rank's hot path.
+  A backend whose wait spins in user space (JACCL, MPI) cannot be told this way: its
+  ranks get no figure (docs/limits.md);
+- its *pace*: collectives issued per second (the record's counter). In step, every
+  rank has the job's pace; it is shown, and it gates what is counted.
+
+Only the intervals in which the rank made progress at its usual pace are counted
+(its collectives advanced by at least half its median interval's, and it was never
+idle), and of those only the ones in which every rank of the job was *active*: in a
+wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core, or
+stopped. A rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads
+requests (sharing "nothing" every 0.1 s) while the others wait in a collective for
+it; that wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
+be lined up, so a rank is named only when it was active in `ACTIVE_MIN` of its own.
+
+From the job's ranks (`judge`): a rank's *score* is the job's pace over its own, as
+NVRx's relative score (1: the job's pace, lower: slower): the share of time the
+others spend working (their median) over its own, at most 1. The *slowdown* is how
+much faster the job would run if its slowest rank kept the others' median pace:
+the others wait `excess` of each step for it, so a step would take `1 - excess` of
+its time. A rank is named (`Stragglers`) only when it is clear: every rank counted
+`MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
+seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
+Never a kill: a straggler is reported, not ended.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from watchdog import backends
+from watchdog.daemon.judge.threads import KERNEL_SHARE, WORK_RATIO
+from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
+from watchdog.record import Record
+from watchdog.states import ENDED, Phase
+from watchdog.status import RankStatus, Straggler
+
+WINDOW = 30.0  # seconds of intervals each rank's figures are taken over
+MIN_SECONDS = 20.0  # counted seconds every rank of the job needs before any is judged
+NAME_SLOWDOWN = 1.25  # the job would run 25% faster at the others' pace: named...
+SUSTAIN = 10.0  # ...once it has held this long
+CLEAR_SLOWDOWN = 1.12  # a named straggler stays named until the slowdown falls under this
+MAX_WAIT = 0.95  # a share above this is read as this (a score stays finite)
+TICK = 1.0  # seconds: a rank's interval closes once this long and a collective was issued
+LONG_TICK = 10.0  # ...or once this long without one
+POLLING_FLOOR = 0.02  # a thread using less of a core than this polls nothing
+# Causes: a share of the time the rank's busiest thread waited in a run queue for a
+# core (CPU contention), major page faults per second (memory pressure).
+RUN_QUEUE_CAUSE = 0.15
+FAULTS_CAUSE = 20.0
+STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
+ACTIVE_MIN = 0.8  # a straggler is active (working, waiting or stopped) this share of the time
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One rank's interval between two scans."""
+
+    at: float  # monotonic seconds at its end
+    seconds: float
+    wait: float  # share of the interval its polling threads ran (waiting on peers)
+    collectives: int  # issued in the interval
+    queue: float  # share of the interval its busiest thread waited for a core
+    faults: int | None  # major page faults in the interval (None: unknown)
+    stopped: bool = False  # the process was seen stopped (SIGSTOP, a debugger) at its end
+    active: bool = True  # in a wait at its end, a thread at work through it, or stopped
+
+
+@dataclass(frozen=True)
+class Pace:
+    """One rank's figures over the window."""
+
+    seconds: float  # counted
+    wait_share: float
+    pace: float  # collectives per second
+    run_queue: float
+    faults: float | None  # major faults per second
+    stopped: float = 0.0  # share of its counted scans that saw it stopped
+    active: float = 1.0  # share of its intervals at its usual pace in which it was active
+
+
+def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
+           ) -> dict[int, float]:
+    old = dict(before)
+    return {tid: v - old[tid] for tid, v in after if tid in old and v >= old[tid]}
+
+
+def tick(before: ProcessSample, after: ProcessSample, seconds: float, collectives: int,
+         at: float, waiting: bool = False) -> Tick:
+    """The interval between two samples of one rank's process (`waiting`: in a wait, an
+    eval or a collective, at its end)."""
+    cpu = _delta(before.threads, after.threads)
+    system = _delta(before.system, after.system)
+    demand = _delta(before.demand, after.demand)
+    wait = 0.0
+    for tid, used in cpu.items():
+        if used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used:
+            wait += used
+    queue = max((max(0.0, wanted - cpu.get(tid, wanted)) for tid, wanted in demand.items()),
+                default=0.0)
+    faults = None
+    if before.major_faults is not None and after.major_faults is not None:
+        faults = max(0, after.major_faults - before.major_faults)
+    busiest = max((demand.get(tid, used) for tid, used in cpu.items()), default=0.0)
+    stopped = after.status in STOPPED_STATUSES
+    return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
+                min(1.0, queue / seconds), faults, stopped,
+                waiting or stopped or busiest / seconds >= WORK_RATIO)
+
+
+def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
+    return any(start < t.at and t.at - t.seconds < end for start, end in spans)
+
+
+def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = ()) -> Pace | None:
+    """A rank's figures over its ticks at its usual pace, active, and overlapping none
+    of the spans `skip` (when another rank of the job was not active); None if none."""
+    moving = [t for t in ticks if t.collectives > 0]
+    if not moving:
+        return None
+    usual = median(t.collectives / t.seconds for t in moving)
+    usual_pace = [t for t in moving if t.collectives / t.seconds >= usual / 2]
+    active = sum(t.active for t in usual_pace) / len(usual_pace)
+    counted = [t for t in usual_pace if t.active and not _overlaps(t, skip)]
+    if not counted:
+        return None
+    seconds = sum(t.seconds for t in counted)
+    known = [t.faults for t in counted if t.faults is not None]
+    return Pace(
+        seconds=seconds,
+        wait_share=sum(t.wait * t.seconds for t in counted) / seconds,
+        pace=sum(t.collectives for t in counted) / seconds,
+        run_queue=sum(t.queue * t.seconds for t in counted) / seconds,
+        faults=sum(known) / seconds if len(known) == len(counted) else None,
+        stopped=sum(t.stopped for t in counted) / len(counted), active=active)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One rank of a job, judged against the others."""
+
+    key: object
+    pace: Pace
+    score: float  # 1: the job's pace; lower: slower
+    excess: float  # how much more of each step the others wait than it does
+
+    @property
+    def slowdown(self) -> float:
+        """How much faster the job would run if this rank kept the others' median pace."""
+        return 1.0 / (1.0 - max(0.0, min(self.excess, MAX_WAIT)))
+
+
+def judge(paces: Sequence[tuple[object, Pace]]) -> list[Scored]:
+    """Each rank of one job scored against the median of the others; [] for fewer
+    than two ranks with figures."""
+    if len(paces) < 2:
+        return []
+    out = []
+    for i, (key, pace) in enumerate(paces):
+        others = median(min(p.wait_share, MAX_WAIT) for j, (_, p) in enumerate(paces)
+                        if j != i)
+        own = min(pace.wait_share, MAX_WAIT)
+        out.append(Scored(key, pace, min(1.0, (1.0 - others) / (1.0 - own)), others - own))
+    return out
+
+
+def slowest(scored: Sequence[Scored], min_seconds: float = MIN_SECONDS) -> Scored | None:
+    """The rank the others wait for, once every rank has counted enough of the window;
+    None when that rank was not active most of the time (it sleeps by design)."""
+    if not scored or any(s.pace.seconds < min_seconds for s in scored):
+        return None
+    worst = min(scored, key=lambda s: (s.score, -s.excess))
+    return worst if worst.pace.active >= ACTIVE_MIN else None
+
+
+def why(pace: Pace, thermal: str | None = None) -> str:
+    """What the node can tell of the reason, one line ("" when nothing stands out)."""
+    parts = []
+    if pace.run_queue >= RUN_QUEUE_CAUSE:
+        parts.append(f"run queue {pace.run_queue:.0%} (CPU contention)")
+    if pace.stopped >= STOPPED_CAUSE:
+        parts.append(f"stopped {pace.stopped:.0%} of the time (a signal or a debugger)")
+    if pace.faults is not None and pace.faults >= FAULTS_CAUSE:
+        parts.append(f"{pace.faults:.0f} major faults/s (memory pressure)")
+    if thermal:
+        parts.append(thermal)
+    return "; ".join(parts)
+
+
+def summary(rank: int | None, host: str | None, excess: float, cause: str) -> str:
+    """The job's line: "rank 2 on mac-3 is the straggler: the others wait 38% of each
+    step for it; run queue 45% (CPU contention)"."""
+    where = f" on {host}" if host else ""
+    line = (f"rank {rank if rank is not None else '?'}{where} is the straggler: the others "
+            f"wait {max(0.0, excess):.0%} of each step for it")
+    return f"{line}; {cause}" if cause else line
+
+
+def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Straggler | None:
+    """The cluster's judgement (`cluster status`): a job's ranks as the nodes reported
+    them, each with its minute's figures, scored together; the slowest named when it
+    holds the job back by `NAME_SLOWDOWN` (each node's window already smooths it)."""
+    live = [r for r in ranks if r.state not in ENDED]
+    if len(live) < 2 or any(r.wait_share is None for r in live):
+        return None
+    paces: list[tuple[object, Pace]] = [
+        (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None,
+                 active=r.active_share if r.active_share is not None else 0.0))
+        for i, r in enumerate(live)]
+    worst = slowest(judge(paces), 0.0)
+    if worst is None or worst.slowdown < NAME_SLOWDOWN:
+        return None
+    r = dict[object, RankStatus](enumerate(live))[worst.key]
+    cause = r.pace_why or ""
+    return Straggler(job=job, uid=uid, rank=r.rank, host=r.host, pid=r.pid,
+                     score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
+                     others_wait=round(worst.excess, 3), why=cause,
+                     summary=summary(r.rank, r.host, worst.excess, cause))
+
+
+# -- the daemon's state: each rank's window, each job's named straggler -------------------
+
+
+@dataclass
+class _Track:
+    last: tuple[float, ProcessSample, int]  # (monotonic s, sample, collectives)
+    ticks: deque[Tick]
+    idle: bool = True  # idle at a scan since the open tick began (or never seen before)
+    waiting: bool = False  # in a wait at a scan since it began
+
+
+@dataclass
+class Named:
+    """A job's straggler, from when it was first clear (`since`) and whether named."""
+
+    key: object
+    since: float
+    named: bool = False
+
+
+def counts(record: Record, idle: bool) -> bool:
+    """Whether an interval of this rank may be counted: a backend whose wait polls in
+    the kernel, and never idle (hb.idle) at a scan in it."""
+    return backends.spins_in_kernel(record.backend) and not idle
+
+
+class Stragglers:
+    """Each rank's window of ticks (fed every scan) and each job's straggler, with its
+    hysteresis (named after `SUSTAIN` at `NAME_SLOWDOWN`, cleared under
+    `CLEAR_SLOWDOWN`)."""
+
+    def __init__(self, window: float = WINDOW, min_seconds: float = MIN_SECONDS,
+                 sustain: float = SUSTAIN) -> None:
+        self.window, self.min_seconds, self.sustain = window, min_seconds, sustain
+        self.tracks: dict[object, _Track] = {}
+        self.jobs: dict[object, Named] = {}
+        self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
+
+    def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
+        """One scan's look at a live rank. A tick closes once it lasts `TICK` seconds and
+        the rank issued a collective in it (a scan interval may be shorter than a step),
+        or after `LONG_TICK` seconds without one (a tick that counts for nothing)."""
+        track = self.tracks.get(key)
+        if track is None:
+            self.tracks[key] = _Track((now, sample, record.collectives), deque(),
+                                      idle=record.phase is Phase.IDLE)
+            return
+        track.idle = track.idle or record.phase is Phase.IDLE
+        track.waiting = track.waiting or record.phase in (Phase.WAIT, Phase.INIT)
+        at, before, collectives = track.last
+        seconds = now - at
+        if seconds < TICK or (record.collectives == collectives and seconds < LONG_TICK):
+            return
+        if counts(record, track.idle):
+            track.ticks.append(tick(before, sample, seconds, record.collectives - collectives,
+                                    now, track.waiting))
+        track.last = (now, sample, record.collectives)
+        track.idle, track.waiting = record.phase is Phase.IDLE, False
+        while track.ticks and track.ticks[0].at <= now - self.window:
+            track.ticks.popleft()
+
+    def forget(self, key: object) -> None:
+        self.tracks.pop(key, None)
+        self.paces.pop(key, None)
+
+    def pace(self, key: object) -> Pace | None:
+        """The rank's figures as its job was last judged (with its other ranks here)."""
+        if key in self.paces:
+            return self.paces[key]
+        track = self.tracks.get(key)
+        return summarise(track.ticks) if track is not None else None
+
+    def judge_job(self, job: object, keys: Sequence[object], now: float
+                  ) -> tuple[list[Scored], Scored | None]:
+        """The job's ranks scored, and its straggler when named (with hysteresis). The
+        ranks are scanned together: an interval in which one of them was not active
+        (it sleeps by design) is left out for every one."""
+        tracks = [self.tracks[k] for k in keys if k in self.tracks]
+        skip = [(t.at - t.seconds, t.at) for track in tracks for t in track.ticks
+                if not t.active]
+        for k in keys:
+            track = self.tracks.get(k)
+            self.paces[k] = summarise(track.ticks, skip) if track is not None else None
+        paces = [(k, p) for k in keys if (p := self.paces[k]) is not None]
+        scored = judge(paces)
+        worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
+        held = self.jobs.get(job)
+        if worst is None:
+            self.jobs.pop(job, None)
+            return scored, None
+        if held is not None and held.key == worst.key:
+            if held.named and worst.slowdown < CLEAR_SLOWDOWN:
+                self.jobs.pop(job, None)
+                return scored, None
+            if not held.named and worst.slowdown < NAME_SLOWDOWN:
+                self.jobs.pop(job, None)
+                return scored, None
+        elif worst.slowdown >= NAME_SLOWDOWN:
+            held = self.jobs[job] = Named(worst.key, now)
+        else:
+            self.jobs.pop(job, None)
+            return scored, None
+        if not held.named and now - held.since >= self.sustain:
+            held.named = True
+        return scored, worst if held.named else None
+
+    def forget_jobs(self, live: Iterable[object]) -> None:
+        keep = set(live)
+        for job in [j for j in self.jobs if j not in keep]:
+            del self.jobs[job]
