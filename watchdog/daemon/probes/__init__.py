@@ -7,6 +7,7 @@ errors become `ProcessGone` or `ProbeError` here, so callers handle two cases.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from dataclasses import dataclass
 
 import psutil
@@ -169,6 +170,19 @@ def same_process(sample: ProcessSample | None, start_time: float, uid: int,
     if start_ticks and sample.start_ticks:
         return sample.start_ticks == start_ticks
     return abs(sample.start_time - start_time) < 0.01
+
+
+def stack_tool_output(command: list[str], timeout: float, limit: int, what: str) -> str | None:
+    """A native stack tool's output (gdb, `sample`), its first `limit` bytes as text;
+    None when it ran past `timeout` (killed); ProbeError when it cannot start."""
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+    except OSError as err:
+        raise ProbeError(f"{what}: {err}") from err
+    return done.stdout[:limit].decode("utf-8", "replace")
 
 
 def find_tool(*names: str) -> str | None:

@@ -4,13 +4,19 @@ schedstat; stacks from py-spy or gdb."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 
 import psutil
 
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, find_tool, gdbstack
+from watchdog.daemon.probes import (
+    Probe,
+    ProbeError,
+    ProcessSample,
+    find_tool,
+    gdbstack,
+    stack_tool_output,
+)
 from watchdog.procstat import read_start_ticks
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -308,15 +314,8 @@ class LinuxProbe(Probe):
             return None
         command = [gdb, "-nx", "-batch", "-iex", "set auto-load off", "-p", str(pid),
                    "-ex", "thread apply all bt"]
-        try:
-            done = subprocess.run(command, capture_output=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired:
-            return {}
-        except OSError as err:
-            raise ProbeError(f"gdb on pid {pid}: {err}") from err
-        text = done.stdout[:STACK_READ_LIMIT].decode("utf-8", "replace")
-        return gdbstack.parse(text)
+        text = stack_tool_output(command, timeout, STACK_READ_LIMIT, f"gdb on pid {pid}")
+        return {} if text is None else gdbstack.parse(text)
 
     def stack_command(self, pid: int) -> list[str] | None:
         pyspy = find_tool("py-spy")

@@ -19,6 +19,7 @@ from watchdog.daemon.probes import (
     find_tool,
     gputime,
     samplegraph,
+    stack_tool_output,
 )
 from watchdog.status import HotThread
 
@@ -77,19 +78,20 @@ def _libproc() -> Any:
 def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
     """The process's disk I/O counters through proc_pid_rusage, or None (no libproc, or
     not permitted: another user's process without root)."""
-    lib = libproc if libproc is not None else _libproc()
-    if lib is None:
-        return None
-    buffer = ctypes.create_string_buffer(RUSAGE_V2_SIZE)
-    try:
-        if lib.proc_pid_rusage(ctypes.c_int(pid), ctypes.c_int(RUSAGE_INFO_V2), buffer) != 0:
-            return None
-    except (AttributeError, OSError):
-        return None
-    return rusage_io(buffer.raw)
+    raw = _rusage(pid, libproc)
+    return None if raw is None else rusage_io(raw)
 
 
 def read_pageins(pid: int, libproc: Any = None) -> int | None:
+    """Pages the process read in from disk (its major faults) through proc_pid_rusage,
+    or None."""
+    raw = _rusage(pid, libproc)
+    return None if raw is None else rusage_pageins(raw)
+
+
+def _rusage(pid: int, libproc: Any = None) -> bytes | None:
+    """The process's proc_pid_rusage (version 2) as bytes, or None (no libproc, or not
+    permitted: another user's process without root)."""
     lib = libproc if libproc is not None else _libproc()
     if lib is None:
         return None
@@ -99,7 +101,7 @@ def read_pageins(pid: int, libproc: Any = None) -> int | None:
             return None
     except (AttributeError, OSError):
         return None
-    return rusage_pageins(buffer.raw)
+    return buffer.raw
 
 
 class MacProbe(Probe):
@@ -162,14 +164,8 @@ class MacProbe(Probe):
         command = self.stack_command(pid)
         if not command:
             return None
-        try:
-            done = subprocess.run(command, capture_output=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired:
-            return {}
-        except OSError as err:
-            raise ProbeError(f"sample on pid {pid}: {err}") from err
-        return sample_stacks(done.stdout[:8 << 20].decode("utf-8", "replace"))
+        text = stack_tool_output(command, timeout, 8 << 20, f"sample on pid {pid}")
+        return {} if text is None else sample_stacks(text)
 
 
 def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:
