@@ -4,8 +4,8 @@ Incoming: a peer's `POST /fence` is authenticated and its ranks picked on the HT
 thread (for the 202 answer), then queued; the loop's thread begins their response
 (`take`), so every ladder is stepped on one thread. Outgoing: a rank of a multi-rank
 job that died without closing its record, or on an uncaught exception, fences its
-job on the peers at once, and its local peers still alive are ended too, at once
-(`orphaned`): those alive when it died, never a relaunch started since.
+job on the peers at once, and its local peers still alive PEER_DEATH_GRACE later are
+ended too (`orphaned`): those alive when it died, never a relaunch started since.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from watchdog.status import Culprit, Fence, FenceAnswer
 log = logging.getLogger(__name__)
 
 # A rank of a job died (crash, signal, uncaught exception): its local peers still alive
-# this long after are ended too (frozen first, as every kill). At once: a survivor left
-# running sees its peer's socket reset, prints ring errors and, from mlx 0.32.1, may
-# catch "connection to a peer was lost" and compute on with a rank missing; and
-# mlx_lm.server's rank 0 never ends on its own (only its generation thread dies: the
-# server stays up, deaf). A rank already leaving on that error (its record says so)
-# is neither frozen nor signalled: the ladder gives it the grace to go (`exited`).
-PEER_DEATH_GRACE = 0.0
+# this long after are ended too. A ring rank exits on its own within milliseconds of
+# "connection to a peer was lost"; mlx_lm.server's rank 0 does not (only its generation
+# thread dies: the server stays up, deaf), nor does a rank whose wait never noticed.
+# Those are then frozen and ended in the one teardown order. Not at once: a death is not
+# our signal, and the ranks of a job ended by Ctrl-C or by a crash exit on their own; ended
+# by us they would read as a job the watchdog tore down (and `launch --restart` would
+# relaunch a Ctrl-C).
+PEER_DEATH_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Fences:
 
     def died(self, death: Death, now: float) -> None:
         """A rank of a multi-rank job died: fence its job on the peers now, and end its
-        local peers still alive (the loop's next `orphaned`, this scan)."""
+        local peers still alive after the grace."""
         rank = death.rank
         culprit = death_culprit(self.host, rank, death.how)
         fenced = self.peers.fenced_since(rank.record.uid, rank.record.job)
