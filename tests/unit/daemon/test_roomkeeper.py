@@ -83,6 +83,12 @@ def test_a_fill_held_in_a_deleted_open_file_is_reported_with_the_uid_holding_it(
     os.unlink(held)
     with UserProc() as other:  # forked: holds the descriptor, as uid 65534
         os.close(fd)
+        import psutil
+
+        from tests.support.ranks import wait_for
+        # The fork returns before the child's setuid: the holder is ours until then.
+        wait_for(lambda: psutil.Process(other.pid).uids().real == OTHER_UID, 10,
+                 what="the child to become the other user")
         holders = probe().deleted_holders(str(full))
         if holders is not None:  # Linux reads /proc; elsewhere not findable
             assert holders.get(OTHER_UID, 0) >= 2 << 20 and other.pid

@@ -204,8 +204,8 @@ class FencingPeers:
         self.since: list[float | None] = []
 
     def fence(self, uid: int, job: str, reason: str, culprit: object,
-              term_in: float | None = None, since: float | None = None
-              ) -> Future[list[FenceSent]]:
+              term_in: float | None = None, since: float | None = None,
+              again: bool = False) -> Future[list[FenceSent]]:
         self.sent.append((term_in, self.signaller.names()))
         self.since.append(since)
         done: Future[list[FenceSent]] = Future()

@@ -100,12 +100,13 @@ class Peers:
         return None
 
     def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None,
-              term_in: float | None = None, since: float | None = None
-              ) -> Future[list[FenceSent]] | None:
+              term_in: float | None = None, since: float | None = None,
+              again: bool = False) -> Future[list[FenceSent]] | None:
         """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret):
         frozen at once, SIGTERMed `term_in` seconds from now (None: at once), those that
-        started before `since` (wall time the job was found dead; default now). The
-        fences' answers to come, or None when none is sent."""
+        started before `since` (wall time the job was found dead; default now); `again`:
+        the same fence sent again, logged once. The fences' answers to come, or None when
+        none is sent."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
             return None
@@ -128,7 +129,9 @@ class Peers:
                 future.set_exception(err)
                 return
             level, line = told.fence_line(job, uid, reason, answers)
-            log.log(level, "%s", line)
+            # A fence again (its SIGTERM brought forward) is the same fence to a person:
+            # logged once, unless a peer missed it.
+            log.log(logging.DEBUG if again and level <= logging.INFO else level, "%s", line)
             future.set_result(answers)
 
         # Each fence on a thread of its own, each peer's exchange within peer_timeout:

@@ -260,7 +260,8 @@ class Responses:
             self.peers.fence(response.uid, response.job,
                              f"{ladder.incident.verdict}: {ladder.incident.reason}",
                              ladder.incident.culprit, term_in=0.0,
-                             since=response.fenced_since)  # never a relaunch since
+                             since=response.fenced_since,  # never a relaunch since
+                             again=True)
             ladder.term_at = self.enforcer.clock()
         return self.enforcer.step(ladder)
 
