@@ -11,6 +11,7 @@ job) of its own, so the whole module takes about as long as its faults, not thei
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -156,7 +157,8 @@ def test_the_learned_deadline_is_shown_within_a_minute_of_start(
     families = scrape(daemon.url())  # type: ignore[attr-defined]
     job = job_of(server)
     for rank in range(server.size):
-        shown = value(families, "mlx_watchdog_rank_deadline_seconds", mlx_job=job, rank=str(rank))
+        shown = value(families, "mlx_watchdog_rank_deadline_seconds", mlx_job=job,
+                      uid=str(os.getuid()), rank=str(rank))
         assert shown == LEARNED, (rank, shown)
 
 
