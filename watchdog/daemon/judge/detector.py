@@ -302,8 +302,11 @@ class Detector:
                 track.native_busy.append(tick.native)
         computing = (_majority(track.computing) if len(track.computing) >= 2
                      else track.was_computing)
-        if seen is not None and seen.kind in (WAITING, COMPUTING):
-            computing = seen.kind == COMPUTING  # what it runs, over where its time goes
+        if seen is not None and (seen.kind == WAITING
+                                 or (seen.kind == COMPUTING and not seen.guessed)):
+            # What it runs, over where its time goes; frames the table does not name
+            # (a thread in a raw syscall: a save blocked on storage) keep the old rule.
+            computing = seen.kind == COMPUTING
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):

@@ -28,6 +28,10 @@ class Seen:
 
     kind: str
     what: str
+    # Computing only because no frame of the busy thread is in the table ("never kill
+    # on a guess"): the verdict then keeps today's per-backend rule (where the time
+    # goes) rather than calling a rank computing that that rule does not.
+    guessed: bool = False
 
 
 def _bare(name: str) -> set[str]:
@@ -75,13 +79,16 @@ def short(frame: str) -> str:
     return "::".join(parts[-2:]) or frame
 
 
+UNNAMED = "runs "  # how thread_kind words a thread whose frames the table does not name
+
+
 def thread_kind(frames: Sequence[str], backend: str | None) -> tuple[str, str]:
     """(waiting or computing, what in words) of one busy thread's frames, leaf first."""
     waits = waiting_frames(backend)
     found = first_known(frames, waits, COMPUTING_FRAMES)
     if found is None:
         leaf = short(frames[0]) if frames else "no frame"
-        return COMPUTING, f"runs {leaf} (frames the table does not name: counted as computing)"
+        return COMPUTING, f"{UNNAMED}{leaf} (frames the table does not name: counted as computing)"
     which, frame = found
     if which == 1:
         return COMPUTING, f"computes in {short(frame)}"
@@ -133,5 +140,7 @@ def _classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
         return Seen(UNKNOWN, "its busy threads were not in the sample")
     seen = [(tid, *thread_kind(frames, backend)) for tid, frames in threads]
     computing = [s for s in seen if s[1] == COMPUTING]
-    tid, kind, what = (computing or seen)[0]
-    return Seen(kind, f"busy thread {tid} {what}")
+    named = [s for s in computing if not s[2].startswith(UNNAMED)]
+    tid, kind, what = (named or computing or seen)[0]
+    return Seen(kind, f"busy thread {tid} {what}",
+                guessed=kind == COMPUTING and not named)
