@@ -302,11 +302,15 @@ class Detector:
                 track.native_busy.append(tick.native)
         computing = (_majority(track.computing) if len(track.computing) >= 2
                      else track.was_computing)
-        if seen is not None and (seen.kind == WAITING
-                                 or (seen.kind == COMPUTING and not seen.guessed)):
-            # What it runs, over where its time goes; frames the table does not name
-            # (a thread in a raw syscall: a save blocked on storage) keep the old rule.
-            computing = seen.kind == COMPUTING
+        if seen is not None and seen.kind == WAITING:
+            computing = False  # what it runs, over where its time goes: it spins on nothing
+        elif seen is not None and seen.kind == COMPUTING and not seen.guessed \
+                and not spins_in_kernel(record.backend):
+            # Where a wait spins in user space (JACCL, MPI) its time cannot tell computing
+            # from polling: the frames do. Elsewhere (ring) where the time goes stands: a
+            # thread blocked in a syscall under Python's eval (a save stuck opening its
+            # file) computes nothing; frames the table does not name keep the old rule.
+            computing = True
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):
