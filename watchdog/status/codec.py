@@ -3,7 +3,8 @@
 A field is written once, as a dataclass field; `encode` and `decode` walk the fields
 (cached per type), so a type inherits `to_json` from `Encodable` and `from_json`
 from `Decodable`, and writes one of its own only where it refuses some input.
-Imports nothing of the package's types."""
+Imports nothing of the package's types; its underscored helpers (`_on_wire`, the
+readers `_int`, `_str`, `_obj`) are the package's modules' own, never used outside it."""
 
 from __future__ import annotations
 
