@@ -1,4 +1,4 @@
-"""The codec of the contract (watchdog/status.py): each type's JSON derived from its
+"""The codec of the contract (watchdog/status/codec.py): each type's JSON derived from its
 fields. Every type round-trips, and its keys are the ones the code wrote before the
 codec, in the same order (written down from that code)."""
 
@@ -14,7 +14,7 @@ from watchdog.status import (
     ABSENT,
     ClusterNode,
     ComputingRank,
-    Counters,
+    CounterValues,
     Culprit,
     DaemonPointer,
     Expect,
@@ -87,9 +87,9 @@ RANK_VALUE = RankStatus(
 STRAGGLER_VALUE = Straggler(job="j", uid=501, rank=1, host="h", pid=8, score=0.5,
                             slowdown=1.9, others_wait=0.47, why="run queue 45% (CPU contention)",
                             summary="rank 1 on h is the straggler: ...")
-COUNTERS_VALUE = Counters(stalls={"stalled": 1, "blocked": 0}, stall_causes={"stalled:x": 1},
+COUNTERS_VALUE = CounterValues(stalls={"stalled": 1, "blocked": 0}, stall_causes={"stalled:x": 1},
                           kills={"SIGTERM": 2}, job_kills={"j": 1}, invalid_records=3,
-                          probe_errors=4, loop_errors=5, scan_buckets=[1, 0, 2],
+                          probe_errors=4, loop_errors=5, scan_buckets=(1, 0, 2),
                           scan_sum=0.25, scan_count=3)
 NODE_VALUE = NodeStatus(
     host="h", daemon_pid=11, version="1.0", mode="enforce", interval=0.5, time=1.7e9,
@@ -218,7 +218,7 @@ def test_wrong_types_read_as_defaults_and_lists_keep_their_good_items():
     assert node.launches == {"a": 1} and node.invalid_records == {"p": "5"}
     assert node.unwritten.incidents_unwritten == ("i", None)
     assert node.unwritten.reboot_flags_unwritten == ("1",)
-    assert node.counters.scan_buckets == [1, 2] and node.counters.stalls == {}
+    assert node.counters.scan_buckets == (1, 2) and node.counters.stalls == {}
     assert node.counters.scan_sum == 0.0 and isinstance(node.counters.scan_sum, float)
     assert Expect.from_json({}) is None and Culprit.from_json([]) is None
     assert LastCollective.from_json({"number": "3"}) == LastCollective(None, None, None)
@@ -271,9 +271,9 @@ def test_native_stacks_keep_their_keys_and_drop_what_is_no_thread():
 
 
 def test_a_decoded_default_is_never_shared_between_objects():
-    a, b = Counters.from_json({}), Counters.from_json({})
+    a, b = CounterValues.from_json({}), CounterValues.from_json({})
     a.stalls["stalled"] = 1
-    assert b.stalls == {} and status.Counters().stalls == {}
+    assert b.stalls == {} and status.CounterValues().stalls == {}
 
 
 def test_a_fence_answer_is_todays_json_either_way():

@@ -1,4 +1,4 @@
-"""The daemon-to-everyone contract (watchdog/status.py): a rank's status, a node's, an
+"""The daemon-to-everyone contract (watchdog/status/): a rank's status, a node's, an
 incident and a fence. Each is built by the daemon's own code here, turned into JSON
 and read back: the JSON keeps today's shape (docs/metrics.md, `status --json`,
 `/status`, incidents.jsonl), reads back equal, and a peer's malformed answer is
@@ -6,6 +6,7 @@ refused as the cluster view refused it before."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -14,13 +15,15 @@ import sys
 
 import pytest
 
+from tests.support import REPO
 from tests.support.users import publish
 from watchdog import record
 from watchdog.daemon.act.incidents import new_incident
 from watchdog.daemon.config import Settings
+from watchdog.daemon.counters import Counters
 from watchdog.daemon.judge import cluster
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.publish import Counters, snapshot
+from watchdog.daemon.publish import snapshot
 from watchdog.daemon.ranks import Rank
 from watchdog.net import fence
 from watchdog.states import State
@@ -245,4 +248,60 @@ def test_the_contract_imports_no_daemon_code():
             "print(sorted(m for m in sys.modules if m.startswith('watchdog.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    assert json.loads(out.replace("'", '"')) == ["watchdog.status"]
+    loaded = json.loads(out.replace("'", '"'))
+    assert "watchdog.status.codec" in loaded, loaded
+    assert all(name.startswith("watchdog.status.") or name == "watchdog.status"
+               for name in loaded), loaded
+
+
+# The contract's modules, each importing only those before it (docs/architecture.md).
+CONTRACT_ORDER = ["codec", "rank", "node", "cluster", "fence", "incident", "launch"]
+
+
+def test_the_contract_modules_import_only_those_before_them():
+    package = REPO / "watchdog" / "status"
+    assert sorted(p.stem for p in package.glob("*.py")) == sorted(
+        [*CONTRACT_ORDER, "__init__"])
+    for at, name in enumerate(CONTRACT_ORDER):
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("watchdog")}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for alias in node.names if alias.name.startswith("watchdog")}
+        allowed = {f"watchdog.status.{before}" for before in CONTRACT_ORDER[:at]}
+        assert imported <= allowed, (name, imported - allowed)
+
+
+def _defined(tree: ast.Module) -> list[str]:
+    """The names a module defines at its top level."""
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [e.id for target in node.targets
+                      for e in (target.elts if isinstance(target, ast.Tuple) else [target])
+                      if isinstance(e, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return names
+
+
+def test_every_public_name_of_the_contract_is_the_packages_and_every_type_frozen():
+    import importlib
+
+    import watchdog.status as contract
+
+    for name in CONTRACT_ORDER:
+        module = importlib.import_module(f"watchdog.status.{name}")
+        tree = ast.parse((REPO / "watchdog" / "status" / f"{name}.py").read_text("utf-8"))
+        for attr in _defined(tree):
+            if attr.startswith("_") or attr in ("T", "D"):  # the codec's type variables
+                continue
+            value = getattr(module, attr)
+            assert attr in contract.__all__ and getattr(contract, attr) is value, attr
+            if dataclasses.is_dataclass(value):
+                # Data only: what is counted as it happens is the daemon's (daemon/counters.py).
+                assert value.__dataclass_params__.frozen, attr  # type: ignore[attr-defined]
+    assert all(hasattr(contract, name) for name in contract.__all__)

@@ -31,6 +31,7 @@ from watchdog.daemon.act.responses import Response, Responses
 from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
+from watchdog.daemon.counters import Counters
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
@@ -39,7 +40,7 @@ from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, ProcessS
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.probes.stacksampler import Identity, StackSampler
-from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
+from watchdog.daemon.publish import INVALID_LISTED, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending

@@ -1,6 +1,6 @@
 """What the daemon publishes: the snapshot of the node every reader gets (`/status`,
 `/metrics`, `status.json`), rebuilt after each scan as one frozen `status.NodeStatus`
-with a copy of its counters (`status.Counters`)."""
+with a copy of its counters (`status.CounterValues`, from `daemon/counters.py`)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ from collections.abc import Iterable
 
 from watchdog import __version__
 from watchdog.daemon.config import Settings
+from watchdog.daemon.counters import SCAN_BUCKETS, Counters
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
-from watchdog.status import (
-    SCAN_BUCKETS,
-    Counters,
-    NodeStatus,
-    RebootFlag,
-    Straggler,
-    Unwritten,
-)
+from watchdog.status import NodeStatus, RebootFlag, Straggler, Unwritten
 
 __all__ = ["INVALID_LISTED", "SCAN_BUCKETS", "Counters", "snapshot"]
 

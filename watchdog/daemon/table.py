@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from watchdog import record
 from watchdog.daemon import attempts
+from watchdog.daemon.counters import Counters
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProcessSample
-from watchdog.daemon.publish import Counters
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.signaller import GONE, NOT_OURS, Signaller

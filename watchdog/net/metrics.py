@@ -25,7 +25,7 @@ from prometheus_client.core import (
 
 from watchdog.cause import CAUSES
 from watchdog.states import ENDED, State
-from watchdog.status import NodeStatus, RankStatus, split_job_key
+from watchdog.status import NodeStatus, RankStatus, split_job_key, stall_key
 
 PREFIX = "mlx_watchdog_"
 Snapshot = Callable[[], NodeStatus]
@@ -157,7 +157,7 @@ def _stalls(scrape: Scrape) -> Samples:
     """Every (verdict, cause) pair, from 0."""
     counters = scrape.snap.counters
     for verdict, total in counters.stalls.items():
-        by_cause = {c: counters.stall_causes.get(f"{verdict}:{c}", 0) for c in CAUSES}
+        by_cause = {c: counters.stall_causes.get(stall_key(verdict, c), 0) for c in CAUSES}
         # Hangs counted without a cause (a daemon before causes) are `unknown`.
         by_cause["unknown"] += max(0, total - sum(by_cause.values()))
         for cause, n in by_cause.items():
