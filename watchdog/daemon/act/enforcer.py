@@ -44,7 +44,8 @@ one place a ladder's step is set. `[j]` marks a write of the write-ahead journal
                                             SETTLE or DONE when resumed: it has no dumps;
                                             settled only if it ended something
     FRAMES    the parse (worker), or the    SETTLE: [j] the outcome, before a settle of up
-              evidence time box             to minutes; DONE without a wired baseline
+              evidence time box             to minutes
+                                            DONE, as SETTLE's end, without a wired baseline
     SETTLE    wired memory back, or the     DONE: the reboot flag if one is called for
               settle time
     DONE      -                             (reached through `_close`: [j] closed, then
