@@ -156,3 +156,63 @@ def test_only_advance_sets_a_ladders_step() -> None:
     assert writes, "the scan found no write of a step at all: it is broken"
     assert all(name == "enforcer.py" and advance[0] <= line <= advance[1]
                for name, line in writes), writes
+
+
+class Journaled(Enforcer):
+    """An enforcer that keeps its journal entry as it stood at each step the ladder
+    rested at (`BEGIN`: its first write, the verdict alone)."""
+
+    entries: dict[str, pending.Entry]
+
+    def write_ahead(self, ladder: Ladder) -> None:
+        super().write_ahead(ladder)
+        if "BEGIN" not in self.entries:
+            (self.entries["BEGIN"],) = pending.unfinished(self.settings.state_dir)
+
+    def advance(self, ladder: Ladder, unfinished: str = "") -> bool:
+        moved = super().advance(ladder, unfinished)
+        found = pending.unfinished(self.settings.state_dir)
+        if moved and found:
+            (self.entries[ladder.step.name],) = found
+        return moved
+
+
+# What the module's second table says a restarted daemon makes of an entry left at
+# each step: a target gone counts killed once the round began; one SIGSTOPped and not
+# yet SIGTERMed (as far as the entry says) is thawed when its verdict is stale.
+ENDED_BY_US = {"TERM", "KILL", "FRAMES", "SETTLE"}
+FROZEN_STILL = {"EVIDENCE", "HOLD", "TERM"}
+
+
+@pytest.mark.slow
+def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> None:
+    """A daemon dies at each step of a ladder whose rank ignores SIGTERM; the next
+    daemon, given the entry as it stood, finds the rank still there (its verdict fresh,
+    or stale) or gone, and does what the module's table says."""
+    first = tmp_path / "first"
+    fake = FakeSignaller({21: DIES_ON_KILL})
+    plain, clock = enforcer(first, fake)
+    dying = Journaled(plain.settings, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+                      wall=clock.wall)
+    dying.entries = {}
+    said = dataclasses.replace(incident(targets=[target(21)]), time=clock.wall())
+    respond(dying, said, [target(21)], baseline=GiB)
+    assert set(dying.entries) == {"BEGIN", "EVIDENCE", "HOLD", "TERM", "KILL", "FRAMES",
+                                  "SETTLE"}
+    for step, entry in dying.entries.items():
+        for case in ("fresh", "stale", "gone"):
+            fake = FakeSignaller({} if case == "gone" else {21: DIES_ON_TERM})
+            later, later_clock = enforcer(tmp_path / f"{step}-{case}", fake)
+            later_clock.t = clock.t + (10_000.0 if case == "stale" else 1.0)
+            outcome = complete(later, entry)
+            where = f"died at {step}, the rank {case}"
+            if case == "fresh":  # down the ladder from HOLD's round
+                assert fake.names() == ["SIGTERM", "SIGCONT"], where
+                assert outcome.results == {21: "killed"}, where
+            elif case == "stale":  # left to the scan; thawed if frozen still
+                assert fake.names() == (["SIGCONT"] if step in FROZEN_STILL else []), where
+                assert outcome.results == {21: "unknown"}, where
+            else:
+                assert fake.names() == [], where
+                assert outcome.results == {21: "killed" if step in ENDED_BY_US else "gone"}, \
+                    where
