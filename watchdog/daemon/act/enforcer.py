@@ -36,8 +36,8 @@ one place a ladder's step is set. `[j]` marks a write of the write-ahead journal
                                             every target, back to back
     LEAVING   those leaving on their own    TERM: SIGTERM, SIGCONT to the rest; one gone
               error gone, or the grace      meanwhile ended itself (`exited`)
-    TERM      every target gone, or the     KILL: [j] the SIGTERMs and SIGCONTs; SIGKILL
-              grace                         to those still there
+    TERM      every target gone, or the     KILL: to those still there, if any, [j] the
+              grace                         SIGTERMs and SIGCONTs, then SIGKILL
     KILL      every target gone, or         FRAMES: each target's outcome; the native
               kill_timeout                  dumps parsed on a worker, after the kill,
                                             which must not wait on them
@@ -54,12 +54,12 @@ one place a ladder's step is set. `[j]` marks a write of the write-ahead journal
     any step  its loop giving up on it      DONE: `close_unfinished`, with what is known
                                             (thawed, every outcome not known `unknown`)
 
-What `resume` infers from the journal. An entry says what its last write said, so a
-daemon that died at a step leaves what the step before it journaled. For every step:
+What `resume` infers from the journal. An entry holds what its last write said: a
+daemon that died at a step leaves the last `[j]` before its death. For every step:
 a target is ended now only if it is still ours (its identity), the verdict fresh
 (`replay_within`), the mode `enforce`, the action "ending" or "ended", and its wait not
-returned since (`_progressed`); it goes down the ladder from HOLD's round (no evidence,
-no FRAMES: a dead daemon's time box is long past). One still ours and not ended now is
+returned since (`_progressed`); it goes down the ladder from HOLD's round (`resumed`:
+it takes no evidence and parses no dumps). One still ours and not ended now is
 `unknown`, left to the scan to judge afresh. One gone counts `killed` only if the entry
 says a signal to end it may have gone (`ladder: "begun"`, or a SIGTERM or SIGKILL
 listed); else what its identity check found (its own end). One listed SIGSTOPped and
@@ -71,7 +71,8 @@ stopped. Step by step:
               (action "ending")             judges afresh; else no target is frozen
                                             that it knows of (a SIGSTOP sent and not yet
                                             journaled is not: a stale target so stopped
-                                            is left to the scan), none gone was ours
+                                            is not thawed; the window is the back-to-back
+                                            SIGSTOPs'), none gone was ours
     EVIDENCE, the SIGSTOPs sent (`freeze`)  the frozen are known: ended, or thawed when
     HOLD                                    stale; none gone was ours
     LEAVING,  the round begun (`ladder`,    a target gone was ended by us; its SIGTERMs
@@ -79,11 +80,13 @@ stopped. Step by step:
                                             counts as frozen (ended again, or thawed: a
                                             SIGCONT after its SIGTERM harms nothing)
     KILL,     the SIGTERMs and SIGCONTs     none is frozen; one still there gets the
-    FRAMES                                  round again (SIGTERM, the grace, SIGKILL)
+    FRAMES    (if one outlived the grace;   round again (SIGTERM, the grace, SIGKILL)
+              else as at TERM)
     SETTLE    the outcome (`native_hot`)    its targets gone, ended by us: the settle
                                             again, in full, if it ended something
-    DONE      `closed_at`                   the writes alone (`_reclose`): the line and
-                                            the flag, each only if not on disk yet
+    DONE      `closed_at` (it died before   the writes alone (`_reclose`): the line and
+              the line and the flag were    the flag, each only if not on disk yet
+              on disk, or a write failed)
 
 The teardown order is one for every kill, a verdict's, a fence's or a death's: every
 rank of the job is frozen first (SIGSTOP, on the peers by the fence), the evidence
