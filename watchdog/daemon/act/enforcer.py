@@ -8,19 +8,85 @@ flight per uid; without one, at once), and neither is waited for past its time b
 the evidence's counts from the verdict, so work queued behind another user's hung
 captures never delays the signals.
 
-    step       waits for                              then
-    (begin)    -                                      journal; SIGSTOP to every target
-    EVIDENCE   the stack dumps (worker), or the time  HOLD
-               box from the verdict
-    HOLD       the moment the peers were told to end  journal; SIGTERM, SIGCONT (or LEAVING)
-               theirs (a fence's; at once without)
-    LEAVING    ranks leaving on their own error:      SIGTERM, SIGCONT to those still there
-               gone, or the grace
-    TERM       every target gone, or the grace        journal; SIGKILL to the rest
-    KILL       every target gone, or kill_timeout     outcomes; FRAMES (a resumed one: SETTLE)
-    FRAMES     the native dumps parsed (worker), or   journal; SETTLE
-               the evidence time box
-    SETTLE     wired memory back, or the settle time  the reboot flag; the incident closed
+Each step has one handler on `Enforcer` (`Enforcer.HANDLERS`): once the step is due it
+does what the step does and returns the step the ladder goes to (None while it waits:
+on a worker, a grace, a timeout, the settle). `Enforcer.advance` takes it and is the
+one place a ladder's step is set. `[j]` marks a write of the write-ahead journal
+(store/pending.py), the only ones there are.
+
+    step      waits for                     goes to, and why
+    BEGIN     - (a verdict)                 DONE in observe mode: nothing is signalled,
+                                            not even the dump signal; the incident closed
+                                            EVIDENCE: [j] the verdict, before the first
+                                            signal; SIGSTOP to every target, [j] once
+                                            sent; the stacks of frozen ranks on a worker
+    RESUME    - (at start, an earlier       DONE: it was closed, only its writes were
+              daemon's entry)               missing (the incident line, the flag)
+                                            LEAVING or TERM, as from HOLD: a target still
+                                            ours and due goes down the rest of the ladder
+                                            (an interrupted SIGTERM must not leave it
+                                            half-ended), without evidence
+                                            SETTLE or DONE, as from a resumed KILL: no
+                                            target is left to end
+    EVIDENCE  the dumps (worker), or the    HOLD: with or without them; the kill never
+              time box from the verdict     waits past the time box
+    HOLD      the moment the peers were     LEAVING: [j] the round; a rank leaving on its
+              told to end theirs (a         own error gets the grace to go, unsignalled
+              fence's; at once without)     TERM: [j] the round; SIGTERM then SIGCONT to
+                                            every target, back to back
+    LEAVING   those leaving on their own    TERM: SIGTERM, SIGCONT to the rest; one gone
+              error gone, or the grace      meanwhile ended itself (`exited`)
+    TERM      every target gone, or the     KILL: to those still there, if any, [j] the
+              grace                         SIGTERMs and SIGCONTs, then SIGKILL
+    KILL      every target gone, or         FRAMES: each target's outcome; the native
+              kill_timeout                  dumps parsed on a worker, after the kill,
+                                            which must not wait on them
+                                            SETTLE or DONE when resumed: it has no dumps;
+                                            settled only if it ended something
+    FRAMES    the parse (worker), or the    SETTLE: [j] the outcome, before a settle of up
+              evidence time box             to minutes
+                                            DONE, as SETTLE's end, without a wired baseline
+    SETTLE    wired memory back, or the     DONE: the reboot flag if one is called for
+              settle time
+    DONE      -                             (reached through `_close`: [j] closed, then
+                                            the incident line and the flag, each written
+                                            or held in the backlog)
+    any step  its loop giving up on it      DONE: `close_unfinished`, with what is known
+                                            (thawed, every outcome not known `unknown`)
+
+What `resume` infers from the journal. An entry holds what its last write said: a
+daemon that died at a step leaves the last `[j]` before its death. For every step:
+a target is ended now only if it is still ours (its identity), the verdict fresh
+(`replay_within`), the mode `enforce`, the action "ending" or "ended", and its wait not
+returned since (`_progressed`); it goes down the ladder from HOLD's round (`resumed`:
+it takes no evidence and parses no dumps). One still ours and not ended now is
+`unknown`, left to the scan to judge afresh. One gone counts `killed` only if the entry
+says a signal to end it may have gone (`ladder: "begun"`, or a SIGTERM or SIGKILL
+listed); else what its identity check found (its own end). One listed SIGSTOPped and
+not SIGTERMed is frozen still: ended now (SIGTERM first), or thawed, never left
+stopped. Step by step:
+
+    died at   its entry holds               so resume
+    BEGIN     none, or the verdict alone    no entry: nothing was signalled, the scan
+              (action "ending")             judges afresh; else no target is frozen
+                                            that it knows of (a SIGSTOP sent and not yet
+                                            journaled is not: a stale target so stopped
+                                            is not thawed; the window is the back-to-back
+                                            SIGSTOPs'), none gone was ours
+    EVIDENCE, the SIGSTOPs sent (`freeze`)  the frozen are known: ended, or thawed when
+    HOLD                                    stale; none gone was ours
+    LEAVING,  the round begun (`ladder`,    a target gone was ended by us; its SIGTERMs
+    TERM      action "ended")               are not listed, so every SIGSTOPped one
+                                            counts as frozen (ended again, or thawed: a
+                                            SIGCONT after its SIGTERM harms nothing)
+    KILL,     the SIGTERMs and SIGCONTs     none is frozen; one still there gets the
+    FRAMES    (if one outlived the grace;   round again (SIGTERM, the grace, SIGKILL)
+              else as at TERM)
+    SETTLE    the outcome (`native_hot`)    its targets gone, ended by us: the settle
+                                            again, in full, if it ended something
+    DONE      `closed_at` (it died before   the writes alone (`_reclose`): the line and
+              the line and the flag were    the flag, each only if not on disk yet
+              on disk, or a write failed)
 
 The teardown order is one for every kill, a verdict's, a fence's or a death's: every
 rank of the job is frozen first (SIGSTOP, on the peers by the fence), the evidence
@@ -45,7 +111,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
@@ -95,10 +161,12 @@ class Outcome:
 
 
 class Step(enum.Enum):
-    """Where a response's ladder stands. Each step but the worker ones (`EVIDENCE`,
-    `FRAMES`) is a wait with a deadline, checked by `Enforcer.step` whenever it is
-    called (each tick of the daemon's loop)."""
+    """Where a response's ladder stands (the module's table). Each step but the worker
+    ones (`EVIDENCE`, `FRAMES`) and the two it starts at is a wait with a deadline,
+    checked by `Enforcer.step` whenever it is called (each tick of the daemon's loop)."""
 
+    BEGIN = "beginning"  # a verdict's: journaled, frozen, its evidence under way
+    RESUME = "resuming"  # an earlier daemon's unfinished response, from its entry
     EVIDENCE = "gathering evidence"  # stack dumps, on a worker
     HOLD = "holding frozen"  # until the moment the peers end theirs (a fence's)
     LEAVING = "leaving on its own error"  # such ranks get the grace, unsignalled
@@ -123,7 +191,7 @@ class Ladder:
     targets: list[Target]
     baseline: int | None
     others_live: Callable[[], bool]
-    step: Step = Step.EVIDENCE
+    step: Step = Step.BEGIN  # set by `Enforcer.advance` alone
     until: float = 0.0  # monotonic deadline of the current wait (or worker step)
     work: Future[Any] | None = None  # the current worker step's
     resumed: bool = False  # an earlier daemon's: no evidence, settled only after a kill
@@ -136,6 +204,10 @@ class Ladder:
     result: Outcome | None = None
     frozen: list[Target] = field(default_factory=list)  # SIGSTOPped, not yet SIGTERMed
     term_at: float = 0.0  # monotonic: no SIGTERM before (the moment the peers were told)
+    # What `begin` was asked, for its step: the stack dumps taken (a fenced job's are
+    # not), and when the verdict was (monotonic; None: when the step is taken).
+    gather: bool = True
+    verdict_at: float | None = None
 
     @property
     def working(self) -> bool:
@@ -213,27 +285,8 @@ class Enforcer:
                            wired_baseline=baseline)
         if asked:
             incident = replace(incident, cluster=cluster)
-        ladder = Ladder(incident, list(targets), baseline, others_live)
-        if self.settings.mode == "observe":
-            # Observe signals nothing, not even the stack-dump signal, and does
-            # not ptrace: the thread CPU and flight recorder are the evidence.
-            ladder.incident = replace(incident, evidence=(), outcome={},
-                                      action="observed (mode observe: nothing signalled)")
-            self._close(ladder, None)
-            return ladder
-        ladder.incident = replace(incident, action="ending")
-        self.write_ahead(ladder)  # the verdict, before the first signal (the freeze)
-        self._freeze(ladder)
-        if evidence:
-            ladder.work = self._work(incident.uid or 0, self.capture, incident.id,
-                                     list(targets), frozenset(t.pid for t in ladder.frozen))
-        else:
-            ladder.work = None
-        ladder.step = Step.EVIDENCE
-        ladder.until = (self.clock() if verdict_at is None else verdict_at) \
-            + self.settings.evidence_timeout + EVIDENCE_SLACK
-        if term_at is not None:
-            ladder.term_at = min(term_at, ladder.until)
+        ladder = Ladder(incident, list(targets), baseline, others_live, gather=evidence,
+                        verdict_at=verdict_at, term_at=0.0 if term_at is None else term_at)
         self.step(ladder)
         return ladder
 
@@ -291,19 +344,73 @@ class Enforcer:
         ladder.frozen = []
 
     def resume(self, entry: pending.Entry, others_live: Callable[[], bool]) -> Ladder:
-        """At start: a response an earlier daemon journaled and never closed, to finish.
+        """At start: a response an earlier daemon journaled and never closed, to finish
+        (its `RESUME` step, taken at once; the module says what it infers from the
+        entry, step by step)."""
+        ladder = Ladder(entry.incident, list(entry.targets), entry.baseline, others_live,
+                        step=Step.RESUME, resumed=True)
+        self.advance(ladder)
+        return ladder
 
-        A target still ours, whose wait has not returned, goes down the rest of
-        the ladder (its verdict stands, and an interrupted SIGTERM must not
-        leave it half-ended); one gone after a signal was journaled was ended
-        by us, never a crash. The settle and the flag follow as usual.
-        """
-        incident, targets, baseline = entry.incident, list(entry.targets), entry.baseline
-        ladder = Ladder(incident, targets, baseline, others_live, resumed=True)
+    # -- the ladder, step by step (the module's table) ---------------------------------
+
+    def step(self, ladder: Ladder) -> Outcome | None:
+        """Take every step of the ladder that is due now; its outcome once done."""
+        while ladder.step is not Step.DONE:
+            if not self.advance(ladder):
+                return None  # waiting: on a worker, a grace, a timeout or the settle
+        return ladder.result
+
+    def advance(self, ladder: Ladder, unfinished: str = "") -> bool:
+        """Take the ladder's step if it is due; whether it was. The one place a
+        ladder's step is set: the step's handler (`HANDLERS`) returns the step it goes
+        to, or None while it waits. `unfinished` (why) is the edge from any step: its
+        loop gives up waiting on it (`close_unfinished`)."""
+        if unfinished:
+            after: Step | None = self._unfinished(ladder, unfinished)
+        elif ladder.step is Step.DONE:
+            return False
+        else:
+            after = self.HANDLERS[ladder.step](self, ladder, self.clock())
+        if after is None:
+            return False
+        ladder.step = after
+        return True
+
+    def _step_begin(self, ladder: Ladder, now: float) -> Step:
+        """A verdict's: closed at once in observe mode; else journaled, frozen, and its
+        evidence under way."""
+        if self.settings.mode == "observe":
+            # Observe signals nothing, not even the stack-dump signal, and does
+            # not ptrace: the thread CPU and flight recorder are the evidence.
+            ladder.incident = replace(ladder.incident, evidence=(), outcome={},
+                                      action="observed (mode observe: nothing signalled)")
+            return self._close(ladder, None)
+        incident = ladder.incident = replace(ladder.incident, action="ending")
+        self.write_ahead(ladder)  # the verdict, before the first signal (the freeze)
+        self._freeze(ladder)
+        if ladder.gather:
+            ladder.work = self._work(incident.uid or 0, self.capture, incident.id,
+                                     list(ladder.targets),
+                                     frozenset(t.pid for t in ladder.frozen))
+        else:
+            ladder.work = None
+        # Read after the freeze and the capture's hand-over (at once without a worker).
+        ladder.until = (self.clock() if ladder.verdict_at is None else ladder.verdict_at) \
+            + self.settings.evidence_timeout + EVIDENCE_SLACK
+        ladder.term_at = min(ladder.term_at, ladder.until)  # never past the time box
+        return Step.EVIDENCE
+
+    def _step_resume(self, ladder: Ladder, now: float) -> Step:
+        """An earlier daemon's entry. A target still ours, whose wait has not returned,
+        goes down the rest of the ladder (its verdict stands, and an interrupted
+        SIGTERM must not leave it half-ended); one gone after a signal was journaled
+        was ended by us, never a crash. The settle and the flag follow as usual."""
+        incident, targets, baseline = ladder.incident, ladder.targets, ladder.baseline
         if incident.closed_at is not None:  # all done but the journal line, or the flag
             self._reclose(incident, baseline)
-            ladder.step, ladder.result = Step.DONE, Outcome(incident, {}, ())
-            return ladder
+            ladder.result = Outcome(incident, {}, ())
+            return Step.DONE
         log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
                     incident.id, incident.job)
         ladder.incident = replace(incident, signals=incident.signals or (),
@@ -339,111 +446,125 @@ class Enforcer:
             self.thaw(ladder, "an earlier daemon froze it, and its verdict is not acted on")
             ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
         ladder.frozen = [t for t in ladder.frozen if t in live]
-        if live:
+        if live:  # from HOLD's round: a dead daemon's evidence time box is long past
             ladder.incident = replace(ladder.incident, action="ended")
-            self._signals(ladder, live)
-        else:
-            self._decided(ladder)
-        return ladder
+            return self._signals(ladder, live)
+        return self._decided(ladder)  # nothing to end: as a resumed KILL ends
 
-    # -- the ladder, step by step ------------------------------------------------
-
-    def step(self, ladder: Ladder) -> Outcome | None:
-        """Take every step of the ladder that is due now; its outcome once done."""
-        while ladder.step is not Step.DONE:
-            if not self._advance(ladder):
-                return None  # waiting: on a worker, a grace, a timeout or the settle
-        return ladder.result
-
-    def _advance(self, ladder: Ladder) -> bool:
-        """One step, if it is due; whether it was."""
-        now = self.clock()
-        if ladder.step is Step.EVIDENCE:
-            if ladder.working and now < ladder.until:
-                return False
-            files: tuple[str, ...] = ()
-            if ladder.working:  # queued behind others, or a capture past its own bound
-                assert ladder.work is not None
-                ladder.work.cancel()  # never run if still queued
-                why = (f"not gathered within {self.settings.evidence_timeout + EVIDENCE_SLACK:g}s"
-                       " of the verdict")
-                log.warning("evidence for incident %s %s; acting without it",
-                            ladder.incident.id, why)
-                ladder.incident = replace(ladder.incident, evidence_error=why)
-            elif ladder.work is not None:
-                try:
-                    files = tuple(ladder.work.result())
-                except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
-                    log.error("gathering evidence for incident %s failed: %s",
-                              ladder.incident.id, err)
-                    ladder.incident = replace(ladder.incident, evidence_error=str(err))
-            ladder.work = None
-            ladder.incident = replace(ladder.incident, evidence=files, action="ended")
-            ladder.step = Step.HOLD
-        elif ladder.step is Step.HOLD:
-            if now < ladder.term_at:
-                return False
-            self._signals(ladder, ladder.targets)
-        elif ladder.step is Step.LEAVING:
-            ladder.left = [t for t in ladder.left if self._not_gone(t)]
-            if ladder.left and now < ladder.until:
-                return False
-            for target in ladder.ending:
-                if target not in ladder.left:
-                    ladder.outcome[target.pid] = EXITED
-                    log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
-                             target.pid, target.job, target.rank)
-            self._term(ladder, [t for t in ladder.live if t.pid not in ladder.outcome])
-        elif ladder.step is Step.TERM:
-            ladder.left = [t for t in ladder.left if self._not_gone(t)]
-            if ladder.left and now < ladder.until:
-                return False
-            if ladder.left:  # SIGCONT and SIGTERM as sent, before the SIGKILLs
-                ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
-                self.write_ahead(ladder)
-                for target in ladder.left:
-                    self._signal(ladder.sent, target, signal.SIGKILL)
-                ladder.left = [t for t in ladder.left if self._not_gone(t)]
-            ladder.step, ladder.until = Step.KILL, self.clock() + self.settings.kill_timeout
-        elif ladder.step is Step.KILL:
-            ladder.left = [t for t in ladder.left if self._not_gone(t)]
-            if ladder.left and now < ladder.until:
-                return False
-            self._ended(ladder)
-        elif ladder.step is Step.FRAMES:
-            if ladder.working and now < ladder.until:
-                return False
+    def _step_evidence(self, ladder: Ladder, now: float) -> Step | None:
+        """The stack dumps in, or their time box over: HOLD either way."""
+        if ladder.working and now < ladder.until:
+            return None
+        files: tuple[str, ...] = ()
+        if ladder.working:  # queued behind others, or a capture past its own bound
             assert ladder.work is not None
-            if ladder.working:  # a parse queued behind others: the incident goes without
-                ladder.work.cancel()
-                log.warning("the native dumps of incident %s were not read within %.0fs; "
-                            "closing it without their hot frames", ladder.incident.id,
-                            self.settings.evidence_timeout)
-                hot = []
-            else:
-                try:
-                    hot = ladder.work.result()
-                except Exception as err:  # noqa: BLE001 - a parse never undoes a kill
-                    log.error("reading the native dumps of incident %s failed: %s",
-                              ladder.incident.id, err)
-                    hot = []
-            ladder.work = None
-            if hot:
-                ladder.incident = replace(ladder.incident, native_hot=tuple(hot))
-            self.write_ahead(ladder)  # the outcome, before the settle (up to minutes)
-            self._settle(ladder)
-        elif ladder.step is Step.SETTLE:
-            if now < ladder.next_probe:
-                return False
-            wired = self._wired()
-            if self._over(ladder.baseline, wired) and now < ladder.until:
-                ladder.next_probe = now + 0.25
-                return False
-            self._settled(ladder, wired)
-        return True
+            ladder.work.cancel()  # never run if still queued
+            why = (f"not gathered within {self.settings.evidence_timeout + EVIDENCE_SLACK:g}s"
+                   " of the verdict")
+            log.warning("evidence for incident %s %s; acting without it",
+                        ladder.incident.id, why)
+            ladder.incident = replace(ladder.incident, evidence_error=why)
+        elif ladder.work is not None:
+            try:
+                files = tuple(ladder.work.result())
+            except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
+                log.error("gathering evidence for incident %s failed: %s",
+                          ladder.incident.id, err)
+                ladder.incident = replace(ladder.incident, evidence_error=str(err))
+        ladder.work = None
+        ladder.incident = replace(ladder.incident, evidence=files, action="ended")
+        return Step.HOLD
 
-    def _signals(self, ladder: Ladder, targets: list[Target]) -> None:
-        """The first round: SIGTERM and SIGCONT to every target, back to back."""
+    def _step_hold(self, ladder: Ladder, now: float) -> Step | None:
+        """Frozen until the moment the peers were told to end theirs: then the round."""
+        if now < ladder.term_at:
+            return None
+        return self._signals(ladder, ladder.targets)
+
+    def _step_leaving(self, ladder: Ladder, now: float) -> Step | None:
+        """Those leaving on their own error gone, or the grace over: the rest's round."""
+        ladder.left = [t for t in ladder.left if self._not_gone(t)]
+        if ladder.left and now < ladder.until:
+            return None
+        for target in ladder.ending:
+            if target not in ladder.left:
+                ladder.outcome[target.pid] = EXITED
+                log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
+                         target.pid, target.job, target.rank)
+        return self._term(ladder, [t for t in ladder.live if t.pid not in ladder.outcome])
+
+    def _step_term(self, ladder: Ladder, now: float) -> Step | None:
+        """Every target gone, or the grace over: SIGKILL to those still there."""
+        ladder.left = [t for t in ladder.left if self._not_gone(t)]
+        if ladder.left and now < ladder.until:
+            return None
+        if ladder.left:  # SIGCONT and SIGTERM as sent, before the SIGKILLs
+            ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
+            self.write_ahead(ladder)
+            for target in ladder.left:
+                self._signal(ladder.sent, target, signal.SIGKILL)
+            ladder.left = [t for t in ladder.left if self._not_gone(t)]
+        ladder.until = self.clock() + self.settings.kill_timeout
+        return Step.KILL
+
+    def _step_kill(self, ladder: Ladder, now: float) -> Step | None:
+        """Every target gone, or the kill timeout over: each target's outcome."""
+        ladder.left = [t for t in ladder.left if self._not_gone(t)]
+        if ladder.left and now < ladder.until:
+            return None
+        return self._ended(ladder)
+
+    def _step_frames(self, ladder: Ladder, now: float) -> Step | None:
+        """The native dumps parsed, or their time box over: the outcome journaled, then
+        the settle."""
+        if ladder.working and now < ladder.until:
+            return None
+        assert ladder.work is not None
+        if ladder.working:  # a parse queued behind others: the incident goes without
+            ladder.work.cancel()
+            log.warning("the native dumps of incident %s were not read within %.0fs; "
+                        "closing it without their hot frames", ladder.incident.id,
+                        self.settings.evidence_timeout)
+            hot = []
+        else:
+            try:
+                hot = ladder.work.result()
+            except Exception as err:  # noqa: BLE001 - a parse never undoes a kill
+                log.error("reading the native dumps of incident %s failed: %s",
+                          ladder.incident.id, err)
+                hot = []
+        ladder.work = None
+        if hot:
+            ladder.incident = replace(ladder.incident, native_hot=tuple(hot))
+        self.write_ahead(ladder)  # the outcome, before the settle (up to minutes)
+        return self._settle(ladder)
+
+    def _step_settle(self, ladder: Ladder, now: float) -> Step | None:
+        """Wired memory back, or the settle time over: the close."""
+        if now < ladder.next_probe:
+            return None
+        wired = self._wired()
+        if self._over(ladder.baseline, wired) and now < ladder.until:
+            ladder.next_probe = now + 0.25
+            return None
+        return self._settled(ladder, wired)
+
+    # The edge table: each step's handler. DONE has none (nothing follows it).
+    HANDLERS: ClassVar[dict[Step, Callable[[Enforcer, Ladder, float], Step | None]]] = {
+        Step.BEGIN: _step_begin,
+        Step.RESUME: _step_resume,
+        Step.EVIDENCE: _step_evidence,
+        Step.HOLD: _step_hold,
+        Step.LEAVING: _step_leaving,
+        Step.TERM: _step_term,
+        Step.KILL: _step_kill,
+        Step.FRAMES: _step_frames,
+        Step.SETTLE: _step_settle,
+    }
+
+    def _signals(self, ladder: Ladder, targets: list[Target]) -> Step:
+        """The first round: SIGTERM and SIGCONT to every target, back to back (TERM),
+        but to those leaving on their own error (LEAVING, first)."""
         ladder.sent = list(ladder.incident.signals or ())
         # Journaled before the first signal of each round, not before each signal:
         # a write (an fsync) between two ranks' signals would let one see its peer
@@ -459,11 +580,11 @@ class Enforcer:
                 self._signal(ladder.sent, target, signal.SIGCONT)
             ladder.frozen = [t for t in ladder.frozen if t not in ladder.ending]
             ladder.left = [t for t in ladder.ending if self._not_gone(t)]
-            ladder.step, ladder.until = Step.LEAVING, self.clock() + self.settings.grace
-            return
-        self._term(ladder, targets)
+            ladder.until = self.clock() + self.settings.grace
+            return Step.LEAVING
+        return self._term(ladder, targets)
 
-    def _term(self, ladder: Ladder, targets: list[Target]) -> None:
+    def _term(self, ladder: Ladder, targets: list[Target]) -> Step:
         """SIGTERM to every target, then SIGCONT to each it reached: a stopped (frozen)
         rank takes its SIGTERM as it resumes, before it runs a line of its own (the
         default action ends it even stopped); never resumed first, to see a peer end."""
@@ -479,10 +600,12 @@ class Enforcer:
                 self._signal(ladder.sent, target, signal.SIGCONT)
         ladder.frozen = []
         ladder.left = [t for t in ladder.live if self._not_gone(t)]
-        ladder.step, ladder.until = Step.TERM, self.clock() + self.settings.grace
+        ladder.until = self.clock() + self.settings.grace
+        return Step.TERM
 
-    def _ended(self, ladder: Ladder) -> None:
-        """The signals are done: each target's outcome, then the evidence's parse."""
+    def _ended(self, ladder: Ladder) -> Step:
+        """The signals are done: each target's outcome, then the evidence's parse
+        (FRAMES; a resumed one has none to parse: its settle or its close)."""
         # "unkillable" (and the reboot flag) only on a positive match: a
         # process that could not be probed is "unknown", never a false alarm.
         survivors = {t.pid for t in ladder.left if self.signaller.identify(t) == OURS}
@@ -496,21 +619,26 @@ class Enforcer:
                 UNKILLABLE if target.pid in survivors else UNKNOWN)
         ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
         if ladder.resumed:
-            self._decided(ladder)
-            return
+            return self._decided(ladder)
         ladder.incident = replace(ladder.incident, outcome={
             str(pid): result for pid, result in ladder.outcome.items()})
         # Parsed after the kill, which must not wait on it.
-        ladder.step = Step.FRAMES
         ladder.until = self.clock() + self.settings.evidence_timeout + EVIDENCE_SLACK
         ladder.work = self._work(ladder.incident.uid or 0, self.evidence.hot_frames,
                                  ladder.incident.id, ladder.targets,
                                  list(ladder.incident.evidence or ()))
+        return Step.FRAMES
 
     def close_unfinished(self, ladder: Ladder, why: str) -> Outcome:
         """A ladder its loop gives up waiting on: closed and journaled with what is
         known (the signals sent so far, each target's outcome or "unknown"), never
         dropped: a begun ladder may have signalled, and every kill is journaled."""
+        self.advance(ladder, unfinished=why)
+        assert ladder.result is not None
+        return ladder.result
+
+    def _unfinished(self, ladder: Ladder, why: str) -> Step:
+        """Any step, given up on (`close_unfinished`): closed with what is known."""
         if ladder.work is not None:
             ladder.work.cancel()
         self.thaw(ladder, f"its response is closed unfinished ({why})")
@@ -522,25 +650,24 @@ class Enforcer:
             outcome={str(pid): result for pid, result in ladder.outcome.items()})
         log.error("incident %s closed unfinished (%s) at step %r", ladder.incident.id, why,
                   ladder.step.value)
-        self._close(ladder, None)
-        assert ladder.result is not None
-        return ladder.result
+        return self._close(ladder, None)
 
-    def _decided(self, ladder: Ladder) -> None:
+    def _decided(self, ladder: Ladder) -> Step:
         """A resumed response's outcome: settled only if it ended something."""
         ladder.incident = replace(ladder.incident, outcome={
             str(pid): result for pid, result in ladder.outcome.items()})
         if any(r in (KILLED, UNKILLABLE) for r in ladder.outcome.values()):
-            self._settle(ladder)
-        else:
-            self._close(ladder, None)
+            return self._settle(ladder)
+        return self._close(ladder, None)
 
-    def _settle(self, ladder: Ladder) -> None:
+    def _settle(self, ladder: Ladder) -> Step:
+        """SETTLE: wired memory gets its time to come back; without a baseline to
+        judge it by, the close at once."""
         if ladder.baseline is None:
-            self._settled(ladder, None)
-            return
-        ladder.step, ladder.until = Step.SETTLE, self.clock() + self.settings.settle
+            return self._settled(ladder, None)
+        ladder.until = self.clock() + self.settings.settle
         ladder.next_probe = 0.0
+        return Step.SETTLE
 
     def _over(self, baseline: int | None, wired: int | None) -> bool:
         return (wired is not None and baseline is not None
@@ -569,7 +696,7 @@ class Enforcer:
             log.warning("wired memory probe failed: %s", err)
             return None
 
-    def _settled(self, ladder: Ladder, wired: int | None) -> None:
+    def _settled(self, ladder: Ladder, wired: int | None) -> Step:
         """The settle's verdict, the reboot flag it calls for, and the close."""
         settled = self.wired_check(ladder.baseline, wired, ladder.others_live)
         incident = replace(ladder.incident, wired_check=settled.wired_check, **{
@@ -590,11 +717,11 @@ class Enforcer:
                                 wired_after=_wired_after(incident))
             incident = replace(incident, reboot_required=reason)
         ladder.incident = incident
-        self._close(ladder, flag)
+        return self._close(ladder, flag)
 
-    def _close(self, ladder: Ladder, flag: RebootReason | None) -> None:
+    def _close(self, ladder: Ladder, flag: RebootReason | None) -> Step:
         """Journal the incident and the flag, each on its own: one failed write
-        neither skips the other nor loses itself (held and retried each scan)."""
+        neither skips the other nor loses itself (held and retried each scan). DONE."""
         incident = ladder.incident
         ladder.incident = replace(incident, closed_at=self.wall(), reboot_required=(
             False if incident.reboot_required is None else incident.reboot_required))
@@ -602,8 +729,9 @@ class Enforcer:
         # only the writes (never the ladder again, never a second line).
         self.write_ahead(ladder)
         self.backlog.add(ladder.incident, flag)
-        ladder.step, ladder.work = Step.DONE, None
+        ladder.work = None
         ladder.result = Outcome(ladder.incident, dict(ladder.outcome), _sent(ladder.incident))
+        return Step.DONE
 
     # -- signals, identity, the journal at start ----------------------------------
 

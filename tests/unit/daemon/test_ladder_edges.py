@@ -1,0 +1,218 @@
+"""The escalation ladder's edge table (enforcer.py): every edge its docstring names is
+taken, none it does not name ever is, and no code but `Enforcer.advance` sets a
+ladder's step. Pure: the fakes' clock, signaller and probe."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+import watchdog
+from tests.support.fakes import DIES_ON_KILL, DIES_ON_TERM, FakeSignaller, target
+from tests.support.ladders import complete, drive, respond
+from tests.unit.daemon.test_enforcer import GiB, _record, enforcer, incident
+from watchdog import record
+from watchdog.daemon.act import enforcer as enforcer_module
+from watchdog.daemon.act.enforcer import Enforcer, Ladder, Step
+from watchdog.daemon.store import pending
+
+ANY = "any"  # the table's "any step" row: a loop giving up on its ladder
+
+
+def documented() -> set[tuple[str, str]]:
+    """(from, to) for every edge the module's step table names: a row's step in its
+    first column, each step it goes to opening a line of its last (column 44)."""
+    doc = enforcer_module.__doc__ or ""
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "waits"])
+    edges = set()
+    source = ""
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break  # the table's end
+        head = line[4:14].strip()
+        if head:
+            source = ANY if head == "any step" else head
+        found = re.match(r"([A-Z]+)(?: or ([A-Z]+))?[:, ]", line[44:])
+        if found:
+            edges.update((source, to) for to in found.groups() if to in Step.__members__)
+    return edges
+
+
+class Watched(Enforcer):
+    """An enforcer that notes every edge its ladders take."""
+
+    taken: set[tuple[str, str]]
+
+    def advance(self, ladder: Ladder, unfinished: str = "") -> bool:
+        before = ANY if unfinished else ladder.step.name
+        moved = super().advance(ladder, unfinished)
+        if moved:
+            self.taken.add((before, ladder.step.name))
+        return moved
+
+
+def watched(state_dir: Path, fake: FakeSignaller, taken: set[tuple[str, str]],
+            **kw) -> Watched:
+    plain, clock = enforcer(state_dir, fake, **kw)
+    enf = Watched(plain.settings, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+                  wall=clock.wall)
+    enf.taken = taken
+    return enf
+
+
+def leaving(tmp_path: Path, pid: int):
+    """A target whose record says it is leaving on its own error."""
+    _record(tmp_path, pid, record.STATUS_ERROR)
+    return dataclasses.replace(target(pid), record_path=str(tmp_path / f"{pid}.rec"))
+
+
+def entry(enf: Enforcer, targets, baseline: int | None = None, **fields) -> pending.Entry:
+    """What an earlier daemon left journaled: a fresh verdict, with `fields`."""
+    said = dataclasses.replace(incident(targets=targets), time=enf.wall(), **fields)
+    return pending.Entry(said, tuple(targets), baseline)
+
+
+@pytest.mark.slow
+def test_every_edge_the_table_names_is_taken_and_no_other(tmp_path: Path,
+                                                          state_dir: Path) -> None:
+    taken: set[tuple[str, str]] = set()
+
+    def enf(*pids: int, **kw) -> Watched:
+        return watched(state_dir, FakeSignaller({p: DIES_ON_TERM for p in pids}), taken,
+                       **kw)
+
+    # A verdict's: observed; ended to the settle (a survivor of the grace SIGKILLed);
+    # without a baseline; a rank leaving on its own error; given up while held.
+    respond(enf(mode="observe"), incident(targets=[target(1)]), [target(1)])
+    stubborn = watched(state_dir, FakeSignaller({2: DIES_ON_KILL}), taken)
+    respond(stubborn, incident(targets=[target(2)]), [target(2)], baseline=GiB)
+    respond(enf(3), incident(targets=[target(3)]), [target(3)])
+    own_error = leaving(tmp_path, 4)
+    respond(enf(4), incident(targets=[own_error]), [own_error])
+    held = enf(5)
+    ladder = held.begin(incident(targets=[target(5)]), [target(5)], evidence=False,
+                        term_at=held.clock() + 5.0)
+    held.close_unfinished(ladder, "its worker never returned")
+    # An earlier daemon's: closed but for its writes; one still ours, ended (with a
+    # baseline, then without); one leaving on its own error; none left to end, ended by
+    # it (settled) or found gone before its round (closed).
+    complete(resumer := enf(), entry(resumer, [target(6)], closed_at=resumer.wall()))
+    complete(resumer := enf(7), entry(resumer, [target(7)], GiB, action="ending"))
+    complete(resumer := enf(8), entry(resumer, [target(8)], action="ending"))
+    complete(resumer := enf(9), entry(resumer, [leaving(tmp_path, 9)], action="ended",
+                                      ladder="begun"))
+    complete(resumer := enf(), entry(resumer, [target(10)], GiB, action="ended",
+                                     ladder="begun"))
+    complete(resumer := enf(), entry(resumer, [target(11)], GiB, action="ending"))
+
+    table = documented()
+    assert len(table) >= 18, table  # the parse found the rows (18 edges today)
+    assert taken - table == set(), "edges taken that the table does not name"
+    assert table - taken == set(), "edges the table names that no ladder took"
+    assert {source for source, _ in table} == {s.name for s in Step} - {"DONE"} | {ANY}
+
+
+def test_every_step_but_done_has_its_handler() -> None:
+    assert set(Enforcer.HANDLERS) == set(Step) - {Step.DONE}
+    assert all(handler.__name__ == f"_step_{step.name.lower()}"
+               for step, handler in Enforcer.HANDLERS.items())
+
+
+def test_a_ladder_at_done_takes_no_step(state_dir: Path) -> None:
+    enf, _ = enforcer(state_dir, FakeSignaller(), mode="observe")
+    ladder = enf.begin(incident(targets=[target(1)]), [target(1)])
+    assert ladder.step is Step.DONE and not enf.advance(ladder)
+    assert drive(enf, ladder) is ladder.result
+
+
+@pytest.mark.slow
+def test_only_advance_sets_a_ladders_step() -> None:
+    """Every write of an attribute named `step` in the package is in
+    `Enforcer.advance`: no handler or helper moves a ladder beside the table."""
+    package = Path(watchdog.__file__).parent
+    writes = []
+    advance = None
+    for path in package.rglob("*.py"):
+        if "rank" in path.relative_to(package).parts[:1]:
+            continue  # the rank side's `step` is the user's (`hb.step()`), bound once
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "advance" \
+                    and path.name == "enforcer.py":
+                advance = (node.lineno, node.end_lineno)
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                       else [])
+            for target_node in targets:
+                for leaf in ast.walk(target_node):
+                    if isinstance(leaf, ast.Attribute) and leaf.attr == "step":
+                        writes.append((path.name, node.lineno))
+    assert advance is not None and advance[1] is not None
+    assert writes, "the scan found no write of a step at all: it is broken"
+    assert all(name == "enforcer.py" and advance[0] <= line <= advance[1]
+               for name, line in writes), writes
+
+
+class Journaled(Enforcer):
+    """An enforcer that keeps its journal entry as it stood at each step the ladder
+    rested at (`BEGIN`: its first write, the verdict alone)."""
+
+    entries: dict[str, pending.Entry]
+
+    def write_ahead(self, ladder: Ladder) -> None:
+        super().write_ahead(ladder)
+        if "BEGIN" not in self.entries:
+            (self.entries["BEGIN"],) = pending.unfinished(self.settings.state_dir)
+
+    def advance(self, ladder: Ladder, unfinished: str = "") -> bool:
+        moved = super().advance(ladder, unfinished)
+        found = pending.unfinished(self.settings.state_dir)
+        if moved and found:
+            (self.entries[ladder.step.name],) = found
+        return moved
+
+
+# What the module's second table says a restarted daemon makes of an entry left at
+# each step: a target gone counts killed once the round began; one SIGSTOPped and not
+# yet SIGTERMed (as far as the entry says) is thawed when its verdict is stale.
+ENDED_BY_US = {"TERM", "KILL", "FRAMES", "SETTLE"}
+FROZEN_STILL = {"EVIDENCE", "HOLD", "TERM"}
+
+
+@pytest.mark.slow
+def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> None:
+    """A daemon dies at each step of a ladder whose rank ignores SIGTERM; the next
+    daemon, given the entry as it stood, finds the rank still there (its verdict fresh,
+    or stale) or gone, and does what the module's table says."""
+    first = tmp_path / "first"
+    fake = FakeSignaller({21: DIES_ON_KILL})
+    plain, clock = enforcer(first, fake)
+    dying = Journaled(plain.settings, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+                      wall=clock.wall)
+    dying.entries = {}
+    said = dataclasses.replace(incident(targets=[target(21)]), time=clock.wall())
+    respond(dying, said, [target(21)], baseline=GiB)
+    assert set(dying.entries) == {"BEGIN", "EVIDENCE", "HOLD", "TERM", "KILL", "FRAMES",
+                                  "SETTLE"}
+    for step, entry in dying.entries.items():
+        for case in ("fresh", "stale", "gone"):
+            fake = FakeSignaller({} if case == "gone" else {21: DIES_ON_TERM})
+            later, later_clock = enforcer(tmp_path / f"{step}-{case}", fake)
+            later_clock.t = clock.t + (10_000.0 if case == "stale" else 1.0)
+            outcome = complete(later, entry)
+            where = f"died at {step}, the rank {case}"
+            if case == "fresh":  # down the ladder from HOLD's round
+                assert fake.names() == ["SIGTERM", "SIGCONT"], where
+                assert outcome.results == {21: "killed"}, where
+            elif case == "stale":  # left to the scan; thawed if frozen still
+                assert fake.names() == (["SIGCONT"] if step in FROZEN_STILL else []), where
+                assert outcome.results == {21: "unknown"}, where
+            else:
+                assert fake.names() == [], where
+                assert outcome.results == {21: "killed" if step in ENDED_BY_US else "gone"}, \
+                    where
