@@ -14,8 +14,8 @@ import time
 import pytest
 
 from tests.support.users import OTHER_UID
-from watchdog.cli.node import health
 from watchdog.daemon.config import Settings
+from watchdog.launch import health
 from watchdog.status import NodeAnswer
 
 EACH = 6 << 20  # under the unprivileged RLIMIT_MEMLOCK of 8 MiB
