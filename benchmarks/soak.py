@@ -64,6 +64,7 @@ from typing import Any
 import psutil
 
 from tests.support.ranks import DaemonProc, RingJob
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.daemon.probes.linux import read_start_ticks
 from watchdog.states import Phase
@@ -144,7 +145,7 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
                                           world_size=size)),
                 (f"{me}-huge.rec", dict(pid=me, start_time=psutil.Process().create_time(),
                                         rank=2**31 - 2, world_size=2**31 - 1))):
-            writer = record.RecordWriter(name, **{**common, **fields})  # type: ignore[arg-type]
+            writer = SyntheticWriter(name, **{**common, **fields})  # type: ignore[arg-type]
             writer.begin()
             writer.write_hot(1, 1, 0, 0, Phase.WAIT, record.OP_CODE["all_sum"], 1, 1, 1, 0, 0)
             writer.write_expect(0.5, 1, "")
@@ -174,7 +175,7 @@ def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
         os.chdir(record_dir)
         _become_other_user()
         me = os.getpid()
-        writer = record.RecordWriter(
+        writer = SyntheticWriter(
             f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
             host="crowd", job=f"crowd-{n}", rank=0, world_size=1, backend="ring",
             dump_signal=0, start_ticks=read_start_ticks("self"))
@@ -211,7 +212,7 @@ def spawn_hung_member(record_dir: Path, n: int) -> int:
         _become_other_user()
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         me = os.getpid()
-        writer = record.RecordWriter(
+        writer = SyntheticWriter(
             f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
             host="hung", job=f"hung-{n}", rank=0, world_size=1, backend="ring",
             dump_signal=int(signal.SIGUSR2), start_ticks=read_start_ticks("self"))

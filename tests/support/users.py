@@ -17,9 +17,10 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.procstat import read_start_ticks
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 OTHER_UID = 65534
@@ -101,7 +102,7 @@ def publish(directory: Path, pid: int, uid: int, job: str, *, hung: bool, world_
     """A record for `pid` owned by `uid` naming `job`: hung in a wait since boot
     (deadline 0.5 s), or healthy (running, just made progress)."""
     path = directory / (name or f"{pid}{record.SUFFIX}")
-    writer = RecordWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
+    writer = SyntheticWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
                           uid=uid, host="node", job=job, rank=rank, world_size=world_size,
                           backend="ring", dump_signal=0, start_ticks=read_start_ticks(pid))
     now = time.monotonic_ns()

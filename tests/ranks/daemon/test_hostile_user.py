@@ -28,6 +28,7 @@ import pytest
 
 from tests.ranks.daemon.test_lost_records import fill, small_disk
 from tests.support.ranks import DaemonProc, http_get, wait_for
+from tests.support.records import SyntheticWriter
 from tests.support.users import OTHER_UID, UserProc, publish
 from watchdog import record
 from watchdog.daemon.act import evidence
@@ -35,7 +36,7 @@ from watchdog.daemon.store import journal
 from watchdog.daemon.table import MAX_RANKS_PER_UID
 from watchdog.net import http as httpd
 from watchdog.procstat import read_start_ticks
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -118,7 +119,7 @@ class Attacker:
 def hung_record_with_dump(directory: Path, pid: int, uid: int, job: str) -> Path:
     """A record owned by `uid`, hung in a wait since boot, naming SIGUSR2 for dumps."""
     path = directory / f"{pid}{record.SUFFIX}"
-    writer = RecordWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
+    writer = SyntheticWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
                           uid=uid, host="node", job=job, rank=0, world_size=1,
                           backend="ring", dump_signal=int(signal.SIGUSR2),
                           start_ticks=read_start_ticks(pid))
