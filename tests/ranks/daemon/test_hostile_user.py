@@ -29,7 +29,7 @@ import pytest
 from tests.ranks.daemon.test_lost_records import fill, small_disk
 from tests.support.ranks import DaemonProc, http_get, wait_for
 from tests.support.records import SyntheticWriter
-from tests.support.users import OTHER_UID, UserProc, publish
+from tests.support.users import OTHER_UID, UserProc, become, publish
 from watchdog import record
 from watchdog.daemon.act import evidence
 from watchdog.daemon.store import journal
@@ -476,8 +476,7 @@ def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path):
             pid = os.fork()
             if pid == 0:  # the attacker: uid 65534 writes until the disk is full
                 try:
-                    os.setgid(OTHER_UID)
-                    os.setuid(OTHER_UID)
+                    become(OTHER_UID)
                     fill(record_dir)
                 finally:
                     os._exit(0)
