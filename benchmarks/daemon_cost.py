@@ -1,7 +1,7 @@
 """The daemon's own CPU and memory while it watches 1, 8 and 64 rank records.
 
 For each count N: N live `sleep` processes, each with a synthetic record
-written by watchdog.record.RecordWriter that carries that process's pid,
+written by watchdog.SyntheticWriter that carries that process's pid,
 start time (psutil create_time) and uid, in phase RUNNING (or IDLE for every
 other one with --mixed) so nothing is ever judged or killed. The real daemon
 (`mlx-watchdog run`, interval 1 s, log level info) watches the directory; once
@@ -27,18 +27,19 @@ from pathlib import Path
 import psutil
 
 from tests.support.ranks import DaemonProc, wait_for
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.states import Phase
 
 
 def synthetic(records: Path, count: int, mixed: bool
-              ) -> tuple[list[subprocess.Popen[bytes]], list[record.RecordWriter]]:
+              ) -> tuple[list[subprocess.Popen[bytes]], list[SyntheticWriter]]:
     sleepers, writers = [], []
     host = socket.gethostname()
     for i in range(count):
         p = subprocess.Popen(["sleep", "3600"])
         sleepers.append(p)
-        w = record.RecordWriter(
+        w = SyntheticWriter(
             str(records / f"{p.pid}{record.SUFFIX}"), pid=p.pid,
             start_time=psutil.Process(p.pid).create_time(), uid=os.getuid(), host=host,
             job=f"synthetic-{count}", rank=i, world_size=count, backend="ring", dump_signal=0)

@@ -46,7 +46,6 @@ healthy rank did not exit 0.
 from __future__ import annotations
 
 import argparse
-import ctypes  # here, not in the forked child: uid 65534 may not read Python's lib
 import json
 import os
 import random
@@ -64,6 +63,8 @@ from typing import Any
 import psutil
 
 from tests.support.ranks import DaemonProc, RingJob
+from tests.support.records import SyntheticWriter
+from tests.support.users import become
 from watchdog import record
 from watchdog.daemon.probes.linux import read_start_ticks
 from watchdog.states import Phase
@@ -121,11 +122,7 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         return pid
     try:
         os.chdir(record_dir)  # relative names from here: the path above may be root's only
-        os.setgroups([])
-        os.setgid(OTHER_UID)
-        os.setuid(OTHER_UID)
-        # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
-        ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        become(OTHER_UID)
         me = os.getpid()
         # Evidence that grows: the dump signal grows the dump file to a sparse GiB.
         stacks = os.open(f"{me}.stacks", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -144,7 +141,7 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
                                           world_size=size)),
                 (f"{me}-huge.rec", dict(pid=me, start_time=psutil.Process().create_time(),
                                         rank=2**31 - 2, world_size=2**31 - 1))):
-            writer = record.RecordWriter(name, **{**common, **fields})  # type: ignore[arg-type]
+            writer = SyntheticWriter(name, **{**common, **fields})  # type: ignore[arg-type]
             writer.begin()
             writer.write_hot(1, 1, 0, 0, Phase.WAIT, record.OP_CODE["all_sum"], 1, 1, 1, 0, 0)
             writer.write_expect(0.5, 1, "")
@@ -156,13 +153,6 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         os._exit(1)
 
 
-def _become_other_user() -> None:
-    os.setgroups([])
-    os.setgid(OTHER_UID)
-    os.setuid(OTHER_UID)
-    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as after an exec
-
-
 def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
     """A sleeping process of OTHER_UID with a valid, healthy record of its own (one of a
     crowd that would take the daemon's descriptors); with `mint`, its record waits on a
@@ -172,9 +162,9 @@ def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
         return pid
     try:
         os.chdir(record_dir)
-        _become_other_user()
+        become(OTHER_UID)
         me = os.getpid()
-        writer = record.RecordWriter(
+        writer = SyntheticWriter(
             f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
             host="crowd", job=f"crowd-{n}", rank=0, world_size=1, backend="ring",
             dump_signal=0, start_ticks=read_start_ticks("self"))
@@ -208,10 +198,10 @@ def spawn_hung_member(record_dir: Path, n: int) -> int:
         return pid
     try:
         os.chdir(record_dir)
-        _become_other_user()
+        become(OTHER_UID)
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         me = os.getpid()
-        writer = record.RecordWriter(
+        writer = SyntheticWriter(
             f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
             host="hung", job=f"hung-{n}", rank=0, world_size=1, backend="ring",
             dump_signal=int(signal.SIGUSR2), start_ticks=read_start_ticks("self"))
@@ -235,7 +225,7 @@ def spawn_head_flood(host: str, port: int, threads: int = 4) -> int:
     if pid:
         return pid
     try:
-        _become_other_user()
+        become(OTHER_UID)
         head = (b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
                 + b"".join(b"X-P%02d: %s\r\n" % (k, b"a" * 65000) for k in range(100))
                 + b"\r\n")
@@ -266,7 +256,7 @@ def spawn_slow_client(host: str, port: int, connections: int = 64) -> int:
     if pid:
         return pid
     try:
-        _become_other_user()
+        become(OTHER_UID)
         socks: list[socket.socket | None] = [None] * connections
         while True:
             for i, s in enumerate(socks):

@@ -13,17 +13,49 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.procstat import read_start_ticks
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 OTHER_UID = 65534
 REPORTED = (signal.SIGCONT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+
+
+def become(uid: int = OTHER_UID) -> None:
+    """In a forked child: become `uid` for real (no supplementary groups, its gid and uid),
+    dumpable as a process that user started: setuid() cleared the flag, an exec'd
+    process of that user has it, and the daemon refuses one without it."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
+def fork_as(uid: int, work: Callable[[int], object]) -> tuple[int, int]:
+    """A forked child that becomes `uid` (unless it is ours already) and runs
+    `work(write_end)`, reporting on the pipe; it never returns into pytest (exit 0 when
+    `work` returns, 1 when it raises). (Its pid, the pipe's read end.)"""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(read)
+            if uid != os.getuid():
+                become(uid)
+            work(write)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    return pid, read
 
 
 class UserProc:
@@ -31,34 +63,22 @@ class UserProc:
 
     def __init__(self, uid: int = OTHER_UID, spin: bool = False) -> None:
         self.uid = uid
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            try:
-                os.close(read)
-                if uid != os.getuid():
-                    os.setgroups([])
-                    os.setgid(uid)
-                    os.setuid(uid)
-                    # setuid() cleared the dumpable flag; a process that user started
-                    # (an exec) has it, and the daemon refuses one without it.
-                    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
 
-                def report(signum: int, _frame: object) -> None:
-                    os.write(write, bytes([signum]))
-                    if signum == signal.SIGTERM:
-                        os._exit(128 + signum)
+        def sleep_and_report(write: int) -> None:
+            def report(signum: int, _frame: object) -> None:
+                os.write(write, bytes([signum]))
+                if signum == signal.SIGTERM:
+                    os._exit(128 + signum)
 
-                for signum in REPORTED:
-                    signal.signal(signum, report)
-                while True:
-                    if spin:
-                        pass
-                    else:
-                        time.sleep(1)
-            finally:
-                os._exit(1)
-        os.close(write)
+            for signum in REPORTED:
+                signal.signal(signum, report)
+            while True:
+                if spin:
+                    pass
+                else:
+                    time.sleep(1)
+
+        pid, read = fork_as(uid, sleep_and_report)
         os.set_blocking(read, False)
         self.pid, self._read, self._got = pid, read, b""
         self.returncode: int | None = None
@@ -101,7 +121,7 @@ def publish(directory: Path, pid: int, uid: int, job: str, *, hung: bool, world_
     """A record for `pid` owned by `uid` naming `job`: hung in a wait since boot
     (deadline 0.5 s), or healthy (running, just made progress)."""
     path = directory / (name or f"{pid}{record.SUFFIX}")
-    writer = RecordWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
+    writer = SyntheticWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
                           uid=uid, host="node", job=job, rank=rank, world_size=world_size,
                           backend="ring", dump_signal=0, start_ticks=read_start_ticks(pid))
     now = time.monotonic_ns()

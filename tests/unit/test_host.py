@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from watchdog import host
-from watchdog.cli.launch import launcher
 from watchdog.daemon.probes import samplegraph
 from watchdog.daemon.probes.exits import ExitWatcher
+from watchdog.launch import launcher
 
 
 @pytest.mark.parametrize("platform, name", [

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import click
 
+from watchdog.launch.codes import GAVE_UP, RANKS_FAILED, REFUSED, TORN_DOWN
+
 OK = 0
 VERDICT = 1
 USAGE = 2
 SETUP = 3
 NO_ANSWER = 4
-RANKS_FAILED = 10  # launch: a rank failed
-TORN_DOWN = 11  # launch: the watchdog or a fence ended the job
-REFUSED = 12  # launch, node wait-healthy: the node is not fit
-GAVE_UP = 13  # launch: no progress, attempt after attempt
+# RANKS_FAILED, TORN_DOWN, REFUSED, GAVE_UP (10-13): the launcher's, launch/codes.py
 INTERRUPTED = 130
 TERMINATED = 143  # launch: SIGTERM to the launcher (128 + 15, as a shell says it)
 

@@ -67,7 +67,7 @@ class Daemon:
         self.asking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peers")
         self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=clock.wall,
                                  executor=self.executor)
-        self.learned = learning.Keeper(settings.state_dir, clock.wall())
+        self.learned = learning.Keeper(settings.state_dir, clock.wall(), clock=clock.monotonic)
         self.detector = Detector(settings.rules(), self.learned.learned)
         self.host = socket.gethostname()
         self.counters = Counters.zeroed()
@@ -90,7 +90,7 @@ class Daemon:
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set by the exit watcher or a fence: scan now
         self.peers = Peers(settings, self.host, self.asking, self.started,
-                           clock=clock.monotonic)
+                           clock=clock.monotonic, wall=clock.wall)
         self.fences = Fences(settings, self.host, self.peers, self.table, self.lock, self.wake)
         # A rank waiting long: its data path to its peers probed (a cause's evidence),
         # on workers of its own: a probe never delays a capture, a view or a fence.

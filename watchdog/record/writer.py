@@ -17,25 +17,11 @@ from watchdog.record.layout import (
     EXPECT_OFFSET,
     IDENTITY,
     IDENTITY_OFFSET,
-    KIND_SHIFT,
     MAGIC,
-    OP_CODE,
     PY_THREAD_SLOTS,
     RECORD_SIZE,
     RECORD_VERSION,
-    RING,
-    S_COLLECTIVES,
-    S_COMPLETED,
-    S_LAST_WAIT,
-    S_MAX_WAIT,
-    S_OP,
-    S_PACE,
-    S_PROGRESS,
-    S_RING,
-    S_SINCE,
-    S_STEPS,
     SLOT_WORDS,
-    SLOTS_OFFSET,
     STATUS,
     STATUS_OFFSET,
     STATUS_OPEN,
@@ -55,7 +41,6 @@ from watchdog.record.layout import (
     slot_base,
     staging_path,
 )
-from watchdog.states import Phase
 
 
 class RecordWriter:
@@ -154,39 +139,6 @@ class RecordWriter:
 
     def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
         EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, encode_text(reason, 48))
-
-    def write_hot(self, collectives: int, entered: int, completed: int, steps: int,
-                  phase: int, op: int, phase_since: int, wait_since: int, last_progress: int,
-                  last_wait: int, max_wait: int) -> None:
-        """Publish a whole state as one thread's (slot 0), between begin and end.
-
-        For synthetic records: the rank's hot path never calls this. The phase
-        is what a reader derives: idle (since `phase_since`), a wait or init
-        (since `wait_since`, which a wait phase needs), or running.
-        """
-        w = self.words
-        s = SLOTS_OFFSET // 8
-        waiting = phase in (Phase.WAIT, Phase.INIT) and wait_since
-        w[s + S_SINCE] = wait_since if waiting else 0
-        w[s + S_OP] = OP_CODE["init"] if phase == Phase.INIT and waiting else op
-        w[s + S_COMPLETED], w[s + S_STEPS] = completed, steps
-        w[s + S_PROGRESS], w[s + S_LAST_WAIT], w[s + S_MAX_WAIT] = (last_progress, last_wait,
-                                                                    max_wait)
-        w[s + S_COLLECTIVES] = collectives
-        w[W_CREATED] = 0
-        self.write_idle(phase_since if phase == Phase.IDLE else 0,
-                        phase_since if phase == Phase.RUNNING else 0)
-
-    def write_pace(self, op: int, count: int, longest_ns: int) -> None:
-        """Slot 0's pace entry of `op`: `count` completed waits, the longest `longest_ns`."""
-        i = SLOTS_OFFSET // 8 + S_PACE + 2 * op
-        self.words[i], self.words[i + 1] = count, longest_ns
-
-    def write_entry(self, number: int, issued_ns: int, nbytes: int, op: int, dtype: int) -> None:
-        """Collective `number` of slot 0 (it counts once `write_hot` says so)."""
-        i = SLOTS_OFFSET // 8 + S_RING + 2 * (number % RING)
-        self.words[i] = issued_ns
-        self.words[i + 1] = nbytes << KIND_SHIFT | dtype << 8 | op
 
     def close(self, status: int, *, remove: bool = True) -> None:
         """Mark the record closed, unmap it and (by default) remove the file."""

@@ -1,1 +1,1 @@
-"""The command line end to end: the demo and the relaunching launcher."""
+"""The command line end to end: the demo, status, a node waiting to be healthy."""

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tests.support.ranks import REPO, DaemonProc
-from watchdog.cli.launch.relaunch import EXIT_REFUSED
 from watchdog.daemon.store import journal
+from watchdog.launch.relaunch import EXIT_REFUSED
 
 
 @pytest.mark.ranks

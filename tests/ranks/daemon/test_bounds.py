@@ -1,7 +1,7 @@
 """Bounds: the daemon's memory, descriptors and work per scan under churn, junk and garbage.
 
 The real daemon runs as a subprocess. Short-lived "ranks" are synthetic records
-(RecordWriter) for live sleeping processes this test owns, so ten thousand
+(SyntheticWriter) for live sleeping processes this test owns, so ten thousand
 records cost no MLX process each; the hung jobs beside the junk are real ring
 ranks.
 """
@@ -21,9 +21,10 @@ import psutil
 import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, http_get, wait_for
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.daemon.store import journal
-from watchdog.record import OP_CODE, RECORD_SIZE, RecordWriter, layout
+from watchdog.record import OP_CODE, RECORD_SIZE, layout
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -63,8 +64,8 @@ def sleepers():
 
 def write_record(path: Path, pid: int, start_time: float, *, job: str, host: str = "h",
                  rank: int = 0, world_size: int = 1, phase: Phase = Phase.RUNNING,
-                 wait_since: int = 0) -> RecordWriter:
-    writer = RecordWriter(str(path), pid=pid, start_time=start_time, uid=os.getuid(), host=host,
+                 wait_since: int = 0) -> SyntheticWriter:
+    writer = SyntheticWriter(str(path), pid=pid, start_time=start_time, uid=os.getuid(), host=host,
                           job=job, rank=rank, world_size=world_size, backend="ring",
                           dump_signal=0)
     now = time.monotonic_ns()

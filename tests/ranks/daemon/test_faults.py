@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
+from tests.support.records import SyntheticWriter
 from watchdog.daemon.store import journal
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -174,7 +175,7 @@ def test_a_rank_stopped_inside_its_record_write_is_still_named_and_ended(record_
     procs = [subprocess.Popen([sys.executable, "-c", SLEEPER]) for _ in range(2)]
     try:
         for rank, proc in enumerate(procs):
-            writer = RecordWriter(str(record_dir / f"{proc.pid}.rec"), pid=proc.pid,
+            writer = SyntheticWriter(str(record_dir / f"{proc.pid}.rec"), pid=proc.pid,
                                   start_time=psutil.Process(proc.pid).create_time(),
                                   uid=os.getuid(), host="h", job="midwrite", rank=rank,
                                   world_size=2, backend="ring", dump_signal=0)

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
+from tests.support.records import SyntheticWriter
 from watchdog import record
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -179,7 +180,7 @@ def _fake_record(record_dir, proc: subprocess.Popen, *, owner: int | None = None
 
     path = os.path.join(record_dir, name or f"{proc.pid}{record.SUFFIX}")
     real_start = psutil.Process(proc.pid).create_time()
-    writer = RecordWriter(path, pid=proc.pid, start_time=start_time or real_start, uid=0,
+    writer = SyntheticWriter(path, pid=proc.pid, start_time=start_time or real_start, uid=0,
                           host="h", job="forged", rank=0, world_size=2, backend="ring",
                           dump_signal=0)
     long_ago = 1  # CLOCK_MONOTONIC starts at boot: a wait as old as the machine

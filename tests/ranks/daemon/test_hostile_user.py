@@ -28,14 +28,15 @@ import pytest
 
 from tests.ranks.daemon.test_lost_records import fill, small_disk
 from tests.support.ranks import DaemonProc, http_get, wait_for
-from tests.support.users import OTHER_UID, UserProc, publish
+from tests.support.records import SyntheticWriter
+from tests.support.users import OTHER_UID, UserProc, become, publish
 from watchdog import record
 from watchdog.daemon.act import evidence
 from watchdog.daemon.store import journal
 from watchdog.daemon.table import MAX_RANKS_PER_UID
 from watchdog.net import http as httpd
 from watchdog.procstat import read_start_ticks
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -118,7 +119,7 @@ class Attacker:
 def hung_record_with_dump(directory: Path, pid: int, uid: int, job: str) -> Path:
     """A record owned by `uid`, hung in a wait since boot, naming SIGUSR2 for dumps."""
     path = directory / f"{pid}{record.SUFFIX}"
-    writer = RecordWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
+    writer = SyntheticWriter(str(path), pid=pid, start_time=psutil.Process(pid).create_time(),
                           uid=uid, host="node", job=job, rank=0, world_size=1,
                           backend="ring", dump_signal=int(signal.SIGUSR2),
                           start_ticks=read_start_ticks(pid))
@@ -475,8 +476,7 @@ def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path):
             pid = os.fork()
             if pid == 0:  # the attacker: uid 65534 writes until the disk is full
                 try:
-                    os.setgid(OTHER_UID)
-                    os.setuid(OTHER_UID)
+                    become(OTHER_UID)
                     fill(record_dir)
                 finally:
                     os._exit(0)

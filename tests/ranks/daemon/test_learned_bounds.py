@@ -12,12 +12,13 @@ import psutil
 import pytest
 
 from tests.support.ranks import DaemonProc
+from tests.support.records import SyntheticWriter
 from tests.support.users import OTHER_UID, UserProc
 from watchdog import record
 from watchdog.daemon.judge.deadlines import OTHER_KIND
 from watchdog.daemon.store import learning
 from watchdog.procstat import read_start_ticks
-from watchdog.record import RecordWriter, layout
+from watchdog.record import layout
 from watchdog.record.layout import OPS
 from watchdog.states import Phase
 
@@ -28,7 +29,7 @@ def test_a_record_waiting_on_new_op_codes_teaches_one_kind(record_dir, state_dir
     daemon = DaemonProc(record_dir, state_dir, deadline="auto", interval=0.1)
     with UserProc() as child:
         path = record_dir / f"{child.pid}.rec"
-        writer = RecordWriter(str(path), pid=child.pid,
+        writer = SyntheticWriter(str(path), pid=child.pid,
                               start_time=psutil.Process(child.pid).create_time(), uid=OTHER_UID,
                               host="node", job="mint", rank=0, world_size=1, backend="ring",
                               dump_signal=0, start_ticks=read_start_ticks(child.pid))

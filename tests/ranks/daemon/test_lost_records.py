@@ -22,10 +22,11 @@ import psutil
 import pytest
 
 from tests.support.ranks import DaemonProc, http_get, wait_for
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.daemon.store import journal
 from watchdog.procstat import read_start_ticks
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -77,7 +78,7 @@ def hung_record(directory: Path, proc: subprocess.Popen, deadline: float) -> Pat
     """A record for our own process: in a wait from now on, with `deadline` seconds."""
     path = directory / f"{proc.pid}{record.SUFFIX}"
     start = psutil.Process(proc.pid).create_time()
-    writer = RecordWriter(str(path), pid=proc.pid, start_time=start,
+    writer = SyntheticWriter(str(path), pid=proc.pid, start_time=start,
                           uid=os.getuid(), host="node", job="lost", rank=0, world_size=1,
                           backend="ring", dump_signal=0, start_ticks=read_start_ticks(proc.pid))
     now = time.monotonic_ns()

@@ -25,9 +25,10 @@ import psutil
 import pytest
 
 from tests.support.ranks import REPO, DaemonProc, base_env, http_get, scrape, wait_for
+from tests.support.records import SyntheticWriter
 from watchdog import record
 from watchdog.net import fence
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
@@ -51,7 +52,7 @@ def hostile_record(path: Path, proc: subprocess.Popen, *, dump_signal: int = 0,
                    job: str = HOSTILE["job"]) -> None:
     """A record for our own process, hung in a wait since boot, full of hostile text."""
     p = psutil.Process(proc.pid)
-    writer = RecordWriter(str(path), pid=proc.pid, start_time=p.create_time(), uid=os.getuid(),
+    writer = SyntheticWriter(str(path), pid=proc.pid, start_time=p.create_time(), uid=os.getuid(),
                           host=HOSTILE["host"], job=job, rank=0, world_size=1,
                           backend=HOSTILE["backend"], dump_signal=dump_signal)
     writer.begin()
@@ -232,7 +233,7 @@ def test_hostile_fence_requests_never_act_crash_or_change_state(tmp_path, record
     try:
         # A healthy "rank" of job j that an accepted fence would end.
         p = psutil.Process(proc.pid)
-        writer = RecordWriter(str(record_dir / f"{proc.pid}.rec"), pid=proc.pid,
+        writer = SyntheticWriter(str(record_dir / f"{proc.pid}.rec"), pid=proc.pid,
                               start_time=p.create_time(), uid=os.getuid(), host="h", job="j",
                               rank=0, world_size=2, backend="ring", dump_signal=0)
         with DaemonProc(record_dir, state_dir, secret=SECRET, deadline=600) as daemon:

@@ -1,1 +1,1 @@
-"""The command line: status, doctor, services, the launcher."""
+"""The command line: status, doctor, services, the commands' layout."""

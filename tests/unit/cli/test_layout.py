@@ -29,6 +29,6 @@ def test_loading_the_command_line_loads_no_command_s_work() -> None:
                           cwd=REPO, check=True, timeout=60)
     loaded = set(json.loads(done.stdout))
     for heavy in ("watchdog.daemon.runner", "watchdog.cli.demo.story",
-                  "watchdog.cli.launch.supervisor", "watchdog.cli.node.doctor",
+                  "watchdog.launch.supervisor", "watchdog.cli.node.doctor",
                   "watchdog.cli.look.sampling", "watchdog.rank.hook"):
         assert heavy not in loaded, heavy

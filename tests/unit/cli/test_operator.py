@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.ranks import REPO, base_env, wait_for
+from tests.support.users import OTHER_UID, become
 from watchdog.cli.commands import cli
 from watchdog.daemon.store import journal
 
-OTHER_UID = 65534
 # No MLX_WATCHDOG_* variable: the config file's directories are the ones used.
 NO_MLX_ENV = {k: v for k, v in base_env("unused").items() if not k.startswith("MLX_")}
 
@@ -181,9 +181,7 @@ def as_other_user(argv: list[object]) -> tuple[int, str]:
                 os.dup2(out.fileno(), 2)
                 sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - not pytest's capture
                 sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-                os.setgroups([])
-                os.setgid(OTHER_UID)
-                os.setuid(OTHER_UID)
+                become(OTHER_UID)
                 try:
                     main([str(a) for a in argv])
                 except SystemExit as done:

@@ -106,13 +106,13 @@ def test_cluster_status_lists_this_nodes_daemon_once(monkeypatch, tmp_path):
     mine = NodeStatus(host="me", daemon_pid=4242, ranks=(rank(0, "running"),))
     monkeypatch.setattr("watchdog.net.cluster.gather", lambda peers, timeout: [
         NodeAnswer(p, True, mine) for p in peers])
-    monkeypatch.setattr("watchdog.cli.look.sampling.daemon_status", lambda state_dir: mine)
+    monkeypatch.setattr("watchdog.daemon.store.snapshot.daemon_status", lambda state_dir: mine)
     done = CliRunner().invoke(cli, ["cluster", "status", "me:9753",
                                     "--state-dir", str(tmp_path)])
     nodes = [line for line in done.stdout.splitlines() if ": ok (" in line]
     assert nodes == ["node me:9753: ok (me)"], done.stdout
     other = NodeStatus(host="me", daemon_pid=1, ranks=())
-    monkeypatch.setattr("watchdog.cli.look.sampling.daemon_status", lambda state_dir: other)
+    monkeypatch.setattr("watchdog.daemon.store.snapshot.daemon_status", lambda state_dir: other)
     done = CliRunner().invoke(cli, ["cluster", "status", "me:9753",
                                     "--state-dir", str(tmp_path)])
     assert "this node's daemon: ok (me)" in done.stdout, done.stdout

@@ -20,8 +20,8 @@ from tests.support import BIN
 from tests.support.ranks import REPO
 from tests.unit.cli.test_launchd import calls
 from tests.unit.cli.test_service import LAUNCHD_KEYS, unit_settings, verify
-from watchdog.cli.launch.relaunch import EXIT_REFUSED
 from watchdog.daemon.store import journal
+from watchdog.launch.relaunch import EXIT_REFUSED
 
 PLIST = REPO / "launchd" / "com.example.mlx-lm-server.plist"
 UNIT = REPO / "systemd" / "mlx-lm-server.example.service"

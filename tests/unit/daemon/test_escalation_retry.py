@@ -19,21 +19,22 @@ from tests.support.fakes import (
     FakeSignaller,
     process_sample,
 )
+from tests.support.records import SyntheticWriter
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Step
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import journal
-from watchdog.record import OP_CODE, RecordWriter
+from watchdog.record import OP_CODE
 from watchdog.states import Phase, State
 
 PID, START = 4242, 1.7e9
 
 
-def hung_rank(record_dir: Path, clock: FakeClock) -> RecordWriter:
+def hung_rank(record_dir: Path, clock: FakeClock) -> SyntheticWriter:
     """A rank in an all_sum wait since the fake clock's start."""
     since = int(clock.now() * 1e9)
-    w = RecordWriter(str(record_dir / f"{PID}.rec"), pid=PID, start_time=START,
+    w = SyntheticWriter(str(record_dir / f"{PID}.rec"), pid=PID, start_time=START,
                      uid=os.getuid(), host="h", job="j", rank=0, world_size=1,
                      backend="ring", dump_signal=0)
     w.begin()
@@ -43,7 +44,7 @@ def hung_rank(record_dir: Path, clock: FakeClock) -> RecordWriter:
 
 
 def node(tmp_path: Path, behaviour: str, **settings: float
-         ) -> tuple[Daemon, FakeSignaller, FakeClock, FakeProbe, RecordWriter]:
+         ) -> tuple[Daemon, FakeSignaller, FakeClock, FakeProbe, SyntheticWriter]:
     """A daemon on fakes of the process, the signals and the clock, and its hung rank."""
     record_dir, state_dir = tmp_path / "rec", tmp_path / "state"
     record_dir.mkdir()

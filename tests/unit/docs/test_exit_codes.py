@@ -57,7 +57,7 @@ LAUNCH_ROWS = {"every rank exited 0": {exits.OK},
 
 
 def test_the_launch_table_gives_the_programs_codes():
-    from watchdog.cli.launch import relaunch
+    from watchdog.launch import relaunch
 
     rows = table_after(OPERATIONS.read_text(encoding="utf-8"),
                        "| how the attempt ended | relaunched | `launch` exits |")

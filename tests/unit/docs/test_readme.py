@@ -299,7 +299,7 @@ def test_operations_doc_has_every_runbook_anchor():
 
 
 def test_the_docs_say_what_a_down_peer_costs_a_start_and_what_the_quota_needs():
-    from watchdog.cli.node.health import PEER_DOWN_AFTER
+    from watchdog.launch.health import PEER_DOWN_AFTER
 
     ops = (DOCS / "operations.md").read_text(encoding="utf-8")
     waits = ops.split('<a id="wait-healthy"></a>', 1)[1].split("\n## ", 1)[0]

@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 
+from tests.support.users import OTHER_UID, become
 from watchdog import record
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
@@ -28,7 +29,6 @@ from watchdog.rank import hook
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second uid"),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")]
 
-OTHER_UID = 65534
 
 
 @pytest.fixture
@@ -51,11 +51,7 @@ def _install_as_other_user(directory: str, plant: tuple[str, ...]):
         try:
             os.close(go_w)
             os.close(out_r)
-            os.setgroups([])
-            os.setgid(OTHER_UID)
-            os.setuid(OTHER_UID)
-            # setuid() cleared the dumpable flag; that user's own (exec'd) process has it.
-            __import__("ctypes").CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+            become(OTHER_UID)
             os.read(go_r, 1)
             os.environ["MLX_WATCHDOG_DUMP_SIGNAL"] = str(int(signal.SIGUSR1))
             hb = hook.install(directory, job="jforeign")

@@ -219,9 +219,9 @@ def test_mlx_watchdog_launch_keeps_a_job_the_user_named(monkeypatch):
 
 
 def test_the_launch_puts_the_job_before_the_command(tmp_path):
-    from watchdog.cli.launch.launcher import JOB_ENV, named_env
-    from watchdog.cli.launch.supervisor import Plan, Supervisor
     from watchdog.daemon.config import Settings
+    from watchdog.launch.launcher import JOB_ENV, named_env
+    from watchdog.launch.supervisor import Plan, Supervisor
 
     args = ["--hostfile", "h.json", "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
     settings = Settings(dir=str(tmp_path), state_dir=str(tmp_path))

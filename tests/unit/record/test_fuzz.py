@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.record_v1 import V1Writer
+from tests.support.records import SyntheticWriter
 from watchdog import record
-from watchdog.record import RECORD_SIZE, Record, RecordError, RecordWriter, layout
+from watchdog.record import RECORD_SIZE, Record, RecordError, layout
 from watchdog.states import Phase
 
 FUZZ = settings(max_examples=300, deadline=None,
@@ -37,7 +38,7 @@ V1_SIZE = layout.SIZES[1]
 
 def build_valid() -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
-        writer = RecordWriter(os.path.join(tmp, "1.rec"), pid=1234, start_time=1.5e9, uid=501,
+        writer = SyntheticWriter(os.path.join(tmp, "1.rec"), pid=1234, start_time=1.5e9, uid=501,
                               host="node-1", job="j1", rank=1, world_size=3, backend="ring",
                               dump_signal=12)
         writer.begin()

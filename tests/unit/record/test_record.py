@@ -21,16 +21,9 @@ import pytest
 
 from tests.support import REPO
 from tests.support.record_v1 import V1Writer
+from tests.support.records import SyntheticWriter
 from watchdog import record
-from watchdog.record import (
-    RECORD_SIZE,
-    RECORD_VERSION,
-    Record,
-    RecordBusy,
-    RecordError,
-    RecordWriter,
-    layout,
-)
+from watchdog.record import RECORD_SIZE, RECORD_VERSION, Record, RecordBusy, RecordError, layout
 from watchdog.record.layout import FLIGHT_SLOTS
 from watchdog.states import Phase
 
@@ -44,12 +37,12 @@ IDENTITY = dict(pid=4242, start_time=1700000000.25, uid=501, host="mac-studio-1"
                 job="j0123456789a", rank=2, world_size=3, backend="ring", dump_signal=12)
 
 
-def make_writer(path: Path, **overrides: object) -> RecordWriter:
+def make_writer(path: Path, **overrides: object) -> SyntheticWriter:
     fields = {**IDENTITY, **overrides}
-    return RecordWriter(str(path), **fields)  # type: ignore[arg-type]
+    return SyntheticWriter(str(path), **fields)  # type: ignore[arg-type]
 
 
-def write_hot(writer: RecordWriter, *values: int) -> None:
+def write_hot(writer: SyntheticWriter, *values: int) -> None:
     writer.begin()
     writer.write_hot(*values)
     writer.end()
@@ -787,7 +780,7 @@ def test_the_seqlock_reader_reads_seq_before_the_identity(record_dir, monkeypatc
     holds the old identity and the new (even) seq. Taken alone, the copy's seq
     and a re-read agree: a torn record. The seq read first differs."""
     path = record_dir / "r.rec"
-    w = RecordWriter(str(path), pid=os.getpid(), start_time=1.0, uid=os.getuid(), host="h",
+    w = SyntheticWriter(str(path), pid=os.getpid(), start_time=1.0, uid=os.getuid(), host="h",
                      job="old-job", rank=0, world_size=2, backend="ring", dump_signal=0)
     old = path.read_bytes()
     w.set_identity(rank=1, world_size=2, job="new-job")
@@ -812,3 +805,15 @@ def test_the_seqlock_reader_reads_seq_before_the_identity(record_dir, monkeypatc
         monkeypatch.setattr(os, "pread", real_pread)
         os.close(fd)
     assert (rec.job, rec.rank) == ("new-job", 1)
+
+
+def test_the_writer_holds_only_what_a_program_of_ours_writes():
+    """Writes only tests make (a whole state, a pace entry, a collective) live in
+    tests/support/records.py: every public method of RecordWriter is called by the package."""
+    package = REPO / "watchdog"
+    source = "\n".join(p.read_text(encoding="utf-8") for p in package.rglob("*.py")
+                       if p.name != "writer.py")
+    methods = [n for n in vars(record.RecordWriter) if not n.startswith("_")
+               and callable(getattr(record.RecordWriter, n))]
+    assert methods and all(f".{name}(" in source for name in methods), methods
+    assert not {"write_hot", "write_pace", "write_entry"} & set(vars(record.RecordWriter))

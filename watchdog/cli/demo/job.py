@@ -147,7 +147,7 @@ class DemoJob:
                                     stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
 
     def status(self) -> NodeStatus | None:
-        from watchdog.cli.look.sampling import daemon_status
+        from watchdog.daemon.store.snapshot import daemon_status
 
         return daemon_status(self.state_dir)
 

@@ -1,3 +1,2 @@
-"""Launching: `launch` runs mlx.launch with one job id and relaunches a torn-down job
-(`supervisor` runs the attempts, `relaunch` decides, `childio` carries the child's
-streams and signals, `launcher` finds mlx.launch and names the job)."""
+"""Launching: `launch`, the command (commands.py), a thin click command; the launcher
+itself (the attempts, the decision, the child's streams, the job id) is `watchdog/launch/`."""

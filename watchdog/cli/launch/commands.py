@@ -42,15 +42,15 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
     """
     import dataclasses
 
-    from watchdog.cli.launch.launcher import (
+    from watchdog.cli.options import DIR_ENV
+    from watchdog.launch.launcher import (
         JOB_ENV,
         LauncherError,
         find_mlx_launch,
         named_env,
         new_job_id,
     )
-    from watchdog.cli.launch.supervisor import LaunchFailed, Plan, Supervisor
-    from watchdog.cli.options import DIR_ENV
+    from watchdog.launch.supervisor import LaunchFailed, Plan, Supervisor
 
     if not args:  # a usage error, not an attempt that failed (exit 10, journalled)
         raise click.UsageError("nothing to launch: give mlx.launch's arguments and the "

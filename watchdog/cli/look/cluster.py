@@ -106,9 +106,9 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
     directory) and judge every job; exit 1 if one is hung or cannot be checked (a rank
     behind an unreachable node while another waits or has ended), 4 if no node answered
     (2 is a usage error, as for every command)."""
-    from watchdog.cli.look.sampling import daemon_status
     from watchdog.daemon.config import ConfigError, load, parse_listen
     from watchdog.daemon.judge import cluster as judge
+    from watchdog.daemon.store.snapshot import daemon_status
     from watchdog.net import cluster as asking
     from watchdog.status import NodeAnswer
 

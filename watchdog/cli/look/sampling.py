@@ -7,8 +7,6 @@ and never signals anything.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 from watchdog.daemon.attempts import attempt_of
@@ -17,11 +15,10 @@ from watchdog.daemon.judge.detector import Detector, Verdict
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.recdir import read_dir, read_record
-from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
 from watchdog.record import Record
 from watchdog.states import State
-from watchdog.status import NodeStatus, RankStatus
+from watchdog.status import RankStatus
 
 SAMPLES = 3  # the detector needs two CPU deltas to call a wait "spinning"
 RETENTION = 60.0  # seconds an exited rank is shown, as the daemon's default `retention`
@@ -87,41 +84,3 @@ def _fresh(path: str, rec: Record) -> Record:
     """The newest copy of a record (it changes while we sample)."""
     newer, _, _ = read_record(path)
     return newer if newer is not None and newer.start_time == rec.start_time else rec
-
-
-def daemon_status(state_dir: str, record_dir: str | None = None) -> NodeStatus | None:
-    """The running daemon's published snapshot, or None when it is absent or stale.
-
-    With `record_dir`, only a daemon that watches that directory counts.
-    """
-    try:
-        with open(os.path.join(state_dir, journal.STATUS)) as f:
-            snap = NodeStatus.from_json(json.load(f))
-    except (OSError, ValueError):
-        return None
-    pid, scanned = snap.daemon_pid, snap.scan_monotonic
-    interval = snap.interval if snap.interval is not None else 1
-    if pid is None or scanned is None:
-        return None
-    if record_dir is not None and snap.dir != os.path.abspath(record_dir):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # it exists, run by root
-    if not journal.scan_is_recent(float(scanned), float(interval), time.monotonic()):
-        return None
-    return snap
-
-
-def find_daemon(record_dir: str, state_dir: str) -> NodeStatus | None:
-    """The snapshot of the daemon that watches `record_dir`: the one named by the
-    directory's pointer, else the one publishing in `state_dir` if it watches it."""
-    pointer = journal.read_pointer(record_dir)
-    if pointer is not None:
-        snap = daemon_status(pointer.state_dir, record_dir)
-        if snap is not None:
-            return snap
-    return daemon_status(state_dir, record_dir)

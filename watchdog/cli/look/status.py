@@ -22,9 +22,10 @@ from watchdog.text import plural, printable
 
 def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
            ) -> tuple[list[RankStatus], str]:
-    from watchdog.cli.look.sampling import AGED, RETENTION, find_daemon, sample_ranks
+    from watchdog.cli.look.sampling import AGED, RETENTION, sample_ranks
     from watchdog.daemon.config import coerce
     from watchdog.daemon.judge.deadlines import Rules
+    from watchdog.daemon.store.snapshot import find_daemon
 
     snap = find_daemon(record_dir, state_dir)
     if snap is not None:
@@ -80,7 +81,7 @@ def table(ranks: list[RankStatus], colour: bool = False) -> str:
 
 def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
     """A line per job the daemon finds held back by one rank (judge/stragglers.py)."""
-    from watchdog.cli.look.sampling import find_daemon
+    from watchdog.daemon.store.snapshot import find_daemon
 
     snap = find_daemon(record_dir, state_dir)
     return [f"job {printable(s.job)}: {printable(s.summary)} (the job would run "

@@ -179,7 +179,7 @@ def node() -> None:
 def node_status(state_dir: str, as_json: bool) -> None:
     """Is this node flagged for reboot?"""
     _existing_state_dir(state_dir)
-    from watchdog.cli.look.sampling import daemon_status
+    from watchdog.daemon.store.snapshot import daemon_status
 
     flag = journal.reboot_flag(state_dir)
     snap = daemon_status(state_dir)
@@ -230,8 +230,8 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
     """
     import dataclasses
 
-    from watchdog.cli.launch.relaunch import EXIT_REFUSED
-    from watchdog.cli.node.health import wait_healthy
+    from watchdog.launch.health import wait_healthy
+    from watchdog.launch.relaunch import EXIT_REFUSED
 
     _existing_state_dir(state_dir)  # no daemon has ever run here: not known to be fit
     settings = dataclasses.replace(node_.settings, state_dir=state_dir)

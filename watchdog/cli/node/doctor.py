@@ -89,7 +89,7 @@ def check_state(state_dir: str) -> list[Line]:
     lines: list[Line] = [(OK, f"state directory {state_dir}: owner uid {st.st_uid}, mode "
                               f"{st.st_mode & 0o7777:o}")]
     if not os.access(state_dir, os.W_OK | os.X_OK):
-        from watchdog.cli.look.sampling import daemon_status
+        from watchdog.daemon.store.snapshot import daemon_status
 
         snap = daemon_status(state_dir)
         if snap is None:  # nobody keeps it: the daemon would be this user, and refuse
@@ -101,7 +101,7 @@ def check_state(state_dir: str) -> list[Line]:
 
 
 def check_daemon(listen: str, state_dir: str) -> list[Line]:
-    from watchdog.cli.look.sampling import daemon_status
+    from watchdog.daemon.store.snapshot import daemon_status
 
     try:
         host, port = parse_listen(listen)
@@ -149,7 +149,7 @@ def check_versions(state_dir: str) -> list[Line]:
     Run `doctor` in a job's environment: a hook older than the daemon is read
     (the daemon reads every older record version), a newer one may write a
     record the daemon cannot read: daemons are upgraded first."""
-    from watchdog.cli.look.sampling import daemon_status
+    from watchdog.daemon.store.snapshot import daemon_status
 
     snap = daemon_status(state_dir)
     if snap is None or not snap.version:

@@ -232,7 +232,7 @@ class Enforcer:
         # Where evidence is gathered and parsed; without one (tests), at once.
         self.executor = executor
         self.evidence = Evidence(settings.state_dir, settings.evidence_timeout, signaller,
-                                 probe, clock=clock, sleep=sleep)
+                                 probe, clock=clock, sleep=sleep, wall=wall)
         # Incidents and reboot flags a failed write left in memory (pending.py).
         self.backlog = pending.Backlog(settings.state_dir)
 

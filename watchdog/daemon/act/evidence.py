@@ -88,13 +88,14 @@ def _copy_dump(target: Target, offset: int, out: str, limit: int = MAX_DUMP_BYTE
                 dst.write(b"\n[mlx-watchdog: cut here, at the evidence size or time limit]\n")
 
 
-def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, until: float) -> bool:
+def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, until: float,
+           clock: Callable[[], float] = time.monotonic) -> bool:
     """Copy the sampler's output to `dst`, at most `limit` bytes, until `until`
     (monotonic); False when time ran out first."""
     assert proc.stdout is not None
     fd, left = proc.stdout.fileno(), limit
     while True:
-        wait = until - time.monotonic()
+        wait = until - clock()
         if wait <= 0:
             return False
         ready, _, _ = select.select([fd], [], [], min(wait, 0.5))
@@ -111,10 +112,9 @@ def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, until: float) ->
 
 
 def prune(folder: str, keep: int = KEEP_INCIDENTS, keep_bytes: int = KEEP_BYTES,
-          keep_seconds: float = KEEP_SECONDS, now: float | None = None) -> list[str]:
+          keep_seconds: float = KEEP_SECONDS, *, now: float) -> list[str]:
     """Remove the oldest incident folders past `keep`, `keep_bytes` or `keep_seconds`;
     the removed ones. The folders are ours (root's, 0700): nothing else is there."""
-    now = time.time() if now is None else now
     try:
         entries = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
     except OSError:
@@ -154,10 +154,11 @@ class Evidence:
 
     def __init__(self, state_dir: str, timeout: float, signaller: Signaller, probe: Probe, *,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time) -> None:
         self.state_dir, self.timeout = state_dir, timeout
         self.signaller, self.probe = signaller, probe
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.wall = clock, sleep, wall
 
     def capture(self, incident_id: str, targets: list[Target],
                 frozen: frozenset[int] = frozenset()) -> list[str]:
@@ -173,7 +174,7 @@ class Evidence:
         root = os.path.join(self.state_dir, "evidence")
         os.makedirs(root, mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)  # also a folder an older daemon made 0755
-        removed = prune(root)
+        removed = prune(root, now=self.wall())
         if removed:
             log.info("removed %d old evidence folders (kept at most %d, %d MiB, %d days)",
                      len(removed), KEEP_INCIDENTS, KEEP_BYTES >> 20, KEEP_SECONDS // 86400)
@@ -265,7 +266,7 @@ class Evidence:
                 proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 try:
-                    if not _drain(proc, dst, room, time.monotonic() + timeout):
+                    if not _drain(proc, dst, room, self.clock() + timeout, self.clock):
                         log.info("%s timed out after %.1fs on pid %s", command[0], timeout,
                                  target.pid)
                 finally:

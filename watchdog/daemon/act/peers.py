@@ -36,12 +36,13 @@ FENCED_KEPT = 600.0  # seconds a job fenced is remembered (its ranks' deaths not
 
 class Peers:
     def __init__(self, settings: Settings, host: str, executor: Executor,
-                 started: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 started: float, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.settings, self.host, self.executor = settings, host, executor
         self.started = started  # a fence signed before we started is refused
         # Kept on disk: a restart must not forget the fences it accepted (fence.py).
         self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
-        self.clock = clock
+        self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
         self._asked: tuple[float, list[NodeAnswer]] | None = None  # (when, answers)
         self._asking: Future[None] | None = None  # a background ask under way
@@ -113,7 +114,7 @@ class Peers:
         log.debug("fencing job %s of uid %s on %s: %s", job, uid, ", ".join(peers), reason)
         # Found dead now, whenever a busy pool sends it: a relaunch of the job that
         # starts on a peer before the fence reaches it is not the dead job.
-        now = time.time()
+        now = self.wall()
         since = now if since is None else since
         term_at = None if term_in is None else now + term_in
         self.note_fenced(uid, job, since)

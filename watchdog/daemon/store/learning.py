@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from watchdog.daemon.judge.deadlines import Learned
@@ -138,10 +139,12 @@ SAVE_EVERY = 10.0  # seconds between writes of what the auto deadline learned
 class Keeper:
     """Stamps the jobs whose auto deadline learned something, and writes it now and then."""
 
-    def __init__(self, state_dir: str, wall: float) -> None:
+    def __init__(self, state_dir: str, wall: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.state_dir = state_dir
         self.learned, self.learned_at = load(state_dir, wall)
-        self.saved = 0.0
+        self.clock = clock  # the daemon's monotonic clock: writes at most every SAVE_EVERY
+        self.saved: float | None = None  # when it last wrote (never yet: None)
 
     def keep(self, detector: Any, wall: float, force: bool = False) -> None:
         """After a scan (or at stop, `force`): what `detector` learned, to the file."""
@@ -149,11 +152,12 @@ class Keeper:
             self.learned_at[job] = wall
         if not detector.changed and not force:
             return
-        if not force and time.monotonic() - self.saved < SAVE_EVERY:
+        now = self.clock()
+        if not force and self.saved is not None and now - self.saved < SAVE_EVERY:
             return
         detector.changed = set()
         prune(detector.learned, self.learned_at, wall)
-        self.saved = time.monotonic()
+        self.saved = now
         try:
             save(self.state_dir, detector.learned, self.learned_at)
         except OSError as err:

@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+from tests.support.users import fork_as
 from watchdog.daemon.probes import datalink
 
 
@@ -106,20 +107,14 @@ def _full_listener(uid: int) -> tuple[int, int]:
     takes from; (its pid, its port)."""
     import time
 
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            server = socket.socket()
-            server.bind(("127.0.0.1", 0))
-            server.listen(0)
-            os.write(write, str(server.getsockname()[1]).encode())
-            time.sleep(60)
-        finally:
-            os._exit(0)
-    os.close(write)
+    def listen(write: int) -> None:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        os.write(write, str(server.getsockname()[1]).encode())
+        time.sleep(60)
+
+    pid, read = fork_as(uid, listen)
     port = int(os.read(read, 16))
     os.close(read)
     return pid, port

@@ -15,8 +15,8 @@ import pytest
 
 from tests.ranks.rank.test_launch import two_free_ports
 from tests.support.ranks import DaemonProc, base_env, http_get, wait_for
-from watchdog.cli.launch.supervisor import INTERRUPT_GRACE
 from watchdog.daemon.store import journal
+from watchdog.launch.supervisor import INTERRUPT_GRACE
 
 pytestmark = pytest.mark.ranks
 

@@ -10,12 +10,11 @@ import time
 
 import pytest
 
-from watchdog.cli.launch import relaunch
-from watchdog.cli.launch.relaunch import Attempt, Ending
-from watchdog.cli.node import health
 from watchdog.daemon.attempts import parse
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal, launchlog
+from watchdog.launch import health, relaunch
+from watchdog.launch.relaunch import Attempt, Ending
 from watchdog.net.metrics import exposition
 from watchdog.status import Incident, LaunchEvent, NodeStatus
 

@@ -27,15 +27,15 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from watchdog.cli import exits
 from watchdog.daemon.signaller import KILLED, UNKILLABLE
+from watchdog.launch import codes
 from watchdog.status import Incident
 
-EXIT_OK = exits.OK
-EXIT_RANKS_FAILED = exits.RANKS_FAILED
-EXIT_TORN_DOWN = exits.TORN_DOWN
-EXIT_REFUSED = exits.REFUSED
-EXIT_GAVE_UP = exits.GAVE_UP
+EXIT_OK = 0
+EXIT_RANKS_FAILED = codes.RANKS_FAILED
+EXIT_TORN_DOWN = codes.TORN_DOWN
+EXIT_REFUSED = codes.REFUSED
+EXIT_GAVE_UP = codes.GAVE_UP
 MAX_BACKOFF = 60.0
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from tests.support.users import OTHER_UID
-from watchdog.cli.node import health
+from tests.support.users import OTHER_UID, fork_as
 from watchdog.daemon.config import Settings
+from watchdog.launch import health
 from watchdog.status import NodeAnswer
 
 EACH = 6 << 20  # under the unprivileged RLIMIT_MEMLOCK of 8 MiB
@@ -24,26 +24,16 @@ LOCKERS = 8  # 48 MiB in all, as a user's many small processes would
 
 def _locker(uid: int) -> tuple[int, int]:
     """A child of `uid` holding EACH bytes mlocked; (pid, read end it reports on)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            if uid != os.getuid():
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            area = mmap.mmap(-1, EACH)
-            address = ctypes.addressof(ctypes.c_char.from_buffer(area))
-            ok = ctypes.CDLL(None, use_errno=True).mlock(ctypes.c_void_p(address),
-                                                         ctypes.c_size_t(EACH)) == 0
-            os.write(write, b"1" if ok else b"0")
-            while True:
-                time.sleep(1)
-        finally:
-            os._exit(1)
-    os.close(write)
-    return pid, read
+    def lock(write: int) -> None:
+        area = mmap.mmap(-1, EACH)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(area))
+        ok = ctypes.CDLL(None, use_errno=True).mlock(ctypes.c_void_p(address),
+                                                     ctypes.c_size_t(EACH)) == 0
+        os.write(write, b"1" if ok else b"0")
+        while True:
+            time.sleep(1)
+
+    return fork_as(uid, lock)
 
 
 @pytest.mark.slow

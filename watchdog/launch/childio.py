@@ -11,7 +11,7 @@ from typing import IO
 
 import psutil
 
-from watchdog.cli.launch.relaunch import Attempt
+from watchdog.launch.relaunch import Attempt
 
 
 def signal_tree(child: subprocess.Popen[bytes], signum: int) -> None:

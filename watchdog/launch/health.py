@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from watchdog.cli.look.sampling import daemon_status
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
+from watchdog.daemon.store.snapshot import daemon_status
 from watchdog.net import cluster
 from watchdog.states import ENDED
 from watchdog.text import printable

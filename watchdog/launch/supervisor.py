@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.cli.launch import childio, relaunch
-from watchdog.cli.look.sampling import daemon_status
-from watchdog.cli.node.health import Reference, wait_healthy, wired_now
 from watchdog.daemon.attempts import ATTEMPT_ENV
 from watchdog.daemon.config import Settings
 from watchdog.daemon.recdir import read_dir
 from watchdog.daemon.store import journal, launchlog
+from watchdog.daemon.store.snapshot import daemon_status
+from watchdog.launch import childio, relaunch
+from watchdog.launch.health import Reference, wait_healthy, wired_now
 from watchdog.states import ENDED, WAITING_LONG, State
 from watchdog.status import LaunchEvent
 from watchdog.text import printable

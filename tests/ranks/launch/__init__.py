@@ -1,0 +1,1 @@
+"""The launcher end to end: real ranks under `mlx-watchdog launch`, relaunched."""

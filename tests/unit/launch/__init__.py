@@ -1,0 +1,1 @@
+"""The launcher (watchdog/launch/): its decision, its fitness gate, its journal."""

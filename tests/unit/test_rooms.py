@@ -1,0 +1,102 @@
+"""Imports only point down (docs/architecture.md, "The parts"): every `watchdog` import in
+every module, a function's own included, read from the source and held to the rooms'
+rules: `cli` on top, then the launcher (`launch`), then `daemon`, then `net`, then the
+contracts; `rank` (with the public API that loads it) beside them, reading only the
+record, the states, the table of backends and `procstat.py`."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import watchdog
+
+PACKAGE = Path(watchdog.__file__).resolve().parent
+ROOMS = ("cli", "launch", "daemon", "net", "rank", "record")
+# The public rank API, rank's side when it imports; the package itself is lazy (it loads
+# the rank side only when its API is used), so anyone may read its `__version__`.
+RANK_API = ("watchdog", "watchdog._autoload")
+
+# What each room may import besides itself and the contracts (every other top-level module).
+MAY_USE: dict[str, set[str]] = {
+    "cli": {"launch", "daemon", "net", "rank"},
+    "launch": {"daemon", "net"},
+    "daemon": {"net"},
+    "net": set(),
+    "contracts": set(),
+}
+RANK_READS = {"record", "watchdog.states", "watchdog.backends", "watchdog.procstat"}
+
+
+def module_name(path: Path) -> str:
+    parts = ("watchdog",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts).removesuffix(".__init__")
+
+
+def imports(path: Path) -> Iterator[str]:
+    """Every watchdog module a file imports (`from watchdog import host` is `watchdog.host`)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.startswith("watchdog"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.startswith("watchdog"):
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                below = PACKAGE.joinpath(*name.split(".")[1:])
+                is_module = below.with_suffix(".py").exists() or below.is_dir()
+                yield name if is_module else node.module
+
+
+def room(module: str, importer: bool = True) -> str:
+    if module in RANK_API and (importer or module != "watchdog"):
+        return "rank"
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ROOMS:
+        return parts[1] if parts[1] != "record" else "contracts"
+    return "contracts"
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): set(imports(p)) for p in PACKAGE.rglob("*.py")}
+
+
+def test_imports_only_point_down() -> None:
+    wrong = []
+    for module, targets in graph().items():
+        here = room(module)
+        for target in targets:
+            there = room(target, importer=False)
+            if here == "rank":
+                ok = there == "rank" or target.startswith("watchdog.record") or target in RANK_READS
+            else:
+                ok = there in (here, "contracts") or there in MAY_USE[here]
+            if not ok:
+                wrong.append(f"{module} ({here}) imports {target} ({there})")
+    assert wrong == []
+
+
+def test_the_launcher_is_a_room_of_its_own_and_its_command_is_thin() -> None:
+    """The launcher's modules are under watchdog/launch/; cli/launch/ holds only the command,
+    which reaches the launcher only inside its body (loading the command line loads none)."""
+    modules = graph()
+    launch = {m for m in modules if room(m) == "launch"}
+    assert {"watchdog.launch.supervisor", "watchdog.launch.relaunch", "watchdog.launch.childio",
+            "watchdog.launch.launcher", "watchdog.launch.health"} <= launch
+    assert {m for m in modules if m.startswith("watchdog.cli.launch")} == {
+        "watchdog.cli.launch", "watchdog.cli.launch.commands"}
+    importers = {m for m, targets in modules.items()
+                 if any(room(t, importer=False) == "launch" for t in targets)}
+    assert {room(m) for m in importers} <= {"cli", "launch"}, importers
+
+
+def test_the_rules_catch_an_import_up() -> None:
+    """The test itself: an import up is named, one down is not."""
+    assert room("watchdog.daemon.loop") == "daemon" and room("watchdog.status") == "contracts"
+    assert room("watchdog") == "rank" and room("watchdog", importer=False) == "contracts"
+    assert room("watchdog._autoload", importer=False) == "rank"
+    assert room("watchdog.record.layout") == "contracts"
+    assert "launch" not in MAY_USE["daemon"] and "cli" not in MAY_USE["launch"]
+    source = PACKAGE / "daemon" / "store" / "snapshot.py"
+    assert "watchdog.daemon.store.journal" in set(imports(source))
+    assert all(room(t) in ("daemon", "contracts") for t in imports(source))
