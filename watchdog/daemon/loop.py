@@ -19,8 +19,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import psutil
-
 from watchdog import __version__
 from watchdog.daemon import holds, roomkeeper
 from watchdog.daemon.act import told
@@ -41,10 +39,10 @@ from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.probes.stacksampler import Identity, StackSampler
 from watchdog.daemon.publish import INVALID_LISTED, Counters, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
-from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
+from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
-from watchdog.states import FINAL, WAITING_LONG
+from watchdog.states import FINAL, WAITING_LONG, ProcStatus, State
 from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler, job_key
 
 log = logging.getLogger(__name__)
@@ -162,9 +160,9 @@ class Daemon:
         def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
             return self.stacks.tracing(rank.key, self.last_scan_mono)
         for rank, sample in live:
-            if sample.status == psutil.STATUS_TRACING_STOP and traced(rank):
+            if sample.status == ProcStatus.TRACING_STOP and traced(rank):
                 # Stopped by our own stack sample, for half a second: not a pause.
-                sample = replace(sample, status=psutil.STATUS_RUNNING)
+                sample = replace(sample, status=ProcStatus.RUNNING)
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
         sampled: set[tuple[int, float]] = set()
         for members in jobs.values():
@@ -416,20 +414,20 @@ class Daemon:
         for key in keys:
             rank = self.ranks.get(key)
             if rank is None:
-                if outcome.results.get(key[0]) == KILLED:  # a replay's, not yet seen
+                if outcome.results.get(key[0]) == State.KILLED:  # a replay's, not yet seen
                     self.table.ended_by_us[key] = outcome.incident.id
                 continue
             result = outcome.results.get(rank.record.pid)
             rank.cause = outcome.incident.cause or rank.cause
-            if result == KILLED:
+            if result == State.KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")
                 counted = job_key(rank.record.uid, rank.record.job)  # per (uid, job)
                 self.counters.job_kills[counted] = self.counters.job_kills.get(counted, 0) + 1
                 self.table.remove_record(rank)
-            elif result == UNKILLABLE:
+            elif result == State.UNKILLABLE:
                 transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
-            elif result == UNKNOWN:
+            elif result == Result.UNKNOWN:
                 # Its identity could not be checked, so it was left alone:
                 # judged afresh next scan rather than given up for this wait.
                 transition(rank, Edge.RETRIED, now)

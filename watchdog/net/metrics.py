@@ -23,7 +23,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from watchdog.cause import CAUSES
+from watchdog.cause import CAUSES, Cause
 from watchdog.states import ENDED, State
 from watchdog.status import NodeStatus, RankStatus, split_job_key
 
@@ -159,7 +159,7 @@ def _stalls(scrape: Scrape) -> Samples:
     for verdict, total in counters.stalls.items():
         by_cause = {c: counters.stall_causes.get(f"{verdict}:{c}", 0) for c in CAUSES}
         # Hangs counted without a cause (a daemon before causes) are `unknown`.
-        by_cause["unknown"] += max(0, total - sum(by_cause.values()))
+        by_cause[Cause.UNKNOWN] += max(0, total - sum(by_cause.values()))
         for cause, n in by_cause.items():
             yield (verdict, cause), n
 

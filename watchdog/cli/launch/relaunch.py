@@ -28,7 +28,7 @@ import signal
 from dataclasses import dataclass, field
 
 from watchdog.cli import exits
-from watchdog.daemon.signaller import KILLED, UNKILLABLE
+from watchdog.states import State
 from watchdog.status import Incident
 
 EXIT_OK = exits.OK
@@ -104,7 +104,7 @@ def _ended_by(incident: Incident | None) -> bool:
     per-rank lines at all: the incident's outcome is then what says so.)"""
     outcome = incident.outcome if incident is not None else None
     return isinstance(outcome, dict) and any(
-        result in (KILLED, UNKILLABLE) for result in outcome.values())
+        result in (State.KILLED, State.UNKILLABLE) for result in outcome.values())
 
 
 def _crashes(attempt: Attempt) -> list[tuple[int, int]]:

@@ -45,9 +45,9 @@ from watchdog.daemon.judge.threads import (
     thread_tick,
 )
 from watchdog.daemon.judge.wedge import Wedge
-from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
+from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
-from watchdog.states import Phase, State
+from watchdog.states import STOPPED_STATUSES, Phase, State
 
 __all__ = ["NS", "Detector", "Track", "Verdict"]
 
