@@ -49,6 +49,14 @@ class State(Word):
     ABANDONED = "abandoned"  # alive, but its record is closed (frozen): reported, never acted on
 
 
+class Mode(Word):
+    """What the daemon does about a hang (a setting; the status's, an incident's and a
+    metric's `mode`)."""
+
+    ENFORCE = "enforce"  # signal the hung ranks
+    OBSERVE = "observe"  # report only
+
+
 class ProcStatus(Word):
     """A process's status as the OS reports it, in psutil's words (a test holds them
     to psutil's constants), so the judge reads a sample without importing psutil."""

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 )
 
 from watchdog.cause import CAUSES, Cause
-from watchdog.states import ENDED, State
+from watchdog.states import ENDED, Mode, State
 from watchdog.status import NodeStatus, RankStatus, split_job_key
 
 PREFIX = "mlx_watchdog_"
@@ -34,7 +34,7 @@ Snapshot = Callable[[], NodeStatus]
 # exporter that sets it forces `honor_labels` on every scrape config. `job_label = "job"`
 # in the config keeps the old name for one release (docs/operations.md, Upgrading).
 JOB_LABEL = "mlx_job"
-MODES = ("enforce", "observe")
+MODES = tuple(Mode)
 
 
 def _uid(r: RankStatus) -> str:

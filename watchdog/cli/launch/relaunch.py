@@ -28,6 +28,7 @@ import signal
 from dataclasses import dataclass, field
 
 from watchdog.cli import exits
+from watchdog.daemon.config import RestartOn
 from watchdog.states import State
 from watchdog.status import Incident
 
@@ -155,7 +156,7 @@ def restartable(ending: Ending, restart_on: str) -> bool:
     failure only with `any`; a clean exit and an interrupt never."""
     if ending in (Ending.WATCHDOG, Ending.FENCED, Ending.CRASHED):
         return True
-    return ending is Ending.FAILED and restart_on == "any"
+    return ending is Ending.FAILED and restart_on == RestartOn.ANY
 
 
 def progressed(attempt: Attempt, warmup_waits: int) -> bool:
