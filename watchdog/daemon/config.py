@@ -127,19 +127,9 @@ class Settings:
     peer_timeout: float = 1.0
     secret: str | None = None
     job_label: str = "mlx_job"
-    # `mlx-watchdog launch` (the daemon ignores these): relaunching a torn-down job.
-    restart: int = 0
-    restart_on: RestartOn = RestartOn.TORN_DOWN
-    restart_backoff: float = 3.0
-    health_timeout: float = 120.0
-    max_no_progress: int = 3
-    warmup_waits: int = 10
 
     def __post_init__(self) -> None:
-        for key, word in WORDS.items():  # Settings built in code: the words, as coerce() gives
-            value = getattr(self, key)
-            if not isinstance(value, word) and value in tuple(word):
-                object.__setattr__(self, key, word(value))
+        _words(self)
 
     def rules(self) -> Rules:
         return Rules(deadline=self.deadline, auto_factor=self.auto_factor,
@@ -163,6 +153,30 @@ class Settings:
         return PeerSettings(peers=self.peers, peer_timeout=self.peer_timeout,
                             secret=self.secret, state_dir=self.state_dir,
                             evidence_timeout=self.evidence_timeout)
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """`mlx-watchdog launch`'s settings (the daemon has no use for them): relaunching a
+    torn-down job. Keys of the node's file with the daemon's, flags of `launch`."""
+
+    restart: int = 0
+    restart_on: RestartOn = RestartOn.TORN_DOWN
+    restart_backoff: float = 3.0
+    health_timeout: float = 120.0
+    max_no_progress: int = 3
+    warmup_waits: int = 10
+
+    def __post_init__(self) -> None:
+        _words(self)
+
+
+def _words(settings: Settings | LaunchSettings) -> None:
+    """Settings built in code get the words, as coerce() gives them."""
+    for key, word in WORDS.items():
+        value = getattr(settings, key, None)
+        if value is not None and not isinstance(value, word) and value in tuple(word):
+            object.__setattr__(settings, key, word(value))
 
 
 class Live:
@@ -243,9 +257,9 @@ SPECS: dict[str, Spec] = {
                             "no byte moving) is ended after max(this, auto_factor x its "
                             "longest completed wait)"),
     "mode": Spec("enforce (signal hung ranks) or observe (report only)", "choice",
-                 choices=tuple(Mode)),
+                 choices=tuple(w.value for w in Mode)),
     "kill_scope": Spec("job (every local rank of a hung job) or rank (only the hung rank)",
-                       "choice", choices=tuple(KillScope)),
+                       "choice", choices=tuple(w.value for w in KillScope)),
     "grace": _seconds("seconds between SIGTERM and SIGKILL"),
     "kill_timeout": _seconds("seconds after SIGKILL before a rank is declared unkillable"),
     "evidence_timeout": _seconds("seconds, in all, for stack dumps before signalling"),
@@ -268,7 +282,7 @@ SPECS: dict[str, Spec] = {
                     low=0),
     "restart_on": Spec("launch: torn-down (the watchdog or a fence ended it, or a rank died "
                        "of a signal) or any (also a rank's own non-zero exit)", "choice",
-                       choices=tuple(RestartOn)),
+                       choices=tuple(w.value for w in RestartOn)),
     "restart_backoff": Spec("launch: seconds before the first relaunch, doubled each time "
                             "(at most 60)", "number", "SECONDS", low=0),
     "health_timeout": Spec("launch, node wait-healthy: seconds to wait for a fit node (no "
@@ -281,9 +295,9 @@ SPECS: dict[str, Spec] = {
 }
 HELP = {key: spec.help for key, spec in SPECS.items()}
 # Keys of `mlx-watchdog launch`: in the node's file with the rest, flags of `launch`, not `run`.
-LAUNCH_KEYS = ("restart", "restart_on", "restart_backoff", "health_timeout", "max_no_progress",
-               "warmup_waits")
-KEYS = {f.name for f in dataclasses.fields(Settings)}
+LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(LaunchSettings))
+DAEMON_KEYS = tuple(f.name for f in dataclasses.fields(Settings))
+KEYS = {*DAEMON_KEYS, *LAUNCH_KEYS}  # the file's keys: the daemon's and launch's alike
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -398,7 +412,23 @@ def coerce(key: str, value: Any) -> Any:
 
 
 def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
-    """Defaults, then the file, then the command line (None means not given)."""
+    """Defaults, then the file, then the command line (None means not given). Every key
+    is checked, launch's too (one file, one verdict on it); the daemon's are kept."""
+    values = _values(file_values, overrides)
+    settings = Settings(**{k: v for k, v in values.items() if k not in LAUNCH_KEYS})
+    _check(settings)
+    return settings
+
+
+def build_launch(file_values: dict[str, Any], overrides: dict[str, Any]) -> LaunchSettings:
+    """`launch`'s settings, from the same file and flags (checked as `build` does)."""
+    values = _values(file_values, overrides)
+    launch = LaunchSettings(**{k: v for k, v in values.items() if k in LAUNCH_KEYS})
+    _check(launch)
+    return launch
+
+
+def _values(file_values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for source in (file_values, {k: v for k, v in overrides.items() if v is not None}):
         for key, value in source.items():
@@ -406,15 +436,14 @@ def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
             if key not in KEYS:
                 raise ConfigError(f"unknown setting {key!r}{_did_you_mean(key)}")
             values[key] = coerce(key, value)
-    settings = Settings(**values)
-    _check(settings)
-    return settings
+    return values
 
 
-def _check(s: Settings) -> None:
+def _check(s: Settings | LaunchSettings) -> None:
     """What no single value shows: each value was checked on its way in (`coerce`)."""
-    for key in KEYS:  # Settings built in code skip coerce(): check every value again
-        value = getattr(s, key)
+    for f in dataclasses.fields(s):  # built in code, they skip coerce(): check each again
+        value = getattr(s, f.name)
+        key = f.name
         if value is not None and value != ():
             coerce(key, value)
 
@@ -478,12 +507,22 @@ def load(path: str | None, overrides: dict[str, Any]) -> Settings:
     return build(load_file(path) if path else {}, overrides)
 
 
+def load_launch(path: str | None, overrides: dict[str, Any]) -> LaunchSettings:
+    return build_launch(load_file(path) if path else {}, overrides)
+
+
 def default_toml() -> str:
     """A config file listing every key with its default, commented out."""
     lines = ["# mlx-watchdog configuration: every key is optional; shown with its default.",
              "# Reference: docs/configuration.md", "[watchdog]"]
-    defaults = Settings()
-    for f in dataclasses.fields(Settings):
+    for defaults in (Settings(), LaunchSettings()):  # the daemon's keys, then launch's
+        lines += _default_lines(defaults)
+    return "\n".join(lines) + "\n"
+
+
+def _default_lines(defaults: Settings | LaunchSettings) -> list[str]:
+    lines = []
+    for f in dataclasses.fields(defaults):
         value = getattr(defaults, f.name)
         if f.name == "deadline" and value is None:
             value = "auto"
@@ -497,4 +536,4 @@ def default_toml() -> str:
             text = repr(value)
         lines.append(f"# {HELP[f.name]}")
         lines.append(f"# {f.name} = {text}")
-    return "\n".join(lines) + "\n"
+    return lines

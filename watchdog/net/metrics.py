@@ -34,7 +34,7 @@ Snapshot = Callable[[], NodeStatus]
 # exporter that sets it forces `honor_labels` on every scrape config. `job_label = "job"`
 # in the config keeps the old name for one release (docs/operations.md, Upgrading).
 JOB_LABEL = "mlx_job"
-MODES = tuple(Mode)
+MODES = tuple(m.value for m in Mode)
 
 
 def _uid(r: RankStatus) -> str:
@@ -157,7 +157,7 @@ def _stalls(scrape: Scrape) -> Samples:
     """Every (verdict, cause) pair, from 0."""
     counters = scrape.snap.counters
     for verdict, total in counters.stalls.items():
-        by_cause = {c: counters.stall_causes.get(f"{verdict}:{c}", 0) for c in CAUSES}
+        by_cause = {c.value: counters.stall_causes.get(f"{verdict}:{c}", 0) for c in CAUSES}
         # Hangs counted without a cause (a daemon before causes) are `unknown`.
         by_cause[Cause.UNKNOWN] += max(0, total - sum(by_cause.values()))
         for cause, n in by_cause.items():

@@ -11,11 +11,13 @@ from tests.support.fakes import FakeProbe
 from watchdog.daemon.config import (
     KillScope,
     LadderSettings,
+    LaunchSettings,
     Live,
     PeerSettings,
     RestartOn,
     Settings,
     load,
+    load_launch,
 )
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import datalink
@@ -80,11 +82,11 @@ def test_the_views_are_narrow_and_made_together():
 def test_mode_kill_scope_and_restart_on_are_words_their_text_unchanged(tmp_path):
     path = tmp_path / "watchdog.toml"
     path.write_text('[watchdog]\nmode = "OBSERVE"\nkill_scope = "rank"\nrestart_on = "any"\n')
-    settings = load(str(path), {})
+    settings, launch = load(str(path), {}), load_launch(str(path), {})
     assert settings.mode is Mode.OBSERVE and settings.kill_scope is KillScope.RANK
-    assert settings.restart_on is RestartOn.ANY
-    assert f"{settings.mode} {settings.kill_scope} {settings.restart_on}" == "observe rank any"
-    built = Settings(mode="observe", kill_scope="rank", restart_on="torn-down")  # in code
+    assert launch.restart_on is RestartOn.ANY
+    assert f"{settings.mode} {settings.kill_scope} {launch.restart_on}" == "observe rank any"
+    built = Settings(mode="observe", kill_scope="rank")  # in code
     assert built.mode is Mode.OBSERVE and built.kill_scope is KillScope.RANK
-    assert built.restart_on is RestartOn.TORN_DOWN
+    assert LaunchSettings(restart_on="torn-down").restart_on is RestartOn.TORN_DOWN
     assert dataclasses.replace(built, mode="enforce").mode is Mode.ENFORCE
