@@ -33,7 +33,7 @@ from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.stragglers import MIN_SECONDS, Stragglers, summary, why
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, ProcessSample, probe
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.probes.stacksampler import Identity, StackSampler
@@ -42,7 +42,7 @@ from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
-from watchdog.states import FINAL, WAITING_LONG, Mode, ProcStatus, State
+from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, Mode, ProcStatus, State
 from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler, job_key
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError
+from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.signaller import DUMP_SIGNALS, Result, Signaller, Target
+from watchdog.states import STOPPED_STATUSES
 from watchdog.status import NativeHot
 
 log = logging.getLogger(__name__)
