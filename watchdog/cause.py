@@ -33,33 +33,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from watchdog import text
+from watchdog.states import ENDED, HUNG, WAITING_PHASES, Phase, State, Word
 from watchdog.status import RankStatus
 
-PEER_STOPPED = "peer_stopped"
-PEER_DEAD = "peer_dead"
-NODE_UNREACHABLE = "node_unreachable"
-DATA_LINK_DOWN = "data_link_down"
-COLLECTIVE_WEDGED = "collective_wedged"
-MISMATCH = "mismatch"
-LOCAL_BLOCKED = "local_blocked"
-UNKNOWN = "unknown"
-CAUSES = (PEER_STOPPED, PEER_DEAD, NODE_UNREACHABLE, DATA_LINK_DOWN, COLLECTIVE_WEDGED,
-          MISMATCH, LOCAL_BLOCKED, UNKNOWN)
+
+class Cause(Word):
+    """Why a job hangs (the table above; an incident's and a metric's `cause`)."""
+
+    PEER_STOPPED = "peer_stopped"
+    PEER_DEAD = "peer_dead"
+    NODE_UNREACHABLE = "node_unreachable"
+    DATA_LINK_DOWN = "data_link_down"
+    COLLECTIVE_WEDGED = "collective_wedged"
+    MISMATCH = "mismatch"
+    LOCAL_BLOCKED = "local_blocked"
+    UNKNOWN = "unknown"
+
+
+CAUSES = tuple(Cause)  # in the table's order: the metrics list them so
 
 # A wait's busiest thread demanding at least this much of a core spins (the detector's
 # spin ratio is a setting; this only reads what a node published: stalled or blocked
 # says it first, the figure only when no verdict was given yet).
 SPIN = 0.5
-_WAITING = ("wait", "init")
-_GONE = ("exited", "killed")
-_HUNG_STATES = ("stalled", "blocked", "unkillable")
 LINK_UP = "up"
 LINK_DOWN = "down"  # a data_link value "down ..." says which address and how
 
 
 @dataclass(frozen=True)
 class Finding:
-    cause: str
+    cause: Cause
     culprit: RankStatus | None  # None: a rank no node reports, or no one rank
     summary: str  # who (rank, host, pid), where (op, collective, bytes), why
 
@@ -78,7 +81,7 @@ def where(rank: RankStatus) -> str:
     """Its op and collective number, with the bytes: `all_sum #18231 (16 MiB)`."""
     last = rank.last_collective
     if last is None:
-        return "init" if rank.phase == "init" else "no collective yet"
+        return "init" if rank.phase == Phase.INIT.label else "no collective yet"
     nbytes = size(last.bytes)
     return (f"{last.op or 'a collective'}"
             + (f" #{last.number}" if last.number is not None else "")
@@ -104,9 +107,9 @@ def _wait_note(waiting: Sequence[RankStatus], verb: str = "wait", tail: str = ""
 
 def spinning(rank: RankStatus) -> bool | None:
     """Whether its wait spins: its state says so once judged, else its thread's demand."""
-    if rank.state == "stalled":
+    if rank.state == State.STALLED:
         return True
-    if rank.state == "blocked":
+    if rank.state == State.BLOCKED:
         return False
     if rank.busiest_thread_cpu is None:
         return None
@@ -119,39 +122,40 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
     `missing` the rank numbers no node reports, `unreachable` the nodes that did not
     answer (by address)."""
     ranks = sorted(ranks, key=lambda r: (r.rank if r.rank is not None else -1, r.pid or 0))
-    waiting = [r for r in ranks if r.phase in _WAITING and r.state not in _GONE
-               and r.state != "stopped"]
-    stopped = [r for r in ranks if r.state == "stopped"]
-    gone = [r for r in ranks if r.state in _GONE]
+    waiting = [r for r in ranks if r.phase in WAITING_PHASES and r.state not in ENDED
+               and r.state != State.STOPPED]
+    stopped = [r for r in ranks if r.state == State.STOPPED]
+    gone = [r for r in ranks if r.state in ENDED]
     if stopped:
         r = stopped[0]
-        return Finding(PEER_STOPPED, r, f"{who(r)} is stopped at {where(r)}"
+        return Finding(Cause.PEER_STOPPED, r, f"{who(r)} is stopped at {where(r)}"
                        + (f"; {_wait_note(waiting, tail=' for it')}" if waiting else ""))
     if gone and waiting:
         r = gone[0]
         how = f"{r.state}: {r.reason}" if r.reason else r.state
-        return Finding(PEER_DEAD, r, f"{who(r)} is gone ({how}) at {where(r)}; "
-                                     + _wait_note(waiting, tail=" for it"))
+        return Finding(Cause.PEER_DEAD, r, f"{who(r)} is gone ({how}) at {where(r)}; "
+                                           + _wait_note(waiting, tail=" for it"))
     if missing and unreachable:
         nodes = ", ".join(unreachable)
-        return Finding(NODE_UNREACHABLE, None,
+        return Finding(Cause.NODE_UNREACHABLE, None,
                        f"rank {missing[0]} is behind unreachable node {nodes} (no answer); "
                        + _wait_note(waiting))
     down = [r for r in ranks if (r.data_link or "").startswith(LINK_DOWN)]
     if down:
         r = down[0]
-        return Finding(DATA_LINK_DOWN, r,
+        return Finding(Cause.DATA_LINK_DOWN, r,
                        f"{who(r)} cannot reach its peer over the ranks' own connection "
                        f"({r.data_link}) while every node's daemon answers; "
                        + _wait_note(waiting))
     placed = {id(r) for r in waiting} | {id(r) for r in gone}  # by identity: linear
     outside = [r for r in ranks if id(r) not in placed
-               and (r.phase == "idle" or r.computing is not True)]
+               and (r.phase == Phase.IDLE.label or r.computing is not True)]
     if waiting and outside:
         r, w = outside[0], waiting[0]
-        doing = "idle (hb.idle)" if r.phase == "idle" else "outside any wait, not computing"
-        return Finding(MISMATCH, r, f"{who(w)} waits in {where(w)} while {who(r)} is "
-                                    f"{doing}: a collective skipped or reordered")
+        doing = ("idle (hb.idle)" if r.phase == Phase.IDLE.label
+                 else "outside any wait, not computing")
+        return Finding(Cause.MISMATCH, r, f"{who(w)} waits in {where(w)} while {who(r)} is "
+                                          f"{doing}: a collective skipped or reordered")
     by_number: dict[int, RankStatus] = {}
     for w in waiting:
         last = w.last_collective
@@ -159,32 +163,34 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
             continue
         other = by_number.setdefault(last.number, w)
         if other.last_collective and other.last_collective.op != last.op:
-            return Finding(MISMATCH, w, f"{who(other)} waits in {where(other)} while "
-                                        f"{who(w)} waits in {where(w)}: the ranks issued "
-                                        "different collectives")
+            return Finding(Cause.MISMATCH, w, f"{who(other)} waits in {where(other)} while "
+                                              f"{who(w)} waits in {where(w)}: the ranks "
+                                              "issued different collectives")
     # Past its deadline (or half of it: a peer node's scan may lag the verdict here).
-    quiet = [w for w in waiting if w.state in (*_HUNG_STATES, "suspect")
+    quiet = [w for w in waiting if w.state in HUNG | {State.SUSPECT}
              and spinning(w) is False]
     if quiet:
         r = quiet[0]
         spin = [w for w in waiting if spinning(w)]
-        return Finding(LOCAL_BLOCKED, r,
+        return Finding(Cause.LOCAL_BLOCKED, r,
                        f"{who(r)} waits quietly in {where(r)}, no thread spinning "
                        "(a wedged GPU or a broken group)"
                        + (f"; {_wait_note(spin, 'spin')} waiting on it" if spin else ""))
     if missing:
-        return Finding(UNKNOWN, None, f"{_wait_note(waiting)}; rank {missing[0]} is not "
-                                      "reported by any node, though every node answered")
+        return Finding(Cause.UNKNOWN, None, f"{_wait_note(waiting)}; rank {missing[0]} is "
+                                            "not reported by any node, though every node "
+                                            "answered")
     numbers = {w.last_collective.number if w.last_collective else None for w in waiting}
     if waiting and len(waiting) == len(ranks) and len(numbers) == 1 \
             and all(spinning(w) for w in waiting):
-        return Finding(COLLECTIVE_WEDGED, None,
+        return Finding(Cause.COLLECTIVE_WEDGED, None,
                        f"{_wait_note(waiting, 'spin')}, every node and link answering: "
                        "the backend itself is stuck")
     if len(numbers) > 1:
         behind = min(waiting, key=lambda w: (w.last_collective.number or 0)
                      if w.last_collective else 0)
-        return Finding(UNKNOWN, behind, f"ranks wait in different collectives; {who(behind)} "
-                                        f"is furthest behind, in {where(behind)}")
-    return Finding(UNKNOWN, waiting[0] if waiting else None,
+        return Finding(Cause.UNKNOWN, behind, f"ranks wait in different collectives; "
+                                              f"{who(behind)} is furthest behind, in "
+                                              f"{where(behind)}")
+    return Finding(Cause.UNKNOWN, waiting[0] if waiting else None,
                    f"{_wait_note(waiting)}; the evidence does not decide")

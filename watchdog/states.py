@@ -22,7 +22,19 @@ class Phase(enum.IntEnum):
         return self.name.lower()
 
 
-class State(str, enum.Enum):
+class Word(str, enum.Enum):
+    """A word of the vocabulary: a str enum whose text is its value wherever it goes
+    (str(), format() and f-strings on every Python, %s, JSON, metric labels), so an
+    enum in place of a string constant changes no output byte."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class State(Word):
     """What the watchdog concludes about a rank (design section 5)."""
 
     RUNNING = "running"  # outside a wait, or its waits return within the deadline
@@ -36,8 +48,26 @@ class State(str, enum.Enum):
     EXITED = "exited"  # gone on its own
     ABANDONED = "abandoned"  # alive, but its record is closed (frozen): reported, never acted on
 
-    def __str__(self) -> str:
-        return self.value
+
+class Mode(Word):
+    """What the daemon does about a hang (a setting; the status's, an incident's and a
+    metric's `mode`)."""
+
+    ENFORCE = "enforce"  # signal the hung ranks
+    OBSERVE = "observe"  # report only
+
+
+class ProcStatus(Word):
+    """A process's status as the OS reports it, in psutil's words (a test holds them
+    to psutil's constants), so the judge reads a sample without importing psutil."""
+
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    DISK_SLEEP = "disk-sleep"  # uninterruptible ('D'): a SIGSTOP waits until it leaves
+    STOPPED = "stopped"  # SIGSTOP
+    TRACING_STOP = "tracing-stop"  # stopped by a tracer (a debugger, py-spy, gdb)
+    ZOMBIE = "zombie"
+    DEAD = "dead"
 
 
 # The sets the daemon, the metrics, the cluster view and the demo all judge by.
@@ -48,3 +78,5 @@ WAITING_LONG = frozenset({State.SUSPECT, State.STALLED, State.BLOCKED})  # past 
 ENDED = frozenset({State.KILLED, State.EXITED})  # the process is gone
 FINAL = ENDED | {State.UNKILLABLE}  # nothing more will happen to it
 WAITING_PHASES = frozenset({Phase.WAIT.label, Phase.INIT.label})  # phases of a blocking call
+STOPPED_STATUSES = frozenset({ProcStatus.STOPPED, ProcStatus.TRACING_STOP})
+GONE_STATUSES = frozenset({ProcStatus.ZOMBIE, ProcStatus.DEAD})

@@ -124,7 +124,7 @@ def test_the_judge_reads_a_new_backend_s_wait_from_its_entry(tcpx: Backend) -> N
 
 def test_the_probe_knocks_on_a_new_backend_s_links_from_its_entry(tcpx: Backend) -> None:
     submitted: list[object] = []
-    prober = Prober(submitted.append, 1.0, probe_=lambda pid, timeout: "up")
+    prober = Prober(submitted.append, lambda: 1.0, probe_=lambda pid, timeout: "up")
     prober.ask((1, 0.0), 0.0, "tcpx")
     prober.ask((2, 0.0), 0.0, "jaccl")
     assert len(submitted) == 1  # only tcpx's probe ran

@@ -28,21 +28,21 @@ def rank(n: int, state: str = "stalled", phase: str = "wait", number: int = 8,
 
 def test_a_stopped_rank_is_peer_stopped_and_named_first():
     found = cause.decide([rank(0), rank(1, "stopped", "wait", number=7)])
-    assert found.cause == cause.PEER_STOPPED and found.culprit.rank == 1
+    assert found.cause == cause.Cause.PEER_STOPPED and found.culprit.rank == 1
     assert found.summary == ("rank 1 on h1 (pid 101) is stopped at all_sum #7 (16 MiB); "
                              "rank 0 on h0 (pid 100) waits for it in all_sum #8 (16 MiB)")
 
 
 def test_a_gone_rank_while_another_waits_is_peer_dead():
     found = cause.decide([rank(0), rank(1, "exited", "running", reason="died (SIGKILL)")])
-    assert found.cause == cause.PEER_DEAD and found.culprit.pid == 101
+    assert found.cause == cause.Cause.PEER_DEAD and found.culprit.pid == 101
     assert "rank 1 on h1 (pid 101) is gone (exited: died (SIGKILL))" in found.summary
     assert "rank 0 on h0 (pid 100) waits for it in all_sum #8" in found.summary
 
 
 def test_a_rank_behind_an_unreachable_node_is_node_unreachable():
     found = cause.decide([rank(0)], missing=[1], unreachable=["10.0.0.2:9753"])
-    assert found.cause == cause.NODE_UNREACHABLE and found.culprit is None
+    assert found.cause == cause.Cause.NODE_UNREACHABLE and found.culprit is None
     assert found.summary.startswith("rank 1 is behind unreachable node 10.0.0.2:9753")
     assert "rank 0 on h0 (pid 100) waits in all_sum #8 (16 MiB)" in found.summary
 
@@ -50,7 +50,7 @@ def test_a_rank_behind_an_unreachable_node_is_node_unreachable():
 def test_a_failed_probe_of_the_data_path_with_every_daemon_answering_is_data_link_down():
     down = "down 10.0.0.2:5151 (connect timed out after 1s)"
     found = cause.decide([rank(0, data_link=down), rank(1, data_link=down)])
-    assert found.cause == cause.DATA_LINK_DOWN and found.culprit.rank == 0
+    assert found.cause == cause.Cause.DATA_LINK_DOWN and found.culprit.rank == 0
     assert "10.0.0.2:5151" in found.summary and "ranks 0, 1 wait in all_sum #8" in found.summary
 
 
@@ -61,7 +61,7 @@ def test_a_failed_probe_of_the_data_path_with_every_daemon_answering_is_data_lin
 ])
 def test_a_wait_while_a_peer_is_idle_or_outside_a_wait_is_mismatch(peer, doing):
     found = cause.decide([rank(0, op="recv"), peer])
-    assert found.cause == cause.MISMATCH and found.culprit.rank == 1
+    assert found.cause == cause.Cause.MISMATCH and found.culprit.rank == 1
     assert found.summary.startswith("rank 0 on h0 (pid 100) waits in recv #8 (16 MiB) while "
                                     "rank 1 on h1 (pid 101) is ")
     assert doing in found.summary
@@ -69,18 +69,18 @@ def test_a_wait_while_a_peer_is_idle_or_outside_a_wait_is_mismatch(peer, doing):
 
 def test_two_ranks_in_different_ops_at_the_same_number_is_mismatch():
     found = cause.decide([rank(0, op="recv"), rank(1, op="all_sum")])
-    assert found.cause == cause.MISMATCH and "different collectives" in found.summary
+    assert found.cause == cause.Cause.MISMATCH and "different collectives" in found.summary
 
 
 def test_a_quiet_wait_is_local_blocked_and_the_quiet_rank_is_named_among_spinning_peers():
-    assert cause.decide([rank(0, "blocked"), rank(1, "blocked")]).cause == cause.LOCAL_BLOCKED
+    assert cause.decide([rank(0, "blocked"), rank(1, "blocked")]).cause == cause.Cause.LOCAL_BLOCKED
     # Quiet past half its deadline, as a peer node's lagging scan may still show it.
     found = cause.decide([rank(0, "stalled"), rank(1, "suspect", cpu=0.02)])
-    assert found.cause == cause.LOCAL_BLOCKED and found.culprit.rank == 1
+    assert found.cause == cause.Cause.LOCAL_BLOCKED and found.culprit.rank == 1
     # A rank not yet past half its deadline tells nothing by its quiet.
-    assert cause.decide([rank(0), rank(1, "running", cpu=0.0)]).cause != cause.LOCAL_BLOCKED
+    assert cause.decide([rank(0), rank(1, "running", cpu=0.0)]).cause != cause.Cause.LOCAL_BLOCKED
     found = cause.decide([rank(0, "stalled"), rank(1, "blocked")])
-    assert found.cause == cause.LOCAL_BLOCKED and found.culprit.rank == 1
+    assert found.cause == cause.Cause.LOCAL_BLOCKED and found.culprit.rank == 1
     assert found.summary == ("rank 1 on h1 (pid 101) waits quietly in all_sum #8 (16 MiB), no "
                              "thread spinning (a wedged GPU or a broken group); rank 0 on h0 "
                              "(pid 100) spins in all_sum #8 (16 MiB) waiting on it")
@@ -88,40 +88,40 @@ def test_a_quiet_wait_is_local_blocked_and_the_quiet_rank_is_named_among_spinnin
 
 def test_every_rank_spinning_in_one_collective_with_everything_reachable_is_wedged():
     found = cause.decide([rank(0), rank(1, "suspect", cpu=0.97)])
-    assert found.cause == cause.COLLECTIVE_WEDGED and found.culprit is None
+    assert found.cause == cause.Cause.COLLECTIVE_WEDGED and found.culprit is None
     assert found.summary.startswith("ranks 0, 1 spin in all_sum #8 (16 MiB)")
 
 
 def test_what_does_not_decide_is_unknown_never_a_guess():
     # A rank no node reports though every node answered: not watched there, perhaps.
     found = cause.decide([rank(0)], missing=[1])
-    assert found.cause == cause.UNKNOWN and "not reported by any node" in found.summary
+    assert found.cause == cause.Cause.UNKNOWN and "not reported by any node" in found.summary
     # Spinning in different collectives: someone is behind, but why is not known.
     found = cause.decide([rank(0, number=8), rank(1, number=9)])
-    assert found.cause == cause.UNKNOWN and found.culprit.rank == 0
+    assert found.cause == cause.Cause.UNKNOWN and found.culprit.rank == 0
     # A spinning rank whose peers no node was asked about (a daemon without peers).
-    assert cause.decide([rank(0)], missing=[1]).cause == cause.UNKNOWN
+    assert cause.decide([rank(0)], missing=[1]).cause == cause.Cause.UNKNOWN
 
 
 @pytest.mark.parametrize("ranks, missing, unreachable, want", [
     # A stopped rank is a fact; an unreachable node only silence.
-    ([rank(0), rank(1, "stopped")], [2], ["h2:9753"], cause.PEER_STOPPED),
+    ([rank(0), rank(1, "stopped")], [2], ["h2:9753"], cause.Cause.PEER_STOPPED),
     # A stopped rank and a gone one: the stopped one is named (the gone one may be
     # the watchdog's own doing after it).
-    ([rank(0), rank(1, "stopped"), rank(2, "killed", "running")], [], [], cause.PEER_STOPPED),
+    ([rank(0), rank(1, "stopped"), rank(2, "killed", "running")], [], [], cause.Cause.PEER_STOPPED),
     # A dead rank and a failed link probe: the death explains the failed connect.
     ([rank(0, data_link="down 1.2.3.4:5 (x)"), rank(1, "exited", "running")], [], [],
-     cause.PEER_DEAD),
+     cause.Cause.PEER_DEAD),
     # A node gone and a probe failing toward it: the node, not the link.
-    ([rank(0, data_link="down 1.2.3.4:5 (x)")], [1], ["h1:9753"], cause.NODE_UNREACHABLE),
+    ([rank(0, data_link="down 1.2.3.4:5 (x)")], [1], ["h1:9753"], cause.Cause.NODE_UNREACHABLE),
     # A link down and a quiet rank: the link (the quiet rank may wait on it).
     ([rank(0, "blocked", data_link="down 1.2.3.4:5 (x)"), rank(1)], [], [],
-     cause.DATA_LINK_DOWN),
+     cause.Cause.DATA_LINK_DOWN),
     # An idle peer and a quiet waiter: the program, not the GPU.
-    ([rank(0, "blocked"), rank(1, "idle", "idle")], [], [], cause.MISMATCH),
+    ([rank(0, "blocked"), rank(1, "idle", "idle")], [], [], cause.Cause.MISMATCH),
     # A probe that could not run (JACCL) is no evidence either way.
     ([rank(0, data_link="not probed: no TCP connection"), rank(1)], [], [],
-     cause.COLLECTIVE_WEDGED),
+     cause.Cause.COLLECTIVE_WEDGED),
 ])
 def test_conflicting_evidence(ranks, missing, unreachable, want):
     assert cause.decide(ranks, missing, unreachable).cause == want
@@ -129,7 +129,7 @@ def test_conflicting_evidence(ranks, missing, unreachable, want):
 
 def test_a_computing_peer_is_never_a_mismatch():
     found = cause.decide([rank(0), rank(1, "running", "running", computing=True)])
-    assert found.cause != cause.MISMATCH
+    assert found.cause != cause.Cause.MISMATCH
 
 
 def node(peer: str, *ranks: RankStatus) -> NodeAnswer:
@@ -149,7 +149,7 @@ def test_the_cluster_view_gives_each_hung_job_its_cause_and_summary():
     typed = cluster.analyze([node("a:1", rank(0)), node("b:1", rank(1, "stopped"))])
     view = typed.to_json()
     job = view["jobs"][0]
-    assert job["state"] == "hung" and job["cause"] == cause.PEER_STOPPED
+    assert job["state"] == "hung" and job["cause"] == cause.Cause.PEER_STOPPED
     assert job["summary"].startswith("rank 1 on h1 (pid 101) is stopped at all_sum #8")
     text = render_text(typed)
     assert "  cause: peer_stopped: rank 1 on h1 (pid 101) is stopped" in text
@@ -161,17 +161,17 @@ def test_the_cluster_view_gives_each_hung_job_its_cause_and_summary():
 def test_a_node_answering_late():
     # Within the timeout it did not answer: its rank is behind an unreachable node.
     job = analyze([node("a:1", rank(0)), down("b:1")])["jobs"][0]
-    assert job["cause"] == cause.NODE_UNREACHABLE and "b:1" in job["summary"]
+    assert job["cause"] == cause.Cause.NODE_UNREACHABLE and "b:1" in job["summary"]
     # A background ask failed, the fresh one answered late: it is reachable, and what
     # it says decides (its rank is stopped), not the old silence.
     job = analyze([down("b:1"), node("a:1", rank(0)),
                            node("b:1", rank(1, "stopped"))])["jobs"][0]
-    assert job["cause"] == cause.PEER_STOPPED, job
+    assert job["cause"] == cause.Cause.PEER_STOPPED, job
     # It answered, but its rank's last word is an older scan's, still running and not
     # known to compute: a rank outside a wait while its peer waits.
     job = analyze([node("a:1", rank(0)),
                            node("b:1", rank(1, "running", "running"))])["jobs"][0]
-    assert job["cause"] == cause.MISMATCH
+    assert job["cause"] == cause.Cause.MISMATCH
 
 
 def test_sizes_are_told_in_units():

@@ -1,6 +1,17 @@
 """The state sets are the one spelling every part judges by, records' JSON included."""
 
-from watchdog.states import ENDED, FINAL, HUNG, PAST_DEADLINE, WAITING_LONG, WAITING_PHASES, State
+from watchdog.states import (
+    ENDED,
+    FINAL,
+    GONE_STATUSES,
+    HUNG,
+    PAST_DEADLINE,
+    STOPPED_STATUSES,
+    WAITING_LONG,
+    WAITING_PHASES,
+    ProcStatus,
+    State,
+)
 
 
 def test_sets_match_the_text_of_json_states():
@@ -10,3 +21,48 @@ def test_sets_match_the_text_of_json_states():
     assert "killed" in ENDED and "exited" in ENDED and "unkillable" not in ENDED
     assert FINAL == ENDED | {State.UNKILLABLE} and "unkillable" in FINAL
     assert WAITING_PHASES == {"wait", "init"}
+
+
+def test_every_word_reads_as_its_value_wherever_it_goes():
+    import json
+    import logging
+
+    from watchdog.cause import CAUSES, Cause
+    from watchdog.daemon.signaller import Result
+
+    for word in (*State, *ProcStatus, *Cause, *Result):
+        text = word.value
+        assert str(word) == f"{word}" == format(word, "") == text
+        assert f"{word:>20}" == f"{text:>20}" and f"{word!s}" == text
+        assert json.dumps({word: word}) == json.dumps({text: text})
+        assert word == text and hash(word) == hash(text) and word in {text}
+        record = logging.LogRecord("x", logging.INFO, "", 0, "%s=%s", (word, word), None)
+        assert record.getMessage() == f"{text}={text}"
+    assert [c.value for c in CAUSES] == ["peer_stopped", "peer_dead", "node_unreachable",
+                                         "data_link_down", "collective_wedged", "mismatch",
+                                         "local_blocked", "unknown"]
+
+
+def test_process_statuses_are_psutils_words():
+    import psutil
+
+    for status in ProcStatus:
+        assert getattr(psutil, f"STATUS_{status.name}") == status
+    assert STOPPED_STATUSES == {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+    assert GONE_STATUSES == {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD}
+
+
+def test_the_judge_reads_process_statuses_without_psutil():
+    """The detector and the straggler judge take the stopped statuses from the
+    vocabulary, not from the probes (which import psutil)."""
+    import ast
+    import pathlib
+
+    import watchdog.daemon.judge as judge
+
+    for path in pathlib.Path(judge.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "watchdog.daemon.probes":
+                assert "STOPPED_STATUSES" not in {a.name for a in node.names}, path
+            if isinstance(node, ast.Import):
+                assert "psutil" not in {a.name for a in node.names}, path

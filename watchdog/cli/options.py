@@ -9,7 +9,13 @@ from typing import Any
 import click
 
 from watchdog.cli.service.unit import DEFAULT_CONFIG
-from watchdog.daemon.config import DEFAULT_RECORD_DIR, DEFAULT_STATE_DIR, ConfigError, Settings
+from watchdog.daemon.config import (
+    DEFAULT_RECORD_DIR,
+    DEFAULT_STATE_DIR,
+    ConfigError,
+    LaunchSettings,
+    Settings,
+)
 
 DIR_ENV = "MLX_WATCHDOG_DIR"
 STATE_ENV = "MLX_WATCHDOG_STATE_DIR"
@@ -41,6 +47,7 @@ class Node:
         self.explicit = config_path is not None
         self.config_path = config_path or DEFAULT_CONFIG
         self._settings: Settings | None = None
+        self._launch: LaunchSettings | None = None
 
     @property
     def settings(self) -> Settings:
@@ -50,6 +57,17 @@ class Node:
             readable = self.explicit or os.access(self.config_path, os.R_OK)
             self._settings = load(self.config_path, {}) if readable else Settings()
         return self._settings
+
+    @property
+    def launch(self) -> LaunchSettings:
+        """The file's keys for `launch` (the daemon has no use for them)."""
+        if self._launch is None:
+            from watchdog.daemon.config import load_launch
+
+            readable = self.explicit or os.access(self.config_path, os.R_OK)
+            self._launch = (load_launch(self.config_path, {}) if readable
+                            else LaunchSettings())
+        return self._launch
 
 
 def _from_config(key: str) -> Any:
@@ -117,13 +135,11 @@ def settings_options(f: Any) -> Any:
     same one-line message from the file or the command line, and --help shows
     the unit. Defaults stay None here, so the file's value wins over no flag.
     """
-    from watchdog.daemon.config import LAUNCH_KEYS, SPECS
+    from watchdog.daemon.config import SPECS
 
     envvars = {"dir": DIR_ENV, "state_dir": STATE_ENV, "secret": "MLX_WATCHDOG_SECRET"}
     defaults = Settings()
     for field in reversed(dataclasses.fields(Settings)):
-        if field.name in LAUNCH_KEYS:
-            continue  # the daemon has no use for them: flags of `launch`
         flag = "--" + field.name.replace("_", "-")
         spec = SPECS[field.name]
         default = getattr(defaults, field.name)

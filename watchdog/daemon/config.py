@@ -18,6 +18,7 @@ from typing import Any
 
 from watchdog import host
 from watchdog.daemon.judge.deadlines import Rules
+from watchdog.states import Mode, Word
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,6 +44,61 @@ class SetupRefused(ConfigError):
     another daemon on it): a setup error, exit 3, never a verdict's code."""
 
 
+class KillScope(Word):
+    """Which ranks a hang ends."""
+
+    JOB = "job"  # every local rank of the hung job
+    RANK = "rank"  # only the hung rank
+
+
+class RestartOn(Word):
+    """Which endings `launch` relaunches."""
+
+    TORN_DOWN = "torn-down"  # the watchdog or a fence ended it, or a rank died of a signal
+    ANY = "any"  # also a rank's own non-zero exit
+
+
+# The settings whose values are a vocabulary's words (their specs' choices).
+WORDS: dict[str, type[Word]] = {"mode": Mode, "kill_scope": KillScope, "restart_on": RestartOn}
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    """The response's settings (the enforcer's and the responses'): what it may do and
+    each step's bound."""
+
+    state_dir: str
+    mode: Mode
+    evidence_timeout: float
+    grace: float
+    kill_timeout: float
+    settle: float
+    wired_threshold: int
+    peer_timeout: float
+
+    def ladder_span(self) -> float:
+        """Seconds a response's steps take at most by their own bounds: the peers'
+        answer, the evidence, the grace, the kill timeout and the settle."""
+        return self.peer_timeout + self.evidence_timeout + self.grace + self.kill_timeout \
+            + self.settle
+
+    def response_bound(self) -> float:
+        """Seconds a response may take before it is presumed stuck (and an earlier
+        daemon's is still completed at start): every step's bound, with room to spare."""
+        return 2 * self.ladder_span() + 30.0
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """The other nodes' settings (asking them, fences, the data-link probe)."""
+
+    peers: tuple[str, ...]
+    peer_timeout: float
+    secret: str | None
+    state_dir: str
+    evidence_timeout: float  # how long a fence may hold a job for its evidence
+
+
 @dataclass(frozen=True)
 class Settings:
     dir: str = DEFAULT_RECORD_DIR
@@ -58,8 +114,8 @@ class Settings:
     spin_ratio: float = 0.5
     confirm: int = 2
     wedge_floor: float = 15.0
-    mode: str = "enforce"
-    kill_scope: str = "job"
+    mode: Mode = Mode.ENFORCE
+    kill_scope: KillScope = KillScope.JOB
     grace: float = 10.0
     kill_timeout: float = 10.0
     evidence_timeout: float = 10.0
@@ -71,13 +127,9 @@ class Settings:
     peer_timeout: float = 1.0
     secret: str | None = None
     job_label: str = "mlx_job"
-    # `mlx-watchdog launch` (the daemon ignores these): relaunching a torn-down job.
-    restart: int = 0
-    restart_on: str = "torn-down"
-    restart_backoff: float = 3.0
-    health_timeout: float = 120.0
-    max_no_progress: int = 3
-    warmup_waits: int = 10
+
+    def __post_init__(self) -> None:
+        _words(self)
 
     def rules(self) -> Rules:
         return Rules(deadline=self.deadline, auto_factor=self.auto_factor,
@@ -90,16 +142,78 @@ class Settings:
     def listen_address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
 
-    def ladder_span(self) -> float:
-        """Seconds a response's steps take at most by their own bounds: the peers'
-        answer, the evidence, the grace, the kill timeout and the settle."""
-        return self.peer_timeout + self.evidence_timeout + self.grace + self.kill_timeout \
-            + self.settle
+    def ladder(self) -> LadderSettings:
+        return LadderSettings(state_dir=self.state_dir, mode=self.mode,
+                              evidence_timeout=self.evidence_timeout, grace=self.grace,
+                              kill_timeout=self.kill_timeout, settle=self.settle,
+                              wired_threshold=self.wired_threshold,
+                              peer_timeout=self.peer_timeout)
 
-    def response_bound(self) -> float:
-        """Seconds a response may take before it is presumed stuck (and an earlier
-        daemon's is still completed at start): every step's bound, with room to spare."""
-        return 2 * self.ladder_span() + 30.0
+    def peering(self) -> PeerSettings:
+        return PeerSettings(peers=self.peers, peer_timeout=self.peer_timeout,
+                            secret=self.secret, state_dir=self.state_dir,
+                            evidence_timeout=self.evidence_timeout)
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """`mlx-watchdog launch`'s settings (the daemon has no use for them): relaunching a
+    torn-down job. Keys of the node's file with the daemon's, flags of `launch`."""
+
+    restart: int = 0
+    restart_on: RestartOn = RestartOn.TORN_DOWN
+    restart_backoff: float = 3.0
+    health_timeout: float = 120.0
+    max_no_progress: int = 3
+    warmup_waits: int = 10
+
+    def __post_init__(self) -> None:
+        _words(self)
+
+
+def _words(settings: Settings | LaunchSettings) -> None:
+    """Settings built in code get the words, as coerce() gives them."""
+    for key, word in WORDS.items():
+        value = getattr(settings, key, None)
+        if value is not None and not isinstance(value, word) and value in tuple(word):
+            object.__setattr__(settings, key, word(value))
+
+
+class Live:
+    """The daemon's settings as its parts read them: one holder they all share, each
+    part reading its narrow view (`ladder`, `peering`, `rules`) when it uses it, so a
+    reload is one assignment (`live.settings = new`) and no part keeps a value it was
+    given at start. The views are made once per assignment, together (one tuple: a
+    reader on another thread sees the old views or the new, never a mix)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @property
+    def settings(self) -> Settings:
+        return self._views[0]
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._views = (settings, settings.ladder(), settings.peering(), settings.rules())
+
+    @property
+    def ladder(self) -> LadderSettings:
+        return self._views[1]
+
+    @property
+    def peering(self) -> PeerSettings:
+        return self._views[2]
+
+    @property
+    def rules(self) -> Rules:
+        return self._views[3]
+
+
+def live(settings: Settings | Live) -> Live:
+    """The holder a part reads (a part built alone, in a test or a tool, may be given
+    plain settings: a holder of its own)."""
+    return settings if isinstance(settings, Live) else Live(settings)
 
 
 @dataclass(frozen=True)
@@ -143,9 +257,9 @@ SPECS: dict[str, Spec] = {
                             "no byte moving) is ended after max(this, auto_factor x its "
                             "longest completed wait)"),
     "mode": Spec("enforce (signal hung ranks) or observe (report only)", "choice",
-                 choices=("enforce", "observe")),
+                 choices=tuple(w.value for w in Mode)),
     "kill_scope": Spec("job (every local rank of a hung job) or rank (only the hung rank)",
-                       "choice", choices=("job", "rank")),
+                       "choice", choices=tuple(w.value for w in KillScope)),
     "grace": _seconds("seconds between SIGTERM and SIGKILL"),
     "kill_timeout": _seconds("seconds after SIGKILL before a rank is declared unkillable"),
     "evidence_timeout": _seconds("seconds, in all, for stack dumps before signalling"),
@@ -168,7 +282,7 @@ SPECS: dict[str, Spec] = {
                     low=0),
     "restart_on": Spec("launch: torn-down (the watchdog or a fence ended it, or a rank died "
                        "of a signal) or any (also a rank's own non-zero exit)", "choice",
-                       choices=("torn-down", "any")),
+                       choices=tuple(w.value for w in RestartOn)),
     "restart_backoff": Spec("launch: seconds before the first relaunch, doubled each time "
                             "(at most 60)", "number", "SECONDS", low=0),
     "health_timeout": Spec("launch, node wait-healthy: seconds to wait for a fit node (no "
@@ -181,9 +295,9 @@ SPECS: dict[str, Spec] = {
 }
 HELP = {key: spec.help for key, spec in SPECS.items()}
 # Keys of `mlx-watchdog launch`: in the node's file with the rest, flags of `launch`, not `run`.
-LAUNCH_KEYS = ("restart", "restart_on", "restart_backoff", "health_timeout", "max_no_progress",
-               "warmup_waits")
-KEYS = {f.name for f in dataclasses.fields(Settings)}
+LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(LaunchSettings))
+DAEMON_KEYS = tuple(f.name for f in dataclasses.fields(Settings))
+KEYS = {*DAEMON_KEYS, *LAUNCH_KEYS}  # the file's keys: the daemon's and launch's alike
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -266,7 +380,7 @@ def coerce(key: str, value: Any) -> Any:
         if spec.choices and value not in spec.choices:
             raise ConfigError(f"{key} must be {' or '.join(map(repr, spec.choices))}, "
                               f"got {value!r}")
-        return value
+        return WORDS[key](value) if key in WORDS else value
     if spec.kind == "secret":
         if value is None or value == "":  # "" is how default_toml() (and TOML) spells unset
             return None
@@ -298,7 +412,23 @@ def coerce(key: str, value: Any) -> Any:
 
 
 def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
-    """Defaults, then the file, then the command line (None means not given)."""
+    """Defaults, then the file, then the command line (None means not given). Every key
+    is checked, launch's too (one file, one verdict on it); the daemon's are kept."""
+    values = _values(file_values, overrides)
+    settings = Settings(**{k: v for k, v in values.items() if k not in LAUNCH_KEYS})
+    _check(settings)
+    return settings
+
+
+def build_launch(file_values: dict[str, Any], overrides: dict[str, Any]) -> LaunchSettings:
+    """`launch`'s settings, from the same file and flags (checked as `build` does)."""
+    values = _values(file_values, overrides)
+    launch = LaunchSettings(**{k: v for k, v in values.items() if k in LAUNCH_KEYS})
+    _check(launch)
+    return launch
+
+
+def _values(file_values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for source in (file_values, {k: v for k, v in overrides.items() if v is not None}):
         for key, value in source.items():
@@ -306,15 +436,14 @@ def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
             if key not in KEYS:
                 raise ConfigError(f"unknown setting {key!r}{_did_you_mean(key)}")
             values[key] = coerce(key, value)
-    settings = Settings(**values)
-    _check(settings)
-    return settings
+    return values
 
 
-def _check(s: Settings) -> None:
+def _check(s: Settings | LaunchSettings) -> None:
     """What no single value shows: each value was checked on its way in (`coerce`)."""
-    for key in KEYS:  # Settings built in code skip coerce(): check every value again
-        value = getattr(s, key)
+    for f in dataclasses.fields(s):  # built in code, they skip coerce(): check each again
+        value = getattr(s, f.name)
+        key = f.name
         if value is not None and value != ():
             coerce(key, value)
 
@@ -378,12 +507,22 @@ def load(path: str | None, overrides: dict[str, Any]) -> Settings:
     return build(load_file(path) if path else {}, overrides)
 
 
+def load_launch(path: str | None, overrides: dict[str, Any]) -> LaunchSettings:
+    return build_launch(load_file(path) if path else {}, overrides)
+
+
 def default_toml() -> str:
     """A config file listing every key with its default, commented out."""
     lines = ["# mlx-watchdog configuration: every key is optional; shown with its default.",
              "# Reference: docs/configuration.md", "[watchdog]"]
-    defaults = Settings()
-    for f in dataclasses.fields(Settings):
+    for defaults in (Settings(), LaunchSettings()):  # the daemon's keys, then launch's
+        lines += _default_lines(defaults)
+    return "\n".join(lines) + "\n"
+
+
+def _default_lines(defaults: Settings | LaunchSettings) -> list[str]:
+    lines = []
+    for f in dataclasses.fields(defaults):
         value = getattr(defaults, f.name)
         if f.name == "deadline" and value is None:
             value = "auto"
@@ -397,4 +536,4 @@ def default_toml() -> str:
             text = repr(value)
         lines.append(f"# {HELP[f.name]}")
         lines.append(f"# {f.name} = {text}")
-    return "\n".join(lines) + "\n"
+    return lines

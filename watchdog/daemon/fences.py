@@ -19,7 +19,7 @@ from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.peers import Peers
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import Live, PeerSettings, Settings, live
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.table import Death, Key, RankTable
 from watchdog.net import fence
@@ -60,9 +60,9 @@ class RanksToEnd:
 
 
 class Fences:
-    def __init__(self, settings: Settings, host: str, peers: Peers, table: RankTable,
+    def __init__(self, settings: Settings | Live, host: str, peers: Peers, table: RankTable,
                  lock: threading.RLock, wake: threading.Event) -> None:
-        self.settings, self.host, self.peers, self.table = settings, host, peers, table
+        self.live, self.host, self.peers, self.table = live(settings), host, peers, table
         self.lock, self.wake = lock, wake  # the rank table's lock; the loop's alarm
         # (uid, job) -> its orphans, for jobs one of whose ranks died.
         self.orphans: dict[tuple[int, str], Orphaned] = {}
@@ -70,6 +70,11 @@ class Fences:
         # (uid, job, term_in): fences for jobs whose ranks a response holds frozen
         # already: their SIGTERM brought forward (the origin's evidence was done early).
         self._hurry: list[tuple[int, str, float]] = []
+
+    @property
+    def settings(self) -> PeerSettings:
+        """Read at use: a reload reaches the next fence."""
+        return self.live.peering
 
     def request(self, headers: Any, body: bytes) -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` (the HTTP thread): authenticate, pick our ranks of

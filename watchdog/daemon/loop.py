@@ -19,8 +19,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import psutil
-
 from watchdog import __version__
 from watchdog.daemon import holds, roomkeeper
 from watchdog.daemon.act import told
@@ -30,22 +28,22 @@ from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Response, Responses
 from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.clock import Clock
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import KillScope, Live, Settings
 from watchdog.daemon.counters import Counters
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.stragglers import MIN_SECONDS, Stragglers, summary, why
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, ProcessSample, probe
+from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.probes.stacksampler import Identity, StackSampler
 from watchdog.daemon.publish import INVALID_LISTED, snapshot
 from watchdog.daemon.ranks import Edge, Rank, transition
-from watchdog.daemon.signaller import KILLED, UNKILLABLE, UNKNOWN, Signaller
+from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable
-from watchdog.states import FINAL, WAITING_LONG
+from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, Mode, ProcStatus, State
 from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler, job_key
 
 log = logging.getLogger(__name__)
@@ -56,7 +54,8 @@ Due = dict[tuple[int, str], list[Rank]]  # (uid, job) -> its ranks due for actio
 class Daemon:
     def __init__(self, settings: Settings, probe_: Probe | None = None,
                  signaller: Signaller | None = None, *, clock: Clock | None = None) -> None:
-        self.settings = settings
+        # The one holder every part reads its settings from: a reload is one assignment.
+        self.live = Live(settings)
         self.clock = clock = clock or Clock()
         self.probe = probe_ or probe()
         self.signaller = signaller or Signaller(self.probe)
@@ -65,10 +64,10 @@ class Daemon:
         # peers' background asks; a view and a fence each get a thread of their own.
         self.executor = FairWork(4, "evidence")
         self.asking = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peers")
-        self.enforcer = Enforcer(settings, self.signaller, self.probe, wall=clock.wall,
+        self.enforcer = Enforcer(self.live, self.signaller, self.probe, wall=clock.wall,
                                  executor=self.executor)
         self.learned = learning.Keeper(settings.state_dir, clock.wall(), clock=clock.monotonic)
-        self.detector = Detector(settings.rules(), self.learned.learned)
+        self.detector = Detector(lambda: self.live.rules, self.learned.learned)
         self.host = socket.gethostname()
         self.counters = Counters.zeroed()
         self.table = RankTable(settings.dir, self.probe, self.signaller, self.counters,
@@ -89,19 +88,19 @@ class Daemon:
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set by the exit watcher or a fence: scan now
-        self.peers = Peers(settings, self.host, self.asking, self.started,
+        self.peers = Peers(self.live, self.host, self.asking, self.started,
                            clock=clock.monotonic, wall=clock.wall)
-        self.fences = Fences(settings, self.host, self.peers, self.table, self.lock, self.wake)
+        self.fences = Fences(self.live, self.host, self.peers, self.table, self.lock, self.wake)
         # A rank waiting long: its data path to its peers probed (a cause's evidence),
         # on workers of its own: a probe never delays a capture, a view or a fence.
         self.probing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="links")
-        self.links = Prober(self.probing.submit, min(1.0, settings.peer_timeout))
+        self.links = Prober(self.probing.submit, lambda: min(1.0, self.live.peering.peer_timeout))
         # A job whose rank waited past its wedge deadline: its ranks' native stacks
         # sampled (bounded: stacksampler.py), to tell a rank that computes from one that
         # spins on nothing (judge/frames.py, judge/wedge.py). A healthy job: none.
         self.sampling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stacks")
         self.stacks = StackSampler(self.probe, self.sampling.submit, clock.monotonic)
-        self.responses = Responses(settings, self.enforcer, self.peers,
+        self.responses = Responses(self.live, self.enforcer, self.peers,
                                    lambda: self.snapshot, lambda: self.baseline)
         self.exits = ExitWatcher(self.wake)
         # Room in the record directory for every user's next rank; why it is full
@@ -112,6 +111,14 @@ class Daemon:
         self.stragglers = Stragglers()
         self.slow: tuple[Straggler, ...] = ()
         self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
+
+    @property
+    def settings(self) -> Settings:
+        return self.live.settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self.live.settings = settings
 
     # -- one tick --------------------------------------------------------------
 
@@ -163,9 +170,9 @@ class Daemon:
         def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
             return self.stacks.tracing(rank.key, self.last_scan_mono)
         for rank, sample in live:
-            if sample.status == psutil.STATUS_TRACING_STOP and traced(rank):
+            if sample.status == ProcStatus.TRACING_STOP and traced(rank):
                 # Stopped by our own stack sample, for half a second: not a pause.
-                sample = replace(sample, status=psutil.STATUS_RUNNING)
+                sample = replace(sample, status=ProcStatus.RUNNING)
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
         sampled: set[tuple[int, float]] = set()
         for members in jobs.values():
@@ -324,7 +331,7 @@ class Daemon:
         # those alive with the dead rank), the verdict the job's or the due ones.
         named = {r.key for r in due}
         targets = ([r for r in local if r.key in named] if fenced is not None else
-                   local if self.settings.kill_scope == "job" else due)
+                   local if self.settings.kill_scope == KillScope.JOB else due)
         if not targets:
             return
         incident = new_incident(
@@ -333,7 +340,7 @@ class Daemon:
             targets=targets, local=local, fenced=fenced)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
-            log.error("%s", told.verdict_line(incident, self.settings.mode == "enforce",
+            log.error("%s", told.verdict_line(incident, self.settings.mode == Mode.ENFORCE,
                                               (r.record.rank for r in targets)))
         now = self.clock.monotonic()
         acted = set() if fenced else {r.key for r in due}  # a fence is no verdict on a wait
@@ -417,25 +424,25 @@ class Daemon:
         for key in keys:
             rank = self.ranks.get(key)
             if rank is None:
-                if outcome.results.get(key[0]) == KILLED:  # a replay's, not yet seen
+                if outcome.results.get(key[0]) == State.KILLED:  # a replay's, not yet seen
                     self.table.ended_by_us[key] = outcome.incident.id
                 continue
             result = outcome.results.get(rank.record.pid)
             rank.cause = outcome.incident.cause or rank.cause
-            if result == KILLED:
+            if result == State.KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")
                 counted = job_key(rank.record.uid, rank.record.job)  # per (uid, job)
                 self.counters.job_kills[counted] = self.counters.job_kills.get(counted, 0) + 1
                 self.table.remove_record(rank)
-            elif result == UNKILLABLE:
+            elif result == State.UNKILLABLE:
                 transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
-            elif result == UNKNOWN:
+            elif result == Result.UNKNOWN:
                 # Its identity could not be checked, so it was left alone:
                 # judged afresh next scan rather than given up for this wait.
                 transition(rank, Edge.RETRIED, now)
-            elif not outcome.results and self.settings.mode == "enforce" \
-                    and outcome.incident.mode == "observe":
+            elif not outcome.results and self.settings.mode == Mode.ENFORCE \
+                    and outcome.incident.mode == Mode.OBSERVE:
                 # Observed while a reload switched to enforce: its wait judged afresh.
                 transition(rank, Edge.RETRIED, now)
             else:  # observed, or not ended by us (gone, not ours, denied, its own exit)
@@ -505,17 +512,14 @@ class Daemon:
         already reported must not wait for a restart). A lowered deadline needs no
         mark cleared: the wake below judges every wait by it at once."""
         with self.lock:
-            if settings.mode == "enforce" and self.settings.mode != "enforce":
+            if settings.mode == Mode.ENFORCE and self.settings.mode != Mode.ENFORCE:
                 now = self.clock.monotonic()
                 rearmed = [r for r in self.ranks.values() if r.acted_on is not None
                            and transition(r, Edge.REARMED, now)]
                 if rearmed:
                     log.info("mode enforce: %s judged again now (only observed so far)",
                              _ranks_of_jobs(rearmed))
-            self.settings = settings
-            self.enforcer.settings = self.peers.settings = self.responses.settings = settings
-            self.fences.settings = settings
-            self.detector.rules = settings.rules()
+            self.live.settings = settings  # every part reads its view from it at use
         self.wake.set()
 
     def stop(self) -> None:

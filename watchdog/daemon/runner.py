@@ -10,7 +10,6 @@ import threading
 from typing import Any
 
 from watchdog.daemon.config import (
-    LAUNCH_KEYS,
     ConfigError,
     Settings,
     SetupRefused,
@@ -61,7 +60,7 @@ RELOADABLE = frozenset({
     "auto_fallback", "init_deadline", "blocked_deadline", "spin_ratio", "confirm", "wedge_floor",
     "grace",
     "kill_timeout", "wired_threshold", "settle", "retention", "peers", "peer_timeout",
-    "secret", *LAUNCH_KEYS})
+    "secret"})
 
 
 def _shown(key: str, value: Any) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from watchdog.daemon import observation
 from watchdog.daemon.observation import Seen
 from watchdog.daemon.probes import Probe
+from watchdog.states import State, Word
 
 # Signals a record may name for its stack dump. Anything else (a forged record
 # asking for SIGKILL, say) is ignored.
@@ -23,15 +24,29 @@ DUMP_SIGNALS = frozenset(
     {int(signal.SIGUSR1), int(signal.SIGUSR2)}
     | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()))
 
-SENT, GONE, NOT_OURS, DENIED = "sent", "gone", "not-ours", "denied"
-# What an identity check can say besides GONE and NOT_OURS. UNKNOWN (the probe
-# failed) is never taken as a match: nothing is signalled on it, and it is
-# never taken as proof that a process ended or survived either.
-OURS, UNKNOWN = "ours", "unknown"
-# How the ladder left a rank: gone after it, or positively still there after SIGKILL;
-# or EXITED: it was ending on its own error (the backend's, its record says so), so
-# its end is not the watchdog's.
-KILLED, UNKILLABLE, EXITED = "killed", "unkillable", "exited"
+
+
+class Result(Word):
+    """What a signal (`send`) or an identity check (`identify`) came to."""
+
+    SENT = "sent"
+    GONE = "gone"
+    NOT_OURS = "not-ours"
+    DENIED = "denied"
+    # What an identity check can say besides GONE and NOT_OURS. UNKNOWN (the probe
+    # failed) is never taken as a match: nothing is signalled on it, and it is
+    # never taken as proof that a process ended or survived either.
+    OURS = "ours"
+    UNKNOWN = "unknown"
+
+
+# The members under their short names, as the ladder compares them.
+SENT, GONE, NOT_OURS, DENIED = Result.SENT, Result.GONE, Result.NOT_OURS, Result.DENIED
+OURS, UNKNOWN = Result.OURS, Result.UNKNOWN
+# How the ladder left a rank (the rank's state from then on): gone after it, or
+# positively still there after SIGKILL; or EXITED: it was ending on its own error (the
+# backend's, its record says so), so its end is not the watchdog's.
+KILLED, UNKILLABLE, EXITED = State.KILLED, State.UNKILLABLE, State.EXITED
 # An identity check as a signal result (`observation.identify` never says CLOSED: a
 # target is a process, not a record).
 _SAID = {Seen.LIVE: OURS, Seen.GONE: GONE, Seen.NOT_OURS: NOT_OURS, Seen.UNKNOWN: UNKNOWN}
@@ -58,7 +73,7 @@ class Signaller:
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
 
-    def identify(self, target: Target) -> str:
+    def identify(self, target: Target) -> Result:
         """OURS, GONE, NOT_OURS, or UNKNOWN when the probe failed."""
         return _SAID[observation.identify(self.probe, target.pid, target.start_time,
                                           target.uid, target.start_ticks).seen]
@@ -67,7 +82,7 @@ class Signaller:
         """Positively still the process the record describes (a failed probe is not)."""
         return self.identify(target) == OURS
 
-    def send(self, target: Target, signum: int) -> str:
+    def send(self, target: Target, signum: int) -> Result:
         pidfd = -1
         if hasattr(os, "pidfd_open"):
             # A pidfd pins the process: once the identity is checked through it,

@@ -25,7 +25,7 @@ from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProcessSample
 from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
-from watchdog.daemon.signaller import GONE, NOT_OURS, Signaller
+from watchdog.daemon.signaller import Result, Signaller
 from watchdog.record import Record
 from watchdog.states import FINAL, State
 from watchdog.status import job_key
@@ -156,7 +156,7 @@ class RankTable:
     def _final(self, rank: Rank, now: float) -> None:
         self._seen.add(rank.key)
         if rank.state == State.UNKILLABLE and self.signaller.identify(
-                rank.target()) in (GONE, NOT_OURS):
+                rank.target()) in (Result.GONE, Result.NOT_OURS):
             transition(rank, Edge.WENT_LATE, now, "ended after being declared unkillable")
 
     def _look(self, path: str, rec: Record, rank: Rank | None, st: os.stat_result | None,
@@ -216,7 +216,7 @@ class RankTable:
             if self.records.listed and not os.path.lexists(rank.path):
                 self.gone(rank, now, status=record.STATUS_CLOSED)  # record removed: clean
                 continue
-            if self.signaller.identify(rank.target()) in (GONE, NOT_OURS):
+            if self.signaller.identify(rank.target()) in (Result.GONE, Result.NOT_OURS):
                 self.gone(rank, now, status=rank.record.status)
 
     def report_invalid(self, path: str, why: str, st: os.stat_result | None) -> None:
@@ -297,6 +297,6 @@ class RankTable:
     def remove_record(self, rank: Rank) -> None:
         """Delete a dead rank's leftover record, if the file is still that rank's
         and the process is known to be gone (never a live rank's files)."""
-        if self.signaller.identify(rank.target()) not in (GONE, NOT_OURS):
+        if self.signaller.identify(rank.target()) not in (Result.GONE, Result.NOT_OURS):
             return
         remove_dead_record(rank.path, rank.key)

@@ -27,8 +27,9 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from watchdog.daemon.signaller import KILLED, UNKILLABLE
+from watchdog.daemon.config import RestartOn
 from watchdog.launch import codes
+from watchdog.states import State
 from watchdog.status import Incident
 
 EXIT_OK = 0
@@ -104,7 +105,7 @@ def _ended_by(incident: Incident | None) -> bool:
     per-rank lines at all: the incident's outcome is then what says so.)"""
     outcome = incident.outcome if incident is not None else None
     return isinstance(outcome, dict) and any(
-        result in (KILLED, UNKILLABLE) for result in outcome.values())
+        result in (State.KILLED, State.UNKILLABLE) for result in outcome.values())
 
 
 def _crashes(attempt: Attempt) -> list[tuple[int, int]]:
@@ -155,7 +156,7 @@ def restartable(ending: Ending, restart_on: str) -> bool:
     failure only with `any`; a clean exit and an interrupt never."""
     if ending in (Ending.WATCHDOG, Ending.FENCED, Ending.CRASHED):
         return True
-    return ending is Ending.FAILED and restart_on == "any"
+    return ending is Ending.FAILED and restart_on == RestartOn.ANY
 
 
 def progressed(attempt: Attempt, warmup_waits: int) -> bool:

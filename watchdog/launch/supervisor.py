@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon.attempts import ATTEMPT_ENV
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import LaunchSettings, Settings
 from watchdog.daemon.recdir import read_dir
 from watchdog.daemon.store import journal, launchlog
 from watchdog.daemon.store.snapshot import daemon_status
@@ -50,7 +50,8 @@ class Plan:
     job: str
     job_given: bool  # the user named the job with --env: not added again
     record_dir: str
-    settings: Settings  # the node's, with the launch options applied
+    settings: Settings  # the node's
+    launch: LaunchSettings = LaunchSettings()  # the node's launch keys, the flags applied
 
 
 def say(message: str) -> None:
@@ -210,7 +211,7 @@ class Supervisor:
     # -- the attempts ----------------------------------------------------------
 
     def run(self) -> int:
-        s = self.settings
+        s = self.plan.launch
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -219,7 +220,7 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _attempts(self, s: Settings) -> int:
+    def _attempts(self, s: LaunchSettings) -> int:
         number, stalled_in_a_row = 0, 0
         while True:
             number += 1
@@ -267,15 +268,15 @@ class Supervisor:
 
     def _fit(self, number: int) -> bool:
         """Wait for the node to be fit for attempt `number`; journal a refusal."""
-        health = wait_healthy(self.settings, self.settings.health_timeout,
+        health = wait_healthy(self.settings, self.plan.launch.health_timeout,
                               reference=self.reference, on_wait=lambda problem: say(
                                   f"job {self.plan.job}: waiting up to "
-                                  f"{self.settings.health_timeout:g}s before attempt "
+                                  f"{self.plan.launch.health_timeout:g}s before attempt "
                                   f"{number}: {problem}"),
                               sleep=self.stop.wait)
         if self.stop.is_set():
             return True  # interrupted while waiting: the caller exits 128+signal
-        if number == 1 and self.settings.restart:
+        if number == 1 and self.plan.launch.restart:
             for note in health.notes:  # what could not be checked, said once
                 say(f"job {self.plan.job}: note: {note}")
         if health.problem is None:

@@ -23,8 +23,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from watchdog.cause import CAUSES
-from watchdog.states import ENDED, State
+from watchdog.cause import CAUSES, Cause
+from watchdog.states import ENDED, Mode, State
 from watchdog.status import NodeStatus, RankStatus, split_job_key, stall_key
 
 PREFIX = "mlx_watchdog_"
@@ -34,7 +34,7 @@ Snapshot = Callable[[], NodeStatus]
 # exporter that sets it forces `honor_labels` on every scrape config. `job_label = "job"`
 # in the config keeps the old name for one release (docs/operations.md, Upgrading).
 JOB_LABEL = "mlx_job"
-MODES = ("enforce", "observe")
+MODES = tuple(m.value for m in Mode)
 
 
 def _uid(r: RankStatus) -> str:
@@ -157,9 +157,9 @@ def _stalls(scrape: Scrape) -> Samples:
     """Every (verdict, cause) pair, from 0."""
     counters = scrape.snap.counters
     for verdict, total in counters.stalls.items():
-        by_cause = {c: counters.stall_causes.get(stall_key(verdict, c), 0) for c in CAUSES}
+        by_cause = {c.value: counters.stall_causes.get(stall_key(verdict, c), 0) for c in CAUSES}
         # Hangs counted without a cause (a daemon before causes) are `unknown`.
-        by_cause["unknown"] += max(0, total - sum(by_cause.values()))
+        by_cause[Cause.UNKNOWN] += max(0, total - sum(by_cause.values()))
         for cause, n in by_cause.items():
             yield (verdict, cause), n
 

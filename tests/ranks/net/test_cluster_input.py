@@ -12,7 +12,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from tests.support.ranks import REPO, base_env
 from tests.unit.net.test_cluster_input import MALFORMED, rank
 from watchdog.daemon.act.peers import Peers
+from watchdog.daemon.config import Settings
 from watchdog.status import ComputingRank, NodeStatus
 
 
@@ -68,8 +68,7 @@ def test_cluster_status_survives_a_malformed_peer(peer):
 def test_the_slow_peer_hold_still_sees_the_computing_rank(peer, tmp_path):
     """Peers.view (which the slow-peer hold asks) with a malformed rank in the answer:
     the good rank computing on the peer is still reported, so the job is held."""
-    peers = Peers(SimpleNamespace(peers=(peer,), peer_timeout=5.0, secret="",
-                                  state_dir=str(tmp_path)),  # type: ignore[arg-type]
+    peers = Peers(Settings(peers=(peer,), peer_timeout=5.0, state_dir=str(tmp_path)),
                   "here", None, 0.0)  # type: ignore[arg-type]
     local = NodeStatus.from_json({"host": "here", "ranks": [
         rank(host="here", pid=20, rank=0, state="suspect", phase="wait", computing=False)]})

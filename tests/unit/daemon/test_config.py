@@ -13,12 +13,16 @@ import pytest
 
 from watchdog.daemon.config import (
     HELP,
+    LAUNCH_KEYS,
     ConfigError,
+    LaunchSettings,
     Settings,
     build,
+    build_launch,
     default_toml,
     load,
     load_file,
+    load_launch,
     parse_listen,
 )
 from watchdog.daemon.judge.deadlines import Rules
@@ -36,7 +40,8 @@ def test_defaults_are_valid() -> None:
     assert settings.mode == "enforce" and settings.kill_scope == "job"
     assert settings.confirm >= 2  # no single sample kills, by default too
     assert settings.listen_address == ("127.0.0.1", 9753)
-    assert set(HELP) == {f.name for f in dataclasses.fields(Settings)}
+    assert set(HELP) == {f.name for f in dataclasses.fields(Settings)} | set(LAUNCH_KEYS)
+    assert not set(LAUNCH_KEYS) & {f.name for f in dataclasses.fields(Settings)}
 
 
 def test_rules_carry_every_detector_setting() -> None:
@@ -192,9 +197,10 @@ def test_default_toml_parses_back_to_the_defaults(tmp_path: Path) -> None:
     key_line = re.compile(r"^# ([a-z_]+) = ")
     uncommented = "\n".join(key_line.sub(r"\1 = ", line) for line in text.splitlines())
     section = tomllib.loads(uncommented)["watchdog"]
-    assert set(section) == {f.name for f in dataclasses.fields(Settings)}
+    assert set(section) == {f.name for f in dataclasses.fields(Settings)} | set(LAUNCH_KEYS)
     assert build(section, {}) == Settings()
     assert load(write(tmp_path, uncommented), {}) == Settings()
+    assert build_launch(section, {}) == LaunchSettings()
 
 
 # -- the command line: one line on stderr, never a traceback ----------------------------
@@ -246,3 +252,24 @@ def test_peers_take_a_comma_separated_list_and_refuse_a_comma_in_a_host():
     assert build({"peers": ["a:1, b:2"]}, {}).peers == ("a:1", "b:2")
     with pytest.raises(ConfigError):
         parse_listen("a,b:1")
+
+
+def test_launch_keys_are_launchs_alone_and_the_file_checks_them_as_before(
+        tmp_path: Path) -> None:
+    """The daemon's settings hold none of `launch`'s keys; the file still takes them
+    (and `run` still refuses a bad one, with the same words and hints)."""
+    path = write(tmp_path, "[watchdog]\nrestart = 2\nrestart_on = \"any\"\n"
+                           "health_timeout = \"2m\"\ngrace = 3\n")
+    settings = load(path, {})
+    assert settings.grace == 3.0 and not hasattr(settings, "restart")
+    launch = load_launch(path, {"restart": None, "warmup_waits": 4})
+    assert launch == LaunchSettings(restart=2, restart_on="any", health_timeout=120.0,
+                                    warmup_waits=4)
+    bad = write(tmp_path, "[watchdog]\nrestart_on = \"sometimes\"\n")
+    for reader in (load, load_launch):
+        with pytest.raises(ConfigError, match="^restart_on must be 'torn-down' or 'any', "
+                                              "got 'sometimes'$"):
+            reader(bad, {})
+    typo = write(tmp_path, "[watchdog]\nrestrat = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting 'restrat'; did you mean restart"):
+        load(typo, {})

@@ -26,7 +26,7 @@ from functools import cache
 import pytest
 
 from tests.support import REPO
-from watchdog.daemon.config import HELP, Settings, default_toml
+from watchdog.daemon.config import HELP, LaunchSettings, Settings, default_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -272,7 +272,7 @@ def test_links_between_the_docs_resolve():
 def test_configuration_doc_lists_every_setting_with_its_default():
     doc = (DOCS / "configuration.md").read_text(encoding="utf-8")
     defaults = dict(re.findall(r"^# (\w+) = (.+)$", default_toml(), re.M))
-    for f in dataclasses.fields(Settings):
+    for f in (*dataclasses.fields(Settings), *dataclasses.fields(LaunchSettings)):
         row = re.search(rf"^\| `{f.name}` \|(.*)$", doc, re.M)
         assert row, f"docs/configuration.md has no row for {f.name}"
         assert f"`{defaults[f.name]}`" in row.group(1), (

@@ -10,7 +10,7 @@ import click
 
 from watchdog.cli.exits import SetupError
 from watchdog.cli.options import Node, state_option
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import LaunchSettings
 
 
 def _launch_options(f: Any) -> Any:
@@ -18,7 +18,7 @@ def _launch_options(f: Any) -> Any:
     from watchdog.cli.options import SettingType
     from watchdog.daemon.config import LAUNCH_KEYS, SPECS
 
-    defaults = Settings()
+    defaults = LaunchSettings()
     for key in reversed(LAUNCH_KEYS):
         f = click.option("--" + key.replace("_", "-"), key, type=SettingType(key),
                          help=f"{SPECS[key].help.removeprefix('launch: ')} "
@@ -61,13 +61,13 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
         raise SetupError(str(err)) from None
     given = named_env(list(args), JOB_ENV)
     job = given or os.environ.get(JOB_ENV) or new_job_id()
-    settings = dataclasses.replace(
-        node.settings, state_dir=state_dir,
-        **{k: v for k, v in options.items() if v is not None})
+    settings = dataclasses.replace(node.settings, state_dir=state_dir)
+    launching = dataclasses.replace(node.launch,
+                                    **{k: v for k, v in options.items() if v is not None})
     record_dir = named_env(list(args), DIR_ENV) or os.environ.get(DIR_ENV) or settings.dir
     click.echo(f"mlx-watchdog: job {job}", err=True)
     plan = Plan(mlx_launch=mlx_launch, args=list(args), job=job, job_given=given is not None,
-                record_dir=record_dir, settings=settings)
+                record_dir=record_dir, settings=settings, launch=launching)
     try:
         sys.exit(Supervisor(plan).run())
     except LaunchFailed as err:

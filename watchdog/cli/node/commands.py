@@ -235,7 +235,7 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
 
     _existing_state_dir(state_dir)  # no daemon has ever run here: not known to be fit
     settings = dataclasses.replace(node_.settings, state_dir=state_dir)
-    health = wait_healthy(settings, settings.health_timeout if timeout is None else timeout,
+    health = wait_healthy(settings, node_.launch.health_timeout if timeout is None else timeout,
                           on_wait=lambda problem: click.echo(
                               f"mlx-watchdog: waiting for a fit node: {problem}", err=True))
     for note in health.notes:

@@ -116,7 +116,7 @@ from typing import Any, ClassVar
 from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
 from watchdog.daemon.act.workers import FairWork
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import LadderSettings, Live, Settings, live
 from watchdog.daemon.probes import STOPPED_STATUSES, UNINTERRUPTIBLE, Probe, ProbeError
 from watchdog.daemon.signaller import (
     EXITED,
@@ -218,12 +218,12 @@ class Ladder:
 class Enforcer:
     TICK = 0.05  # seconds between a ladder's steps: the loop's wait while one is under way
 
-    def __init__(self, settings: Settings, signaller: Signaller, probe: Probe, *,
+    def __init__(self, settings: Settings | Live, signaller: Signaller, probe: Probe, *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  wall: Callable[[], float] = time.time,
                  executor: FairWork | Executor | None = None) -> None:
-        self.settings = settings
+        self.live = live(settings)
         self.signaller = signaller
         self.probe = probe
         self.clock = clock
@@ -231,10 +231,15 @@ class Enforcer:
         self.wall = wall
         # Where evidence is gathered and parsed; without one (tests), at once.
         self.executor = executor
-        self.evidence = Evidence(settings.state_dir, settings.evidence_timeout, signaller,
+        self.evidence = Evidence(self.settings.state_dir, self.settings.evidence_timeout, signaller,
                                  probe, clock=clock, sleep=sleep, wall=wall)
         # Incidents and reboot flags a failed write left in memory (pending.py).
-        self.backlog = pending.Backlog(settings.state_dir)
+        self.backlog = pending.Backlog(self.settings.state_dir)
+
+    @property
+    def settings(self) -> LadderSettings:
+        """Read at use: a reload reaches a response under way."""
+        return self.live.ladder
 
     def capture(self, incident_id: str, targets: list[Target],
                 frozen: frozenset[int] = frozenset()) -> list[str]:

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError
-from watchdog.daemon.signaller import DUMP_SIGNALS, OURS, SENT, Signaller, Target
+from watchdog.daemon.probes import Probe, ProbeError
+from watchdog.daemon.signaller import DUMP_SIGNALS, Result, Signaller, Target
+from watchdog.states import STOPPED_STATUSES
 from watchdog.status import NativeHot
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ class Evidence:
             return False
         return (sample is not None and (sample.status not in STOPPED_STATUSES
                                         or target.pid in frozen)
-                and self.signaller.identify(target) == OURS)
+                and self.signaller.identify(target) == Result.OURS)
 
     def _room(self, wanted: int) -> int:
         """Bytes evidence may still take without eating the journal's reserve."""
@@ -214,7 +215,7 @@ class Evidence:
             if not self._running(target, frozen):
                 continue
             before = _size(target.stacks_path)
-            if self.signaller.send(target, target.dump_signal) == SENT:
+            if self.signaller.send(target, target.dump_signal) == Result.SENT:
                 asked[target] = before
         thawed = [t for t in asked if t.pid in frozen]
         for target in thawed:  # its dump signal pending: the handler runs first

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import replace
 
 from watchdog import cause
+from watchdog.cause import CAUSES, Cause
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import State
@@ -48,7 +49,7 @@ def death_culprit(host: str, rank: Rank, how: str) -> Culprit:
     """A rank of the job that died: the culprit a fence (and the peers' incidents)
     name, with its cause and one line."""
     shown = rank_status(rank.record, rank.state, None)
-    return replace(culprit_of(host, rank, how), cause=cause.PEER_DEAD,
+    return replace(culprit_of(host, rank, how), cause=Cause.PEER_DEAD,
                    summary=f"rank {rank.record.rank} on {host} (pid {rank.record.pid}) "
                            f"{how} at {cause.where(shown)}; its peers cannot finish without it")
 
@@ -93,11 +94,11 @@ def fenced_finding(fenced: Fence) -> tuple[str, str]:
     c = fenced.culprit
     if fenced.local:
         if c is not None and c.summary:
-            return cause.PEER_DEAD, c.summary
+            return Cause.PEER_DEAD, c.summary
         dead = who(c.rank, c.host, c.pid) if c is not None else "a rank of the job"
-        return cause.PEER_DEAD, f"{dead} died: {fenced.reason}; its local peers are ended"
+        return Cause.PEER_DEAD, f"{dead} died: {fenced.reason}; its local peers are ended"
     said = (c.summary if c is not None and c.summary else fenced.reason) or ""
-    return ((c.cause if c is not None and c.cause in cause.CAUSES else cause.UNKNOWN),
+    return ((c.cause if c is not None and c.cause in CAUSES else Cause.UNKNOWN),
             f"fenced by {fenced.origin}: {said}")
 
 
@@ -140,7 +141,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     if fenced is not None:
         found, summary = fenced_finding(fenced)
     elif wedged is not None:  # judge/wedge.py: every rank spinning on nothing
-        found, summary = cause.COLLECTIVE_WEDGED, wedged.note
+        found, summary = Cause.COLLECTIVE_WEDGED, wedged.note
         stuck = next((r for r in local if r.record.rank == wedged.culprit), None)
         if stuck is not None and behind is None and not stopped:
             behind = (stuck, f"{stuck.verdict.seen if stuck.verdict else ''}, bytes left "

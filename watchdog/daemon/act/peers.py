@@ -22,7 +22,7 @@ from concurrent.futures import Executor, Future
 from typing import Any
 
 from watchdog.daemon.act import told
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import Live, PeerSettings, Settings, live
 from watchdog.daemon.judge import cluster as judge
 from watchdog.net import cluster, fence
 from watchdog.status import Culprit, Fence, FenceSent, NodeAnswer, NodeStatus, PeerView
@@ -35,18 +35,24 @@ FENCED_KEPT = 600.0  # seconds a job fenced is remembered (its ranks' deaths not
 
 
 class Peers:
-    def __init__(self, settings: Settings, host: str, executor: Executor,
+    def __init__(self, settings: Settings | Live, host: str, executor: Executor,
                  started: float, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
-        self.settings, self.host, self.executor = settings, host, executor
+        self.live, self.host, self.executor = live(settings), host, executor
         self.started = started  # a fence signed before we started is refused
         # Kept on disk: a restart must not forget the fences it accepted (fence.py).
-        self.nonces = fence.NonceCache(path=os.path.join(settings.state_dir, fence.NONCES))
+        self.nonces = fence.NonceCache(path=os.path.join(self.settings.state_dir,
+                                                         fence.NONCES))
         self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
         self._asked: tuple[float, list[NodeAnswer]] | None = None  # (when, answers)
         self._asking: Future[None] | None = None  # a background ask under way
         self._fenced: dict[tuple[int, str], float] = {}  # (uid, job) -> fenced since
+
+    @property
+    def settings(self) -> PeerSettings:
+        """Read at use: a reload reaches the next ask."""
+        return self.live.peering
 
     def prefetch(self) -> None:
         """Ask every peer in the background, unless an answer is recent or on its way."""

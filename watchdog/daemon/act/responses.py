@@ -30,9 +30,10 @@ from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outco
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
-from watchdog.daemon.config import Settings
+from watchdog.daemon.config import LadderSettings, Live, Settings, live
 from watchdog.daemon.holds import peer_hold
 from watchdog.daemon.signaller import Target
+from watchdog.states import Mode
 from watchdog.status import FenceSent, Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,17 @@ def _on_thread(fn: Callable[..., PeerView | None], *args: Any) -> Future[PeerVie
 
 
 class Responses:
-    def __init__(self, settings: Settings, enforcer: Enforcer, peers: Peers,
+    def __init__(self, settings: Settings | Live, enforcer: Enforcer, peers: Peers,
                  snapshot: Callable[[], NodeStatus],
                  baseline: Callable[[], int | None]) -> None:
-        self.settings, self.enforcer, self.peers = settings, enforcer, peers
+        self.live, self.enforcer, self.peers = live(settings), enforcer, peers
         self.snapshot, self.baseline = snapshot, baseline
         self.pending: list[Response] = []
+
+    @property
+    def settings(self) -> LadderSettings:
+        """Read at use: a reload reaches a response under way."""
+        return self.live.ladder
 
     def bound(self) -> float:
         """Seconds a response may take before it is presumed stuck (config.py)."""
@@ -137,8 +143,8 @@ class Responses:
             if named is not None:
                 incident = response.incident = replace(incident, culprit=replace(
                     named, cause=incident.cause, summary=incident.summary))
-        fencing = (response.evidence and self.settings.mode == "enforce"  # a verdict of ours
-                   and bool(self.settings.secret) and bool(self.settings.peers))
+        fencing = (response.evidence and self.settings.mode == Mode.ENFORCE  # a verdict of ours
+                   and bool(self.live.peering.secret) and bool(self.live.peering.peers))
         term_at = response.term_at
         if fencing:
             # Every rank of the job ends at one moment, here and on the peers: the
@@ -191,7 +197,7 @@ class Responses:
         if held:
             return Outcome(response.incident, held=held)
         response.incident = with_view(response.incident, view)
-        log.error("%s", told.verdict_line(response.incident, self.settings.mode == "enforce",
+        log.error("%s", told.verdict_line(response.incident, self.settings.mode == Mode.ENFORCE,
                                           (t.rank for t in response.targets)))
         self._begin(response, view, asked=True)
         return None

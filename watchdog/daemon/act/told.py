@@ -13,28 +13,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from watchdog.daemon.signaller import (
-    DENIED,
-    EXITED,
-    GONE,
-    KILLED,
-    NOT_OURS,
-    UNKILLABLE,
-    UNKNOWN,
-)
+from watchdog.daemon.signaller import Result
+from watchdog.states import State
 from watchdog.status import ABSENT, FenceSent, Incident
 
 # What became of a rank, as a person reads it (the signaller's words are a program's).
-BECAME = {
-    KILLED: "ended",
-    EXITED: "ended on its own error (not signalled)",
-    GONE: "gone before a signal reached it",
-    NOT_OURS: "left alone (its pid is another process now)",
-    DENIED: "left alone (signalling it was denied)",
-    UNKNOWN: "not known to be ended (it could not be identified; judged again)",
-    UNKILLABLE: "survived SIGKILL",
+BECAME: dict[str, str] = {
+    State.KILLED: "ended",
+    State.EXITED: "ended on its own error (not signalled)",
+    Result.GONE: "gone before a signal reached it",
+    Result.NOT_OURS: "left alone (its pid is another process now)",
+    Result.DENIED: "left alone (signalling it was denied)",
+    Result.UNKNOWN: "not known to be ended (it could not be identified; judged again)",
+    State.UNKILLABLE: "survived SIGKILL",
 }
-NEEDS_A_LOOK = (DENIED, UNKNOWN)
+NEEDS_A_LOOK = (Result.DENIED, Result.UNKNOWN)
 
 
 def ranks_words(numbers: Iterable[int | None]) -> str:
@@ -86,7 +79,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
     number = {r.pid: r.rank for r in incident.ranks if r.pid is not None}
     last: dict[int | None, str] = {}  # pid -> the last ending signal that reached it
     for s in incident.signals or ():
-        if s.result == "sent" and s.signal in ("SIGTERM", "SIGKILL"):
+        if s.result == Result.SENT and s.signal in ("SIGTERM", "SIGKILL"):
             last[s.pid] = s.signal
     said: dict[str, list[int | None]] = {}  # what became of them -> their ranks
     results = set()
@@ -94,7 +87,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
         pid = int(text) if text.isdigit() else None
         results.add(result)
         became = BECAME.get(result, result)
-        if result == KILLED and pid in last:
+        if result == State.KILLED and pid in last:
             became += f" by {last[pid]}"
         said.setdefault(became, []).append(number.get(pid) if pid is not None else None)
     parts = [f"{ranks_words(ranks)} {became}" for became, ranks in
@@ -102,7 +95,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
     what = "; ".join(parts) or "nothing to end"
     fenced = incident.verdict in ("fenced", "peer_died")
     line = f"{head}: {what}{took}{' (fenced)' if fenced else ''}"
-    if results & {KILLED, UNKILLABLE}:
+    if results & {State.KILLED, State.UNKILLABLE}:
         line += f"; {_wired(incident)}"
     level = logging.INFO
     if incident.reboot_required:

@@ -45,9 +45,9 @@ from watchdog.daemon.judge.threads import (
     thread_tick,
 )
 from watchdog.daemon.judge.wedge import Wedge
-from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
+from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
-from watchdog.states import Phase, State
+from watchdog.states import STOPPED_STATUSES, Phase, State
 
 __all__ = ["NS", "Detector", "Track", "Verdict"]
 
@@ -126,14 +126,20 @@ def _median(values: deque[float]) -> float:
 
 
 class Detector:
-    def __init__(self, rules: Rules,
+    def __init__(self, rules: Rules | Callable[[], Rules],
                  learned: dict[str, dict[str, Learned]] | None = None) -> None:
-        self.rules = rules
+        # The rules, or where to read them at each use (the daemon's settings holder:
+        # a reload reaches the next judgement).
+        self._rules = rules
         self.tracks: dict[tuple[int, float], Track] = {}
         # Per job ("<uid>:<job>": a job is its owner's) and kind of wait, shared by
         # the job's ranks; the daemon keeps it across restarts (state dir).
         self.learned: dict[str, dict[str, Learned]] = learned if learned is not None else {}
         self.changed: set[str] = set()  # jobs whose learning moved since the caller looked
+
+    @property
+    def rules(self) -> Rules:
+        return self._rules if isinstance(self._rules, Rules) else self._rules()
 
     def _known(self, record: Record, kind: str) -> Learned | None:
         """What the job has shown of this kind of wait, or, until it has shown enough,

@@ -43,9 +43,9 @@ from statistics import median
 
 from watchdog import backends
 from watchdog.daemon.judge.threads import KERNEL_SHARE, WORK_RATIO
-from watchdog.daemon.probes import STOPPED_STATUSES, ProcessSample
+from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
-from watchdog.states import ENDED, Phase
+from watchdog.states import ENDED, STOPPED_STATUSES, Phase
 from watchdog.status import RankStatus, Straggler
 
 WINDOW = 30.0  # seconds of intervals each rank's figures are taken over

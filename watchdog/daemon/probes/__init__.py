@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import psutil
 
 from watchdog import host
+from watchdog.states import GONE_STATUSES, ProcStatus
+from watchdog.states import STOPPED_STATUSES as STOPPED_STATUSES  # the enforcer's import
 from watchdog.status import HotThread
 
 
@@ -60,10 +62,8 @@ class ProcessSample:
     major_faults: int | None = None
 
 
-STOPPED_STATUSES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 # Uninterruptible sleep ('D'): a SIGSTOP takes effect only once the process leaves it.
-UNINTERRUPTIBLE = psutil.STATUS_DISK_SLEEP
-GONE_STATUSES = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
+UNINTERRUPTIBLE = ProcStatus.DISK_SLEEP
 
 
 class Probe:

@@ -131,8 +131,10 @@ class Prober:
     way per rank and per uid, and one every PROBE_EVERY seconds; `found` gives each rank's last
     result (its key: pid and start time)."""
 
-    def __init__(self, submit: Callable[..., object], timeout: float,
+    def __init__(self, submit: Callable[..., object], timeout: Callable[[], float],
                  probe_: Callable[..., str] = probe) -> None:
+        # `timeout`: seconds a probe may wait for each remote end, asked as each probe
+        # starts (a reload's peer_timeout reaches the next probe).
         self.submit, self.timeout, self.probe = submit, timeout, probe_
         self.asked: dict[tuple[int, float], float] = {}  # key -> when last asked
         self.found: dict[tuple[int, float], str] = {}
@@ -158,8 +160,9 @@ class Prober:
 
         def run() -> None:
             try:
-                self.found[key] = (self.probe(key[0], self.timeout) if uid is None
-                                   else self.probe(key[0], self.timeout, owner=uid))
+                timeout = self.timeout()
+                self.found[key] = (self.probe(key[0], timeout) if uid is None
+                                   else self.probe(key[0], timeout, owner=uid))
             except Exception as err:  # noqa: BLE001 - a failed probe is a result
                 self.found[key] = f"not probed: {err}"
             finally:

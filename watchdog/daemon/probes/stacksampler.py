@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from watchdog.daemon.probes import STOPPED_STATUSES, Probe, ProbeError, same_process
+from watchdog.daemon.probes import Probe, ProbeError, same_process
+from watchdog.states import STOPPED_STATUSES
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ def test_one_path_that_does_not_answer_is_down_and_no_connection_is_not_probed()
 
 def test_the_prober_asks_once_per_period_and_forgets_ranks_no_longer_waiting():
     ran: list = []
-    prober = datalink.Prober(lambda fn: (ran.append(fn), fn()), 0.5,
+    prober = datalink.Prober(lambda fn: (ran.append(fn), fn()), lambda: 0.5,
                              probe_=lambda pid, timeout: f"probed {pid}")
     prober.ask((1, 0.0), 10.0)
     prober.ask((1, 0.0), 11.0)  # within the period: not again
@@ -69,7 +69,7 @@ def test_probes_under_way_are_bounded_and_a_rank_is_never_probed_twice_at_once()
     """Any user can have many ranks wait: the probes queued never grow past the bound,
     whatever the workers' pace (a dead peer takes the timeout per remote end)."""
     queued = []
-    prober = datalink.Prober(queued.append, 1.0, probe_=lambda pid, timeout: datalink.UP)
+    prober = datalink.Prober(queued.append, lambda: 1.0, probe_=lambda pid, timeout: datalink.UP)
     for pid in range(100):
         prober.ask((pid, 1.0), now=0.0)
     assert len(queued) == datalink.MAX_RUNNING
@@ -88,7 +88,7 @@ def test_one_users_ranks_never_starve_anothers_probe():
     """16 of one user's ranks wait on a full accept queue (their probes slow): they
     hold one probe slot between them, so another user's rank is probed at once."""
     submitted: list[object] = []
-    prober = datalink.Prober(submitted.append, 1.0)
+    prober = datalink.Prober(submitted.append, lambda: 1.0)
     for n in range(16):
         prober.ask((1000 + n, 1.0), 10.0, "ring", uid=65534)
     prober.ask((7, 1.0), 10.0, "ring", uid=0)
