@@ -1,7 +1,7 @@
 """Time read through the daemon's one clock (daemon/clock.py), never around it: what the
 auto deadline learned is written at most every SAVE_EVERY of the loop's clock, a fence's
-`since` is the loop's wall time, old evidence is pruned by it, and the sampler's output
-is drained against it."""
+`since` is the loop's wall time, old evidence is pruned by it. The one exception: a native sampler, a real process, is
+waited on in real time (a test's fake clock would never end its time box)."""
 
 from __future__ import annotations
 
@@ -83,17 +83,17 @@ def test_evidence_is_pruned_by_the_loops_wall_time(tmp_path):
     assert (tmp_path / "evidence" / "20260201T000000-fedcba").is_dir()
 
 
-def test_the_samplers_output_is_drained_against_the_given_clock(tmp_path):
-    """`until` already past on the given clock: nothing is read, time ran out (the real
-    clock says there is a minute left)."""
+def test_the_samplers_output_is_drained_for_its_seconds_by_the_given_clock(tmp_path):
+    """The time box on the given clock: already past there, nothing is read, time ran
+    out (the real clock says there is a minute left)."""
     import subprocess
     import time
 
     proc = subprocess.Popen([sys.executable, "-c", "print('frames')"], stdout=subprocess.PIPE)
     try:
         with open(tmp_path / "out", "wb") as dst:
-            assert not evidence._drain(proc, dst, 1 << 20, time.monotonic() + 60,
-                                       clock=lambda: time.monotonic() + 120)
+            assert not evidence._drain(proc, dst, 1 << 20, 60,
+                                       clock=iter([0.0, 120.0, 240.0]).__next__)
     finally:
         proc.wait()
         assert proc.stdout is not None

@@ -89,12 +89,13 @@ def _copy_dump(target: Target, offset: int, out: str, limit: int = MAX_DUMP_BYTE
                 dst.write(b"\n[mlx-watchdog: cut here, at the evidence size or time limit]\n")
 
 
-def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, until: float,
+def _drain(proc: subprocess.Popen[bytes], dst: Any, limit: int, seconds: float,
            clock: Callable[[], float] = time.monotonic) -> bool:
-    """Copy the sampler's output to `dst`, at most `limit` bytes, until `until`
-    (monotonic); False when time ran out first."""
+    """Copy the sampler's output to `dst`, at most `limit` bytes, for at most `seconds`
+    by `clock`: a real process is waited on in real time (the daemon's injected clock
+    may be a test's, which no wait moves); False when time ran out first."""
     assert proc.stdout is not None
-    fd, left = proc.stdout.fileno(), limit
+    fd, left, until = proc.stdout.fileno(), limit, clock() + seconds
     while True:
         wait = until - clock()
         if wait <= 0:
@@ -267,7 +268,7 @@ class Evidence:
                 proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 try:
-                    if not _drain(proc, dst, room, self.clock() + timeout, self.clock):
+                    if not _drain(proc, dst, room, timeout):
                         log.info("%s timed out after %.1fs on pid %s", command[0], timeout,
                                  target.pid)
                 finally:
