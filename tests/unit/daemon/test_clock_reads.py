@@ -87,7 +87,6 @@ def test_the_samplers_output_is_drained_for_its_seconds_by_the_given_clock(tmp_p
     """The time box on the given clock: already past there, nothing is read, time ran
     out (the real clock says there is a minute left)."""
     import subprocess
-    import time
 
     proc = subprocess.Popen([sys.executable, "-c", "print('frames')"], stdout=subprocess.PIPE)
     try:
