@@ -1,7 +1,8 @@
 """Time read through the daemon's one clock (daemon/clock.py), never around it: what the
 auto deadline learned is written at most every SAVE_EVERY of the loop's clock, a fence's
-`since` is the loop's wall time, old evidence is pruned by it. The one exception: a native sampler, a real process, is
-waited on in real time (a test's fake clock would never end its time box)."""
+`since` is the loop's wall time, old evidence is pruned by it. The one exception: a
+native sampler, a real process, is waited on in real time (a test's fake clock would
+never end its time box)."""
 
 from __future__ import annotations
 
