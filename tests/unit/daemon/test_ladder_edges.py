@@ -59,7 +59,7 @@ class Watched(Enforcer):
 def watched(state_dir: Path, fake: FakeSignaller, taken: set[tuple[str, str]],
             **kw) -> Watched:
     plain, clock = enforcer(state_dir, fake, **kw)
-    enf = Watched(plain.settings, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+    enf = Watched(plain.live, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
                   wall=clock.wall)
     enf.taken = taken
     return enf
@@ -192,7 +192,7 @@ def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> N
     first = tmp_path / "first"
     fake = FakeSignaller({21: DIES_ON_KILL})
     plain, clock = enforcer(first, fake)
-    dying = Journaled(plain.settings, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+    dying = Journaled(plain.live, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
                       wall=clock.wall)
     dying.entries = {}
     said = dataclasses.replace(incident(targets=[target(21)]), time=clock.wall())
