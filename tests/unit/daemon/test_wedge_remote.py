@@ -1,7 +1,7 @@
 """A collective wedged across nodes (judge/wedge.py with members a peer published): the
 facts each daemon publishes per rank in `/status`, a peer's rank read back as a member,
 and the loop's members from the peers' background answers (stale, missing, silent).
-Pure but for one in-process daemon with no rank and no network."""
+Pure but for one in-process daemon with no rank and no network, and one record file."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+from tests.support.users import publish
+from watchdog.daemon.act.incidents import fence_culprit, new_incident, with_view
 from watchdog.daemon.config import Settings
 from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.detector import Verdict
@@ -17,9 +19,9 @@ from watchdog.daemon.judge.wedge import QUIET_FOR, Member, decide, remote
 from watchdog.daemon.loop import REMOTE_FRESH, Daemon
 from watchdog.daemon.ranks import Rank
 from watchdog.daemon.view import rank_status
-from watchdog.record import Collective, Record
+from watchdog.record import Collective, Record, read_path
 from watchdog.states import Phase, State
-from watchdog.status import LastCollective, NodeAnswer, NodeStatus, RankStatus
+from watchdog.status import LastCollective, NodeAnswer, NodeStatus, PeerView, RankStatus
 
 NOW = 5_000_000_000_000
 SPIN = "busy thread 7 spins in SocketThread::worker -> recv"
@@ -195,3 +197,31 @@ def test_a_wedge_is_asked_for_ahead_from_half_the_wedge_deadline(daemon, monkeyp
     daemon._probe_links(0.0)
     assert asked == [1]  # before half of it: no ask
 
+
+
+# -- the incident ----------------------------------------------------------------------
+
+def test_the_incident_names_a_remote_culprit_and_the_view_does_not_blur_the_wedge(tmp_path):
+    path = publish(tmp_path, os.getpid(), os.getuid(), "j", hung=True, world_size=2)
+    found = decide([local(0), remote(published(), "host-b", NOW)])
+    assert found is not None
+    verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, True, "r", wedge_deadline=15.0,
+                      wedge=found, seen=SPIN, seen_kind=frames.WAITING)
+    mine = Rank(str(path), read_path(str(path)), state=State.STALLED, verdict=verdict)
+    inc = new_incident(wall=1.7e9, host="host-a", uid=os.getuid(), job="j", mode="enforce",
+                       kill_scope="job", due=[mine], targets=[mine], local=[mine],
+                       fenced=None)
+    assert inc.cause == "collective_wedged" and inc.summary == found.note
+    assert inc.culprit is not None
+    assert (inc.culprit.host, inc.culprit.rank, inc.culprit.cause) == \
+        ("host-b", 1, "collective_wedged")
+    # The peers' view sees ranks in collectives a number apart: "unknown"; the wedge
+    # stands (it saw the frames and the sockets). A view that finds a cause still wins.
+    vague = PeerView.from_json({"cause": "unknown", "summary": "the evidence does not decide"})
+    assert with_view(inc, vague) == inc
+    stopped = PeerView.from_json({"cause": "peer_stopped", "summary": "rank 1 is stopped"})
+    assert with_view(inc, stopped).cause == "peer_stopped"
+    # The fence carries the culprit on the other host, with its cause and words.
+    sent = fence_culprit(inc, vague)
+    assert (sent.host, sent.rank, sent.cause, sent.summary) == \
+        ("host-b", 1, "collective_wedged", found.note)

@@ -106,6 +106,9 @@ def with_view(incident: Incident, view: PeerView | None) -> Incident:
     a local culprit carries them too."""
     if view is None or not view.cause:
         return incident
+    if incident.cause == cause.COLLECTIVE_WEDGED and view.cause in (
+            cause.UNKNOWN, cause.COLLECTIVE_WEDGED):
+        return incident  # judge/wedge.py saw more (frames, sockets) than the view tells
     found, summary = view.cause, view.summary or incident.summary
     c = incident.culprit
     return replace(incident, cause=found, summary=summary,
