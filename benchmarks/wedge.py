@@ -9,8 +9,13 @@ zero-byte recv() in the kernel (`syscall`); the clock stops when both ranks are 
 Then the healthy job: the same loop with no wedge for `--healthy` seconds, and the
 samples the daemon took of it (its debug log). The look-alike, `--lookalike S`: rank 1
 computes a CPU matmul chain for S seconds while rank 0 waits; incidents counted.
+`--hosts`: the wedge runs across the two-host bed instead (tests/support/netbed.py,
+root only: one rank per network namespace, each its own daemon at its defaults with the
+other as its peer and a shared secret); neither daemon sees the whole job, each judges
+it from its rank and the one its peer publishes.
 
     python -m benchmarks.wedge --runs 3 --healthy 60 --lookalike 120
+    python -m benchmarks.wedge --hosts --runs 3 --healthy 0
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from pathlib import Path
 
 from tests.support import SUPPORT
 from tests.support.lm_server import DefaultDaemon
-from tests.support.ranks import RingJob, wait_for
+from tests.support.netbed import Bed, cannot_build
+from tests.support.ranks import DaemonProc, RingJob, wait_for
 
 SAMPLED = re.compile(r"stacks of pid \d+: (\d+) threads in ([0-9.]+)s")
 
@@ -37,7 +43,7 @@ def build_shim(base: Path) -> Path:
     return out
 
 
-def samples(daemon: DefaultDaemon) -> list[float]:
+def samples(daemon: DaemonProc) -> list[float]:
     return [float(m.group(2)) for m in SAMPLED.finditer(daemon.log())]
 
 
@@ -59,6 +65,29 @@ def wedge_run(base: Path, shim: Path, mode: str) -> tuple[float, str, object, li
                        what="the incident")[-1]
         culprit = (inc.get("culprit") or {}).get("rank")
         return took, inc["cause"], culprit, samples(daemon)
+
+
+def bed_run(bed: Bed, shim: Path, mode: str) -> tuple[float, str, object, list[float]]:
+    """One wedge across the bed's two hosts: (seconds, causes, culprit, sample costs)."""
+    trigger = bed.workdir / f"wedge-now-{bed.next_id()}"
+    try:
+        daemons = bed.start_daemons(fences=True, at_defaults=True)
+        job = bed.ring("loop", env={"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
+                                    "MLXWD_WEDGE_FILE": str(trigger),
+                                    "MLXWD_WEDGE_MODE": mode})
+        job.wait_running(collectives=300)
+        trigger.touch()
+        began = time.monotonic()
+        wait_for(job.gone, 900, interval=0.1, what="both ranks ended")
+        took = time.monotonic() - began
+        found = [wait_for(lambda d=d: [i for i in d.incidents() if i.get("outcome")], 60,
+                          what="each host's incident")[-1] for d in daemons]
+        culprits = {(c.get("rank"), c.get("host")) for i in found if (c := i.get("culprit"))}
+        named = ", ".join(f"rank {r} on {h}" for r, h in sorted(culprits, key=str))
+        causes = "/".join(sorted({i["cause"] for i in found}))
+        return took, causes, named, [c for d in daemons for c in samples(d)]
+    finally:
+        bed.stop_all()
 
 
 def healthy_run(base: Path, seconds: float) -> tuple[int, int]:
@@ -89,21 +118,33 @@ def main() -> None:
     parser.add_argument("--modes", default="user,syscall")
     parser.add_argument("--healthy", type=float, default=60.0)
     parser.add_argument("--lookalike", type=float, default=0.0)
+    parser.add_argument("--hosts", action="store_true",
+                        help="the wedge across the two-host bed (root)")
     args = parser.parse_args()
+    if args.hosts and cannot_build():
+        raise SystemExit(f"--hosts: {cannot_build()}")
     with tempfile.TemporaryDirectory(prefix="mlxwd-wedge-") as tmp:
         base = Path(tmp)
         shim = build_shim(base)
         costs: list[float] = []
-        for mode in args.modes.split(","):
-            took = []
-            for n in range(args.runs):
-                seconds, cause, culprit, cost = wedge_run(base / f"{mode}{n}", shim, mode)
-                took.append(seconds)
-                costs += cost
-                print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
-                      f"rank {culprit}, {len(cost)} samples)", flush=True)
-            print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} runs "
-                  f"(min {min(took):.1f}, max {max(took):.1f})", flush=True)
+        bed = Bed(base / "bed").build() if args.hosts else None
+        try:
+            for mode in args.modes.split(","):
+                took = []
+                for n in range(args.runs):
+                    seconds, cause, culprit, cost = (
+                        bed_run(bed, shim, mode) if bed is not None else
+                        wedge_run(base / f"{mode}{n}", shim, mode))
+                    took.append(seconds)
+                    costs += cost
+                    named = culprit if bed is not None else f"rank {culprit}"
+                    print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
+                          f"{named}, {len(cost)} samples)", flush=True)
+                print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} "
+                      f"runs (min {min(took):.1f}, max {max(took):.1f})", flush=True)
+        finally:
+            if bed is not None:
+                bed.close()
         if costs:
             print(f"  per sample: median {statistics.median(costs):.2f} s, max "
                   f"{max(costs):.2f} s of the target stopped under gdb ({len(costs)} samples)")
