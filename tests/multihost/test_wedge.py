@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import SUPPORT
 from tests.support.ranks import wait_for
+from watchdog.daemon.judge import wedge
 
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
@@ -75,3 +76,42 @@ def test_a_collective_wedged_across_hosts_is_ended_within_30s_at_the_defaults(
     assert took <= WEDGE_WITHIN, f"ended {took:.1f}s after the wedge: {found}"
     print(f"wedge across hosts ended {took:.1f}s after it began; decided on "
           f"{', '.join(h.name for h, _ in decided)}")
+
+
+def test_a_slow_link_on_which_bytes_still_move_is_never_a_wedge(hosts):
+    """The look-alike: both ranks inside one large all_sum for tens of seconds over a
+    link shaped to 1 Mbit/s (tc tbf on each host's end), each busy thread spinning in
+    the ring's wait, both daemons at their defaults. Bytes move, so no queue stands
+    still for QUIET_FOR seconds: the wedge is never decided (no rank's deadline drops
+    to the wedge's), nobody is ended, and the all_sum completes."""
+    for host in hosts.hosts:
+        host.throttle("1mbit")
+    daemons = hosts.start_daemons(fences=True, at_defaults=True)
+    job = hosts.ring("bigsum", "4")  # 4 MiB each way: ~34 s at 1 Mbit/s
+    wait_for(lambda: all("bigsum start" in job.log(r) for r in (0, 1)), 90,
+             what="both ranks in the large all_sum")
+    shown: list[tuple[int, str | None, float | None, float | None]] = []
+    began = time.monotonic()
+    while not job.gone():
+        for rank, (daemon, pid) in enumerate(zip(daemons, job.pids, strict=True)):
+            r = daemon.ranks().get(pid) or {}
+            if r.get("phase") == "wait":
+                shown.append((rank, r.get("frames_kind"), r.get("quiet_seconds"),
+                              r.get("deadline_seconds")))
+        assert time.monotonic() - began < 150, "the large all_sum never finished"
+        time.sleep(0.5)
+    assert [p.returncode for p in job.procs] == [0, 0], job.log(0) + job.log(1)
+    took = float(job.log(0).split("bigsum done ")[1].split()[0])
+    assert took >= 20.0, f"the all_sum took {took}s: the link was not slow enough"
+    assert [d.incidents() for d in daemons] == [[], []]
+    # Both ranks sampled spinning in the ring's wait: only the moving bytes tell it
+    # from a wedge.
+    for rank in (0, 1):
+        kinds = {k for r, k, _, _ in shown if r == rank}
+        assert "waiting" in kinds, (rank, kinds)
+    quiet = [q for _, _, q, _ in shown if q is not None]
+    assert quiet and max(quiet) < wedge.QUIET_FOR, quiet
+    deadlines = {d for _, _, _, d in shown if d is not None}
+    assert deadlines and min(deadlines) >= 60.0, deadlines  # never the wedge's 15 s
+    print(f"slow link: the all_sum took {took:.1f}s, no incident, quiet at most "
+          f"{max(quiet):.1f}s")

@@ -131,7 +131,14 @@ class Host:
 
     def heal(self) -> None:
         self.sh("iptables", "-F", check=False)
+        self.sh("tc", "qdisc", "del", "dev", self.bed.veth(self.index), "root", check=False)
         self.link(True)
+
+    def throttle(self, rate: str) -> None:
+        """What this host sends on the bed's link shaped to `rate` ("1mbit"; a token
+        bucket: bytes still move, slowly; netem is not in every kernel)."""
+        self.sh("tc", "qdisc", "replace", "dev", self.bed.veth(self.index), "root", "tbf",
+                "rate", rate, "burst", "32kbit", "latency", "400ms")
 
     def link(self, up: bool) -> None:
         self.sh("ip", "link", "set", self.bed.veth(self.index), "up" if up else "down")
