@@ -12,15 +12,20 @@ computes a CPU matmul chain for S seconds while rank 0 waits; incidents counted.
 `--hosts`: the wedge runs across the two-host bed instead (tests/support/netbed.py,
 root only: one rank per network namespace, each its own daemon at its defaults with the
 other as its peer and a shared secret); neither daemon sees the whole job, each judges
-it from its rank and the one its peer publishes.
+it from its rank and the one its peer publishes. `--slowlink S` (with `--hosts`): the
+look-alike of a wedge across hosts, a link shaped to 1 Mbit/s (tc tbf) on which bytes
+still move, both ranks inside 3 MiB all_sums (~25-30 s each) one after another for at
+least S seconds; incidents counted, and whether either daemon ever judged the wedge.
 
     python -m benchmarks.wedge --runs 3 --healthy 60 --lookalike 120
     python -m benchmarks.wedge --hosts --runs 3 --healthy 0
+    python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --slowlink 120
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import subprocess
@@ -33,6 +38,7 @@ from tests.support.lm_server import DefaultDaemon
 from tests.support.netbed import Bed, cannot_build
 from tests.support.ranks import DaemonProc, RingJob, wait_for
 
+WEDGE_FLOOR = 15.0  # the default wedge_floor: a rank's deadline once its job is wedged
 SAMPLED = re.compile(r"stacks of pid \d+: (\d+) threads in ([0-9.]+)s")
 
 
@@ -90,6 +96,31 @@ def bed_run(bed: Bed, shim: Path, mode: str) -> tuple[float, str, object, list[f
         bed.stop_all()
 
 
+def slowlink_run(bed: Bed, seconds: float) -> tuple[list[float], int, int, float, int]:
+    """All_sums over a 1 Mbit/s link for `seconds` and more: (each one's seconds,
+    incidents, wedge deadlines seen, the longest quiet seen, samples)."""
+    rounds = max(1, math.ceil(seconds / 25.0))
+    try:
+        for host in bed.hosts:
+            host.throttle("1mbit")
+        daemons = bed.start_daemons(fences=True, at_defaults=True)
+        job = bed.ring("bigsum", "3", "200", str(rounds))
+        wedged, quiet = 0, 0.0
+        until = time.monotonic() + 60 + 60 * rounds
+        while not job.gone() and time.monotonic() < until:
+            for daemon, pid in zip(daemons, job.pids, strict=True):
+                r = daemon.ranks().get(pid) or {}
+                quiet = max(quiet, r.get("quiet_seconds") or 0.0)
+                wedged += r.get("deadline_seconds") == WEDGE_FLOOR
+            time.sleep(0.5)
+        took = [float(t) for t in re.findall(r"bigsum done ([0-9.]+)", job.log(0))]
+        return (took, sum(len(d.incidents()) for d in daemons), wedged, quiet,
+                sum(len(samples(d)) for d in daemons))
+    finally:
+        bed.stop_all()
+        bed.heal()
+
+
 def healthy_run(base: Path, seconds: float) -> tuple[int, int]:
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
@@ -120,6 +151,8 @@ def main() -> None:
     parser.add_argument("--lookalike", type=float, default=0.0)
     parser.add_argument("--hosts", action="store_true",
                         help="the wedge across the two-host bed (root)")
+    parser.add_argument("--slowlink", type=float, default=0.0,
+                        help="with --hosts: S seconds of all_sums over a 1 Mbit/s link")
     args = parser.parse_args()
     if args.hosts and cannot_build():
         raise SystemExit(f"--hosts: {cannot_build()}")
@@ -140,8 +173,16 @@ def main() -> None:
                     named = culprit if bed is not None else f"rank {culprit}"
                     print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
                           f"{named}, {len(cost)} samples)", flush=True)
+                if not took:
+                    continue
                 print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} "
                       f"runs (min {min(took):.1f}, max {max(took):.1f})", flush=True)
+            if bed is not None and args.slowlink > 0:
+                took, incidents, wedged, quiet, taken = slowlink_run(bed, args.slowlink)
+                print(f"  slowlink {sum(took):.0f} s of all_sums over 1 Mbit/s "
+                      f"({', '.join(f'{t:.1f}' for t in took)} s each): {incidents} "
+                      f"incidents, wedge judged {wedged} times, quiet at most {quiet:.1f} s, "
+                      f"{taken} samples", flush=True)
         finally:
             if bed is not None:
                 bed.close()

@@ -50,9 +50,10 @@ Modes:
                   tells the others in the all_sum), a long step of ~P s (a prefill
                   after many short decode steps), a few rounds, exit 0.
                   Prints "prefill 1 start", "short rounds", "prefill 2 start", "done"
-  bigsum MIB [N]  N checked rounds (default 200: the job's pace learned), then one all_sum
-                  of MIB MiB (float32 ones) checked; prints "bigsum start" before it,
-                  "bigsum done T" after it (T: its seconds) and exits 0
+  bigsum MIB [N] [R]  N checked rounds (default 200: the job's pace learned), then R
+                  (default 1) all_sums of MIB MiB (float32 ones), each checked; prints
+                  "bigsum start" before the first, "bigsum done T" after each (T: its
+                  seconds) and exits 0
   work N [FLAG]   a training step's shape: N 512 x 512 matmuls and an all_sum of their
                   result in one eval (compute and collective together, as mlx-lm's
                   trainer does), checked, hb.step() each round, forever; while the file
@@ -426,14 +427,15 @@ elif MODE == "bigsum":
         one_round()
         hb.step()
     print("bigsum start", flush=True)
-    began = time.monotonic()
-    big = mx.distributed.all_sum(mx.ones(int(ARG * (1 << 20)) // 4))
-    mx.eval(big)
-    if big[0].item() != size or big[-1].item() != size:
-        print(f"WRONG all_sum: {big[0].item()}", flush=True)
-        sys.exit(3)
-    print(f"bigsum done {time.monotonic() - began:.1f}", flush=True)
-    hb.step()
+    for _ in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1):
+        began = time.monotonic()
+        big = mx.distributed.all_sum(mx.ones(int(ARG * (1 << 20)) // 4))
+        mx.eval(big)
+        if big[0].item() != size or big[-1].item() != size:
+            print(f"WRONG all_sum: {big[0].item()}", flush=True)
+            sys.exit(3)
+        print(f"bigsum done {time.monotonic() - began:.1f}", flush=True)
+        hb.step()
     time.sleep(0.5)  # the peers finish their part before we hang up
 else:
     sys.exit(f"unknown mode {MODE}")
