@@ -235,9 +235,15 @@ class Daemon:
                 or not all(n.ok and n.status is not None for n in answers):
             return []
         members = []
+        wall = self.clock.wall()
         for answer in answers:
             status = answer.status
             assert status is not None
+            # Its facts as of its last scan: a peer whose loop stalls (or whose clock is
+            # seconds off ours) speaks for nothing current.
+            if status.time is None or abs(wall - status.time) > \
+                    REMOTE_FRESH + (status.interval or self.settings.interval):
+                return []
             host = status.host if status.host and status.host != self.host else answer.peer
             for r in status.ranks:
                 if r.job == rec.job and r.uid == rec.uid and r.state not in FINAL:

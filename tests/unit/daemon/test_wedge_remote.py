@@ -152,8 +152,10 @@ def daemon(tmp_path):
     d.asking.shutdown()
 
 
-def answered(daemon: Daemon, age: float, *ranks: RankStatus, ok: bool = True) -> None:
-    status = NodeStatus(host="host-b", ranks=ranks, scanned=True) if ok else None
+def answered(daemon: Daemon, age: float, *ranks: RankStatus, ok: bool = True,
+             scanned_ago: float = 0.5) -> None:
+    status = NodeStatus(host="host-b", ranks=ranks, scanned=True, interval=1.0,
+                        time=daemon.clock.wall() - scanned_ago) if ok else None
     daemon.peers._asked = (daemon.clock.monotonic() - age,  # as the background ask does
                            [NodeAnswer(PEER, ok, status, None if ok else "timed out")])
 
@@ -178,6 +180,12 @@ def test_a_stale_answer_a_silent_peer_or_an_unknown_rank_gives_no_remote_member(
     assert daemon._remote_members(rank, 1, NOW) == []  # a partition: today's rules
     answered(daemon, 1.0, published(phase=None))
     assert daemon._remote_members(rank, 1, NOW) == []  # an old or broken peer
+    answered(daemon, 1.0, published(), scanned_ago=REMOTE_FRESH + 2)
+    assert daemon._remote_members(rank, 1, NOW) == []  # its loop stalled: facts old
+    answered(daemon, 1.0, published(), scanned_ago=-(REMOTE_FRESH + 2))
+    assert daemon._remote_members(rank, 1, NOW) == []  # its clock far off ours
+    answered(daemon, 1.0, published())
+    assert len(daemon._remote_members(rank, 1, NOW)) == 1  # fresh again
     daemon.peers._asked = None
     assert daemon._remote_members(rank, 1, NOW) == []  # never asked
     # Each case leaves the job with a rank unseen: no wedge.
