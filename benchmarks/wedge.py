@@ -9,13 +9,23 @@ zero-byte recv() in the kernel (`syscall`); the clock stops when both ranks are 
 Then the healthy job: the same loop with no wedge for `--healthy` seconds, and the
 samples the daemon took of it (its debug log). The look-alike, `--lookalike S`: rank 1
 computes a CPU matmul chain for S seconds while rank 0 waits; incidents counted.
+`--hosts`: the wedge runs across the two-host bed instead (tests/support/netbed.py,
+root only: one rank per network namespace, each its own daemon at its defaults with the
+other as its peer and a shared secret); neither daemon sees the whole job, each judges
+it from its rank and the one its peer publishes. `--slowlink S` (with `--hosts`): the
+look-alike of a wedge across hosts, a link shaped to 1 Mbit/s (tc tbf) on which bytes
+still move, both ranks inside 3 MiB all_sums (~25-30 s each) one after another for at
+least S seconds; incidents counted, and whether either daemon ever judged the wedge.
 
     python -m benchmarks.wedge --runs 3 --healthy 60 --lookalike 120
+    python -m benchmarks.wedge --hosts --runs 3 --healthy 0
+    python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --slowlink 120
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import subprocess
@@ -25,8 +35,10 @@ from pathlib import Path
 
 from tests.support import SUPPORT
 from tests.support.lm_server import DefaultDaemon
-from tests.support.ranks import RingJob, wait_for
+from tests.support.netbed import Bed, cannot_build
+from tests.support.ranks import DaemonProc, RingJob, wait_for
 
+WEDGE_FLOOR = 15.0  # the default wedge_floor: a rank's deadline once its job is wedged
 SAMPLED = re.compile(r"stacks of pid \d+: (\d+) threads in ([0-9.]+)s")
 
 
@@ -37,7 +49,7 @@ def build_shim(base: Path) -> Path:
     return out
 
 
-def samples(daemon: DefaultDaemon) -> list[float]:
+def samples(daemon: DaemonProc) -> list[float]:
     return [float(m.group(2)) for m in SAMPLED.finditer(daemon.log())]
 
 
@@ -59,6 +71,54 @@ def wedge_run(base: Path, shim: Path, mode: str) -> tuple[float, str, object, li
                        what="the incident")[-1]
         culprit = (inc.get("culprit") or {}).get("rank")
         return took, inc["cause"], culprit, samples(daemon)
+
+
+def bed_run(bed: Bed, shim: Path, mode: str) -> tuple[float, str, object, list[float]]:
+    """One wedge across the bed's two hosts: (seconds, causes, culprit, sample costs)."""
+    trigger = bed.workdir / f"wedge-now-{bed.next_id()}"
+    try:
+        daemons = bed.start_daemons(fences=True, at_defaults=True)
+        job = bed.ring("loop", env={"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
+                                    "MLXWD_WEDGE_FILE": str(trigger),
+                                    "MLXWD_WEDGE_MODE": mode})
+        job.wait_running(collectives=300)
+        trigger.touch()
+        began = time.monotonic()
+        wait_for(job.gone, 900, interval=0.1, what="both ranks ended")
+        took = time.monotonic() - began
+        found = [wait_for(lambda d=d: [i for i in d.incidents() if i.get("outcome")], 60,
+                          what="each host's incident")[-1] for d in daemons]
+        culprits = {(c.get("rank"), c.get("host")) for i in found if (c := i.get("culprit"))}
+        named = ", ".join(f"rank {r} on {h}" for r, h in sorted(culprits, key=str))
+        causes = "/".join(sorted({i["cause"] for i in found}))
+        return took, causes, named, [c for d in daemons for c in samples(d)]
+    finally:
+        bed.stop_all()
+
+
+def slowlink_run(bed: Bed, seconds: float) -> tuple[list[float], int, int, float, int]:
+    """All_sums over a 1 Mbit/s link for `seconds` and more: (each one's seconds,
+    incidents, wedge deadlines seen, the longest quiet seen, samples)."""
+    rounds = max(1, math.ceil(seconds / 25.0))
+    try:
+        for host in bed.hosts:
+            host.throttle("1mbit")
+        daemons = bed.start_daemons(fences=True, at_defaults=True)
+        job = bed.ring("bigsum", "3", "200", str(rounds))
+        wedged, quiet = 0, 0.0
+        until = time.monotonic() + 60 + 60 * rounds
+        while not job.gone() and time.monotonic() < until:
+            for daemon, pid in zip(daemons, job.pids, strict=True):
+                r = daemon.ranks().get(pid) or {}
+                quiet = max(quiet, r.get("quiet_seconds") or 0.0)
+                wedged += r.get("deadline_seconds") == WEDGE_FLOOR
+            time.sleep(0.5)
+        took = [float(t) for t in re.findall(r"bigsum done ([0-9.]+)", job.log(0))]
+        return (took, sum(len(d.incidents()) for d in daemons), wedged, quiet,
+                sum(len(samples(d)) for d in daemons))
+    finally:
+        bed.stop_all()
+        bed.heal()
 
 
 def healthy_run(base: Path, seconds: float) -> tuple[int, int]:
@@ -89,21 +149,43 @@ def main() -> None:
     parser.add_argument("--modes", default="user,syscall")
     parser.add_argument("--healthy", type=float, default=60.0)
     parser.add_argument("--lookalike", type=float, default=0.0)
+    parser.add_argument("--hosts", action="store_true",
+                        help="the wedge across the two-host bed (root)")
+    parser.add_argument("--slowlink", type=float, default=0.0,
+                        help="with --hosts: S seconds of all_sums over a 1 Mbit/s link")
     args = parser.parse_args()
+    if args.hosts and cannot_build():
+        raise SystemExit(f"--hosts: {cannot_build()}")
     with tempfile.TemporaryDirectory(prefix="mlxwd-wedge-") as tmp:
         base = Path(tmp)
         shim = build_shim(base)
         costs: list[float] = []
-        for mode in args.modes.split(","):
-            took = []
-            for n in range(args.runs):
-                seconds, cause, culprit, cost = wedge_run(base / f"{mode}{n}", shim, mode)
-                took.append(seconds)
-                costs += cost
-                print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
-                      f"rank {culprit}, {len(cost)} samples)", flush=True)
-            print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} runs "
-                  f"(min {min(took):.1f}, max {max(took):.1f})", flush=True)
+        bed = Bed(base / "bed").build() if args.hosts else None
+        try:
+            for mode in args.modes.split(","):
+                took = []
+                for n in range(args.runs):
+                    seconds, cause, culprit, cost = (
+                        bed_run(bed, shim, mode) if bed is not None else
+                        wedge_run(base / f"{mode}{n}", shim, mode))
+                    took.append(seconds)
+                    costs += cost
+                    named = culprit if bed is not None else f"rank {culprit}"
+                    print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
+                          f"{named}, {len(cost)} samples)", flush=True)
+                if not took:
+                    continue
+                print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} "
+                      f"runs (min {min(took):.1f}, max {max(took):.1f})", flush=True)
+            if bed is not None and args.slowlink > 0:
+                took, incidents, wedged, quiet, taken = slowlink_run(bed, args.slowlink)
+                print(f"  slowlink {sum(took):.0f} s of all_sums over 1 Mbit/s "
+                      f"({', '.join(f'{t:.1f}' for t in took)} s each): {incidents} "
+                      f"incidents, wedge judged {wedged} times, quiet at most {quiet:.1f} s, "
+                      f"{taken} samples", flush=True)
+        finally:
+            if bed is not None:
+                bed.close()
         if costs:
             print(f"  per sample: median {statistics.median(costs):.2f} s, max "
                   f"{max(costs):.2f} s of the target stopped under gdb ({len(costs)} samples)")

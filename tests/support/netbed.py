@@ -131,7 +131,14 @@ class Host:
 
     def heal(self) -> None:
         self.sh("iptables", "-F", check=False)
+        self.sh("tc", "qdisc", "del", "dev", self.bed.veth(self.index), "root", check=False)
         self.link(True)
+
+    def throttle(self, rate: str) -> None:
+        """What this host sends on the bed's link shaped to `rate` ("1mbit"; a token
+        bucket: bytes still move, slowly; netem is not in every kernel)."""
+        self.sh("tc", "qdisc", "replace", "dev", self.bed.veth(self.index), "root", "tbf",
+                "rate", rate, "burst", "32kbit", "latency", "400ms")
 
     def link(self, up: bool) -> None:
         self.sh("ip", "link", "set", self.bed.veth(self.index), "up" if up else "down")
@@ -213,9 +220,11 @@ class Bed:
                      what="a host's daemon's first scan")
         return daemons
 
-    def ring(self, mode: str = "loop", *args: str) -> BedJob:
-        """One ring rank per host (tests/support/rank_prog.py MODE), rank i on host i."""
-        return BedJob(self, mode, args).start()
+    def ring(self, mode: str = "loop", *args: str,
+             env: dict[str, str] | None = None) -> BedJob:
+        """One ring rank per host (tests/support/rank_prog.py MODE), rank i on host i;
+        `env` added to each rank's environment."""
+        return BedJob(self, mode, args, env).start()
 
     def end_process(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
@@ -255,8 +264,9 @@ class BedJob:
     """A ring job across the bed's hosts: rank i on host i, its record in host i's
     daemon's record directory."""
 
-    def __init__(self, bed: Bed, mode: str, args: tuple[str, ...]) -> None:
-        self.bed, self.mode, self.args = bed, mode, args
+    def __init__(self, bed: Bed, mode: str, args: tuple[str, ...],
+                 env: dict[str, str] | None = None) -> None:
+        self.bed, self.mode, self.args, self.env = bed, mode, args, env or {}
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
 
@@ -268,7 +278,7 @@ class BedJob:
         for rank, host in enumerate(self.bed.hosts):
             assert host.daemon is not None, "start the daemons first"
             env = base_env(host.daemon.record_dir, MLX_HOSTFILE=str(hostfile),
-                           MLX_RANK=str(rank))
+                           MLX_RANK=str(rank), **self.env)
             self.logs.append(run / f"rank{rank}.log")
             with open(self.logs[-1], "wb") as log:
                 proc = subprocess.Popen(

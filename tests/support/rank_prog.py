@@ -50,6 +50,10 @@ Modes:
                   tells the others in the all_sum), a long step of ~P s (a prefill
                   after many short decode steps), a few rounds, exit 0.
                   Prints "prefill 1 start", "short rounds", "prefill 2 start", "done"
+  bigsum MIB [N] [R]  N checked rounds (default 200: the job's pace learned), then R
+                  (default 1) all_sums of MIB MiB (float32 ones), each checked; prints
+                  "bigsum start" before the first, "bigsum done T" after each (T: its
+                  seconds) and exits 0
   work N [FLAG]   a training step's shape: N 512 x 512 matmuls and an all_sum of their
                   result in one eval (compute and collective together, as mlx-lm's
                   trainer does), checked, hb.step() each round, forever; while the file
@@ -418,5 +422,20 @@ elif MODE == "work":
             step = took if step is None else 0.9 * step + 0.1 * took
         elif step:
             print(f"slow step {took:.4f} {step:.4f} {time.monotonic():.3f}", flush=True)
+elif MODE == "bigsum":
+    for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 200):
+        one_round()
+        hb.step()
+    print("bigsum start", flush=True)
+    for _ in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1):
+        began = time.monotonic()
+        big = mx.distributed.all_sum(mx.ones(int(ARG * (1 << 20)) // 4))
+        mx.eval(big)
+        if big[0].item() != size or big[-1].item() != size:
+            print(f"WRONG all_sum: {big[0].item()}", flush=True)
+            sys.exit(3)
+        print(f"bigsum done {time.monotonic() - began:.1f}", flush=True)
+        hb.step()
+    time.sleep(0.5)  # the peers finish their part before we hang up
 else:
     sys.exit(f"unknown mode {MODE}")

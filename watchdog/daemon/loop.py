@@ -49,6 +49,10 @@ from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler, job_key
 log = logging.getLogger(__name__)
 
 Due = dict[tuple[int, str], list[Rank]]  # (uid, job) -> its ranks due for action
+# Seconds a peer's answer speaks for its ranks in a wedge judged across nodes: asked
+# every act/peers.PREFETCH_EVERY (2 s) in the background, and the peer's facts were
+# current at its last scan.
+REMOTE_FRESH = 4.0
 
 
 class Daemon:
@@ -177,7 +181,9 @@ class Daemon:
         sampled: set[tuple[int, float]] = set()
         for members in jobs.values():
             seen = {rank.key: self._seen(rank, now) for rank, _ in members}
-            wedged = wedge.decide([self._member(r, s, seen[r.key], now) for r, s in members])
+            mine = [self._member(r, s, seen[r.key], now) for r, s in members]
+            wedged = wedge.decide(mine + self._remote_members(members[0][0], len(mine),
+                                                              now_ns))
             if log.isEnabledFor(logging.DEBUG) and any(seen.values()):
                 log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
                           [(r.record.rank, seen[r.key], self.stacks.queues.get(r.key))
@@ -212,6 +218,9 @@ class Daemon:
         rec = rank.record
         queues = self.stacks.queues.get(rank.key)
         known = queues is not None and queues.queues is not None
+        # Published (/status) for a peer judging the job across nodes.
+        rank.sockets = (now - queues.since, queues.unread) if queues is not None and known \
+            else None
         return wedge.Member(
             rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
             waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
@@ -219,6 +228,38 @@ class Daemon:
             stopped=sample.status in STOPPED_STATUSES, seen=seen,
             quiet=now - queues.since if queues is not None and known else None,
             unread=queues.unread if queues is not None else 0, link=rank.data_link)
+
+    def _remote_members(self, one: Rank, here: int, now_ns: int) -> list[wedge.Member]:
+        """The job's ranks on the other nodes, as members, from every peer's answer to
+        the background ask (at most REMOTE_FRESH seconds old; never asked here: the scan
+        never waits on the network). None while a peer did not answer (a partition
+        keeps today's rules) or all the job's ranks are here."""
+        rec = one.record
+        peers = self.settings.peers
+        if not peers or here >= rec.world_size:
+            return []
+        answers = self.peers.recent(REMOTE_FRESH)
+        if answers is None or len(answers) != len(peers) \
+                or not all(n.ok and n.status is not None for n in answers):
+            return []
+        members = []
+        wall = self.clock.wall()
+        for answer in answers:
+            status = answer.status
+            assert status is not None
+            # Its facts as of its last scan: a peer whose loop stalls (or whose clock is
+            # seconds off ours) speaks for nothing current.
+            if status.time is None or abs(wall - status.time) > \
+                    REMOTE_FRESH + (status.interval or self.settings.interval):
+                return []
+            host = status.host if status.host and status.host != self.host else answer.peer
+            for r in status.ranks:
+                if r.job == rec.job and r.uid == rec.uid and r.state not in FINAL:
+                    member = wedge.remote(r, host, now_ns)
+                    if member is None:
+                        return []  # a rank of the job unknown: no wedge
+                    members.append(member)
+        return members
 
     def _sample_stacks(self, members: list[tuple[Rank, ProcessSample]],
                        now: float) -> set[tuple[int, float]]:
@@ -295,7 +336,12 @@ class Daemon:
         self.links.forget(r.key for r in long)
         for r in self.ranks.values():
             r.data_link = self.links.found.get(r.key)
-        if self.settings.peers and long:
+        # Past half its wedge deadline too: a job wedged across nodes is judged from the
+        # peers' answers (_remote_members), which must be there by its wedge deadline.
+        wedging = any(r.verdict is not None and r.verdict.wedge_deadline > 0
+                      and r.verdict.seconds_in_wait >= r.verdict.wedge_deadline / 2
+                      and r.state not in FINAL for r in self.ranks.values())
+        if self.settings.peers and (long or wedging):
             self.peers.prefetch()  # a verdict may come: its peers' answers ready by then
 
     def _deaths(self, now: float) -> None:

@@ -36,7 +36,8 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         flag = RebootFlag(reason=backlog.reboot_flags_unwritten[0], unwritten=True)
     shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
                               data_link=r.data_link, cause=r.cause, pace=r.pace,
-                              pace_score=r.pace_score, pace_why=r.pace_why)
+                              pace_score=r.pace_score, pace_why=r.pace_why,
+                              sockets=r.sockets)
                   for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank,
                                                         r.record.pid)))
     return NodeStatus(

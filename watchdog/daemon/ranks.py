@@ -99,6 +99,9 @@ class Rank:
     # long (probes/datalink.py), and the cause of the incident that acted on it.
     data_link: str | None = None
     cause: str | None = None
+    # While its sockets are tracked (probes/stacksampler.py): (seconds their queues stood
+    # still, bytes received and not read), published for a peer's wedge (judge/wedge.py).
+    sockets: tuple[float, int] | None = None
     # Shown, never judged by (judge/stragglers.py): its last minute's figures and its
     # score against the job's other ranks.
     pace: Pace | None = None

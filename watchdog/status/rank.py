@@ -4,10 +4,10 @@ holds a job back."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.status.codec import Encodable, decode
+from watchdog.status.codec import Encodable, _on_wire, decode
 
 # What a rank of a peer's /status must hold to be lined up: field -> allowed types
 # (None: the field may be missing or null). A peer's answer is untrusted input.
@@ -98,6 +98,13 @@ class RankStatus(Encodable):
     # What its busy threads ran at the latest native stack sample, taken only while a
     # rank of its job waits past its deadline (judge/frames.py); None: not sampled.
     frames: str | None = None
+    # The same sample's kind, for a machine ("waiting", "computing", "unknown"); while its
+    # sockets are tracked (probes/stacksampler.py), the seconds their queues stood still
+    # and the bytes received and not read: what a peer needs to judge a job wedged across
+    # nodes (judge/wedge.py). No key while unknown (an old peer's rank lacks them too).
+    frames_kind: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    quiet_seconds: float | None = field(default=None, metadata=_on_wire(omit="none"))
+    unread_bytes: int | None = field(default=None, metadata=_on_wire(omit="none"))
     # Over the last minute of its work (daemon/judge/stragglers.py): the share of its
     # time spent waiting on its peers, its collectives per second, its score against
     # the job's other ranks (1: the job's pace, lower: slower), the share of the time

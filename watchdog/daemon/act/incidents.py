@@ -107,6 +107,9 @@ def with_view(incident: Incident, view: PeerView | None) -> Incident:
     a local culprit carries them too."""
     if view is None or not view.cause:
         return incident
+    if incident.cause == Cause.COLLECTIVE_WEDGED and view.cause in (
+            Cause.UNKNOWN, Cause.COLLECTIVE_WEDGED):
+        return incident  # judge/wedge.py saw more (frames, sockets) than the view tells
     found, summary = view.cause, view.summary or incident.summary
     c = incident.culprit
     return replace(incident, cause=found, summary=summary,
@@ -138,6 +141,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     stopped = [r for r in local if r.state == State.STOPPED]
     behind = waited_for(due, local)
     wedged = next((r.verdict.wedge for r in due if r.verdict and r.verdict.wedge), None)
+    remote: Culprit | None = None  # a wedge's culprit on a peer
     if fenced is not None:
         found, summary = fenced_finding(fenced)
     elif wedged is not None:  # judge/wedge.py: every rank spinning on nothing
@@ -146,6 +150,10 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
         if stuck is not None and behind is None and not stopped:
             behind = (stuck, f"{stuck.verdict.seen if stuck.verdict else ''}, bytes left "
                              "unread in its sockets while its peers wait on it")
+        elif wedged.culprit_host is not None and behind is None and not stopped:
+            remote = Culprit(host=wedged.culprit_host, rank=wedged.culprit,
+                             reason="bytes left unread in its sockets while its peers "
+                                    "wait on it")
     else:
         finding = local_finding(local)
         found, summary = finding.cause, finding.summary
@@ -155,7 +163,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     culprit = (named if fenced is not None else
                culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
                           "peers wait") if stopped else
-               culprit_of(host, behind[0], behind[1]) if behind else None)
+               culprit_of(host, behind[0], behind[1]) if behind else remote)
     if culprit is not None and fenced is None:
         culprit = replace(culprit, cause=found, summary=summary)
     return Incident(

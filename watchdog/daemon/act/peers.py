@@ -5,7 +5,8 @@ Only with `peers` configured (and, for fences, a shared `secret`); a job is
 named by its owner's uid with its id, so no fence can reach another user's job.
 
 The peers are asked ahead of need: while a rank of ours waits past half its
-deadline, their `/status` is fetched in the background every PREFETCH_EVERY
+deadline (or half its wedge deadline: the loop judges a job wedged across nodes from
+these answers, `recent`), their `/status` is fetched in the background every PREFETCH_EVERY
 seconds, so a verdict finds which peers are unreachable already known and its
 first signal does not wait out their timeout again (those that answer are asked
 again at the verdict: their answer must be current, and it takes milliseconds).
@@ -77,6 +78,15 @@ class Peers:
                 self._asking = self.executor.submit(ask)
             except RuntimeError:  # the executor is shut down: the daemon is stopping
                 self._asking = None
+
+    def recent(self, within: float) -> list[NodeAnswer] | None:
+        """The latest background ask's answers, one per peer, when it was asked within
+        `within` seconds; else None. Never asks and never waits: the scan reads it."""
+        with self._lock:
+            asked = self._asked
+        if asked is None or self.clock() - asked[0] > within:
+            return None
+        return [n for n in asked[1] if n.peer in self.settings.peers]
 
     def _remote(self) -> list[NodeAnswer]:
         """Every peer's answer. A peer that answered is asked again now (it answers in

@@ -114,6 +114,7 @@ class Verdict:
     wedge: Wedge | None = None
     seen: str = ""  # what its busy threads ran at the latest stack sample (frames.py)
     hot: tuple[int, ...] = ()  # its threads busy over the last interval (their ids)
+    seen_kind: str = ""  # that sample's kind (frames.WAITING, ...; "": none fresh)
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -329,7 +330,8 @@ class Detector:
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
             return Verdict(state, deadline, seconds, since_progress, track.busiest, act,
                            reason, busy, record.collectives, own, wedge_at,
-                           wedge if wedge_at else None, seen.what if seen else "", track.hot)
+                           wedge if wedge_at else None, seen.what if seen else "", track.hot,
+                           seen.kind if seen else "")
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0

@@ -1,6 +1,7 @@
 """Pure: a collective wedged with nothing to explain it, decided per job.
 
-Every rank of the job present (here: on this node), each in a wait at the same
+Every rank of the job present (on this node, or on a peer whose `/status` answered a
+moment ago: `remote` builds its member from what that peer published), each in a wait at the same
 collective (or the next one of the same op, which a ring neighbour whose part of the
 current one completed has issued), none stopped; each rank's busy threads sampled
 spinning in a wait frame (judge/frames.py), no byte moving on the job's sockets for
@@ -12,7 +13,9 @@ a wait of its own, outside the collective) each fail one condition and keep toda
 rules.
 
 The culprit is the rank with bytes received and not read while its busy thread spins
-(it stopped reading its socket); with none, no one rank is named.
+(it stopped reading its socket), with its host when on a peer; with none, no one rank
+is named. A rank on a peer lacking any fact (an old peer, nothing sampled there yet) is
+unknown: no wedge, today's rules, as for a peer that did not answer (a partition).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from watchdog.daemon.judge.frames import WAITING, Seen
-from watchdog.states import Phase
+from watchdog.states import Phase, State
+from watchdog.status import RankStatus
 
 QUIET_FOR = 3.0  # seconds the job's sockets' queues must stand still
 FRESH = 10.0  # seconds a stack sample speaks for
@@ -42,6 +46,7 @@ class Member:
     quiet: float | None  # seconds its sockets' queues stood still; None: unknown
     unread: int = 0  # bytes received in its sockets and not read
     link: str | None = None  # its data-link probe ("up", "down ...", ...)
+    host: str | None = None  # the peer it lives on; None: this node
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,37 @@ class Wedge:
 
     note: str
     culprit: int | None = None
+    culprit_host: str | None = None  # its host when on a peer
+
+
+def waited_op(current_op: str, last_op: str) -> str:
+    """What a member waits in, as every node spells it: the blocking call with its last
+    collective's op, without the collective's number (a neighbour may be one ahead)."""
+    return f"{current_op} ({last_op})"
+
+
+def remote(rank: RankStatus, host: str, now_ns: int) -> Member | None:
+    """A rank a peer published (its `/status`, fresh) as a member, or None when it lacks
+    what a member needs (an old peer: no wedge). Its frames' words are the peer's."""
+    if rank.rank is None or rank.world_size is None or rank.phase is None \
+            or rank.collectives is None or rank.state is None:
+        return None
+    phase = next((p for p in Phase if p.label == rank.phase), None)
+    if phase is None:
+        return None
+    seen = (Seen(rank.frames_kind, rank.frames or rank.frames_kind)
+            if rank.frames_kind else None)
+    in_wait = rank.seconds_in_wait or 0.0
+    last = rank.last_collective.op if rank.last_collective else None
+    op = rank.current_op or ""
+    if last is not None and op.endswith(")") and " (" in op:
+        op = op.rsplit(" (", 1)[0]  # "eval (all_sum #12)": the call alone
+    return Member(
+        rank=rank.rank, world_size=rank.world_size, phase=phase,
+        waiting_since_ns=max(1, now_ns - int(in_wait * 1e9)) if in_wait > 0 else 0,
+        collectives=rank.collectives, op=waited_op(op, last or ""),
+        stopped=rank.state == State.STOPPED, seen=seen, quiet=rank.quiet_seconds,
+        unread=rank.unread_bytes or 0, link=rank.data_link, host=host)
 
 
 def decide(members: Sequence[Member]) -> Wedge | None:
@@ -59,7 +95,7 @@ def decide(members: Sequence[Member]) -> Wedge | None:
     world = members[0].world_size
     ranks = {m.rank for m in members}
     if world < 2 or len(ranks) != world or len(members) != world:
-        return None  # a rank elsewhere (or none yet): decided where all are seen
+        return None  # a rank unseen (a peer silent, or none yet), or one seen twice
     if any(m.stopped or m.phase != Phase.WAIT or m.waiting_since_ns <= 0 for m in members):
         return None
     # The same collective, or the next: a ring neighbour whose part of the current one
@@ -77,9 +113,14 @@ def decide(members: Sequence[Member]) -> Wedge | None:
     stuck = max(ordered, key=lambda m: m.unread)
     culprit = stuck if stuck.unread > 0 else None
     quiet = min(m.quiet or 0.0 for m in members)
-    seen = "; ".join(f"rank {m.rank}'s {m.seen.what}" for m in ordered if m.seen)
-    head = (f"rank {culprit.rank} leaves {culprit.unread} B unread in its sockets; "
+    seen = "; ".join(f"{_named(m)}'s {m.seen.what}" for m in ordered if m.seen)
+    head = (f"{_named(culprit)} leaves {culprit.unread} B unread in its sockets; "
             if culprit else "")
-    return Wedge(f"collective wedged: {head}{seen}; no byte moved on the job's sockets "
-                 f"for {quiet:.0f}s, no rank stopped, every link answering",
-                 culprit.rank if culprit else None)
+    nodes = " across nodes" if any(m.host for m in members) else ""
+    return Wedge(f"collective wedged{nodes}: {head}{seen}; no byte moved on the job's "
+                 f"sockets for {quiet:.0f}s, no rank stopped, every link answering",
+                 culprit.rank if culprit else None, culprit.host if culprit else None)
+
+
+def _named(m: Member) -> str:
+    return f"rank {m.rank} on {m.host}" if m.host else f"rank {m.rank}"
