@@ -23,8 +23,8 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.counters import Counters
 from watchdog.daemon.judge import cluster
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.publish import snapshot
-from watchdog.daemon.ranks import Rank
 from watchdog.net import fence
 from watchdog.states import State
 from watchdog.status import (

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.ranks import Edge, Rank, transition
+from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.states import FINAL, State
 from watchdog.status import Incident, PeerView
 
@@ -91,7 +91,7 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
 
 def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:
     """The due ranks to act on; the others are held (state `suspect`, with why). Each one
-    kept is escalated by the caller, with the wait it is acted on for (ranks.py)."""
+    kept is escalated by the caller, with the wait it is acted on for (lifecycle.py)."""
     table = list(ranks)
     kept: Jobs = {}
     for (uid, job), found in due.items():

@@ -34,12 +34,12 @@ from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.stragglers import MIN_SECONDS, Stragglers, summary, why
+from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.probes.stacksampler import Identity, StackSampler
 from watchdog.daemon.publish import INVALID_LISTED, snapshot
-from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import Key, RankTable

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from watchdog import __version__
 from watchdog.daemon.config import Settings
 from watchdog.daemon.counters import SCAN_BUCKETS, Counters
-from watchdog.daemon.ranks import Rank
+from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
 from watchdog.status import NodeStatus, RebootFlag, Straggler, Unwritten

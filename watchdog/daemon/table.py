@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from watchdog import record
 from watchdog.daemon import attempts
 from watchdog.daemon.counters import Counters
+from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.daemon.observation import Seen, observe
 from watchdog.daemon.probes import Probe, ProcessSample
-from watchdog.daemon.ranks import Edge, Rank, transition
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.signaller import Result, Signaller
 from watchdog.record import Record

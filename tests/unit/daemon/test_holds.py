@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from watchdog.daemon.holds import HOLD_RECHECK, past_bound, peer_held, peer_hold, shown_held
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.ranks import Edge, Rank, transition
+from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.record import Record
 from watchdog.states import Phase, State
 from watchdog.status import PeerView

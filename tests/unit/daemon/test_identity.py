@@ -22,9 +22,9 @@ from tests.support.ladders import respond
 from tests.support.users import UserProc, publish
 from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome, Step
 from watchdog.daemon.config import Settings
+from watchdog.daemon.lifecycle import Edge, transition
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
-from watchdog.daemon.ranks import Edge, transition
 from watchdog.daemon.signaller import OURS, UNKNOWN, Signaller
 from watchdog.daemon.store import journal
 from watchdog.states import State

@@ -19,7 +19,7 @@ from watchdog.daemon.act.incidents import (
     with_view,
 )
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.ranks import Rank
+from watchdog.daemon.lifecycle import Rank
 from watchdog.states import State
 from watchdog.status import Culprit, Fence, PeerView
 

@@ -11,7 +11,7 @@ import pytest
 
 import watchdog
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.ranks import ALLOWED, Edge, Rank, transition
+from watchdog.daemon.lifecycle import ALLOWED, Edge, Rank, transition
 from watchdog.record import Record
 from watchdog.states import Phase, State
 

@@ -14,10 +14,10 @@ from watchdog.daemon.holds import hold_reason
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import NS, Detector, Verdict
 from watchdog.daemon.judge.ownwait import MAX_IO_HOLD, OwnWait, size_text
+from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.linux import io_bytes, read_io
 from watchdog.daemon.probes.macos import DISKIO_OFFSET, RUSAGE_V2_SIZE, rusage_io
-from watchdog.daemon.ranks import Rank
 from watchdog.record import Collective, Record
 from watchdog.states import Phase, State
 
@@ -188,7 +188,7 @@ def test_a_checkpoint_hold_is_logged_once_per_hold_not_at_every_scan(caplog):
 
     from watchdog.daemon.holds import hold
     from watchdog.daemon.judge.deadlines import Rules
-    from watchdog.daemon.ranks import Edge, Rank, transition
+    from watchdog.daemon.lifecycle import Edge, Rank, transition
     from watchdog.record import Record
 
     def rec(n: int) -> Record:

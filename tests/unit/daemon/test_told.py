@@ -117,7 +117,7 @@ def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path, 
     from watchdog.daemon.act.peers import Peers
     from watchdog.daemon.config import Settings
     from watchdog.daemon.fences import Fences
-    from watchdog.daemon.ranks import Rank
+    from watchdog.daemon.lifecycle import Rank
     from watchdog.daemon.table import Death
     from watchdog.record import Record
     from watchdog.states import Phase

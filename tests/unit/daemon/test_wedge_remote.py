@@ -16,8 +16,8 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.wedge import QUIET_FOR, Member, decide, remote
+from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.loop import REMOTE_FRESH, Daemon
-from watchdog.daemon.ranks import Rank
 from watchdog.daemon.view import rank_status
 from watchdog.record import Collective, Record, read_path
 from watchdog.states import Phase, State

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from watchdog import cause
 from watchdog.cause import CAUSES, Cause
-from watchdog.daemon.ranks import Rank
+from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
