@@ -11,7 +11,7 @@ import signal
 from collections.abc import Iterable
 
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
-from watchdog.daemon.signaller import GONE, OURS, SENT, Target
+from watchdog.daemon.signaller import Result, Target
 
 
 class FakeClock:
@@ -67,7 +67,7 @@ class FakeSignaller:
         self.alive_pids.add(pid)
 
     def identify(self, target: Target) -> str:
-        return OURS if target.pid in self.alive_pids else GONE
+        return Result.OURS if target.pid in self.alive_pids else Result.GONE
 
     def alive(self, target: Target) -> bool:
         return target.pid in self.alive_pids
@@ -75,9 +75,9 @@ class FakeSignaller:
     def send(self, target: Target, signum: int) -> str:
         pid = target.pid
         self.sent.append((pid, signum))
-        result = SENT if pid in self.alive_pids else GONE
+        result = Result.SENT if pid in self.alive_pids else Result.GONE
         self.results.append((pid, signum, result))
-        if result == SENT:
+        if result == Result.SENT:
             self._react(pid, signum)
         return result
 

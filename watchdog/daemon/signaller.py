@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from watchdog.daemon import observation
 from watchdog.daemon.observation import Seen
 from watchdog.daemon.probes import Probe
-from watchdog.states import State, Word
+from watchdog.states import Word
 
 # Signals a record may name for its stack dump. Anything else (a forged record
 # asking for SIGKILL, say) is ignored.
@@ -40,16 +40,10 @@ class Result(Word):
     UNKNOWN = "unknown"
 
 
-# The members under their short names, as the ladder compares them.
-SENT, GONE, NOT_OURS, DENIED = Result.SENT, Result.GONE, Result.NOT_OURS, Result.DENIED
-OURS, UNKNOWN = Result.OURS, Result.UNKNOWN
-# How the ladder left a rank (the rank's state from then on): gone after it, or
-# positively still there after SIGKILL; or EXITED: it was ending on its own error (the
-# backend's, its record says so), so its end is not the watchdog's.
-KILLED, UNKILLABLE, EXITED = State.KILLED, State.UNKILLABLE, State.EXITED
 # An identity check as a signal result (`observation.identify` never says CLOSED: a
 # target is a process, not a record).
-_SAID = {Seen.LIVE: OURS, Seen.GONE: GONE, Seen.NOT_OURS: NOT_OURS, Seen.UNKNOWN: UNKNOWN}
+_SAID = {Seen.LIVE: Result.OURS, Seen.GONE: Result.GONE, Seen.NOT_OURS: Result.NOT_OURS,
+         Seen.UNKNOWN: Result.UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,7 @@ class Signaller:
 
     def alive(self, target: Target) -> bool:
         """Positively still the process the record describes (a failed probe is not)."""
-        return self.identify(target) == OURS
+        return self.identify(target) == Result.OURS
 
     def send(self, target: Target, signum: int) -> Result:
         pidfd = -1
@@ -90,23 +84,23 @@ class Signaller:
             try:
                 pidfd = os.pidfd_open(target.pid)
             except ProcessLookupError:
-                return GONE
+                return Result.GONE
             except OSError:
                 pidfd = -1
         try:
             # Fail closed: only a positive match (pid, start, uid) is signalled.
             who = self.identify(target)
-            if who != OURS:
+            if who != Result.OURS:
                 return who
             if pidfd >= 0:
                 signal.pidfd_send_signal(pidfd, signum)
             else:
                 os.kill(target.pid, signum)
-            return SENT
+            return Result.SENT
         except ProcessLookupError:
-            return GONE
+            return Result.GONE
         except PermissionError:
-            return DENIED
+            return Result.DENIED
         finally:
             if pidfd >= 0:
                 os.close(pidfd)

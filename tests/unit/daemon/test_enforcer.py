@@ -34,7 +34,7 @@ from tests.support.ladders import end, respond
 from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.config import Settings
 from watchdog.daemon.probes import Probe
-from watchdog.daemon.signaller import GONE, NOT_OURS, SENT, Signaller, Target
+from watchdog.daemon.signaller import Result, Signaller, Target
 from watchdog.daemon.store import journal
 from watchdog.status import ABSENT, Incident
 
@@ -95,7 +95,7 @@ def test_ladder_order_sigstop_sigterm_sigcont_then_sigkill_for_survivors_only(
     sent_at = {(s["pid"], s["signal"]): s["time"] for s in inc["signals"]}
     assert sent_at[(102, "SIGKILL")] - sent_at[(102, "SIGTERM")] >= 10.0
     assert clock.now() - start < 10.0 + 1.0  # the kill took effect at once
-    assert all(s["result"] == SENT for s in inc["signals"])
+    assert all(s["result"] == Result.SENT for s in inc["signals"])
 
 
 def test_ranks_dying_on_sigterm_are_not_sigkilled_and_no_grace_is_spent(state_dir: Path) -> None:
@@ -134,7 +134,7 @@ def test_a_target_already_gone_is_a_result(state_dir: Path) -> None:
     fake = FakeSignaller({401: DIES_ON_TERM})
     enf, _ = enforcer(state_dir, fake)
     outcome = end(enf, [target(400), target(401, rank=1)])[1]  # 400 never existed
-    assert outcome == {400: GONE, 401: "killed"}
+    assert outcome == {400: Result.GONE, 401: "killed"}
     assert fake.signals_to(400) == ["SIGSTOP", "SIGTERM"]  # nothing more once known gone
 
 
@@ -309,7 +309,7 @@ def test_the_incident_is_one_json_line_with_the_design_fields(state_dir: Path) -
         (1001, "SIGCONT"), (1002, "SIGCONT"), (1002, "SIGKILL")]
     assert inc["freeze"] == "2 ranks frozen"
     for s in inc["signals"]:
-        assert isinstance(s["time"], float) and s["result"] == SENT
+        assert isinstance(s["time"], float) and s["result"] == Result.SENT
     assert inc["outcome"] == {"1001": "killed", "1002": "killed"}
     assert inc["closed_at"] >= inc["signals"][-1]["time"]
 
@@ -343,7 +343,7 @@ def test_signaller_never_signals_a_process_whose_identity_changed(
                       uid=uid + 1 if change == "uid" else uid)
     signaller = Signaller(probe)
     assert signaller.alive(recorded) is False
-    assert signaller.send(recorded, signal.SIGKILL) == NOT_OURS
+    assert signaller.send(recorded, signal.SIGKILL) == Result.NOT_OURS
     time.sleep(0.05)
     assert sleeper.poll() is None  # still alive
 
@@ -352,7 +352,7 @@ def test_signaller_with_the_real_probe_refuses_a_recycled_identity(
         sleeper: subprocess.Popen) -> None:
     start, uid = identity(sleeper)
     recorded = target(sleeper.pid, start_time=start - 3600.0, uid=uid)
-    assert Signaller(Probe()).send(recorded, signal.SIGKILL) == NOT_OURS
+    assert Signaller(Probe()).send(recorded, signal.SIGKILL) == Result.NOT_OURS
     time.sleep(0.05)
     assert sleeper.poll() is None
 
@@ -362,7 +362,7 @@ def test_signaller_kills_the_process_whose_identity_matches(sleeper: subprocess.
     probe = FakeProbe()
     probe.set_sample(process_sample(sleeper.pid, start_time=start, uid=uid))
     recorded = target(sleeper.pid, start_time=start, uid=uid)
-    assert Signaller(probe).send(recorded, signal.SIGKILL) == SENT
+    assert Signaller(probe).send(recorded, signal.SIGKILL) == Result.SENT
     assert sleeper.wait(timeout=5) == -signal.SIGKILL
 
 
@@ -371,8 +371,8 @@ def test_signaller_to_a_dead_pid_returns_gone(sleeper: subprocess.Popen) -> None
     sleeper.kill()
     sleeper.wait()
     dead = target(sleeper.pid, start_time=start, uid=uid)
-    assert Signaller(Probe()).send(dead, signal.SIGTERM) == GONE
-    assert Signaller(FakeProbe()).send(dead, signal.SIGKILL) == GONE
+    assert Signaller(Probe()).send(dead, signal.SIGTERM) == Result.GONE
+    assert Signaller(FakeProbe()).send(dead, signal.SIGKILL) == Result.GONE
     assert Signaller(Probe()).alive(dead) is False
 
 
@@ -386,8 +386,8 @@ def test_the_ladder_never_touches_a_mismatched_real_process(
     enf = Enforcer(settings(state_dir), Signaller(probe), probe,
                    clock=clock.now, sleep=clock.sleep, wall=clock.wall)
     inc = respond(enf, incident(targets=[stale]), [stale]).incident.to_json()
-    assert inc["outcome"] == {str(sleeper.pid): NOT_OURS}
-    assert [s["result"] for s in inc["signals"]] == [NOT_OURS, NOT_OURS]  # STOP, TERM
+    assert inc["outcome"] == {str(sleeper.pid): Result.NOT_OURS}
+    assert [s["result"] for s in inc["signals"]] == [Result.NOT_OURS, Result.NOT_OURS]  # STOP, TERM
     time.sleep(0.05)
     assert sleeper.poll() is None
 
@@ -455,13 +455,13 @@ def _record(tmp_path: Path, pid: int, status: int | None = None):
 def test_a_rank_whose_record_says_it_is_leaving_on_an_error_is_not_signalled(tmp_path,
                                                                              state_dir):
     from watchdog import record
-    from watchdog.daemon.signaller import EXITED
+    from watchdog.states import State
 
     _record(tmp_path, 101, record.STATUS_ERROR)
     fake = FakeSignaller({})  # gone by the time the ladder looks again: it left on its own
     enf, clock = enforcer(state_dir, fake)
     leaving = dataclasses.replace(target(101), record_path=str(tmp_path / "101.rec"))
-    assert end(enf, [leaving])[1] == {101: EXITED}
+    assert end(enf, [leaving])[1] == {101: State.EXITED}
     assert fake.sent == []
 
 

@@ -25,7 +25,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.lifecycle import Edge, transition
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample
-from watchdog.daemon.signaller import OURS, UNKNOWN, Signaller
+from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal
 from watchdog.states import State
 from watchdog.status import Incident
@@ -60,9 +60,9 @@ def test_a_probe_error_never_lets_a_signal_through():
     with UserProc(0) as sleeper:
         forged = target(sleeper.pid, start_time=time.time() - 3600, uid=4242)
         signaller = Signaller(FailingProbe())
-        assert signaller.identify(forged) == UNKNOWN
+        assert signaller.identify(forged) == Result.UNKNOWN
         assert signaller.alive(forged) is False
-        assert signaller.send(forged, signal.SIGTERM) == UNKNOWN
+        assert signaller.send(forged, signal.SIGTERM) == Result.UNKNOWN
         time.sleep(0.1)
         assert sleeper.poll() is None and sleeper.signals() == []
 
@@ -77,7 +77,7 @@ def test_a_probe_error_raises_no_false_unkillable_nor_a_reboot_flag(state_dir: P
         real = dataclasses.replace(target(rank.pid, start_time=p.create_time(), uid=0),
                                    start_ticks=read_start_ticks(rank.pid))
         signaller = Signaller(probe)
-        assert signaller.identify(real) == OURS
+        assert signaller.identify(real) == Result.OURS
         probe.fail = True  # from here on the probe cannot tell
         enf = Enforcer(settings, signaller, probe, clock=clock.now, sleep=clock.sleep,
                        wall=clock.wall)
@@ -109,7 +109,7 @@ def test_a_stepped_wall_clock_does_not_make_live_ranks_read_as_forged(tmp_path):
             ((key, watched),) = daemon.ranks.items()
             assert watched.record.pid == rank.pid and watched.state == State.RUNNING
             assert daemon.table.invalid == {} and daemon.table.records.bad == {}
-            assert Signaller(stepped).identify(watched.target()) == OURS
+            assert Signaller(stepped).identify(watched.target()) == Result.OURS
         finally:
             daemon.executor.shutdown()
 
@@ -131,9 +131,9 @@ def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
             assert transition(watched, Edge.ESCALATED, 0.0, wait=(1, 0))
             incident = Incident.from_json({
                 "id": "i", "job": "j", "uid": 0, "verdict": "blocked",
-                "outcome": {str(rank.pid): UNKNOWN}, "signals": []})
+                "outcome": {str(rank.pid): Result.UNKNOWN}, "signals": []})
             done = Ladder(incident, [], None, lambda: False, step=Step.DONE,
-                          result=Outcome(incident, {rank.pid: UNKNOWN}))
+                          result=Outcome(incident, {rank.pid: Result.UNKNOWN}))
             daemon.responses.adopt(done, [watched.key], 0.0)
             daemon._collect_finished()
             assert not watched.escalating and watched.acted_on is None

@@ -23,7 +23,7 @@ from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.observation import Observation, Seen, identify, observe
 from watchdog.daemon.probes import ProbeError, probe
 from watchdog.daemon.probes.linux import LinuxProbe
-from watchdog.daemon.signaller import GONE, NOT_OURS, OURS, UNKNOWN, Signaller, Target
+from watchdog.daemon.signaller import Result, Signaller, Target
 from watchdog.rank import hook
 from watchdog.record import Record, RecordWriter
 
@@ -115,11 +115,11 @@ def test_the_signaller_words_the_same_look_as_a_signal_result(tmp_path: Path) ->
     broken.mkdir(parents=True)
     (broken / "stat").write_text("")
     real = Signaller(probe())
-    assert real.identify(target(os.getpid())) == OURS
-    assert real.identify(target(reaped_pid())) == GONE
-    assert real.identify(target(os.getpid(), uid=os.getuid() + 4242)) == NOT_OURS
+    assert real.identify(target(os.getpid())) == Result.OURS
+    assert real.identify(target(reaped_pid())) == Result.GONE
+    assert real.identify(target(os.getpid(), uid=os.getuid() + 4242)) == Result.NOT_OURS
     assert Signaller(LinuxProbe(proc=str(tmp_path / "proc"))).identify(
-        target(os.getpid())) == UNKNOWN
+        target(os.getpid())) == Result.UNKNOWN
     assert identify(probe(), os.getpid(), ME.create_time(), os.getuid(),
                     hook._start_ticks()).seen is Seen.LIVE
 

@@ -117,20 +117,12 @@ from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
 from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
-from watchdog.daemon.probes import STOPPED_STATUSES, UNINTERRUPTIBLE, Probe, ProbeError
-from watchdog.daemon.signaller import (
-    EXITED,
-    KILLED,
-    OURS,
-    SENT,
-    UNKILLABLE,
-    UNKNOWN,
-    Signaller,
-    Target,
-)
+from watchdog.daemon.probes import UNINTERRUPTIBLE, Probe, ProbeError
+from watchdog.daemon.signaller import Result, Signaller, Target
 from watchdog.daemon.store import journal, pending
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
+from watchdog.states import STOPPED_STATUSES, Mode, State
 from watchdog.status import (
     ABSENT,
     Incident,
@@ -153,7 +145,7 @@ class Outcome:
     """What one response to a hung job did, handed back to the daemon's loop."""
 
     incident: Incident  # as written to incidents.jsonl
-    # pid -> KILLED, UNKILLABLE, UNKNOWN, or what stopped the ladder early (GONE,
+    # pid -> KILLED, UNKILLABLE (States), UNKNOWN, or what stopped the ladder early (GONE,
     # NOT_OURS, DENIED); empty when nothing was signalled (observe mode, a hold)
     results: dict[int, str] = field(default_factory=dict)
     signals_sent: tuple[str, ...] = ()  # names of the signals that reached a rank
@@ -309,7 +301,7 @@ class Enforcer:
         # Sampled before any SIGSTOP, so the SIGSTOPs go back to back.
         status = {t.pid: self._status(t) for t in ladder.targets if t not in leaving}
         for target in [t for t in ladder.targets if t not in leaving]:
-            if self._signal(sent, target, signal.SIGSTOP) != SENT:
+            if self._signal(sent, target, signal.SIGSTOP) != Result.SENT:
                 continue
             if status[target.pid] in STOPPED_STATUSES:
                 # Stopped by someone else (the rank the job waits on, often): never
@@ -385,7 +377,7 @@ class Enforcer:
     def _step_begin(self, ladder: Ladder, now: float) -> Step:
         """A verdict's: closed at once in observe mode; else journaled, frozen, and its
         evidence under way."""
-        if self.settings.mode == "observe":
+        if self.settings.mode == Mode.OBSERVE:
             # Observe signals nothing, not even the stack-dump signal, and does
             # not ptrace: the thread CPU and flight recorder are the evidence.
             ladder.incident = replace(ladder.incident, evidence=(), outcome={},
@@ -429,23 +421,23 @@ class Enforcer:
         live = []
         for target in targets:
             who = self.signaller.identify(target)
-            if who == OURS and (fresh and self.settings.mode == "enforce"
+            if who == Result.OURS and (fresh and self.settings.mode == Mode.ENFORCE
                                 and incident.action in ("ending", "ended")
                                 and not _progressed(incident, target)):
                 live.append(target)
-            elif who == OURS:
-                ladder.outcome[target.pid] = UNKNOWN  # left to the scan to judge afresh
+            elif who == Result.OURS:
+                ladder.outcome[target.pid] = Result.UNKNOWN  # left to the scan to judge afresh
             else:
-                ladder.outcome[target.pid] = KILLED if target.pid in signalled else who
+                ladder.outcome[target.pid] = State.KILLED if target.pid in signalled else who
         # Frozen by the earlier daemon and not ended now (stale, observe, progressed):
         # thawed, never left stopped. Those ended now are frozen still: SIGTERM first.
         termed = {s.pid for s in incident.signals or () if s.signal == "SIGTERM"}
         ladder.frozen = [t for t in targets if t.pid not in termed and any(
-            s.pid == t.pid and s.signal == "SIGSTOP" and s.result == SENT
+            s.pid == t.pid and s.signal == "SIGSTOP" and s.result == Result.SENT
             for s in incident.signals or ())]
         ladder.sent = list(ladder.incident.signals or ())
         stale = [t for t in ladder.frozen if t not in live
-                 and ladder.outcome.get(t.pid) == UNKNOWN]
+                 and ladder.outcome.get(t.pid) == Result.UNKNOWN]
         if stale:
             ladder.frozen = stale
             self.thaw(ladder, "an earlier daemon froze it, and its verdict is not acted on")
@@ -493,7 +485,7 @@ class Enforcer:
             return None
         for target in ladder.ending:
             if target not in ladder.left:
-                ladder.outcome[target.pid] = EXITED
+                ladder.outcome[target.pid] = State.EXITED
                 log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
                          target.pid, target.job, target.rank)
         return self._term(ladder, [t for t in ladder.live if t.pid not in ladder.outcome])
@@ -595,7 +587,7 @@ class Enforcer:
         default action ends it even stopped); never resumed first, to see a peer end."""
         for target in targets:
             result = self._signal(ladder.sent, target, signal.SIGTERM)
-            if result != SENT:
+            if result != Result.SENT:
                 ladder.outcome[target.pid] = result
         ladder.live = [t for t in targets if t.pid not in ladder.outcome]
         for target in targets:
@@ -613,15 +605,15 @@ class Enforcer:
         (FRAMES; a resumed one has none to parse: its settle or its close)."""
         # "unkillable" (and the reboot flag) only on a positive match: a
         # process that could not be probed is "unknown", never a false alarm.
-        survivors = {t.pid for t in ladder.left if self.signaller.identify(t) == OURS}
+        survivors = {t.pid for t in ladder.left if self.signaller.identify(t) == Result.OURS}
         # A rank found leaving on its own error *before* the ladder was left alone above.
         # One that reached its error exit while the ladder ran is still the ladder's: its
         # peers' signals caused that error, and SIGTERM often ends it mid-exit (it then
         # dies of the signal), so which came first cannot be told apart reliably.
         for target in ladder.live:
             ladder.outcome.setdefault(
-                target.pid, KILLED if target not in ladder.left else
-                UNKILLABLE if target.pid in survivors else UNKNOWN)
+                target.pid, State.KILLED if target not in ladder.left else
+                State.UNKILLABLE if target.pid in survivors else Result.UNKNOWN)
         ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
         if ladder.resumed:
             return self._decided(ladder)
@@ -648,7 +640,7 @@ class Enforcer:
             ladder.work.cancel()
         self.thaw(ladder, f"its response is closed unfinished ({why})")
         for target in ladder.targets:
-            ladder.outcome.setdefault(target.pid, UNKNOWN)
+            ladder.outcome.setdefault(target.pid, Result.UNKNOWN)
         ladder.incident = replace(
             ladder.incident, signals=tuple(ladder.sent) or ladder.incident.signals,
             evidence_error=ladder.incident.evidence_error or why,
@@ -661,7 +653,7 @@ class Enforcer:
         """A resumed response's outcome: settled only if it ended something."""
         ladder.incident = replace(ladder.incident, outcome={
             str(pid): result for pid, result in ladder.outcome.items()})
-        if any(r in (KILLED, UNKILLABLE) for r in ladder.outcome.values()):
+        if any(r in (State.KILLED, State.UNKILLABLE) for r in ladder.outcome.values()):
             return self._settle(ladder)
         return self._close(ladder, None)
 
@@ -707,7 +699,7 @@ class Enforcer:
         incident = replace(ladder.incident, wired_check=settled.wired_check, **{
             key: getattr(settled, key) for key in ("wired_baseline", "wired_after")
             if getattr(settled, key) is not ABSENT})
-        unkillable = [pid for pid, result in ladder.outcome.items() if result == UNKILLABLE]
+        unkillable = [pid for pid, result in ladder.outcome.items() if result == State.UNKILLABLE]
         reasons = []
         if unkillable:
             reasons.append(f"pids {unkillable} survived SIGKILL for "
@@ -751,7 +743,7 @@ class Enforcer:
 
     def _not_gone(self, target: Target) -> bool:
         # A failed probe proves neither an end nor a survival: keep waiting on it.
-        return self.signaller.identify(target) in (OURS, UNKNOWN)
+        return self.signaller.identify(target) in (Result.OURS, Result.UNKNOWN)
 
     def _ending_itself(self, target: Target) -> bool:
         """Its record says the rank is leaving on an uncaught exception (the backend's
@@ -792,7 +784,7 @@ class Enforcer:
 
 def _sent(incident: Incident) -> tuple[str, ...]:
     """The names of the signals that reached a rank."""
-    return tuple(s.signal for s in incident.signals or () if s.result == SENT and s.signal)
+    return tuple(s.signal for s in incident.signals or () if s.result == Result.SENT and s.signal)
 
 
 def _wired_after(incident: Incident) -> int | None:

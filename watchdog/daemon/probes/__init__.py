@@ -14,7 +14,6 @@ import psutil
 
 from watchdog import host
 from watchdog.states import GONE_STATUSES, ProcStatus
-from watchdog.states import STOPPED_STATUSES as STOPPED_STATUSES  # the enforcer's import
 from watchdog.status import HotThread
 
 
