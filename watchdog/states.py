@@ -57,6 +57,14 @@ class Mode(Word):
     OBSERVE = "observe"  # report only
 
 
+class Fenced(Word):
+    """An incident's verdict when its job was ended for another's hang, not a wait of its
+    own (besides STALLED and BLOCKED, the States a hung wait is judged)."""
+
+    FENCED = "fenced"  # a peer node ended the job and told us (a fence)
+    PEER_DIED = "peer_died"  # a rank of the job here died: the job cannot finish
+
+
 class ProcStatus(Word):
     """A process's status as the OS reports it, in psutil's words (a test holds them
     to psutil's constants), so the judge reads a sample without importing psutil."""

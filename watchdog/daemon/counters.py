@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from watchdog.states import State
 from watchdog.status import CounterValues, stall_key
 
 # The bounds of the scan-duration histogram (seconds), published as scan_bucket_bounds.
@@ -31,7 +32,8 @@ class Counters:
     @classmethod
     def zeroed(cls) -> Counters:
         """The counters a daemon starts with."""
-        return cls(stalls={"stalled": 0, "blocked": 0}, kills={"SIGTERM": 0, "SIGKILL": 0},
+        return cls(stalls={State.STALLED.value: 0, State.BLOCKED.value: 0},
+                   kills={"SIGTERM": 0, "SIGKILL": 0},
                    scan_buckets=[0] * (len(SCAN_BUCKETS) + 1))
 
     def stall(self, verdict: str, cause: str | None) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from watchdog.daemon.config import RestartOn
 from watchdog.launch import codes
-from watchdog.states import State
+from watchdog.states import Fenced, State
 from watchdog.status import Incident
 
 EXIT_OK = 0
@@ -92,7 +92,7 @@ def ending_of(attempt: Attempt) -> Ending:
         # resumed by its SIGCONT may finish before the SIGTERM lands): done.
         return Ending.CLEAN
     if attempt.incident is not None:
-        return Ending.FENCED if attempt.incident.verdict == "fenced" else Ending.WATCHDOG
+        return Ending.FENCED if attempt.incident.verdict == Fenced.FENCED else Ending.WATCHDOG
     # The order of mlx.launch's lines is its threads' (racy), so no line is "the first":
     # a rank that died of a signal other than SIGINT (Ctrl-C) and SIGTERM (what mlx.launch
     # ends the other ranks with) crashed; else the ranks failed on their own (a peer's

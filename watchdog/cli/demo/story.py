@@ -258,7 +258,7 @@ class Demo(DemoJob):
                 self.echo(f"  {who}, captured {len(inc.evidence or ())} evidence "
                           f"file(s), and ended ranks {_ranks(ended)} "
                           f"(SIGCONT, SIGTERM, {GRACE:g}s grace, SIGKILL if needed).")
-                if inc.verdict == "blocked":
+                if inc.verdict == State.BLOCKED:
                     self.echo("  (the waiting ranks' spinning thread got under half a core on "
                               "this busy machine, so the wait counts as blocked, not stalled; "
                               f"the demo gives blocked waits {2 * self.deadline:g}s, where the "

@@ -13,7 +13,7 @@ from watchdog import cause
 from watchdog.cause import CAUSES, Cause
 from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.view import rank_status
-from watchdog.states import State
+from watchdog.states import Fenced, State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
 from watchdog.text import who
 
@@ -66,9 +66,8 @@ def incident_rank(rank: Rank) -> IncidentRank:
 
 def verdict_of(due: list[Rank], fenced: Fence | None) -> str:
     if fenced is not None:
-        # "peer_died": a local rank of the job died and the job cannot finish.
-        return "peer_died" if fenced.local else "fenced"
-    return "stalled" if any(r.state == State.STALLED for r in due) else "blocked"
+        return Fenced.PEER_DIED if fenced.local else Fenced.FENCED
+    return State.STALLED if any(r.state == State.STALLED for r in due) else State.BLOCKED
 
 
 def reason_of(worst: Rank, fenced: Fence | None) -> str:

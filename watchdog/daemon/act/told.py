@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from watchdog.daemon.signaller import Result
-from watchdog.states import State
+from watchdog.states import Fenced, State
 from watchdog.status import ABSENT, FenceSent, Incident
 
 # What became of a rank, as a person reads it (the signaller's words are a program's).
@@ -93,7 +93,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
     parts = [f"{ranks_words(ranks)} {became}" for became, ranks in
              sorted(said.items(), key=lambda item: not item[0].startswith("ended by"))]
     what = "; ".join(parts) or "nothing to end"
-    fenced = incident.verdict in ("fenced", "peer_died")
+    fenced = incident.verdict in tuple(Fenced)
     line = f"{head}: {what}{took}{' (fenced)' if fenced else ''}"
     if results & {State.KILLED, State.UNKILLABLE}:
         line += f"; {_wired(incident)}"
