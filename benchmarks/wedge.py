@@ -28,25 +28,18 @@ import argparse
 import math
 import re
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from tests.support import SUPPORT
 from tests.support.lm_server import DefaultDaemon
 from tests.support.netbed import Bed, cannot_build
 from tests.support.ranks import DaemonProc, RingJob, wait_for
+from tests.support.wedges import armed, build_shim
 
 WEDGE_FLOOR = 15.0  # the default wedge_floor: a rank's deadline once its job is wedged
 SAMPLED = re.compile(r"stacks of pid \d+: (\d+) threads in ([0-9.]+)s")
 
-
-def build_shim(base: Path) -> Path:
-    out = base / "wedge.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out),
-                    str(SUPPORT / "wedge_shim.c"), "-ldl"], check=True)
-    return out
 
 
 def samples(daemon: DaemonProc) -> list[float]:
@@ -57,8 +50,7 @@ def wedge_run(base: Path, shim: Path, mode: str) -> tuple[float, str, object, li
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
     trigger = base / "wedge-now"
-    env = {"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
-           "MLXWD_WEDGE_FILE": str(trigger), "MLXWD_WEDGE_MODE": mode}
+    env = armed(shim, trigger, mode)
     with DefaultDaemon(records, state) as daemon, \
             RingJob(base, records, 2, "loop", env=env) as job:
         job.wait_running(collectives=300)
@@ -78,9 +70,7 @@ def bed_run(bed: Bed, shim: Path, mode: str) -> tuple[float, str, object, list[f
     trigger = bed.workdir / f"wedge-now-{bed.next_id()}"
     try:
         daemons = bed.start_daemons(fences=True, at_defaults=True)
-        job = bed.ring("loop", env={"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
-                                    "MLXWD_WEDGE_FILE": str(trigger),
-                                    "MLXWD_WEDGE_MODE": mode})
+        job = bed.ring("loop", env=armed(shim, trigger, mode))
         job.wait_running(collectives=300)
         trigger.touch()
         began = time.monotonic()

@@ -12,14 +12,13 @@ ends it at the wedge floor (15 s) instead of holding rank 1 as computing for 900
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import SUPPORT
 from tests.support.ranks import wait_for
+from tests.support.wedges import armed, build_shim
 from watchdog.daemon.judge import wedge
 
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
@@ -31,10 +30,7 @@ WEDGE_WITHIN = 30.0  # seconds from the wedge to the ranks' end, at the defaults
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> Path:
     """The wedge injector, built now from its source."""
-    out = tmp_path_factory.mktemp("shim") / "wedge.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out),
-                    str(SUPPORT / "wedge_shim.c"), "-ldl"], check=True)
-    return out
+    return build_shim(tmp_path_factory.mktemp("shim"))
 
 
 @pytest.fixture
@@ -49,9 +45,7 @@ def test_a_collective_wedged_across_hosts_is_ended_within_30s_at_the_defaults(
         hosts, shim, tmp_path):
     trigger = tmp_path / "wedge-now"
     daemons = hosts.start_daemons(fences=True, at_defaults=True)
-    job = hosts.ring("loop", env={"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
-                                  "MLXWD_WEDGE_FILE": str(trigger),
-                                  "MLXWD_WEDGE_MODE": "user"})
+    job = hosts.ring("loop", env=armed(shim, trigger, "user"))
     job.wait_running(collectives=200)  # the job's pace learned (20 waits and more)
     trigger.touch()
     wedged = time.monotonic()

@@ -16,15 +16,14 @@ all_sum: its stack says sgemm, the job is held and finishes.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import SUPPORT
 from tests.support.lm_server import DefaultDaemon
 from tests.support.ranks import RingJob, torn_down, wait_for
+from tests.support.wedges import armed, build_shim
 
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
@@ -35,10 +34,7 @@ WEDGE_WITHIN = 30.0  # seconds from the wedge to the ranks' end, at the defaults
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> Path:
     """The wedge injector, built now from its source."""
-    out = tmp_path_factory.mktemp("shim") / "wedge.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out),
-                    str(SUPPORT / "wedge_shim.c"), "-ldl"], check=True)
-    return out
+    return build_shim(tmp_path_factory.mktemp("shim"))
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +51,7 @@ def bed(tmp_path_factory):
 def test_a_ring_worker_spinning_on_a_dead_socket_is_ended_within_30s(
         tmp_path, shim, bed, mode):
     trigger = tmp_path / "wedge-now"
-    env = {"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": "1",
-           "MLXWD_WEDGE_FILE": str(trigger), "MLXWD_WEDGE_MODE": mode}
+    env = armed(shim, trigger, mode)
     with RingJob(tmp_path, bed.record_dir, 2, "loop", env=env) as job:
         job.wait_running(collectives=200)  # the job's pace learned (20 waits and more)
         before = len(bed.incidents())
