@@ -318,10 +318,13 @@ class LinuxProbe(Probe):
         return {} if text is None else gdbstack.parse(text)
 
     def stack_command(self, pid: int) -> list[str] | None:
-        pyspy = find_tool("py-spy")
-        if pyspy:
-            return [pyspy, "dump", "--native", "--pid", str(pid)]
+        """gdb first: evidence is taken from frozen ranks, and gdb reads a stopped
+        process and leaves it stopped, where `py-spy dump` fails ("Failed to suspend
+        process": unexpected waitpid result); py-spy only without gdb."""
         gdb = find_tool("gdb")
         if gdb:
             return [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"]
+        pyspy = find_tool("py-spy")
+        if pyspy:
+            return [pyspy, "dump", "--native", "--pid", str(pid)]
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,3 +98,41 @@ def test_schedstat_is_run_plus_run_queue_time() -> None:
     demand = dict(LinuxProbe().sample(me).demand)
     assert demand and set(demand) <= {t.id for t in psutil.Process().threads()}
     assert all(seconds >= 0 for seconds in demand.values())
+
+
+def _tools(folder, names: tuple[str, ...]) -> str:
+    """A PATH of stand-ins for `names` (each prints its name and argv, exit 0)."""
+    for name in names:
+        tool = folder / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\"\n")
+        tool.chmod(0o755)
+    return str(folder)
+
+
+@pytest.mark.parametrize("have, picked", [
+    (("gdb", "py-spy"), "gdb"), (("py-spy",), "py-spy"), (("gdb",), "gdb"), ((), None)])
+def test_native_evidence_takes_gdb_before_py_spy(tmp_path, monkeypatch, have, picked):
+    """Evidence is taken from frozen ranks: gdb reads a stopped process, py-spy cannot."""
+    monkeypatch.setenv("PATH", _tools(tmp_path, have))
+    command = LinuxProbe().stack_command(4242)
+    assert (None if command is None else os.path.basename(command[0])) == picked
+    if command is not None:
+        assert "4242" in command
+
+
+@pytest.mark.slow
+def test_the_native_evidence_command_reads_a_stopped_process_and_leaves_it_stopped():
+    """What the ladder does: the rank frozen first (SIGSTOP), its native stacks after."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        command = LinuxProbe().stack_command(sleeper.pid)
+        assert command is not None, "no gdb: .ci/run installs it"
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "time_sleep" in done.stdout or "clock_nanosleep" in done.stdout, done.stdout
+        assert psutil.Process(sleeper.pid).status() == psutil.STATUS_STOPPED
+    finally:
+        sleeper.kill()
+        sleeper.wait()
