@@ -60,15 +60,19 @@ def test_a_checkpoint_to_storage_that_never_answers_is_ended_naming_the_saver(
                  what="the job ended")
         took = time.monotonic() - began
         incident = wait_for(daemon.incidents, 10, what="the incident")[-1]
-    # Not before the stuck window: it runs from the wait's start, which this clock,
-    # started once the test has read "saving" in the rank's log, follows by a poll or so.
-    assert FLOOR - 1 <= took <= FLOOR + 15, took
+    # Within the stuck window and a few scans of this clock, started once the test has
+    # read "saving" in the rank's log (late by a poll, more on a loaded machine) ...
+    assert took <= FLOOR + 15, took
     culprit = incident["culprit"]
     assert culprit["rank"] == 1 and culprit["pid"] == job.pids[1], incident
     assert culprit["reason"].startswith("in save_safetensors of its own for"), culprit
     assert "no byte moved" in culprit["reason"]
     saver = next(r for r in incident["ranks"] if r["rank"] == 1)
     assert saver["op"] == "save_safetensors"
+    # ... and not before its own deadline (no byte moving, the save's deadline is the
+    # job's, DEADLINE, under the stuck window): by the saver's wait as the verdict saw it.
+    assert saver["seconds_in_wait"] >= DEADLINE, [
+        (r["rank"], r["seconds_in_wait"], r["op"]) for r in incident["ranks"]]
 
 
 def test_across_nodes_a_rank_saving_on_another_node_holds_the_job(tmp_path):
