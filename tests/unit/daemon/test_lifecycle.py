@@ -126,7 +126,7 @@ LIFECYCLE = {"state", "escalating", "gone_at", "acted_on", "held_until", "held_r
 
 @pytest.mark.slow
 def test_only_transition_writes_a_ranks_lifecycle():
-    """Every write of a lifecycle field in the package is in ranks.py's `transition`:
+    """Every write of a lifecycle field in the package is in lifecycle.py's `transition`:
     no module sets a flag beside the table."""
     package = Path(watchdog.__file__).parent
     writes = []
@@ -141,7 +141,7 @@ def test_only_transition_writes_a_ranks_lifecycle():
                     # Any object's: no other class in the package has these names.
                     if isinstance(leaf, ast.Attribute) and leaf.attr in LIFECYCLE:
                         writes.append((path.name, node.lineno))
-    ranks_py = (package / "daemon" / "ranks.py").read_text().splitlines()
+    ranks_py = (package / "daemon" / "lifecycle.py").read_text().splitlines()
     start = next(i for i, line in enumerate(ranks_py, 1) if line.startswith("def transition("))
     assert writes, "the scan found no writes at all: it is broken"
-    assert all(name == "ranks.py" and line > start for name, line in writes), writes
+    assert all(name == "lifecycle.py" and line > start for name, line in writes), writes
