@@ -160,6 +160,10 @@ def test_the_four_mac_recipe_on_the_bed(bed, tmp_path):
         # Issue 38, item 4: the log as a person reads it. The verdict names its incident,
         # one line tells how the response ended, the fence is one line in words (sent
         # once: not again when rank 0 exits of it), and no WARNING needs no person.
+        # Each node's line on how its response ended follows its incident's journal write.
+        for daemon, (incident, *_) in zip(daemons, incidents, strict=True):
+            wait_for(lambda d=daemon, i=incident: f"INFO incident {i['id']}," in d.log(), 10,
+                     what="each node's line on how its response ended")
         logs = [d.log() for d in daemons]
         said = [line for log in logs for line in log.splitlines() if " INFO " in line
                 or " WARNING " in line or " ERROR " in line]
