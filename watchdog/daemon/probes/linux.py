@@ -312,9 +312,8 @@ class LinuxProbe(Probe):
         gdb = find_tool("gdb")
         if not gdb:
             return None
-        command = [gdb, "-nx", "-batch", "-iex", "set auto-load off", "-p", str(pid),
-                   "-ex", "thread apply all bt"]
-        text = stack_tool_output(command, timeout, STACK_READ_LIMIT, f"gdb on pid {pid}")
+        text = stack_tool_output(gdbstack.command(gdb, pid), timeout, STACK_READ_LIMIT,
+                                 f"gdb on pid {pid}")
         return {} if text is None else gdbstack.parse(text)
 
     def stack_command(self, pid: int) -> list[str] | None:
@@ -323,7 +322,7 @@ class LinuxProbe(Probe):
         process": unexpected waitpid result); py-spy only without gdb."""
         gdb = find_tool("gdb")
         if gdb:
-            return [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"]
+            return gdbstack.command(gdb, pid)
         pyspy = find_tool("py-spy")
         if pyspy:
             return [pyspy, "dump", "--native", "--pid", str(pid)]
