@@ -330,8 +330,10 @@ def test_service_install_checks_the_config_file_it_names(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('mode = "enforcing"\n')
     done = cli_proc(["service", "install", "--systemd", "--path", unit, "--config", bad])
+    # Byte for byte, the file named: the operator's next step is to edit it.
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        "mlx-watchdog: mode must be 'enforce' or 'observe', got 'enforcing'"], done.stderr
+        f"mlx-watchdog: config file {bad}: mode must be 'enforce' or 'observe', "
+        "got 'enforcing'"], done.stderr
     assert not unit.exists()
 
 
