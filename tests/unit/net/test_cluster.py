@@ -58,6 +58,22 @@ def test_judge_names_the_culprit(ranks, culprit_rank, reason):
     assert "wait in all_sum" in view["evidence"] or "no rank waits" in view["evidence"]
 
 
+@pytest.mark.parametrize("waits, past, state", [
+    ({}, False, "suspect"),  # a Ctrl-Z, a debugger's pause: named, not paged
+    ({"seconds_in_wait": 4.0, "deadline_seconds": 10.0}, False, "suspect"),
+    ({"seconds_in_wait": 10.5, "deadline_seconds": 10.0}, True, "hung"),  # by its seconds
+    ({"state": "blocked"}, True, "hung"),  # as its daemon judged it
+])
+def test_a_stopped_rank_is_hung_only_once_a_wait_is_past_its_deadline(waits, past, state):
+    waiting = {**rank(0), **waits}
+    view = judge_job("j", [waiting, rank(1, "stopped", last=9), rank(2)], [])
+    assert view["state"] == state
+    assert view["culprit"]["rank"] == 1 and "stopped" in view["culprit"]["reason"]
+    assert view["straggler"] is None
+    cli_view = ClusterView.from_json({"nodes": [], "jobs": [view]})
+    assert ("SUSPECT" in render_text(cli_view)) is (not past)
+
+
 def test_judge_healthy_job_has_no_culprit():
     view = judge_job("j", [rank(0), rank(1, phase="running"), rank(2, "idle", "idle")],
                              [])
@@ -117,6 +133,57 @@ def test_cluster_status_names_the_frozen_rank_and_incidents_agree(tmp_path):
             text = subprocess.run([sys.executable, "-m", "watchdog.cli", "cluster", "status",
                                    *peers], capture_output=True, text=True, timeout=60)
             assert "culprit: rank 1" in text.stdout and text.returncode == 1
+    finally:
+        _stop(daemons)
+
+
+@pytest.mark.slow
+def test_a_stopped_then_resumed_rank_is_never_hung_before_the_deadline(tmp_path):
+    """Ctrl-Z on a rank of a job making collectives by the second, `cluster status`
+    polled 20 times (the real CLI, the real daemons): `suspect`, its culprit named, exit
+    0; `hung` (exit 1) only with a waiting rank past its deadline as its daemon judges
+    it. Resumed, the job is healthy again and no incident was made."""
+    from click.testing import CliRunner
+
+    from watchdog.cli.commands import cli
+
+    deadline = 8.0
+    daemons, peers = _nodes(tmp_path, 2, deadline=deadline, mode="observe")
+    argv = ["cluster", "status", *peers, "--json", "--state-dir", str(tmp_path / "none")]
+
+    def poll():
+        result = CliRunner().invoke(cli, argv)
+        jobs = json.loads(result.output)["jobs"]
+        return result.exit_code, (jobs[0] if len(jobs) == 1 else None)
+
+    try:
+        with RingJob(tmp_path, [d.record_dir for d in daemons], 2, "loop") as job:
+            job.wait_running()
+            job.signal(1, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            polls = []
+            while len(polls) < 20:
+                code, seen = poll()
+                if seen is not None and seen["culprit"] is not None:  # its daemon saw it
+                    polls.append((code, seen, time.monotonic() - stopped_at))
+                assert time.monotonic() - stopped_at < 60, polls
+            job.signal(1, signal.SIGCONT)
+            for code, seen, after in polls:
+                past = [r for r in seen["ranks"] if r["state"] in ("stalled", "blocked")
+                        or (r["seconds_in_wait"] or 0) >= deadline]
+                if seen["state"] == "hung":  # only ever with a wait past its deadline
+                    assert past and code == 1, (after, seen)
+                else:
+                    assert (seen["state"], code) == ("suspect", 0), (after, seen)
+                    assert seen["culprit"]["rank"] == 1, seen
+                    assert "stopped" in seen["culprit"]["reason"], seen
+            suspect = [after for _, seen, after in polls if seen["state"] == "suspect"]
+            assert suspect, [(after, seen["state"]) for _, seen, after in polls]
+            wait_for(lambda: (poll()[1] or {}).get("state") == "healthy", 30,
+                     what="the job resumed")
+            assert poll()[0] == 0
+            if max(after for *_, after in polls) < deadline / 2:  # never near a verdict
+                assert not daemons[0].incidents() and not daemons[1].incidents()
     finally:
         _stop(daemons)
 
