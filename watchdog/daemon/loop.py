@@ -410,10 +410,11 @@ class Daemon:
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None,
                              term_in=None if fenced is None else self.fences.term_in(fenced))
 
-    def fence_request(self, headers: object, body: bytes) -> tuple[int, FenceAnswer]:
-        """An incoming `POST /fence` (the HTTP thread): authenticated and queued; the
-        loop's thread ends the ranks (fences.py)."""
-        return self.fences.request(headers, body)
+    def fence_request(self, headers: object, body: bytes,
+                      sender: str = "") -> tuple[int, FenceAnswer]:
+        """An incoming `POST /fence` from `sender` (the HTTP thread): authenticated and
+        queued; the loop's thread ends the ranks (fences.py)."""
+        return self.fences.request(headers, body, sender)
 
     def _retry(self, keys: list[Key]) -> None:
         """An escalation that failed did not end its wait: judge those ranks afresh."""

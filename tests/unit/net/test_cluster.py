@@ -256,6 +256,10 @@ def _post(url, body, headers):
 
 @pytest.mark.slow
 def test_fence_requests_are_authenticated(tmp_path):
+    from click.testing import CliRunner
+
+    from watchdog.cli.commands import cli
+
     daemons, _ = _nodes(tmp_path, 1, deadline=60, secret=SECRET)
     open_daemon = DaemonProc(tmp_path / "open" / "records", tmp_path / "open" / "state",
                              deadline=60)
@@ -274,9 +278,37 @@ def test_fence_requests_are_authenticated(tmp_path):
             old_body, old_headers = fence.make(SECRET, job_id, "x", "old", None,
                                                now=time.time() - 3600)
             assert _post(url, old_body, old_headers)[0] == 401
-            wrong_key_body, wrong_key = fence.make("another secret, long enough", job_id, "x",
-                                                   "test", None)
+            wrong_key_body, wrong_key = fence.make("another secret, long enough", job_id,
+                                                   "mac2", "test", None)
             assert _post(url, wrong_key_body, wrong_key)[0] == 401
+            # The receiver's log names the sender and the cause, with the fix.
+            wait_for(lambda: "refused a fence from 127.0.0.1 (which says it is mac2): bad "
+                     "signature: the sender's secret differs from this node's"
+                     in daemons[0].log(), 10, what="the refusal's log line")
+            # An empty POST is told what a fence is (not 413).
+            empty = urllib.request.Request(url + "/fence", data=b"", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(empty, timeout=5)
+            assert refused.value.code == 400
+            assert b"a fence is a signed JSON body" in refused.value.read()
+            # doctor proves the secret to each peer: the other secret fails, naming the
+            # cause; the same one passes; a peer without one has fences off.
+            peer = url.removeprefix("http://")
+            for secret, open_peer, level, said in (
+                    ("another secret, long enough", False, "fail", "its secret differs"),
+                    (SECRET, False, "ok", "the secrets match"),
+                    (SECRET, True, "fail", "has fences off")):
+                target = open_daemon.url().removeprefix("http://") if open_peer else peer
+                config = tmp_path / "doctor.toml"
+                config.write_text(f'peers = ["{target}"]\nsecret = "{secret}"\n')
+                config.chmod(0o600)
+                result = CliRunner().invoke(cli, ["--config", str(config), "doctor", "--json",
+                                                  "--listen", peer])
+                proofs = [c for c in json.loads(result.output)["checks"]
+                          if c["check"] == "peers" and "fence" in c["message"]]
+                assert [c["level"] for c in proofs] == [level], proofs
+                assert said in proofs[0]["message"], proofs
+                assert result.exit_code == (1 if level == "fail" else 0) or level == "ok"
             # Without a secret the endpoint refuses every POST.
             assert _post(open_daemon.url(), body, headers)[0] == 405
             time.sleep(0.5)
