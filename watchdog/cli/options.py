@@ -181,9 +181,10 @@ def settings_options(f: Any) -> Any:
 
 
 deadline_option = click.option(
-    "--deadline", type=SettingType("deadline"), default="auto", show_default=True,
+    "--deadline", type=SettingType("deadline"), default=None,
     help="With no daemon running: the deadline to judge waits by, 'auto' or a duration "
-         "(seconds, or 500ms, 90s, 2m, as every duration).")
+         "(seconds, or 500ms, 90s, 2m, as every duration) [default: the config's "
+         "deadline and its other judging settings, else auto].")
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]

@@ -203,3 +203,11 @@ def test_with_no_daemon_status_samples_the_ranks_itself(tmp_path, record_dir):
         result = invoke(["status", "--check", *args])
         assert result.exit_code == 1, result.output
         assert "stopped" in result.stdout
+        # No flag: the node's config file's deadline, as its daemon would judge.
+        config = tmp_path / "node.toml"
+        config.write_text("deadline = 1\n")
+        configured = ["--config", str(config), "status", "--check", "--json",
+                      "--dir", str(record_dir), "--state-dir", str(no_daemon)]
+        proc = run_cli(configured)
+        assert proc.returncode == 1, proc.stdout
+        assert {r["deadline_seconds"] for r in json.loads(proc.stdout)} == {1}

@@ -20,11 +20,24 @@ from watchdog.status import RankStatus
 from watchdog.text import plural, printable
 
 
-def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
+def _rules(deadline: float | str | None) -> Any:
+    """The rules a sampled rank is judged by: the node's config (its deadline and the
+    rest, as its daemon would judge), the --deadline flag over its deadline."""
+    import dataclasses
+
+    from watchdog.cli.options import Node
+    from watchdog.daemon.config import Settings, coerce
+
+    node = click.get_current_context().find_object(Node)
+    settings = node.settings if node is not None else Settings()
+    if deadline is not None:
+        settings = dataclasses.replace(settings, deadline=coerce("deadline", deadline))
+    return settings.rules()
+
+
+def _ranks(record_dir: str, state_dir: str, deadline: float | str | None = None
            ) -> tuple[list[RankStatus], str]:
     from watchdog.cli.look.sampling import AGED, RETENTION, sample_ranks
-    from watchdog.daemon.config import coerce
-    from watchdog.daemon.judge.deadlines import Rules
     from watchdog.daemon.store.snapshot import find_daemon
 
     snap = find_daemon(record_dir, state_dir)
@@ -33,8 +46,7 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
     if not os.path.isdir(record_dir):
         raise SetupError(f"record directory {record_dir} does not exist "
                                    f"(set --dir or {DIR_ENV})")
-    rules = Rules(deadline=coerce("deadline", deadline))
-    ranks, invalid = sample_ranks(record_dir, rules)
+    ranks, invalid = sample_ranks(record_dir, _rules(deadline))
     aged = [path for path, why in invalid.items() if why.startswith(AGED)]
     for path, why in invalid.items():
         if not why.startswith(AGED):
@@ -97,7 +109,7 @@ def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
               "unkillable.")
 @deadline_option
 def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
-           deadline: float | str) -> None:
+           deadline: float | str | None) -> None:
     """The ranks on this node and their state (works with no daemon running)."""
     ranks, source = _ranks(record_dir, state_dir, deadline)
     if as_json:
@@ -124,7 +136,7 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
 @deadline_option
 def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
-          deadline: float | str) -> None:
+          deadline: float | str | None) -> None:
     """A live view of the ranks, refreshed in place (Ctrl-C to quit)."""
     shown = 0
     try:
