@@ -54,6 +54,10 @@ def test_with_a_daemon_status_inspect_watch_incidents_node(tmp_path, record_dir,
         assert all(str(pid) in result.stdout for pid in job.pids)
         assert "verdicts from the daemon" in result.stderr
         assert run_cli(["status", "--check", *dirs]).returncode == 0
+        # `cluster status` with no peers: this node alone, not a usage error.
+        result = invoke(["cluster", "status", "--state-dir", state_dir])
+        assert result.exit_code == 0, result.output
+        assert "this node's daemon: ok" in result.stdout and "healthy" in result.stdout.lower()
 
         result = invoke(["status", "--json", *dirs])
         assert result.exit_code == 0

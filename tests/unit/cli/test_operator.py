@@ -422,3 +422,18 @@ def test_the_start_warns_when_the_interval_outlasts_half_of_systemds_watchdog(tm
     for fine in (None, 40.0):  # not under systemd's watchdog, or a long enough one
         assert not [line for level, line in describe(settings, None, fine)
                     if level == logging.WARNING]
+
+
+def test_cluster_status_says_this_nodes_daemon_is_down(tmp_path):
+    """A node whose daemon is down (its state directory there, no daemon publishing):
+    `cluster status`, with no peers too, says so with the command that starts it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    result = CliRunner().invoke(cli, ["cluster", "status", "--state-dir", str(state)])
+    assert result.exit_code == 4, result.output
+    assert result.output.splitlines()[0] == (
+        f"this node's daemon: DOWN: no daemon publishes in {state}: this node's ranks are "
+        "not watched; start it: sudo systemctl restart mlx-watchdog (macOS: sudo launchctl "
+        "kickstart -k system/com.github.mlx-watchdog), or `mlx-watchdog doctor` says what "
+        "is wrong")
+    assert "no node answered (no peers: name the nodes" in result.output
