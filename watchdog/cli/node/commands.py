@@ -153,7 +153,12 @@ def _echo_incident(inc: Incident, state_dir: str) -> None:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
     if inc.evidence:
         folder = os.path.join(state_dir, "evidence", inc.id)
-        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})")
+        # Root's (mode 700): a job's owner is told how to read it, not shown a path
+        # that answers "Permission denied".
+        private = os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK)
+        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})"
+                     + (f"; root only (it holds every rank's stacks): sudo ls {folder}"
+                        if private else ""))
     lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
