@@ -264,9 +264,10 @@ def _addresses(peers: tuple[str, ...]) -> frozenset[str]:
         try:
             found.update(str(info[4][0]) for info in socket.getaddrinfo(host, None))
         except (OSError, UnicodeError):
-            log.warning("peer %s does not resolve: its connections do not get the connection "
-                        "slots reserved for peers (they share those of every local client, "
-                        "which could keep its fences waiting)", peer)
+            log.warning("peer %s does not resolve: fix its name in peers (or /etc/hosts), "
+                        "then reload (SIGHUP); until then its requests are not told from "
+                        "local clients' and may wait behind them when many are connected",
+                        peer)
     return frozenset(found)
 
 

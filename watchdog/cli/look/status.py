@@ -164,8 +164,15 @@ def inspect(pid: int, record_dir: str, as_json: bool) -> None:
 
     rec, why = find_record(record_dir, pid)
     if rec is None:
+        import psutil
+
+        if not psutil.pid_exists(pid):  # ended (killed, or exited): its record went with it
+            raise SetupError(f"pid {pid} is not running: a rank's record is removed when it "
+                             "ends; what happened to it: mlx-watchdog incidents")
         raise SetupError(f"no usable record for pid {pid} in {record_dir}"
-                                   + (f": {why}" if why else ""))
+                         + (f": {why}" if why else "")
+                         + " (is it a rank started with MLX_WATCHDOG=1, publishing here? "
+                           f"`mlx-watchdog status --dir {record_dir}` lists the ranks)")
     info = describe(rec)
     click.echo(json.dumps(info.to_json(), indent=1) if as_json else render_text(info))
 
