@@ -476,3 +476,11 @@ def test_setup_errors_say_what_fixes_them_byte_for_byte(tmp_path, caplog):
         "peer mac9.invalid:9753 does not resolve: fix its name in peers (or /etc/hosts), "
         "then reload (SIGHUP); until then its requests are not told from local clients' "
         "and may wait behind them when many are connected"]
+
+
+def test_service_install_of_another_oss_manager_says_so(tmp_path):
+    done = cli_proc(["service", "install", "--launchd"])
+    assert done.returncode == 3
+    assert done.stderr == ("mlx-watchdog: launchd is macOS only: on this machine, install "
+                           "--systemd (or `service print --launchd`, or --path FILE, to write "
+                           "the plist for a Mac)\n")
