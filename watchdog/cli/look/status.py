@@ -101,6 +101,22 @@ def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
             for s in (snap.stragglers if snap is not None else ())]
 
 
+def clash_lines(ranks: list[RankStatus]) -> list[str]:
+    """The daemon's warning for live ranks that all claim one rank of one job, under the
+    table that shows them (two rank-0 rows are not one group)."""
+    from watchdog.daemon.table import clash_words
+    from watchdog.states import ENDED
+
+    claims: dict[tuple[object, str, int], list[RankStatus]] = {}
+    for r in ranks:
+        if r.rank is not None and r.rank >= 0 and r.state not in ENDED:
+            claims.setdefault((r.uid, r.job, r.rank), []).append(r)
+    return [printable("warning: " + clash_words(sorted(c.pid or 0 for c in claim), rank, job,
+                                                claim[0].world_size))
+            for (_, job, rank), claim in sorted(claims.items(), key=lambda kv: str(kv[0]))
+            if len(claim) > 1]
+
+
 @click.command()
 @dir_option
 @state_option
@@ -124,6 +140,9 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
     if not as_json and source == "daemon":
         for line in straggler_lines(record_dir, state_dir):
             click.echo(line)
+    if not as_json:
+        for line in clash_lines(ranks):
+            click.echo(line, err=True)
     if check and any(r.state in HUNG for r in ranks):
         sys.exit(1)
 
