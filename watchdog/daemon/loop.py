@@ -586,9 +586,10 @@ class Daemon:
             log.warning("cannot publish %s in %s (status given that directory will not find "
                         "this daemon): %s", journal.POINTER, self.settings.dir, err)
         notify("READY=1")
+        deadline = self.settings.deadline
         log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
                  self.settings.dir, self.settings.interval, self.settings.mode,
-                 self.settings.deadline or "auto", self.settings.kill_scope)
+                 f"{deadline:g}s" if deadline else "auto", self.settings.kill_scope)
         while not self.stop_event.is_set():
             began = self.clock.monotonic()
             try:

@@ -368,14 +368,18 @@ def test_a_job_the_watchdog_ended_says_so():
     exited = dict(rank(1, "exited", "wait", world=2), reason="exited on an uncaught exception")
     view = judge_job("j", [killed, exited], [])
     assert view["state"] == "ended" and view["culprit"] is None
-    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in view["evidence"]
-    assert "rank 1 on mac1: exited (exited on an uncaught exception)" in view["evidence"]
+    assert "rank 0 on mac0: killed, ended by the watchdog (incident" in view["evidence"]
+    assert "rank 1 on mac1: exited, exited on an uncaught exception" in view["evidence"]
+    # Ranks that share a fate are said once, without nested brackets.
+    both = judge_job("j", [killed, dict(killed, rank=1, host="mac1", pid=7)], [])
+    assert both["evidence"] == ("ranks 0, 1 on mac0, mac1: killed, ended by the watchdog "
+                                "(incident 20260101T000000-abc123)"), both["evidence"]
     # One rank killed, its peer behind an unreachable node: that peer is not known to
     # have ended (the fence may not have reached it), so the job is not known over.
     behind = judge_job("j", [killed], ["b:9753"])
     assert behind["state"] == "unknown" and behind["culprit"]["rank"] == 1, behind
     assert "unreachable: b:9753" in behind["culprit"]["reason"]
-    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in behind["evidence"]
+    assert "rank 0 on mac0: killed, ended by the watchdog (incident" in behind["evidence"]
     # A clean end: every rank exited.
     done = judge_job("j", [rank(0, "exited", "running", world=2),
                                    rank(1, "exited", "running", world=2)], [])

@@ -15,7 +15,7 @@ from watchdog.cli import colour
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.exits import SetupError
 from watchdog.cli.options import DIR_ENV, Duration, deadline_option, dir_option, state_option
-from watchdog.states import HUNG
+from watchdog.states import ENDED, HUNG
 from watchdog.status import RankStatus
 from watchdog.text import plural, printable
 
@@ -76,10 +76,14 @@ def table(ranks: list[RankStatus], colour: bool = False) -> str:
         # The attempt of a relaunched job (`launch --restart`), when the daemon knows it.
         job = r.job if r.attempt is None else f"{r.job} #{r.attempt}"
         cpu = None if r.busiest_thread_cpu is None else r.busiest_thread_cpu * 100
+        # A rank that ended has no time since progress, no CPU and no op: its last
+        # figures would read as live ones.
+        gone = r.state in ENDED
         cells = (_fmt(r.pid), job, f"{_fmt(r.rank)}/{_fmt(r.world_size)}", _fmt(r.state),
                  _fmt(r.phase), _fmt(r.progress), _fmt(r.collectives),
-                 _fmt(r.seconds_since_progress, ".1f", "s"), _fmt(r.deadline_seconds, ".0f", "s"),
-                 _fmt(cpu, ".0f", "%"), r.current_op or "")
+                 _fmt(None if gone else r.seconds_since_progress, ".1f", "s"),
+                 _fmt(r.deadline_seconds, ".0f", "s"),
+                 _fmt(None if gone else cpu, ".0f", "%"), "" if gone else r.current_op or "")
         rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = []

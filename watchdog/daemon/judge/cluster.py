@@ -69,8 +69,18 @@ def _culprit(seen: ReportedRank, reason: str) -> JobCulprit:
 
 
 def _ended_note(ranks: Sequence[ReportedRank]) -> str:
-    return "; ".join(f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
-                     + (f" ({s.rank.reason})" if s.rank.reason else "") for s in ranks)
+    """What happened to each rank, ranks that share a fate said once: `ranks 0, 1 on
+    h0, h1: killed, ended by the watchdog (incident X)`."""
+    fates: dict[tuple[str | None, str | None], list[RankStatus]] = {}
+    for s in ranks:
+        fates.setdefault((s.rank.state, s.rank.reason), []).append(s.rank)
+    parts = []
+    for (state, reason), members in fates.items():
+        hosts = ", ".join(dict.fromkeys(str(r.host) for r in members))
+        names = ", ".join(str(r.rank) for r in members)
+        parts.append(f"{'rank' if len(members) == 1 else 'ranks'} {names} on {hosts}: "
+                     f"{state}" + (f", {reason}" if reason else ""))
+    return "; ".join(parts)
 
 
 def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str],
