@@ -209,12 +209,13 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
             return
         before = daemon.settings
         applied, changed, kept = reloaded(before, new)
+        # Said first: what applying it logs (a peer that does not resolve) follows it.
+        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
         daemon.apply_settings(applied)
         if applied.peers != before.peers:
             set_peers(server, applied.peers)
         server.fence = (  # type: ignore[attr-defined]
             daemon.fence_request if applied.secret else None)
-        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
         if kept:
             log.warning("SIGHUP: needs a restart, kept as running: %s", "; ".join(kept))
         exposed = secret_exposed(config_path)
