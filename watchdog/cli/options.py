@@ -48,6 +48,21 @@ class Node:
         self.config_path = config_path or DEFAULT_CONFIG
         self._settings: Settings | None = None
         self._launch: LaunchSettings | None = None
+        self._lenient: tuple[Settings, list[str]] | None = None
+
+    @property
+    def readable(self) -> bool:
+        """The file is read: named on purpose, or the implicit one this user may read."""
+        return self.explicit or os.access(self.config_path, os.R_OK)
+
+    def lenient_settings(self) -> tuple[Settings, list[str]]:
+        """The settings the file's good keys make, and what is wrong with the rest: for
+        `doctor`, which reports a bad config as a failed check and runs the others."""
+        if self._lenient is None:
+            from watchdog.daemon.config import salvage
+
+            self._lenient = salvage(self.config_path) if self.readable else (Settings(), [])
+        return self._lenient
 
     @property
     def settings(self) -> Settings:
@@ -70,13 +85,16 @@ class Node:
         return self._launch
 
 
-def _from_config(key: str) -> Any:
-    """A directory option's value: the flag or its env var, else the node's config."""
+def _from_config(key: str, lenient: bool = False) -> Any:
+    """A directory option's value: the flag or its env var, else the node's config
+    (`lenient`: its good keys, a bad file being `doctor`'s to report)."""
     def resolve(ctx: click.Context, _param: Any, value: str | None) -> str:
         if value is not None:
             return value
         node = ctx.find_object(Node)
-        return str(getattr(node.settings if node is not None else Settings(), key))
+        if node is None:
+            return str(getattr(Settings(), key))
+        return str(getattr(node.lenient_settings()[0] if lenient else node.settings, key))
     return resolve
 
 
@@ -84,6 +102,15 @@ dir_option = click.option(
     "--dir", "record_dir", envvar=DIR_ENV, callback=_from_config("dir"), metavar="DIR",
     type=click.Path(file_okay=False),
     help=f"Record directory (env {DIR_ENV}; else the config's, else {DEFAULT_RECORD_DIR}).")
+lenient_dir_option = click.option(
+    "--dir", "record_dir", envvar=DIR_ENV, callback=_from_config("dir", lenient=True),
+    metavar="DIR", type=click.Path(file_okay=False),
+    help=f"Record directory (env {DIR_ENV}; else the config's, else {DEFAULT_RECORD_DIR}).")
+lenient_state_option = click.option(
+    "--state-dir", envvar=STATE_ENV, callback=_from_config("state_dir", lenient=True),
+    metavar="DIR", type=click.Path(file_okay=False),
+    help=f"Daemon state directory (env {STATE_ENV}; else the config's, else "
+         f"{DEFAULT_STATE_DIR}).")
 state_option = click.option(
     "--state-dir", envvar=STATE_ENV, callback=_from_config("state_dir"), metavar="DIR",
     type=click.Path(file_okay=False),
@@ -154,9 +181,10 @@ def settings_options(f: Any) -> Any:
 
 
 deadline_option = click.option(
-    "--deadline", type=SettingType("deadline"), default="auto", show_default=True,
+    "--deadline", type=SettingType("deadline"), default=None,
     help="With no daemon running: the deadline to judge waits by, 'auto' or a duration "
-         "(seconds, or 500ms, 90s, 2m, as every duration).")
+         "(seconds, or 500ms, 90s, 2m, as every duration) [default: the config's "
+         "deadline and its other judging settings, else auto].")
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]

@@ -503,12 +503,51 @@ def secret_exposed(path: str) -> str:
             f"chmod 600 {path}")
 
 
+def _file_values(path: str | None) -> dict[str, Any]:
+    """The file's keys, each checked; a bad value named with the file it is in."""
+    if not path:
+        return {}
+    values = load_file(path)
+    try:
+        _values(values, {})
+    except ConfigError as err:
+        raise ConfigError(f"config file {path}: {err}") from None
+    return values
+
+
 def load(path: str | None, overrides: dict[str, Any]) -> Settings:
-    return build(load_file(path) if path else {}, overrides)
+    return build(_file_values(path), overrides)
+
+
+def salvage(path: str) -> tuple[Settings, list[str]]:
+    """The settings of the file's good keys, and one message per fault (none for a good
+    file): `doctor` reports a bad file and still checks the rest of the node with it."""
+    try:
+        return load(path, {}), []
+    except ConfigError as err:
+        errors = [str(err)]
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return Settings(), errors  # nothing in it can be read: the defaults
+    section = raw.get("watchdog", raw)
+    good: dict[str, Any] = {}
+    for key, value in (section.items() if isinstance(section, dict) else ()):
+        try:
+            build({key: value}, {})
+        except ConfigError as err:
+            errors.append(f"config file {path}: {err}")
+            continue
+        good[key] = value
+    try:
+        return build(good, {}), list(dict.fromkeys(errors))
+    except ConfigError as err:  # the keys are good alone, not together
+        return Settings(), [*errors, f"config file {path}: {err}"]
 
 
 def load_launch(path: str | None, overrides: dict[str, Any]) -> LaunchSettings:
-    return build_launch(load_file(path) if path else {}, overrides)
+    return build_launch(_file_values(path), overrides)
 
 
 def default_toml() -> str:

@@ -410,10 +410,11 @@ class Daemon:
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None,
                              term_in=None if fenced is None else self.fences.term_in(fenced))
 
-    def fence_request(self, headers: object, body: bytes) -> tuple[int, FenceAnswer]:
-        """An incoming `POST /fence` (the HTTP thread): authenticated and queued; the
-        loop's thread ends the ranks (fences.py)."""
-        return self.fences.request(headers, body)
+    def fence_request(self, headers: object, body: bytes,
+                      sender: str = "") -> tuple[int, FenceAnswer]:
+        """An incoming `POST /fence` from `sender` (the HTTP thread): authenticated and
+        queued; the loop's thread ends the ranks (fences.py)."""
+        return self.fences.request(headers, body, sender)
 
     def _retry(self, keys: list[Key]) -> None:
         """An escalation that failed did not end its wait: judge those ranks afresh."""
@@ -585,9 +586,10 @@ class Daemon:
             log.warning("cannot publish %s in %s (status given that directory will not find "
                         "this daemon): %s", journal.POINTER, self.settings.dir, err)
         notify("READY=1")
+        deadline = self.settings.deadline
         log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
                  self.settings.dir, self.settings.interval, self.settings.mode,
-                 self.settings.deadline or "auto", self.settings.kill_scope)
+                 f"{deadline:g}s" if deadline else "auto", self.settings.kill_scope)
         while not self.stop_event.is_set():
             began = self.clock.monotonic()
             try:

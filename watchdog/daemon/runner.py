@@ -14,6 +14,7 @@ from watchdog.daemon.config import (
     Settings,
     SetupRefused,
     load,
+    parse_listen,
     secret_exposed,
 )
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
@@ -29,6 +30,32 @@ class CannotStart(Exception):
 
 
 NOFILE_WANTED = 65536  # descriptors: records, pidfds, probes and HTTP of a busy node
+
+
+def _port_hint(listen: str, err: OSError) -> str:
+    """For a port in use: whose it is (a daemon of ours answers there: its pid and
+    state directory, and how to stop it) and what to do."""
+    import errno
+    import json
+    import urllib.request
+
+    from watchdog.status import NodeStatus
+
+    if err.errno != errno.EADDRINUSE:
+        return ""
+    host, port = parse_listen(listen)
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/status"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=1.0) as resp:
+            theirs = NodeStatus.from_json(json.loads(resp.read(16 << 20)))
+    except Exception:  # noqa: BLE001 - not ours, or not answering: said below
+        return (f": another program holds port {port} (find it: lsof -i :{port}, or "
+                f"ss -ltnp); pass --listen another port")
+    return (f": an mlx-watchdog daemon (pid {theirs.daemon_pid}, state directory "
+            f"{theirs.state_dir}) already listens there: {dirs.stop_hint(theirs.daemon_pid)}, "
+            "or pass --listen another port")
 
 
 def raise_nofile() -> str:
@@ -144,7 +171,7 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
             if holder is not None:
                 raise SetupRefused(f"another daemon (pid {holder}) already watches "
                                    f"{settings.dir} (its state directory is "
-                                   f"{pointer.state_dir})")
+                                   f"{pointer.state_dir}): {dirs.stop_hint(holder)}")
         nofile = raise_nofile()
         daemon = Daemon(settings)
         try:
@@ -152,7 +179,8 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
                            daemon.fence_request if settings.secret else None,
                            peers=settings.peers, job_label=settings.job_label)
         except OSError as err:
-            raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}") from None
+            raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}"
+                              + _port_hint(settings.listen, err)) from None
     except (SetupRefused, CannotStart):
         if lock_fd >= 0:
             os.close(lock_fd)
@@ -181,12 +209,13 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
             return
         before = daemon.settings
         applied, changed, kept = reloaded(before, new)
+        # Said first: what applying it logs (a peer that does not resolve) follows it.
+        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
         daemon.apply_settings(applied)
         if applied.peers != before.peers:
             set_peers(server, applied.peers)
         server.fence = (  # type: ignore[attr-defined]
             daemon.fence_request if applied.secret else None)
-        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
         if kept:
             log.warning("SIGHUP: needs a restart, kept as running: %s", "; ".join(kept))
         exposed = secret_exposed(config_path)

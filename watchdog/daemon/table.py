@@ -59,6 +59,16 @@ class Found:
     trouble: list[str] = field(default_factory=list)
 
 
+def clash_words(pids: list[int], rank: object, job: object, world_size: object) -> str:
+    """Live processes that all claim one rank of one job: what it means, and the fix
+    (the daemon's warning, and `status`'s under its table)."""
+    return (f"pids {', '.join(str(p) for p in pids)} all claim rank {rank} of job {job} "
+            f"(world size {world_size}): they are not one group. An mpirun whose MLX found "
+            "no MPI library runs each process alone as rank 0 of 1 (name it with "
+            "MLX_MPI_LIBNAME: README, \"Instrumenting a job\"); or two launches share one "
+            "MLX_WATCHDOG_JOB")
+
+
 class RankTable:
     def __init__(self, directory: str, probe: Probe, signaller: Signaller,
                  counters: Counters, forget: Callable[[Key], None]) -> None:
@@ -138,13 +148,8 @@ class RankTable:
         clashes = {slot for slot, ranks in claims.items() if len(ranks) > 1}
         for slot in sorted(clashes - self._clashes):
             ranks = sorted(claims[slot], key=lambda r: r.record.pid)
-            pids = ", ".join(str(r.record.pid) for r in ranks)
-            log.warning("pids %s all claim rank %s of job %s (world size %s): they are not one "
-                        "group. An mpirun whose MLX found no MPI library runs each process "
-                        "alone as rank 0 of 1 (name it with MLX_MPI_LIBNAME: README, "
-                        "\"Instrumenting a job\"); or two launches share one "
-                        "MLX_WATCHDOG_JOB", pids, slot[2], slot[1],
-                        ranks[0].record.world_size)
+            log.warning("%s", clash_words([r.record.pid for r in ranks], slot[2], slot[1],
+                                          ranks[0].record.world_size))
         self._clashes = clashes
 
     def _copy(self, path: str, rec: Record, rank: Rank, st: os.stat_result | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import IO
 
 import psutil
@@ -47,10 +48,70 @@ def feed(pipe: IO[bytes]) -> None:
         return  # no stdin, or mlx.launch is gone
 
 
-def pump(stream: IO[bytes], attempt: Attempt) -> None:
-    """Pass mlx.launch's stderr through as it comes, and read its per-rank lines."""
+class InterruptTracebacks:
+    """After Ctrl-C, mlx.launch and each local rank print a KeyboardInterrupt traceback:
+    those are held back (the interrupt is ours, and said); any other traceback, and
+    every other line, is passed through."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.held: list[bytes] | None = None
+        self.interrupt = False  # the held traceback's last line was KeyboardInterrupt
+        self.dropped = 0
+
+    def line(self, line: bytes) -> None:
+        """One whole line (with its newline)."""
+        text = line.strip()
+        if self.held is None:
+            if text.startswith(b"Traceback (most recent call last):"):
+                self.held = [line]
+            else:
+                self.write(line)
+            return
+        chained = text.startswith((b"During handling", b"The above exception"))
+        if self.interrupt and text and not chained:  # it ended on KeyboardInterrupt
+            self.held, self.interrupt = None, False
+            self.dropped += 1
+            self.line(line)
+            return
+        self.held.append(line)
+        if chained:
+            self.interrupt = False  # the traceback goes on: how it ends decides
+        if not text or line[:1] in (b" ", b"\t") or chained \
+                or text.startswith(b"Traceback (most recent call last):"):
+            return  # still inside the traceback (or a chained one)
+        if text.startswith(b"KeyboardInterrupt"):
+            self.interrupt = True  # unless a chained traceback follows
+            return
+        self.write(b"".join(self.held))  # another exception's: shown
+        self.held = None
+
+    def close(self) -> None:
+        if self.held and self.interrupt:
+            self.dropped += 1
+        elif self.held:
+            self.write(b"".join(self.held))
+        self.held, self.interrupt = None, False
+        if self.dropped:
+            self.write(f"mlx-watchdog: interrupted: {self.dropped} KeyboardInterrupt "
+                       "traceback(s) of mlx.launch and its ranks not shown\n".encode())
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass  # our own stderr is gone: keep reading, or mlx.launch blocks on the pipe
+
+
+def pump(stream: IO[bytes], attempt: Attempt,
+         interrupted: Callable[[], bool] = lambda: False) -> None:
+    """Pass mlx.launch's stderr through as it comes, and read its per-rank lines; once
+    `interrupted`, line by line, its KeyboardInterrupt tracebacks held back."""
     out = sys.stderr.buffer
+    quiet = InterruptTracebacks(out)
     pending = b""
+    unsent = b""  # after an interrupt: the part of a line not yet passed on
     fd = stream.fileno()
     while True:
         try:
@@ -59,15 +120,20 @@ def pump(stream: IO[bytes], attempt: Attempt) -> None:
             break
         if not chunk:
             break
-        try:
-            out.write(chunk)
-            out.flush()
-        except (OSError, ValueError):
-            pass  # our own stderr is gone: keep reading, or mlx.launch blocks on the pipe
+        if interrupted():
+            unsent += chunk
+            *whole, unsent = unsent.split(b"\n")
+            for line in whole:
+                quiet.line(line + b"\n")
+        else:
+            quiet.write(chunk)
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
             attempt.see_line(line.decode(errors="replace"))
         pending = pending[-4096:]
+    if unsent:
+        quiet.line(unsent)
+    quiet.close()
     if pending:
         attempt.see_line(pending.decode(errors="replace"))

@@ -43,6 +43,29 @@ def named_env(args: list[str], key: str) -> str | None:
     return None
 
 
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def single_node(args: list[str], here: str | None = None) -> bool:
+    """The launch runs every rank on this node: mlx.launch given no --hostfile, and no
+    --hosts or only this node's names (its options, before the script). Its peers'
+    reboot flags then do not bear on it."""
+    import socket
+
+    names = LOCAL_NAMES | {here or socket.gethostname()}
+    for i, arg in enumerate(args):
+        if arg == "--" or arg.endswith(".py"):
+            break
+        if arg == "--hostfile" or arg.startswith("--hostfile="):
+            return False
+        hosts = (args[i + 1] if arg == "--hosts" and i + 1 < len(args)
+                 else arg[len("--hosts="):] if arg.startswith("--hosts=") else None)
+        if hosts is not None and not all(h.strip() in names
+                                         for h in hosts.split(",") if h.strip()):
+            return False
+    return True
+
+
 def find_mlx_launch() -> str:
     """mlx.launch of this interpreter's environment, else the first on PATH."""
     here = os.path.join(sysconfig.get_path("scripts"), "mlx.launch")

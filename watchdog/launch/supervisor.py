@@ -14,6 +14,7 @@ pipes and signals to the child are childio.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ from watchdog.daemon.store import journal, launchlog
 from watchdog.daemon.store.snapshot import daemon_status
 from watchdog.launch import childio, relaunch
 from watchdog.launch.health import Reference, wait_healthy, wired_now
+from watchdog.launch.launcher import single_node
 from watchdog.states import ENDED, WAITING_LONG, State
 from watchdog.status import LaunchEvent
 from watchdog.text import printable
@@ -159,7 +161,9 @@ class Supervisor:
         if child.stdin is not None:
             threading.Thread(target=childio.feed, args=(child.stdin,), daemon=True,
                              name="stdin").start()
-        pump = threading.Thread(target=childio.pump, args=(child.stderr, attempt), daemon=True,
+        pump = threading.Thread(target=childio.pump,
+                                args=(child.stderr, attempt, lambda: bool(self.interrupted)),
+                                daemon=True,
                                 name="stderr")
         pump.start()
         hung, hurried = False, 0
@@ -267,8 +271,12 @@ class Supervisor:
                 return 128 + self.interrupted
 
     def _fit(self, number: int) -> bool:
-        """Wait for the node to be fit for attempt `number`; journal a refusal."""
-        health = wait_healthy(self.settings, self.plan.launch.health_timeout,
+        """Wait for the node to be fit for attempt `number`; journal a refusal. A job
+        of this node alone is not held for its peers (their reboot flags)."""
+        settings = self.settings
+        if settings.peers and single_node(self.plan.args):
+            settings = dataclasses.replace(settings, peers=())
+        health = wait_healthy(settings, self.plan.launch.health_timeout,
                               reference=self.reference, on_wait=lambda problem: say(
                                   f"job {self.plan.job}: waiting up to "
                                   f"{self.plan.launch.health_timeout:g}s before attempt "

@@ -37,6 +37,36 @@ SIGNATURE = "X-MLX-Watchdog-Signature"
 TIMESTAMP = "X-MLX-Watchdog-Timestamp"
 
 
+# The job a signed probe names (`doctor` proving the secret to a peer): answered 200,
+# nothing ended. It names no rank anyway (`since` 0: only ranks started before 1970).
+PROBE_JOB = "mlx-watchdog-secret-probe"
+
+
+def sender_words(address: str, body: bytes) -> str:
+    """Who sent a request, for the log: its address, and the name its body claims
+    (unverified: said as a claim)."""
+    claimed = None
+    try:
+        data = json.loads(body[:MAX_BODY])
+        if isinstance(data, dict) and isinstance(data.get("origin"), str):
+            claimed = data["origin"][:80]
+    except ValueError:
+        pass
+    where = address or "an unknown address"
+    return f"{where} (which says it is {claimed})" if claimed else where
+
+
+def rejection_words(why: str) -> str:
+    """A refusal's reason with what it means and what fixes it."""
+    if why == "bad signature":
+        return ("bad signature: the sender's secret differs from this node's (or the "
+                "request was forged); set the same secret on every node, then reload each "
+                "(SIGHUP); `mlx-watchdog doctor` on the sender proves it")
+    if why.startswith("stale timestamp"):
+        return f"{why}: the two clocks differ by more than {WINDOW:g}s; sync them (NTP)"
+    return why
+
+
 class FenceRejected(Exception):
     """Why a fence request was refused (the HTTP handler answers 401/400)."""
 
@@ -209,6 +239,15 @@ def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> Fen
             return FenceSent(peer, error=f"HTTP {code}")
     except Exception as err:  # noqa: BLE001 - an unreachable peer is a result
         return FenceSent(peer, error=str(err) or type(err).__name__)
+
+
+def prove(peer: str, secret: str, origin: str, timeout: float) -> FenceSent:
+    """A signed probe to one peer (`doctor`): its answer says whether our secret is its
+    (200, or 202 from an older daemon that ends nothing: `since` is 0), differs (401
+    "bad signature") or the peer has fences off (403, or 405 from its HTTP server)."""
+    body, headers = make(secret, PROBE_JOB, origin, "secret probe (mlx-watchdog doctor)",
+                         None, since=0.0)
+    return post(peer, body, headers, timeout)
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,

@@ -49,8 +49,9 @@ MAX_HEAD_BYTES = 16 << 10  # the request line and every header, in all
 MAX_HEADERS = 32  # header lines (a scrape sends 5, a signed fence 8)
 PEER_CONNECTIONS = 16  # slots of the peers' own addresses, beside the shared ones
 ACCEPTS_PER_SECOND = 100.0  # a scrape every few seconds, a few CLIs: far below this
-# A peer's fence: (headers, body) -> (HTTP status, JSON answer); the daemon's `fence_request`.
-FenceHandler = Callable[[Any, bytes], tuple[int, FenceAnswer]]
+# A peer's fence: (headers, body, sender's address) -> (HTTP status, JSON answer); the
+# daemon's `fence_request`.
+FenceHandler = Callable[[Any, bytes, str], tuple[int, FenceAnswer]]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -148,11 +149,17 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
             length = -1
-        if not 0 <= length <= MAX_FENCE_BODY:
-            self._send(413, b"fence body missing or too large\n")
+        if length <= 0:  # an empty POST (curl -X POST) is no fence: say what one is
+            self._send(411 if length < 0 else 400,
+                       b"a fence is a signed JSON body (Content-Length required): it is "
+                       b"sent by a peer's daemon, not by hand (docs/cluster.md)\n")
+            return
+        if length > MAX_FENCE_BODY:
+            self._send(413, f"fence body larger than {MAX_FENCE_BODY} bytes\n".encode())
             return
         try:
-            code, answer = self.server.fence(self.headers, self.rfile.read(length))
+            code, answer = self.server.fence(self.headers, self.rfile.read(length),
+                                             str(self.client_address[0]))
         except Exception:  # noqa: BLE001
             log.exception("fence request failed")
             code, answer = 500, FenceAnswer(error="internal error")
@@ -257,9 +264,10 @@ def _addresses(peers: tuple[str, ...]) -> frozenset[str]:
         try:
             found.update(str(info[4][0]) for info in socket.getaddrinfo(host, None))
         except (OSError, UnicodeError):
-            log.warning("peer %s does not resolve: its connections do not get the connection "
-                        "slots reserved for peers (they share those of every local client, "
-                        "which could keep its fences waiting)", peer)
+            log.warning("peer %s does not resolve: fix its name in peers (or /etc/hosts), "
+                        "then reload (SIGHUP); until then its requests are not told from "
+                        "local clients' and may wait behind them when many are connected",
+                        peer)
     return frozenset(found)
 
 

@@ -126,7 +126,7 @@ def install(directory: str | None = None, job: str | None = None, *,
 
             directory = directory or record_dir()
             if not lazy and not os.path.isdir(directory):
-                raise OSError(f"record directory {directory} does not exist")
+                raise OSError(missing_dir(directory))
             try:
                 if lazy:
                     hb = Heartbeat(None, opener=functools.partial(_open_now, directory, job),
@@ -150,13 +150,21 @@ def install(directory: str | None = None, job: str | None = None, *,
         return hb
 
 
+def missing_dir(directory: str) -> str:
+    """The rank's warning for a record directory that is not there, with the fix."""
+    return (f"record directory {directory} does not exist (this rank runs unwatched): "
+            "the daemon creates it when it starts (sudo mlx-watchdog service install, "
+            "or mlx-watchdog run), or point MLX_WATCHDOG_DIR at the daemon's "
+            "(`mlx-watchdog doctor` says which)")
+
+
 def _open_now(directory: str, job: str | None) -> RecordWriter:
     """The stack-dump handler and the record of this process, or neither. The job, when
     the caller named none, is the launch's as its environment says now (a lazy record
     opens at the first wait, after the launcher's variables are set)."""
     job = job or job_id()
     if not os.path.isdir(directory):
-        raise OSError(f"record directory {directory} does not exist")
+        raise OSError(missing_dir(directory))
     base = _free_base(directory)
     signum = register_dump(dump_signal_from_env(), record.stacks_path(base + record.SUFFIX))
     try:

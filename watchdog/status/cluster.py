@@ -56,6 +56,9 @@ class JobState(enum.Enum):
 
     HEALTHY = "healthy"
     HUNG = "hung"
+    # A rank stopped while its peers wait, none of them past its deadline yet: a
+    # Ctrl-Z or a debugger's pause, or the start of a hang (not a failing exit).
+    SUSPECT = "suspect"
     UNKNOWN = "unknown"  # a rank behind an unreachable node while another waits or ended
     ENDED = "ended"  # every rank gone, or the watchdog ended some
 

@@ -54,6 +54,10 @@ def test_with_a_daemon_status_inspect_watch_incidents_node(tmp_path, record_dir,
         assert all(str(pid) in result.stdout for pid in job.pids)
         assert "verdicts from the daemon" in result.stderr
         assert run_cli(["status", "--check", *dirs]).returncode == 0
+        # `cluster status` with no peers: this node alone, not a usage error.
+        result = invoke(["cluster", "status", "--state-dir", state_dir])
+        assert result.exit_code == 0, result.output
+        assert "this node's daemon: ok" in result.stdout and "healthy" in result.stdout.lower()
 
         result = invoke(["status", "--json", *dirs])
         assert result.exit_code == 0
@@ -203,3 +207,11 @@ def test_with_no_daemon_status_samples_the_ranks_itself(tmp_path, record_dir):
         result = invoke(["status", "--check", *args])
         assert result.exit_code == 1, result.output
         assert "stopped" in result.stdout
+        # No flag: the node's config file's deadline, as its daemon would judge.
+        config = tmp_path / "node.toml"
+        config.write_text("deadline = 1\n")
+        configured = ["--config", str(config), "status", "--check", "--json",
+                      "--dir", str(record_dir), "--state-dir", str(no_daemon)]
+        proc = run_cli(configured)
+        assert proc.returncode == 1, proc.stdout
+        assert {r["deadline_seconds"] for r in json.loads(proc.stdout)} == {1}

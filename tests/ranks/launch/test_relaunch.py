@@ -279,9 +279,17 @@ def test_wired_memory_not_back_makes_the_relaunch_wait_for_it(node, tmp_path):
 
 
 def test_a_clean_exit_and_a_ranks_own_failure_are_not_restarted(node, tmp_path):
-    clean = Launch(node, tmp_path, "--restart", "2", ITERATIONS="5")
+    # This node's config names a peer that is down: a job of this node alone (-n 2) is
+    # not held for it (its reboot flag bears on no rank of the job).
+    config = tmp_path / "node.toml"
+    config.write_text(f'dir = "{node.record_dir}"\nstate_dir = "{node.state_dir}"\n'
+                      f'peers = ["127.0.0.1:{two_free_ports()}"]\n')
+    clean = Launch(node, tmp_path, "--restart", "2", ITERATIONS="5",
+                   MLX_WATCHDOG_CONFIG=str(config))
+    began = time.monotonic()
     code, out, err = clean.run()
     assert code == 0, err
+    assert time.monotonic() - began < 25 and "waiting up to" not in err, err
     assert kinds(clean.events()) == [("launch", 1), ("ended", 1)]
     # A rank that exits 3: mlx.launch says 0, we say 10, and do not relaunch by default.
     (tmp_path / "own").mkdir()
@@ -332,6 +340,9 @@ def test_ctrl_c_is_not_restarted(node, tmp_path):
     assert kinds(launch.events()) == [("launch", 1), ("ended", 1)]
     assert launch.events()[-1]["ending"] == "interrupted"
     assert launch.incidents() == []
+    # The interrupt is ours: mlx.launch's (and the ranks') KeyboardInterrupt tracebacks
+    # are not shown, and that is said.
+    assert "Traceback" not in err and "KeyboardInterrupt traceback(s)" in err, err
     # Both ranks went with it (the daemon saw them exit, nothing is left running).
     wait_for(lambda: all(r["state"] in ("exited", "killed") for r in node.status()["ranks"]
                          if r["job"] == launch.job), 30, what="the ranks gone")

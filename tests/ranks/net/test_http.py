@@ -32,7 +32,7 @@ RANK_FIELDS = {
 }
 STATES = {"running", "idle", "suspect", "stalled", "blocked", "stopped", "killed",
           "unkillable", "exited"}
-ANSWERS = {200, 400, 404, 405, 408, 413, 414, 431, 501, 505, 9}  # never 500; 9: HTTP/0.9
+ANSWERS = {200, 400, 404, 405, 408, 411, 413, 414, 431, 501, 505, 9}  # never 500; 9: HTTP/0.9
 
 
 def tree(path: Path, contents: bool = True) -> dict[str, bytes]:

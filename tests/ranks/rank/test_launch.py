@@ -106,7 +106,10 @@ def test_a_process_that_only_imports_mlx_never_warns_about_the_directory(
     assert waited.returncode == 0, waited.stderr
     assert [line for line in waited.stderr.splitlines() if "mlx-watchdog:" in line] == [
         f"mlx-watchdog: not instrumenting this process: record directory "
-        f"{tmp_path / 'missing'} does not exist"], waited.stderr
+        f"{tmp_path / 'missing'} does not exist (this rank runs unwatched): the daemon "
+        "creates it when it starts (sudo mlx-watchdog service install, or mlx-watchdog "
+        "run), or point MLX_WATCHDOG_DIR at the daemon's (`mlx-watchdog doctor` says "
+        "which)"], waited.stderr
 
 
 def test_a_process_that_only_imports_mlx_is_published_at_its_first_wait(

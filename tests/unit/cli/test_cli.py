@@ -131,8 +131,9 @@ def test_a_daemon_that_cannot_start_says_one_line_even_after_raising_its_limits(
         busy.close()
     assert proc.returncode != 0
     assert proc.stderr.splitlines() == [
-        f"mlx-watchdog: cannot listen on 127.0.0.1:{port}: "
-        "Address already in use"], proc.stderr
+        f"mlx-watchdog: cannot listen on 127.0.0.1:{port}: Address already in use: another "
+        f"program holds port {port} (find it: lsof -i :{port}, or ss -ltnp); pass --listen "
+        "another port"], proc.stderr
 
 
 @pytest.mark.slow

@@ -245,3 +245,56 @@ def test_doctor_compares_the_installed_pth_with_the_one_this_version_ships(tmp_p
     (tmp_path / doctor_env.PTH).write_bytes(shipped + b"# an older hook\n")
     ((level, line),) = doctor_env.check_pth()
     assert level == doctor_env.WARN and "differs from this version's hook" in line
+
+
+def _config(tmp_path, record, state, listen, *extra):
+    path = tmp_path / "mlx-watchdog.toml"
+    path.write_text("\n".join([f'dir = "{record}"', f'state_dir = "{state}"',
+                               f'listen = "{listen}"', *extra]) + "\n")
+    return path
+
+
+def test_a_daemon_down_under_a_config_fails(good, tmp_path):
+    """A node whose config says it runs a daemon, none answering: exit 1, `ok: false`
+    (a rolling upgrade waits for doctor; a daemon that did not come back must fail it)."""
+    import json
+
+    record, state = good
+    listen = closed_port()
+    config = _config(tmp_path, record, state, listen)
+    result = CliRunner().invoke(cli, ["--config", str(config), "doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["ok"] is False
+    (daemon,) = [c for c in report["checks"] if c["check"] == "daemon"]
+    assert daemon["level"] == "fail"
+    assert f"yet this node has a config file ({config})" in daemon["message"]
+    assert "start it:" in daemon["message"]
+
+
+@pytest.mark.parametrize("bad, said", [
+    ('secret = "REPLACE-with-a-long-random-string"', "placeholder"),
+    ('dedline = 10', "unknown setting 'dedline'; did you mean deadline?"),
+    ('mode = "enforcing"', "mode"),
+])
+def test_a_bad_config_is_one_failed_check_and_the_rest_run(good, tmp_path, daemon_http, bad,
+                                                           said):
+    """doctor --json on a bad config: valid JSON, the config's fault one failed check
+    naming the file, every other check run (with the file's good keys)."""
+    import json
+
+    record, state = good
+    listen, _ = daemon_http
+    config = _config(tmp_path, record, state, listen, bad)
+    result = CliRunner().invoke(cli, ["--config", str(config), "doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    failed = [c for c in report["checks"] if c["level"] == "fail"]
+    assert [c["check"] for c in failed] == ["config"], failed
+    assert f"config file {config}" in failed[0]["message"] and said in failed[0]["message"]
+    assert "fix it, then run doctor again" in failed[0]["message"]
+    # The rest ran, with the file's good keys: its directories and its daemon.
+    checks = {c["check"] for c in report["checks"]}
+    assert {"record directory", "state directory", "daemon", "instrumentation"} <= checks
+    assert any(str(record) in c["message"] for c in report["checks"]
+               if c["check"] == "record directory")

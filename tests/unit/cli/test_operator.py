@@ -122,9 +122,11 @@ def test_a_second_daemon_on_the_same_directories_refuses_naming_the_first(tmp_pa
         # The same state directory (another port): refused, one line naming the first.
         same = cli_proc(["run", "--dir", rec, "--state-dir", state, "--listen", "127.0.0.1:0"])
         assert same.returncode == 3, same
+        stop = (f"stop it first (sudo systemctl stop mlx-watchdog if it is the service, "
+                f"else kill {first.proc.pid})")
         assert same.stderr.splitlines() == [
             f"mlx-watchdog: another daemon (pid {first.proc.pid}) already uses state "
-            f"directory {state}"], same.stderr
+            f"directory {state}: {stop}, or give this one another --state-dir"], same.stderr
         # Another state directory, the same record directory: refused too, and the
         # directories the refused start made (parents too) are gone again.
         other = cli_proc(["run", "--dir", rec, "--state-dir", tmp_path / "new" / "state2",
@@ -132,14 +134,17 @@ def test_a_second_daemon_on_the_same_directories_refuses_naming_the_first(tmp_pa
         assert other.returncode == 3, other
         assert other.stderr.splitlines() == [
             f"mlx-watchdog: another daemon (pid {first.proc.pid}) already watches {rec} "
-            f"(its state directory is {state})"], other.stderr
+            f"(its state directory is {state}): {stop}"], other.stderr
         assert not (tmp_path / "new").exists()
         # Refused for a port in use: nothing left behind either.
         served = re.search(r"serving \S+ \S+ \S+ on http://(\S+)", first.log())
         assert served, first.log()
         busy = cli_proc(["run", "--dir", tmp_path / "r3", "--state-dir", tmp_path / "s3",
                          "--listen", served.group(1)])
-        assert busy.returncode == 3 and "cannot listen on" in busy.stderr, busy.stderr
+        assert busy.returncode == 3 and busy.stderr.splitlines() == [
+            f"mlx-watchdog: cannot listen on {served.group(1)}: Address already in use: an "
+            f"mlx-watchdog daemon (pid {first.proc.pid}, state directory {state}) already "
+            f"listens there: {stop}, or pass --listen another port"], busy.stderr
         assert not (tmp_path / "r3").exists() and not (tmp_path / "s3").exists()
         # The refused ones took nothing away: the first is still the one `status` finds.
         assert json.loads((rec / journal.POINTER).read_text())["daemon_pid"] == first.proc.pid
@@ -330,8 +335,10 @@ def test_service_install_checks_the_config_file_it_names(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('mode = "enforcing"\n')
     done = cli_proc(["service", "install", "--systemd", "--path", unit, "--config", bad])
+    # Byte for byte, the file named: the operator's next step is to edit it.
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        "mlx-watchdog: mode must be 'enforce' or 'observe', got 'enforcing'"], done.stderr
+        f"mlx-watchdog: config file {bad}: mode must be 'enforce' or 'observe', "
+        "got 'enforcing'"], done.stderr
     assert not unit.exists()
 
 
@@ -420,3 +427,60 @@ def test_the_start_warns_when_the_interval_outlasts_half_of_systemds_watchdog(tm
     for fine in (None, 40.0):  # not under systemd's watchdog, or a long enough one
         assert not [line for level, line in describe(settings, None, fine)
                     if level == logging.WARNING]
+
+
+def test_cluster_status_says_this_nodes_daemon_is_down(tmp_path):
+    """A node whose daemon is down (its state directory there, no daemon publishing):
+    `cluster status`, with no peers too, says so with the command that starts it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    result = CliRunner().invoke(cli, ["cluster", "status", "--state-dir", str(state)])
+    assert result.exit_code == 4, result.output
+    assert result.output.splitlines()[0] == (
+        f"this node's daemon: DOWN: no daemon publishes in {state}: this node's ranks are "
+        "not watched; start it: sudo systemctl restart mlx-watchdog (macOS: sudo launchctl "
+        "kickstart -k system/com.github.mlx-watchdog), or `mlx-watchdog doctor` says what "
+        "is wrong")
+    assert "no node answered (no peers: name the nodes" in result.output
+
+
+def test_setup_errors_say_what_fixes_them_byte_for_byte(tmp_path, caplog):
+    """Issue 49, item 9: each message names the file, the process or the command."""
+    import logging
+
+    from watchdog.daemon.store.dirs import UnsafeDirectory, check_state_dir
+    from watchdog.net.http import _addresses
+
+    # A state directory of another user's: the chown.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(UnsafeDirectory) as refused:
+        check_state_dir(str(theirs))
+    me = os.geteuid()
+    assert str(refused.value) == (
+        f"state directory {theirs} is owned by uid 65534, not root or the daemon's user "
+        f"(uid {me}): run: sudo chown {me} {theirs}, or pass a directory of this user's")
+    # `inspect` of a rank that ended (killed, or exited): where to look instead.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    done = cli_proc(["inspect", gone.pid, "--dir", tmp_path])
+    assert done.returncode == 3
+    assert done.stderr == (f"mlx-watchdog: pid {gone.pid} is not running: a rank's record is "
+                           "removed when it ends; what happened to it: mlx-watchdog "
+                           "incidents\n")
+    # A peer whose name does not resolve: what to fix, and what it costs meanwhile.
+    with caplog.at_level(logging.WARNING, logger="watchdog.net.http"):
+        _addresses(("mac9.invalid:9753",))
+    assert [r.getMessage() for r in caplog.records] == [
+        "peer mac9.invalid:9753 does not resolve: fix its name in peers (or /etc/hosts), "
+        "then reload (SIGHUP); until then its requests are not told from local clients' "
+        "and may wait behind them when many are connected"]
+
+
+def test_service_install_of_another_oss_manager_says_so(tmp_path):
+    done = cli_proc(["service", "install", "--launchd"])
+    assert done.returncode == 3
+    assert done.stderr == ("mlx-watchdog: launchd is macOS only: on this machine, install "
+                           "--systemd (or `service print --launchd`, or --path FILE, to write "
+                           "the plist for a Mac)\n")

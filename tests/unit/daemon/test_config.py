@@ -267,8 +267,9 @@ def test_launch_keys_are_launchs_alone_and_the_file_checks_them_as_before(
                                     warmup_waits=4)
     bad = write(tmp_path, "[watchdog]\nrestart_on = \"sometimes\"\n")
     for reader in (load, load_launch):
-        with pytest.raises(ConfigError, match="^restart_on must be 'torn-down' or 'any', "
-                                              "got 'sometimes'$"):
+        # Named with the file it is in (the operator's next step is to edit it).
+        with pytest.raises(ConfigError, match=f"^config file {bad}: restart_on must be "
+                                              "'torn-down' or 'any', got 'sometimes'$"):
             reader(bad, {})
     typo = write(tmp_path, "[watchdog]\nrestrat = 1\n")
     with pytest.raises(ConfigError, match="unknown setting 'restrat'; did you mean restart"):

@@ -191,6 +191,9 @@ def test_python_dump_that_never_arrives_is_time_boxed(state_dir: Path) -> None:
     assert enf.capture("nodump", targets) == []
     assert fake.names() == ["SIGUSR2", "SIGUSR2"]
     assert clock.now() - start <= 2.0 + 0.2  # 2 s for all ranks together, by the fake clock
+    # The gap is said beside the stacks, not left for the reader to guess.
+    note = state_dir / "evidence" / "nodump" / f"rank{targets[0].rank}-pid801-python-missing.txt"
+    assert "wrote no dump within the evidence time box" in note.read_text()
 
 
 def test_a_stopped_rank_is_not_asked_for_a_python_dump(state_dir: Path) -> None:
@@ -204,6 +207,9 @@ def test_a_stopped_rank_is_not_asked_for_a_python_dump(state_dir: Path) -> None:
     start = clock.now()
     assert enf.capture("stopped", [t]) == []
     assert fake.sent == [] and clock.now() - start < 0.5
+    note = state_dir / "evidence" / "stopped" / f"rank{t.rank}-pid803-python-missing.txt"
+    assert note.read_text().startswith(f"no Python stack of rank {t.rank} (pid 803): it was "
+                                       "stopped (SIGSTOP: Ctrl-Z, a debugger)")
 
 
 # -- wired memory after a kill ---------------------------------------------------------

@@ -34,6 +34,16 @@ def test_two_processes_in_one_slot_are_warned_once(tmp_path, record_dir, caplog)
                               "MLX_MPI_LIBNAME: README, \"Instrumenting a job\"); or two "
                               "launches share one MLX_WATCHDOG_JOB"], warned
             assert len(daemon.ranks) == 3  # both still watched
+            # `status` shows the two rank-0 rows with the daemon's warning under them.
+            from click.testing import CliRunner
+
+            from watchdog.cli.commands import cli
+
+            shown = CliRunner().invoke(cli, ["status", "--dir", str(record_dir),
+                                             "--state-dir", settings.state_dir])
+            assert shown.exit_code == 0, shown.output
+            assert f"warning: {warned[0]}" in shown.stderr.splitlines(), shown.stderr
+            assert "jother" not in shown.stderr
             assert "None" not in caplog.text and "(?)" not in caplog.text
     finally:
         daemon.executor.shutdown()

@@ -146,3 +146,11 @@ def test_a_rank_exiting_of_a_fence_this_node_sent_is_not_fenced_again(tmp_path, 
     assert len(sent) == 1
     fences.died(death(start_time=time.time() + 60), now=6.0)  # a relaunch's rank
     assert len(sent) == 2
+
+
+def test_what_became_of_several_ranks_is_said_in_the_plural():
+    """Issue 49, item 10: `ranks 0, 1 gone before a signal reached them`, not `it`."""
+    level, line = end_line(ended(outcome={"11": "gone", "12": "gone"}, signals=()))
+    assert "ranks 0, 1 gone before a signal reached them in 4.2s" in line, line
+    level, line = end_line(ended(outcome={"11": "exited", "12": "exited"}, signals=()))
+    assert "ranks 0, 1 ended on their own errors (not signalled)" in line, line

@@ -58,6 +58,22 @@ def test_judge_names_the_culprit(ranks, culprit_rank, reason):
     assert "wait in all_sum" in view["evidence"] or "no rank waits" in view["evidence"]
 
 
+@pytest.mark.parametrize("waits, past, state", [
+    ({}, False, "suspect"),  # a Ctrl-Z, a debugger's pause: named, not paged
+    ({"seconds_in_wait": 4.0, "deadline_seconds": 10.0}, False, "suspect"),
+    ({"seconds_in_wait": 10.5, "deadline_seconds": 10.0}, True, "hung"),  # by its seconds
+    ({"state": "blocked"}, True, "hung"),  # as its daemon judged it
+])
+def test_a_stopped_rank_is_hung_only_once_a_wait_is_past_its_deadline(waits, past, state):
+    waiting = {**rank(0), **waits}
+    view = judge_job("j", [waiting, rank(1, "stopped", last=9), rank(2)], [])
+    assert view["state"] == state
+    assert view["culprit"]["rank"] == 1 and "stopped" in view["culprit"]["reason"]
+    assert view["straggler"] is None
+    cli_view = ClusterView.from_json({"nodes": [], "jobs": [view]})
+    assert ("SUSPECT" in render_text(cli_view)) is (not past)
+
+
 def test_judge_healthy_job_has_no_culprit():
     view = judge_job("j", [rank(0), rank(1, phase="running"), rank(2, "idle", "idle")],
                              [])
@@ -117,6 +133,57 @@ def test_cluster_status_names_the_frozen_rank_and_incidents_agree(tmp_path):
             text = subprocess.run([sys.executable, "-m", "watchdog.cli", "cluster", "status",
                                    *peers], capture_output=True, text=True, timeout=60)
             assert "culprit: rank 1" in text.stdout and text.returncode == 1
+    finally:
+        _stop(daemons)
+
+
+@pytest.mark.slow
+def test_a_stopped_then_resumed_rank_is_never_hung_before_the_deadline(tmp_path):
+    """Ctrl-Z on a rank of a job making collectives by the second, `cluster status`
+    polled 20 times (the real CLI, the real daemons): `suspect`, its culprit named, exit
+    0; `hung` (exit 1) only with a waiting rank past its deadline as its daemon judges
+    it. Resumed, the job is healthy again and no incident was made."""
+    from click.testing import CliRunner
+
+    from watchdog.cli.commands import cli
+
+    deadline = 8.0
+    daemons, peers = _nodes(tmp_path, 2, deadline=deadline, mode="observe")
+    argv = ["cluster", "status", *peers, "--json", "--state-dir", str(tmp_path / "none")]
+
+    def poll():
+        result = CliRunner().invoke(cli, argv)
+        jobs = json.loads(result.output)["jobs"]
+        return result.exit_code, (jobs[0] if len(jobs) == 1 else None)
+
+    try:
+        with RingJob(tmp_path, [d.record_dir for d in daemons], 2, "loop") as job:
+            job.wait_running()
+            job.signal(1, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            polls = []
+            while len(polls) < 20:
+                code, seen = poll()
+                if seen is not None and seen["culprit"] is not None:  # its daemon saw it
+                    polls.append((code, seen, time.monotonic() - stopped_at))
+                assert time.monotonic() - stopped_at < 60, polls
+            job.signal(1, signal.SIGCONT)
+            for code, seen, after in polls:
+                past = [r for r in seen["ranks"] if r["state"] in ("stalled", "blocked")
+                        or (r["seconds_in_wait"] or 0) >= deadline]
+                if seen["state"] == "hung":  # only ever with a wait past its deadline
+                    assert past and code == 1, (after, seen)
+                else:
+                    assert (seen["state"], code) == ("suspect", 0), (after, seen)
+                    assert seen["culprit"]["rank"] == 1, seen
+                    assert "stopped" in seen["culprit"]["reason"], seen
+            suspect = [after for _, seen, after in polls if seen["state"] == "suspect"]
+            assert suspect, [(after, seen["state"]) for _, seen, after in polls]
+            wait_for(lambda: (poll()[1] or {}).get("state") == "healthy", 30,
+                     what="the job resumed")
+            assert poll()[0] == 0
+            if max(after for *_, after in polls) < deadline / 2:  # never near a verdict
+                assert not daemons[0].incidents() and not daemons[1].incidents()
     finally:
         _stop(daemons)
 
@@ -189,6 +256,10 @@ def _post(url, body, headers):
 
 @pytest.mark.slow
 def test_fence_requests_are_authenticated(tmp_path):
+    from click.testing import CliRunner
+
+    from watchdog.cli.commands import cli
+
     daemons, _ = _nodes(tmp_path, 1, deadline=60, secret=SECRET)
     open_daemon = DaemonProc(tmp_path / "open" / "records", tmp_path / "open" / "state",
                              deadline=60)
@@ -207,9 +278,37 @@ def test_fence_requests_are_authenticated(tmp_path):
             old_body, old_headers = fence.make(SECRET, job_id, "x", "old", None,
                                                now=time.time() - 3600)
             assert _post(url, old_body, old_headers)[0] == 401
-            wrong_key_body, wrong_key = fence.make("another secret, long enough", job_id, "x",
-                                                   "test", None)
+            wrong_key_body, wrong_key = fence.make("another secret, long enough", job_id,
+                                                   "mac2", "test", None)
             assert _post(url, wrong_key_body, wrong_key)[0] == 401
+            # The receiver's log names the sender and the cause, with the fix.
+            wait_for(lambda: "refused a fence from 127.0.0.1 (which says it is mac2): bad "
+                     "signature: the sender's secret differs from this node's"
+                     in daemons[0].log(), 10, what="the refusal's log line")
+            # An empty POST is told what a fence is (not 413).
+            empty = urllib.request.Request(url + "/fence", data=b"", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(empty, timeout=5)
+            assert refused.value.code == 400
+            assert b"a fence is a signed JSON body" in refused.value.read()
+            # doctor proves the secret to each peer: the other secret fails, naming the
+            # cause; the same one passes; a peer without one has fences off.
+            peer = url.removeprefix("http://")
+            for secret, open_peer, level, said in (
+                    ("another secret, long enough", False, "fail", "its secret differs"),
+                    (SECRET, False, "ok", "the secrets match"),
+                    (SECRET, True, "fail", "has fences off")):
+                target = open_daemon.url().removeprefix("http://") if open_peer else peer
+                config = tmp_path / "doctor.toml"
+                config.write_text(f'peers = ["{target}"]\nsecret = "{secret}"\n')
+                config.chmod(0o600)
+                result = CliRunner().invoke(cli, ["--config", str(config), "doctor", "--json",
+                                                  "--listen", peer])
+                proofs = [c for c in json.loads(result.output)["checks"]
+                          if c["check"] == "peers" and "fence" in c["message"]]
+                assert [c["level"] for c in proofs] == [level], proofs
+                assert said in proofs[0]["message"], proofs
+                assert result.exit_code == (1 if level == "fail" else 0) or level == "ok"
             # Without a secret the endpoint refuses every POST.
             assert _post(open_daemon.url(), body, headers)[0] == 405
             time.sleep(0.5)
@@ -269,14 +368,18 @@ def test_a_job_the_watchdog_ended_says_so():
     exited = dict(rank(1, "exited", "wait", world=2), reason="exited on an uncaught exception")
     view = judge_job("j", [killed, exited], [])
     assert view["state"] == "ended" and view["culprit"] is None
-    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in view["evidence"]
-    assert "rank 1 on mac1: exited (exited on an uncaught exception)" in view["evidence"]
+    assert "rank 0 on mac0: killed, ended by the watchdog (incident" in view["evidence"]
+    assert "rank 1 on mac1: exited, exited on an uncaught exception" in view["evidence"]
+    # Ranks that share a fate are said once, without nested brackets.
+    both = judge_job("j", [killed, dict(killed, rank=1, host="mac1", pid=7)], [])
+    assert both["evidence"] == ("ranks 0, 1 on mac0, mac1: killed, ended by the watchdog "
+                                "(incident 20260101T000000-abc123)"), both["evidence"]
     # One rank killed, its peer behind an unreachable node: that peer is not known to
     # have ended (the fence may not have reached it), so the job is not known over.
     behind = judge_job("j", [killed], ["b:9753"])
     assert behind["state"] == "unknown" and behind["culprit"]["rank"] == 1, behind
     assert "unreachable: b:9753" in behind["culprit"]["reason"]
-    assert "rank 0 on mac0: killed (ended by the watchdog (incident" in behind["evidence"]
+    assert "rank 0 on mac0: killed, ended by the watchdog (incident" in behind["evidence"]
     # A clean end: every rank exited.
     done = judge_job("j", [rank(0, "exited", "running", world=2),
                                    rank(1, "exited", "running", world=2)], [])

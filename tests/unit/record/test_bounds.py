@@ -101,6 +101,8 @@ def test_a_peer_status_with_wrongly_typed_numbers_is_judged_without_an_error():
         {"peer": "a:1", "ok": True, "status": {"ranks": ranks}})])
     view = typed.to_json()
     (job,) = view["jobs"]
-    assert job["state"] == "hung" and job["world_size"] == 2
+    # Stopped in its wait, no wait past its deadline yet: suspect (issue 49), named.
+    assert job["state"] == "suspect" and job["world_size"] == 2
+    assert job["culprit"]["pid"] == 7
     assert [r["pid"] for r in job["ranks"]] == [7] and job["missing_ranks"] == [0]
     assert render_text(typed)

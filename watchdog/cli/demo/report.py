@@ -22,8 +22,12 @@ def incident_lines(inc: Incident, state_dir: str, t0_wall: float) -> list[str]:
     out: list[str] = []
     out.append("")
     out.append(f"Incident {inc.id} (from {state_dir}/incidents.jsonl)")
+    # One figure for the hang, the ranks' own below it: the longest wait among them
+    # (their time since progress can be a few scans shorter, and read as another).
+    waits = [r.seconds_in_wait for r in inc.ranks if r.op and r.seconds_in_wait]
+    longest = max(waits, default=inc.seconds_without_progress)
     out.append(f"  job {inc.job} on {inc.host}: verdict {inc.verdict}, "
-               f"{inc.seconds_without_progress:.1f}s without progress, busiest "
+               f"{longest:.1f}s in a wait without progress, busiest "
                f"thread got {inc.busiest_thread_cpu:.0%} of a core")
     if inc.cause:
         out.append(f"  cause: {inc.cause}: {inc.summary}")

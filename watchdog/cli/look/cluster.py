@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -34,7 +37,8 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
 
     lines = []
     for node in view.nodes:
-        state = f"ok ({node.host})" if node.ok else f"UNREACHABLE: {node.error}"
+        state = (f"ok ({node.host})" if node.ok else f"DOWN: {node.error}"
+                 if node.peer == LOCAL else f"UNREACHABLE: {node.error}")
         flag = "  REBOOT REQUIRED" if node.reboot_required else ""
         name = "this node's daemon" if node.peer == LOCAL else f"node {node.peer}"
         lines.append(printable(f"{name}: {state}{flag}"))
@@ -103,9 +107,9 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
                    timeout: float, as_json: bool, watch: bool, interval: float,
                    state_dir: str) -> None:
     """Gather /status from each HOST:PORT (and this node's daemon, read from its state
-    directory) and judge every job; exit 1 if one is hung or cannot be checked (a rank
-    behind an unreachable node while another waits or has ended), 4 if no node answered
-    (2 is a usage error, as for every command)."""
+    directory; with no peers, this node alone) and judge every job; exit 1 if one is
+    hung or cannot be checked (a rank behind an unreachable node while another waits
+    or has ended), 4 if no node answered (2 is a usage error, as for every command)."""
     from watchdog.daemon.config import ConfigError, load, parse_listen
     from watchdog.daemon.judge import cluster as judge
     from watchdog.daemon.store.snapshot import daemon_status
@@ -119,13 +123,15 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
         except ConfigError:
             raise click.BadParameter(f"{peer!r} is not HOST:PORT (e.g. mac2.local:9753)",
                                      param_hint="PEERS") from None
+    named = bool(peers)
     if not peers:  # a configured node needs no arguments
         settings = load(config_path, {}) if config_path else (node or Node(None)).settings
         peers = settings.peers
-    if not peers:
-        raise click.UsageError("name the nodes (HOST:PORT ...) or a --config with peers")
+    # This node is one of the cluster's (its peers from its config, or a daemon ran
+    # here): its own daemon down is said, not left out.
+    member = not named or os.path.isdir(state_dir)
     while True:
-        nodes = asking.gather(peers, timeout)
+        nodes = asking.gather(peers, timeout) if peers else []
         # This node's own daemon, read from its status.json: a node cut off from the
         # network (its own address unreachable too) still shows its own ranks.
         local = daemon_status(state_dir)
@@ -133,6 +139,10 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
                 n.ok and n.status is not None and n.status.host == local.host
                 and n.status.daemon_pid == local.daemon_pid for n in nodes):
             nodes.append(NodeAnswer(judge.LOCAL, True, local))
+        elif local is None and member and not _answers_here(nodes):
+            nodes.append(NodeAnswer(judge.LOCAL, False, error=(
+                f"no daemon publishes in {state_dir}: this node's ranks are not watched; "
+                + _START)))
         view = judge.analyze(nodes)
         if as_json:
             click.echo(json.dumps(view.to_json(), indent=1))
@@ -145,6 +155,18 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
     if any(job.state in (JobState.HUNG, JobState.UNKNOWN) for job in view.jobs):
         sys.exit(exits.VERDICT)
     if not any(node.ok for node in view.nodes):
-        click.echo("mlx-watchdog: no node answered", err=True)
+        click.echo("mlx-watchdog: no node answered" + (
+            "" if peers else " (no peers: name the nodes, HOST:PORT ..., or a --config "
+                             "with peers)"), err=True)
         sys.exit(exits.NO_ANSWER)
+
+
+_START = ("start it: sudo systemctl restart mlx-watchdog (macOS: sudo launchctl kickstart -k "
+          "system/com.github.mlx-watchdog), or `mlx-watchdog doctor` says what is wrong")
+
+
+def _answers_here(nodes: list[Any]) -> bool:
+    """One of the answers is this host's daemon (named among the peers)."""
+    here = socket.gethostname()
+    return any(n.ok and n.status is not None and n.status.host == here for n in nodes)
 

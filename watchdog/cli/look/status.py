@@ -15,16 +15,29 @@ from watchdog.cli import colour
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.exits import SetupError
 from watchdog.cli.options import DIR_ENV, Duration, deadline_option, dir_option, state_option
-from watchdog.states import HUNG
+from watchdog.states import ENDED, HUNG
 from watchdog.status import RankStatus
 from watchdog.text import plural, printable
 
 
-def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
+def _rules(deadline: float | str | None) -> Any:
+    """The rules a sampled rank is judged by: the node's config (its deadline and the
+    rest, as its daemon would judge), the --deadline flag over its deadline."""
+    import dataclasses
+
+    from watchdog.cli.options import Node
+    from watchdog.daemon.config import Settings, coerce
+
+    node = click.get_current_context().find_object(Node)
+    settings = node.settings if node is not None else Settings()
+    if deadline is not None:
+        settings = dataclasses.replace(settings, deadline=coerce("deadline", deadline))
+    return settings.rules()
+
+
+def _ranks(record_dir: str, state_dir: str, deadline: float | str | None = None
            ) -> tuple[list[RankStatus], str]:
     from watchdog.cli.look.sampling import AGED, RETENTION, sample_ranks
-    from watchdog.daemon.config import coerce
-    from watchdog.daemon.judge.deadlines import Rules
     from watchdog.daemon.store.snapshot import find_daemon
 
     snap = find_daemon(record_dir, state_dir)
@@ -33,8 +46,7 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str = "auto"
     if not os.path.isdir(record_dir):
         raise SetupError(f"record directory {record_dir} does not exist "
                                    f"(set --dir or {DIR_ENV})")
-    rules = Rules(deadline=coerce("deadline", deadline))
-    ranks, invalid = sample_ranks(record_dir, rules)
+    ranks, invalid = sample_ranks(record_dir, _rules(deadline))
     aged = [path for path, why in invalid.items() if why.startswith(AGED)]
     for path, why in invalid.items():
         if not why.startswith(AGED):
@@ -64,10 +76,14 @@ def table(ranks: list[RankStatus], colour: bool = False) -> str:
         # The attempt of a relaunched job (`launch --restart`), when the daemon knows it.
         job = r.job if r.attempt is None else f"{r.job} #{r.attempt}"
         cpu = None if r.busiest_thread_cpu is None else r.busiest_thread_cpu * 100
+        # A rank that ended has no time since progress, no CPU and no op: its last
+        # figures would read as live ones.
+        gone = r.state in ENDED
         cells = (_fmt(r.pid), job, f"{_fmt(r.rank)}/{_fmt(r.world_size)}", _fmt(r.state),
                  _fmt(r.phase), _fmt(r.progress), _fmt(r.collectives),
-                 _fmt(r.seconds_since_progress, ".1f", "s"), _fmt(r.deadline_seconds, ".0f", "s"),
-                 _fmt(cpu, ".0f", "%"), r.current_op or "")
+                 _fmt(None if gone else r.seconds_since_progress, ".1f", "s"),
+                 _fmt(r.deadline_seconds, ".0f", "s"),
+                 _fmt(None if gone else cpu, ".0f", "%"), "" if gone else r.current_op or "")
         rows.append(tuple(printable(cell) for cell in cells))  # record strings are untrusted
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = []
@@ -89,6 +105,22 @@ def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
             for s in (snap.stragglers if snap is not None else ())]
 
 
+def clash_lines(ranks: list[RankStatus]) -> list[str]:
+    """The daemon's warning for live ranks that all claim one rank of one job, under the
+    table that shows them (two rank-0 rows are not one group)."""
+    from watchdog.daemon.table import clash_words
+    from watchdog.states import ENDED
+
+    claims: dict[tuple[object, str, int], list[RankStatus]] = {}
+    for r in ranks:
+        if r.rank is not None and r.rank >= 0 and r.state not in ENDED:
+            claims.setdefault((r.uid, r.job, r.rank), []).append(r)
+    return [printable("warning: " + clash_words(sorted(c.pid or 0 for c in claim), rank, job,
+                                                claim[0].world_size))
+            for (_, job, rank), claim in sorted(claims.items(), key=lambda kv: str(kv[0]))
+            if len(claim) > 1]
+
+
 @click.command()
 @dir_option
 @state_option
@@ -97,7 +129,7 @@ def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
               "unkillable.")
 @deadline_option
 def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
-           deadline: float | str) -> None:
+           deadline: float | str | None) -> None:
     """The ranks on this node and their state (works with no daemon running)."""
     ranks, source = _ranks(record_dir, state_dir, deadline)
     if as_json:
@@ -112,6 +144,9 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
     if not as_json and source == "daemon":
         for line in straggler_lines(record_dir, state_dir):
             click.echo(line)
+    if not as_json:
+        for line in clash_lines(ranks):
+            click.echo(line, err=True)
     if check and any(r.state in HUNG for r in ranks):
         sys.exit(1)
 
@@ -124,7 +159,7 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes.")
 @deadline_option
 def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
-          deadline: float | str) -> None:
+          deadline: float | str | None) -> None:
     """A live view of the ranks, refreshed in place (Ctrl-C to quit)."""
     shown = 0
     try:
@@ -152,8 +187,15 @@ def inspect(pid: int, record_dir: str, as_json: bool) -> None:
 
     rec, why = find_record(record_dir, pid)
     if rec is None:
+        import psutil
+
+        if not psutil.pid_exists(pid):  # ended (killed, or exited): its record went with it
+            raise SetupError(f"pid {pid} is not running: a rank's record is removed when it "
+                             "ends; what happened to it: mlx-watchdog incidents")
         raise SetupError(f"no usable record for pid {pid} in {record_dir}"
-                                   + (f": {why}" if why else ""))
+                         + (f": {why}" if why else "")
+                         + " (is it a rank started with MLX_WATCHDOG=1, publishing here? "
+                           f"`mlx-watchdog status --dir {record_dir}` lists the ranks)")
     info = describe(rec)
     click.echo(json.dumps(info.to_json(), indent=1) if as_json else render_text(info))
 

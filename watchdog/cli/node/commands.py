@@ -13,7 +13,14 @@ from typing import Any
 import click
 
 from watchdog.cli.exits import SetupError
-from watchdog.cli.options import STATE_ENV, Commands, Duration, dir_option, state_option
+from watchdog.cli.options import (
+    STATE_ENV,
+    Commands,
+    Duration,
+    lenient_dir_option,
+    lenient_state_option,
+    state_option,
+)
 from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.status import ABSENT, Incident, LaunchEvent, NativeHot
@@ -146,7 +153,12 @@ def _echo_incident(inc: Incident, state_dir: str) -> None:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
     if inc.evidence:
         folder = os.path.join(state_dir, "evidence", inc.id)
-        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})")
+        # Root's (mode 700): a job's owner is told how to read it, not shown a path
+        # that answers "Permission denied".
+        private = os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK)
+        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})"
+                     + (f"; root only (it holds every rank's stacks): sudo ls {folder}"
+                        if private else ""))
     lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
@@ -249,8 +261,8 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
 
 
 @click.command()
-@dir_option
-@state_option
+@lenient_dir_option
+@lenient_state_option
 @click.option("--listen", default=None,
               help="Where the daemon serves /healthz and /status "
                    f"[default: the config's listen, else {Settings().listen}].")
@@ -264,14 +276,17 @@ def doctor(node_: Any, record_dir: str, state_dir: str, listen: str | None,
 
     Its directories, the daemon on the port (and the directories it watches), this
     environment, the config file (the fence secret and who may read it) and each peer
-    (resolves, answers, its clock). Exits 1 when a check failed."""
+    (resolves, answers, its clock, the secret). Exits 1 when a check failed: a bad
+    config, or no daemon answering on a node whose config or service says it runs one."""
     from watchdog.cli.exits import OK, VERDICT
     from watchdog.cli.node.doctor import named_checks
 
-    settings = node_.settings if node_ is not None else Settings()
-    path = node_.config_path if node_ is not None and (
-        node_.explicit or os.access(node_.config_path, os.R_OK)) else None
-    lines = named_checks(record_dir, state_dir, listen or settings.listen, path, settings)
+    # A bad config is a failed check, the rest run with its good keys: the one node a
+    # fleet loop meant to diagnose still answers with JSON.
+    settings, errors = node_.lenient_settings() if node_ is not None else (Settings(), [])
+    path = node_.config_path if node_ is not None and node_.readable else None
+    lines = named_checks(record_dir, state_dir, listen or settings.listen, path, settings,
+                         tuple(errors))
     failed = any(level == "fail" for _, level, _ in lines)
     if as_json:
         click.echo(json.dumps({"host": os.uname().nodename, "ok": not failed, "checks": [

@@ -100,7 +100,36 @@ def check_state(state_dir: str) -> list[Line]:
     return lines
 
 
-def check_daemon(listen: str, state_dir: str) -> list[Line]:
+def daemon_expected(config_path: str | None) -> str | None:
+    """Why this node is meant to run a daemon (its config file, or an installed
+    service), or None: a daemon that does not answer then fails `doctor`."""
+    from watchdog.cli.service.unit import default_path
+
+    kind = "launchd" if host.os_name() == host.DARWIN else "systemd"
+    if os.path.exists(default_path(kind)):
+        return f"the {kind} service is installed ({default_path(kind)})"
+    if config_path is not None and os.path.isfile(config_path):
+        return f"this node has a config file ({config_path})"
+    return None
+
+
+def _start_hint(expected: str | None) -> str:
+    if expected is None:
+        return ("start it with `mlx-watchdog run` or install the service "
+                "(`mlx-watchdog service install`)")
+    if host.os_name() == host.DARWIN:
+        return ("start it: sudo launchctl kickstart -k system/com.github.mlx-watchdog "
+                f"(its log: {host.defaults(host.DARWIN).stderr_log})")
+    if "service is installed" in expected:
+        return ("start it: sudo systemctl restart mlx-watchdog; why it stopped: "
+                "journalctl -u mlx-watchdog -n 50")
+    return ("start it: sudo mlx-watchdog service install (or `mlx-watchdog run --config "
+            "...` under your own supervisor)")
+
+
+def check_daemon(listen: str, state_dir: str, expected: str | None = None) -> list[Line]:
+    """The daemon answers on `listen`. None answering is a failure when the node is
+    meant to run one (`expected`, from `daemon_expected`), a warning otherwise."""
     from watchdog.daemon.store.snapshot import daemon_status
 
     try:
@@ -124,13 +153,15 @@ def check_daemon(listen: str, state_dir: str) -> list[Line]:
         code = err.code
     except (urllib.error.URLError, OSError) as err:
         why = getattr(err, "reason", err)
-        line = (f"no daemon answers at {url} ({why}): start it with `mlx-watchdog run` or "
-                "install the service (`mlx-watchdog service install`)")
+        line = f"no daemon answers at {url} ({why})"
+        if expected is not None:
+            line += f", yet {expected}: this node's ranks are not watched"
+        line += f": {_start_hint(expected)}"
         snap = daemon_status(state_dir)
         if snap is not None:
             line += (f"; a daemon (pid {snap.daemon_pid}) does publish in {state_dir}: "
                      "it listens elsewhere, pass its --listen")
-        return [(WARN, line)]
+        return [(WARN if expected is None or snap is not None else FAIL, line)]
     if code == 200:
         return [(OK, f"the daemon answers at {url}"), *check_versions(state_dir)]
     if code == 503:
@@ -244,15 +275,22 @@ def run_checks(record_dir: str, state_dir: str, listen: str,
 
 def named_checks(record_dir: str, state_dir: str, listen: str,
                  config_path: str | None = None,
-                 settings: Settings | None = None) -> list[tuple[str, str, str]]:
+                 settings: Settings | None = None,
+                 config_errors: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Every check's lines, each with the check's name: (check, level, message).
     `settings` are the node's (its config file `config_path`): the secret, the file's
-    mode and the peers are checked only with them."""
+    mode and the peers are checked only with them. `config_errors`: what is wrong
+    with that file (`settings` are then its good keys), each a failed check."""
+    expected = daemon_expected(config_path)
     checks: list[tuple[str, Callable[[], list[Line]]]] = [
         ("version", check_about),
+        ("config", lambda: [
+            (FAIL, f"{error}: the daemon refuses to start with this file (and a reload "
+                   "keeps the old settings); fix it, then run doctor again")
+            for error in config_errors]),
         ("record directory", lambda: check_record(record_dir)),
         ("state directory", lambda: check_state(state_dir)),
-        ("daemon", lambda: check_daemon(listen, state_dir)),
+        ("daemon", lambda: check_daemon(listen, state_dir, expected)),
         ("daemon's directories", lambda: check_watches(listen, record_dir, state_dir)),
         ("instrumentation", check_instrumentation),
         ("foreign watchdog", check_foreign_watchdog),

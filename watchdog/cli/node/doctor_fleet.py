@@ -152,4 +152,33 @@ def check_peers(settings: Settings) -> list[Line]:
                                 f"valid {WINDOW:g}s): sync both clocks (NTP)"))
         else:
             lines.append((OK, f"{who}; clock within {max(abs(offset), 1.0):.0f}s of ours"))
+        if settings.secret and not settings.secret.strip().upper().startswith(PLACEHOLDER):
+            lines.append(check_secret(peer, settings))
     return lines
+
+
+def check_secret(peer: str, settings: Settings) -> Line:
+    """Our fence secret proven to the peer with a signed probe (`fence.PROBE_JOB`,
+    which ends nothing): a peer whose secret differs refuses every fence of ours."""
+    from watchdog.net import fence
+
+    sent = fence.prove(peer, settings.secret or "", f"{socket.gethostname()} (doctor)",
+                       settings.peer_timeout)
+    answer = sent.answer
+    error = answer.error if answer is not None else sent.error
+    if answer is not None and not answer.error:
+        return (OK, f"peer {peer} accepts this node's fences (a signed probe: the secrets "
+                    "match)")
+    if error == "bad signature":
+        return (FAIL, f"peer {peer} refuses this node's fences: its secret differs from "
+                      "this node's (its log says \"refused a fence from ... bad "
+                      "signature\"); set the same secret on every node, then reload each "
+                      "(SIGHUP)")
+    if error and error.startswith("stale timestamp"):
+        return (FAIL, f"peer {peer} refuses this node's fences: {error}: sync both clocks "
+                      "(NTP)")
+    if error in ("HTTP 405", "HTTP 403") or (error or "").startswith("fences are off"):
+        return (FAIL, f"peer {peer} has fences off (no secret set there): a job this node "
+                      "ends leaves its ranks there waiting; set the same secret on every "
+                      "node")
+    return (WARN, f"peer {peer}: cannot prove the secret ({error})")

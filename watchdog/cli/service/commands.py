@@ -65,6 +65,21 @@ def _check_config(config_path: str, writes_default: bool) -> None:
     load(config_path, {})
 
 
+def _native(kind: str, verb: str) -> None:
+    """Refuse to install or load a service kind this OS has no manager for."""
+    from watchdog import host
+
+    darwin = host.os_name() == host.DARWIN
+    if kind == "launchd" and not darwin:
+        raise SetupError(f"launchd is macOS only: on this machine, {verb} --systemd (or "
+                         "`service print --launchd`, or --path FILE, to write the plist for "
+                         "a Mac)")
+    if kind == "systemd" and darwin:
+        raise SetupError(f"systemd is Linux only: on a Mac, {verb} --launchd (or "
+                         "`service print --systemd`, or --path FILE, to write the unit for "
+                         "Linux)")
+
+
 @service.command("print")
 @_service_options
 def service_print(launchd: bool, systemd: bool, config_path: str) -> None:
@@ -88,6 +103,8 @@ def service_install(launchd: bool, systemd: bool, config_path: str, path: str | 
     from watchdog.cli.service import unit as svc
 
     kind, kwargs = _render(launchd, systemd, config_path)
+    if path is None:  # the system location of another OS's service manager
+        _native(kind, "install")
     named = click.get_current_context().get_parameter_source("config_path") not in (
         click.core.ParameterSource.DEFAULT, None)
     # A file named on purpose must be there; the default one is written (system install).

@@ -140,6 +140,19 @@ def prune(folder: str, keep: int = KEEP_INCIDENTS, keep_bytes: int = KEEP_BYTES,
     return removed
 
 
+def _gap(folder: str, target: Target, why: str) -> None:
+    """A rank's Python stack not taken, said where the stacks are: a note beside them
+    (not one of the incident's evidence files) and a log line."""
+    log.info("no Python stack of rank %s (pid %s): %s", target.rank, target.pid, why)
+    path = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python-missing.txt")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"no Python stack of rank {target.rank} (pid {target.pid}): {why}\n")
+    except OSError as err:
+        log.info("cannot write %s: %s", path, err.strerror)
+
+
 def _native_path(folder: str, target: Target) -> str:
     return os.path.join(folder, f"rank{target.rank}-pid{target.pid}-native.txt")
 
@@ -212,8 +225,14 @@ class Evidence:
         asked: dict[Target, int] = {}  # target -> size of its dump file before asking
         for target in targets:
             if target.dump_signal not in DUMP_SIGNALS or not target.stacks_path:
+                _gap(folder, target, "its record names no dump signal (its hook runs with "
+                                     "MLX_WATCHDOG_DUMP_SIGNAL off, or predates it)")
                 continue
             if not self._running(target, frozen):
+                _gap(folder, target, "it was stopped (SIGSTOP: Ctrl-Z, a debugger) and not "
+                                     "frozen by this response (observe mode, or gone): its "
+                                     "dump handler cannot run until it is resumed; its "
+                                     "native stack, when taken, is beside this file")
                 continue
             before = _size(target.stacks_path)
             if self.signaller.send(target, target.dump_signal) == Result.SENT:
@@ -233,6 +252,10 @@ class Evidence:
         finally:
             for target in thawed:
                 self.signaller.send(target, signal.SIGSTOP)
+        for target in asked.keys() - grown.keys():
+            _gap(folder, target, f"asked with signal {target.dump_signal}, it wrote no dump "
+                                 f"within the evidence time box (its Python thread held the "
+                                 "GIL in native code, or it was busy exiting)")
         files = []
         for target, before in grown.items():
             out = os.path.join(folder, f"rank{target.rank}-pid{target.pid}-python.txt")

@@ -30,6 +30,20 @@ BECAME: dict[str, str] = {
 NEEDS_A_LOOK = (Result.DENIED, Result.UNKNOWN)
 
 
+# What became of several ranks: BECAME's words in the plural.
+_PLURAL = (("reached it", "reached them"), ("on its own error", "on their own errors"),
+           ("its pid is another process", "their pids are other processes"),
+           ("signalling it was", "signalling them was"), ("it could not be", "they could not be"))
+
+
+def _agreed(became: str, count: int) -> str:
+    """`ranks 0, 1 gone before a signal reached them`, not `... reached it`."""
+    if count > 1:
+        for one, many in _PLURAL:
+            became = became.replace(one, many)
+    return became
+
+
 def ranks_words(numbers: Iterable[int | None]) -> str:
     """`rank 0`, `ranks 0, 1` (a rank without a number shown as `?`: never a repr)."""
     given = list(numbers)
@@ -90,7 +104,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
         if result == State.KILLED and pid in last:
             became += f" by {last[pid]}"
         said.setdefault(became, []).append(number.get(pid) if pid is not None else None)
-    parts = [f"{ranks_words(ranks)} {became}" for became, ranks in
+    parts = [f"{ranks_words(ranks)} {_agreed(became, len(ranks))}" for became, ranks in
              sorted(said.items(), key=lambda item: not item[0].startswith("ended by"))]
     what = "; ".join(parts) or "nothing to end"
     fenced = incident.verdict in tuple(Fenced)

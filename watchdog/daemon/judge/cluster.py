@@ -4,7 +4,8 @@ On a cluster with one rank per Mac, each daemon sees one rank and cannot tell
 a rank waiting on a frozen peer from the frozen peer itself. Lining up all
 ranks of a job does: the waiting ranks sit in the same collective, and the
 culprit is the one that is stopped, gone, elsewhere, or furthest behind. A job
-is `healthy` only when nothing says otherwise: `hung`, `unknown` (a rank behind
+is `healthy` only when nothing says otherwise: `hung`, `suspect` (a rank stopped
+while its peers wait, none of them past its deadline yet), `unknown` (a rank behind
 an unreachable node while another waits) and `ended` (every rank gone, or the
 watchdog ended some; each rank with what happened to it) are told apart.
 
@@ -44,6 +45,16 @@ def _last(seen: ReportedRank) -> int:
     return last.number if last is not None and last.number is not None else 0
 
 
+def _past_deadline(seen: ReportedRank) -> bool:
+    """The rank's wait is past its deadline as its daemon judges it (stalled, blocked),
+    or by the seconds its node reported (a sampled rank, judged by no daemon)."""
+    r = seen.rank
+    if r.state in HUNG:
+        return True
+    return (r.seconds_in_wait is not None and r.deadline_seconds is not None
+            and r.seconds_in_wait >= r.deadline_seconds)
+
+
 def where(rank: RankStatus) -> str:
     """The rank's last collective, as "op #number"."""
     c = rank.last_collective
@@ -58,8 +69,18 @@ def _culprit(seen: ReportedRank, reason: str) -> JobCulprit:
 
 
 def _ended_note(ranks: Sequence[ReportedRank]) -> str:
-    return "; ".join(f"rank {s.rank.rank} on {s.rank.host}: {s.rank.state}"
-                     + (f" ({s.rank.reason})" if s.rank.reason else "") for s in ranks)
+    """What happened to each rank, ranks that share a fate said once: `ranks 0, 1 on
+    h0, h1: killed, ended by the watchdog (incident X)`."""
+    fates: dict[tuple[str | None, str | None], list[RankStatus]] = {}
+    for s in ranks:
+        fates.setdefault((s.rank.state, s.rank.reason), []).append(s.rank)
+    parts = []
+    for (state, reason), members in fates.items():
+        hosts = ", ".join(dict.fromkeys(str(r.host) for r in members))
+        names = ", ".join(str(r.rank) for r in members)
+        parts.append(f"{'rank' if len(members) == 1 else 'ranks'} {names} on {hosts}: "
+                     f"{state}" + (f", {reason}" if reason else ""))
+    return "; ".join(parts)
 
 
 def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str],
@@ -76,12 +97,19 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     missing = tuple(i for i in range(world) if i not in present)
     waiting = [s for s in seen if s.rank.phase in WAITING_PHASES and s.rank.state not in ENDED]
     hung = any(s.rank.state in HUNG for s in seen)
-    troubled = [s for s in seen if s.rank.state in (ENDED | {State.STOPPED})]
-    if waiting and troubled:
+    troubled = [s for s in seen if s.rank.state in ENDED]
+    # A rank stopped while its peers wait is hung only once a wait is past its deadline
+    # as the daemon judges it: Ctrl-Z, a debugger's attach or a short pause stops a rank
+    # for a moment in a job making collectives by the second. Before, the job is
+    # `suspect` (named, its culprit too, and no failing exit).
+    stopping = bool(waiting) and any(s.rank.state == State.STOPPED for s in seen)
+    suspect = stopping and not hung and not any(_past_deadline(s) for s in waiting)
+    if waiting and troubled or stopping and not suspect:
         hung = True
     stopped_live = [s for s in seen if s.rank.state == State.STOPPED]
     if stopped_live and any(s.rank.state in ENDED for s in seen):
         hung = True  # its peers are gone and a stopped rank of it is left behind
+    suspect = suspect and not hung
     # A rank behind an unreachable node cannot be seen: while another rank of the
     # job waits (on it, perhaps), the job is not known to be healthy.
     # Nor known to be over: a rank ended here says nothing of one behind a node
@@ -92,18 +120,22 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     ended = not hung and not unknown and bool(seen) and (
         all(s.rank.state in ENDED for s in seen)
         or any(s.rank.state == State.KILLED for s in seen))
+    suspect = suspect and not unknown and not ended
     state = (JobState.HUNG if hung else JobState.UNKNOWN if unknown
-             else JobState.ENDED if ended else JobState.HEALTHY)
+             else JobState.ENDED if ended else JobState.SUSPECT if suspect
+             else JobState.HEALTHY)
     view = JobView(job=job, uid=uid, world_size=world, state=state, ranks=tuple(seen),
                    missing_ranks=missing)
     if ended:
         return replace(view, evidence=_ended_note(seen))
-    if not hung and not unknown:
+    if not hung and not unknown and not suspect:
         return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]))
     finding = cause.decide([s.rank for s in seen], missing, unreachable)
-    names = ",".join(str(s.rank.rank) for s in waiting)
-    wait_note = (f"ranks {names} wait in {where(waiting[0].rank)}" if waiting
-                 else "no rank waits")
+    # Who waits on the culprit: a stopped rank frozen inside its own wait is not one.
+    waiters = [s for s in waiting if s.rank.state != State.STOPPED] or waiting
+    names = ", ".join(str(s.rank.rank) for s in waiters)
+    wait_note = ((f"rank {names} waits" if len(waiters) == 1 else f"ranks {names} wait")
+                 + f" in {where(waiters[0].rank)}" if waiters else "no rank waits")
     stopped = [s for s in seen if s.rank.state == State.STOPPED]
     gone = [s for s in seen if s.rank.state in ENDED]
     placed = {id(s) for s in stopped} | {id(s) for s in gone}  # by identity: linear

@@ -17,6 +17,15 @@ import stat
 from watchdog.daemon.config import SetupRefused
 
 
+def stop_hint(pid: object) -> str:
+    """How to stop the daemon `pid`: its service, or the process itself."""
+    from watchdog import host
+
+    service = ("sudo launchctl bootout system/com.github.mlx-watchdog"
+               if host.os_name() == host.DARWIN else "sudo systemctl stop mlx-watchdog")
+    return f"stop it first ({service} if it is the service, else kill {pid})"
+
+
 class UnsafeDirectory(SetupRefused):
     """A directory whose ownership or mode would let others tamper with it."""
 
@@ -28,7 +37,9 @@ def _checked_dir(path: str, what: str) -> os.stat_result:
         raise UnsafeDirectory(f"{what} {path} is not a directory (or is a symlink)")
     if st.st_uid not in (0, os.geteuid()):
         raise UnsafeDirectory(f"{what} {path} is owned by uid {st.st_uid}, "
-                              "not root or the daemon's user")
+                              f"not root or the daemon's user (uid {os.geteuid()}): run: "
+                              f"sudo chown {os.geteuid()} {path}, or pass a directory of "
+                              "this user's")
     return st
 
 
@@ -57,7 +68,9 @@ def check_ancestors(path: str) -> None:
         st = os.stat(current)
         if st.st_uid not in (0, os.geteuid()):
             raise UnsafeDirectory(f"{current}, above the state directory {path}, is owned by "
-                                  f"uid {st.st_uid}, not root or the daemon's user")
+                                  f"uid {st.st_uid}, not root or the daemon's user (another "
+                                  "user could swap the state directory): run: sudo chown "
+                                  f"root {current}, or pass --state-dir elsewhere")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
             raise UnsafeDirectory(f"{current}, above the state directory {path}, is writable "
                                   f"by others (mode {stat.S_IMODE(st.st_mode):o}); run: "
@@ -155,7 +168,8 @@ def lock_state_dir(state_dir: str) -> int:
         pid = _holder(fd)
         os.close(fd)
         raise SetupRefused(f"another daemon (pid {pid}) already uses state directory "
-                         f"{state_dir}") from None
+                           f"{state_dir}: {stop_hint(pid)}, or give this one another "
+                           "--state-dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
