@@ -22,6 +22,9 @@ The decision table, first match wins (docs/operations.md has one section per cau
 |                     | in different collectives; anything else                             |
 | `collective_wedged` | every rank of the job present, waiting in the same collective,      |
 |                     | spinning, every node and data link answering                        |
+| `quiet_hang`        | decided by the node (judge/detector.py): a rank past its deadline,  |
+|                     | no thread busy, its threads asleep in a wait, nothing read, written |
+|                     | or sent; never inferred from other nodes' words                     |
 
 A stopped or gone rank is a fact and wins over what is inferred from silence; a
 quiet rank among spinning peers is the culprit (the others spin waiting on it).
@@ -48,6 +51,7 @@ class Cause(Word):
     MISMATCH = "mismatch"
     LOCAL_BLOCKED = "local_blocked"
     UNKNOWN = "unknown"
+    QUIET_HANG = "quiet_hang"  # the node's own judgement (detector), never the table's
 
 
 CAUSES = tuple(Cause)  # in the table's order: the metrics list them so

@@ -6,12 +6,16 @@
  * (looked for at most every 50 ms, by the vDSO clock), every recv() answers EAGAIN:
  *   MLXWD_WEDGE_MODE=user     without entering the kernel (a user-space spin);
  *   MLXWD_WEDGE_MODE=syscall  after a real non-blocking zero-byte recv() (a spin
- *                             through the kernel).
+ *                             through the kernel);
+ *   MLXWD_WEDGE_MODE=park     never: the calling thread sleeps in poll() for ever,
+ *                             nothing spinning (a quiet hang).
+ * MLXWD_WEDGE_RANK=* arms every rank.
  * The bytes the peer sent stay unread in the socket. Any other process: recv() as is.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -23,6 +27,7 @@ static ssize_t (*real_recv)(int, void *, size_t, int);
 static int armed = -1;  /* -1: not yet decided, 0: not this rank, 1: this rank */
 static volatile int wedged;
 static int syscall_mode;
+static int park_mode;
 static const char *trigger;
 static long long next_look_ns;
 
@@ -32,7 +37,9 @@ static void decide(void) {
     const char *mode = getenv("MLXWD_WEDGE_MODE");
     trigger = getenv("MLXWD_WEDGE_FILE");
     syscall_mode = mode != NULL && strcmp(mode, "syscall") == 0;
-    armed = want != NULL && rank != NULL && trigger != NULL && strcmp(want, rank) == 0;
+    park_mode = mode != NULL && strcmp(mode, "park") == 0;
+    armed = want != NULL && rank != NULL && trigger != NULL
+            && (strcmp(want, "*") == 0 || strcmp(want, rank) == 0);
 }
 
 static long long now_ns(void) {
@@ -56,6 +63,8 @@ ssize_t recv(int fd, void *buf, size_t len, int flags) {
     }
     if (!wedged)
         return real_recv(fd, buf, len, flags);
+    while (park_mode)
+        poll(NULL, 0, -1);
     if (syscall_mode) {
         char none;
         real_recv(fd, &none, 0, flags | MSG_DONTWAIT);

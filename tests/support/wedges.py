@@ -3,7 +3,8 @@ environment that arms it in one rank of a job.
 
 Armed, the shim lets the rank run until `trigger` exists, then makes its ring worker
 spin on a socket that never delivers: in user space (`mode` "user") or through the
-kernel ("syscall"). Used by the wedge tests (one host, the two-host bed) and
+kernel ("syscall"); or park it asleep in the read for ever ("park": a quiet hang; `rank`
+"*" arms every rank). Used by the wedge tests (one host, the two-host bed) and
 benchmarks/wedge.py."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def build_shim(folder: Path) -> Path:
     return out
 
 
-def armed(shim: Path, trigger: Path, mode: str = "user", rank: int = 1) -> dict[str, str]:
+def armed(shim: Path, trigger: Path, mode: str = "user", rank: int | str = 1) -> dict[str, str]:
     """The environment that wedges `rank` of a job once `trigger` is touched."""
     return {"LD_PRELOAD": str(shim), "MLXWD_WEDGE_RANK": str(rank),
             "MLXWD_WEDGE_FILE": str(trigger), "MLXWD_WEDGE_MODE": mode}

@@ -180,7 +180,7 @@ class Daemon:
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
         sampled: set[tuple[int, float]] = set()
         for members in jobs.values():
-            seen = {rank.key: self._seen(rank, now) for rank, _ in members}
+            seen = {rank.key: self._seen(rank, sample, now) for rank, sample in members}
             mine = [self._member(r, s, seen[r.key], now) for r, s in members]
             wedged = wedge.decide(mine + self._remote_members(members[0][0], len(mine),
                                                               now_ns))
@@ -190,10 +190,12 @@ class Daemon:
                            for r, _ in members], wedged)
             for rank, sample in members:
                 rec = rank.record
+                asleep, still = self._asleep(rank, now)
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,
                                                 seen=seen[rank.key], wedge=wedged,
-                                                traced=traced(rank))
+                                                traced=traced(rank), asleep=asleep,
+                                                sockets_quiet=still)
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -204,14 +206,31 @@ class Daemon:
         self.stacks.forget(sampled)
         return due
 
-    def _seen(self, rank: Rank, now: float) -> frames.Seen | None:
-        """What the rank's busy threads ran at its latest stack sample, if fresh."""
+    def _seen(self, rank: Rank, sample: ProcessSample, now: float) -> frames.Seen | None:
+        """What the rank's busy threads ran at its latest stack sample, if fresh. None
+        when it was taken with no thread busy where the OS names the busy threads (Linux):
+        nothing spins, so no wedge (a quiet rank is judged by `_asleep`)."""
         found = self.stacks.found.get(rank.key)
         if found is None or now - found.at > wedge.FRESH:
+            return None
+        if sample.native_ids and not found.busy and found.stacks:
             return None
         if found.stacks is None or found.error:
             return frames.Seen(frames.UNKNOWN, found.error or "no native stack could be read")
         return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
+
+    def _asleep(self, rank: Rank, now: float) -> tuple[frames.Seen | None, float | None]:
+        """What the rank waits in at its latest sample, when fresh and taken with no thread
+        busy (frames.asleep), and the seconds its sockets' queues stood still (None: not
+        read): the quiet hang's facts (detector._quiet)."""
+        found = self.stacks.found.get(rank.key)
+        queues = self.stacks.queues.get(rank.key)
+        still = (now - queues.since if queues is not None and queues.queues is not None
+                 else None)
+        if found is None or now - found.at > wedge.FRESH or found.busy or found.error:
+            return None, still
+        return frames.asleep(found.stacks, rank.record.backend, found.gpu_moved,
+                             main=rank.record.pid), still
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Seen | None,
                 now: float) -> wedge.Member:

@@ -109,6 +109,9 @@ def with_view(incident: Incident, view: PeerView | None) -> Incident:
     if incident.cause == Cause.COLLECTIVE_WEDGED and view.cause in (
             Cause.UNKNOWN, Cause.COLLECTIVE_WEDGED):
         return incident  # judge/wedge.py saw more (frames, sockets) than the view tells
+    if incident.cause == Cause.QUIET_HANG and view.cause in (
+            Cause.UNKNOWN, Cause.LOCAL_BLOCKED, Cause.COLLECTIVE_WEDGED, Cause.QUIET_HANG):
+        return incident  # the detector saw more (frames, bytes) than the view tells
     found, summary = view.cause, view.summary or incident.summary
     c = incident.culprit
     return replace(incident, cause=found, summary=summary,
@@ -140,6 +143,8 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     stopped = [r for r in local if r.state == State.STOPPED]
     behind = waited_for(due, local)
     wedged = next((r.verdict.wedge for r in due if r.verdict and r.verdict.wedge), None)
+    quiet = sorted((r for r in due if r.verdict and r.verdict.quiet),
+                   key=lambda r: r.record.rank)
     remote: Culprit | None = None  # a wedge's culprit on a peer
     if fenced is not None:
         found, summary = fenced_finding(fenced)
@@ -153,6 +158,12 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
             remote = Culprit(host=wedged.culprit_host, rank=wedged.culprit,
                              reason="bytes left unread in its sockets while its peers "
                                     "wait on it")
+    elif quiet and not stopped:  # judge/detector.py: asleep in a wait, nothing moving
+        found = Cause.QUIET_HANG
+        summary = "quiet hang: " + "; ".join(
+            f"rank {r.record.rank}'s {r.verdict.quiet}" for r in quiet if r.verdict)
+        if len(quiet) == 1 and behind is None:
+            behind = (quiet[0], "waits with nothing spinning and nothing moving")
     else:
         finding = local_finding(local)
         found, summary = finding.cause, finding.summary

@@ -53,6 +53,9 @@ __all__ = ["NS", "Detector", "Track", "Verdict"]
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32
+# Seconds nothing must move (the process's bytes read and written, its sockets' queues)
+# for a quiet wait to count as a hang: a checkpoint or a load moves bytes within this.
+QUIET_HANG_FOR = 10.0
 
 
 @dataclass
@@ -115,6 +118,9 @@ class Verdict:
     seen: str = ""  # what its busy threads ran at the latest stack sample (frames.py)
     hot: tuple[int, ...] = ()  # its threads busy over the last interval (their ids)
     seen_kind: str = ""  # that sample's kind (frames.WAITING, ...; "": none fresh)
+    # Its wait past the deadline with nothing spinning and nothing moving, nothing to
+    # explain it (a quiet hang, ended as `quiet_hang`): what was seen, in words; "": not.
+    quiet: str = ""
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -209,7 +215,8 @@ class Detector:
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
                 load: float = 1.0, learn: bool = True, seen: Seen | None = None,
-                wedge: Wedge | None = None, traced: bool = False) -> Verdict:
+                wedge: Wedge | None = None, traced: bool = False,
+                asleep: Seen | None = None, sockets_quiet: float | None = None) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -227,6 +234,10 @@ class Detector:
         its job's wedge (judge/wedge.py): its wait is then judged at the wedge deadline.
         `traced`: the daemon's stack sampler stopped it during this interval (gdb
         holds it ~0.5 s): what its threads used then says nothing, and is not counted.
+        `asleep`: what its threads wait in at a fresh sample taken with none busy
+        (frames.asleep); `sockets_quiet`: seconds its sockets' queues stood still (None:
+        not read). With both, a wait past its deadline that nothing explains is a quiet
+        hang (`_quiet`).
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -326,12 +337,16 @@ class Detector:
         own = (self._own(record, sample, track, in_wait, deadline, now_ns)
                if waiting and record.phase == Phase.WAIT and not stopped else None)
 
+        quiet = ""
+        if waiting and not stopped and record.phase == Phase.WAIT:
+            quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns)
+
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
             return Verdict(state, deadline, seconds, since_progress, track.busiest, act,
                            reason, busy, record.collectives, own, wedge_at,
                            wedge if wedge_at else None, seen.what if seen else "", track.hot,
-                           seen.kind if seen else "")
+                           seen.kind if seen else "", quiet if state == State.STALLED else "")
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -344,7 +359,8 @@ class Detector:
             return verdict(State.RUNNING, "waits return within the deadline")
         what = f"in {record.op or 'a wait'} for {in_wait:.1f}s"
         if in_wait < deadline:
-            return verdict(State.SUSPECT, f"{what}, past half the {deadline:g}s deadline")
+            return verdict(State.SUSPECT, f"{what}, past half the {deadline:g}s deadline"
+                           + (f"; quiet: {quiet}" if quiet else ""))
         if own is not None and own.moving(rules.auto_floor):
             # A save or load still moving bytes is not stuck, however long it takes.
             track.due_ticks = 0
@@ -361,12 +377,41 @@ class Detector:
             if wedge is not None and wedge_at:
                 reason = (f"{what}, past the {deadline:g}s deadline of a wedged collective, "
                           "one thread spinning")
+        elif quiet:
+            # Nothing spins, nothing moves, its threads sleep in the wait: a quiet hang
+            # (mlx-lm #1834, exo #2173), ended at the deadline as a spinning one is.
+            state, due = State.STALLED, True
+            reason = f"{what}, past the {deadline:g}s deadline, quiet: {quiet}"
         else:
             state = State.BLOCKED
             due = in_wait >= max(deadline, rules.blocked_deadline)
             reason = f"{what}, past the {deadline:g}s deadline, nothing spinning"
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
+
+    def _quiet(self, record: Record, sample: ProcessSample, track: Track,
+               asleep: Seen | None, sockets_quiet: float | None, in_wait: float,
+               now_ns: int) -> str:
+        """A quiet hang, in words ("" when anything explains the wait or it cannot be
+        told): no thread busy, its threads asleep in a wait the tables name and none in
+        a file read or write (frames.asleep, fresh), no byte read or written by the
+        process and none moving on its sockets for QUIET_HANG_FOR seconds (a process of
+        one rank has no sockets to read), outside an `hb.expect()` window."""
+        if asleep is None or asleep.kind != WAITING or record.expect_seconds > 0:
+            return ""
+        if track.hot or (len(track.busy) >= 1 and _median(track.busy) >= self.rules.spin_ratio):
+            return ""
+        if sample.io is None or track.io_moved_ns <= 0:
+            return ""
+        io_quiet = (now_ns - track.io_moved_ns) / NS
+        if sockets_quiet is None and record.world_size > 1:
+            return ""  # its sockets were not read (the peers' bytes may be moving)
+        still = min(io_quiet, sockets_quiet if sockets_quiet is not None else io_quiet,
+                    in_wait)
+        if still < QUIET_HANG_FOR:
+            return ""
+        return (f"{asleep.what}; no thread busy; nothing read, written or sent for "
+                f"{still:.0f}s")
 
     def _own(self, record: Record, sample: ProcessSample, track: Track, in_wait: float,
              deadline: float, now_ns: int) -> OwnWait | None:

@@ -106,6 +106,54 @@ def parked(frames: Sequence[str]) -> bool:
     return any(matches(f, p) for f in top for p in PARKED_FRAMES)
 
 
+# A thread that sits in one of these (its leaf) moves bytes of its own: a file read or
+# write, a flush (a checkpoint or a load on slow storage), which explains a quiet wait.
+FILE_IO_FRAMES: tuple[str, ...] = (
+    "read", "write", "pread64", "pwrite64", "pread", "pwrite", "readv", "writev",
+    "fsync", "fdatasync", "sync_file_range", "openat", "open64", "copy_file_range",
+    "sendfile", "msync",
+)
+# Where a quiet rank's main thread waits for MLX (mlx-lm #1834: eval_impl ->
+# condition_variable::wait; exo #2173: Fence::wait), besides each backend's wait frames.
+QUIET_WAIT_FRAMES: tuple[str, ...] = ("eval_impl", "condition_variable::wait", "wait_for_one")
+
+
+def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
+           gpu_moved: bool | None = None, main: int | None = None) -> Seen:
+    """What a rank with no thread busy waits in, read from every thread's frames.
+
+    Waiting when one of its threads sleeps in a wait the tables name (MLX's eval, an
+    event, a fence, its backend's socket or queue) and none sits in a file read or write
+    (a checkpoint, a load: the wait explained); computing when one does, or when its GPU
+    time advances (macOS); unknown when nothing was read or no thread is in a named wait.
+    """
+    if gpu_moved:
+        return Seen(COMPUTING, "its GPU time advances (computing on the GPU)")
+    if not stacks:
+        return Seen(UNKNOWN, "no native stack could be read")
+    waits = waiting_frames(backend) + QUIET_WAIT_FRAMES
+    named: tuple[int, str] | None = None
+    for tid, frames in sorted(stacks.items(), key=lambda item: item[0] != main):
+        if not frames:
+            continue
+        leaf = next((f for f in frames[:3] if f not in ("syscall", "??")), frames[0])
+        if any(matches(leaf, p) for p in FILE_IO_FRAMES):
+            return Seen(COMPUTING, f"thread {tid} sits in {short(leaf)} (a file read or "
+                                   "write: its bytes are its own)")
+        if named is None:
+            outer = next((f for f in reversed(frames) if any(matches(f, p) for p in waits)),
+                         None)
+            if outer is not None:
+                inner = short(frames[0])
+                path = short(outer) if short(outer) == inner else f"{short(outer)} -> {inner}"
+                named = (tid, path)
+    if named is None:
+        return Seen(UNKNOWN, "every thread asleep, none in a wait the table names")
+    flat = "; GPU time flat" if gpu_moved is False else ""
+    who = "main thread" if named[0] == main else f"thread {named[0]}"
+    return Seen(WAITING, f"{who} waits in {named[1]}{flat}")
+
+
 def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
              backend: str | None, gpu_moved: bool | None = None) -> Seen:
     """What the rank's busy threads (`busy`: their ids, as the stacks name them) ran.
