@@ -5,7 +5,9 @@ wedge deadline (judge/wedge.py): a healthy job is never sampled. At most one sam
 per rank every SAMPLE_EVERY seconds, one under way per rank and MAX_RUNNING in all, on
 the daemon's workers; each time-boxed (SAMPLE_TIMEOUT), after the rank's identity
 (pid, start, every uid, dumpable) and its state (not stopped: a stopped rank is a
-pause, and tracing it would wake nobody) are checked again. What it read is kept
+pause, and tracing it would wake nobody) are checked again. The probe never leaves a
+stop of its own behind (a rank with a thread in uninterruptible sleep is not sampled:
+probes/linux.py). What it read is kept
 raw (thread id -> frames, leaf first): the judge classifies it.
 
 The sockets' queues (bytes queued to send, received and not read) are read at every
@@ -134,7 +136,10 @@ class StackSampler:
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
         gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
-        stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+        try:
+            stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+        except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
+            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took
