@@ -162,7 +162,7 @@ SIGSTOP_BIT = 1 << (19 - 1)  # SIGSTOP (19 on Linux) in /proc's SigPnd/ShdPnd ma
 def uninterruptible_threads(pid: int, proc: str = "/proc") -> list[int]:
     """The threads of `pid` in uninterruptible sleep ("D" in their stat); [] if none
     (or if the process is gone)."""
-    found = []
+    found: list[int] = []
     try:
         tids = os.listdir(f"{proc}/{pid}/task")
     except OSError:
