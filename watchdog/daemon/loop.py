@@ -233,10 +233,12 @@ class Daemon:
         """The job's ranks on the other nodes, as members, from every peer's answer to
         the background ask (at most REMOTE_FRESH seconds old; never asked here: the scan
         never waits on the network). None while a peer did not answer (a partition
-        keeps today's rules) or all the job's ranks are here."""
+        keeps today's rules) or all the job's ranks are here. Only with the shared secret:
+        then every answer was signed with it (peers.py), and anything else answering at a
+        peer's address, whose `/status` is anyone's to fake, makes no wedge."""
         rec = one.record
         peers = self.settings.peers
-        if not peers or here >= rec.world_size:
+        if not peers or not self.live.peering.secret or here >= rec.world_size:
             return []
         answers = self.peers.recent(REMOTE_FRESH)
         if answers is None or len(answers) != len(peers) \
