@@ -1,22 +1,27 @@
 """Untrusted text from records (job ids, hosts, reasons) made safe to show.
 
-A record is written by any user's rank: its strings may hold newlines, ANSI
-escapes or other control characters. Everything the watchdog prints or logs
-goes through `printable`, so one event stays one line and no string can
-repaint a terminal.
+A record is written by any user's rank, and a peer's answer by anything at its
+address: their strings may hold newlines, ANSI escapes, other control characters, or
+Unicode's format characters (zero-width ones, bidi overrides that show a name
+reversed). Everything the watchdog prints, logs or exports as a label goes through
+`printable`, the one escaper, so one event stays one line, no string can repaint a
+terminal, and what a reader sees is what the string holds.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def printable(text: object) -> str:
-    """`text` with every control character shown as an escape (\\n, \\x1b, ...)."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+    """`text` with every character Python does not call printable shown as its escape
+    (\\n, \\x1b, \\u202e, ...): the control (Cc) and format (Cf: zero-width, bidi)
+    characters, line and paragraph separators, unassigned and private-use code
+    points, and spaces other than ' '. Printable text, accents and all, is unchanged."""
+    text = str(text)
+    if text.isprintable():  # the common case, at C speed
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def plural(count: int, word: str, words: str | None = None) -> str:

@@ -34,3 +34,15 @@ def test_log_lines_stay_one_line_but_tracebacks_stay_readable() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == "WARNING skipping 'a.rec': bad\\nWARNING forged line"
     assert lines[1] == "ERROR loop error" and lines[2].startswith("Traceback")
+
+
+def test_printable_escapes_unicode_format_characters() -> None:
+    """Issue 48, defect 7: zero-width and bidi characters (Unicode's Cf) hide or reverse
+    what a job name says in the log, `status` and metric labels."""
+    hostile = "job\u202egnp.exe\u200b\u200d\u2066x\u2069\ufeff\u00ad\U000e0001"
+    shown = printable(hostile)
+    assert shown.isprintable() and shown.isascii() or "\\u202e" in shown
+    for ch in "\u202e\u200b\u200d\u2066\u2069\ufeff\u00ad\U000e0001":
+        assert ch not in shown
+    assert "\\u202e" in shown and "\\u200b" in shown
+    assert printable("日本語 job-é") == "日本語 job-é"

@@ -38,7 +38,7 @@ from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
-from watchdog.daemon.probes.stacksampler import Identity, StackSampler
+from watchdog.daemon.probes.stacksampler import MAX_RUNNING, Identity, StackSampler
 from watchdog.daemon.publish import INVALID_LISTED, snapshot
 from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
@@ -102,7 +102,9 @@ class Daemon:
         # A job whose rank waited past its wedge deadline: its ranks' native stacks
         # sampled (bounded: stacksampler.py), to tell a rank that computes from one that
         # spins on nothing (judge/frames.py, judge/wedge.py). A healthy job: none.
-        self.sampling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stacks")
+        # A worker per slot: an owner's share of the slots (stacksampler.share) runs at
+        # once, never queued behind another user's samples that wait out their time box.
+        self.sampling = ThreadPoolExecutor(max_workers=MAX_RUNNING, thread_name_prefix="stacks")
         self.stacks = StackSampler(self.probe, self.sampling.submit, clock.monotonic)
         self.responses = Responses(self.live, self.enforcer, self.peers,
                                    lambda: self.snapshot, lambda: self.baseline)
@@ -252,10 +254,12 @@ class Daemon:
         """The job's ranks on the other nodes, as members, from every peer's answer to
         the background ask (at most REMOTE_FRESH seconds old; never asked here: the scan
         never waits on the network). None while a peer did not answer (a partition
-        keeps today's rules) or all the job's ranks are here."""
+        keeps today's rules) or all the job's ranks are here. Only with the shared secret:
+        then every answer was signed with it (peers.py), and anything else answering at a
+        peer's address, whose `/status` is anyone's to fake, makes no wedge."""
         rec = one.record
         peers = self.settings.peers
-        if not peers or here >= rec.world_size:
+        if not peers or not self.live.peering.secret or here >= rec.world_size:
             return []
         answers = self.peers.recent(REMOTE_FRESH)
         if answers is None or len(answers) != len(peers) \

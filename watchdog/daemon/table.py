@@ -3,7 +3,8 @@
 Each record the directory gives is one of: junk (reported), a copy of another rank's
 record, a rank already final, one whose probe failed (nothing concluded), one gone
 (it exited), not ours (a stale or forged record: its pid is another process now), one
-over its owner's cap (MAX_RANKS_PER_UID), one whose record is closed or abandoned
+over its owner's cap (MAX_RANKS_PER_UID live ranks, and as many ended ones kept: a
+record of a pid never seen alive counts), one whose record is closed or abandoned
 while it runs (reported, never judged), or live: handed back with its sample, to be
 judged. A rank not read this scan is gone only when its record or its process is.
 The table also forgets ranks final for `retention`, removes dead ranks' records, and
@@ -123,6 +124,9 @@ class RankTable:
         per_uid: dict[int, int] = {}
         for r in self.live():
             per_uid[r.record.uid] = per_uid.get(r.record.uid, 0) + 1
+        for r in self.ranks.values():  # the ended ones kept: their own cap, per owner
+            if r.gone_at is not None:
+                per_uid[-1 - r.record.uid] = per_uid.get(-1 - r.record.uid, 0) + 1
         for path, rec, why, st in self.records.read(watched):
             if rec is None:
                 self.report_invalid(path, why, st)
@@ -178,6 +182,18 @@ class RankTable:
                 self._seen.add(key)
             return
         if look.seen is Seen.GONE:
+            if rank is None:
+                # A record of a process never seen alive: any user can write thousands
+                # naming dead pids, each a rank "exited", its series and its reads at
+                # every scan; they count against their owner's cap of final ranks.
+                final = -1 - rec.uid  # per_uid's key of the owner's final ranks
+                if per_uid.get(final, 0) >= MAX_RANKS_PER_UID:
+                    why = (f"uid {rec.uid} already has {MAX_RANKS_PER_UID} ended ranks kept "
+                           "(the most per user): a record of a pid not running")
+                    self.records.mark_bad(path, st, why)
+                    self.report_invalid(path, why, st)
+                    return
+                per_uid[final] = per_uid.get(final, 0) + 1
             self._seen.add(key)
             self.gone(rank or self._add(path, rec), now, status=rec.status)
             return
@@ -281,9 +297,18 @@ class RankTable:
             self.deaths.append(Death(rank, how, peers))
 
     def expire(self, now: float, retention: float) -> None:
-        """Forget ranks that have been final for `retention`; remove their records."""
+        """Forget ranks that have been final for `retention`, and an owner's oldest past
+        MAX_RANKS_PER_UID final ones (one user's churn never grows the table, /metrics
+        and the scan's reads without bound); remove their records."""
+        final: dict[int, list[Rank]] = {}
+        for rank in self.ranks.values():
+            if rank.gone_at is not None:
+                final.setdefault(rank.record.uid, []).append(rank)
+        early = {r.key for ranks in final.values() if len(ranks) > MAX_RANKS_PER_UID
+                 for r in sorted(ranks, key=lambda r: r.gone_at or 0.0)[
+                     :len(ranks) - MAX_RANKS_PER_UID]}
         for key, rank in list(self.ranks.items()):
-            if rank.gone_at is None or now - rank.gone_at < retention:
+            if rank.gone_at is None or (now - rank.gone_at < retention and key not in early):
                 continue
             del self.ranks[key]
             self.forget(key)

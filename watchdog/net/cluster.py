@@ -8,13 +8,24 @@ TOTAL bound of its own (`exchange`): a socket timeout bounds one read, and a
 peer answering a byte every half second under it would hold the asker for ever.
 Each peer is asked on a thread of its own (`each`), waited for no longer than
 the bound: one peer never delays, voids or queues another's answer.
+
+`/status` is open to anyone, and anything answering at a peer's address could say
+"rank 1 waits" while rank 1 computes. So a daemon with the shared secret asks with a
+fresh nonce (`NONCE`), a daemon with the secret signs its answer over that nonce and
+the body (`SIGNATURE`, HMAC-SHA256 over "status.<nonce>.<body>": a recorded answer
+cannot be replayed), and an answer that is not signed so reads as no answer
+(`fetch` with a secret): only what a peer holding the secret said can make a
+cross-node wedge (issue 48, defect 3).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.client
 import io
 import json
+import os
 import socket
 import threading
 import time
@@ -23,10 +34,14 @@ from typing import TypeVar
 
 from watchdog.status import NodeAnswer, NodeStatus
 
-__all__ = ["MAX_STATUS_BYTES", "each", "exchange", "fetch", "gather"]
+__all__ = ["MAX_STATUS_BYTES", "NONCE", "SIGNATURE", "each", "exchange", "fetch", "gather",
+           "sign_status"]
 
 MAX_STATUS_BYTES = 16 << 20
 MAX_HEAD_BYTES = 64 << 10  # an answer's status line and headers
+NONCE = "X-MLX-Watchdog-Nonce"  # the asker's fresh nonce, which the answer is signed over
+SIGNATURE = "X-MLX-Watchdog-Signature"  # (fence.py signs its requests under the same name)
+MAX_NONCE = 64  # characters of a nonce a server signs over (ours are 32)
 SLACK = 0.1  # seconds past a peer's bound its thread is waited for (it ends by then)
 T = TypeVar("T")
 
@@ -46,11 +61,19 @@ def _split(peer: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def sign_status(secret: str, nonce: str, body: bytes) -> str:
+    """The signature of a `/status` answer `body` to the question carrying `nonce`."""
+    return hmac.new(secret.encode(), b"status." + nonce.encode("utf-8", "surrogatepass")
+                    + b"." + body, hashlib.sha256).hexdigest()
+
+
 def exchange(peer: str, path: str, timeout: float, cap: int, *, body: bytes | None = None,
-             headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+             headers: dict[str, str] | None = None,
+             answer_headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """One HTTP exchange with `peer` (HOST:PORT), GET, or POST of `body`: its status
     and body, all of it within `timeout` seconds from now (connect to last byte;
-    TimeoutError past it), and at most `cap` bytes of body (ValueError past it)."""
+    TimeoutError past it), and at most `cap` bytes of body (ValueError past it).
+    `answer_headers`, if given, receives the answer's headers."""
     deadline = time.monotonic() + timeout
 
     def left() -> float:
@@ -78,6 +101,8 @@ def exchange(peer: str, path: str, timeout: float, cap: int, *, body: bytes | No
         raise TimeoutError(f"no whole answer within {timeout:g}s") from None
     response = http.client.HTTPResponse(_Received(bytes(received)))  # type: ignore[arg-type]
     response.begin()
+    if answer_headers is not None:
+        answer_headers.update(response.getheaders())
     return response.status, response.read()
 
 
@@ -110,13 +135,22 @@ def each(peers: Sequence[str], ask: Callable[[str], T], timeout: float,
         return [results[n] if n in results else late(peer) for n, peer in enumerate(peers)]
 
 
-def fetch(peer: str, timeout: float) -> NodeAnswer:
+def fetch(peer: str, timeout: float, secret: str | None = None) -> NodeAnswer:
     """One node's `/status`, read through the contract, or why it could not be had
-    (all of it within `timeout` seconds)."""
+    (all of it within `timeout` seconds). With `secret`, an answer not signed with it
+    over a fresh nonce is no answer."""
     try:
-        status, body = exchange(peer, "/status", timeout, MAX_STATUS_BYTES)
+        nonce = os.urandom(16).hex()
+        said: dict[str, str] = {}
+        status, body = exchange(peer, "/status", timeout, MAX_STATUS_BYTES,
+                                headers={NONCE: nonce} if secret else None, answer_headers=said)
         if status != 200:
             raise ValueError(f"HTTP {status}")
+        if secret:
+            given = next((v for k, v in said.items() if k.lower() == SIGNATURE.lower()), "")
+            if not hmac.compare_digest(sign_status(secret, nonce, body).encode(),
+                                       given.encode("utf-8", "replace")):
+                raise ValueError("answer not signed with the shared secret")
         answer = json.loads(body)
         if not isinstance(answer, dict) or not isinstance(answer.get("ranks"), list):
             raise ValueError("not an mlx-watchdog /status")
@@ -125,7 +159,8 @@ def fetch(peer: str, timeout: float) -> NodeAnswer:
         return NodeAnswer(peer, False, error=str(err) or type(err).__name__)
 
 
-def gather(peers: Sequence[str], timeout: float) -> list[NodeAnswer]:
-    """Every peer's answer, in the order given, all within `timeout` (+ SLACK)."""
-    return each(peers, lambda p: fetch(p, timeout), timeout,
+def gather(peers: Sequence[str], timeout: float, secret: str | None = None) -> list[NodeAnswer]:
+    """Every peer's answer, in the order given, all within `timeout` (+ SLACK); with
+    `secret`, only signed answers are answers (`fetch`)."""
+    return each(peers, lambda p: fetch(p, timeout, secret), timeout,
                 lambda p: NodeAnswer(p, False, error=f"no answer within {timeout:g}s"))

@@ -5,7 +5,8 @@ by the collector, metrics.py), `/status` (the snapshot's JSON) and `/healthz`, a
 `POST /fence` when a secret is set (a peer's signed request to end a job's ranks: the
 one request that changes state, authenticated in `net/fence.py` and answered by the
 callable the daemon hands in, its `fence_request`). Every other method or path is
-refused.
+refused. With a secret, a `/status` asked with a nonce is signed over it (a peer
+builds a cross-node wedge only from signed answers: net/cluster.py).
 
 Any local user can connect, so the endpoint is bounded: at most
 `MAX_CONNECTIONS` at once (one more is closed at accept), and each connection
@@ -38,6 +39,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from watchdog.net.cluster import MAX_NONCE, NONCE, SIGNATURE, sign_status
 from watchdog.net.metrics import JOB_LABEL, Snapshot, exposition
 from watchdog.status import FenceAnswer, NodeStatus
 
@@ -108,9 +110,12 @@ class _Handler(BaseHTTPRequestHandler):
         except TimeoutError:
             self.close_connection = True
 
-    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -123,7 +128,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, self.server.rendered("metrics"),
                            "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/status":
-                self._send(200, self.server.rendered("status"), "application/json")
+                body, extra = self.server.rendered("status"), {}
+                nonce, secret = self.headers.get(NONCE), self.server.secret()
+                if nonce and secret and len(nonce) <= MAX_NONCE:
+                    extra[SIGNATURE] = sign_status(secret, nonce, body)
+                self._send(200, body, "application/json", extra)
             elif path == "/healthz":
                 ok = self.server.healthy()
                 self._send(200 if ok else 503, b"ok\n" if ok else b"no recent scan\n")
@@ -172,8 +181,10 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], snapshot: Snapshot,
                  healthy: Callable[[], bool], fence: FenceHandler | None,
-                 peers: tuple[str, ...] = (), job_label: str = JOB_LABEL) -> None:
+                 peers: tuple[str, ...] = (), job_label: str = JOB_LABEL,
+                 secret: Callable[[], str | None] = lambda: None) -> None:
         self.snapshot = snapshot
+        self.secret = secret  # read at each request: a reload's secret signs the next
         self.job_label = job_label
         self.peer_hosts = _addresses(peers)
         self.peer_open: set[Any] = set()  # connections in the peers' own slots
@@ -279,13 +290,14 @@ def set_peers(server: ThreadingHTTPServer, peers: tuple[str, ...]) -> None:
 
 def serve(address: tuple[str, int], snapshot: Snapshot,
           healthy: Callable[[], bool], fence: FenceHandler | None = None,
-          peers: tuple[str, ...] = (), job_label: str = JOB_LABEL) -> ThreadingHTTPServer:
+          peers: tuple[str, ...] = (), job_label: str = JOB_LABEL,
+          secret: Callable[[], str | None] = lambda: None) -> ThreadingHTTPServer:
     """Start the endpoint on a background thread; returns the server (to shut down).
 
     `fence` handles `POST /fence` (headers, body) -> (status, JSON answer);
     without it every POST is refused.
     """
-    server = _Server(address, snapshot, healthy, fence, peers, job_label)
+    server = _Server(address, snapshot, healthy, fence, peers, job_label, secret)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               name="http", daemon=True)
     thread.start()

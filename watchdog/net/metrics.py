@@ -26,6 +26,7 @@ from prometheus_client.core import (
 from watchdog.cause import CAUSES, Cause
 from watchdog.states import ENDED, Mode, State
 from watchdog.status import NodeStatus, RankStatus, split_job_key, stall_key
+from watchdog.text import printable
 
 PREFIX = "mlx_watchdog_"
 Snapshot = Callable[[], NodeStatus]
@@ -96,8 +97,8 @@ class Family:
         family = self.kind(PREFIX + self.name, self.help,
                            labels=[job_label if label == JOB else label
                                    for label in self.labels])
-        for values, value in samples:
-            family.add_metric(list(values), value)
+        for values, value in samples:  # label values are users' words: escaped
+            family.add_metric([printable(v) for v in values], value)
         return family
 
 

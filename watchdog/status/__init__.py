@@ -39,6 +39,7 @@ from watchdog.status.cluster import (
 )
 from watchdog.status.codec import (
     ABSENT,
+    MAX_TEXT,
     OMIT,
     READ,
     WIRE_SKIP,
@@ -83,7 +84,7 @@ from watchdog.status.rank import (
 )
 
 __all__ = [
-    "ABSENT", "COLLECTIVE_FIELDS", "OMIT", "RANK_FIELDS", "READ", "WIRE_SKIP", "Absent",
+    "ABSENT", "COLLECTIVE_FIELDS", "MAX_TEXT", "OMIT", "RANK_FIELDS", "READ", "WIRE_SKIP", "Absent",
     "ClusterNode", "ClusterView", "ComputingRank", "CounterValues", "Culprit",
     "DaemonPointer", "Decodable", "Encodable", "Expect", "Fence", "FenceAnswer", "FenceSent",
     "FlightEntry", "HoldingRank", "HotFrame", "HotThread", "Incident", "IncidentRank",

@@ -46,8 +46,19 @@ def _num(value: Any) -> float | None:
     return _typed(value, (int, float), None)  # type: ignore[no-any-return]
 
 
+# Every string read through the contract is cut here: a peer's `/status` is read
+# through it, and a peer may send a 4 MiB "frames" text that would become a 4 MB log
+# line and megabytes of incident journal (issue 48, defect 3). Ours are far shorter.
+MAX_TEXT = 4096
+
+
 def _str(value: Any) -> str | None:
-    return _typed(value, str, None)  # type: ignore[no-any-return]
+    return value[:MAX_TEXT] if isinstance(value, str) else None
+
+
+def _text(value: Any) -> str:
+    """A list's text item, stringified and cut."""
+    return (value if isinstance(value, str) else str(value))[:MAX_TEXT]
 
 
 def _obj(value: Any) -> dict[str, Any]:
@@ -74,7 +85,7 @@ _DROP = object()  # an item of the wrong type: left out of its list
 def _item(tp: Any) -> Callable[[Any], Any]:
     """How one item of a list (or value of a mapping) is read: _DROP if unfit."""
     if tp is str:
-        return str
+        return _text
     if tp is Any:
         return lambda v: v
     origin = get_origin(tp)

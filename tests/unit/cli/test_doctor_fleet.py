@@ -114,3 +114,27 @@ def test_doctor_json_for_a_fleet(tmp_path, node_http, monkeypatch):
     text = CliRunner().invoke(cli, ["--config", str(cfg), "doctor"]).output
     assert f"[OK  ] the daemon at http://{node_http} (pid 4321) watches {record}" in text
     assert f"[WARN] config file {cfg} holds the fence secret and its group may read it" in text
+
+
+@pytest.mark.slow
+def test_a_hostile_peer_s_words_reach_the_terminal_escaped(tmp_path):
+    """Issue 48, defects 6 and 7: a peer's host and version are anything it sends; raw,
+    an escape redraws a FAIL line as "[OK  ]" and sets the terminal's title, and a bidi
+    override shows a name reversed. Neither an escape byte nor a format character
+    reaches the terminal."""
+    evil = "\r[OK  ] all fine\x1b]0;pwned\x07\u202egnp.exe\u200b"
+    snap = NodeStatus(host=evil, daemon_pid=4321, version=evil, time=time.time(),
+                      scan_monotonic=1.0, dir=evil, state_dir=str(tmp_path), scanned=True)
+    server = serve(("127.0.0.1", 0), lambda: snap, lambda: True)
+    try:
+        peer = f"127.0.0.1:{server.server_address[1]}"
+        cfg = tmp_path / "node.toml"
+        cfg.write_text(f'[watchdog]\nlisten = "{peer}"\npeers = ["{peer}"]\n')
+        output = CliRunner().invoke(cli, ["--config", str(cfg), "doctor"]).output
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "\\x1b]0;pwned\\x07" in output or "\\u202e" in output, output
+    for line in output.splitlines():
+        assert line.isprintable(), repr(line)
+    assert "\x1b" not in output and "\r" not in output and "\u202e" not in output

@@ -142,7 +142,7 @@ PEER = "10.0.0.2:9753"
 @pytest.fixture
 def daemon(tmp_path):
     settings = Settings(dir=str(tmp_path / "records"), state_dir=str(tmp_path / "state"),
-                        mode="observe", peers=(PEER,))
+                        mode="observe", peers=(PEER,), secret="s" * 24)
     os.makedirs(settings.dir)
     os.makedirs(settings.state_dir)
     d = Daemon(settings)
@@ -170,6 +170,15 @@ def test_the_loop_builds_the_job_s_remote_members_from_a_fresh_answer(daemon):
     assert (member.rank, member.host, member.unread) == (1, "host-b", 4096)
     assert decide([local(0), member]) is not None
     assert daemon._remote_members(rank, 2, NOW) == []  # all the job's ranks here
+
+
+def test_without_the_shared_secret_no_peer_s_answer_makes_a_member(daemon):
+    """Unsigned, anything at a peer's address could say "rank 1 waits" (issue 48, 3)."""
+    rank = Rank(path="r", record=REC)
+    answered(daemon, 1.0, published())
+    assert len(daemon._remote_members(rank, 1, NOW)) == 1
+    daemon.live.settings = dataclasses.replace(daemon.settings, secret=None)
+    assert daemon._remote_members(rank, 1, NOW) == []
 
 
 def test_a_stale_answer_a_silent_peer_or_an_unknown_rank_gives_no_remote_member(daemon):

@@ -403,7 +403,7 @@ def test_peers_are_asked_ahead_of_a_verdict_and_the_answer_is_used(monkeypatch):
     asked: list[tuple[float, tuple[str, ...]]] = []
     now = [100.0]
 
-    def gather(peer_list, timeout):
+    def gather(peer_list, timeout, secret=None):
         asked.append((now[0], tuple(peer_list)))
         return [NodeAnswer(p, False, error="timed out") if p == "b:9753" else
                 NodeAnswer(p, True, NodeStatus(host="c"))

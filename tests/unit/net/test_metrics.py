@@ -32,6 +32,7 @@ from watchdog.net.metrics import (
 from watchdog.net.metrics import FAMILIES as TABLE
 from watchdog.states import State
 from watchdog.status import NodeStatus
+from watchdog.text import printable
 
 P = "mlx_watchdog_"
 
@@ -282,13 +283,17 @@ def test_a_daemon_that_has_not_scanned_yet_exports_its_start_time(tmp_path):
         daemon.executor.shutdown(wait=False)
 
 
-@pytest.mark.parametrize("job", ['a"b', "back\\slash", "new\nline", "ünï", "{x=\"y\"}"])
+@pytest.mark.parametrize("job", ['a"b', "back\\slash", "new\nline", "ünï", "{x=\"y\"}",
+                                 "rev\u202eersed\u200b"])
 def test_label_values_from_records_are_escaped(job):
-    # The job name comes from the ranks' environment: any text must round-trip.
+    # The job name comes from the ranks' environment: any text reads back as `status`
+    # shows it (printable: control and format characters escaped, issue 48 defect 7).
     families = parse(snapshot(ranks=[rank(job, 0, "running")], counters={
         **snapshot()["counters"], "job_kills": {f"501:{job}": 2}}))
-    assert value(families, P + "rank_progress_total", mlx_job=job, uid="501", rank="0") == 100
-    assert value(families, P + "job_kills_total", mlx_job=job, uid="501") == 2
+    shown = printable(job)
+    assert shown.isprintable()
+    assert value(families, P + "rank_progress_total", mlx_job=shown, uid="501", rank="0") == 100
+    assert value(families, P + "job_kills_total", mlx_job=shown, uid="501") == 2
 
 
 def test_a_relaunch_within_retention_gives_one_series_per_rank():

@@ -248,13 +248,13 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
     _existing_state_dir(state_dir)  # no daemon has ever run here: not known to be fit
     settings = dataclasses.replace(node_.settings, state_dir=state_dir)
     health = wait_healthy(settings, node_.launch.health_timeout if timeout is None else timeout,
-                          on_wait=lambda problem: click.echo(
-                              f"mlx-watchdog: waiting for a fit node: {problem}", err=True))
+                          on_wait=lambda problem: click.echo(printable(
+                              f"mlx-watchdog: waiting for a fit node: {problem}"), err=True))
     for note in health.notes:
         if not quiet:
-            click.echo(f"mlx-watchdog: note: {note}", err=True)
+            click.echo(printable(f"mlx-watchdog: note: {note}"), err=True)
     if health.problem is not None:
-        click.echo(f"mlx-watchdog: node not fit: {health.problem}", err=True)
+        click.echo(printable(f"mlx-watchdog: node not fit: {health.problem}"), err=True)
         sys.exit(EXIT_REFUSED)
     if not quiet:
         click.echo("node fit to start a job", err=True)
@@ -292,7 +292,7 @@ def doctor(node_: Any, record_dir: str, state_dir: str, listen: str | None,
         click.echo(json.dumps({"host": os.uname().nodename, "ok": not failed, "checks": [
             {"check": name, "level": level, "message": message}
             for name, level, message in lines]}, indent=1))
-    else:
+    else:  # a peer's host and version, a listener's directories: any byte at all
         for _, level, message in lines:
-            click.echo(f"[{level.upper():4}] {message}")
+            click.echo(f"[{level.upper():4}] {printable(message)}")
     sys.exit(VERDICT if failed else OK)

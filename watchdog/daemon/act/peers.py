@@ -10,6 +10,8 @@ these answers, `recent`), their `/status` is fetched in the background every PRE
 seconds, so a verdict finds which peers are unreachable already known and its
 first signal does not wait out their timeout again (those that answer are asked
 again at the verdict: their answer must be current, and it takes milliseconds).
+With a secret, a peer's answer counts only signed with it (net/cluster.py): one that
+is not reads as unreachable.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class Peers:
 
             def ask() -> None:
                 try:
-                    nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout)
+                    nodes = cluster.gather(self.settings.peers, self.settings.peer_timeout,
+                                           self.settings.secret)
                     with self._lock:
                         self._asked = (began, nodes)  # as old as the question, not the answer
                 finally:
@@ -104,7 +107,8 @@ class Peers:
         if asked is not None and self.clock() - asked[0] <= FRESH:
             down = [n for n in asked[1] if not n.ok and n.peer in peers]
         ask = [p for p in peers if p not in {n.peer for n in down}]
-        return down + (cluster.gather(ask, self.settings.peer_timeout) if ask else [])
+        return down + (cluster.gather(ask, self.settings.peer_timeout, self.settings.secret)
+                       if ask else [])
 
     def view(self, uid: int, job: str, local: NodeStatus) -> PeerView | None:
         """This job of this owner across every node (the peers' answers within

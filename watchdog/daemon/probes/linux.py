@@ -4,6 +4,7 @@ schedstat; stacks from py-spy or gdb."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -153,6 +154,72 @@ def tcp_queues(text: str, inodes: set[int]) -> list[tuple[int, int, int]]:
             except ValueError:
                 continue
     return rows
+
+
+SIGSTOP_BIT = 1 << (19 - 1)  # SIGSTOP (19 on Linux) in /proc's SigPnd/ShdPnd masks
+
+
+def uninterruptible_threads(pid: int, proc: str = "/proc") -> list[int]:
+    """The threads of `pid` in uninterruptible sleep ("D" in their stat); [] if none
+    (or if the process is gone)."""
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids[:65536]:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "D":
+            found.append(int(tid))
+    return found
+
+
+def pending_stop(status: str) -> bool:
+    """Does a /proc status text (a process's or a thread's) hold a pending SIGSTOP?"""
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            try:
+                if int(line.split()[1], 16) & SIGSTOP_BIT:
+                    return True
+            except (IndexError, ValueError):
+                continue
+    return False
+
+
+def release_pending_stop(pid: int, start_ticks: int, proc: str = "/proc",
+                         cut: bool = False) -> bool:
+    """After a sample: if a SIGSTOP is still pending in the process (ours, queued by
+    gdb's attach to a thread that could not take it), send a SIGCONT, which the kernel
+    makes discard every pending stop signal. A sample `cut` at its time box resumes a
+    process found stopped, too (the stop landed between gdb's end and this check).
+    Only the same process (its start ticks); True when it sent one."""
+    texts = []
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            texts.append(f.read())
+        for tid in os.listdir(f"{proc}/{pid}/task")[:65536]:
+            try:
+                with open(f"{proc}/{pid}/task/{tid}/status") as f:
+                    texts.append(f.read())
+            except OSError:
+                continue
+    except OSError:
+        return False
+    stopped = cut and any(line.startswith("State:") and "T (stopped)" in line
+                          for line in texts[0].splitlines())
+    if not stopped and not any(pending_stop(text) for text in texts):
+        return False
+    try:
+        if read_start_ticks(pid, proc) != start_ticks:
+            return False  # not the process sampled
+        os.kill(pid, signal.SIGCONT)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 def unevictable_bytes(meminfo: str) -> int:
@@ -308,12 +375,31 @@ class LinuxProbe(Probe):
 
     def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
         """gdb's backtrace of every thread (~0.5 s of the target's time, stopped while
-        gdb reads it), parsed; None without gdb."""
+        gdb reads it), parsed; None without gdb.
+
+        gdb's attach queues a SIGSTOP to each thread; a thread in uninterruptible sleep
+        (a write to slow storage, a vfork) takes it only when it wakes, after a sample
+        cut at `timeout`, and the rank then stops with nobody attached, for ever. So a
+        rank with such a thread is not sampled (ProbeError), and a SIGSTOP still pending
+        once gdb is gone (a thread went to sleep after the check) is discarded with a
+        SIGCONT: the sampler never leaves a stop behind (issue 48, defect 2)."""
         gdb = find_tool("gdb")
         if not gdb:
             return None
-        text = stack_tool_output(gdbstack.command(gdb, pid), timeout, STACK_READ_LIMIT,
-                                 f"gdb on pid {pid}")
+        asleep = uninterruptible_threads(pid, self.proc)
+        if asleep:
+            raise ProbeError(f"thread {asleep[0]} of pid {pid} is in uninterruptible sleep: "
+                             "a stop would land after the sample")
+        try:
+            ticks = read_start_ticks(pid, self.proc)
+        except (OSError, ValueError, IndexError) as err:
+            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        text = None
+        try:
+            text = stack_tool_output(gdbstack.command(gdb, pid), timeout, STACK_READ_LIMIT,
+                                     f"gdb on pid {pid}")
+        finally:
+            release_pending_stop(pid, ticks, self.proc, cut=text is None)
         return {} if text is None else gdbstack.parse(text)
 
     def stack_command(self, pid: int) -> list[str] | None:

@@ -3,9 +3,13 @@
 Asked by the loop only for the ranks of a job one of whose ranks has waited past its
 wedge deadline (judge/wedge.py): a healthy job is never sampled. At most one sample
 per rank every SAMPLE_EVERY seconds, one under way per rank and MAX_RUNNING in all, on
-the daemon's workers; each time-boxed (SAMPLE_TIMEOUT), after the rank's identity
-(pid, start, every uid, dumpable) and its state (not stopped: a stopped rank is a
-pause, and tracing it would wake nobody) are checked again. What it read is kept
+the daemon's workers, shared out between the ranks' owners (`share`: another user's
+ranks cannot starve a job's wedge of its samples); each time-boxed (SAMPLE_TIMEOUT),
+after the rank's identity (pid, start, every uid, dumpable) and its state (not
+stopped: a stopped rank is a pause, and tracing it would wake nobody) are checked
+again. The probe never leaves a
+stop of its own behind (a rank with a thread in uninterruptible sleep is not sampled:
+probes/linux.py). What it read is kept
 raw (thread id -> frames, leaf first): the judge classifies it.
 
 The sockets' queues (bytes queued to send, received and not read) are read at every
@@ -28,6 +32,7 @@ log = logging.getLogger(__name__)
 SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_RUNNING = 4  # samples under way at once, every rank together
+WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
 Key = tuple[int, float]  # a rank's pid and start time
 
@@ -72,24 +77,41 @@ class StackSampler:
         self.asked: dict[Key, float] = {}
         self.found: dict[Key, Stacks] = {}
         self.running: set[Key] = set()
+        self.owners: dict[Key, int] = {}  # the owner uid of each sample under way
+        self.wanting: dict[int, float] = {}  # owner uid -> when a rank of it last asked
         self.queues: dict[Key, Queues] = {}
         self.ended: dict[Key, float] = {}  # when each rank's last sample ended
         self.taken = 0  # samples taken since start (status, benchmarks)
         self.seconds = 0.0  # their time in all
 
     def ask(self, who: Identity, busy: tuple[int, ...], now: float) -> None:
-        """Sample this rank's stacks on a worker, unless one was taken or asked lately."""
+        """Sample this rank's stacks on a worker, unless one was taken or asked lately,
+        or its owner holds its share of the slots already."""
         key = (who.pid, who.start_time)
         if now - self.asked.get(key, -SAMPLE_EVERY) < SAMPLE_EVERY:
             return
+        self.wanting[who.uid] = now
         if key in self.running or len(self.running) >= MAX_RUNNING:
+            return
+        if sum(uid == who.uid for uid in self.owners.values()) >= self.share(now):
             return
         self.asked[key] = now
         self.running.add(key)
+        self.owners[key] = who.uid
         try:
             self.submit(lambda: self._run(key, who, busy))
         except RuntimeError:  # the executor is shut down: the daemon is stopping
             self.running.discard(key)
+            self.owners.pop(key, None)
+
+    def share(self, now: float) -> int:
+        """The slots one owner may hold at once: MAX_RUNNING shared out between the
+        owners whose ranks asked for a sample lately (at least one each). One user's
+        ranks, however many and however slow to sample (a rank can make gdb wait out
+        its whole time box), never take every slot from another's."""
+        for uid in [u for u, t in self.wanting.items() if now - t > WANTING_FOR]:
+            del self.wanting[uid]
+        return max(1, MAX_RUNNING // max(1, len(self.wanting)))
 
     def _run(self, key: Key, who: Identity, busy: tuple[int, ...]) -> None:
         try:
@@ -105,6 +127,7 @@ class StackSampler:
         except Exception as err:  # noqa: BLE001 - a failed sample is a result
             self.found[key] = Stacks(self.clock(), {}, busy, error=str(err))
         finally:
+            self.owners.pop(key, None)
             self.running.discard(key)
 
     def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
@@ -134,7 +157,10 @@ class StackSampler:
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
         gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
-        stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+        try:
+            stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+        except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
+            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took

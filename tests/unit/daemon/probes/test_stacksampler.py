@@ -180,3 +180,29 @@ def test_each_sample_says_whether_the_gpu_time_moved_since_the_one_before():
         s.ask(RANK, (7,), 1000.0 + n * SAMPLE_EVERY)
         moved.append(s.found[key].gpu_moved)
     assert moved == [None, False, True]
+
+
+def test_another_users_slow_ranks_never_take_every_slot():
+    """Issue 48, defect 4: ten ranks of one user, each holding its sample for the whole
+    time box (gdb blocked on a FIFO the rank names), listed first at every scan; the
+    victim's ranks get their share of the slots as soon as one frees, and keep it."""
+    attacker = {600 + n: process_sample(600 + n, uid=1001, status="running") for n in range(10)}
+    victim = {40: process_sample(40, uid=501, status="running"),
+              41: process_sample(41, uid=501, status="running")}
+    pending: list = []
+    s = StackSampler(StackProbe({**attacker, **victim}), pending.append, Clock())
+
+    def scan(now: float) -> None:  # the scan's order: the attacker's ranks first
+        for pid in attacker:
+            s.ask(Identity(pid, 1.7e9, 1001), (pid,), now)
+        for pid in victim:
+            s.ask(Identity(pid, 1.7e9, 501), (pid,), now)
+
+    scan(1000.0)
+    assert {pid for pid, _ in s.running} <= set(attacker) and len(s.running) == 4
+    pending.pop(0)()  # one of the attacker's samples ends (cut at its time box)
+    scan(1001.0)
+    pending.pop(0)()
+    scan(1002.0)
+    assert sorted(pid for pid, _ in s.running if pid in victim) == [40, 41], s.running
+    assert sum(pid in attacker for pid, _ in s.running) == 2
