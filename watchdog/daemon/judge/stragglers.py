@@ -36,6 +36,7 @@ Never a kill: a straggler is reported, not ended.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ RUN_QUEUE_CAUSE = 0.15
 FAULTS_CAUSE = 20.0
 STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
 ACTIVE_MIN = 0.8  # a straggler is active (working, waiting or stopped) this share of the time
+FLAT_OUT = 0.85  # its busiest thread ran this share of a core: computing flat out
+SHOW_SECONDS = 8.0  # counted seconds (any tick at its usual pace) before a figure is shown
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class Tick:
     faults: int | None  # major page faults in the interval (None: unknown)
     stopped: bool = False  # the process was seen stopped (SIGSTOP, a debugger) at its end
     active: bool = True  # in a wait at its end, a thread at work through it, or stopped
+    busy: float = 0.0  # share of a core its busiest thread ran (not waited for one)
+    idle: bool = False  # in hb.idle() at a scan in it: kept only to say why it is not counted
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Pace:
     faults: float | None  # major faults per second
     stopped: float = 0.0  # share of its counted scans that saw it stopped
     active: float = 1.0  # share of its intervals at its usual pace in which it was active
+    busy: float = 0.0  # share of a core its busiest thread ran, over the counted time
 
 
 def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
@@ -115,26 +121,31 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     if before.major_faults is not None and after.major_faults is not None:
         faults = max(0, after.major_faults - before.major_faults)
     busiest = max((demand.get(tid, used) for tid, used in cpu.items()), default=0.0)
+    ran = max(cpu.values(), default=0.0)
     stopped = after.status in STOPPED_STATUSES
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
                 min(1.0, queue / seconds), faults, stopped,
-                waiting or stopped or busiest / seconds >= WORK_RATIO)
+                waiting or stopped or busiest / seconds >= WORK_RATIO, min(1.0, ran / seconds))
 
 
 def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
     return any(start < t.at and t.at - t.seconds < end for start, end in spans)
 
 
-def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = ()) -> Pace | None:
+def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = (),
+              strict: bool = True) -> Pace | None:
     """A rank's figures over its ticks at its usual pace, active, and overlapping none
-    of the spans `skip` (when another rank of the job was not active); None if none."""
-    moving = [t for t in ticks if t.collectives > 0]
+    of the spans `skip` (when another rank of the job was not active); None if none.
+    Not `strict`: every tick at its usual pace, active or not (the figures shown for a
+    loop that sleeps between steps, or a busy machine; never the ones a name rests on)."""
+    moving = [t for t in ticks if t.collectives > 0 and not t.idle]
     if not moving:
         return None
     usual = median(t.collectives / t.seconds for t in moving)
     usual_pace = [t for t in moving if t.collectives / t.seconds >= usual / 2]
     active = sum(t.active for t in usual_pace) / len(usual_pace)
-    counted = [t for t in usual_pace if t.active and not _overlaps(t, skip)]
+    counted = ([t for t in usual_pace if t.active and not _overlaps(t, skip)] if strict
+               else usual_pace)
     if not counted:
         return None
     seconds = sum(t.seconds for t in counted)
@@ -145,7 +156,8 @@ def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = ()) -
         pace=sum(t.collectives for t in counted) / seconds,
         run_queue=sum(t.queue * t.seconds for t in counted) / seconds,
         faults=sum(known) / seconds if len(known) == len(counted) else None,
-        stopped=sum(t.stopped for t in counted) / len(counted), active=active)
+        stopped=sum(t.stopped for t in counted) / len(counted), active=active,
+        busy=sum(t.busy * t.seconds for t in counted) / seconds)
 
 
 @dataclass(frozen=True)
@@ -187,7 +199,9 @@ def slowest(scored: Sequence[Scored], min_seconds: float = MIN_SECONDS) -> Score
 
 
 def why(pace: Pace, thermal: str | None = None) -> str:
-    """What the node can tell of the reason, one line ("" when nothing stands out)."""
+    """What the node can tell of the reason, one line ("" when nothing stands out). With
+    no sign of a sick machine and its busiest thread ran flat out, the rank has more work
+    per step than the others (uneven work, a bigger shard): the job's, not the node's."""
     parts = []
     if pace.run_queue >= RUN_QUEUE_CAUSE:
         parts.append(f"run queue {pace.run_queue:.0%} (CPU contention)")
@@ -197,6 +211,10 @@ def why(pace: Pace, thermal: str | None = None) -> str:
         parts.append(f"{pace.faults:.0f} major faults/s (memory pressure)")
     if thermal:
         parts.append(thermal)
+    if not parts and pace.busy >= FLAT_OUT:
+        faults = "no faults" if pace.faults is not None else "faults unknown"
+        parts.append(f"more work per step: its core flat out ({pace.busy:.0%}), "
+                     f"no run queue, {faults}")
     return "; ".join(parts)
 
 
@@ -242,6 +260,19 @@ class _Track:
     waiting: bool = False  # in a wait at a scan since it began
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What is shown of one rank: its figures and score once any are known (the strict
+    ones a name rests on when ripe, else every tick at its usual pace), and, while it is
+    not judged, why, as a code (a metric label) and in words."""
+
+    pace: Pace | None = None
+    score: float | None = None
+    judged: bool = False
+    unjudged: str | None = None  # "user_space_wait", "no_collectives", "idle", ...
+    note: str | None = None
+
+
 @dataclass
 class Named:
     """A job's straggler, from when it was first clear (`since`) and whether named."""
@@ -249,12 +280,6 @@ class Named:
     key: object
     since: float
     named: bool = False
-
-
-def counts(record: Record, idle: bool) -> bool:
-    """Whether an interval of this rank may be counted: a backend whose wait polls in
-    the kernel, and never idle (hb.idle) at a scan in it."""
-    return backends.spins_in_kernel(record.backend) and not idle
 
 
 class Stragglers:
@@ -268,12 +293,15 @@ class Stragglers:
         self.tracks: dict[object, _Track] = {}
         self.jobs: dict[object, Named] = {}
         self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
+        self.backends: dict[object, str] = {}
+        self.figures: dict[object, Figures] = {}  # as last judged, what is shown
 
     def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
         """One scan's look at a live rank. A tick closes once it lasts `TICK` seconds and
         the rank issued a collective in it (a scan interval may be shorter than a step),
         or after `LONG_TICK` seconds without one (a tick that counts for nothing)."""
         track = self.tracks.get(key)
+        self.backends[key] = record.backend
         if track is None:
             self.tracks[key] = _Track((now, sample, record.collectives), deque(),
                                       idle=record.phase is Phase.IDLE)
@@ -284,9 +312,11 @@ class Stragglers:
         seconds = now - at
         if seconds < TICK or (record.collectives == collectives and seconds < LONG_TICK):
             return
-        if counts(record, track.idle):
-            track.ticks.append(tick(before, sample, seconds, record.collectives - collectives,
-                                    now, track.waiting))
+        if backends.spins_in_kernel(record.backend):
+            done = tick(before, sample, seconds, record.collectives - collectives, now,
+                        track.waiting)
+            # An idle interval is kept only to say why the rank is not counted.
+            track.ticks.append(dataclasses.replace(done, idle=True) if track.idle else done)
         track.last = (now, sample, record.collectives)
         track.idle, track.waiting = record.phase is Phase.IDLE, False
         while track.ticks and track.ticks[0].at <= now - self.window:
@@ -295,6 +325,8 @@ class Stragglers:
     def forget(self, key: object) -> None:
         self.tracks.pop(key, None)
         self.paces.pop(key, None)
+        self.backends.pop(key, None)
+        self.figures.pop(key, None)
 
     def pace(self, key: object) -> Pace | None:
         """The rank's figures as its job was last judged (with its other ranks here)."""
@@ -317,6 +349,7 @@ class Stragglers:
         paces = [(k, p) for k in keys if (p := self.paces[k]) is not None]
         scored = judge(paces)
         worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
+        self._show(keys, scored)
         held = self.jobs.get(job)
         if worst is None:
             self.jobs.pop(job, None)
@@ -336,6 +369,57 @@ class Stragglers:
         if not held.named and now - held.since >= self.sustain:
             held.named = True
         return scored, worst if held.named else None
+
+    def _show(self, keys: Sequence[object], scored: Sequence[Scored]) -> None:
+        """Each rank's shown figures: the strict ones once every rank of the job has
+        counted `min_seconds` (what a name rests on), else every tick at its usual pace
+        once `SHOW_SECONDS` are (a busy machine, a loop that sleeps between steps); and
+        while it is not judged, why in words."""
+        ripe = bool(scored) and len(scored) == len(keys) and all(
+            s.pace.seconds >= self.min_seconds for s in scored)
+        strict = {s.key: s for s in scored}
+        loose = {k: p for k in keys if (track := self.tracks.get(k)) is not None
+                 and (p := summarise(track.ticks, strict=False)) is not None
+                 and p.seconds >= SHOW_SECONDS}
+        loose_scores = ({s.key: s.score for s in judge(list(loose.items()))}
+                        if len(loose) == len(keys) else {})
+        for k in keys:
+            unjudged, note = self._why_not(k, ripe, strict.get(k), keys)
+            if ripe and k in strict:
+                pace: Pace | None = strict[k].pace
+                score: float | None = strict[k].score
+            else:
+                pace, score = loose.get(k), loose_scores.get(k)
+            self.figures[k] = Figures(pace, score, unjudged is None, unjudged, note)
+
+    def _why_not(self, key: object, ripe: bool, scored: Scored | None,
+                 keys: Sequence[object]) -> tuple[str | None, str | None]:
+        """Why this rank cannot be judged now, as (code, words); (None, None) if it is."""
+        backend = self.backends.get(key)
+        if not backends.spins_in_kernel(backend):
+            return ("user_space_wait", f"not judged: the {backend or 'unknown'} backend polls "
+                    "in user space, so no wait share (docs/limits.md)")
+        if len(keys) < 2:
+            return "alone", "not judged: the only rank of its job here"
+        track = self.tracks.get(key)
+        ticks = list(track.ticks) if track is not None else []
+        total = sum(t.seconds for t in ticks)
+        idle = sum(t.seconds for t in ticks if t.idle)
+        if total and idle / total >= 1 - ACTIVE_MIN:
+            return "idle", f"not judged: idle (hb.idle) {idle / total:.0%} of the time"
+        if not any(t.collectives for t in ticks if not t.idle):
+            return "no_collectives", f"not judged: no collective in the last {self.window:.0f} s"
+        loose = summarise(ticks, strict=False)
+        if loose is not None and loose.active < ACTIVE_MIN:
+            return ("sleeps", f"not judged: idle between steps {1 - loose.active:.0%} of "
+                    "the time")
+        if scored is None or scored.pace.seconds < self.min_seconds:
+            counted = scored.pace.seconds if scored is not None else 0.0
+            return ("too_few_seconds", f"not judged yet: only {counted:.0f} s counted of "
+                    f"{self.min_seconds:.0f} s needed")
+        if not ripe:
+            return "peer_unjudged", "not judged yet: another rank of its job is not"
+        return None, None
 
     def forget_jobs(self, live: Iterable[object]) -> None:
         keep = set(live)
