@@ -299,3 +299,57 @@ def test_forgotten_rank_drops_its_window() -> None:
     job.judge.forget(1)
     assert job.judge.pace(1) is None
     job.judge.forget(1)  # twice is fine
+
+
+def test_every_rank_shows_its_figures_and_why_it_is_not_judged() -> None:
+    """Issue 47: a pace for every live job, and in words why a rank is not judged."""
+    job = Job(2)
+    run(job, 12, work=[0.1, 0.1])
+    early = job.judge.figures[0]
+    # Shown before the judgement is ripe, with how much is still missing.
+    assert early.pace is not None and early.score is not None and not early.judged
+    assert early.unjudged == "too_few_seconds"
+    assert early.note is not None and "of 20 s needed" in early.note
+    run(job, 20, work=[0.1, 0.1])
+    ripe = job.judge.figures[1]
+    assert ripe.judged and ripe.note is None and ripe.score is not None
+
+
+def test_a_loop_that_sleeps_between_steps_shows_its_pace_unjudged() -> None:
+    """examples/train.py sleeps every step: its pace is shown, no one can be named."""
+    job = Job(2)
+    for _ in range(40):
+        for r in job.ranks:
+            r.phase = Phase.RUNNING  # asleep outside any wait at the scans
+            r.work(0.2, 0.02, 2)  # a fifth of a core: asleep the rest
+        job.now += 1.0
+        assert job.scan() is None
+    shown = job.judge.figures[0]
+    assert shown.pace is not None and shown.pace.pace == pytest.approx(2.0)
+    assert shown.score == pytest.approx(1.0)
+    assert shown.unjudged == "sleeps"
+    assert shown.note == "not judged: idle between steps 100% of the time"
+
+
+def test_a_user_space_backend_says_why_it_has_no_wait_share() -> None:
+    judge = Stragglers()
+    r = SimRank(0)
+    rec = dataclasses.replace(r.record(), backend="mpi")
+    for second in range(3):
+        judge.observe(0, dataclasses.replace(rec, collectives=4 * second), r.sample(),
+                      float(second))
+        judge.judge_job("job", [0, 1], float(second))
+    shown = judge.figures[0]
+    assert shown.unjudged == "user_space_wait" and shown.pace is None
+    assert shown.note is not None and "mpi backend polls in user space" in shown.note
+
+
+def test_uneven_work_is_named_as_more_work_per_step() -> None:
+    job = Job(2)
+    worst = [w for _, w in run(job, 60, work=[0.1, 0.2])][-1]
+    assert worst is not None and worst.key == 1
+    assert why(worst.pace).startswith("more work per step: its core flat out")
+    assert "no run queue, no faults" in why(worst.pace)
+    # A contended rank is not also called uneven work.
+    contended = dataclasses.replace(worst.pace, run_queue=0.4)
+    assert "more work" not in why(contended)
