@@ -75,6 +75,11 @@ def test_a_rank_at_half_pace_is_named_with_the_jobs_slowdown(tmp_path, record_di
              "--state-dir", str(state_dir)], capture_output=True, text=True, timeout=60,
             env=base_env(record_dir))
         assert "job " + found["job"] + ": rank 1 on " in shown.stdout, shown.stdout + shown.stderr
+        # Every rank's pace in words (issue 47); the why said of the slow rank alone.
+        assert f"rank 0 (pid {job.pids[0]}) of {found['job']}: " in shown.stdout, shown.stdout
+        assert f"rank 1 (pid {job.pids[1]}) of {found['job']}: " in shown.stdout, shown.stdout
+        assert ranks[0]["pace_why"] == "" and ranks[1]["pace_why"] == found["why"], ranks
+        print("why:", found["why"])
         # Reported, never ended.
         assert all(p.poll() is None for p in job.procs)
         assert daemon.incidents() == []
