@@ -353,3 +353,15 @@ def test_uneven_work_is_named_as_more_work_per_step() -> None:
     # A contended rank is not also called uneven work.
     contended = dataclasses.replace(worst.pace, run_queue=0.4)
     assert "more work" not in why(contended)
+
+
+def test_the_only_rank_of_its_job_here_is_left_to_the_cluster_view() -> None:
+    judge = Stragglers()
+    r = SimRank(0)
+    for second in range(40):
+        r.work(1.0, 0.3, 4)
+        judge.observe(0, r.record(), r.sample(), float(second))
+        judge.judge_job("job", [0], float(second))
+    shown = judge.figures[0]
+    assert shown.unjudged == "alone" and shown.score is None
+    assert shown.pace is not None and shown.pace.wait_share == pytest.approx(0.3)

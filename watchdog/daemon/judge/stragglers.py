@@ -232,7 +232,10 @@ def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Stragg
     them, each with its minute's figures, scored together; the slowest named when it
     holds the job back by `NAME_SLOWDOWN` (each node's window already smooths it)."""
     live = [r for r in ranks if r.state not in ENDED]
-    if len(live) < 2 or any(r.wait_share is None for r in live):
+    # A rank its node does not judge (figures shown early, a loop that sleeps, a backend
+    # polling in user space) is no ground for a name here either.
+    if len(live) < 2 or any(r.wait_share is None or r.pace_unjudged not in (None, "alone")
+                            for r in live):
         return None
     paces: list[tuple[object, Pace]] = [
         (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None,
@@ -383,11 +386,16 @@ class Stragglers:
                  and p.seconds >= SHOW_SECONDS}
         loose_scores = ({s.key: s.score for s in judge(list(loose.items()))}
                         if len(loose) == len(keys) else {})
+        if len(keys) == 1 and (alone := self.paces.get(keys[0])) is not None:
+            # The only rank of its job here: its strict figures, once ripe, are what the
+            # cluster view scores it by against its peers' (from_ranks).
+            ripe = alone.seconds >= self.min_seconds and alone.active >= ACTIVE_MIN
+            strict = {keys[0]: Scored(keys[0], alone, 1.0, 0.0)}
         for k in keys:
             unjudged, note = self._why_not(k, ripe, strict.get(k), keys)
             if ripe and k in strict:
                 pace: Pace | None = strict[k].pace
-                score: float | None = strict[k].score
+                score: float | None = strict[k].score if len(keys) > 1 else None
             else:
                 pace, score = loose.get(k), loose_scores.get(k)
             self.figures[k] = Figures(pace, score, unjudged is None, unjudged, note)
@@ -399,8 +407,6 @@ class Stragglers:
         if not backends.spins_in_kernel(backend):
             return ("user_space_wait", f"not judged: the {backend or 'unknown'} backend polls "
                     "in user space, so no wait share (docs/limits.md)")
-        if len(keys) < 2:
-            return "alone", "not judged: the only rank of its job here"
         track = self.tracks.get(key)
         ticks = list(track.ticks) if track is not None else []
         total = sum(t.seconds for t in ticks)
@@ -419,6 +425,9 @@ class Stragglers:
                     f"{self.min_seconds:.0f} s needed")
         if not ripe:
             return "peer_unjudged", "not judged yet: another rank of its job is not"
+        if len(keys) < 2:
+            return ("alone", "judged in `cluster status` only: the only rank of its job "
+                    "on this node")
         return None, None
 
     def forget_jobs(self, live: Iterable[object]) -> None:
