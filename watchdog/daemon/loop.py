@@ -314,7 +314,7 @@ class Daemon:
                 # Shown once known, on a busy machine too; while not judged, why in words.
                 shown = self.stragglers.figures.get(r.key)
                 pace = shown.pace if shown is not None else None
-                judged = shown is not None and shown.unjudged in (None, "alone")
+                judged = shown is not None and shown.unjudged in (None, "alone", "user_space_wait")
                 if judged and pace is not None and now - self.thermal[0] >= 30.0:
                     self.thermal = (now, self.probe.thermal())  # a subprocess on macOS: rarely
                 r.pace, r.pace_score = pace, shown.score if shown is not None else None
@@ -322,8 +322,9 @@ class Daemon:
                 r.pace_unjudged = shown.unjudged if shown is not None else None
                 held_back = (shown is not None and shown.judged and lowest is not None
                              and lowest.key == r.key and lowest.slowdown >= CLEAR_SLOWDOWN)
-                # The only rank of its job here: the cluster view judges it, by this why.
-                alone = shown is not None and shown.unjudged == "alone"
+                # The only rank of its job here: the cluster view judges it, by this why; a
+                # rank with no wait share (MPI, JACCL): the causes the node sees, unscored.
+                alone = shown is not None and shown.unjudged in ("alone", "user_space_wait")
                 r.pace_why = (why(lowest.pace, self.thermal[1]) if held_back and lowest
                               else why(pace, self.thermal[1]) if alone and pace
                               else "" if pace is not None else None)

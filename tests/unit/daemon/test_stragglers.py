@@ -365,3 +365,29 @@ def test_the_only_rank_of_its_job_here_is_left_to_the_cluster_view() -> None:
     shown = judge.figures[0]
     assert shown.unjudged == "alone" and shown.score is None
     assert shown.pace is not None and shown.pace.wait_share == pytest.approx(0.3)
+
+
+def test_a_user_space_backend_shows_its_pace_and_causes_never_a_score() -> None:
+    """MPI (JACCL's stand-in): no wait share, so never scored or named; its pace and a
+    cause the node sees (here: stopped most of the time) are shown all the same."""
+    job = Job(2)
+    for r in job.ranks:
+        r.record = (lambda rec: lambda: dataclasses.replace(rec(), backend="mpi"))(r.record)
+    for second in range(40):
+        job.ranks[0].work(1.0, 0.0, 4)
+        job.ranks[1].work(0.2, 0.0, 4)
+        job.now += 1.0
+        stopped = second % 5 != 0
+        for r in job.ranks:
+            sample = r.sample()
+            if r.rank == 1 and stopped:
+                sample = dataclasses.replace(sample, status="stopped")
+            job.judge.observe(r.rank, r.record(), sample, job.now)
+        scored, worst = job.judge.judge_job("job", [0, 1], job.now)
+        assert scored == [] and worst is None
+    shown = job.judge.figures[1]
+    assert shown.unjudged == "user_space_wait" and shown.score is None
+    assert shown.pace is not None and not shown.pace.wait_known
+    assert shown.pace.pace == pytest.approx(4.0)
+    assert why(shown.pace).startswith("stopped 8")  # ~80% of its scans
+    assert "more work" not in why(job.judge.figures[0].pace)  # a poller is always flat out

@@ -96,6 +96,7 @@ class Pace:
     stopped: float = 0.0  # share of its counted scans that saw it stopped
     active: float = 1.0  # share of its intervals at its usual pace in which it was active
     busy: float = 0.0  # share of a core its busiest thread ran, over the counted time
+    wait_known: bool = True  # False: its backend polls in user space (no share, no score)
 
 
 def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
@@ -211,7 +212,7 @@ def why(pace: Pace, thermal: str | None = None) -> str:
         parts.append(f"{pace.faults:.0f} major faults/s (memory pressure)")
     if thermal:
         parts.append(thermal)
-    if not parts and pace.busy >= FLAT_OUT:
+    if not parts and pace.busy >= FLAT_OUT and pace.wait_known:
         faults = "no faults" if pace.faults is not None else "faults unknown"
         parts.append(f"more work per step: its core flat out ({pace.busy:.0%}), "
                      f"no run queue, {faults}")
@@ -315,11 +316,13 @@ class Stragglers:
         seconds = now - at
         if seconds < TICK or (record.collectives == collectives and seconds < LONG_TICK):
             return
-        if backends.spins_in_kernel(record.backend):
-            done = tick(before, sample, seconds, record.collectives - collectives, now,
-                        track.waiting)
-            # An idle interval is kept only to say why the rank is not counted.
-            track.ticks.append(dataclasses.replace(done, idle=True) if track.idle else done)
+        # Every backend's intervals are kept: a rank whose wait polls in user space has
+        # no wait share and is never scored, but its pace and the node's causes (run
+        # queue, stopped, major faults) are shown all the same.
+        done = tick(before, sample, seconds, record.collectives - collectives, now,
+                    track.waiting)
+        # An idle interval is kept only to say why the rank is not counted.
+        track.ticks.append(dataclasses.replace(done, idle=True) if track.idle else done)
         track.last = (now, sample, record.collectives)
         track.idle, track.waiting = record.phase is Phase.IDLE, False
         while track.ticks and track.ticks[0].at <= now - self.window:
@@ -336,7 +339,9 @@ class Stragglers:
         if key in self.paces:
             return self.paces[key]
         track = self.tracks.get(key)
-        return summarise(track.ticks) if track is not None else None
+        if track is None or not backends.spins_in_kernel(self.backends.get(key)):
+            return None  # no wait share: never scored (its shown figures: `figures`)
+        return summarise(track.ticks)
 
     def judge_job(self, job: object, keys: Sequence[object], now: float
                   ) -> tuple[list[Scored], Scored | None]:
@@ -348,7 +353,10 @@ class Stragglers:
                 if not t.active]
         for k in keys:
             track = self.tracks.get(k)
-            self.paces[k] = summarise(track.ticks, skip) if track is not None else None
+            # Never scored without a wait share: a user-space poller's CPU reads as work.
+            waits = backends.spins_in_kernel(self.backends.get(k))
+            self.paces[k] = (summarise(track.ticks, skip) if track is not None and waits
+                             else None)
         paces = [(k, p) for k in keys if (p := self.paces[k]) is not None]
         scored = judge(paces)
         worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
@@ -393,6 +401,13 @@ class Stragglers:
             strict = {keys[0]: Scored(keys[0], alone, 1.0, 0.0)}
         for k in keys:
             unjudged, note = self._why_not(k, ripe, strict.get(k), keys)
+            if unjudged == "user_space_wait":
+                track = self.tracks.get(k)
+                polled = summarise(track.ticks, strict=False) if track is not None else None
+                shown = (dataclasses.replace(polled, wait_share=0.0, wait_known=False)
+                         if polled is not None and polled.seconds >= SHOW_SECONDS else None)
+                self.figures[k] = Figures(shown, None, False, unjudged, note)
+                continue
             if ripe and k in strict:
                 pace: Pace | None = strict[k].pace
                 score: float | None = strict[k].score if len(keys) > 1 else None
