@@ -262,7 +262,9 @@ def test_tick_counts_kernel_heavy_threads_as_waiting() -> None:
                           ((1, 0.01), (2, 0.3), (3, 0.01)),
                           demand=((1, 0.9), (2, 0.45)), major_faults=60)
     t = tick(before, after, 1.0, 8, at=1.0)
-    assert t.wait == pytest.approx(0.4)  # thread 2 only: 3 is under the floor
+    # Thread 2 only (3 is under the floor), by its demand: it wanted 0.45 of a core,
+    # got 0.4 (issue 47: on a busy machine its CPU alone under-reads the waiting).
+    assert t.wait == pytest.approx(0.45)
     assert t.queue == pytest.approx(0.3)  # thread 1 wanted 0.9, got 0.6
     assert t.faults == 50 and t.collectives == 8
 
