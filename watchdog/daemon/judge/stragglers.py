@@ -80,7 +80,7 @@ class Tick:
     faults: int | None  # major page faults in the interval (None: unknown)
     stopped: bool = False  # the process was seen stopped (SIGSTOP, a debugger) at its end
     active: bool = True  # in a wait at its end, a thread at work through it, or stopped
-    busy: float = 0.0  # share of a core its busiest thread ran (not waited for one)
+    busy: float = 0.0  # cores its computing threads ran, at most 1 (not waited for one)
     idle: bool = False  # in hb.idle() at a scan in it: kept only to say why it is not counted
 
 
@@ -95,7 +95,7 @@ class Pace:
     faults: float | None  # major faults per second
     stopped: float = 0.0  # share of its counted scans that saw it stopped
     active: float = 1.0  # share of its intervals at its usual pace in which it was active
-    busy: float = 0.0  # share of a core its busiest thread ran, over the counted time
+    busy: float = 0.0  # cores its computing threads ran (at most 1), over the counted time
     wait_known: bool = True  # False: its backend polls in user space (no share, no score)
 
 
@@ -112,9 +112,11 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     cpu = _delta(before.threads, after.threads)
     system = _delta(before.system, after.system)
     demand = _delta(before.demand, after.demand)
-    wait = 0.0
+    wait = work = 0.0
     for tid, used in cpu.items():
-        if used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used:
+        if not (used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used):
+            work += used  # computing (the main thread's Python, the stream's kernels)
+        else:
             # Its demand for a core, where the OS keeps it (Linux schedstat): on a busy
             # machine a polling thread gets only part of one, and its CPU alone would
             # read as less waiting (the slowdown under-estimated by half at a load of 5
@@ -126,11 +128,10 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     if before.major_faults is not None and after.major_faults is not None:
         faults = max(0, after.major_faults - before.major_faults)
     busiest = max((demand.get(tid, used) for tid, used in cpu.items()), default=0.0)
-    ran = max(cpu.values(), default=0.0)
     stopped = after.status in STOPPED_STATUSES
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
                 min(1.0, queue / seconds), faults, stopped,
-                waiting or stopped or busiest / seconds >= WORK_RATIO, min(1.0, ran / seconds))
+                waiting or stopped or busiest / seconds >= WORK_RATIO, min(1.0, work / seconds))
 
 
 def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
