@@ -6,11 +6,13 @@ waits for waits least. So, per rank over a sliding window (`WINDOW`), two figure
 - its *wait share*: the share of its time spent waiting on its peers. A ring rank
   waiting in a collective polls its peers' sockets, and that thread's time goes to
   the kernel (`backends.Spin.KERNEL`, ~60-85% system time), while computing goes to
-  user space (or to the GPU). So the share is the CPU of the rank's polling threads
-  (threads whose time went mostly to the kernel) per second of the interval: read off
+  user space (or to the GPU). So the share is the demand for a core of the rank's
+  polling threads (threads whose time went mostly to the kernel; run and run-queue
+  time where the OS keeps it, else their CPU) per second of the interval: read off
   the two process samples the scan takes anyway, nothing new in the rank's hot path.
   A backend whose wait spins in user space (JACCL, MPI) cannot be told this way: its
-  ranks get no figure (docs/limits.md);
+  ranks get no wait share and no score, only their pace and the node's causes
+  (docs/limits.md);
 - its *pace*: collectives issued per second (the record's counter). In step, every
   rank has the job's pace; it is shown, and it gates what is counted.
 
@@ -32,6 +34,11 @@ its time. A rank is named (`Stragglers`) only when it is clear: every rank count
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
 Never a kill: a straggler is reported, not ended.
+
+What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
+(`SHOW_SECONDS`) at its usual pace are counted, active or not, its figures and score
+(a loop that sleeps between steps, a busy machine), and while it is not judged, why
+(`pace_unjudged`, `pace_note`: "not judged: idle between steps 80% of the time").
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ RUN_QUEUE_CAUSE = 0.15
 FAULTS_CAUSE = 20.0
 STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
 ACTIVE_MIN = 0.8  # a straggler is active (working, waiting or stopped) this share of the time
-FLAT_OUT = 0.85  # its busiest thread ran this share of a core: computing flat out
+FLAT_OUT = 0.85  # its computing threads ran this share of a core: flat out
 SHOW_SECONDS = 8.0  # counted seconds (any tick at its usual pace) before a figure is shown
 
 
@@ -209,7 +216,7 @@ def slowest(scored: Sequence[Scored], min_seconds: float = MIN_SECONDS) -> Score
 
 def why(pace: Pace, thermal: str | None = None) -> str:
     """What the node can tell of the reason, one line ("" when nothing stands out). With
-    no sign of a sick machine and its busiest thread ran flat out, the rank has more work
+    no sign of a sick machine and its computing threads ran flat out, it has more work
     per step than the others (uneven work, a bigger shard): the job's, not the node's."""
     parts = []
     if pace.run_queue >= RUN_QUEUE_CAUSE:
