@@ -107,6 +107,8 @@ class Rank:
     pace: Pace | None = None
     pace_score: float | None = None
     pace_why: str | None = None
+    pace_note: str | None = None  # why it is not judged, in words (None: judged, or unknown)
+    pace_unjudged: str | None = None  # the same as a code
 
     @property
     def key(self) -> tuple[int, float]:

@@ -33,7 +33,7 @@ from watchdog.daemon.counters import Counters
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
-from watchdog.daemon.judge.stragglers import MIN_SECONDS, Stragglers, summary, why
+from watchdog.daemon.judge.stragglers import CLEAR_SLOWDOWN, Stragglers, summary, why
 from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
 from watchdog.daemon.probes.datalink import Prober
@@ -330,16 +330,27 @@ class Daemon:
         for (uid, job), ranks in jobs.items():
             by_key: dict[object, Rank] = {r.key: r for r in ranks}
             scored, worst = self.stragglers.judge_job((uid, job), list(by_key), now)
-            score = {s.key: s.score for s in scored}
+            # The rank the others wait for most, when it holds them back at all: the one
+            # whose why is shown (the fast ranks' figures need none).
+            lowest = min(scored, key=lambda s: (s.score, -s.excess), default=None)
             for r in ranks:
-                # Shown once the window holds enough to judge by (the cluster scores these).
-                pace = self.stragglers.pace(r.key)
-                ripe = pace is not None and pace.seconds >= MIN_SECONDS
-                if ripe and now - self.thermal[0] >= 30.0:  # a subprocess on macOS: rarely
-                    self.thermal = (now, self.probe.thermal())
-                r.pace = pace if ripe else None
-                r.pace_score = score.get(r.key) if ripe else None
-                r.pace_why = why(pace, self.thermal[1]) if pace is not None and ripe else None
+                # Shown once known, on a busy machine too; while not judged, why in words.
+                shown = self.stragglers.figures.get(r.key)
+                pace = shown.pace if shown is not None else None
+                judged = shown is not None and shown.unjudged in (None, "alone", "user_space_wait")
+                if judged and pace is not None and now - self.thermal[0] >= 30.0:
+                    self.thermal = (now, self.probe.thermal())  # a subprocess on macOS: rarely
+                r.pace, r.pace_score = pace, shown.score if shown is not None else None
+                r.pace_note = shown.note if shown is not None else None
+                r.pace_unjudged = shown.unjudged if shown is not None else None
+                held_back = (shown is not None and shown.judged and lowest is not None
+                             and lowest.key == r.key and lowest.slowdown >= CLEAR_SLOWDOWN)
+                # The only rank of its job here: the cluster view judges it, by this why; a
+                # rank with no wait share (MPI, JACCL): the causes the node sees, unscored.
+                alone = shown is not None and shown.unjudged in ("alone", "user_space_wait")
+                r.pace_why = (why(lowest.pace, self.thermal[1]) if held_back and lowest
+                              else why(pace, self.thermal[1]) if alone and pace
+                              else "" if pace is not None else None)
             if worst is None or worst.key not in by_key:
                 continue
             rec = by_key[worst.key].record

@@ -37,6 +37,7 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
     shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
                               data_link=r.data_link, cause=r.cause, pace=r.pace,
                               pace_score=r.pace_score, pace_why=r.pace_why,
+                              pace_note=r.pace_note, pace_unjudged=r.pace_unjudged,
                               sockets=r.sockets)
                   for r in sorted(ranks, key=lambda r: (r.record.job, r.record.rank,
                                                         r.record.pid)))

@@ -24,7 +24,8 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
                 reason: str = "", source: str = "daemon", attempt: int | None = None,
                 data_link: str | None = None, cause: str | None = None,
                 pace: Pace | None = None, pace_score: float | None = None,
-                pace_why: str | None = None,
+                pace_why: str | None = None, pace_note: str | None = None,
+                pace_unjudged: str | None = None,
                 sockets: tuple[float, int] | None = None) -> RankStatus:
     return RankStatus(
         pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
@@ -48,8 +49,9 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         quiet_seconds=round(sockets[0], 3) if sockets else None,
         unread_bytes=sockets[1] if sockets else None,
         holding=(verdict.own.holding() or None) if verdict and verdict.own else None,
-        wait_share=round(pace.wait_share, 3) if pace else None,
+        wait_share=round(pace.wait_share, 3) if pace and pace.wait_known else None,
         pace=round(pace.pace, 3) if pace else None,
         pace_score=round(pace_score, 3) if pace_score is not None else None,
         run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why,
-        active_share=round(pace.active, 3) if pace else None)
+        active_share=round(pace.active, 3) if pace else None,
+        pace_note=pace_note, pace_unjudged=pace_unjudged)

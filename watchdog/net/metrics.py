@@ -200,6 +200,14 @@ def _slowdowns(scrape: Scrape) -> Samples:
                 float(s.slowdown)
 
 
+def _unjudged(scrape: Scrape) -> Samples:
+    """Each rank whose pace is not judged against its job's ranks, with why as a code
+    (its words in `status` and /status's `pace_note`)."""
+    for r in scrape.ranks:
+        if r.pace_unjudged:
+            yield (str(r.job), _uid(r), str(r.rank), str(r.pace_unjudged)), 1.0
+
+
 def _build_info(scrape: Scrape) -> Samples:
     return [((str(scrape.snap.version or ""), platform.python_version()), 1.0)]
 
@@ -233,6 +241,11 @@ FAMILIES: tuple[Family | Histogram, ...] = (
            "peers (ring: polling them)", GAUGE, RANK, per_rank("wait_share")),
     Family("rank_pace_score", "The job's pace over the rank's own over the last minute "
            "(1: the job's pace, lower: slower)", GAUGE, RANK, per_rank("pace_score")),
+    Family("rank_pace_collectives_per_second", "Collectives the rank issued per second "
+           "over the last minute at its usual pace", GAUGE, RANK, per_rank("pace")),
+    Family("rank_pace_unjudged", "1 while the rank's pace is not judged against its job's "
+           "(reason: user_space_wait, sleeps, idle, no_collectives, too_few_seconds, "
+           "peer_unjudged, alone)", GAUGE, (*RANK, "reason"), _unjudged),
     Family("job_slowdown_ratio", "How much faster the job would run if its straggler (the "
            "rank label) kept the others' pace; only while one is named", GAUGE, RANK,
            _slowdowns),

@@ -118,6 +118,11 @@ class RankStatus(Encodable):
     # (not sleeping by design, as a server's rank 0 reading requests): the cluster names
     # a straggler only when most of them were.
     active_share: float | None = None
+    # While it is not judged against its job's ranks, why: in words ("not judged: idle
+    # between steps 80% of the time") and as a code for a metric label ("sleeps",
+    # "user_space_wait", "too_few_seconds", ...). No key while judged or unknown.
+    pace_note: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    pace_unjudged: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
 
     @classmethod

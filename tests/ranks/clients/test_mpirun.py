@@ -144,6 +144,11 @@ def test_a_frozen_mpi_peer_is_ended_with_its_job(tmp_path, record_dir, state_dir
     with DaemonProc(record_dir, state_dir, deadline=DEADLINE) as daemon, \
             MpiJob(tmp_path, record_dir, "loop") as job:
         job.wait_running()
+        # Its wait polls in user space: no wait share, and every rank says so (issue 47).
+        notes = wait_for(lambda: (n if all(n) else None) if (n := [
+            (daemon.ranks().get(pid) or {}).get("pace_note") for pid in job.pids.values()])
+            else None, 20, what="each MPI rank's pace note")
+        assert all("mpi backend polls in user space" in n for n in notes), notes
         os.kill(job.pids[1], signal.SIGSTOP)
         frozen = time.monotonic()
         wait_for(lambda: not any(alive(p) for p in job.pids.values()), 30,

@@ -3,6 +3,7 @@ back by one rank, `cluster status` the cluster's (judge/stragglers.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -48,3 +49,23 @@ def test_cluster_status_prints_the_jobs_straggler() -> None:
     text = render_text(ClusterView(jobs=(JobView(job="train", world_size=4, straggler=SLOW),)))
     assert f"  straggler: {LINE} (the job would run 1.61x faster at the others' pace)" in text
     assert "straggler" not in render_text(ClusterView(jobs=(JobView(job="train"),)))
+
+
+def test_status_and_cluster_say_each_ranks_pace_or_why_not() -> None:
+    """Issue 47: the figures in text, and why a rank is not judged, in words."""
+    from watchdog.cli.look.status import pace_line
+    from watchdog.status import RankStatus, ReportedRank
+
+    base = RankStatus(pid=77, host="mac-3", job="train", rank=1, world_size=2,
+                      backend="ring", state="running")
+    judged = dataclasses.replace(base, pace=4.5, wait_share=0.25, pace_score=1.0)
+    assert pace_line(judged) == ("rank 1 (pid 77) of train: 4.50 collectives/s, waits on its "
+                                 "peers 25%, score 1.00")
+    note = "not judged: the mpi backend polls in user space, so no wait share (docs/limits.md)"
+    mpi = dataclasses.replace(base, backend="mpi", pace_note=note,
+                              pace_unjudged="user_space_wait")
+    assert pace_line(mpi) == f"rank 1 (pid 77) of train: {note}"
+    assert pace_line(base) is None  # nothing said of it: no line
+    text = render_text(ClusterView(jobs=(JobView(
+        job="train", world_size=2, ranks=(ReportedRank("mac-3", mpi),)),)))
+    assert f"  pace: rank 1 (pid 77) of train: {note}" in text

@@ -146,6 +146,11 @@ def test_ranks_in_step_or_without_figures_name_no_straggler():
     assert job.straggler is None
     (job,) = cluster.analyze(two_nodes(0.02, 0.9, active_share=None)).jobs
     assert job.straggler is None  # an older daemon's rank: not known to be at work
+    # Figures its node shows early or for a loop that sleeps (issue 47): no ground for a name.
+    (job,) = cluster.analyze(two_nodes(0.02, 0.5, pace_unjudged="too_few_seconds")).jobs
+    assert job.straggler is None
+    (job,) = cluster.analyze(two_nodes(0.02, 0.5, pace_unjudged="alone")).jobs
+    assert job.straggler is not None  # the only rank of its job on its node: judged here
 
 
 def test_a_hung_job_has_a_culprit_not_a_straggler():

@@ -48,6 +48,8 @@ FAMILIES = {
     P + "rank_busiest_thread_cpu_ratio": "gauge",
     P + "rank_wait_share": "gauge",
     P + "rank_pace_score": "gauge",
+    P + "rank_pace_collectives_per_second": "gauge",
+    P + "rank_pace_unjudged": "gauge",
     P + "job_slowdown_ratio": "gauge",
     P + "rank_attempt": "gauge",
     P + "stalls": "counter",
@@ -78,11 +80,12 @@ RANK_VALUES = {
     P + "rank_attempt": "attempt",
     P + "rank_wait_share": "wait_share",
     P + "rank_pace_score": "pace_score",
+    P + "rank_pace_collectives_per_second": "pace",
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
 # Labels a series may carry; pid and thread ids never (unbounded cardinality).
 ALLOWED_LABELS = {"mlx_job", "uid", "rank", "state", "verdict", "cause", "signal", "le", "version",
-                  "python", "event", "mode"}
+                  "python", "event", "mode", "reason"}
 
 
 UID = 501  # the ranks' owner: in every rank series and per-job count
@@ -96,7 +99,8 @@ def rank(job: str, n: int, state: str, **values: object) -> dict:
             "seconds_in_wait": 0.5 + n, "deadline_seconds": 30.0,
             "busiest_thread_cpu": 0.25 * n, "attempt": 1 + n, "current_op": "eval (all_sum #50)",
             "reason": "", "source": "daemon", "wait_share": 0.1 * n,
-            "pace_score": 1.0 - 0.1 * n}
+            "pace_score": 1.0 - 0.1 * n, "pace": 4.0,
+            "pace_unjudged": "too_few_seconds" if n else None}
     base.update(values)
     return base
 
@@ -161,6 +165,7 @@ def test_rank_series_carry_job_owner_and_rank_only():
     for name in RANK_FAMILIES:
         for s in families[name].samples:
             want = ({"mlx_job", "uid", "rank", "state"} if name == P + "rank_state"
+                    else {"mlx_job", "uid", "rank", "reason"} if name == P + "rank_pace_unjudged"
                     else {"mlx_job", "uid", "rank"})
             assert set(s.labels) == want, (s.name, s.labels)
 

@@ -33,6 +33,7 @@ def straggler_lines(job: JobView) -> list[str]:
 def render_text(view: ClusterView, colour: bool = False) -> str:
     """The cluster view as `cluster status` prints it; states coloured when `colour`."""
     from watchdog.cause import where
+    from watchdog.cli.look.status import pace_line
     from watchdog.daemon.judge.cluster import LOCAL
 
     lines = []
@@ -63,6 +64,8 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
             lines.append(printable(f"  cause: {job.cause}: {job.summary or ''}"))
         if job.evidence:
             lines.append(printable(f"  evidence: {job.evidence}"))
+        lines.extend(f"  pace: {line}" for seen in job.ranks
+                     if (line := pace_line(seen.rank)) is not None)
         lines.extend(straggler_lines(job))
     if not view.jobs:
         lines.append("no ranks on any reachable node")

@@ -95,6 +95,24 @@ def table(ranks: list[RankStatus], colour: bool = False) -> str:
     return "\n".join(lines)
 
 
+def pace_line(r: RankStatus) -> str | None:
+    """A rank's pace in words (judge/stragglers.py): its figures once known, why it
+    is held back when it is the rank the others wait for, why it is not judged when it
+    is not; None when the daemon has said nothing of it."""
+    figures = []
+    if r.pace is not None:
+        figures.append(f"{r.pace:.2f} collectives/s")
+    if r.wait_share is not None and r.pace_unjudged != "user_space_wait":
+        figures.append(f"waits on its peers {r.wait_share:.0%}")
+    if r.pace_score is not None:
+        figures.append(f"score {r.pace_score:.2f}")
+    said = [", ".join(figures)] if figures else []
+    said += [text for text in (r.pace_why, r.pace_note) if text]
+    if not said:
+        return None
+    return printable(f"rank {_fmt(r.rank)} (pid {r.pid}) of {r.job}: " + "; ".join(said))
+
+
 def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
     """A line per job the daemon finds held back by one rank (judge/stragglers.py)."""
     from watchdog.daemon.store.snapshot import find_daemon
@@ -142,6 +160,10 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
     else:
         click.echo(f"no ranks in {record_dir}")
     if not as_json and source == "daemon":
+        paces = [line for r in ranks if (line := pace_line(r)) is not None]
+        if paces:
+            click.echo("pace (the last 30 s; 1 is the job's pace):")
+            click.echo("\n".join(f"  {line}" for line in paces))
         for line in straggler_lines(record_dir, state_dir):
             click.echo(line)
     if not as_json:

@@ -6,11 +6,13 @@ waits for waits least. So, per rank over a sliding window (`WINDOW`), two figure
 - its *wait share*: the share of its time spent waiting on its peers. A ring rank
   waiting in a collective polls its peers' sockets, and that thread's time goes to
   the kernel (`backends.Spin.KERNEL`, ~60-85% system time), while computing goes to
-  user space (or to the GPU). So the share is the CPU of the rank's polling threads
-  (threads whose time went mostly to the kernel) per second of the interval: read off
+  user space (or to the GPU). So the share is the demand for a core of the rank's
+  polling threads (threads whose time went mostly to the kernel; run and run-queue
+  time where the OS keeps it, else their CPU) per second of the interval: read off
   the two process samples the scan takes anyway, nothing new in the rank's hot path.
   A backend whose wait spins in user space (JACCL, MPI) cannot be told this way: its
-  ranks get no figure (docs/limits.md);
+  ranks get no wait share and no score, only their pace and the node's causes
+  (docs/limits.md);
 - its *pace*: collectives issued per second (the record's counter). In step, every
   rank has the job's pace; it is shown, and it gates what is counted.
 
@@ -32,10 +34,16 @@ its time. A rank is named (`Stragglers`) only when it is clear: every rank count
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
 Never a kill: a straggler is reported, not ended.
+
+What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
+(`SHOW_SECONDS`) at its usual pace are counted, active or not, its figures and score
+(a loop that sleeps between steps, a busy machine), and while it is not judged, why
+(`pace_unjudged`, `pace_note`: "not judged: idle between steps 80% of the time").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,6 +71,8 @@ RUN_QUEUE_CAUSE = 0.15
 FAULTS_CAUSE = 20.0
 STOPPED_CAUSE = 0.1  # of its scans that saw it stopped (SIGSTOP, a debugger, a tracer)
 ACTIVE_MIN = 0.8  # a straggler is active (working, waiting or stopped) this share of the time
+FLAT_OUT = 0.85  # its computing threads ran this share of a core: flat out
+SHOW_SECONDS = 8.0  # counted seconds (any tick at its usual pace) before a figure is shown
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class Tick:
     faults: int | None  # major page faults in the interval (None: unknown)
     stopped: bool = False  # the process was seen stopped (SIGSTOP, a debugger) at its end
     active: bool = True  # in a wait at its end, a thread at work through it, or stopped
+    busy: float = 0.0  # cores its computing threads ran, at most 1 (not waited for one)
+    idle: bool = False  # in hb.idle() at a scan in it: kept only to say why it is not counted
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ class Pace:
     faults: float | None  # major faults per second
     stopped: float = 0.0  # share of its counted scans that saw it stopped
     active: float = 1.0  # share of its intervals at its usual pace in which it was active
+    busy: float = 0.0  # cores its computing threads ran (at most 1), over the counted time
+    wait_known: bool = True  # False: its backend polls in user space (no share, no score)
 
 
 def _delta(before: Iterable[tuple[int, float]], after: Iterable[tuple[int, float]]
@@ -105,10 +119,16 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     cpu = _delta(before.threads, after.threads)
     system = _delta(before.system, after.system)
     demand = _delta(before.demand, after.demand)
-    wait = 0.0
+    wait = work = 0.0
     for tid, used in cpu.items():
-        if used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used:
-            wait += used
+        if not (used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used):
+            work += used  # computing (the main thread's Python, the stream's kernels)
+        else:
+            # Its demand for a core, where the OS keeps it (Linux schedstat): on a busy
+            # machine a polling thread gets only part of one, and its CPU alone would
+            # read as less waiting (the slowdown under-estimated by half at a load of 5
+            # a core). Elsewhere its CPU (macOS: docs/limits.md).
+            wait += max(used, demand.get(tid, used))
     queue = max((max(0.0, wanted - cpu.get(tid, wanted)) for tid, wanted in demand.items()),
                 default=0.0)
     faults = None
@@ -118,23 +138,27 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     stopped = after.status in STOPPED_STATUSES
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
                 min(1.0, queue / seconds), faults, stopped,
-                waiting or stopped or busiest / seconds >= WORK_RATIO)
+                waiting or stopped or busiest / seconds >= WORK_RATIO, min(1.0, work / seconds))
 
 
 def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
     return any(start < t.at and t.at - t.seconds < end for start, end in spans)
 
 
-def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = ()) -> Pace | None:
+def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = (),
+              strict: bool = True) -> Pace | None:
     """A rank's figures over its ticks at its usual pace, active, and overlapping none
-    of the spans `skip` (when another rank of the job was not active); None if none."""
-    moving = [t for t in ticks if t.collectives > 0]
+    of the spans `skip` (when another rank of the job was not active); None if none.
+    Not `strict`: every tick at its usual pace, active or not (the figures shown for a
+    loop that sleeps between steps, or a busy machine; never the ones a name rests on)."""
+    moving = [t for t in ticks if t.collectives > 0 and not t.idle]
     if not moving:
         return None
     usual = median(t.collectives / t.seconds for t in moving)
     usual_pace = [t for t in moving if t.collectives / t.seconds >= usual / 2]
     active = sum(t.active for t in usual_pace) / len(usual_pace)
-    counted = [t for t in usual_pace if t.active and not _overlaps(t, skip)]
+    counted = ([t for t in usual_pace if t.active and not _overlaps(t, skip)] if strict
+               else usual_pace)
     if not counted:
         return None
     seconds = sum(t.seconds for t in counted)
@@ -145,7 +169,11 @@ def summarise(ticks: Sequence[Tick], skip: Sequence[tuple[float, float]] = ()) -
         pace=sum(t.collectives for t in counted) / seconds,
         run_queue=sum(t.queue * t.seconds for t in counted) / seconds,
         faults=sum(known) / seconds if len(known) == len(counted) else None,
-        stopped=sum(t.stopped for t in counted) / len(counted), active=active)
+        # Of every scan not idle: a rank stopped most of the time issues few collectives
+        # in most intervals, which the usual pace leaves out.
+        stopped=sum(t.stopped for t in ticks if not t.idle) / sum(not t.idle for t in ticks),
+        active=active,
+        busy=sum(t.busy * t.seconds for t in counted) / seconds)
 
 
 @dataclass(frozen=True)
@@ -187,7 +215,9 @@ def slowest(scored: Sequence[Scored], min_seconds: float = MIN_SECONDS) -> Score
 
 
 def why(pace: Pace, thermal: str | None = None) -> str:
-    """What the node can tell of the reason, one line ("" when nothing stands out)."""
+    """What the node can tell of the reason, one line ("" when nothing stands out). With
+    no sign of a sick machine and its computing threads ran flat out, it has more work
+    per step than the others (uneven work, a bigger shard): the job's, not the node's."""
     parts = []
     if pace.run_queue >= RUN_QUEUE_CAUSE:
         parts.append(f"run queue {pace.run_queue:.0%} (CPU contention)")
@@ -197,6 +227,10 @@ def why(pace: Pace, thermal: str | None = None) -> str:
         parts.append(f"{pace.faults:.0f} major faults/s (memory pressure)")
     if thermal:
         parts.append(thermal)
+    if not parts and pace.busy >= FLAT_OUT and pace.wait_known:
+        faults = "no faults" if pace.faults is not None else "faults unknown"
+        parts.append(f"more work per step: its core flat out ({pace.busy:.0%}), "
+                     f"no run queue, {faults}")
     return "; ".join(parts)
 
 
@@ -214,7 +248,10 @@ def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Stragg
     them, each with its minute's figures, scored together; the slowest named when it
     holds the job back by `NAME_SLOWDOWN` (each node's window already smooths it)."""
     live = [r for r in ranks if r.state not in ENDED]
-    if len(live) < 2 or any(r.wait_share is None for r in live):
+    # A rank its node does not judge (figures shown early, a loop that sleeps, a backend
+    # polling in user space) is no ground for a name here either.
+    if len(live) < 2 or any(r.wait_share is None or r.pace_unjudged not in (None, "alone")
+                            for r in live):
         return None
     paces: list[tuple[object, Pace]] = [
         (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None,
@@ -242,6 +279,19 @@ class _Track:
     waiting: bool = False  # in a wait at a scan since it began
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What is shown of one rank: its figures and score once any are known (the strict
+    ones a name rests on when ripe, else every tick at its usual pace), and, while it is
+    not judged, why, as a code (a metric label) and in words."""
+
+    pace: Pace | None = None
+    score: float | None = None
+    judged: bool = False
+    unjudged: str | None = None  # "user_space_wait", "no_collectives", "idle", ...
+    note: str | None = None
+
+
 @dataclass
 class Named:
     """A job's straggler, from when it was first clear (`since`) and whether named."""
@@ -249,12 +299,6 @@ class Named:
     key: object
     since: float
     named: bool = False
-
-
-def counts(record: Record, idle: bool) -> bool:
-    """Whether an interval of this rank may be counted: a backend whose wait polls in
-    the kernel, and never idle (hb.idle) at a scan in it."""
-    return backends.spins_in_kernel(record.backend) and not idle
 
 
 class Stragglers:
@@ -268,12 +312,15 @@ class Stragglers:
         self.tracks: dict[object, _Track] = {}
         self.jobs: dict[object, Named] = {}
         self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
+        self.backends: dict[object, str] = {}
+        self.figures: dict[object, Figures] = {}  # as last judged, what is shown
 
     def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
         """One scan's look at a live rank. A tick closes once it lasts `TICK` seconds and
         the rank issued a collective in it (a scan interval may be shorter than a step),
         or after `LONG_TICK` seconds without one (a tick that counts for nothing)."""
         track = self.tracks.get(key)
+        self.backends[key] = record.backend
         if track is None:
             self.tracks[key] = _Track((now, sample, record.collectives), deque(),
                                       idle=record.phase is Phase.IDLE)
@@ -284,9 +331,13 @@ class Stragglers:
         seconds = now - at
         if seconds < TICK or (record.collectives == collectives and seconds < LONG_TICK):
             return
-        if counts(record, track.idle):
-            track.ticks.append(tick(before, sample, seconds, record.collectives - collectives,
-                                    now, track.waiting))
+        # Every backend's intervals are kept: a rank whose wait polls in user space has
+        # no wait share and is never scored, but its pace and the node's causes (run
+        # queue, stopped, major faults) are shown all the same.
+        done = tick(before, sample, seconds, record.collectives - collectives, now,
+                    track.waiting)
+        # An idle interval is kept only to say why the rank is not counted.
+        track.ticks.append(dataclasses.replace(done, idle=True) if track.idle else done)
         track.last = (now, sample, record.collectives)
         track.idle, track.waiting = record.phase is Phase.IDLE, False
         while track.ticks and track.ticks[0].at <= now - self.window:
@@ -295,13 +346,17 @@ class Stragglers:
     def forget(self, key: object) -> None:
         self.tracks.pop(key, None)
         self.paces.pop(key, None)
+        self.backends.pop(key, None)
+        self.figures.pop(key, None)
 
     def pace(self, key: object) -> Pace | None:
         """The rank's figures as its job was last judged (with its other ranks here)."""
         if key in self.paces:
             return self.paces[key]
         track = self.tracks.get(key)
-        return summarise(track.ticks) if track is not None else None
+        if track is None or not backends.spins_in_kernel(self.backends.get(key)):
+            return None  # no wait share: never scored (its shown figures: `figures`)
+        return summarise(track.ticks)
 
     def judge_job(self, job: object, keys: Sequence[object], now: float
                   ) -> tuple[list[Scored], Scored | None]:
@@ -313,10 +368,14 @@ class Stragglers:
                 if not t.active]
         for k in keys:
             track = self.tracks.get(k)
-            self.paces[k] = summarise(track.ticks, skip) if track is not None else None
+            # Never scored without a wait share: a user-space poller's CPU reads as work.
+            waits = backends.spins_in_kernel(self.backends.get(k))
+            self.paces[k] = (summarise(track.ticks, skip) if track is not None and waits
+                             else None)
         paces = [(k, p) for k in keys if (p := self.paces[k]) is not None]
         scored = judge(paces)
         worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
+        self._show(keys, scored)
         held = self.jobs.get(job)
         if worst is None:
             self.jobs.pop(job, None)
@@ -336,6 +395,70 @@ class Stragglers:
         if not held.named and now - held.since >= self.sustain:
             held.named = True
         return scored, worst if held.named else None
+
+    def _show(self, keys: Sequence[object], scored: Sequence[Scored]) -> None:
+        """Each rank's shown figures: the strict ones once every rank of the job has
+        counted `min_seconds` (what a name rests on), else every tick at its usual pace
+        once `SHOW_SECONDS` are (a busy machine, a loop that sleeps between steps); and
+        while it is not judged, why in words."""
+        ripe = bool(scored) and len(scored) == len(keys) and all(
+            s.pace.seconds >= self.min_seconds for s in scored)
+        strict = {s.key: s for s in scored}
+        loose = {k: p for k in keys if (track := self.tracks.get(k)) is not None
+                 and (p := summarise(track.ticks, strict=False)) is not None
+                 and p.seconds >= SHOW_SECONDS}
+        loose_scores = ({s.key: s.score for s in judge(list(loose.items()))}
+                        if len(loose) == len(keys) else {})
+        if len(keys) == 1 and (alone := self.paces.get(keys[0])) is not None:
+            # The only rank of its job here: its strict figures, once ripe, are what the
+            # cluster view scores it by against its peers' (from_ranks).
+            ripe = alone.seconds >= self.min_seconds and alone.active >= ACTIVE_MIN
+            strict = {keys[0]: Scored(keys[0], alone, 1.0, 0.0)}
+        for k in keys:
+            unjudged, note = self._why_not(k, ripe, strict.get(k), keys)
+            if unjudged == "user_space_wait":
+                track = self.tracks.get(k)
+                polled = summarise(track.ticks, strict=False) if track is not None else None
+                shown = (dataclasses.replace(polled, wait_share=0.0, wait_known=False)
+                         if polled is not None and polled.seconds >= SHOW_SECONDS else None)
+                self.figures[k] = Figures(shown, None, False, unjudged, note)
+                continue
+            if ripe and k in strict:
+                pace: Pace | None = strict[k].pace
+                score: float | None = strict[k].score if len(keys) > 1 else None
+            else:
+                pace, score = loose.get(k), loose_scores.get(k)
+            self.figures[k] = Figures(pace, score, unjudged is None, unjudged, note)
+
+    def _why_not(self, key: object, ripe: bool, scored: Scored | None,
+                 keys: Sequence[object]) -> tuple[str | None, str | None]:
+        """Why this rank cannot be judged now, as (code, words); (None, None) if it is."""
+        backend = self.backends.get(key)
+        if not backends.spins_in_kernel(backend):
+            return ("user_space_wait", f"not judged: the {backend or 'unknown'} backend polls "
+                    "in user space, so no wait share (docs/limits.md)")
+        track = self.tracks.get(key)
+        ticks = list(track.ticks) if track is not None else []
+        total = sum(t.seconds for t in ticks)
+        idle = sum(t.seconds for t in ticks if t.idle)
+        if total and idle / total >= 1 - ACTIVE_MIN:
+            return "idle", f"not judged: idle (hb.idle) {idle / total:.0%} of the time"
+        if not any(t.collectives for t in ticks if not t.idle):
+            return "no_collectives", f"not judged: no collective in the last {self.window:.0f} s"
+        loose = summarise(ticks, strict=False)
+        if loose is not None and loose.active < ACTIVE_MIN:
+            return ("sleeps", f"not judged: idle between steps {1 - loose.active:.0%} of "
+                    "the time")
+        if scored is None or scored.pace.seconds < self.min_seconds:
+            counted = scored.pace.seconds if scored is not None else 0.0
+            return ("too_few_seconds", f"not judged yet: only {counted:.0f} s counted of "
+                    f"{self.min_seconds:.0f} s needed")
+        if not ripe:
+            return "peer_unjudged", "not judged yet: another rank of its job is not"
+        if len(keys) < 2:
+            return ("alone", "judged in `cluster status` only: the only rank of its job "
+                    "on this node")
+        return None, None
 
     def forget_jobs(self, live: Iterable[object]) -> None:
         keep = set(live)

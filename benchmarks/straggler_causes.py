@@ -1,0 +1,146 @@
+"""Stragglers by cause, and every rank's pace on a busy machine (issue 47).
+
+Real ring ranks (tests/support/rank_prog.py `work`: matmuls and an all_sum in one eval)
+and the real daemon at its defaults (interval 1 s). Each run:
+
+- `busy`: the healthy job with a busy process pinned to each core (`taskset`), for
+  `--healthy` seconds: when every rank first shows a score (target <= 60 s), how many of
+  the daemon's looks named anyone (target: none);
+- `stop-bursts`: rank 1 stopped 0.3 s of every 0.6 s (SIGSTOP/SIGCONT from here);
+- `mostly-stopped`: rank 1 stopped 0.5 s of every 0.6 s (83%);
+- `compute`: rank 1 computes in Python a healthy step's time before each step (uneven
+  work: its core flat out).
+
+For each cause: how long until the daemon names rank 1 (target <= 60 s), its why, and
+its slowdown against the job's true one (rank 0's pace before over its pace during,
+target within 20%). Nothing is ever ended (checked).
+
+    python -m benchmarks.straggler_causes --runs 1 --causes busy,stop-bursts,compute
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.support.ranks import DaemonProc, RingJob, wait_for
+
+MATMULS = "4"
+
+
+def pace(job: RingJob, seconds: float) -> float:
+    before, began = job.records()[0].collectives, time.monotonic()
+    time.sleep(seconds)
+    return (job.records()[0].collectives - before) / (time.monotonic() - began)
+
+
+class Stopper(threading.Thread):
+    """SIGSTOP `pid` for `stopped` s of every `period` s until told to end."""
+
+    def __init__(self, pid: int, stopped: float, period: float) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.stopped, self.period = pid, stopped, period
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            time.sleep(self.stopped)
+            os.kill(self.pid, signal.SIGCONT)
+            time.sleep(self.period - self.stopped)
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def hogs() -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(["taskset", "-c", str(cpu), "sh", "-c", "while :; do :; done"])
+            for cpu in sorted(os.sched_getaffinity(0))]
+
+
+def busy_run(base: Path, healthy: float) -> str:
+    records, state = base / "records", base / "state"
+    records.mkdir(parents=True)
+    burners = hogs()
+    try:
+        with DaemonProc(records, state, interval=1.0, deadline=60) as daemon, \
+                RingJob(base, records, 2, "work", args=(MATMULS,)) as job:
+            job.wait_running(collectives=5)
+            began, scored, looks, named = time.monotonic(), None, 0, 0
+            while time.monotonic() < began + healthy:
+                st = daemon.status()
+                looks += 1
+                named += bool(st["stragglers"])
+                ranks = [r for r in st["ranks"] if r["pid"] in job.pids]
+                if scored is None and len(ranks) == 2 and all(
+                        r.get("pace_score") is not None for r in ranks):
+                    scored = time.monotonic() - began
+                time.sleep(1.0)
+            notes = [r.get("pace_note") for r in daemon.status()["ranks"]]
+            ended = any(p.poll() is not None for p in job.procs) or daemon.incidents()
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    return (f"busy: every rank scored after {scored if scored is None else round(scored, 1)} s;"
+            f" named in {named} of {looks} looks; notes {notes}; ended {bool(ended)}")
+
+
+def cause_run(base: Path, cause: str) -> str:
+    records, state, flag = base / "records", base / "state", base / "slow"
+    records.mkdir(parents=True)
+    with DaemonProc(records, state, interval=1.0, deadline=60) as daemon, \
+            RingJob(base, records, 2, "work", args=(MATMULS, str(flag))) as job:
+        job.wait_running(collectives=5)
+        healthy = pace(job, 20.0)
+        stopper = None
+        if cause == "compute":
+            flag.touch()
+        else:
+            stopper = Stopper(job.pids[1], 0.3 if cause == "stop-bursts" else 0.5, 0.6)
+            stopper.start()
+        slowed = time.monotonic()
+        try:
+            wait_for(lambda: daemon.status()["stragglers"], 120, interval=0.5,
+                     what="the straggler named")
+            took = time.monotonic() - slowed
+            time.sleep(max(0.0, slowed + 32 - time.monotonic()))
+            slow = pace(job, 15.0)
+            looks = [daemon.status()["stragglers"] for _ in range(10) if not time.sleep(0.5)]
+            named = [x[0] for x in looks if x]
+            if not named:
+                return f"{cause}: rank {1} named after {took:.1f} s, then cleared"
+            found = named[-1]
+        finally:
+            if stopper is not None:
+                stopper.done.set()
+                stopper.join()
+        ended = any(p.poll() is not None for p in job.procs) or daemon.incidents()
+    true = healthy / slow
+    err = (found["slowdown"] - true) / true
+    return (f"{cause}: rank {found['rank']} named after {took:.1f} s, slowdown "
+            f"{found['slowdown']:.2f} vs true {true:.2f} ({err:+.0%}); why "
+            f"{found['why']!r}; ended {bool(ended)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--causes", default="busy,stop-bursts,mostly-stopped,compute")
+    parser.add_argument("--healthy", type=float, default=90.0,
+                        help="seconds of the busy machine's healthy job")
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args()
+    for n in range(args.runs):
+        for cause in args.causes.split(","):
+            with tempfile.TemporaryDirectory(prefix="mlxwd-causes-") as tmp:
+                line = (busy_run(Path(tmp), args.healthy) if cause == "busy"
+                        else cause_run(Path(tmp), cause))
+            print(f"run {n + 1}: {line}; load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
