@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import psutil
 
-from watchdog import host
-
 ATTEMPT_ENV = "MLX_WATCHDOG_ATTEMPT"
 MAX_ATTEMPT = 1_000_000
 
@@ -27,8 +25,9 @@ def parse(raw: str | None) -> int | None:
 
 
 def attempt_of(pid: int) -> int | None:
-    # The platform's psutil: on the simulated Mac, its stand-in (watchdog/macsim).
-    ps = host.simulation().psutil_mac if host.simulated() else psutil
+    from watchdog.daemon.probes import platform_psutil
+
+    ps = platform_psutil()
     try:
         return parse(ps.Process(pid).environ().get(ATTEMPT_ENV))
     except (psutil.Error, OSError, ValueError):

@@ -30,6 +30,7 @@ AccessDenied = psutil.AccessDenied
 ZombieProcess = psutil.ZombieProcess
 Error = psutil.Error
 TimeoutExpired = psutil.TimeoutExpired
+CONN_ESTABLISHED, CONN_LISTEN = psutil.CONN_ESTABLISHED, psutil.CONN_LISTEN
 
 pthread = namedtuple("pthread", ["id", "user_time", "system_time"])
 puids = namedtuple("puids", ["real", "effective", "saved"])
@@ -39,7 +40,6 @@ svmem = namedtuple("svmem", ["total", "available", "percent", "used", "free", "a
 # Linux's state letters as psutil words, to the p_stat macOS would keep.
 _STATUS = {
     psutil.STATUS_STOPPED: psutil.STATUS_STOPPED,
-    psutil.STATUS_TRACING_STOP: psutil.STATUS_STOPPED,
     psutil.STATUS_ZOMBIE: psutil.STATUS_ZOMBIE,
     psutil.STATUS_DEAD: psutil.STATUS_ZOMBIE,
 }
@@ -102,6 +102,9 @@ class Process:
     def memory_info(self) -> Any:
         return self._proc.memory_info()
 
+    def net_connections(self, kind: str = "inet") -> list[Any]:
+        return self._proc.net_connections(kind=kind)
+
     def children(self, recursive: bool = False) -> list[Process]:
         return [Process(c.pid) for c in self._proc.children(recursive=recursive)]
 
@@ -110,6 +113,11 @@ def process_iter(attrs: list[str] | None = None) -> Iterator[Process]:
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             yield Process(proc.pid)
+
+
+def net_connections(kind: str = "inet") -> list[Any]:
+    """Every process's connections (root on a Mac, as here)."""
+    return psutil.net_connections(kind=kind)
 
 
 def pid_exists(pid: int) -> bool:

@@ -5,7 +5,7 @@ the tool (`MacProbe.tool`), so every caller that runs the real tool (the probe, 
 evidence) runs the stand-in the same way, as a process of its own.
 
 - `sample PID SECONDS`: the live rank's native stacks, read with gdb (hardened as the
-  daemon's own, probes/gdbstack.py) as often as it can in SECONDS (at least once),
+  daemon's own, probes/gdbstack.py) as often as fits in SECONDS (at least once),
   printed in `sample`'s report layout: the header, "Call graph:", one tree per thread
   headed `Thread_<id>` with the kernel's thread id (as on a Mac, not psutil's
   position), each frame `name  (in library) + offset  [address]` under a count of
@@ -110,9 +110,11 @@ def sample(args: list[str]) -> int:
         print(f"sample cannot find any existing process you have access to which has a "
               f"name like '{pid}'", file=sys.stderr)
         return 1
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = began + seconds
     reads = [gdb_read(pid)]
-    while time.monotonic() < deadline:
+    took = time.monotonic() - began
+    while time.monotonic() + took < deadline:  # another read would not overrun
         reads.append(gdb_read(pid))
     sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
     return 0

@@ -196,6 +196,14 @@ def find_tool(*names: str) -> str | None:
     return None
 
 
+def platform_psutil() -> Any:
+    """psutil as this platform answers: on the simulated Mac, its stand-in (for the
+    few readers outside the probe: the data-link prober, the attempt reader)."""
+    if host.simulated():
+        return host.simulation().psutil_mac
+    return psutil
+
+
 def probe() -> Probe:
     """The probe for this platform (the simulated Mac's: host.py)."""
     if host.simulated():
