@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from watchdog import host, record
+from watchdog import record
 from watchdog.procstat import read_start_ticks
 from watchdog.rank.dumps import close_dump, register_dump
 from watchdog.rank.dumps import forget_after_fork as _forget_dump_after_fork
@@ -64,8 +64,6 @@ def _open_record(path: str, job: str, dump_signal: int) -> RecordWriter:
 def _start_ticks() -> int:
     """This process's start in clock ticks since boot (Linux), 0 when unknown:
     the daemon's identity check that a wall-clock step does not move."""
-    if host.os_name() != host.LINUX:
-        return 0  # macOS keeps no such count (the simulated Mac included)
     try:
         return read_start_ticks("self")
     except (OSError, ValueError, IndexError):
