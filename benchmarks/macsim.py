@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support import lm_server, lm_train, ranks
+from tests.support import lm_server, lm_train, netbed, ranks
 
 SIMULATED = {"MLX_WATCHDOG_SIMULATE": "macos"}
 BENCHMARKS = ("wedge", "daemon_cost", "stragglers", "server_hang", "train_hang", "frozen")
@@ -38,7 +38,7 @@ def main() -> None:
         raise SystemExit(f"usage: python -m benchmarks.macsim {{{','.join(BENCHMARKS)}}} ...")
     name = sys.argv.pop(1)
     patched = simulated_env(ranks.base_env)
-    for module in (ranks, lm_server, lm_train):
+    for module in (ranks, lm_server, lm_train, netbed):
         module.base_env = patched  # type: ignore[attr-defined]
     print(f"on the simulated Mac ({SIMULATED}): benchmarks.{name}", flush=True)
     if name == "frozen":
