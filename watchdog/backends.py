@@ -55,6 +55,10 @@ class Backend:
     outranks: tuple[str, ...] = ()  # backends it names a rank over when both are recognised
     wait_spins: Spin = Spin.USER  # how its wait on a peer burns CPU (the judge reads it)
     links_probed: bool = False  # its data links are TCP sockets the daemon may connect to
+    # Its collectives' bytes cross the rank's TCP sockets, so sockets whose queues stand
+    # still show that nothing moves (the wedge's rule). False: they move elsewhere (RDMA,
+    # NVLink), and quiet sockets are no evidence (docs/limits.md).
+    bytes_on_sockets: bool = True
     # mx.distributed functions of this backend alone, wrapped as collectives (each
     # needs an op code in watchdog/record's OP_CODE); the shared ones are in rank/patches.py.
     entry_points: tuple[str, ...] = ()
@@ -286,6 +290,7 @@ BACKENDS: tuple[Backend, ...] = (
         size=_jaccl_size,
         job_parts=_jaccl_parts,
         outranks=("ring",),  # JACCL's own variables name it over a hostfile left set
+        bytes_on_sockets=False,  # RDMA over Thunderbolt: its TCP side channel is idle
         # Its completion-queue polls (mlx #3910: 1156 of 1304 samples in tbt_poll_cq).
         waiting_frames=("MeshImpl::recv", "MeshImpl::send", "RingImpl::recv",
                         "RingImpl::send", "tbt_poll_cq", "tbt_poll_qp_recv",
@@ -294,6 +299,7 @@ BACKENDS: tuple[Backend, ...] = (
     Backend(
         name="nccl",
         launched_by="mlx.launch --backend nccl: MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT",
+        bytes_on_sockets=False,  # NVLink or InfiniBand, its sockets only bootstrap
         recognised=lambda env: bool(env.get("NCCL_HOST_IP") and env.get("MLX_WORLD_SIZE")),
         rank_from=("MLX_RANK",),
         size=mlx_world_size,
@@ -347,6 +353,13 @@ def waiting_frames(name: str | None) -> tuple[str, ...]:
     """The frames of a wait on a peer for this backend: its own and every backend's."""
     backend = by_name(name)
     return (backend.waiting_frames if backend is not None else ()) + WAITING_FRAMES
+
+
+def bytes_on_sockets(name: str | None) -> bool:
+    """Whether quiet sockets can show that nothing moves for `name`'s ranks (an unknown
+    backend: as before, yes)."""
+    backend = by_name(name)
+    return backend is None or backend.bytes_on_sockets
 
 
 def links_probed(name: str | None) -> bool:

@@ -5,12 +5,21 @@ the service kind and the default directories all ask `host.os_name()` or
 `host.defaults()`. Tests select the macOS branch by setting `host.OS` (one
 seam) instead of patching `sys.platform` everywhere. Rank-side code imports
 this module, so it uses the stdlib only.
+
+`MLX_WATCHDOG_SIMULATE=macos` (read once, here) is a test aid: on Linux the daemon,
+the CLI and the ranks then take their macOS path whole, every macOS source replaced
+by a stand-in of `watchdog/macsim/` (imported from here only, and only then), and
+every default path put under `MLX_WATCHDOG_SIMULATE_ROOT` (default
+/tmp/mlx-watchdog-macsim). `platform_label()` says "macos (simulated)" so no one
+mistakes such a run for a real one (docs/macos.md).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import ModuleType
 
 DARWIN, LINUX, OTHER = "darwin", "linux", "other"
 
@@ -23,7 +32,19 @@ def detect(platform: str) -> str:
     return OTHER
 
 
-OS = detect(sys.platform)
+SIMULATE_VARIABLE = "MLX_WATCHDOG_SIMULATE"
+SIMULATE_ROOT_VARIABLE = "MLX_WATCHDOG_SIMULATE_ROOT"
+SIMULATED_ROOT = "/tmp/mlx-watchdog-macsim"
+
+
+def simulating(environ: dict[str, str] | os._Environ[str], platform: str) -> bool:
+    """True when `environ` asks for the simulated Mac on a Linux host (the only host it
+    runs on: a real Mac is never simulated)."""
+    return environ.get(SIMULATE_VARIABLE, "") == "macos" and detect(platform) == LINUX
+
+
+SIMULATED = simulating(os.environ, sys.platform)
+OS = DARWIN if SIMULATED else detect(sys.platform)
 
 
 @dataclass(frozen=True)
@@ -48,11 +69,42 @@ def os_name() -> str:
     return OS
 
 
+def simulated() -> bool:
+    """True when this is the simulated Mac (see the module's docstring)."""
+    return SIMULATED and OS == DARWIN
+
+
+def platform_label() -> str:
+    """The platform as the start line, /status and doctor name it."""
+    name = {DARWIN: "macos", LINUX: "linux"}.get(OS, "other")
+    return f"{name} (simulated)" if simulated() else name
+
+
+def simulation() -> ModuleType:
+    """The simulated Mac's stand-ins (watchdog/macsim); only when `simulated()`."""
+    import importlib
+
+    return importlib.import_module("watchdog.macsim")
+
+
+def _rooted(defaults: Defaults) -> Defaults:
+    """The macOS defaults moved under the simulation's root."""
+    root = os.environ.get(SIMULATE_ROOT_VARIABLE) or SIMULATED_ROOT
+
+    def under(path: str | None) -> str | None:
+        return None if path is None else root.rstrip("/") + path
+
+    return replace(defaults, record_dir=under(defaults.record_dir) or "",
+                   state_dir=under(defaults.state_dir) or "",
+                   stdout_log=under(defaults.stdout_log), stderr_log=under(defaults.stderr_log))
+
+
 def defaults(name: str | None = None) -> Defaults:
     """The defaults of `name` (default: this OS); an unknown OS gets Linux's paths."""
-    return _DEFAULTS.get(name or OS, _DEFAULTS[LINUX])
+    chosen = _DEFAULTS.get(name or OS, _DEFAULTS[LINUX])
+    return _rooted(chosen) if chosen.service == "launchd" and simulated() else chosen
 
 
 def for_service(kind: str) -> Defaults:
     """The defaults of the OS a service manager belongs to."""
-    return _DEFAULTS[DARWIN if kind == "launchd" else LINUX]
+    return defaults(DARWIN if kind == "launchd" else LINUX)

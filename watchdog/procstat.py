@@ -9,6 +9,8 @@ only.
 
 from __future__ import annotations
 
+from watchdog import host
+
 
 def start_ticks(stat: str) -> int:
     """Field 22 of a /proc/<pid>/stat line: the start in clock ticks since boot.
@@ -21,6 +23,9 @@ def start_ticks(stat: str) -> int:
 
 def read_start_ticks(pid: int | str, proc: str = "/proc") -> int:
     """The start ticks of `pid` ("self" for this process); raises OSError,
-    ValueError or IndexError."""
+    ValueError or IndexError. OSError off Linux, the simulated Mac included: macOS
+    keeps no such count (its /proc would not be there)."""
+    if host.os_name() != host.LINUX:
+        raise FileNotFoundError(f"{proc}/{pid}/stat: not on Linux")
     with open(f"{proc}/{pid}/stat") as f:
         return start_ticks(f.read())

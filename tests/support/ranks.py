@@ -160,6 +160,7 @@ class DaemonProc:
             self.argv += [f"--{key.replace('_', '-')}", str(value)]
         self.log_path = self.state_dir.parent / f"daemon-{id(self)}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_env: dict[str, str] = {}  # e.g. the simulated Mac's variable
 
     def start(self) -> DaemonProc:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,7 @@ class DaemonProc:
             status.unlink()
         log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                     env=base_env(self.record_dir), cwd=REPO)
+                                     env=base_env(self.record_dir, **self.extra_env), cwd=REPO)
         log.close()
         wait_for(lambda: self.alive() and status.exists(), 30, what="daemon's first scan")
         return self

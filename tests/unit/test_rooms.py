@@ -2,7 +2,9 @@
 every module, a function's own included, read from the source and held to the rooms'
 rules: `cli` on top, then the launcher (`launch`), then `daemon`, then `net`, then the
 contracts; `rank` (with the public API that loads it) beside them, reading only the
-record, the states, the table of backends and `procstat.py`."""
+record, the states, the table of backends and `procstat.py`. The simulated Mac
+(`macsim`, docs/macos.md) sits on top of the daemon's probes and is imported by no one:
+host.py loads it by name, only when MLX_WATCHDOG_SIMULATE=macos."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from pathlib import Path
 import watchdog
 
 PACKAGE = Path(watchdog.__file__).resolve().parent
-ROOMS = ("cli", "launch", "daemon", "net", "rank", "record")
+ROOMS = ("cli", "launch", "daemon", "net", "rank", "record", "macsim")
 # The public rank API, rank's side when it imports; the package itself is lazy (it loads
 # the rank side only when its API is used), so anyone may read its `__version__`.
 RANK_API = ("watchdog", "watchdog._autoload")
 
 # What each room may import besides itself and the contracts (every other top-level module).
 MAY_USE: dict[str, set[str]] = {
+    "macsim": {"daemon", "net"},
     "cli": {"launch", "daemon", "net", "rank"},
     "launch": {"daemon", "net"},
     "daemon": {"net"},

@@ -52,9 +52,9 @@ RANK = ["pid", "host", "job", "uid", "rank", "world_size", "attempt", "backend",
         "pace_why", "active_share"]
 NODE_SHORT = ["host", "version", "started", "time", "ranks"]
 NODE = ["host", "daemon_pid", "version", "mode", "interval", "time", "scan_monotonic", "dir",
-        "state_dir", "started", "wired_bytes", "wired_baseline_bytes", "reboot_required",
-        "reboot", "ranks", "invalid_records", "invalid_files", "counters", "launches",
-        "unwritten", "scan_bucket_bounds", "record_dir_full", "stragglers"]
+        "state_dir", "started", "platform", "wired_bytes", "wired_baseline_bytes",
+        "reboot_required", "reboot", "ranks", "invalid_records", "invalid_files", "counters",
+        "launches", "unwritten", "scan_bucket_bounds", "record_dir_full", "stragglers"]
 COUNTERS = ["stalls", "stall_causes", "kills", "job_kills", "invalid_records", "probe_errors",
             "loop_errors", "scan_buckets", "scan_sum", "scan_count"]
 UNWRITTEN = ["reboot_flags_unwritten", "incidents_unwritten", "write_failures"]

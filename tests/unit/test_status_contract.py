@@ -60,7 +60,7 @@ RANK_SHAPE = {
 NODE_SHAPE = {
     "host": (str,), "daemon_pid": (int,), "version": (str,), "mode": (str,),
     "interval": (int, float), "time": OPT_NUM, "scan_monotonic": (int, float), "dir": (str,),
-    "state_dir": (str,), "started": (int, float), "wired_bytes": OPT_INT,
+    "state_dir": (str,), "started": (int, float), "platform": (str,), "wired_bytes": OPT_INT,
     "wired_baseline_bytes": OPT_INT, "reboot_required": (bool,),
     "reboot": (dict, type(None)), "ranks": (list,), "invalid_records": (dict,),
     "invalid_files": (int,), "counters": (dict,), "launches": (dict,), "unwritten": (dict,),

@@ -25,7 +25,10 @@ def parse(raw: str | None) -> int | None:
 
 
 def attempt_of(pid: int) -> int | None:
+    from watchdog.daemon.probes import platform_psutil
+
+    ps = platform_psutil()
     try:
-        return parse(psutil.Process(pid).environ().get(ATTEMPT_ENV))
+        return parse(ps.Process(pid).environ().get(ATTEMPT_ENV))
     except (psutil.Error, OSError, ValueError):
         return None  # gone, not ours to read, or unreadable: the attempt is unknown

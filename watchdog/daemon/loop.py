@@ -303,7 +303,7 @@ class Daemon:
             busy = rank.verdict.hot if sample.native_ids else ()
             self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid, rec.start_ticks),
                             busy, now)
-            self.stacks.track_queues(rank.key, rec.pid, now)
+            self.stacks.track_queues(rank.key, rec.pid, now, rec.backend)
             keys.add(rank.key)
         return keys
 

@@ -13,6 +13,7 @@ from watchdog.daemon.counters import SCAN_BUCKETS, Counters
 from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
+from watchdog.host import platform_label
 from watchdog.status import NodeStatus, RebootFlag, Straggler, Unwritten
 
 __all__ = ["INVALID_LISTED", "SCAN_BUCKETS", "Counters", "snapshot"]
@@ -45,7 +46,8 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         host=host, daemon_pid=os.getpid(), version=__version__, mode=settings.mode,
         interval=settings.interval, time=scanned[0] or None, scan_monotonic=scanned[1],
         dir=os.path.abspath(settings.dir), state_dir=os.path.abspath(settings.state_dir),
-        started=started, wired_bytes=wired[0], wired_baseline_bytes=wired[1],
+        started=started, platform=platform_label(), wired_bytes=wired[0],
+        wired_baseline_bytes=wired[1],
         reboot_required=flag is not None, reboot=flag, ranks=shown, scanned=True,
         invalid_records=dict(invalid), invalid_files=invalid_count,
         counters=counters.values(), launches=dict(launches or {}), unwritten=backlog,

@@ -9,6 +9,7 @@ import signal
 import threading
 from typing import Any
 
+from watchdog import host
 from watchdog.daemon.config import (
     ConfigError,
     Settings,
@@ -190,7 +191,8 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
     log = logging.getLogger("watchdog")
     if nofile:
         log.log(logging.WARNING if nofile.startswith("cannot") else logging.INFO, "%s", nofile)
-    log.info("serving /metrics /status /healthz on http://%s:%s", *server.server_address[:2])
+    log.info("serving /metrics /status /healthz on http://%s:%s (platform: %s)",
+             *server.server_address[:2], host.platform_label())
     if settings.job_label == "job":
         log.warning("job_label = \"job\": rank series name the MLX job `job` (deprecated, "
                     "removed in the next release; scrape with honor_labels, or move to "

@@ -117,6 +117,9 @@ class NodeStatus:
     dir: str | None = None
     state_dir: str | None = None
     started: float | None = None
+    # The OS the daemon runs its path for: "macos", "linux", or "macos (simulated)"
+    # (the test aid of docs/macos.md, never mistaken for a real Mac); None: an older daemon.
+    platform: str | None = None
     wired_bytes: int | None = None
     wired_baseline_bytes: int | None = None
     reboot_required: bool | None = None

@@ -19,15 +19,33 @@ from watchdog.record import OP_CODE
 from watchdog.states import Phase
 
 pytestmark = pytest.mark.ranks
+# Each scenario parametrized so runs on Linux and on the simulated Mac (docs/macos.md):
+# the daemon and the ranks with MLX_WATCHDOG_SIMULATE=macos, the macOS path whole.
+SIMULATED_MAC = {"MLX_WATCHDOG_SIMULATE": "macos"}
+PLATFORMS = [pytest.param({}, id="linux"), pytest.param(SIMULATED_MAC, id="macos-simulated")]
+
+
+def daemon_on(platform: dict[str, str], *args: object, **options: object) -> DaemonProc:
+    daemon = DaemonProc(*args, **options)  # type: ignore[arg-type]
+    daemon.extra_env = dict(platform)
+    return daemon
+
+
+def on_its_platform(daemon: DaemonProc, platform: dict[str, str]) -> None:
+    expected = "macos (simulated)" if platform else "linux"
+    assert daemon.status()["platform"] == expected
 
 
 def all_exited(job: RingJob) -> bool:
     return all(p.poll() is not None for p in job.procs)
 
 
-def test_frozen_peer_gets_survivors_killed_and_is_named(tmp_path, record_dir, state_dir):
-    with DaemonProc(record_dir, state_dir, deadline=2) as daemon, \
-            RingJob(tmp_path, record_dir, 3, "loop") as job:
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_frozen_peer_gets_survivors_killed_and_is_named(tmp_path, record_dir, state_dir,
+                                                        platform):
+    with daemon_on(platform, record_dir, state_dir, deadline=2) as daemon, \
+            RingJob(tmp_path, record_dir, 3, "loop", env=platform) as job:
+        on_its_platform(daemon, platform)
         job.wait_running()
         frozen = job.procs[1].pid
         job.signal(1, signal.SIGSTOP)
@@ -80,11 +98,14 @@ def test_wait_on_a_recv_nobody_sends_is_ended(tmp_path, record_dir, state_dir):
         wait_for(lambda: job.procs[1].poll() is not None, 10, what="rank 1 to be ended")
 
 
-def test_healthy_server_and_idle_ranks_are_never_killed(tmp_path, record_dir, state_dir):
-    with DaemonProc(record_dir, state_dir, deadline=1, blocked_deadline=1) as daemon, \
-            RingJob(tmp_path / "a", record_dir, 2, "loop") as loop, \
-            RingJob(tmp_path / "b", record_dir, 2, "server") as server, \
-            RingJob(tmp_path / "c", record_dir, 2, "idle") as idle:
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_healthy_server_and_idle_ranks_are_never_killed(tmp_path, record_dir, state_dir,
+                                                        platform):
+    with daemon_on(platform, record_dir, state_dir, deadline=1, blocked_deadline=1) as daemon, \
+            RingJob(tmp_path / "a", record_dir, 2, "loop", env=platform) as loop, \
+            RingJob(tmp_path / "b", record_dir, 2, "server", env=platform) as server, \
+            RingJob(tmp_path / "c", record_dir, 2, "idle", env=platform) as idle:
+        on_its_platform(daemon, platform)
         loop.wait_running()
         server.wait_running(collectives=2)
         wait_for(lambda: len(idle.records()) == 2

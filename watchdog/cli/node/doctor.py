@@ -37,7 +37,7 @@ HTTP_TIMEOUT = 2.0
 
 def check_about() -> list[Line]:
     return [(OK, f"mlx-watchdog {__version__}, Python {sys.version.split()[0]} "
-                 f"({sys.executable}) on {sys.platform}")]
+                 f"({sys.executable}) on {sys.platform}, platform {host.platform_label()}")]
 
 
 def check_record(record_dir: str) -> list[Line]:

@@ -186,8 +186,9 @@ def check_evidence_tools() -> list[Line]:
         lines.append((WARN, "no native stack sampler for evidence (py-spy or gdb on Linux, "
                             f"sample on macOS): incidents get only Python stacks; {hint}"))
     else:
-        lines.append((OK, f"native stacks for evidence: {os.path.basename(command[0])} "
-                          f"({command[0]})"))
+        tool = ("sample, simulated (watchdog.macsim.tools)" if host.simulated()
+                else os.path.basename(command[0]))
+        lines.append((OK, f"native stacks for evidence: {tool} ({command[0]})"))
         scope = _ptrace_scope()
         if scope is not None and scope >= 3:
             lines.append((WARN, "kernel.yama.ptrace_scope is 3: nobody may attach a debugger, "

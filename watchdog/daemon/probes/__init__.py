@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -70,6 +71,8 @@ class Probe:
 
     name = "generic"
     native_ids = False  # see ProcessSample.native_ids
+    # psutil, or a stand-in with its API (the simulated Mac's, watchdog/macsim).
+    ps: Any = psutil
 
     def main_thread(self, pid: int, tids: list[int]) -> int | None:
         """The main thread among `tids`: psutil lists it first (task order)."""
@@ -78,7 +81,8 @@ class Probe:
     def sample(self, pid: int) -> ProcessSample | None:
         """The process now, or None when it no longer exists (or is a zombie)."""
         try:
-            proc = psutil.Process(pid)
+            ps = self.ps
+            proc = ps.Process(pid)
             with proc.oneshot():
                 status = proc.status()
                 if status in GONE_STATUSES:
@@ -88,11 +92,11 @@ class Probe:
                 uid = uids[0]
                 try:
                     listed = proc.threads()
-                except psutil.AccessDenied:
+                except ps.AccessDenied:
                     listed = []
-        except psutil.NoSuchProcess:
+        except ps.NoSuchProcess:
             return None
-        except psutil.AccessDenied as err:
+        except ps.AccessDenied as err:
             raise ProbeError(f"access denied reading pid {pid}") from err
         except OSError as err:  # a thread vanishing mid-read on some kernels
             raise ProbeError(f"reading pid {pid}: {err}") from err
@@ -113,7 +117,7 @@ class Probe:
     def load_per_cpu(self) -> float:
         """Runnable load per core over the last minute, at least 1.0."""
         try:
-            return max(1.0, psutil.getloadavg()[0] / (psutil.cpu_count() or 1))
+            return max(1.0, float(self.ps.getloadavg()[0]) / (self.ps.cpu_count() or 1))
         except (OSError, AttributeError):
             return 1.0
 
@@ -192,8 +196,18 @@ def find_tool(*names: str) -> str | None:
     return None
 
 
+def platform_psutil() -> Any:
+    """psutil as this platform answers: on the simulated Mac, its stand-in (for the
+    few readers outside the probe: the data-link prober, the attempt reader)."""
+    if host.simulated():
+        return host.simulation().psutil_mac
+    return psutil
+
+
 def probe() -> Probe:
-    """The probe for this platform."""
+    """The probe for this platform (the simulated Mac's: host.py)."""
+    if host.simulated():
+        return host.simulation().probe()  # type: ignore[no-any-return]
     if host.os_name() == host.DARWIN:
         from watchdog.daemon.probes.macos import MacProbe
 

@@ -38,8 +38,10 @@ MAX_ADDRESSES = 8  # a rank with many connections: the first few tell
 def peer_addresses(pid: int) -> list[tuple[str, int]]:
     """The remote ends of the rank's established TCP connections (empty: none, or they
     cannot be read)."""
+    from watchdog.daemon.probes import platform_psutil
+
     try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
+        conns = platform_psutil().Process(pid).net_connections(kind="tcp")
     except (psutil.Error, OSError):
         return []
     out: list[tuple[str, int]] = []
@@ -73,16 +75,19 @@ def os_error(err: OSError) -> str:
 def listener_uid(address: tuple[str, int]) -> int | None:
     """The uid of the process listening on `address` on this host (a local end), or
     None: no listener here, or it cannot be read."""
+    from watchdog.daemon.probes import platform_psutil
+
+    ps = platform_psutil()
     ip, port = address
     try:
-        conns = psutil.net_connections(kind="tcp")
+        conns = ps.net_connections(kind="tcp")
     except (psutil.Error, OSError):
         return None
     for c in conns:
         if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port \
                 and c.laddr.ip in (ip, "0.0.0.0", "::") and c.pid:
             try:
-                return int(psutil.Process(c.pid).uids().real)
+                return int(ps.Process(c.pid).uids().real)
             except (psutil.Error, OSError):
                 return None
     return None

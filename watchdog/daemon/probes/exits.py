@@ -61,7 +61,9 @@ class ExitWatcher:
         on macOS); given, the kqueue watcher is used whatever this OS is."""
         self.wake = wake
         self._kq = kq
-        if kq is None and host.os_name() == host.DARWIN and hasattr(select, "kqueue"):
+        if kq is None and host.simulated():
+            self._kq = host.simulation().kqueue_module()
+        elif kq is None and host.os_name() == host.DARWIN and hasattr(select, "kqueue"):
             self._kq = select
         self._wanted: frozenset[int] = frozenset()
         self._stop = threading.Event()

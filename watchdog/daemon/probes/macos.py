@@ -7,6 +7,7 @@ import ctypes.util
 import functools
 import struct
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -75,6 +76,62 @@ def _libproc() -> Any:
         return None
 
 
+PROC_PIDLISTFDS, PROC_PIDFDSOCKETINFO, PROX_FDTYPE_SOCKET = 1, 3, 2
+FDINFO = struct.Struct("<iI")  # struct proc_fdinfo: proc_fd, proc_fdtype
+# struct socket_fdinfo (<sys/proc_info.h>): proc_fileinfo (24 bytes), then socket_info:
+# vinfo_stat (136), soi_so at 160 (the socket's opaque handle: its identity), ...,
+# soi_rcv at 208 and soi_snd at 232 (struct sockbuf_info, sbi_cc first: bytes held),
+# soi_kind at 256 (SOCKINFO_TCP = 2); 792 bytes in all.
+SOCKET_FDINFO_SIZE = 792
+SOI_SO, SOI_RCV_CC, SOI_SND_CC, SOI_KIND = 160, 208, 232, 256
+SOCKINFO_TCP = 2
+MAX_FDS = 4096
+
+
+def socket_counts(buffer: bytes) -> tuple[int, int, int] | None:
+    """(soi_so, soi_snd.sbi_cc, soi_rcv.sbi_cc) of a TCP socket's struct socket_fdinfo;
+    None for another kind of socket."""
+    if len(buffer) < SOI_KIND + 4:
+        raise ValueError("a short socket_fdinfo")
+    if struct.unpack_from("<i", buffer, SOI_KIND)[0] != SOCKINFO_TCP:
+        return None
+    (handle,) = struct.unpack_from("<Q", buffer, SOI_SO)
+    (received,) = struct.unpack_from("<I", buffer, SOI_RCV_CC)
+    (queued,) = struct.unpack_from("<I", buffer, SOI_SND_CC)
+    return int(handle), int(queued), int(received)
+
+
+def read_socket_queues(pid: int, libproc: Any = None) -> tuple[tuple[int, int, int], ...] | None:
+    """Each TCP socket of the process through proc_pidinfo(PROC_PIDLISTFDS) and
+    proc_pidfdinfo(PROC_PIDFDSOCKETINFO): (handle, bytes queued to send, bytes received
+    not yet read); None without libproc or when not permitted."""
+    lib = libproc if libproc is not None else _libproc()
+    if lib is None:
+        return None
+    listing = ctypes.create_string_buffer(FDINFO.size * MAX_FDS)
+    try:
+        filled = lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDLISTFDS),
+                                  ctypes.c_uint64(0), listing, ctypes.c_int(len(listing)))
+    except (AttributeError, OSError):
+        return None
+    if filled <= 0:
+        return None
+    out = []
+    info = ctypes.create_string_buffer(SOCKET_FDINFO_SIZE)
+    for offset in range(0, min(filled, len(listing)) - FDINFO.size + 1, FDINFO.size):
+        fd, kind = FDINFO.unpack_from(listing.raw, offset)
+        if kind != PROX_FDTYPE_SOCKET:
+            continue
+        if lib.proc_pidfdinfo(ctypes.c_int(pid), ctypes.c_int(fd),
+                              ctypes.c_int(PROC_PIDFDSOCKETINFO), info,
+                              ctypes.c_int(SOCKET_FDINFO_SIZE)) < SOCKET_FDINFO_SIZE:
+            continue  # closed meanwhile, or not ours to read
+        counts = socket_counts(info.raw)
+        if counts is not None:
+            out.append(counts)
+    return tuple(out)
+
+
 def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
     """The process's disk I/O counters through proc_pid_rusage, or None (no libproc, or
     not permitted: another user's process without root)."""
@@ -111,18 +168,31 @@ class MacProbe(Probe):
 
     name = "macos"
 
+    def __init__(self, ps: Any = psutil, libproc: Any = None,
+                 tool: Callable[[str], list[str] | None] | None = None) -> None:
+        """Its sources: psutil, libproc (None: the system's) and the command of a
+        tool by name; the simulated Mac (watchdog/macsim) hands in its stand-ins."""
+        self.ps = ps
+        self.libproc = libproc
+        self.tool = tool or _system_tool
+
     def sample(self, pid: int) -> ProcessSample | None:
         sample = super().sample(pid)
         if sample is None:
             return None
-        return replace(sample, io=read_io(pid), major_faults=read_pageins(pid))
+        return replace(sample, io=read_io(pid, self.libproc),
+                       major_faults=read_pageins(pid, self.libproc))
+
+    def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """Each TCP socket's (handle, bytes to send, bytes unread): soi_snd/soi_rcv."""
+        return read_socket_queues(pid, self.libproc)
 
     def thermal(self) -> str | None:
-        pmset = find_tool("pmset")
+        pmset = self.tool("pmset")
         if pmset is None:
             return None
         try:
-            done = subprocess.run([pmset, "-g", "therm"], capture_output=True, text=True,
+            done = subprocess.run([*pmset, "-g", "therm"], capture_output=True, text=True,
                                   timeout=2, check=False)
         except (OSError, subprocess.SubprocessError):
             return None
@@ -130,14 +200,14 @@ class MacProbe(Probe):
 
     def wired_bytes(self) -> int | None:
         try:
-            return int(psutil.virtual_memory().wired)  # type: ignore[attr-defined]
+            return int(self.ps.virtual_memory().wired)  # type: ignore[attr-defined]
         except (OSError, AttributeError) as err:
             raise ProbeError(f"reading wired memory: {err}") from err
 
     def stack_command(self, pid: int) -> list[str] | None:
-        sample = find_tool("sample")
+        sample = self.tool("sample")
         # `sample PID 1`: one second of samples of every thread, to stdout.
-        return [sample, str(pid), "1"] if sample else None
+        return [*sample, str(pid), "1"] if sample else None
 
     def hot_frames(self, text: str) -> list[HotThread] | None:
         return samplegraph.parse(text)
@@ -145,11 +215,11 @@ class MacProbe(Probe):
     def gpu_time(self, pid: int, timeout: float) -> int | None:
         """`ioreg`'s AGXDeviceUserClient entries of the process, their GPU time summed;
         None without ioreg or without a Metal client. Never run on hardware."""
-        ioreg = find_tool("ioreg")
+        ioreg = self.tool("ioreg")
         if not ioreg:
             return None
         try:
-            done = subprocess.run([ioreg, "-r", "-c", "AGXDeviceUserClient", "-l", "-w0"],
+            done = subprocess.run([*ioreg, "-r", "-c", "AGXDeviceUserClient", "-l", "-w0"],
                                   capture_output=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL, check=False)
         except (subprocess.TimeoutExpired, OSError):
@@ -166,6 +236,11 @@ class MacProbe(Probe):
             return None
         text = stack_tool_output(command, timeout, 8 << 20, f"sample on pid {pid}")
         return {} if text is None else sample_stacks(text)
+
+
+def _system_tool(name: str) -> list[str] | None:
+    path = find_tool(name)
+    return [path] if path else None
 
 
 def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:

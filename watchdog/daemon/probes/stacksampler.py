@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from watchdog.backends import bytes_on_sockets
 from watchdog.daemon.probes import Probe, ProbeError, same_process
 from watchdog.states import STOPPED_STATUSES
 
@@ -169,10 +170,13 @@ class StackSampler:
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
                       gpu)
 
-    def track_queues(self, key: Key, pid: int, now: float) -> Queues:
-        """Read the rank's sockets' queues; since when they have stood still."""
+    def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None
+                     ) -> Queues:
+        """Read the rank's sockets' queues; since when they have stood still. A backend
+        whose bytes never cross its sockets (JACCL's RDMA) gets none: unknown."""
         try:
-            queues = self.probe.socket_queues(pid)
+            queues = (self.probe.socket_queues(pid) if bytes_on_sockets(backend)
+                      else None)
         except (OSError, ProbeError):
             queues = None
         last = self.queues.get(key)

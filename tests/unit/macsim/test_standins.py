@@ -1,0 +1,223 @@
+"""The simulated Mac's stand-ins (watchdog/macsim) against what macOS gives.
+
+Each is checked against recorded real output where public reports have it: `sample`'s
+report grammar (tests/support/data/sample_jaccl_recv.txt, a JACCL rank's report),
+`pmset -g therm` at rest (test_pace_probes.py's record, byte for byte), xnu's struct
+layouts (apple-oss-distributions/xnu bsd/sys/proc_info.h and resource.h: the offsets
+below are the header's, counted by hand); and the macOS probe's own parsers read what
+the stand-ins write for live sockets and threads of this very process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.unit.daemon.probes.test_pace_probes import PMSET_COOL
+from watchdog import host
+from watchdog.daemon.probes import gdbstack, macos, samplegraph
+from watchdog.daemon.probes.exits import ExitWatcher
+from watchdog.macsim import kqueue, libproc, psutil_mac, tools
+
+DATA = Path(__file__).resolve().parents[2] / "support" / "data"
+# A `sample` report's call-graph lines, read off the recorded real report.
+THREAD_LINE = re.compile(r"^    \d+ Thread_\d+(:? .*)?$")
+# (an offset and address may be lists: "+ 16,24,...  [0x10c814090,0x10c814098,...]")
+FRAME_LINE = re.compile(r"^    [+][ !:|]* ?\d+ \S.*  \(in [^)]+\) \+ [\d,.]+  \[[0-9a-fx,.]+\]$")
+
+
+def test_xnu_layouts_as_the_headers_give_them():
+    # struct socket_fdinfo: proc_fileinfo 24, vinfo_stat 136, soi_so..soi_oobmark 48,
+    # soi_rcv/soi_snd 24 each, soi_kind + rfu_1 8, the union (un_sockinfo: 16 + 2 * 255,
+    # aligned) 528.
+    assert (libproc.SOI_SO, libproc.SOI_RCV, libproc.SOI_SND, libproc.SOI_KIND,
+            libproc.SOI_PROTO) == (160, 208, 232, 256, 264)
+    assert libproc.SOCKET_FDINFO_SIZE == 264 + 528 == macos.SOCKET_FDINFO_SIZE
+    assert (macos.SOI_SO, macos.SOI_RCV_CC, macos.SOI_SND_CC, macos.SOI_KIND) == (
+        libproc.SOI_SO, libproc.SOI_RCV, libproc.SOI_SND, libproc.SOI_KIND)
+    assert libproc.THREADINFO.size == 112  # 2 uint64, 8 int32, MAXTHREADNAMESIZE 64
+    # struct rusage_info_v4: a uuid, 35 uint64; v2's disk bytes and pageins where the
+    # probe reads them, ri_runnable_time last.
+    assert libproc.RUSAGE_V4.size == 296
+    assert 16 + 8 * libproc.RUSAGE_FIELDS.index("diskio_bytesread") == macos.DISKIO_OFFSET
+    assert 16 + 8 * libproc.RUSAGE_FIELDS.index("pageins") == macos.PAGEINS_OFFSET
+    assert libproc.RUSAGE_FIELDS[-1] == "runnable_time" and len(libproc.RUSAGE_FIELDS) == 35
+
+
+def test_the_probe_reads_socket_buffer_counts_from_the_stand_in():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        client.sendall(b"x" * 100)  # received by `accepted`, never read
+        probe = macos.MacProbe(ps=psutil_mac, libproc=libproc.LibProc())
+        inode = os.fstat(accepted.fileno()).st_ino
+        found = {}
+        deadline = time.monotonic() + 5
+        while found.get(inode, (0, 0))[1] != 100 and time.monotonic() < deadline:
+            found = {h: (snd, rcv) for h, snd, rcv in probe.socket_queues(os.getpid()) or ()}
+        assert found[inode] == (0, 100), found  # soi_snd.sbi_cc 0, soi_rcv.sbi_cc 100
+    finally:
+        for s in (client, accepted, server):
+            s.close()
+
+
+def test_rusage_and_threadinfo_from_the_live_process():
+    lib = libproc.LibProc()
+    buffer = ctypes.create_string_buffer(macos.RUSAGE_V2_SIZE)
+    assert lib.proc_pid_rusage(ctypes.c_int(os.getpid()), ctypes.c_int(2), buffer) == 0
+    read, written = macos.rusage_io(buffer.raw)
+    assert read >= 0 and written >= 0 and macos.rusage_pageins(buffer.raw) >= 0
+    assert lib.proc_pid_rusage(os.getpid(), 3, buffer) == -1  # a flavour it has not
+    handles = ctypes.create_string_buffer(8 * 64)
+    filled = lib.proc_pidinfo(os.getpid(), libproc.PROC_PIDLISTTHREADS, 0, handles, 512)
+    assert filled >= 8 and filled % 8 == 0
+    first = int.from_bytes(handles.raw[:8], "little")
+    info = ctypes.create_string_buffer(libproc.THREADINFO.size)
+    assert lib.proc_pidinfo(os.getpid(), libproc.PROC_PIDTHREADINFO, first, info,
+                            len(info)) == libproc.THREADINFO.size
+    user, system, *_ = libproc.THREADINFO.unpack(info.raw)
+    assert user + system > 0  # this thread has run: nanoseconds, as pth_user_time
+
+
+def test_psutil_as_macos_answers():
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        proc = psutil_mac.Process(os.getpid())
+        ids = [t.id for t in proc.threads()]
+        assert ids == list(range(1, len(ids) + 1)) and len(ids) >= 2  # positions, from 1
+        assert threading.get_native_id() not in ids[1:]  # never the kernel's
+        assert proc.kernel_tids()[0] == os.getpid()  # the main thread first
+        assert proc.status() in ("running", "stopped", "zombie", "idle")
+        assert len(proc.uids()) == 3
+        assert not hasattr(proc, "cpu_num") and not hasattr(proc, "io_counters")
+        assert psutil_mac.virtual_memory().wired >= 0
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_a_stopped_process_is_stopped_and_a_traced_one_running():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        proc = psutil_mac.Process(child.pid)
+        os.kill(child.pid, 19)  # SIGSTOP
+        deadline = time.monotonic() + 5
+        while psutil.Process(child.pid).status() != "stopped" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.status() == "stopped"
+        assert psutil_mac._STATUS.get(psutil.STATUS_TRACING_STOP) is None  # -> running
+        assert psutil_mac._STATUS.get(psutil.STATUS_DISK_SLEEP) is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_sample_report_keeps_the_recorded_grammar():
+    recorded = (DATA / "sample_jaccl_recv.txt").read_text().split("Call graph:\n")[1]
+    graph = [line for line in recorded.split("\n\n")[0].splitlines()]
+    assert all(THREAD_LINE.match(line) or FRAME_LINE.match(line) for line in graph), graph
+    parsed = gdbstack.parse((DATA / "gdb_ring_waiting_for_slowpeer.txt").read_text())
+    reads = [{tid: [(name, "libmlx.so", "0x1") for name in reversed(frames)]
+              for tid, frames in parsed.items()}]
+    main = min(parsed)
+    report = tools.sample_report(main, reads, "python3", 1)
+    lines = report.split("Call graph:\n")[1].split("\n\n")[0].splitlines()
+    assert lines and all(THREAD_LINE.match(line) or FRAME_LINE.match(line) for line in lines)
+    threads = samplegraph.parse(report)
+    assert [t.thread.split()[0] for t in threads] == [f"Thread_{tid}" for tid in
+                                                      sorted(parsed, key=lambda t: (t != main, t))]
+    # The heaviest path of each thread is its gdb stack, root first; the ids are the
+    # kernel's, as on a Mac (`Thread_<id>`), while psutil's are positions.
+    for thread, tid in zip(threads, sorted(parsed, key=lambda t: (t != main, t)), strict=True):
+        assert tuple(p.frame for p in reversed(thread.path)) == parsed[tid][:len(thread.path)]
+
+
+def test_pmset_at_rest_is_the_recorded_output(monkeypatch, capsys):
+    monkeypatch.setattr(tools, "cpufreq_limit", lambda: None)
+    assert tools.main(["pmset", "-g", "therm"]) == 0
+    assert capsys.readouterr().out == PMSET_COOL
+    monkeypatch.setattr(tools, "cpufreq_limit", lambda: 71)
+    tools.main(["pmset", "-g", "therm"])
+    assert macos.pmset_therm(capsys.readouterr().out) == "CPU speed limit 71% (thermal)"
+
+
+def test_ioreg_finds_no_metal_client_here(capsys):
+    assert tools.main(["ioreg", "-r", "-c", "AGXDeviceUserClient", "-l", "-w0"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_kqueue_reports_an_exit_and_a_gone_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    queue = kqueue.kqueue()
+    change = kqueue.kevent(child.pid, kqueue.KQ_FILTER_PROC,
+                           kqueue.KQ_EV_ADD | kqueue.KQ_EV_ONESHOT, kqueue.KQ_NOTE_EXIT)
+    events = []
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        events = queue.control([change], 4, 0.5)
+    assert [(e.ident, e.fflags) for e in events] == [(child.pid, kqueue.KQ_NOTE_EXIT)]
+    child.wait()
+    gone = queue.control([kqueue.kevent(child.pid, kqueue.KQ_FILTER_PROC,
+                                        kqueue.KQ_EV_ADD)], 4, 0)
+    assert gone[0].flags & kqueue.KQ_EV_ERROR and gone[0].data == errno.ESRCH
+    with pytest.raises(ProcessLookupError):
+        queue.control([kqueue.kevent(child.pid, kqueue.KQ_FILTER_PROC, kqueue.KQ_EV_ADD)], 0)
+    queue.close()
+    with pytest.raises(ValueError):
+        queue.control([], 1, 0)
+
+
+def test_the_exit_watcher_wakes_through_the_stand_in():
+    wake = threading.Event()
+    watcher = ExitWatcher(wake, kq=kqueue)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    watcher.watch({child.pid})
+    watcher.start()
+    try:
+        assert wake.wait(10)
+    finally:
+        watcher.stop()
+        watcher.join(2)
+        child.wait()
+
+
+@pytest.mark.parametrize("environ, platform, simulated", [
+    ({"MLX_WATCHDOG_SIMULATE": "macos"}, "linux", True),
+    ({"MLX_WATCHDOG_SIMULATE": "macos"}, "darwin", False),  # a real Mac is never simulated
+    ({"MLX_WATCHDOG_SIMULATE": "1"}, "linux", False),
+    ({}, "linux", False)])
+def test_the_variable_is_read_once_and_only_on_linux(environ, platform, simulated):
+    assert host.simulating(environ, platform) is simulated
+
+
+def test_the_simulated_defaults_and_label(monkeypatch):
+    monkeypatch.setattr(host, "SIMULATED", True)
+    monkeypatch.setattr(host, "OS", host.DARWIN)
+    monkeypatch.setenv(host.SIMULATE_ROOT_VARIABLE, "/tmp/elsewhere")
+    assert host.platform_label() == "macos (simulated)"
+    d = host.defaults()
+    assert (d.record_dir, d.state_dir, d.service, d.stderr_log) == (
+        "/tmp/elsewhere/var/run/mlx-watchdog", "/tmp/elsewhere/var/db/mlx-watchdog",
+        "launchd", "/tmp/elsewhere/var/log/mlx-watchdog.err.log")
+    assert host.for_service("systemd").record_dir == "/run/mlx-watchdog"
+    from watchdog.daemon.probes import probe
+
+    simulated = probe()
+    assert isinstance(simulated, macos.MacProbe) and simulated.ps is psutil_mac
+    assert simulated.stack_command(1)[-4:] == ["watchdog.macsim.tools", "sample", "1", "1"]
+    monkeypatch.setattr(host, "SIMULATED", False)
+    assert host.platform_label() == "macos"

@@ -1,0 +1,39 @@
+"""The simulated Mac: the macOS path run whole on Linux, each macOS source a stand-in.
+
+A test aid (docs/macos.md). `MLX_WATCHDOG_SIMULATE=macos`, read once by
+`watchdog/host.py`, makes the daemon, the CLI and the ranks take their macOS path:
+host.py imports this room (nothing else does, so a real Mac never loads it) for
+
+- `probe()`: the real macOS probe (probes/macos.py), its sources handed in: psutil as
+  macOS answers (psutil_mac.py), libproc's structures (libproc.py), and the tools it
+  runs by path, `sample`, `ioreg` and `pmset` (tools.py);
+- `kqueue_module()`: kqueue's NOTE_EXIT for the exit watcher (kqueue.py).
+
+Each stand-in reads the live Linux process but hands over only what macOS gives, in
+macOS's format, and says where it guesses. Only this room reads /proc: the test
+`tests/unit/macsim/test_no_proc.py` holds the daemon's side to it.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from watchdog.daemon.probes.macos import MacProbe
+from watchdog.macsim import kqueue, libproc, psutil_mac, tools
+
+
+def tool(name: str) -> list[str] | None:
+    """The command that runs the stand-in for a macOS tool ("sample", "ioreg",
+    "pmset"); None for a tool a Mac does not have here."""
+    if name not in tools.TOOLS:
+        return None
+    return [sys.executable, "-m", "watchdog.macsim.tools", name]
+
+
+def probe() -> MacProbe:
+    return MacProbe(ps=psutil_mac, libproc=libproc.LibProc(), tool=tool)
+
+
+def kqueue_module() -> ModuleType:
+    return kqueue

@@ -1,0 +1,152 @@
+"""psutil as it answers on macOS, built from the live Linux process.
+
+What psutil's macOS backend (`_psosx`) gives, and nothing more:
+
+- thread ids are positions in `task_threads` order, from 1, main thread first
+  (psutil's C `proc_threads` builds them as `j + 1`), never the kernel's ids;
+- a status is one of `kinfo_proc.p_stat`'s: SIDL "idle", SRUN "running", SSTOP
+  "stopped", SZOMB "zombie" (SSLEEP is defined but xnu leaves a live process in
+  SRUN): no "disk-sleep", no "tracing-stop", no "sleeping" (guessed from xnu's
+  sources: `proc_stop` sets SSTOP, nothing sets SSLEEP; docs/macos.md);
+- uids are (real, effective, saved): no filesystem uid;
+- no `cpu_num`, no `io_counters`, no `num_ctx_switches` per thread;
+- `virtual_memory()` has `wired` (macOS's wired pages; here the Linux kernel's
+  Unevictable + Mlocked, the nearest it keeps).
+
+The errors are psutil's own classes, so callers catch what they catch on a Mac.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import namedtuple
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+NoSuchProcess = psutil.NoSuchProcess
+AccessDenied = psutil.AccessDenied
+ZombieProcess = psutil.ZombieProcess
+Error = psutil.Error
+TimeoutExpired = psutil.TimeoutExpired
+CONN_ESTABLISHED, CONN_LISTEN = psutil.CONN_ESTABLISHED, psutil.CONN_LISTEN
+
+pthread = namedtuple("pthread", ["id", "user_time", "system_time"])
+puids = namedtuple("puids", ["real", "effective", "saved"])
+svmem = namedtuple("svmem", ["total", "available", "percent", "used", "free", "active",
+                             "inactive", "wired"])
+
+# Linux's state letters as psutil words, to the p_stat macOS would keep.
+_STATUS = {
+    psutil.STATUS_STOPPED: psutil.STATUS_STOPPED,
+    psutil.STATUS_ZOMBIE: psutil.STATUS_ZOMBIE,
+    psutil.STATUS_DEAD: psutil.STATUS_ZOMBIE,
+}
+
+
+class Process:
+    """psutil.Process as macOS answers it: only the calls `_psosx` has."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self._proc = psutil.Process(pid)
+        self.pid = self._proc.pid
+
+    def oneshot(self) -> contextlib.AbstractContextManager[None]:
+        return self._proc.oneshot()
+
+    def status(self) -> str:
+        return _STATUS.get(self._proc.status(), psutil.STATUS_RUNNING)
+
+    def create_time(self) -> float:
+        return self._proc.create_time()
+
+    def uids(self) -> tuple[int, int, int]:
+        real, effective, saved = self._proc.uids()[:3]
+        return puids(real, effective, saved)
+
+    def threads(self) -> list[Any]:
+        listed = self._proc.threads()
+        main = [t for t in listed if t.id == self.pid]
+        rest = [t for t in listed if t.id != self.pid]
+        return [pthread(i + 1, t.user_time, t.system_time)
+                for i, t in enumerate(main + rest)]
+
+    def kernel_tids(self) -> list[int]:
+        """The stand-in's own key (no psutil call has it on a Mac): the kernel ids in
+        `threads()`'s order, for the other stand-ins that read the same process."""
+        ids = [t.id for t in self._proc.threads()]
+        return [i for i in ids if i == self.pid] + [i for i in ids if i != self.pid]
+
+    def name(self) -> str:
+        return self._proc.name()
+
+    def cmdline(self) -> list[str]:
+        return self._proc.cmdline()
+
+    def environ(self) -> dict[str, str]:
+        return self._proc.environ()
+
+    def username(self) -> str:
+        return self._proc.username()
+
+    def ppid(self) -> int:
+        return self._proc.ppid()
+
+    def is_running(self) -> bool:
+        return self._proc.is_running()
+
+    def cpu_times(self) -> Any:
+        return self._proc.cpu_times()
+
+    def memory_info(self) -> Any:
+        return self._proc.memory_info()
+
+    def net_connections(self, kind: str = "inet") -> list[Any]:
+        return self._proc.net_connections(kind=kind)
+
+    def children(self, recursive: bool = False) -> list[Process]:
+        return [Process(c.pid) for c in self._proc.children(recursive=recursive)]
+
+
+def process_iter(attrs: list[str] | None = None) -> Iterator[Process]:
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            yield Process(proc.pid)
+
+
+def net_connections(kind: str = "inet") -> list[Any]:
+    """Every process's connections (root on a Mac, as here)."""
+    return psutil.net_connections(kind=kind)
+
+
+def pid_exists(pid: int) -> bool:
+    return psutil.pid_exists(pid)
+
+
+def pids() -> list[int]:
+    return psutil.pids()
+
+
+def getloadavg() -> tuple[float, float, float]:
+    return psutil.getloadavg()
+
+
+def cpu_count(logical: bool = True) -> int | None:
+    return psutil.cpu_count(logical)
+
+
+def boot_time() -> float:
+    return psutil.boot_time()
+
+
+def virtual_memory() -> Any:
+    memory = psutil.virtual_memory()
+    wired = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Unevictable", "Mlocked"):
+                wired = max(wired, int(rest.split()[0]) * 1024)
+    return svmem(memory.total, memory.available, memory.percent, memory.used, memory.free,
+                 getattr(memory, "active", 0), getattr(memory, "inactive", 0), wired)

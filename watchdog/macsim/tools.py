@@ -1,0 +1,165 @@
+"""The macOS command-line tools the probe runs, as stand-ins: `sample`, `ioreg`, `pmset`.
+
+Run as `python -m watchdog.macsim.tools NAME ARGS...`: the macOS probe's command for
+the tool (`MacProbe.tool`), so every caller that runs the real tool (the probe, the
+evidence) runs the stand-in the same way, as a process of its own.
+
+- `sample PID SECONDS`: the live rank's native stacks, read with gdb (hardened as the
+  daemon's own, probes/gdbstack.py) as often as fits in SECONDS (at least once),
+  printed in `sample`'s report layout: the header, "Call graph:", one tree per thread
+  headed `Thread_<id>` with the kernel's thread id (as on a Mac, not psutil's
+  position), each frame `name  (in library) + offset  [address]` under a count of
+  samples, indented two columns a level, then "Total number in stack". Guessed: the
+  tree's `!` and `:` glyphs are not drawn (the parser reads depth by width only), the
+  counts are gdb reads (a few), not 1 ms samples (about a thousand).
+- `ioreg -r -c AGXDeviceUserClient -l -w0`: no Metal client exists on this host (the
+  ranks run MLX on the CPU), so it prints what ioreg prints when nothing matches:
+  nothing. The GPU clock is never read in the simulation.
+- `pmset -g therm`: the notes a Mac prints when nothing was recorded; with Linux's
+  cpufreq capping a core below its maximum, the `CPU_Speed_Limit` block instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from watchdog.daemon.probes import gdbstack
+
+TOOLS = ("sample", "ioreg", "pmset")
+_LIB = re.compile(r" from (\S+)")
+_ADDRESS = re.compile(r"^#\d+\s+(0x[0-9a-fA-F]+) in ")
+
+
+def gdb_read(pid: int) -> dict[int, list[tuple[str, str, str]]]:
+    """Each thread's frames, root first, as (name, library, address), by kernel id."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return {}
+    done = subprocess.run(gdbstack.command(gdb, pid), capture_output=True, text=True,
+                          timeout=20, stdin=subprocess.DEVNULL, check=False)
+    threads: dict[int, list[tuple[str, str, str]]] = {}
+    current: list[tuple[str, str, str]] | None = None
+    for line in done.stdout.splitlines():
+        match = gdbstack._THREAD.match(line)
+        if match:
+            current = threads.setdefault(int(match.group("tid")), [])
+            continue
+        found = gdbstack._FRAME.match(line)
+        if found and current is not None:
+            lib = _LIB.search(found.group("rest"))
+            address = _ADDRESS.match(line)
+            current.append((gdbstack.frame_name(found.group("rest")),
+                            os.path.basename(lib.group(1)) if lib else "???",
+                            address.group(1) if address else "0x0"))
+    return {tid: list(reversed(frames)) for tid, frames in threads.items()}
+
+
+def sample_report(pid: int, reads: list[dict[int, list[tuple[str, str, str]]]],
+                  name: str, seconds: int) -> str:
+    order = sorted({tid for read in reads for tid in read}, key=lambda t: (t != pid, t))
+    lines = [f"Sampling process {pid} for {seconds} second with 1 millisecond of run time "
+             "between samples", "Sampling completed, processing symbols...",
+             f"Analysis of sampling {name} (pid {pid}) every 1 millisecond",
+             f"Process:         {name} [{pid}]", "Platform:        macOS (simulated)", "",
+             "Call graph:"]
+    for tid in order:
+        tree: dict[tuple[str, str, str], list[Any]] = {}  # frame -> [count, children]
+        count = 0
+        for read in reads:
+            frames = read.get(tid)
+            if not frames:
+                continue
+            count += 1
+            level = tree
+            for frame in frames:
+                node = level.setdefault(frame, [0, {}])
+                node[0] += 1
+                level = node[1]
+        title = "   DispatchQueue_1: com.apple.main-thread  (serial)" if tid == pid else ""
+        lines.append(f"    {count} Thread_{tid}{title}")
+        _draw(tree, 0, lines)
+    lines += ["", "Total number in stack (recursive counted multiple, when >=5):", "",
+              "Sort by top of stack, same collapsed (when >= 5):", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _draw(tree: dict[Any, Any], depth: int, lines: list[str]) -> None:
+    for (frame, lib, address), (count, children) in sorted(tree.items(),
+                                                            key=lambda kv: -kv[1][0]):
+        lines.append(f"    +{'  ' * depth} {count} {frame}  (in {lib}) + 0  [{address}]")
+        _draw(children, depth + 1, lines)
+
+
+def sample(args: list[str]) -> int:
+    if not args or not args[0].isdigit():
+        print("Usage: sample <pid | partial-executable-name> [<duration> "
+              "[<samplingInterval>]]", file=sys.stderr)
+        return 1
+    pid = int(args[0])
+    seconds = int(args[1]) if len(args) > 1 and args[1].isdigit() else 10
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        print(f"sample cannot find any existing process you have access to which has a "
+              f"name like '{pid}'", file=sys.stderr)
+        return 1
+    began = time.monotonic()
+    deadline = began + seconds
+    reads = [gdb_read(pid)]
+    took = time.monotonic() - began
+    while time.monotonic() + took < deadline:  # another read would not overrun
+        reads.append(gdb_read(pid))
+    sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
+    return 0
+
+
+def pmset(args: list[str]) -> int:
+    if args[:2] != ["-g", "therm"]:
+        print("pmset: the stand-in knows only -g therm", file=sys.stderr)
+        return 1
+    limit = cpufreq_limit()
+    if limit is None or limit >= 100:
+        print("Note: No thermal warning level has been recorded\n"
+              "Note: No performance warning level has been recorded\n"
+              "Note: No CPU power status has been recorded")
+    else:
+        print("Note: No thermal warning level has been recorded\n"
+              "Note: No performance warning level has been recorded\n"
+              "2026-12-04 12:00:00 +0000 CPU Power notify\n"
+              f"\tCPU_Scheduler_Limit \t= 100\n\tCPU_Available_CPUs \t= {os.cpu_count()}\n"
+              f"\tCPU_Speed_Limit \t= {limit}")
+    return 0
+
+
+def cpufreq_limit(root: str = "/sys/devices/system/cpu/cpu0/cpufreq") -> int | None:
+    try:
+        with open(f"{root}/scaling_max_freq") as f:
+            allowed = int(f.read())
+        with open(f"{root}/cpuinfo_max_freq") as f:
+            most = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return round(100 * allowed / most) if most else None
+
+
+def ioreg(args: list[str]) -> int:
+    return 0  # no AGXDeviceUserClient on this host: ioreg prints nothing
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in TOOLS:
+        print(f"usage: python -m watchdog.macsim.tools {{{','.join(TOOLS)}}} ...",
+              file=sys.stderr)
+        return 2
+    return {"sample": sample, "ioreg": ioreg, "pmset": pmset}[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
