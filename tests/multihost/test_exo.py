@@ -40,15 +40,16 @@ from watchdog.daemon.act.responses import EXO_STAGGER
 pytestmark = pytest.mark.ranks
 
 FLOOR = 60.0  # the auto deadline's floor, at the defaults
-BOUND = FLOOR + 15.0
+BOUND = FLOOR + 15.0 + EXO_STAGGER  # exo's peers end EXO_STAGGER after the origin
 # What a survivor prints when it sees its peer's socket reset (mlx 0.32's ring).
 RING_ERRORS = ("failed with errno", "Too many send/recv errors", "connection to a peer was lost")
 TERM_SPREAD = 0.5  # seconds between the first and the last SIGTERM of a job's ranks
-# exo's worker waits this long for a runner it shuts down to answer (`fail_after(3)` at
-# b5375f8), then gives it up unmarked; a runner that ends before is marked failed. Both
-# runners of an instance ended within it are both failed: exo may loop on CreateRunner /
-# Shutdown for minutes (docs/exo.md). The peer's runner must end after it.
-EXO_SHUTDOWN_WAIT = 3.0
+# exo (b5375f8) notices a runner's end at its supervisor's next poll (every 5 s) and
+# marks it failed; the other node's worker then waits 3 s (`fail_after(3)`) for its own
+# runner to answer a Shutdown and gives it up unmarked. Both runners of an instance ended
+# within that are both failed: exo may loop on CreateRunner / Shutdown until it deletes
+# the instance (docs/exo.md). The peer's runner must end after it.
+EXO_SHUTDOWN_WAIT = 5.0 + 3.0
 
 
 class Instance:

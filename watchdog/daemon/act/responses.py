@@ -40,14 +40,14 @@ log = logging.getLogger(__name__)
 
 Key = tuple[int, float]  # a rank: (pid, start time)
 
-# exo (docs/exo.md): a peer's runner of an exo job ends this long after ours. exo's worker
-# gives a runner it shuts down 3 s to answer (`fail_after(3)`) and then drops it without
-# marking it failed; a runner that dies before that is marked RunnerFailed. Two runners
-# of one instance failed at once make each node shut down its new runner 0.1 s after
-# starting it, and one that is not up within those 3 s leaves its runner failed: exo then
-# loops on CreateRunner / Shutdown for the instance, for minutes. Ours first, the peers'
-# after exo gave theirs up: only ours is failed, and exo recreates both.
-EXO_STAGGER = 3.5
+# exo (docs/exo.md): a peer's runner of an exo job ends this long after ours. exo notices
+# a runner's end at its supervisor's next 5 s poll and marks it RunnerFailed; the other
+# node then shuts its runner down and gives it 3 s to answer (`fail_after(3)`), after
+# which it drops it unmarked. Both runners of an instance failed make each node shut its
+# new runner down 0.1 s after starting it, and one not up within those 3 s leaves its id
+# failed: exo loops on CreateRunner / Shutdown until it deletes the instance. Ours first,
+# the peers' after exo gave theirs up (5 + 3 s and a margin): only ours is failed.
+EXO_STAGGER = 9.0
 
 
 def peer_delay(job: str) -> float:
