@@ -153,21 +153,24 @@ class Bed:
         self.wait("topology", settled, 240)
         placed_at = self.out / "exo1.log"
         seen = 0
-        self.api("POST", "/place_instance", {"model_id": MODEL, "sharding": "Pipeline",
-                                              "instance_meta": "MlxRing", "min_nodes": 2})
-        end = time.monotonic() + 300
+        body = {"model_id": MODEL, "sharding": "Pipeline", "instance_meta": "MlxRing",
+                "min_nodes": 2}
+        self.api("POST", "/place_instance", body)
+        placed = time.monotonic()
+        end = placed + 300
         while time.monotonic() < end:
             runners = self.api("GET", "/state/runners")
             if isinstance(runners, dict) and len(runners) == 2 and all(
                     "RunnerReady" in json.dumps(s) for s in runners.values()):
                 return runners
-            text = placed_at.read_text(errors="replace")
-            refusals = text.count("No cycles found")
-            if refusals > seen and not self.api("GET", "/state/instances"):
+            # Refused while the election settles ("No cycles found", in its log), or
+            # lost to a master that was replaced: placed again, only with no instance.
+            refusals = placed_at.read_text(errors="replace").count("No cycles found")
+            if (refusals > seen or time.monotonic() - placed > 30) \
+                    and not self.api("GET", "/state/instances"):
                 seen = refusals
-                self.api("POST", "/place_instance", {
-                    "model_id": MODEL, "sharding": "Pipeline", "instance_meta": "MlxRing",
-                    "min_nodes": 2})
+                self.api("POST", "/place_instance", body)
+                placed = time.monotonic()
             time.sleep(1)
         raise TimeoutError("runners ready")
 
