@@ -259,7 +259,11 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
         burners: list[subprocess.Popen[bytes]] = []
         os.kill(pids[victim], signal.SIGSTOP)
         frozen = time.monotonic()
-        if stream is not None:
+        if args.scenario == "idle":
+            # Frozen while idle: nothing waits on it until a request comes (exo hands it
+            # to both runners; the other waits on the frozen one in the first step).
+            stream = bed.stream(max_tokens=64)
+        if stream is not None:  # read to its end (an error chunk) in the background
             threading.Thread(target=lambda: stream.communicate(), daemon=True).start()
         ended: dict[int, float] = {}
         answered_at = None
