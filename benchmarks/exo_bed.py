@@ -238,9 +238,12 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
                 answered += bed.chat()
                 time.sleep(random.uniform(3, 20))
             result["answered"] = answered
-            incidents = [p.name for n in (1, 2)
-                         for p in (bed.root / "opt" / f"rec{n}").glob("incidents/*")]
-            result["incidents"] = incidents
+            # Each incident is one "incident <id>, job ..." line in its daemon's log.
+            result["incidents"] = sum(
+                line.count(" INFO incident ") + line.count(" WARNING incident ")
+                for n in (1, 2)
+                for line in (bed.out / f"daemon{n}.log").read_text(errors="replace")
+                .splitlines())
             result["runners_alive"] = all(psutil.pid_exists(p) for p in pids.values())
             return result
         victim = random.choice([1, 2]) if args.victim == 0 else args.victim
