@@ -23,7 +23,8 @@ supervises its MLX runners, with nothing of exo installed (exo needs Python 3.13
 The test is exo's API client: it drops `request-<n>` files (one task a line) into the
 node's directory; the node hands each new one to its runner. Each runner writes
 `runner-<instance>.json` (its pid, rank, instance) once warmed up, and
-`steps-<instance>` (steps done) as it generates; the node logs to stdout.
+`steps-<instance>` (steps done) as it generates; the node writes `ended-<instance>` (the
+runner's pid, exit code and the wall time the node saw it end) and logs to stdout.
 """
 
 from __future__ import annotations
@@ -110,8 +111,13 @@ def main() -> None:
                         if line.strip():
                             ours.send(line.strip())
             proc.join(0.1)
+        ended = time.time()
         print(f"node: runner {proc.pid} of instance {instance} ended ({proc.exitcode})",
               flush=True)
+        # When, as exo's supervisor sees it (the runner's pipe closed): what exo makes of
+        # its runners' ends depends on their order across nodes (docs/exo.md).
+        (workdir / f"ended-{instance}").write_text(json.dumps(
+            {"pid": proc.pid, "time": ended, "exitcode": proc.exitcode}))
         ours.close()
         time.sleep(0.5)  # exo's master notices, then places the instance again
 

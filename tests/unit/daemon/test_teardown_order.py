@@ -13,6 +13,8 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
+
 from tests.support.fakes import (
     DIES_ON_TERM,
     FakeClock,
@@ -24,7 +26,7 @@ from tests.support.fakes import (
 from tests.support.ladders import complete, drive
 from tests.unit.daemon.test_enforcer import enforcer, incident, settings
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Step
-from watchdog.daemon.act.responses import Responses
+from watchdog.daemon.act.responses import EXO_STAGGER, Responses
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.store import pending
 from watchdog.net import fence
@@ -214,8 +216,11 @@ class FencingPeers:
         return done
 
 
+@pytest.mark.parametrize("job,later", [("job-1", 0.0), ("exo-3f2a", EXO_STAGGER)])
 def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
-        state_dir: Path) -> None:
+        state_dir: Path, job: str, later: float) -> None:
+    """An exo job's peers end theirs EXO_STAGGER after ours (docs/exo.md: exo loops when
+    both runners of an instance end before it gave the second up)."""
     fake = FakeSignaller({71: DIES_ON_TERM, 72: DIES_ON_TERM})
     enf, clock = enforcer(state_dir, fake, evidence_timeout=3.0)
     peers = FencingPeers(fake)
@@ -223,19 +228,19 @@ def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
         settings(state_dir, evidence_timeout=3.0, secret="s", peers=("node-b:9100",)),
         enf, peers, lambda: NodeStatus(), lambda: None)  # type: ignore[arg-type]
     targets = [target(71), target(72, rank=1)]
-    responses.start([(71, 1.7e9), (72, 1.7e9)], clock.now(), 0, "job-1",
+    responses.start([(71, 1.7e9), (72, 1.7e9)], clock.now(), 0, job,
                     incident(targets=targets), targets, lambda: False,
                     ask_peers=False, may_hold=False, evidence=True)
     # Ours frozen before the peers were told; they were told the evidence's time box.
     (first_fence,) = peers.sent
-    assert first_fence == (3.0 + EVIDENCE_SLACK, ["SIGSTOP", "SIGSTOP"])
+    assert first_fence == (3.0 + EVIDENCE_SLACK + later, ["SIGSTOP", "SIGSTOP"])
     # The evidence (none here) is in at once: the peers are told again, to end theirs
     # now, and ours end with them.
     ended = []
     for _ in range(5):
         ended += responses.step(clock.now())
         clock.advance(enf.TICK)
-    assert [t for t, _ in peers.sent] == [3.0 + EVIDENCE_SLACK, 0.0]
+    assert [t for t, _ in peers.sent] == [3.0 + EVIDENCE_SLACK + later, later]
     assert peers.sent[1][1] == ["SIGSTOP", "SIGSTOP"]  # before any SIGTERM of ours
     # Both name the moment the job was found dead: the second ends no relaunch since.
     assert peers.since[0] is not None and peers.since[0] == peers.since[1]

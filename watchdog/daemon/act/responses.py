@@ -40,6 +40,20 @@ log = logging.getLogger(__name__)
 
 Key = tuple[int, float]  # a rank: (pid, start time)
 
+# exo (docs/exo.md): a peer's runner of an exo job ends this long after ours. exo notices
+# a runner's end at its supervisor's next 5 s poll and marks it RunnerFailed; the other
+# node then shuts its runner down and gives it 3 s to answer (`fail_after(3)`), after
+# which it drops it unmarked. Both runners of an instance failed make each node shut its
+# new runner down 0.1 s after starting it, and one not up within those 3 s leaves its id
+# failed: exo loops on CreateRunner / Shutdown until it deletes the instance. Ours first,
+# the peers' after exo gave theirs up (5 + 3 s and a margin): only ours is failed.
+EXO_STAGGER = 9.0
+
+
+def peer_delay(job: str) -> float:
+    """Seconds the peers' SIGTERMs come after ours, for `job` (exo's: EXO_STAGGER)."""
+    return EXO_STAGGER if job.startswith("exo-") else 0.0
+
 
 @dataclass(eq=False)
 class Response:
@@ -162,7 +176,8 @@ class Responses:
             response.fencing = self.peers.fence(
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
                 fence_culprit(incident, view),
-                term_in=max(0.0, term_at - self.enforcer.clock()), since=response.fenced_since)
+                term_in=max(0.0, term_at - self.enforcer.clock()) + peer_delay(response.job),
+                since=response.fenced_since)
             response.fenced = response.fencing is not None
 
     def hurry(self, uid: int, job: str, term_in: float) -> None:
@@ -265,7 +280,7 @@ class Responses:
             response.hurried = True
             self.peers.fence(response.uid, response.job,
                              f"{ladder.incident.verdict}: {ladder.incident.reason}",
-                             ladder.incident.culprit, term_in=0.0,
+                             ladder.incident.culprit, term_in=peer_delay(response.job),
                              since=response.fenced_since,  # never a relaunch since
                              again=True)
             ladder.term_at = self.enforcer.clock()
