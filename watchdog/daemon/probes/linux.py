@@ -194,9 +194,14 @@ def release_pending_stop(pid: int, start_ticks: int, proc: str = "/proc",
                          cut: bool = False) -> bool:
     """After a sample: if a SIGSTOP is still pending in the process (ours, queued by
     gdb's attach to a thread that could not take it), send a SIGCONT, which the kernel
-    makes discard every pending stop signal. A sample `cut` at its time box resumes a
-    process found stopped, too (the stop landed between gdb's end and this check).
+    makes discard every pending stop signal. A sample `cut` at its time box always
+    sends one: gdb killed mid-attach leaves its stop in whichever thread it reached,
+    pending or already taken (a thread "T (stopped)" while the main thread sleeps: seen
+    under load, a healthy rank left stopped for ever and its job ended as
+    `peer_stopped`); the sampler never samples a stopped rank, so the stop is ours.
     Only the same process (its start ticks); True when it sent one."""
+    if cut:
+        return _resume(pid, start_ticks, proc)
     texts = []
     try:
         with open(f"{proc}/{pid}/status") as f:
@@ -209,10 +214,17 @@ def release_pending_stop(pid: int, start_ticks: int, proc: str = "/proc",
                 continue
     except OSError:
         return False
-    stopped = cut and any(line.startswith("State:") and "T (stopped)" in line
-                          for line in texts[0].splitlines())
-    if not stopped and not any(pending_stop(text) for text in texts):
+    if not any(pending_stop(text) or _stopped(text) for text in texts):
         return False
+    return _resume(pid, start_ticks, proc)
+
+
+def _stopped(status: str) -> bool:
+    return any(line.startswith("State:") and "T (stopped)" in line
+               for line in status.splitlines())
+
+
+def _resume(pid: int, start_ticks: int, proc: str) -> bool:
     try:
         if read_start_ticks(pid, proc) != start_ticks:
             return False  # not the process sampled

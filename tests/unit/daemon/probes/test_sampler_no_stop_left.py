@@ -96,3 +96,37 @@ def test_a_stop_queued_by_a_cut_sample_is_discarded(asleep, released: bool) -> N
         assert release_pending_stop(proc.pid, ticks, cut=True)
     wake()
     assert runs_on(proc) is released
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_stop_already_taken_when_gdb_is_gone_is_undone(cut: bool) -> None:
+    """Under load gdb is killed at its time box mid-attach, and its stop may already
+    have been taken when the sampler looks (the rank "T (stopped)", nothing pending):
+    seen in the suite, a healthy trainer rank stopped for ever and its job ended as
+    `peer_stopped`. Cut or not, a stopped rank after our sample is resumed."""
+    proc = subprocess.Popen([sys.executable, "-c", RUNS], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ran\n"
+        ticks = read_start_ticks(proc.pid)
+        os.kill(proc.pid, 19)  # SIGSTOP, taken at once: nothing left pending
+        deadline = time.monotonic() + 5
+        while "T (stopped)" not in Path(f"/proc/{proc.pid}/status").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        fd = proc.stdout.fileno()
+        while select.select([fd], [], [], 0.2)[0]:  # what it said before the stop
+            os.read(fd, 4096)
+        assert not runs_on(proc)  # the control: stopped, it says nothing
+        assert release_pending_stop(proc.pid, ticks, cut=cut)
+        assert runs_on(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+RUNS = """
+import time
+while True:
+    print("ran", flush=True)
+    time.sleep(0.1)
+"""
