@@ -56,6 +56,11 @@ REMOTE_FRESH = 4.0
 
 
 class Daemon:
+    """One node's watchdog: each scan reads the record directory, judges every live
+    rank, starts and steps the responses, and publishes the snapshot every reader gets
+    (status.json, /status, /metrics). Only wiring: the judging is `judge/`, the acting
+    `act/`, the reading of the OS `probes/`."""
+
     def __init__(self, settings: Settings, probe_: Probe | None = None,
                  signaller: Signaller | None = None, *, clock: Clock | None = None) -> None:
         # The one holder every part reads its settings from: a reload is one assignment.

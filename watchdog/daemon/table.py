@@ -71,6 +71,9 @@ def clash_words(pids: list[int], rank: object, job: object, world_size: object) 
 
 
 class RankTable:
+    """The watched ranks by identity: a scan's sorting of the record directory into
+    ranks new, live, ended and refused (per-user caps), and what is kept of the ended."""
+
     def __init__(self, directory: str, probe: Probe, signaller: Signaller,
                  counters: Counters, forget: Callable[[Key], None]) -> None:
         self.probe, self.signaller, self.counters, self.forget = (

@@ -5,7 +5,7 @@ each scrape, so ranks that go away disappear; nothing is registered at import
 time. What it exports is `FAMILIES`, walked in order: each row names a family,
 gives its help and type and labels, and reads its samples off the scrape (the
 snapshot, and its ranks one per label pair). A new metric is one new row; a value
-the snapshot does not carry yet is also a field of `NodeStatus` (status.py) that
+the snapshot does not carry yet is also a field of `NodeStatus` (watchdog/status/node.py) that
 the daemon's publish fills. The HTTP endpoint that serves `/metrics` is http.py.
 """
 

@@ -208,6 +208,10 @@ class Ladder:
 
 
 class Enforcer:
+    """Steps one response's escalation ladder (freeze, evidence, SIGTERM with SIGCONT,
+    grace, SIGKILL, confirm, wired settle) through its edge table, each step
+    journalled before the next; resumes a ladder a restarted daemon left mid-way."""
+
     TICK = 0.05  # seconds between a ladder's steps: the loop's wait while one is under way
 
     def __init__(self, settings: Settings | Live, signaller: Signaller, probe: Probe, *,

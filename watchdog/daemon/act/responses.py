@@ -104,6 +104,10 @@ def _on_thread(fn: Callable[..., PeerView | None], *args: Any) -> Future[PeerVie
 
 
 class Responses:
+    """The responses under way, one per hung job: each started at a verdict (or a peer's
+    fence), its ladder stepped by the loop through the `Enforcer`, its fences sent to
+    the peers, its incident journalled before each next step."""
+
     def __init__(self, settings: Settings | Live, enforcer: Enforcer, peers: Peers,
                  snapshot: Callable[[], NodeStatus],
                  baseline: Callable[[], int | None]) -> None:

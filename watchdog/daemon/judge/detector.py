@@ -133,6 +133,9 @@ def _median(values: deque[float]) -> float:
 
 
 class Detector:
+    """Judges each live rank at each scan (`observe`, pure but for its per-rank
+    `Track` memory) and learns each job's pace of waits, kind by kind."""
+
     def __init__(self, rules: Rules | Callable[[], Rules],
                  learned: dict[str, dict[str, Learned]] | None = None) -> None:
         # The rules, or where to read them at each use (the daemon's settings holder:
