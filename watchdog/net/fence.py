@@ -50,7 +50,7 @@ def sender_words(address: str, body: bytes) -> str:
         data = json.loads(body[:MAX_BODY])
         if isinstance(data, dict) and isinstance(data.get("origin"), str):
             claimed = data["origin"][:80]
-    except ValueError:
+    except (ValueError, RecursionError):  # an unverified body: anything (deep nesting too)
         pass
     where = address or "an unknown address"
     return f"{where} (which says it is {claimed})" if claimed else where
