@@ -15,19 +15,20 @@ import errno
 import threading
 from typing import Any
 
-KQ_FILTER_PROC = -5
-KQ_EV_ADD = 0x0001
-KQ_EV_ONESHOT = 0x0010
-KQ_EV_ERROR = 0x4000
-KQ_NOTE_EXIT = 0x80000000
+from watchdog.macsim.kqueue import (  # macOS's <sys/event.h> values, and select's kevent
+    KQ_EV_ADD,
+    KQ_EV_ERROR,
+    KQ_EV_ONESHOT,
+    KQ_FILTER_PROC,
+    KQ_NOTE_EXIT,
+)
+from watchdog.macsim.kqueue import kevent as _kevent
+
+__all__ = ["KQ_EV_ADD", "KQ_EV_ERROR", "KQ_EV_ONESHOT", "KQ_FILTER_PROC", "KQ_NOTE_EXIT",
+           "FakeKqueueModule", "kevent"]
 
 
-class kevent:  # noqa: N801 - the name select gives it
-    def __init__(self, ident: int, filter: int = 0, flags: int = KQ_EV_ADD,  # noqa: A002
-                 fflags: int = 0, data: int = 0, udata: int = 0) -> None:
-        self.ident, self.filter, self.flags = ident, filter, flags
-        self.fflags, self.data, self.udata = fflags, data, udata
-
+class kevent(_kevent):  # noqa: N801 - the name select gives it
     def __repr__(self) -> str:
         return (f"kevent(ident={self.ident}, filter={self.filter}, flags={self.flags:#x}, "
                 f"fflags={self.fflags:#x}, data={self.data})")
