@@ -11,6 +11,7 @@ from typing import Any
 
 from watchdog import host
 from watchdog.daemon.config import (
+    SPECS,
     ConfigError,
     Settings,
     SetupRefused,
@@ -98,6 +99,10 @@ def _shown(key: str, value: Any) -> str:
         return "auto"
     if isinstance(value, tuple):
         return ",".join(value) or "none"
+    # Durations as the start line says them (`deadline 10s`): the unit its spec counts.
+    seconds = key in SPECS and SPECS[key].unit.startswith("SECONDS")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and seconds:
+        return f"{value:g}s"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

@@ -273,7 +273,7 @@ def test_sighup_reloads_mode_deadlines_peers_and_secret_and_logs_what_changed(tm
         daemon.proc.send_signal(signal.SIGHUP)
         log = daemon.wait_log("SIGHUP: reloaded")
         reloaded = next(line for line in log.splitlines() if "SIGHUP: reloaded" in line)
-        for change in ("mode observe -> enforce", "deadline auto -> 30",
+        for change in ("mode observe -> enforce", "deadline auto -> 30s",
                        "peers none -> 127.0.0.2:9753", "secret unset -> set"):
             assert change in reloaded, reloaded
         assert "SIGHUP: needs a restart, kept as running: listen 127.0.0.1:0 -> " in log, log
