@@ -6,7 +6,8 @@ long prompt, a long generation) end in no incident.
 
 One daemon and one healthy server are shared by the module: the healthy server's traffic
 runs in the background for its 3 minutes while the fault tests run, each on a server (a
-job) of its own, so the whole module takes about as long as its faults, not their sum.
+job) of its own; the three frozen peers run at once, so the whole module takes about as
+long as its traffic, not the sum of its faults.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,84 +164,132 @@ def test_the_learned_deadline_is_shown_within_a_minute_of_start(
         assert shown == LEARNED, (rank, shown)
 
 
-def test_a_peer_frozen_while_the_server_idles_is_ended_within_90s(
-        tmp_path: Path, node: tuple[DefaultDaemon, Path], model: Path) -> None:
+class Frozen(threading.Thread):
+    """One frozen-peer scenario on a server (a job) of its own, driven on a thread of its
+    own: `script` brings the server to its moment and returns what it saw there; rank 1 is
+    then frozen and the seconds until both ranks are gone kept with the job's incident."""
+
+    def __init__(self, folder: Path, node: tuple[DefaultDaemon, Path], model: Path,
+                 script: Any) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.node, self.model, self.script = folder, node, model, script
+        self.facts: dict[str, Any] = {}
+        self.error = ""
+
+    def run(self) -> None:
+        daemon, records = self.node
+        try:
+            with LmServer(self.folder, records, self.model) as server:
+                self.server = server
+                for n in range(4):
+                    server.chat(f"hello {n}", 16)
+                self.script(self, daemon, server)
+                self.facts["took"], self.facts["incident"] = freeze_and_time(daemon, server)
+                talker = self.facts.get("talker")
+                if talker is not None:
+                    talker.join(60)
+        except Exception:  # reported by the test that joins it
+            self.error = traceback.format_exc()
+
+
+def idle(s: Frozen, daemon: DefaultDaemon, server: LmServer) -> None:
     """The seeds' workload: a distributed server, idle, hung at once by a frozen peer.
     Rank 0 waits in `eval(all_sum(0))`, spinning; the 600 s fallback would apply if auto
     only learned from the waits a scan sees."""
-    daemon, records = node
-    with LmServer(tmp_path, records, model) as server:
-        for n in range(4):
-            server.chat(f"hello {n}", 16)
-        wait_for(lambda: learned(daemon, server), 30, interval=0.5, what="learned deadlines")
-        time.sleep(3)  # idle: rank 0 polls its queue and shares "nothing" every 0.1 s
-        took, incident = freeze_and_time(daemon, server)
+    wait_for(lambda: learned(daemon, server), 30, interval=0.5, what="learned deadlines")
+    time.sleep(3)  # idle: rank 0 polls its queue and shares "nothing" every 0.1 s
+
+
+def generation(s: Frozen, daemon: DefaultDaemon, server: LmServer) -> None:
+    failed: list[str] = []
+
+    def generate() -> None:
+        try:
+            server.chat("tell me a long story", 4000, timeout=BOUND + 120)
+        except Exception as err:  # the server is torn down under it
+            failed.append(repr(err))
+
+    s.facts["failed"] = failed
+    s.facts["talker"] = talker = threading.Thread(target=generate, daemon=True)
+    talker.start()
+    # Generating: rank 0's waits are mlx-lm's async_eval of each next token.
+    wait_for(lambda: (server.records().get(0) is not None
+                      and server.records()[0].collectives > 500), 60,
+             what="the generation under way")
+    # The daemon's view may lag the records by a scan or two.
+    wait_for(lambda: learned(daemon, server), 10, interval=0.2,
+             what="a generating server to show its learned deadline")
+
+
+def prefill(s: Frozen, daemon: DefaultDaemon, server: LmServer) -> None:
+    began = time.monotonic()
+    server.chat(words(LONG_PROMPT, "first"), 1, timeout=300)
+    s.facts["prefill"] = took = time.monotonic() - began  # the prompt's own length, healthy
+    sent = threading.Event()
+
+    def prompt() -> None:
+        sent.set()
+        try:
+            server.chat(words(LONG_PROMPT, "second"), 1, timeout=BOUND + took + 120)
+        except Exception:  # torn down under it
+            pass
+
+    s.facts["talker"] = talker = threading.Thread(target=prompt, daemon=True)
+    talker.start()
+    assert sent.wait(10)
+    time.sleep(min(0.5, took / 4))  # inside the prefill
+    s.facts["before"] = server.records()[0].collectives
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory: pytest.TempPathFactory, node: tuple[DefaultDaemon, Path],
+           model: Path) -> Iterator[dict[str, Frozen]]:
+    """The three frozen-peer scenarios at once (each waits a minute for its deadline: the
+    module takes one such minute, not three)."""
+    found = {name: Frozen(tmp_path_factory.mktemp(name), node, model, script)
+             for name, script in (("idle", idle), ("generation", generation),
+                                  ("prefill", prefill))}
+    for scenario in found.values():
+        scenario.start()
+    yield found
+    for scenario in found.values():
+        scenario.join(1)
+
+
+def joined(frozen: dict[str, Frozen], name: str) -> tuple[Frozen, float, dict[str, Any]]:
+    s = frozen[name]
+    s.join(BOUND + 600)
+    assert not s.is_alive(), f"{name} still running"
+    assert not s.error, s.error
+    return s, s.facts["took"], s.facts["incident"]
+
+
+def test_a_peer_frozen_while_the_server_idles_is_ended_within_90s(
+        frozen: dict[str, Frozen]) -> None:
+    s, took, incident = joined(frozen, "idle")
     assert took <= BOUND, f"the frozen idle server was ended after {took:.0f}s"
     assert took >= LEARNED, f"ended after {took:.0f}s, before the deadline"
-    assert_names_the_frozen_rank(incident, server)
+    assert_names_the_frozen_rank(incident, s.server)
     due = next(r for r in incident["ranks"] if r["rank"] == 0)
     assert due["op"] == "eval" and due["state"] == "stalled", due
 
 
 def test_a_peer_frozen_during_a_generation_is_ended_within_90s(
-        tmp_path: Path, node: tuple[DefaultDaemon, Path], model: Path) -> None:
-    daemon, records = node
-    with LmServer(tmp_path, records, model) as server:
-        for n in range(4):
-            server.chat(f"hello {n}", 16)
-        failed: list[str] = []
-
-        def generate() -> None:
-            try:
-                server.chat("tell me a long story", 4000, timeout=BOUND + 120)
-            except Exception as err:  # the server is torn down under it
-                failed.append(repr(err))
-
-        talker = threading.Thread(target=generate, daemon=True)
-        talker.start()
-        # Generating: rank 0's waits are mlx-lm's async_eval of each next token.
-        wait_for(lambda: (server.records().get(0) is not None
-                          and server.records()[0].collectives > 500), 60,
-                 what="the generation under way")
-        # The daemon's view may lag the records by a scan or two.
-        wait_for(lambda: learned(daemon, server), 10, interval=0.2,
-                 what="a generating server to show its learned deadline")
-        took, incident = freeze_and_time(daemon, server)
-        talker.join(60)
+        frozen: dict[str, Frozen]) -> None:
+    s, took, incident = joined(frozen, "generation")
     assert took <= BOUND, f"the frozen generating server was ended after {took:.0f}s"
-    assert_names_the_frozen_rank(incident, server)
-    assert failed, "the request in flight cannot have been answered"
+    assert_names_the_frozen_rank(incident, s.server)
+    assert s.facts["failed"], "the request in flight cannot have been answered"
 
 
 def test_a_peer_frozen_during_a_long_prefill_is_ended_within_90s_plus_the_prefill(
-        tmp_path: Path, node: tuple[DefaultDaemon, Path], model: Path) -> None:
-    daemon, records = node
-    with LmServer(tmp_path, records, model) as server:
-        for n in range(4):
-            server.chat(f"hello {n}", 16)
-        began = time.monotonic()
-        server.chat(words(LONG_PROMPT, "first"), 1, timeout=300)
-        prefill = time.monotonic() - began  # the prompt's own length, healthy
-        sent = threading.Event()
-
-        def prompt() -> None:
-            sent.set()
-            try:
-                server.chat(words(LONG_PROMPT, "second"), 1, timeout=BOUND + prefill + 120)
-            except Exception:  # torn down under it
-                pass
-
-        talker = threading.Thread(target=prompt, daemon=True)
-        talker.start()
-        assert sent.wait(10)
-        time.sleep(min(0.5, prefill / 4))  # inside the prefill
-        before = server.records()[0].collectives
-        took, incident = freeze_and_time(daemon, server)
-        talker.join(60)
+        frozen: dict[str, Frozen]) -> None:
+    s, took, incident = joined(frozen, "prefill")
+    prefill = s.facts["prefill"]
     assert prefill > 0.5, f"the long prompt's prefill took only {prefill:.2f}s"
     assert took <= BOUND + prefill, (took, prefill)
-    assert_names_the_frozen_rank(incident, server)
-    assert before > 0
+    assert_names_the_frozen_rank(incident, s.server)
+    assert s.facts["before"] > 0
 
 
 def test_a_killed_peer_takes_its_job_down_and_is_named(
