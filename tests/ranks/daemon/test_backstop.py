@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import ExitStack
 
 import pytest
 
@@ -49,23 +50,33 @@ def test_a_hang_inside_the_buffer_protocol_is_caught_by_the_backstop(
         assert "mlx::core" in open(native[0]).read()
 
 
-@pytest.mark.parametrize("mode", ["pyworker", "pycompute", "sleeper"])
 def test_the_backstop_does_not_fire_on_python_work_or_a_quiet_rank(
-        tmp_path, record_dir, state_dir, mode):
-    seconds = 10  # more than five deadlines without progress
+        tmp_path, record_dir, state_dir):
+    """Three jobs at once under one daemon (a Python worker thread at work, Python
+    compute, a quiet rank), each for more than five deadlines without progress."""
+    seconds = 10
+    modes = ("pyworker", "pycompute", "sleeper")
     with DaemonProc(record_dir, state_dir, deadline=1.5, blocked_deadline=60) as daemon, \
-            RingJob(tmp_path, record_dir, 2, mode, args=(str(seconds),)) as job:
-        job.wait_running(collectives=1)
-        wait_for(lambda: f"{mode} started" in job.log(0), 60, what=f"{mode} started")
-        pid = job.procs[0].pid
-        seen: set[str] = set()
-        while job.procs[0].poll() is None:
-            rank = daemon.ranks().get(pid)
-            if rank is not None:
-                seen.add(rank["state"])
-                assert rank["state"] in ("running", "suspect", "exited"), rank
+            ExitStack() as stack:
+        jobs = {mode: stack.enter_context(RingJob(tmp_path / mode, record_dir, 2, mode,
+                                                  args=(str(seconds),)))
+                for mode in modes}
+        for mode, job in jobs.items():
+            job.wait_running(collectives=1)
+            log = job.log
+            wait_for(lambda: f"{mode} started" in log(0), 60,  # noqa: B023 (called here)
+                     what=f"{mode} started")
+        seen: dict[str, set[str]] = {mode: set() for mode in modes}
+        while any(job.procs[0].poll() is None for job in jobs.values()):
+            ranks = daemon.ranks()
+            for mode, job in jobs.items():
+                rank = ranks.get(job.procs[0].pid)
+                if rank is not None and job.procs[0].poll() is None:
+                    seen[mode].add(rank["state"])
+                    assert rank["state"] in ("running", "suspect", "exited"), (mode, rank)
             time.sleep(0.2)
-        assert job.procs[0].returncode == 0, job.log(0)
-        assert f"{mode} done" in job.log(0)
+        for mode, job in jobs.items():
+            assert job.procs[0].returncode == 0, job.log(0)
+            assert f"{mode} done" in job.log(0)
+            assert "running" in seen[mode], (mode, seen[mode])
         assert daemon.incidents() == []
-        assert "running" in seen
