@@ -1,4 +1,4 @@
-"""The escalation ladder: evidence, SIGCONT, SIGTERM, grace, SIGKILL, confirm.
+"""The escalation ladder: SIGSTOP, evidence, SIGTERM with SIGCONT, grace, SIGKILL, confirm.
 
 A response is a `Ladder`: `begin` (a verdict) or `resume` (an earlier daemon's
 unfinished one) makes it, and `step` takes every step that is due, whenever the

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -176,7 +175,7 @@ class Responses:
         if fencing and term_at is not None:
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
-            response.fenced_since = time.time()
+            response.fenced_since = self.enforcer.wall()
             response.fencing = self.peers.fence(
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
                 fence_culprit(incident, view),

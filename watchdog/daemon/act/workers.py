@@ -48,11 +48,6 @@ class FairWork:
             self._cond.notify()
         return future
 
-    def in_flight(self) -> set[int]:
-        """The uids with work running now."""
-        with self._cond:
-            return set(self._busy)
-
     def _next(self) -> tuple[int, Work] | None:
         """The first uid in turn with work and none in flight, its work (lock held)."""
         for uid in list(self._queues):
