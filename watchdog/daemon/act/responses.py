@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.daemon.act import told
-from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome, Step
+from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
+from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
