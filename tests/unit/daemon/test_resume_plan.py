@@ -124,3 +124,27 @@ def test_of_two_frozen_ranks_one_is_ended_and_the_other_thawed() -> None:
     made = plan(said, [T, U], {21: OURS, 22: OURS}, progressed={22}, fresh=True,
                 enforce=True)
     assert made == Plan(live=(T,), frozen=(T,), stale=(U,), outcomes={22: Result.UNKNOWN})
+
+
+def test_the_plan_reads_no_clock_no_file_and_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every clock, `open` and the signaller's checks broken: the same plans (all that
+    the plan knows of the world is what it is handed)."""
+    import builtins
+    import time
+
+    from watchdog.daemon.signaller import Signaller
+
+    def broken(*_args: object, **_kw: object) -> float:
+        raise AssertionError("the plan reached outside its arguments")
+
+    for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter"):
+        monkeypatch.setattr(time, name, broken)
+    monkeypatch.setattr(builtins, "open", broken)
+    monkeypatch.setattr(Signaller, "identify", broken)
+    monkeypatch.setattr(Signaller, "send", broken)
+    made = [plan(entry(step), [T], {21: who}, progressed={21} if returned else (),
+                 fresh=fresh, enforce=enforce)
+            for step, who, fresh, enforce, returned in CASES]
+    monkeypatch.undo()
+    assert made == [expected(step, who, fresh and enforce and not returned)
+                    for step, who, fresh, enforce, returned in CASES]
