@@ -228,3 +228,27 @@ def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> N
                 assert fake.names() == [], where
                 assert outcome.results == {21: "killed" if step in ENDED_BY_US else "gone"}, \
                     where
+
+
+# The ladder's rooms, from the ground up: each imports only rooms before it (no circle,
+# no arrow up), the pure ones (ladder, wired, resume) none that signals or writes.
+LADDER_ROOMS = ("ladder", "wired", "resume", "workers", "evidence", "writes", "teardown",
+                "acting", "enforcer")
+PURE = {"ladder", "wired", "resume"}
+
+
+def test_the_ladders_rooms_import_only_those_before_them() -> None:
+    from tests.unit.test_rooms import PACKAGE, imports
+
+    act = "watchdog.daemon.act."
+    wrong = []
+    for at, name in enumerate(LADDER_ROOMS):
+        used = {t.removeprefix(act).split(".")[0]
+                for t in imports(PACKAGE / "daemon" / "act" / f"{name}.py")
+                if t.startswith(act) or t == act.rstrip(".")}
+        wrong += [f"{name} imports {u}" for u in used - set(LADDER_ROOMS[:at])]
+        if name in PURE:
+            wrong += [f"{name}, pure, imports {u}" for u in used]
+    assert wrong == []
+    assert "act.resume" in next(
+        t for t in imports(PACKAGE / "daemon" / "act" / "enforcer.py") if "resume" in t)
