@@ -54,7 +54,9 @@ class Cause(Word):
     QUIET_HANG = "quiet_hang"  # the node's own judgement (detector), never the table's
 
 
-CAUSES = tuple(Cause)  # in the table's order: the metrics list them so
+# The vocabulary's order (design.md, section 5), which the metrics list; `decide` takes
+# the table's order instead (collective_wedged late: only when nothing else explains it).
+CAUSES = tuple(Cause)
 
 # A wait's busiest thread demanding at least this much of a core spins (the detector's
 # spin ratio is a setting; this only reads what a node published: stalled or blocked

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import wait
 
-from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome
+from watchdog.daemon.act.enforcer import Enforcer
+from watchdog.daemon.act.ladder import Ladder, Outcome
 from watchdog.daemon.signaller import Target
 from watchdog.daemon.store import pending
 from watchdog.status import Incident

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon.act import told
-from watchdog.daemon.act.enforcer import EVIDENCE_SLACK
 from watchdog.daemon.act.incidents import death_culprit
+from watchdog.daemon.act.ladder import EVIDENCE_SLACK
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Live, PeerSettings, Settings, live
 from watchdog.daemon.lifecycle import Rank

@@ -170,8 +170,10 @@ class Keeper:
     they can be found; "" while there is room), and logged once per change."""
 
     def __init__(self, directory: str, holders: Callable[[str], dict[int, int] | None],
-                 limit: int = MAX_ENTRIES_PER_SCAN) -> None:
+                 limit: int = MAX_ENTRIES_PER_SCAN, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.directory, self.holders, self.limit = directory, holders, limit
+        self.clock = clock  # monotonic seconds (daemon/clock.py): when holders were looked for
         self.full = ""
         self._pass: Iterator[os.DirEntry[str]] | None = None  # a pass under way
         self._pass_freed = 0
@@ -200,7 +202,7 @@ class Keeper:
         return self.full
 
     def _report(self, room: Room) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self._held_at is None or now - self._held_at >= HOLDERS_EVERY:
             self._held, self._held_at = self.holders(self.directory), now
         held = self._held

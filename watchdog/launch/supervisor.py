@@ -190,8 +190,7 @@ class Supervisor:
         s = self.settings
         signalled = any(code is None or (code < 0 and -code != signal.SIGINT)
                         for _, code in attempt.exits)
-        until = ended + ((s.grace + s.kill_timeout + s.evidence_timeout + s.settle + 5)
-                         if hung or signalled else 0.0)
+        until = ended + (s.ladder().ladder_span() + 5 if hung or signalled else 0.0)
         while True:
             attempt.incident = relaunch.incident_for(
                 journal.read_incidents(s.state_dir)[0], self.plan.job, attempt)

@@ -225,7 +225,6 @@ SLOT = struct.Struct(f"<{SLOT_WORDS}Q")
 V2_SLOT_SIZE = S_PACE * 8  # version 2's slot: no pace table
 V2_SLOT = struct.Struct(f"<{S_PACE}Q")
 SLOT_OF = {2: (V2_SLOT, V2_SLOT_SIZE), 3: (SLOT, SLOT_SIZE)}  # version -> slot struct, size
-HOT_OFFSET = SLOTS_OFFSET  # slot 0, where a whole state (tests/support/records.py) goes
 assert SEQ_OFFSET + COLD.size <= TICKS_OFFSET and EXPECT_OFFSET == SEQ_OFFSET + 32
 assert TICKS_OFFSET + TICKS.size <= THREADS_OFFSET
 assert SEQ_OFFSET + COLD.size <= WORKLOAD_OFFSET

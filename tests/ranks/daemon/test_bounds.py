@@ -250,7 +250,7 @@ def garbage_files(record_dir: Path, template: bytes, count: int, seed: int = 1) 
     """`count` files of fuzzed records in the directory; returns how many of each kind."""
     rng = random.Random(seed)
     kinds: dict[str, int] = {}
-    seq_at, hot_at = layout.SEQ_OFFSET, layout.HOT_OFFSET
+    seq_at, hot_at = layout.SEQ_OFFSET, layout.SLOTS_OFFSET  # slot 0's state
     for i in range(count):
         kind = ("random", "bitflip", "truncated", "version", "odd_seq", "absurd",
                 "stale", "text")[i % 8]

@@ -14,12 +14,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tests.support.fakes import FakeClock, FakeProbe, FakeSignaller
-from watchdog.daemon.act import evidence, peers
+from watchdog.daemon import roomkeeper
+from watchdog.daemon.act import evidence, peers, responses
 from watchdog.daemon.config import Settings
 from watchdog.daemon.judge.deadlines import Learned
 from watchdog.daemon.store import learning
 
-READERS = (peers, learning, evidence)
+READERS = (peers, learning, evidence, responses, roomkeeper)
 CLOCK_CALLS = {"time", "monotonic", "monotonic_ns", "sleep", "perf_counter"}
 
 

@@ -20,7 +20,7 @@ from tests.support.fakes import (
     process_sample,
 )
 from tests.support.records import SyntheticWriter
-from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Step
+from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Step
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon

@@ -26,7 +26,6 @@ def test_one_uids_crowd_holds_one_worker_and_another_uid_runs_at_once() -> None:
         assert victim.result(timeout=5) == "ran"  # not behind the crowd
         time.sleep(0.1)
         assert running == [65534], running  # one of the crowd's at a time
-        assert pool.in_flight() == {65534}
         for future in crowd[5:]:
             assert future.cancel()  # queued: cancelled and never run
         release.set()

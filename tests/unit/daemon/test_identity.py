@@ -20,7 +20,8 @@ import pytest
 from tests.support.fakes import FakeClock, target
 from tests.support.ladders import respond
 from tests.support.users import UserProc, publish
-from watchdog.daemon.act.enforcer import Enforcer, Ladder, Outcome, Step
+from watchdog.daemon.act.enforcer import Enforcer
+from watchdog.daemon.act.ladder import Ladder, Outcome, Step
 from watchdog.daemon.config import Settings
 from watchdog.daemon.lifecycle import Edge, transition
 from watchdog.daemon.loop import Daemon

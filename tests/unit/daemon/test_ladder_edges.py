@@ -1,12 +1,12 @@
-"""The escalation ladder's edge table (enforcer.py): every edge its docstring names is
-taken, none it does not name ever is, and no code but `Enforcer.advance` sets a
-ladder's step. Pure: the fakes' clock, signaller and probe."""
+"""The escalation ladder's edge table (act/ladder.py's `EDGES`, the data `advance` runs):
+every edge it names is taken, none it does not name ever is (`advance` refuses one), and
+no code but `Enforcer.advance` sets a ladder's step. Pure: the fakes' clock, signaller
+and probe."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import re
 from pathlib import Path
 
 import pytest
@@ -16,31 +16,17 @@ from tests.support.fakes import DIES_ON_KILL, DIES_ON_TERM, FakeSignaller, targe
 from tests.support.ladders import complete, drive, respond
 from tests.unit.daemon.test_enforcer import GiB, _record, enforcer, incident
 from watchdog import record
-from watchdog.daemon.act import enforcer as enforcer_module
-from watchdog.daemon.act.enforcer import Enforcer, Ladder, Step
+from watchdog.daemon.act.enforcer import Enforcer
+from watchdog.daemon.act.ladder import EDGES, GIVE_UP, Ladder, Step
 from watchdog.daemon.store import pending
 
 ANY = "any"  # the table's "any step" row: a loop giving up on its ladder
 
 
 def documented() -> set[tuple[str, str]]:
-    """(from, to) for every edge the module's step table names: a row's step in its
-    first column, each step it goes to opening a line of its last (column 44)."""
-    doc = enforcer_module.__doc__ or ""
-    lines = doc.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "waits"])
-    edges = set()
-    source = ""
-    for line in lines[start + 1:]:
-        if not line.strip():
-            break  # the table's end
-        head = line[4:14].strip()
-        if head:
-            source = ANY if head == "any step" else head
-        found = re.match(r"([A-Z]+)(?: or ([A-Z]+))?[:, ]", line[44:])
-        if found:
-            edges.update((source, to) for to in found.groups() if to in Step.__members__)
-    return edges
+    """(from, to) for every edge the table names, and the give-up edge from any step."""
+    return {(source.name, to.name) for source, tos in EDGES.items() for to in tos} \
+        | {(ANY, GIVE_UP.name)}
 
 
 class Watched(Enforcer):
@@ -111,7 +97,7 @@ def test_every_edge_the_table_names_is_taken_and_no_other(tmp_path: Path,
     complete(resumer := enf(), entry(resumer, [target(11)], GiB, action="ending"))
 
     table = documented()
-    assert len(table) >= 18, table  # the parse found the rows (18 edges today)
+    assert len(table) == 18, table  # 18 edges today
     assert taken - table == set(), "edges taken that the table does not name"
     assert table - taken == set(), "edges the table names that no ladder took"
     assert {source for source, _ in table} == {s.name for s in Step} - {"DONE"} | {ANY}
@@ -121,6 +107,32 @@ def test_every_step_but_done_has_its_handler() -> None:
     assert set(Enforcer.HANDLERS) == set(Step) - {Step.DONE}
     assert all(handler.__name__ == f"_step_{step.name.lower()}"
                for step, handler in Enforcer.HANDLERS.items())
+    assert set(EDGES) == set(Step) - {Step.DONE}  # every step but DONE goes somewhere
+
+
+def test_advance_refuses_an_edge_the_table_does_not_name(state_dir: Path) -> None:
+    """A handler that returns a step the table does not name from its own raises, and
+    the ladder stays where it was (its response is then closed unfinished)."""
+
+    class Astray(Enforcer):
+        def _step_hold(self, ladder: Ladder, now: float) -> Step | None:
+            return None if now < ladder.term_at else Step.SETTLE  # not in HOLD's row
+
+    Astray.HANDLERS = {**Enforcer.HANDLERS, Step.HOLD: Astray._step_hold}
+    fake = FakeSignaller({1: DIES_ON_TERM})
+    plain, clock = enforcer(state_dir, fake)
+    astray = Astray(plain.live, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+                    wall=clock.wall)
+    ladder = astray.begin(incident(targets=[target(1)]), [target(1)], evidence=False,
+                          term_at=clock.now() + 5.0)
+    assert ladder.step is Step.HOLD
+    clock.advance(5.0)
+    with pytest.raises(RuntimeError, match="no edge from HOLD to SETTLE"):
+        astray.step(ladder)
+    assert ladder.step is Step.HOLD
+    outcome = astray.close_unfinished(ladder, "its step failed")
+    assert ladder.step is Step.DONE and outcome.results == {1: "unknown"}
+    assert fake.names() == ["SIGSTOP", "SIGCONT"]  # frozen, then thawed: never left stopped
 
 
 def test_a_ladder_at_done_takes_no_step(state_dir: Path) -> None:
@@ -177,7 +189,7 @@ class Journaled(Enforcer):
         return moved
 
 
-# What the module's second table says a restarted daemon makes of an entry left at
+# What resume.py's table says a restarted daemon makes of an entry left at
 # each step: a target gone counts killed once the round began; one SIGSTOPped and not
 # yet SIGTERMed (as far as the entry says) is thawed when its verdict is stale.
 ENDED_BY_US = {"TERM", "KILL", "FRAMES", "SETTLE"}
@@ -188,7 +200,7 @@ FROZEN_STILL = {"EVIDENCE", "HOLD", "TERM"}
 def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> None:
     """A daemon dies at each step of a ladder whose rank ignores SIGTERM; the next
     daemon, given the entry as it stood, finds the rank still there (its verdict fresh,
-    or stale) or gone, and does what the module's table says."""
+    or stale) or gone, and does what resume.py's table says."""
     first = tmp_path / "first"
     fake = FakeSignaller({21: DIES_ON_KILL})
     plain, clock = enforcer(first, fake)
@@ -216,3 +228,27 @@ def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> N
                 assert fake.names() == [], where
                 assert outcome.results == {21: "killed" if step in ENDED_BY_US else "gone"}, \
                     where
+
+
+# The ladder's rooms, from the ground up: each imports only rooms before it (no circle,
+# no arrow up), the pure ones (ladder, wired, resume) none that signals or writes.
+LADDER_ROOMS = ("ladder", "wired", "resume", "workers", "evidence", "writes", "teardown",
+                "acting", "enforcer")
+PURE = {"ladder", "wired", "resume"}
+
+
+def test_the_ladders_rooms_import_only_those_before_them() -> None:
+    from tests.unit.test_rooms import PACKAGE, imports
+
+    act = "watchdog.daemon.act."
+    wrong = []
+    for at, name in enumerate(LADDER_ROOMS):
+        used = {t.removeprefix(act).split(".")[0]
+                for t in imports(PACKAGE / "daemon" / "act" / f"{name}.py")
+                if t.startswith(act) or t == act.rstrip(".")}
+        wrong += [f"{name} imports {u}" for u in used - set(LADDER_ROOMS[:at])]
+        if name in PURE:
+            wrong += [f"{name}, pure, imports {u}" for u in used]
+    assert wrong == []
+    assert "act.resume" in next(
+        t for t in imports(PACKAGE / "daemon" / "act" / "enforcer.py") if "resume" in t)

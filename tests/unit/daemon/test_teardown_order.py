@@ -25,7 +25,7 @@ from tests.support.fakes import (
 )
 from tests.support.ladders import complete, drive
 from tests.unit.daemon.test_enforcer import enforcer, incident, settings
-from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Step
+from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Step
 from watchdog.daemon.act.responses import EXO_STAGGER, Responses
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.store import pending

@@ -143,8 +143,7 @@ def shutdown_seconds() -> int:
     from watchdog.daemon.config import Settings
 
     s = Settings()
-    return math.ceil(s.interval + s.evidence_timeout + s.grace + s.kill_timeout + s.settle
-                     + s.peer_timeout)
+    return math.ceil(s.interval + s.ladder().ladder_span())
 
 
 def checked_kind(kind: str) -> str:

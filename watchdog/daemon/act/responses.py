@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.daemon.act import told
-from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome, Step
+from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
+from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
@@ -176,7 +176,7 @@ class Responses:
         if fencing and term_at is not None:
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
-            response.fenced_since = time.time()
+            response.fenced_since = self.enforcer.wall()
             response.fencing = self.peers.fence(
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
                 fence_culprit(incident, view),

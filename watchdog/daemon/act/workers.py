@@ -15,7 +15,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,6 @@ class FairWork:
             self._queues.setdefault(uid, collections.deque()).append((future, fn, args))
             self._cond.notify()
         return future
-
-    def in_flight(self) -> set[int]:
-        """The uids with work running now."""
-        with self._cond:
-            return set(self._busy)
 
     def _next(self) -> tuple[int, Work] | None:
         """The first uid in turn with work and none in flight, its work (lock held)."""
@@ -103,3 +98,19 @@ class FairWork:
         if wait:
             for thread in self._threads:
                 thread.join()
+
+
+def run_for(executor: FairWork | Executor | None, uid: int, fn: Callable[..., Any],
+            *args: Any) -> Future[Any]:
+    """`fn(*args)` for `uid` on `executor`: a `FairWork` takes the uid, another any
+    work; without one (tests), at once, its result or error in the future returned."""
+    if isinstance(executor, FairWork):
+        return executor.submit(uid, fn, *args)
+    if executor is not None:
+        return executor.submit(fn, *args)
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(*args))
+    except Exception as err:  # noqa: BLE001 - handed to the step that reads it
+        future.set_exception(err)
+    return future

@@ -1,0 +1,155 @@
+"""A response's ladder as data: its steps, its edges, and what one response carries.
+
+A response is a `Ladder` at a `Step`. `Enforcer.advance` (enforcer.py) is the one place
+a ladder's step is set, and it takes only the edges `EDGES` names: from each step, the
+steps it may go to, and why. A step's handler returning any other is a bug: `advance`
+raises, and the response is closed unfinished (journaled, thawed, never dropped).
+`[j]` in an edge's words marks a write of the write-ahead journal (store/pending.py),
+the only ones there are.
+
+Pure data: no clock, no signal, no file.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog.daemon.signaller import Target
+from watchdog.status import Incident, SignalSent
+
+# Seconds past the evidence timeout a capture may take to hand back its files (the
+# prune, the copies): the time box from the verdict is the two together.
+EVIDENCE_SLACK = 1.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one response to a hung job did, handed back to the daemon's loop."""
+
+    incident: Incident  # as written to incidents.jsonl
+    # pid -> KILLED, UNKILLABLE (States), UNKNOWN, or what stopped the ladder early (GONE,
+    # NOT_OURS, DENIED); empty when nothing was signalled (observe mode, a hold)
+    results: dict[int, str] = field(default_factory=dict)
+    signals_sent: tuple[str, ...] = ()  # names of the signals that reached a rank
+    held: str = ""  # not acted on: why (a rank of the job computes on another node)
+
+
+class Step(enum.Enum):
+    """Where a response's ladder stands. Each step but the worker ones (`EVIDENCE`,
+    `FRAMES`) and the two it starts at is a wait with a deadline, checked by
+    `Enforcer.step` whenever it is called (each tick of the daemon's loop). What each
+    waits for follows its name."""
+
+    BEGIN = "beginning"  # -: a verdict's; journaled, frozen, its evidence under way
+    RESUME = "resuming"  # -: at start, an earlier daemon's entry (act/resume.py)
+    EVIDENCE = "gathering evidence"  # the dumps (a worker), or the time box from the verdict
+    HOLD = "holding frozen"  # the moment the peers were told to end theirs (a fence's)
+    LEAVING = "leaving on its own error"  # those leaving gone, or the grace
+    TERM = "SIGTERM sent"  # every target gone, or the grace
+    KILL = "SIGKILL sent"  # every target gone, or the kill timeout
+    FRAMES = "reading the native dumps"  # the parse (a worker), or the evidence time box
+    SETTLE = "settling"  # wired memory back, or the settle time
+    DONE = "done"
+
+
+# The edge table: from each step, each step it may go to, and why.
+EDGES: dict[Step, dict[Step, str]] = {
+    Step.BEGIN: {
+        Step.DONE: "observe mode: nothing is signalled, not even the dump signal; the "
+                   "incident closed",
+        Step.EVIDENCE: "[j] the verdict, before the first signal; SIGSTOP to every "
+                       "target, [j] once sent; the stacks of frozen ranks on a worker",
+    },
+    Step.RESUME: {
+        Step.DONE: "it was closed, only its writes were missing (the incident line, the "
+                   "flag); or no target is left to end and none was ended by us",
+        Step.LEAVING: "as from HOLD: a target still ours and due goes down the rest of "
+                      "the ladder, without evidence; one leaving on its own error first",
+        Step.TERM: "as from HOLD: a target still ours and due goes down the rest of the "
+                   "ladder (an interrupted SIGTERM must not leave it half-ended), "
+                   "without evidence",
+        Step.SETTLE: "as from a resumed KILL: no target is left to end, and one was "
+                     "ended by us",
+    },
+    Step.EVIDENCE: {
+        Step.HOLD: "with or without the dumps: the kill never waits past the time box",
+    },
+    Step.HOLD: {
+        Step.LEAVING: "[j] the round; a rank leaving on its own error gets the grace to "
+                      "go, unsignalled",
+        Step.TERM: "[j] the round; SIGTERM then SIGCONT to every target, back to back",
+    },
+    Step.LEAVING: {
+        Step.TERM: "SIGTERM, SIGCONT to the rest; one gone meanwhile ended itself "
+                   "(`exited`)",
+    },
+    Step.TERM: {
+        Step.KILL: "to those still there, if any, [j] the SIGTERMs and SIGCONTs, then "
+                   "SIGKILL",
+    },
+    Step.KILL: {
+        Step.FRAMES: "each target's outcome; the native dumps parsed on a worker, after "
+                     "the kill, which must not wait on them",
+        Step.SETTLE: "resumed, it has no dumps: settled as it ended something",
+        Step.DONE: "resumed, it has no dumps, and ended nothing (or has no baseline)",
+    },
+    Step.FRAMES: {
+        Step.SETTLE: "[j] the outcome, before a settle of up to minutes",
+        Step.DONE: "as SETTLE's end, without a wired baseline",
+    },
+    Step.SETTLE: {
+        Step.DONE: "the reboot flag if one is called for",
+    },
+}
+# From any step, its loop giving up on it (`Enforcer.close_unfinished`): DONE, closed
+# with what is known (thawed, every outcome not known `unknown`). DONE itself is
+# reached through the close: [j] closed, then the incident line and the flag, each
+# written or held in the backlog.
+GIVE_UP = Step.DONE
+
+
+def may_go(source: Step, to: Step, unfinished: bool = False) -> bool:
+    """The edge from `source` to `to` is in the table (`unfinished`: given up on)."""
+    return to is GIVE_UP if unfinished else to in EDGES.get(source, {})
+
+
+@dataclass(eq=False)
+class Ladder:
+    """One response to a hung job under way: what it has done and the step it is at.
+
+    Made by `Enforcer.begin` (a verdict) or `Enforcer.resume` (an earlier daemon's
+    unfinished response), advanced by `Enforcer.step` until it hands back its
+    `Outcome`. Only the daemon's loop thread touches it; its worker steps run a
+    `Future` and read nothing else of it.
+    """
+
+    incident: Incident
+    targets: list[Target]
+    baseline: int | None
+    others_live: Callable[[], bool]
+    step: Step = Step.BEGIN  # set by `Enforcer.advance` alone
+    until: float = 0.0  # monotonic deadline of the current wait (or worker step)
+    work: Future[Any] | None = None  # the current worker step's
+    resumed: bool = False  # an earlier daemon's: no evidence, settled only after a kill
+    sent: list[SignalSent] = field(default_factory=list)
+    outcome: dict[int, str] = field(default_factory=dict)
+    ending: list[Target] = field(default_factory=list)  # leaving on their own error
+    live: list[Target] = field(default_factory=list)  # down the signal ladder
+    left: list[Target] = field(default_factory=list)  # not known to be gone yet
+    next_probe: float = 0.0  # of wired memory, while settling
+    result: Outcome | None = None
+    frozen: list[Target] = field(default_factory=list)  # SIGSTOPped, not yet SIGTERMed
+    term_at: float = 0.0  # monotonic: no SIGTERM before (the moment the peers were told)
+    # What `begin` was asked, for its step: the stack dumps taken (a fenced job's are
+    # not), and when the verdict was (monotonic; None: when the step is taken).
+    gather: bool = True
+    verdict_at: float | None = None
+
+    @property
+    def working(self) -> bool:
+        """A worker step is under way (what may get stuck: a sampler, a filesystem)."""
+        return self.work is not None and not self.work.done()
