@@ -20,8 +20,8 @@ from watchdog.daemon.act.enforcer import EVIDENCE_SLACK
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Live, PeerSettings, Settings, live
-from watchdog.daemon.lifecycle import Rank
-from watchdog.daemon.table import Death, Key, RankTable
+from watchdog.daemon.lifecycle import Key, Rank
+from watchdog.daemon.table import Death, RankTable
 from watchdog.net import fence
 from watchdog.status import Culprit, Fence, FenceAnswer
 

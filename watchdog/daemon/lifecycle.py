@@ -55,6 +55,8 @@ from watchdog.daemon.signaller import Target
 from watchdog.record import Record
 from watchdog.states import FINAL, State
 
+Key = tuple[int, float]  # a rank: (pid, start time), its identity wherever it is kept
+
 
 class Edge(enum.Enum):
     JUDGED = "judged"
@@ -111,7 +113,7 @@ class Rank:
     pace_unjudged: str | None = None  # the same as a code
 
     @property
-    def key(self) -> tuple[int, float]:
+    def key(self) -> Key:
         return (self.record.pid, self.record.start_time)
 
     @property

@@ -34,16 +34,25 @@ from watchdog.daemon.fences import Fences
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.stragglers import CLEAR_SLOWDOWN, Stragglers, summary, why
-from watchdog.daemon.lifecycle import Edge, Rank, transition
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, probe
+from watchdog.daemon.lifecycle import Edge, Key, Rank, transition
+from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.probes.datalink import Prober
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.daemon.probes.stacksampler import MAX_RUNNING, Identity, StackSampler
 from watchdog.daemon.publish import INVALID_LISTED, snapshot
+from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.signaller import Result, Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
-from watchdog.daemon.table import Key, RankTable
-from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, Mode, ProcStatus, State
+from watchdog.daemon.table import RankTable
+from watchdog.states import (
+    FINAL,
+    STOPPED_STATUSES,
+    WAITING_LONG,
+    FrameKind,
+    Mode,
+    ProcStatus,
+    State,
+)
 from watchdog.status import Fence, FenceAnswer, NodeStatus, Straggler, job_key
 
 log = logging.getLogger(__name__)
@@ -213,7 +222,7 @@ class Daemon:
         self.stacks.forget(sampled)
         return due
 
-    def _seen(self, rank: Rank, sample: ProcessSample, now: float) -> frames.Seen | None:
+    def _seen(self, rank: Rank, sample: ProcessSample, now: float) -> frames.Reading | None:
         """What the rank's busy threads ran at its latest stack sample, if fresh. None
         when it was taken with no thread busy where the OS names the busy threads (Linux):
         nothing spins, so no wedge (a quiet rank is judged by `_asleep`)."""
@@ -223,10 +232,10 @@ class Daemon:
         if sample.native_ids and not found.busy and found.stacks:
             return None
         if found.stacks is None or found.error:
-            return frames.Seen(frames.UNKNOWN, found.error or "no native stack could be read")
+            return frames.Reading(FrameKind.UNKNOWN, found.error or "no native stack could be read")
         return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
 
-    def _asleep(self, rank: Rank, now: float) -> tuple[frames.Seen | None, float | None]:
+    def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None]:
         """What the rank waits in at its latest sample, when fresh and taken with no thread
         busy (frames.asleep), and the seconds its sockets' queues stood still (None: not
         read): the quiet hang's facts (detector._quiet)."""
@@ -239,7 +248,7 @@ class Daemon:
         return frames.asleep(found.stacks, rank.record.backend, found.gpu_moved,
                              main=rank.record.pid), still
 
-    def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Seen | None,
+    def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,
                 now: float) -> wedge.Member:
         rec = rank.record
         queues = self.stacks.queues.get(rank.key)
@@ -435,7 +444,6 @@ class Daemon:
             rec = rank.record
             transition(rank, Edge.ESCALATED, now, wait=(rec.wait_since_ns, rec.waits_completed)
                        if rank.key in acted else None)
-            rank.cause = incident.cause
         keys = [r.key for r in targets]
         others = [r for r in self.ranks.values() if r.key not in keys]
 
@@ -493,9 +501,18 @@ class Daemon:
                 self.table.replaying.difference_update(keys)
                 holds.peer_held([self.ranks[k] for k in keys if k in self.ranks],
                                 outcome.held, now)
+                self._acted(keys, outcome.incident.cause)
             else:
                 self._ended(keys, outcome, now)
         return bool(finished)
+
+    def _acted(self, keys: list[Key], cause: str | None) -> None:
+        """A response is done: its ranks keep its incident's cause, shown with them (while
+        it was under way, `publish` read the response's own)."""
+        for key in keys:
+            rank = self.ranks.get(key)
+            if rank is not None and cause:
+                rank.cause = cause
 
     def _ended(self, keys: list[Key], outcome: Outcome, now: float) -> None:
         # A hang acted on (not a fence, not a hold: a hold re-asked every 5 s is no
@@ -507,6 +524,7 @@ class Daemon:
             if name in self.counters.kills:
                 self.counters.kills[name] += 1
         self.table.replaying.difference_update(keys)
+        self._acted(keys, outcome.incident.cause)
         for key in keys:
             rank = self.ranks.get(key)
             if rank is None:
@@ -514,7 +532,6 @@ class Daemon:
                     self.table.ended_by_us[key] = outcome.incident.id
                 continue
             result = outcome.results.get(rank.record.pid)
-            rank.cause = outcome.incident.cause or rank.cause
             if result == State.KILLED:
                 transition(rank, Edge.KILLED, now,
                            f"ended by the watchdog (incident {outcome.incident.id})")
@@ -561,11 +578,6 @@ class Daemon:
         records = self.table.records
         transient = {path: why for path, why in self.table.invalid.items()
                      if os.path.basename(path) not in records.bad}
-        for response in self.responses.pending:  # the cause as the peers refined it
-            acting = response.ladder.incident if response.ladder else response.incident
-            for key in response.keys:
-                if key in self.ranks:
-                    self.ranks[key].cause = acting.cause
         self.snapshot = snapshot(
             host=self.host, settings=self.settings, ranks=self.ranks.values(),
             counters=self.counters, scanned=(self.last_scan_wall, self.last_scan_mono),
@@ -574,6 +586,7 @@ class Daemon:
             invalid={**records.unusable(INVALID_LISTED), **transient},
             invalid_count=len(records.bad) + len(transient),
             launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
+            causes=self.responses.causes(),
             record_dir_full=self.room_full, stragglers=self.slow)
         try:
             journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),

@@ -5,12 +5,12 @@ with a copy of its counters (`status.CounterValues`, from `daemon/counters.py`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from watchdog import __version__
 from watchdog.daemon.config import Settings
 from watchdog.daemon.counters import SCAN_BUCKETS, Counters
-from watchdog.daemon.lifecycle import Rank
+from watchdog.daemon.lifecycle import Key, Rank
 from watchdog.daemon.store import journal
 from watchdog.daemon.view import rank_status
 from watchdog.host import platform_label
@@ -26,9 +26,13 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
              invalid: dict[str, str], invalid_count: int,
              launches: dict[str, int] | None = None,
              backlog: Unwritten | None = None, record_dir_full: str = "",
-             stragglers: tuple[Straggler, ...] = ()) -> NodeStatus:
+             stragglers: tuple[Straggler, ...] = (),
+             causes: Mapping[Key, str | None] | None = None) -> NodeStatus:
     """The node as readers see it. `scanned` is the last scan's (wall, monotonic) time,
-    `wired` the wired bytes now and at rest, `launches` the launcher's counted events."""
+    `wired` the wired bytes now and at rest, `launches` the launcher's counted events,
+    `causes` the cause of each rank under a response (else the rank's own: the last
+    incident that acted on it)."""
+    causes = causes or {}
     flag = journal.reboot_flag(settings.state_dir)
     backlog = backlog or Unwritten()
     if flag is None and backlog.reboot_flags_unwritten:
@@ -36,7 +40,8 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         # the same, and says so from memory until the file is there.
         flag = RebootFlag(reason=backlog.reboot_flags_unwritten[0], unwritten=True)
     shown = tuple(rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
-                              data_link=r.data_link, cause=r.cause, pace=r.pace,
+                              data_link=r.data_link,
+                              cause=causes.get(r.key, r.cause), pace=r.pace,
                               pace_score=r.pace_score, pace_why=r.pace_why,
                               pace_note=r.pace_note, pace_unjudged=r.pace_unjudged,
                               sockets=r.sockets)

@@ -20,7 +20,7 @@ from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.loop import REMOTE_FRESH, Daemon
 from watchdog.daemon.view import rank_status
 from watchdog.record import Collective, Record, read_path
-from watchdog.states import Phase, State
+from watchdog.states import FrameKind, Phase, State
 from watchdog.status import LastCollective, NodeAnswer, NodeStatus, PeerView, RankStatus
 
 NOW = 5_000_000_000_000
@@ -30,7 +30,7 @@ SPIN = "busy thread 7 spins in SocketThread::worker -> recv"
 def local(rank: int, **kw) -> Member:
     base = dict(rank=rank, world_size=2, phase=Phase.WAIT, waiting_since_ns=1,
                 collectives=10, op="eval (all_sum)", stopped=False,
-                seen=frames.Seen(frames.WAITING, SPIN), quiet=QUIET_FOR + 1, unread=0,
+                seen=frames.Reading(FrameKind.WAITING, SPIN), quiet=QUIET_FOR + 1, unread=0,
                 link="up")
     base.update(kw)
     return Member(**base)  # type: ignore[arg-type]
@@ -76,7 +76,7 @@ REC = Record(
 
 def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, False, "r", seen=SPIN,
-                      seen_kind=frames.WAITING)
+                      seen_kind=FrameKind.WAITING)
     shown = rank_status(REC, State.STALLED, verdict, sockets=(4.25, 64))
     assert (shown.frames, shown.frames_kind, shown.quiet_seconds, shown.unread_bytes) == \
         (SPIN, "waiting", 4.25, 64)
@@ -87,7 +87,7 @@ def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     member = remote(RankStatus.from_json(shown.to_json()), "host-a", NOW)
     assert member is not None
     assert (member.op, member.seen, member.quiet, member.unread, member.host) == \
-        ("eval (all_sum)", frames.Seen(frames.WAITING, SPIN), 4.25, 64, "host-a")
+        ("eval (all_sum)", frames.Reading(FrameKind.WAITING, SPIN), 4.25, 64, "host-a")
 
 
 # -- decide with remote members ---------------------------------------------------------
@@ -223,7 +223,7 @@ def test_the_incident_names_a_remote_culprit_and_the_view_does_not_blur_the_wedg
     found = decide([local(0), remote(published(), "host-b", NOW)])
     assert found is not None
     verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, True, "r", wedge_deadline=15.0,
-                      wedge=found, seen=SPIN, seen_kind=frames.WAITING)
+                      wedge=found, seen=SPIN, seen_kind=FrameKind.WAITING)
     mine = Rank(str(path), read_path(str(path)), state=State.STALLED, verdict=verdict)
     inc = new_incident(wall=1.7e9, host="host-a", uid=os.getuid(), job="j", mode="enforce",
                        kill_scope="job", due=[mine], targets=[mine], local=[mine],
