@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 from watchdog import record
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.judge.stragglers import Pace
 from watchdog.daemon.signaller import Target
 from watchdog.record import Record
 from watchdog.states import FINAL, State
@@ -97,20 +96,10 @@ class Rank:
     # write one naming a dead pid and any job), so its "crash" fences no one.
     seen_alive: bool = False
     attempt: int | None = None  # of its job, from `mlx-watchdog launch` (attempts.py)
-    # Shown, never judged by: its peers' data path as last probed while it waited
-    # long (probes/datalink.py), and the cause of the incident that acted on it.
-    data_link: str | None = None
+    # The cause of the last incident that acted on it, kept once its response is done
+    # (while one is under way the response's own is shown). What else a rank shows (its
+    # data link, sockets, pace) is no part of its life: daemon/jobs.py keeps it.
     cause: str | None = None
-    # While its sockets are tracked (probes/stacksampler.py): (seconds their queues stood
-    # still, bytes received and not read), published for a peer's wedge (judge/wedge.py).
-    sockets: tuple[float, int] | None = None
-    # Shown, never judged by (judge/stragglers.py): its last minute's figures and its
-    # score against the job's other ranks.
-    pace: Pace | None = None
-    pace_score: float | None = None
-    pace_why: str | None = None
-    pace_note: str | None = None  # why it is not judged, in words (None: judged, or unknown)
-    pace_unjudged: str | None = None  # the same as a code
 
     @property
     def key(self) -> Key:

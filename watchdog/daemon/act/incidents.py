@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 
 from watchdog import cause
 from watchdog.cause import CAUSES, Cause
 from watchdog.daemon.judge.wedge import Wedge
-from watchdog.daemon.lifecycle import Rank
+from watchdog.daemon.lifecycle import Key, Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import Fenced, State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
@@ -79,11 +80,14 @@ def reason_of(worst: Rank, fenced: Fence | None) -> str:
     return f"peer {fenced.origin} fenced the job: {fenced.reason}"
 
 
-def local_finding(local: list[Rank]) -> cause.Finding:
-    """The cause as this node alone sees it: its live ranks of the job; the others
-    reported by no one (no peers asked), which decides nothing by itself."""
+def local_finding(local: list[Rank],
+                  links: Mapping[Key, str | None] | None = None) -> cause.Finding:
+    """The cause as this node alone sees it: its live ranks of the job, each with its
+    data link as last probed (`links`); the others reported by no one (no peers asked),
+    which decides nothing by itself."""
+    links = links or {}
     shown = [rank_status(r.record, r.state, r.verdict, reason=r.reason,
-                         data_link=r.data_link) for r in local]
+                         data_link=links.get(r.key)) for r in local]
     world = max((r.record.world_size for r in local), default=0)
     here = {r.record.rank for r in local}
     return cause.decide(shown, [i for i in range(world) if i not in here])
@@ -165,9 +169,11 @@ def _culprit(host: str, due: list[Rank], local: list[Rank], stopped: list[Rank],
 
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
-                 fenced: Fence | None) -> Incident:
+                 fenced: Fence | None,
+                 links: Mapping[Key, str | None] | None = None) -> Incident:
     """The incident for ending `targets` because `due` ranks are hung (or a peer fenced
-    the job); `local` is every live local rank of the job, for the culprit."""
+    the job); `local` is every live local rank of the job, for the culprit, and `links`
+    each rank's data link as last probed, for the cause."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
     wedged = next((r.verdict.wedge for r in due if r.verdict and r.verdict.wedge), None)
@@ -181,7 +187,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     elif mine is not None:  # what the node alone saw: a wedge, a quiet hang
         found, summary = mine
     else:
-        finding = local_finding(local)
+        finding = local_finding(local, links)
         found, summary = finding.cause, finding.summary
     culprit = fence_named(fenced) if fenced is not None else _culprit(
         host, due, local, stopped, wedged if found == Cause.COLLECTIVE_WEDGED else None,
