@@ -78,6 +78,8 @@ SPIN = 0.5
 
 @dataclass(frozen=True)
 class Finding:
+    """A hung job's cause, the rank it names, and the one line that says so."""
+
     cause: Cause
     culprit: RankStatus | None  # None: a rank no node reports, or no one rank
     summary: str  # who (rank, host, pid), where (op, collective, bytes), why

@@ -110,12 +110,12 @@ def test_the_rules_catch_an_import_up() -> None:
 DAEMON_FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(floor) for floor in (
     {"sample", "clock", "counters", "recdir", "lograte"},  # data, the clock, what is counted
     {"probes", "judge"},  # the OS seam; the pure judgement
-    {"config", "view", "observation", "attempts"},  # the settings; a rank as shown; one look
+    {"config", "view", "observation", "attempts", "wired"},  # settings; a rank as shown; ...
     {"signaller"},  # the one class that signals
     {"store", "lifecycle"},  # the daemon's files; a rank's lifecycle
     {"holds", "table", "jobs", "publish", "roomkeeper"},  # a scan's parts
     {"act"},  # the responses
-    {"fences"},  # fences in, and orphans
+    {"fences", "outcomes"},  # fences in, and orphans; what a finished response did
     {"loop"},  # the wiring
     {"runner"},  # `run`
 ))

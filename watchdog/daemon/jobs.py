@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live
+from watchdog.daemon.counters import Counters
 from watchdog.daemon.judge import frames, wedge
 from watchdog.daemon.judge.deadlines import Learned
 from watchdog.daemon.judge.detector import Detector
@@ -67,8 +68,10 @@ class Jobs:
 
     def __init__(self, live: Live, probe: Probe, clock: Clock, host: str,
                  learned: dict[str, dict[str, Learned]],
-                 recent: Callable[[float], list[NodeAnswer] | None]) -> None:
+                 recent: Callable[[float], list[NodeAnswer] | None],
+                 counters: Counters) -> None:
         self.live, self.probe, self.clock, self.host = live, probe, clock, host
+        self.counters = counters  # a pace that could not be judged is counted there
         self.recent = recent  # the peers' background answers no older than the seconds given
         self.detector = Detector(lambda: self.live.rules, learned)
         # A rank waiting long: its data path to its peers probed (a cause's evidence),
@@ -273,7 +276,15 @@ class Jobs:
 
     def paces(self, live: LiveRanks, now: float) -> None:
         """Each live rank's minute of work, each job scored, its straggler named when clear
-        (judge/stragglers.py): shown, never acted on."""
+        (judge/stragglers.py): shown, never acted on, and never in the way of a response:
+        an error here is logged and counted, and the scan goes on."""
+        try:
+            self._paces(live, now)
+        except Exception:  # noqa: BLE001 - a report must never stop the hang's response
+            self.counters.loop_failed()
+            log.exception("judging the ranks' pace failed")
+
+    def _paces(self, live: LiveRanks, now: float) -> None:
         jobs: dict[JobKey, list[Rank]] = {}
         for rank, sample in live:
             self.stragglers.observe(rank.key, rank.record, sample, now)

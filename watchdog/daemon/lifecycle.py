@@ -45,7 +45,7 @@ and its end is one of the last five edges.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from watchdog import record
@@ -58,6 +58,8 @@ Key = tuple[int, float]  # a rank: (pid, start time), its identity wherever it i
 
 
 class Edge(enum.Enum):
+    """A named change of a rank's life (the module's table)."""
+
     JUDGED = "judged"
     REJUDGED = "rejudged"
     ABANDONED = "abandoned"
@@ -184,3 +186,9 @@ def transition(rank: Rank, edge: Edge, now: float, reason: str = "",
     if edge in (Edge.KILLED, Edge.UNKILLABLE):
         rank.escalating = False
     return True
+
+
+def rearm(ranks: Iterable[Rank], now: float) -> list[Rank]:
+    """A reload switched observe to enforce: every wait only observed judged afresh
+    (`rearmed`); the ranks rearmed."""
+    return [r for r in ranks if r.acted_on is not None and transition(r, Edge.REARMED, now)]

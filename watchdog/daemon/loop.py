@@ -14,15 +14,14 @@ next tick comes. What it knows is published as one immutable snapshot (a
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from watchdog import __version__
-from watchdog.daemon import holds, roomkeeper
+from watchdog.daemon import holds, outcomes, roomkeeper
 from watchdog.daemon.act import told
-from watchdog.daemon.act.enforcer import Enforcer, Outcome
+from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.act.incidents import new_incident
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.act.responses import Response, Responses
@@ -31,15 +30,16 @@ from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import KillScope, Live, Settings
 from watchdog.daemon.counters import Counters
 from watchdog.daemon.fences import Fences
-from watchdog.daemon.jobs import Jobs, LiveRanks
-from watchdog.daemon.lifecycle import Edge, Key, Rank, transition
-from watchdog.daemon.probes import Probe, ProbeError, probe
+from watchdog.daemon.jobs import Jobs
+from watchdog.daemon.lifecycle import Edge, Key, Rank, rearm, transition
+from watchdog.daemon.probes import Probe, probe
 from watchdog.daemon.probes.exits import ExitWatcher
-from watchdog.daemon.publish import INVALID_LISTED, snapshot
-from watchdog.daemon.signaller import Result, Signaller
+from watchdog.daemon.publish import INVALID_LISTED, snapshot, write_status
+from watchdog.daemon.signaller import Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import RankTable
-from watchdog.states import FINAL, Mode, State
+from watchdog.daemon.wired import Wired
+from watchdog.states import FINAL, Mode
 from watchdog.status import Fence, FenceAnswer, NodeStatus
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,12 @@ class Daemon:
         # One scan's judgement of each job: the detector, the stack sampler, the link
         # prober and the stragglers, with what each rank shows beside its lifecycle.
         self.jobs = Jobs(self.live, self.probe, clock, self.host, self.learned.learned,
-                         self.peers.recent)
+                         self.peers.recent, self.counters)
         self.table = RankTable(settings.dir, self.probe, self.signaller, self.counters,
                                self.jobs.forget)
         self.ranks = self.table.ranks  # the same dict, for every reader
         self.launches = launchlog.Counts(settings.state_dir)  # restarts, refusals, give-ups
-        self.wired: int | None = None
-        self.baseline: int | None = None
+        self.wired = Wired(self.probe, self.counters)
         self.last_scan_wall = 0.0
         self.last_scan_mono = 0.0
         # Why the last scan was blind ("" when it was not): it could not list the
@@ -96,7 +95,7 @@ class Daemon:
         self.wake = threading.Event()  # set by the exit watcher or a fence: scan now
         self.fences = Fences(self.live, self.host, self.peers, self.table, self.lock, self.wake)
         self.responses = Responses(self.live, self.enforcer, self.peers,
-                                   lambda: self.snapshot, lambda: self.baseline)
+                                   lambda: self.snapshot, lambda: self.wired.baseline)
         self.exits = ExitWatcher(self.wake)
         # Room in the record directory for every user's next rank; why it is full
         # and nothing can free it ("" while there is room), published and alerted on.
@@ -125,22 +124,23 @@ class Daemon:
         self._begin_fences()
         self.room_full = self.keeper.keep()  # one statvfs; room for every user's ranks
         found = self.table.read(now)
-        self._deaths(now)
+        self.fences.deaths(now)
         due = self.jobs.judge(found.live, now_ns, since=self.last_scan_mono)
         due = holds.hold(due, self.ranks.values(), self.jobs.detector.rules, now)
         if self.jobs.probe_links(self.ranks.values(), now):
             self.peers.prefetch()  # a verdict may come: its peers' answers ready by then
         self.table.sweep(now)
-        self._deaths(now)
+        self.fences.deaths(now)
         self.table.expire(now, self.settings.retention)
         self.exits.watch(self.table.live_pids())  # pidfds shared out fairly between the users
-        self._sample_wired()
+        self.wired.sample(at_rest=not self.pending and all(r.state in FINAL
+                                                           for r in self.ranks.values()))
         self.enforcer.backlog.flush()  # what a full or failing disk held back
         for (uid, job), ranks in due.items():
             self._escalate(uid, job, ranks)
         for ending, ranks in self.fences.orphaned(now):
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
-        self._paces(found.live, now)
+        self.jobs.paces(found.live, now)  # shown only: after the responses began
         self.learned.keep(self.jobs.detector, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
@@ -150,37 +150,12 @@ class Daemon:
         self.last_scan_wall, self.last_scan_mono = self.clock.wall(), self.clock.monotonic()
         self.publish()
 
-    def _paces(self, live: LiveRanks, now: float) -> None:
-        """Each job's pace (jobs.py), after the responses began and never in their way:
-        an error here is logged and counted, and the scan goes on."""
-        try:
-            self.jobs.paces(live, now)
-        except Exception:  # noqa: BLE001 - a report must never stop the hang's response
-            self.counters.loop_failed()
-            log.exception("judging the ranks' pace failed")
-
-    def _deaths(self, now: float) -> None:
-        """Ranks that died taking their job down: the peers fenced, the orphans kept."""
-        for death in self.table.take_deaths():
-            self.fences.died(death, now)
-
     def _begin_fences(self) -> None:
         """The peers' fences queued by the HTTP thread: their responses begun here."""
         for ending, ranks in self.fences.queued():
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
         for uid, job, term_in in self.fences.hurried():
             self.responses.hurry(uid, job, term_in)
-
-    def _sample_wired(self) -> None:
-        try:
-            self.wired = self.probe.wired_bytes()
-        except ProbeError as err:
-            self.counters.probe_failed()
-            log.warning("wired memory probe failed: %s", err)
-            return
-        live = any(r.state not in FINAL for r in self.ranks.values())
-        if self.wired is not None and (self.baseline is None or (not live and not self.pending)):
-            self.baseline = self.wired  # the node at rest: what a kill must return to
 
     # -- acting ----------------------------------------------------------------
 
@@ -230,14 +205,6 @@ class Daemon:
         queued; the loop's thread ends the ranks (fences.py)."""
         return self.fences.request(headers, body, sender)
 
-    def _retry(self, keys: list[Key]) -> None:
-        """An escalation that failed did not end its wait: judge those ranks afresh."""
-        self.table.replaying.difference_update(keys)
-        for key in keys:
-            rank = self.ranks.get(key)
-            if rank is not None:
-                transition(rank, Edge.RETRIED, self.clock.monotonic())
-
     @property
     def pending(self) -> list[Response]:
         """Responses under way, each with the ranks it ends."""
@@ -262,54 +229,14 @@ class Daemon:
         finished = self.responses.step(now)
         for keys, outcome in finished:
             if outcome is None:
-                self._retry(keys)
+                outcomes.retried(self.table, keys, now)
             elif outcome.held:
                 log.info("job %s: %s", outcome.incident.job, outcome.held)
-                self.table.replaying.difference_update(keys)
-                holds.peer_held([self.ranks[k] for k in keys if k in self.ranks],
-                                outcome.held, now)
-                self._acted(keys, outcome.incident.cause)
+                outcomes.held(self.table, keys, outcome, now)
             else:
-                self._ended(keys, outcome, now)
+                outcomes.ended(self.table, self.counters, self.settings.mode, keys, outcome,
+                               now)
         return bool(finished)
-
-    def _acted(self, keys: list[Key], cause: str | None) -> None:
-        """A response is done: its ranks keep its incident's cause, shown with them (while
-        it was under way, `publish` read the response's own)."""
-        for key in keys:
-            rank = self.ranks.get(key)
-            if rank is not None and cause:
-                rank.cause = cause
-
-    def _ended(self, keys: list[Key], outcome: Outcome, now: float) -> None:
-        self.counters.response_done(outcome.incident.verdict, outcome.incident.cause,
-                                    outcome.signals_sent)
-        self.table.replaying.difference_update(keys)
-        self._acted(keys, outcome.incident.cause)
-        for key in keys:
-            rank = self.ranks.get(key)
-            if rank is None:
-                if outcome.results.get(key[0]) == State.KILLED:  # a replay's, not yet seen
-                    self.table.ended_by_us[key] = outcome.incident.id
-                continue
-            result = outcome.results.get(rank.record.pid)
-            if result == State.KILLED:
-                transition(rank, Edge.KILLED, now,
-                           f"ended by the watchdog (incident {outcome.incident.id})")
-                self.counters.job_killed(rank.record.uid, rank.record.job)
-                self.table.remove_record(rank)
-            elif result == State.UNKILLABLE:
-                transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
-            elif result == Result.UNKNOWN:
-                # Its identity could not be checked, so it was left alone:
-                # judged afresh next scan rather than given up for this wait.
-                transition(rank, Edge.RETRIED, now)
-            elif not outcome.results and self.settings.mode == Mode.ENFORCE \
-                    and outcome.incident.mode == Mode.OBSERVE:
-                # Observed while a reload switched to enforce: its wait judged afresh.
-                transition(rank, Edge.RETRIED, now)
-            else:  # observed, or not ended by us (gone, not ours, denied, its own exit)
-                transition(rank, Edge.RELEASED, now)
 
     def replay(self) -> None:
         """Complete, on the workers, every response an earlier daemon journaled and
@@ -335,24 +262,16 @@ class Daemon:
 
     def publish(self) -> None:
         """The snapshot every reader gets (/status, /metrics, status.json)."""
-        records = self.table.records
-        transient = {path: why for path, why in self.table.invalid.items()
-                     if os.path.basename(path) not in records.bad}
+        invalid, invalid_count = self.table.unusable(INVALID_LISTED)
         self.snapshot = snapshot(
             host=self.host, settings=self.settings, ranks=self.ranks.values(),
             counters=self.counters, scanned=(self.last_scan_wall, self.last_scan_mono),
-            started=self.started, wired=(self.wired, self.baseline),
-            # A directory full of junk must not make every scan write megabytes.
-            invalid={**records.unusable(INVALID_LISTED), **transient},
-            invalid_count=len(records.bad) + len(transient),
+            started=self.started, wired=(self.wired.now, self.wired.baseline),
+            invalid=invalid, invalid_count=invalid_count,
             launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
             causes=self.responses.causes(), shown=self.jobs.shown,
             record_dir_full=self.room_full, stragglers=self.jobs.slow)
-        try:
-            journal.write_json_atomic(os.path.join(self.settings.state_dir, journal.STATUS),
-                                      self.snapshot.to_json())
-        except OSError as err:
-            log.warning("cannot write status.json: %s", err)
+        write_status(self.settings.state_dir, self.snapshot)
 
     def healthy(self) -> bool:
         """The loop completed a scan recently, and that scan could see (used by /healthz
@@ -372,9 +291,7 @@ class Daemon:
         mark cleared: the wake below judges every wait by it at once."""
         with self.lock:
             if settings.mode == Mode.ENFORCE and self.settings.mode != Mode.ENFORCE:
-                now = self.clock.monotonic()
-                rearmed = [r for r in self.ranks.values() if r.acted_on is not None
-                           and transition(r, Edge.REARMED, now)]
+                rearmed = rearm(self.ranks.values(), self.clock.monotonic())
                 if rearmed:
                     log.info("mode enforce: %s judged again now (only observed so far)",
                              _ranks_of_jobs(rearmed))
@@ -391,17 +308,8 @@ class Daemon:
 
         self.exits.start()
         self.replay()
-        try:
-            journal.publish_pointer(self.settings.dir, self.settings.state_dir,
-                                    self.settings.listen)
-        except OSError as err:
-            log.warning("cannot publish %s in %s (status given that directory will not find "
-                        "this daemon): %s", journal.POINTER, self.settings.dir, err)
+        _announce(self.settings)
         notify("READY=1")
-        deadline = self.settings.deadline
-        log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
-                 self.settings.dir, self.settings.interval, self.settings.mode,
-                 f"{deadline:g}s" if deadline else "auto", self.settings.kill_scope)
         while not self.stop_event.is_set():
             began = self.clock.monotonic()
             try:
@@ -437,6 +345,20 @@ class Daemon:
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.jobs.shutdown()
         log.info("stopped")
+
+
+def _announce(settings: Settings) -> None:
+    """This daemon made known: its pointer in the record directory (for `status`, `watch`
+    and `inspect` given that directory), and what it watches, in the log."""
+    try:
+        journal.publish_pointer(settings.dir, settings.state_dir, settings.listen)
+    except OSError as err:
+        log.warning("cannot publish %s in %s (status given that directory will not find "
+                    "this daemon): %s", journal.POINTER, settings.dir, err)
+    deadline = settings.deadline
+    log.info("watching %s every %gs (mode %s, deadline %s, kill scope %s)",
+             settings.dir, settings.interval, settings.mode,
+             f"{deadline:g}s" if deadline else "auto", settings.kill_scope)
 
 
 def _ranks_of_jobs(ranks: list[Rank]) -> str:

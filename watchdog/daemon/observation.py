@@ -32,6 +32,8 @@ class Presence(enum.Enum):
 
 @dataclass(frozen=True)
 class Observation:
+    """One look at a record's process: its presence, and the sample or the error."""
+
     seen: Presence
     sample: ProcessSample | None = None  # LIVE and CLOSED: the process as sampled
     error: ProbeError | None = None  # UNKNOWN: why the probe failed

@@ -4,6 +4,7 @@ with a copy of its counters (`status.CounterValues`, from `daemon/counters.py`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 
@@ -16,7 +17,9 @@ from watchdog.daemon.view import Shown, rank_status
 from watchdog.host import platform_label
 from watchdog.status import NodeStatus, RankStatus, RebootFlag, Straggler, Unwritten
 
-__all__ = ["INVALID_LISTED", "SCAN_BUCKETS", "Counters", "snapshot"]
+__all__ = ["INVALID_LISTED", "SCAN_BUCKETS", "Counters", "snapshot", "write_status"]
+
+log = logging.getLogger(__name__)
 
 INVALID_LISTED = 100  # unusable files named in /status; all are counted
 
@@ -66,3 +69,12 @@ def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: 
         counters=counters.values(), launches=dict(launches or {}), unwritten=backlog,
         scan_bucket_bounds=SCAN_BUCKETS, record_dir_full=record_dir_full or None,
         stragglers=stragglers)
+
+
+def write_status(state_dir: str, status: NodeStatus) -> None:
+    """`status.json` in the state directory, for readers without HTTP; a failed write
+    is logged, and the next scan writes it again."""
+    try:
+        journal.write_json_atomic(os.path.join(state_dir, journal.STATUS), status.to_json())
+    except OSError as err:
+        log.warning("cannot write status.json: %s", err)

@@ -242,6 +242,15 @@ class RankTable:
             if self.signaller.identify(rank.target()) in (Result.GONE, Result.NOT_OURS):
                 self.gone(rank, now, status=rank.record.status)
 
+    def unusable(self, limit: int) -> tuple[dict[str, str], int]:
+        """The unusable files to name (at most `limit` of those unusable for good, so a
+        directory full of junk does not make every scan write megabytes, and every one
+        unusable this scan only) and how many there are in all."""
+        bad = self.records.bad
+        transient = {path: why for path, why in self.invalid.items()
+                     if os.path.basename(path) not in bad}
+        return {**self.records.unusable(limit), **transient}, len(bad) + len(transient)
+
     def report_invalid(self, path: str, why: str, st: os.stat_result | None) -> None:
         self.invalid[path] = why
         seen = (path, st.st_mtime_ns if st else 0, st.st_size if st else 0)

@@ -101,6 +101,9 @@ class Track:
 
 @dataclass(frozen=True)
 class Verdict:
+    """One rank's judgement at one scan: its state and why, its deadline and how long it
+    has waited, whether it is due for a response (`act`), and what was seen of it."""
+
     state: State
     deadline: float  # seconds the current (or next) wait may last
     seconds_in_wait: float  # 0 outside a wait
@@ -246,7 +249,7 @@ class Detector:
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
         measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
         tick = self._measure(record, sample, track, now_ns, load, traced)
-        self._note_progress(record, track, now_ns)
+        _note_progress(record, track, now_ns)
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         stopped = sample.status in STOPPED_STATUSES
         if record.pace is not None:
@@ -268,9 +271,9 @@ class Detector:
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                              track.first_ns)) / NS)
         in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
-        self._stretch(record, sample, track, waiting, now_ns)
-        computing = self._computing_now(record, track, tick,
-                                        measured and bool(sample.threads) and not traced, seen)
+        _stretch(record, sample, track, waiting, now_ns)
+        computing = _computing_now(record, track, tick,
+                                   measured and bool(sample.threads) and not traced, seen)
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):
@@ -315,74 +318,6 @@ class Detector:
                 track.busiest, track.hot = tick.busiest, tick.hot
         track.cpu, track.system, track.demand, track.cpu_at_ns = cpu, system, demand, now_ns
         return tick
-
-    @staticmethod
-    def _note_progress(record: Record, track: Track, now_ns: int) -> None:
-        """When the rank's progress (waits completed, collectives, steps) last moved."""
-        progress = (record.waits_completed, record.collectives, record.steps)
-        if progress != track.progress:
-            # At first sight it is unknown when they last moved: 0 for the
-            # report (the record's own time stands), now for the backstop
-            # (which may then wait one deadline longer, never less).
-            track.moved_ns = now_ns if track.progress is not None else 0
-            track.first_ns = track.first_ns or now_ns
-            track.progress = progress
-
-    @staticmethod
-    def _stretch(record: Record, sample: ProcessSample, track: Track, waiting: bool,
-                 now_ns: int) -> None:
-        """One stretch: a wait, or (outside one) a spell without progress. A new one
-        starts its windows afresh, and counts its bytes from here."""
-        progress = (record.waits_completed, record.collectives, record.steps)
-        wait_key = ((record.wait_since_ns, record.waits_completed) if waiting
-                    else (-1, hash((progress, int(record.phase)))))
-        if wait_key != track.wait_key:  # a new stretch: nothing carried over...
-            # ...but whether it was computing, until this stretch can tell: a
-            # rank going from one eval to the next must not look idle between
-            # (a stretch of a single sample says what it saw, or nothing).
-            if len(track.computing) >= 2:
-                track.was_computing = _majority(track.computing)
-            elif track.computing:
-                track.was_computing = track.was_computing or track.computing[0]
-            track.wait_key, track.due_ticks = wait_key, 0
-            for window in (track.busy, track.computing, track.python_busy, track.native_busy):
-                window.clear()
-            # Bytes are counted from here; a wait first seen already under way counts as
-            # quiet since it began until the next sample shows its counters move.
-            track.io_base = sample.io
-            track.io_moved_ns = record.wait_since_ns if waiting else now_ns
-        if sample.io is not None and track.io is not None and sample.io != track.io:
-            track.io_moved_ns = now_ns
-        if track.io_base is None:
-            track.io_base = sample.io
-        track.io = sample.io
-
-    def _computing_now(self, record: Record, track: Track, tick: ThreadTick, counts: bool,
-                       seen: Reading | None) -> bool:
-        """Over this stretch, does the rank look like it computes? `counts`: this
-        interval's use counts (measured, threads seen, not stopped by our sampler)."""
-        waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
-        if counts:
-            # How much a thread wanted a core, not what it got: on a loaded machine a
-            # spinning thread gets a fraction of one (thread_tick).
-            if waiting:
-                track.busy.append(tick.busy)
-            track.computing.append(self._computing(record, tick))
-            if tick.python is not None and tick.native is not None:
-                track.python_busy.append(tick.python)
-                track.native_busy.append(tick.native)
-        computing = (_majority(track.computing) if len(track.computing) >= 2
-                     else track.was_computing)
-        if seen is not None and seen.kind == FrameKind.WAITING:
-            return False  # what it runs, over where its time goes: it spins on nothing
-        if seen is not None and seen.kind == FrameKind.COMPUTING and not seen.guessed \
-                and not spins_in_kernel(record.backend):
-            # Where a wait spins in user space (JACCL, MPI) its time cannot tell computing
-            # from polling: the frames do. Elsewhere (ring) where the time goes stands: a
-            # thread blocked in a syscall under Python's eval (a save stuck opening its
-            # file) computes nothing; frames the table does not name keep the old rule.
-            return True
-        return computing
 
     def _in_wait(self, record: Record, track: Track, deadline: float, in_wait: float,
                  own: OwnWait | None, quiet: str, wedged: bool,
@@ -466,20 +401,6 @@ class Detector:
         return OwnWait(record.op, in_wait, deadline, read, written, quiet, spinning,
                        self.rules.auto_floor)
 
-    def _computing(self, record: Record, tick: ThreadTick) -> bool:
-        """Does this interval look like the rank computing, rather than waiting?"""
-        if tick.busy < WORK_RATIO:
-            return False
-        if tick.python is not None and tick.python >= WORK_RATIO:
-            return True  # a Python thread runs: the user's own work
-        if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
-            return False  # a thread polling in the kernel (or unknown): waiting on a peer
-        # Busy in user space. On a backend whose peer wait spins in the kernel,
-        # or with no peer at all, that is computation; elsewhere (JACCL polls
-        # its completion queue in user space, MPI its progress engine; measured:
-        # ~100% user, 0% system with a peer frozen) it may be the wait itself.
-        return spins_in_kernel(record.backend) or 0 < record.world_size <= 1
-
     def _outside(self, record: Record, track: Track, deadline: float, since: float,
                  verdict: Callable[..., Verdict]) -> Verdict:
         """Outside a known wait: running, unless the backstop finds it stuck."""
@@ -500,3 +421,90 @@ class Detector:
         track.due_ticks += 1
         return verdict(State.STALLED, f"{what}, past the {deadline:g}s deadline",
                        act=track.due_ticks >= rules.confirm, seconds=since, busy=False)
+
+
+def _note_progress(record: Record, track: Track, now_ns: int) -> None:
+    """When the rank's progress (waits completed, collectives, steps) last moved."""
+    progress = (record.waits_completed, record.collectives, record.steps)
+    if progress != track.progress:
+        # At first sight it is unknown when they last moved: 0 for the
+        # report (the record's own time stands), now for the backstop
+        # (which may then wait one deadline longer, never less).
+        track.moved_ns = now_ns if track.progress is not None else 0
+        track.first_ns = track.first_ns or now_ns
+        track.progress = progress
+
+
+
+def _stretch(record: Record, sample: ProcessSample, track: Track, waiting: bool,
+             now_ns: int) -> None:
+    """One stretch: a wait, or (outside one) a spell without progress. A new one
+    starts its windows afresh, and counts its bytes from here."""
+    progress = (record.waits_completed, record.collectives, record.steps)
+    wait_key = ((record.wait_since_ns, record.waits_completed) if waiting
+                else (-1, hash((progress, int(record.phase)))))
+    if wait_key != track.wait_key:  # a new stretch: nothing carried over...
+        # ...but whether it was computing, until this stretch can tell: a
+        # rank going from one eval to the next must not look idle between
+        # (a stretch of a single sample says what it saw, or nothing).
+        if len(track.computing) >= 2:
+            track.was_computing = _majority(track.computing)
+        elif track.computing:
+            track.was_computing = track.was_computing or track.computing[0]
+        track.wait_key, track.due_ticks = wait_key, 0
+        for window in (track.busy, track.computing, track.python_busy, track.native_busy):
+            window.clear()
+        # Bytes are counted from here; a wait first seen already under way counts as
+        # quiet since it began until the next sample shows its counters move.
+        track.io_base = sample.io
+        track.io_moved_ns = record.wait_since_ns if waiting else now_ns
+    if sample.io is not None and track.io is not None and sample.io != track.io:
+        track.io_moved_ns = now_ns
+    if track.io_base is None:
+        track.io_base = sample.io
+    track.io = sample.io
+
+
+
+def _computing_now(record: Record, track: Track, tick: ThreadTick, counts: bool,
+                   seen: Reading | None) -> bool:
+    """Over this stretch, does the rank look like it computes? `counts`: this
+    interval's use counts (measured, threads seen, not stopped by our sampler)."""
+    waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
+    if counts:
+        # How much a thread wanted a core, not what it got: on a loaded machine a
+        # spinning thread gets a fraction of one (thread_tick).
+        if waiting:
+            track.busy.append(tick.busy)
+        track.computing.append(_computing(record, tick))
+        if tick.python is not None and tick.native is not None:
+            track.python_busy.append(tick.python)
+            track.native_busy.append(tick.native)
+    computing = (_majority(track.computing) if len(track.computing) >= 2
+                 else track.was_computing)
+    if seen is not None and seen.kind == FrameKind.WAITING:
+        return False  # what it runs, over where its time goes: it spins on nothing
+    if seen is not None and seen.kind == FrameKind.COMPUTING and not seen.guessed \
+            and not spins_in_kernel(record.backend):
+        # Where a wait spins in user space (JACCL, MPI) its time cannot tell computing
+        # from polling: the frames do. Elsewhere (ring) where the time goes stands: a
+        # thread blocked in a syscall under Python's eval (a save stuck opening its
+        # file) computes nothing; frames the table does not name keep the old rule.
+        return True
+    return computing
+
+
+
+def _computing(record: Record, tick: ThreadTick) -> bool:
+    """Does this interval look like the rank computing, rather than waiting?"""
+    if tick.busy < WORK_RATIO:
+        return False
+    if tick.python is not None and tick.python >= WORK_RATIO:
+        return True  # a Python thread runs: the user's own work
+    if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
+        return False  # a thread polling in the kernel (or unknown): waiting on a peer
+    # Busy in user space. On a backend whose peer wait spins in the kernel,
+    # or with no peer at all, that is computation; elsewhere (JACCL polls
+    # its completion queue in user space, MPI its progress engine; measured:
+    # ~100% user, 0% system with a peer frozen) it may be the wait itself.
+    return spins_in_kernel(record.backend) or 0 < record.world_size <= 1
