@@ -60,7 +60,9 @@ class Cause(Word):
     QUIET_HANG = "quiet_hang"  # the node's own judgement (detector), never the table's
 
 
-CAUSES = tuple(Cause)  # in the table's order: the metrics list them so
+# In the vocabulary's order, not the table's (`decide`'s branches are): the metrics list
+# them so, and a new cause goes last, so that no series moves.
+CAUSES = tuple(Cause)
 
 # A node's own cause (`own`) against a cluster view's: the view's causes that say less
 # than what the node saw (its frames, sockets and bytes) and so leave it standing.

@@ -36,10 +36,10 @@ final state (`killed`, `unkillable`, `exited`) stays there, but for the one way 
     unkillable  escalating                unkillable         still there after SIGKILL
     went_late   unkillable                killed             it went after being declared unkillable
 
-The escalation ladder itself (evidence, SIGCONT, SIGTERM, grace, SIGKILL, settle)
-is a table of steps of its own (`enforcer.Step`), taken by the daemon's loop when
-each is due, under its write-ahead journal; a rank is `escalating` for all of it,
-and its end is one of the last five edges.
+The escalation ladder itself (freeze with SIGSTOP, evidence, SIGTERM then SIGCONT,
+grace, SIGKILL, settle) is a table of steps of its own (`enforcer.Step`), taken by the
+daemon's loop when each is due, under its write-ahead journal; a rank is `escalating`
+for all of it, and its end is one of the last five edges.
 """
 
 from __future__ import annotations
