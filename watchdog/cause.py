@@ -22,21 +22,27 @@ The decision table, first match wins (docs/operations.md has one section per cau
 |                     | in different collectives; anything else                             |
 | `collective_wedged` | every rank of the job present, waiting in the same collective,      |
 |                     | spinning, every node and data link answering                        |
-| `quiet_hang`        | decided by the node (judge/detector.py): a rank past its deadline,  |
-|                     | no thread busy, its threads asleep in a wait, nothing read, written |
-|                     | or sent; never inferred from other nodes' words                     |
+| `quiet_hang`        | never from the table: a node's own (below)                          |
 
 A stopped or gone rank is a fact and wins over what is inferred from silence; a
 quiet rank among spinning peers is the culprit (the others spin waiting on it).
+
+Two causes are a node's own, decided before the table from what only the node sees
+(`own`): `collective_wedged` from its ranks' native frames and sockets (judge/wedge.py:
+the wedge, with its note), and `quiet_hang` from a rank past its deadline with no
+thread busy, its threads asleep in a wait, nothing read, written or sent
+(judge/detector.py), unless a rank is stopped. An incident takes its cause from
+`own`, else from the table; the cluster view's cause (this table, on every node's
+facts) then replaces it unless the node saw more (`replaces`: `OWN_OVER`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from watchdog import text
-from watchdog.states import ENDED, HUNG, WAITING_PHASES, Phase, State, Word
+from watchdog.states import ENDED, HUNG, WAITING_PHASES, Link, Phase, State, Word
 from watchdog.status import RankStatus
 
 
@@ -54,23 +60,54 @@ class Cause(Word):
     QUIET_HANG = "quiet_hang"  # the node's own judgement (detector), never the table's
 
 
-# The vocabulary's order (design.md, section 5), which the metrics list; `decide` takes
-# the table's order instead (collective_wedged late: only when nothing else explains it).
+# In the vocabulary's order, not the table's (`decide`'s branches are): the metrics list
+# them so, and a new cause goes last, so that no series moves.
 CAUSES = tuple(Cause)
+
+# A node's own cause (`own`) against a cluster view's: the view's causes that say less
+# than what the node saw (its frames, sockets and bytes) and so leave it standing.
+OWN_OVER: Mapping[Cause, frozenset[Cause]] = {
+    Cause.COLLECTIVE_WEDGED: frozenset({Cause.UNKNOWN, Cause.COLLECTIVE_WEDGED}),
+    Cause.QUIET_HANG: frozenset({Cause.UNKNOWN, Cause.LOCAL_BLOCKED, Cause.COLLECTIVE_WEDGED,
+                                 Cause.QUIET_HANG}),
+}
 
 # A wait's busiest thread demanding at least this much of a core spins (the detector's
 # spin ratio is a setting; this only reads what a node published: stalled or blocked
 # says it first, the figure only when no verdict was given yet).
 SPIN = 0.5
-LINK_UP = "up"
-LINK_DOWN = "down"  # a data_link value "down ..." says which address and how
 
 
 @dataclass(frozen=True)
 class Finding:
+    """A hung job's cause, the rank it names, and the one line that says so."""
+
     cause: Cause
     culprit: RankStatus | None  # None: a rank no node reports, or no one rank
     summary: str  # who (rank, host, pid), where (op, collective, bytes), why
+
+
+def own(wedge: str | None, quiet: Sequence[str], stopped: bool) -> tuple[Cause, str] | None:
+    """A node's own cause and its one line, or None (the table decides): `wedge` is the
+    job's wedge in words (judge/wedge.py), `quiet` each quiet rank's words
+    (judge/detector.py), `stopped` whether a rank of the job is stopped (a pause
+    explains a quiet wait: the table's `peer_stopped` then)."""
+    if wedge is not None:
+        return Cause.COLLECTIVE_WEDGED, wedge
+    if quiet and not stopped:
+        return Cause.QUIET_HANG, "quiet hang: " + "; ".join(quiet)
+    return None
+
+
+def replaces(view: str | None, cause: str | None) -> bool:
+    """Does the cluster view's cause replace an incident's? Always, but where the
+    incident's is the node's own and the view's says less (OWN_OVER)."""
+    if not view:
+        return False
+    for mine, weaker in OWN_OVER.items():
+        if cause == mine:
+            return view not in weaker
+    return True
 
 
 def size(nbytes: int | None) -> str:
@@ -146,7 +183,7 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
         return Finding(Cause.NODE_UNREACHABLE, None,
                        f"rank {missing[0]} is behind unreachable node {nodes} (no answer); "
                        + _wait_note(waiting))
-    down = [r for r in ranks if (r.data_link or "").startswith(LINK_DOWN)]
+    down = [r for r in ranks if Link.is_down(r.data_link)]
     if down:
         r = down[0]
         return Finding(Cause.DATA_LINK_DOWN, r,

@@ -34,6 +34,28 @@ class Word(str, enum.Enum):
         return format(str(self.value), spec)
 
 
+class FrameKind(Word):
+    """What a rank's threads ran at a stack sample (daemon/judge/frames.py), as a
+    verdict, `/status` (`frames_kind`) and a peer's wedge read it."""
+
+    WAITING = "waiting"  # spinning (or asleep) in a wait on a peer: computes nothing
+    COMPUTING = "computing"  # in compute frames, a file read or write, or unnamed ones
+    UNKNOWN = "unknown"  # no stack read, or no thread where it could be told
+
+
+class Link(Word):
+    """A rank's data-link probe (daemon/probes/datalink.py): `up`, or `down <address>
+    (<how>)`; anything else is why it was not probed, in words."""
+
+    UP = "up"
+    DOWN = "down"
+
+    @staticmethod
+    def is_down(said: str | None) -> bool:
+        """Does this probe's answer say the rank's data path is down?"""
+        return (said or "").startswith(Link.DOWN.value)
+
+
 class State(Word):
     """What the watchdog concludes about a rank (design section 5)."""
 

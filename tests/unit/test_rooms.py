@@ -103,3 +103,54 @@ def test_the_rules_catch_an_import_up() -> None:
     source = PACKAGE / "daemon" / "store" / "snapshot.py"
     assert "watchdog.daemon.store.journal" in set(imports(source))
     assert all(room(t) in ("daemon", "contracts") for t in imports(source))
+
+
+# Inside daemon/, bottom up (docs/architecture.md, "The parts"): each part (a module, or a
+# package such as judge/) imports only parts on floors below its own. A new part gets a floor.
+DAEMON_FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(floor) for floor in (
+    {"sample", "clock", "counters", "recdir", "lograte"},  # data, the clock, what is counted
+    {"probes", "judge"},  # the OS seam; the pure judgement
+    {"config", "view", "observation", "attempts", "wired"},  # settings; a rank as shown; ...
+    {"signaller"},  # the one class that signals
+    {"store", "lifecycle"},  # the daemon's files; a rank's lifecycle
+    {"holds", "table", "jobs", "publish", "roomkeeper"},  # a scan's parts
+    {"act"},  # the responses
+    {"fences", "outcomes"},  # fences in, and orphans; what a finished response did
+    {"loop"},  # the wiring
+    {"runner"},  # `run`
+))
+
+
+def daemon_part(module: str) -> str | None:
+    """`watchdog.daemon.judge.wedge` is the part `judge`; None outside daemon/ (or its face)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["watchdog", "daemon"] else None
+
+
+def floor_of(part: str) -> int:
+    return next(i for i, floor in enumerate(DAEMON_FLOORS) if part in floor)
+
+
+def test_inside_the_daemon_imports_only_point_down() -> None:
+    modules = graph()
+    parts = {p for p in map(daemon_part, modules) if p is not None}
+    assert parts == set().union(*DAEMON_FLOORS), "every part of daemon/ has one floor"
+    wrong = []
+    for module, targets in modules.items():
+        here = daemon_part(module)
+        for target in targets:
+            there = daemon_part(target)
+            if here is None or there is None or there == here:
+                continue
+            if floor_of(there) >= floor_of(here):
+                wrong.append(f"{module} (floor {floor_of(here)}) imports {target} "
+                             f"(floor {floor_of(there)})")
+    assert wrong == []
+
+
+def test_the_daemon_s_floors_catch_an_import_up() -> None:
+    """The test itself: a scan's judgement (jobs) sits below the loop and above the judge."""
+    assert daemon_part("watchdog.daemon.judge.wedge") == "judge"
+    assert daemon_part("watchdog.daemon") is None and daemon_part("watchdog.status") is None
+    assert floor_of("judge") < floor_of("jobs") < floor_of("loop")
+    assert floor_of("sample") < floor_of("probes") and floor_of("sample") < floor_of("judge")

@@ -4,10 +4,11 @@ Mutable, and the daemon's alone: the contract holds only the copy."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from watchdog.states import State
-from watchdog.status import CounterValues, stall_key
+from watchdog.status import CounterValues, job_key, stall_key
 
 # The bounds of the scan-duration histogram (seconds), published as scan_bucket_bounds.
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -41,6 +42,30 @@ class Counters:
         self.stalls[verdict] += 1
         key = stall_key(verdict, cause)
         self.stall_causes[key] = self.stall_causes.get(key, 0) + 1
+
+    def response_done(self, verdict: str | None, cause: str | None,
+                      signals: Iterable[str]) -> None:
+        """A response done: its hang counted when it was one acted on (a stalled or
+        blocked verdict: not a fence, not a hold, which is re-asked every 5 s and is no
+        new stall), and the signals that reached a rank."""
+        if verdict in self.stalls:
+            self.stall(verdict, cause)
+        for name in signals:
+            if name in self.kills:
+                self.kills[name] += 1
+
+    def job_killed(self, uid: int, job: str) -> None:
+        """A rank the watchdog ended, counted per job (its owner's: `job_key`)."""
+        counted = job_key(uid, job)
+        self.job_kills[counted] = self.job_kills.get(counted, 0) + 1
+
+    def loop_failed(self) -> None:
+        """A scan, a step or a report failed; the loop went on."""
+        self.loop_errors += 1
+
+    def probe_failed(self) -> None:
+        """A probe of the machine (wired memory) failed."""
+        self.probe_errors += 1
 
     def observe_scan(self, seconds: float) -> None:
         """One scan's duration, into the histogram (SCAN_BUCKETS)."""

@@ -20,8 +20,8 @@ from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Live, PeerSettings, Settings, live
-from watchdog.daemon.lifecycle import Rank
-from watchdog.daemon.table import Death, Key, RankTable
+from watchdog.daemon.lifecycle import Key, Rank
+from watchdog.daemon.table import Death, RankTable
 from watchdog.net import fence
 from watchdog.status import Culprit, Fence, FenceAnswer
 
@@ -60,6 +60,9 @@ class RanksToEnd:
 
 
 class Fences:
+    """Jobs known dead: the peers' fences taken in (HTTP thread) and queued for the loop,
+    this node's ranks' deaths fenced to the peers, and their orphans ended."""
+
     def __init__(self, settings: Settings | Live, host: str, peers: Peers, table: RankTable,
                  lock: threading.RLock, wake: threading.Event) -> None:
         self.live, self.host, self.peers, self.table = live(settings), host, peers, table
@@ -124,6 +127,12 @@ class Fences:
         if fenced.local or not isinstance(held, (int, float)) or not held > 0:
             return 0.0  # NaN too
         return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK)
+
+    def deaths(self, now: float) -> None:
+        """The ranks the table found dead since it was last asked, each one's job fenced
+        (`died`)."""
+        for death in self.table.take_deaths():
+            self.died(death, now)
 
     def died(self, death: Death, now: float) -> None:
         """A rank of a multi-rank job died: fence its job on the peers now, and end its

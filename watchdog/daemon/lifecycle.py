@@ -36,27 +36,30 @@ final state (`killed`, `unkillable`, `exited`) stays there, but for the one way 
     unkillable  escalating                unkillable         still there after SIGKILL
     went_late   unkillable                killed             it went after being declared unkillable
 
-The escalation ladder itself (SIGSTOP, evidence, SIGTERM with SIGCONT, grace,
-SIGKILL, settle) is a table of steps of its own (`act/ladder.py`), taken by the
-daemon's loop when each is due, under its write-ahead journal; a rank is
-`escalating` for all of it, and its end is one of the last five edges.
+The escalation ladder itself (freeze with SIGSTOP, evidence, SIGTERM then SIGCONT,
+grace, SIGKILL, settle) is a table of steps of its own (`act/ladder.py`), taken by the
+daemon's loop when each is due, under its write-ahead journal; a rank is `escalating`
+for all of it, and its end is one of the last five edges.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from watchdog import record
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.judge.stragglers import Pace
 from watchdog.daemon.signaller import Target
 from watchdog.record import Record
 from watchdog.states import FINAL, State
 
+Key = tuple[int, float]  # a rank: (pid, start time), its identity wherever it is kept
+
 
 class Edge(enum.Enum):
+    """A named change of a rank's life (the module's table)."""
+
     JUDGED = "judged"
     REJUDGED = "rejudged"
     ABANDONED = "abandoned"
@@ -95,23 +98,13 @@ class Rank:
     # write one naming a dead pid and any job), so its "crash" fences no one.
     seen_alive: bool = False
     attempt: int | None = None  # of its job, from `mlx-watchdog launch` (attempts.py)
-    # Shown, never judged by: its peers' data path as last probed while it waited
-    # long (probes/datalink.py), and the cause of the incident that acted on it.
-    data_link: str | None = None
+    # The cause of the last incident that acted on it, kept once its response is done
+    # (while one is under way the response's own is shown). What else a rank shows (its
+    # data link, sockets, pace) is no part of its life: daemon/jobs.py keeps it.
     cause: str | None = None
-    # While its sockets are tracked (probes/stacksampler.py): (seconds their queues stood
-    # still, bytes received and not read), published for a peer's wedge (judge/wedge.py).
-    sockets: tuple[float, int] | None = None
-    # Shown, never judged by (judge/stragglers.py): its last minute's figures and its
-    # score against the job's other ranks.
-    pace: Pace | None = None
-    pace_score: float | None = None
-    pace_why: str | None = None
-    pace_note: str | None = None  # why it is not judged, in words (None: judged, or unknown)
-    pace_unjudged: str | None = None  # the same as a code
 
     @property
-    def key(self) -> tuple[int, float]:
+    def key(self) -> Key:
         return (self.record.pid, self.record.start_time)
 
     @property
@@ -193,3 +186,9 @@ def transition(rank: Rank, edge: Edge, now: float, reason: str = "",
     if edge in (Edge.KILLED, Edge.UNKILLABLE):
         rank.escalating = False
     return True
+
+
+def rearm(ranks: Iterable[Rank], now: float) -> list[Rank]:
+    """A reload switched observe to enforce: every wait only observed judged afresh
+    (`rearmed`); the ranks rearmed."""
+    return [r for r in ranks if r.acted_on is not None and transition(r, Edge.REARMED, now)]

@@ -15,11 +15,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from watchdog.daemon.probes import Probe, ProbeError, ProcessSample, same_process
+from watchdog.daemon.probes import Probe, ProbeError, same_process
+from watchdog.daemon.sample import ProcessSample
 from watchdog.record import STATUS_OPEN, Record
 
 
-class Seen(enum.Enum):
+class Presence(enum.Enum):
     """What one look at a record's process found."""
 
     LIVE = "live"  # its own process, the record open: judged, with its sample
@@ -31,7 +32,9 @@ class Seen(enum.Enum):
 
 @dataclass(frozen=True)
 class Observation:
-    seen: Seen
+    """One look at a record's process: its presence, and the sample or the error."""
+
+    seen: Presence
     sample: ProcessSample | None = None  # LIVE and CLOSED: the process as sampled
     error: ProbeError | None = None  # UNKNOWN: why the probe failed
 
@@ -43,18 +46,18 @@ def identify(probe: Probe, pid: int, start_time: float, uid: int,
     try:
         sample = probe.sample(pid)
     except ProbeError as err:
-        return Observation(Seen.UNKNOWN, error=err)
+        return Observation(Presence.UNKNOWN, error=err)
     if sample is None:
-        return Observation(Seen.GONE)
+        return Observation(Presence.GONE)
     if not same_process(sample, start_time, uid, start_ticks):
-        return Observation(Seen.NOT_OURS)
-    return Observation(Seen.LIVE, sample)
+        return Observation(Presence.NOT_OURS)
+    return Observation(Presence.LIVE, sample)
 
 
 def observe(rec: Record, probe: Probe) -> Observation:
     """The record's process, and whether its record still speaks: CLOSED when the
     process is its own but the record is no longer open (its words are frozen)."""
     found = identify(probe, rec.pid, rec.start_time, rec.uid, rec.start_ticks)
-    if found.seen is Seen.LIVE and rec.status != STATUS_OPEN:
-        return Observation(Seen.CLOSED, found.sample)
+    if found.seen is Presence.LIVE and rec.status != STATUS_OPEN:
+        return Observation(Presence.CLOSED, found.sample)
     return found

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 
 from watchdog.daemon import observation
-from watchdog.daemon.observation import Seen
+from watchdog.daemon.observation import Presence
 from watchdog.daemon.probes import Probe
 from watchdog.states import Word
 
@@ -42,8 +42,8 @@ class Result(Word):
 
 # An identity check as a signal result (`observation.identify` never says CLOSED: a
 # target is a process, not a record).
-_SAID = {Seen.LIVE: Result.OURS, Seen.GONE: Result.GONE, Seen.NOT_OURS: Result.NOT_OURS,
-         Seen.UNKNOWN: Result.UNKNOWN}
+_SAID = {Presence.LIVE: Result.OURS, Presence.GONE: Result.GONE,
+         Presence.NOT_OURS: Result.NOT_OURS, Presence.UNKNOWN: Result.UNKNOWN}
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from watchdog import record
 from watchdog.daemon import attempts
 from watchdog.daemon.counters import Counters
-from watchdog.daemon.lifecycle import Edge, Rank, transition
-from watchdog.daemon.observation import Seen, observe
+from watchdog.daemon.lifecycle import Edge, Key, Rank, transition
+from watchdog.daemon.observation import Presence, observe
 from watchdog.daemon.probes import Probe, ProcessSample
 from watchdog.daemon.recdir import RecordDir, remove_dead_record
 from watchdog.daemon.signaller import Result, Signaller
@@ -33,7 +33,6 @@ from watchdog.status import job_key
 
 log = logging.getLogger(__name__)
 
-Key = tuple[int, float]  # a rank: (pid, start time)
 
 JOB_KILLS_KEEP = 3600.0  # seconds a job's kill counter stays after its last rank
 # Live ranks watched per owner uid: one user's thousands of records (each a real,
@@ -175,7 +174,7 @@ class RankTable:
               per_uid: dict[int, int], now: float, found: Found) -> None:
         key = (rec.pid, rec.start_time)
         look = observe(rec, self.probe)
-        if look.seen is Seen.UNKNOWN:
+        if look.seen is Presence.UNKNOWN:
             self.counters.probe_errors += 1
             log.warning("probe failed for pid %s: %s", rec.pid, look.error)
             cause = look.error.__cause__ if look.error is not None else None
@@ -184,7 +183,7 @@ class RankTable:
             if rank is not None:
                 self._seen.add(key)
             return
-        if look.seen is Seen.GONE:
+        if look.seen is Presence.GONE:
             if rank is None:
                 # A record of a process never seen alive: any user can write thousands
                 # naming dead pids, each a rank "exited", its series and its reads at
@@ -200,7 +199,7 @@ class RankTable:
             self._seen.add(key)
             self.gone(rank or self._add(path, rec), now, status=rec.status)
             return
-        if look.seen is Seen.NOT_OURS:
+        if look.seen is Presence.NOT_OURS:
             why = (f"stale or forged: pid {rec.pid} is now another process "
                    "(start time or owner differ)")
             self.records.mark_bad(path, st, why)
@@ -219,7 +218,7 @@ class RankTable:
             log.info("pid %s: job %s, rank %s/%s (was job %s before its group formed)",
                      rec.pid, rec.job, rec.rank, rec.world_size, rank.record.job)
         rank.record, rank.seen_alive = rec, True
-        if look.seen is Seen.CLOSED and not rank.escalating:
+        if look.seen is Presence.CLOSED and not rank.escalating:
             # A live process behind a closed record: the hook gave up on it
             # (an internal error) or the rank is on its way out. Its words are
             # frozen, so a frozen WAIT is no hang: reported, never judged.
@@ -242,6 +241,15 @@ class RankTable:
                 continue
             if self.signaller.identify(rank.target()) in (Result.GONE, Result.NOT_OURS):
                 self.gone(rank, now, status=rank.record.status)
+
+    def unusable(self, limit: int) -> tuple[dict[str, str], int]:
+        """The unusable files to name (at most `limit` of those unusable for good, so a
+        directory full of junk does not make every scan write megabytes, and every one
+        unusable this scan only) and how many there are in all."""
+        bad = self.records.bad
+        transient = {path: why for path, why in self.invalid.items()
+                     if os.path.basename(path) not in bad}
+        return {**self.records.unusable(limit), **transient}, len(bad) + len(transient)
 
     def report_invalid(self, path: str, why: str, st: os.stat_result | None) -> None:
         self.invalid[path] = why

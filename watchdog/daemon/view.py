@@ -1,13 +1,34 @@
 """One rank as users see it (`status.RankStatus`: an object of `status --json` and `/status`),
-built from its record and the detector's verdict."""
+built from its record, the detector's verdict and what else the scan found of it (`Shown`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.stragglers import Pace
 from watchdog.record import Record
 from watchdog.states import Phase, State
 from watchdog.status import Expect, LastCollective, RankStatus
+
+
+@dataclass
+class Shown:
+    """What one rank shows beside its lifecycle, as the last scan found it; shown (in
+    /status, the metrics and the incident), never judged by."""
+
+    # Its peers' data path as last probed while it waited long (probes/datalink.py).
+    data_link: str | None = None
+    # While its sockets are tracked (probes/stacksampler.py): (seconds their queues stood
+    # still, bytes received and not read), published for a peer's wedge (judge/wedge.py).
+    sockets: tuple[float, int] | None = None
+    # Its last minute's figures and its score against the job's other ranks
+    # (judge/stragglers.py); why it is slow; why it is not judged, in words and as a code.
+    pace: Pace | None = None
+    pace_score: float | None = None
+    pace_why: str | None = None
+    pace_note: str | None = None
+    pace_unjudged: str | None = None
 
 
 def current_op(record: Record) -> str:

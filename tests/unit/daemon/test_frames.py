@@ -11,9 +11,10 @@ import pytest
 from tests.support import SUPPORT
 from watchdog.backends import BACKENDS, COMPUTING_FRAMES, WAITING_FRAMES
 from watchdog.daemon.judge import frames
-from watchdog.daemon.judge.frames import COMPUTING, UNKNOWN, WAITING, classify, thread_kind
+from watchdog.daemon.judge.frames import classify, thread_kind
 from watchdog.daemon.probes import gdbstack
 from watchdog.daemon.probes.macos import sample_stacks
+from watchdog.states import FrameKind
 
 DATA = SUPPORT / "data"
 
@@ -43,17 +44,17 @@ def test_gdb_output_without_threads_gives_none(text):
 def test_a_ring_worker_spinning_on_a_stopped_peer_waits():
     stacks = gdb("gdb_ring_waiting_peer_stopped.txt")
     seen = classify(stacks, [7880], "ring")
-    assert seen.kind == WAITING
+    assert seen.kind == FrameKind.WAITING
     assert "SocketThread::worker -> __libc_recv" in seen.what and "7880" in seen.what
 
 
 def test_a_rank_computing_a_matmul_chain_computes():
     stacks = gdb("gdb_ring_computing_matmul.txt")
     seen = classify(stacks, [7977], "ring")
-    assert seen.kind == COMPUTING and "sgemm_" in seen.what
+    assert seen.kind == FrameKind.COMPUTING and "sgemm_" in seen.what
     # The same on JACCL and MPI: compute frames are every backend's.
-    assert classify(stacks, [7977], "jaccl").kind == COMPUTING
-    assert classify(stacks, [7977], "mpi").kind == COMPUTING
+    assert classify(stacks, [7977], "jaccl").kind == FrameKind.COMPUTING
+    assert classify(stacks, [7977], "mpi").kind == FrameKind.COMPUTING
 
 
 def test_the_rank_waiting_for_a_slow_peer_waits():
@@ -61,14 +62,14 @@ def test_the_rank_waiting_for_a_slow_peer_waits():
     # Its busy thread (the socket worker in recv), and, with no busy id known, every
     # thread not parked in the kernel: the worker alone (the others sleep in futexes).
     assert busiest_unparked(stacks) == [7972]
-    assert classify(stacks, [7972], "ring").kind == WAITING
-    assert classify(stacks, [], "ring").kind == WAITING
+    assert classify(stacks, [7972], "ring").kind == FrameKind.WAITING
+    assert classify(stacks, [], "ring").kind == FrameKind.WAITING
 
 
 def test_a_ring_wait_is_not_another_backends():
     """recv() is the ring's wait; on JACCL a busy thread in it is not named a wait."""
     stacks = gdb("gdb_ring_waiting_peer_stopped.txt")
-    assert classify(stacks, [7880], "jaccl").kind == COMPUTING
+    assert classify(stacks, [7880], "jaccl").kind == FrameKind.COMPUTING
 
 
 def test_a_jaccl_rank_sampled_on_a_mac_spins_in_tbt_poll_cq():
@@ -76,7 +77,7 @@ def test_a_jaccl_rank_sampled_on_a_mac_spins_in_tbt_poll_cq():
     stacks = sample_stacks(text)
     assert len(stacks) == 3
     seen = classify(stacks, [], "jaccl")
-    assert seen.kind == WAITING
+    assert seen.kind == FrameKind.WAITING
     assert "MeshImpl::recv" in seen.what
 
 
@@ -84,19 +85,19 @@ def test_a_jaccl_rank_sampled_on_a_mac_spins_in_tbt_poll_cq():
 QUOTED = [
     ("jaccl", ("tbt_poll_qp_recv", "tbt_poll_cq",
                "mlx::core::distributed::jaccl::MeshImpl::recv(char*, unsigned long, int)"),
-     WAITING),
-    ("jaccl", ("ring_indicies_err", "tbt_poll_cq"), WAITING),
+     FrameKind.WAITING),
+    ("jaccl", ("ring_indicies_err", "tbt_poll_cq"), FrameKind.WAITING),
     ("ring", ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
-              "mlx::core::Event::wait()", "mlx::core::array::wait()"), WAITING),
+              "mlx::core::Event::wait()", "mlx::core::array::wait()"), FrameKind.WAITING),
     ("jaccl", ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
-               "mlx::core::Event::wait()"), WAITING),
+               "mlx::core::Event::wait()"), FrameKind.WAITING),
     ("ring", ("__recvfrom", "mlx::core::distributed::ring::(anonymous namespace)::"
-              "SocketThread::worker()"), WAITING),
-    ("mpi", ("opal_progress", "ompi_request_default_wait", "PMPI_Wait"), WAITING),
-    ("nccl", ("mlx::core::cu::AtomicEvent::wait()",), WAITING),
-    ("ring", ("mlx::core::metal::CommandEncoder::dispatch_threads()",), COMPUTING),
-    ("mpi", ("cblas_sgemm", "mlx::core::matmul<float>()"), COMPUTING),
-    ("jaccl", ("_PyEval_EvalFrameDefault",), COMPUTING),
+              "SocketThread::worker()"), FrameKind.WAITING),
+    ("mpi", ("opal_progress", "ompi_request_default_wait", "PMPI_Wait"), FrameKind.WAITING),
+    ("nccl", ("mlx::core::cu::AtomicEvent::wait()",), FrameKind.WAITING),
+    ("ring", ("mlx::core::metal::CommandEncoder::dispatch_threads()",), FrameKind.COMPUTING),
+    ("mpi", ("cblas_sgemm", "mlx::core::matmul<float>()"), FrameKind.COMPUTING),
+    ("jaccl", ("_PyEval_EvalFrameDefault",), FrameKind.COMPUTING),
 ]
 
 
@@ -107,20 +108,20 @@ def test_the_frames_the_reports_quote(backend, stack, kind):
 
 def test_frames_the_table_does_not_name_count_as_computing():
     kind, what = thread_kind(("some_vendor_kernel_loop", "??"), "jaccl")
-    assert kind == COMPUTING and "does not name" in what
+    assert kind == FrameKind.COMPUTING and "does not name" in what
 
 
 def test_no_stack_read_is_unknown():
-    assert classify(None, [1], "ring").kind == UNKNOWN
-    assert classify({}, [1], "ring").kind == UNKNOWN
+    assert classify(None, [1], "ring").kind == FrameKind.UNKNOWN
+    assert classify({}, [1], "ring").kind == FrameKind.UNKNOWN
     # A busy thread the sample does not hold (it ended meanwhile): unknown, not waiting.
-    assert classify({5: ("recv",)}, [6], "ring").kind == UNKNOWN
+    assert classify({5: ("recv",)}, [6], "ring").kind == FrameKind.UNKNOWN
 
 
 def test_one_busy_thread_computing_makes_the_rank_compute():
     stacks = {1: ("__libc_recv", "SocketThread::worker()"), 2: ("sgemm_",)}
     seen = classify(stacks, [1, 2], "ring")
-    assert seen.kind == COMPUTING and "thread 2" in seen.what
+    assert seen.kind == FrameKind.COMPUTING and "thread 2" in seen.what
 
 
 def test_bare_names_match_whole_names_only():
@@ -152,8 +153,8 @@ def test_gpu_time_advancing_computes_whatever_the_cpu_spins_in():
     waitUntilSignaledValue while the GPU works; the wedge spins there with the GPU idle."""
     stacks = {0: ("-[IOSurfaceSharedEvent waitUntilSignaledValue:timeoutMS:]",
                   "mlx::core::Event::wait()")}
-    assert classify(stacks, [], "ring").kind == WAITING
+    assert classify(stacks, [], "ring").kind == FrameKind.WAITING
     moving = classify(stacks, [], "ring", gpu_moved=True)
-    assert moving.kind == COMPUTING and "GPU time advances" in moving.what
+    assert moving.kind == FrameKind.COMPUTING and "GPU time advances" in moving.what
     flat = classify(stacks, [], "ring", gpu_moved=False)
-    assert flat.kind == WAITING and flat.what.endswith("GPU time flat")
+    assert flat.kind == FrameKind.WAITING and flat.what.endswith("GPU time flat")

@@ -32,27 +32,27 @@ def daemon(tmp_path):
                         deadline=60.0, peer_timeout=0.5, peers=("a:1",), secret=SECRET)
     d = Daemon(settings, FakeProbe())
     yield d
-    for pool in (d.executor, d.asking, d.probing, d.sampling):
+    for pool in (d.executor, d.asking, d.jobs.probing, d.jobs.sampling):
         pool.shutdown()
 
 
 def test_a_reload_reaches_every_part_in_one_assignment(daemon):
     before = daemon.settings
-    assert daemon.links.timeout() == 0.5
+    assert daemon.jobs.links.timeout() == 0.5
     new = dataclasses.replace(before, peer_timeout=0.2, grace=3.0, deadline=5.0,
                               mode="observe", evidence_timeout=4.0, peers=("b:2",),
                               kill_scope="rank")
     daemon.apply_settings(new)
     assert daemon.settings is new and daemon.live.settings is new
     # The data-link probe kept the peer_timeout it got at start (0.5) before.
-    assert daemon.links.timeout() == 0.2
+    assert daemon.jobs.links.timeout() == 0.2
     assert daemon.enforcer.settings == new.ladder()
     assert daemon.enforcer.settings.grace == 3.0 and daemon.enforcer.settings.mode is Mode.OBSERVE
     assert daemon.responses.settings.response_bound() == new.ladder().response_bound()
     assert daemon.responses.bound() < before.ladder().response_bound()
     assert daemon.peers.settings == new.peering() and daemon.peers.settings.peers == ("b:2",)
     assert daemon.fences.settings.evidence_timeout == 4.0
-    assert daemon.detector.rules == new.rules() and daemon.detector.rules.deadline == 5.0
+    assert daemon.jobs.detector.rules == new.rules() and daemon.jobs.detector.rules.deadline == 5.0
     for part in (daemon.enforcer, daemon.responses, daemon.peers, daemon.fences):
         assert part.live is daemon.live and "settings" not in vars(part), part
 

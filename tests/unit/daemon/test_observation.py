@@ -20,7 +20,7 @@ import pytest
 from watchdog import procstat, record
 from watchdog.cli.look.sampling import sample_ranks
 from watchdog.daemon.judge.deadlines import Rules
-from watchdog.daemon.observation import Observation, Seen, identify, observe
+from watchdog.daemon.observation import Observation, Presence, identify, observe
 from watchdog.daemon.probes import ProbeError, probe
 from watchdog.daemon.probes.linux import LinuxProbe
 from watchdog.daemon.signaller import Result, Signaller, Target
@@ -56,7 +56,7 @@ def write(directory: Path, name: str, *, pid: int = 0, start_time: float | None 
 
 def test_own_process_with_an_open_record_is_live_with_its_sample(tmp_path: Path) -> None:
     look = observe(write(tmp_path, "me"), probe())
-    assert look.seen is Seen.LIVE
+    assert look.seen is Presence.LIVE
     assert look.sample is not None and look.sample.pid == os.getpid()
     assert look.sample.uid == os.getuid() and look.error is None
 
@@ -66,7 +66,7 @@ def test_own_process_with_an_open_record_is_live_with_its_sample(tmp_path: Path)
 def test_own_process_behind_a_record_no_longer_open_is_closed_with_its_sample(
         tmp_path: Path, status: int) -> None:
     look = observe(write(tmp_path, "me", status=status), probe())
-    assert look.seen is Seen.CLOSED
+    assert look.seen is Presence.CLOSED
     assert look.sample is not None and look.sample.pid == os.getpid()
 
 
@@ -75,7 +75,7 @@ def test_a_reaped_child_is_gone_whatever_its_record_says(tmp_path: Path) -> None
     for status in (None, record.STATUS_CLOSED):
         look = observe(write(tmp_path, f"dead-{status}", pid=pid, start_ticks=0,
                              status=status), probe())
-        assert look == Observation(Seen.GONE)
+        assert look == Observation(Presence.GONE)
 
 
 @pytest.mark.parametrize("forgery", ["start time", "start ticks", "uid"])
@@ -88,7 +88,7 @@ def test_a_live_pid_under_another_identity_is_not_ours(tmp_path: Path, forgery: 
     if forgery == "start ticks" and not sys.platform.startswith("linux"):
         pytest.skip("start ticks are Linux's")
     look = observe(write(tmp_path, "forged", **identity), probe())  # type: ignore[arg-type]
-    assert look.seen is Seen.NOT_OURS and look.sample is None  # nothing of it is handed on
+    assert look.seen is Presence.NOT_OURS and look.sample is None  # nothing of it is handed on
 
 
 @linux_only
@@ -98,7 +98,7 @@ def test_a_probe_that_cannot_read_the_process_is_unknown_with_its_error(
     (proc / str(os.getpid())).mkdir(parents=True)
     (proc / str(os.getpid()) / "stat").write_text("not a stat line")
     look = observe(write(tmp_path, "me"), LinuxProbe(proc=str(proc)))
-    assert look.seen is Seen.UNKNOWN and look.sample is None
+    assert look.seen is Presence.UNKNOWN and look.sample is None
     assert isinstance(look.error, ProbeError) and "stat" in str(look.error)
 
 
@@ -121,7 +121,7 @@ def test_the_signaller_words_the_same_look_as_a_signal_result(tmp_path: Path) ->
     assert Signaller(LinuxProbe(proc=str(tmp_path / "proc"))).identify(
         target(os.getpid())) == Result.UNKNOWN
     assert identify(probe(), os.getpid(), ME.create_time(), os.getuid(),
-                    hook._start_ticks()).seen is Seen.LIVE
+                    hook._start_ticks()).seen is Presence.LIVE
 
 
 def test_status_without_a_daemon_words_each_case_as_before(tmp_path: Path) -> None:

@@ -8,11 +8,10 @@ import dataclasses
 import pytest
 
 from tests.unit.daemon.test_detector import BASE, NS, ORIGIN, RULES
-from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.detector import Detector
-from watchdog.daemon.judge.frames import COMPUTING, UNKNOWN, WAITING, Seen, asleep
+from watchdog.daemon.judge.frames import Reading, asleep
 from watchdog.daemon.probes import ProcessSample
-from watchdog.states import Phase, State
+from watchdog.states import FrameKind, Phase, State
 
 MAIN = 4242
 EVAL = ("__futex_abstimed_wait_common64", "pthread_cond_wait",
@@ -26,12 +25,13 @@ IDLE = ("epoll_wait", "select_epoll_poll", "_PyEval_EvalFrameDefault")
 
 
 @pytest.mark.parametrize("stacks, gpu, kind, words", [
-    ({MAIN: EVAL, 7: RING, 8: IDLE}, None, WAITING, "main thread waits in core::eval_impl"),
-    ({7: RING, MAIN: EVAL}, False, WAITING, "GPU time flat"),
-    ({MAIN: EVAL, 9: SAVE}, None, COMPUTING, "write"),  # a checkpoint's bytes are its own
-    ({MAIN: EVAL}, True, COMPUTING, "GPU time advances"),
-    ({MAIN: IDLE}, None, UNKNOWN, "none in a wait"),
-    ({}, None, UNKNOWN, "no native stack"),
+    ({MAIN: EVAL, 7: RING, 8: IDLE}, None, FrameKind.WAITING,
+     "main thread waits in core::eval_impl"),
+    ({7: RING, MAIN: EVAL}, False, FrameKind.WAITING, "GPU time flat"),
+    ({MAIN: EVAL, 9: SAVE}, None, FrameKind.COMPUTING, "write"),  # a checkpoint's bytes are its own
+    ({MAIN: EVAL}, True, FrameKind.COMPUTING, "GPU time advances"),
+    ({MAIN: IDLE}, None, FrameKind.UNKNOWN, "none in a wait"),
+    ({}, None, FrameKind.UNKNOWN, "no native stack"),
 ])
 def test_what_a_rank_with_no_thread_busy_waits_in(stacks, gpu, kind, words):
     seen = asleep(stacks, "ring", gpu, main=MAIN)
@@ -40,13 +40,13 @@ def test_what_a_rank_with_no_thread_busy_waits_in(stacks, gpu, kind, words):
 
 def test_a_fence_wait_is_a_wait():
     fence = ("__psynch_cvwait", "std::condition_variable::wait", "mlx::core::Fence::wait")
-    assert asleep({1: fence}, "jaccl").kind == frames.WAITING
+    assert asleep({1: fence}, "jaccl").kind == FrameKind.WAITING
 
 
-QUIET = Seen(WAITING, "main thread waits in eval_impl -> pthread_cond_wait")
+QUIET = Reading(FrameKind.WAITING, "main thread waits in eval_impl -> pthread_cond_wait")
 
 
-def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Seen | None = QUIET,
+def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Reading | None = QUIET,
           world: int = 2, expect: float = 0.0, spin: float = 0.0) -> list:
     """A wait begun at 0, ticks each second to 30 s past a 10 s deadline; the verdicts."""
     detector = Detector(RULES)
@@ -91,7 +91,7 @@ def test_status_says_quiet_while_the_wait_runs_toward_a_longer_deadline():
     dict(io_moves=True),  # a save or a load: bytes move
     dict(sockets=1.0),  # bytes moved on its sockets a moment ago
     dict(sockets=None),  # its sockets not read (its peers' bytes may move)
-    dict(seen=Seen(COMPUTING, "thread 9 sits in write")),  # a file write
+    dict(seen=Reading(FrameKind.COMPUTING, "thread 9 sits in write")),  # a file write
     dict(seen=None),  # no fresh sample
     dict(expect=600.0),  # the user's own deadline for this wait
     dict(spin=1.0),  # a thread spins: today's stalled, not quiet

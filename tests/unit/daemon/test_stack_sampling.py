@@ -19,10 +19,10 @@ def daemon(tmp_path, record_dir):
     os.makedirs(settings.state_dir)
     d = Daemon(settings)
     d.submitted = []  # type: ignore[attr-defined]
-    d.stacks.submit = d.submitted.append  # type: ignore[attr-defined]
+    d.jobs.stacks.submit = d.submitted.append  # type: ignore[attr-defined]
     yield d
     d.executor.shutdown()
-    d.sampling.shutdown()
+    d.jobs.sampling.shutdown()
 
 
 def test_a_healthy_job_is_never_sampled(daemon, record_dir):
@@ -30,8 +30,8 @@ def test_a_healthy_job_is_never_sampled(daemon, record_dir):
         publish(record_dir, rank.pid, 0, "j", hung=False)
         for _ in range(3):
             daemon.scan()
-        assert daemon.submitted == [] and daemon.stacks.asked == {}
-        assert daemon.stacks.taken == 0
+        assert daemon.submitted == [] and daemon.jobs.stacks.asked == {}
+        assert daemon.jobs.stacks.taken == 0
 
 
 def test_a_rank_past_its_deadline_is_sampled_once_per_few_seconds(daemon, record_dir):
@@ -40,5 +40,5 @@ def test_a_rank_past_its_deadline_is_sampled_once_per_few_seconds(daemon, record
         for _ in range(3):
             daemon.scan()
         assert len(daemon.submitted) == 1  # asked once: the next scans are within 3 s
-        (key,) = daemon.stacks.asked
+        (key,) = daemon.jobs.stacks.asked
         assert key[0] == rank.pid

@@ -9,14 +9,14 @@ import pytest
 
 from watchdog.daemon.judge.deadlines import Learned, Rules, wedge_deadline
 from watchdog.daemon.judge.detector import NS, Detector
-from watchdog.daemon.judge.frames import COMPUTING, UNKNOWN, WAITING, Seen
+from watchdog.daemon.judge.frames import Reading
 from watchdog.daemon.judge.wedge import QUIET_FOR, Member, Wedge, decide
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
-from watchdog.states import Phase, State
+from watchdog.states import FrameKind, Phase, State
 
-SPIN = Seen(WAITING, "busy thread 7 spins in SocketThread::worker -> recv")
-WORK = Seen(COMPUTING, "busy thread 8 computes in sgemm_")
+SPIN = Reading(FrameKind.WAITING, "busy thread 7 spins in SocketThread::worker -> recv")
+WORK = Reading(FrameKind.COMPUTING, "busy thread 8 computes in sgemm_")
 
 
 def member(rank: int, **kw) -> Member:
@@ -42,7 +42,7 @@ def test_a_wedge_with_no_unread_byte_names_no_rank():
 @pytest.mark.parametrize("change, why", [
     ({"stopped": True}, "a pause: a rank stopped"),
     ({"seen": WORK}, "a slow peer: a rank computing"),
-    ({"seen": Seen(UNKNOWN, "no sampler")}, "no frame read: today's rules"),
+    ({"seen": Reading(FrameKind.UNKNOWN, "no sampler")}, "no frame read: today's rules"),
     ({"seen": None}, "no fresh sample"),
     ({"quiet": QUIET_FOR - 1}, "bytes moved lately: a slow link"),
     ({"quiet": None}, "sockets unknown"),
@@ -85,7 +85,7 @@ FAST = Learned(0.05, 100)  # the job's evals: 100 seen, the longest 50 ms
 
 
 def run(seconds: list[float], backend: str = "ring", user: bool = True,
-        seen: Seen | None = None, wedge: Wedge | None = None,
+        seen: Reading | None = None, wedge: Wedge | None = None,
         learned: Learned | None = FAST, record: Record = WAITING_REC) -> list:
     """One rank whose thread 2 spins a whole core, in user space (`user`) or the kernel."""
     rules = Rules()
@@ -115,7 +115,7 @@ def test_compute_frames_make_a_jaccl_rank_compute():
 
 
 def test_an_unknown_sample_leaves_the_per_backend_rule():
-    unknown = Seen(UNKNOWN, "no native stack sampler installed")
+    unknown = Reading(FrameKind.UNKNOWN, "no native stack sampler installed")
     assert run(TICKS, seen=unknown)[-1].computing
     assert not run(TICKS, backend="jaccl", seen=unknown)[-1].computing
     assert run(TICKS, seen=unknown)[-1].seen == "no native stack sampler installed"

@@ -13,14 +13,15 @@ import pytest
 from tests.support.users import publish
 from watchdog.daemon.act.incidents import fence_culprit, new_incident, with_view
 from watchdog.daemon.config import Settings
+from watchdog.daemon.jobs import REMOTE_FRESH
 from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.wedge import QUIET_FOR, Member, decide, remote
 from watchdog.daemon.lifecycle import Rank
-from watchdog.daemon.loop import REMOTE_FRESH, Daemon
+from watchdog.daemon.loop import Daemon
 from watchdog.daemon.view import rank_status
 from watchdog.record import Collective, Record, read_path
-from watchdog.states import Phase, State
+from watchdog.states import FrameKind, Phase, State
 from watchdog.status import LastCollective, NodeAnswer, NodeStatus, PeerView, RankStatus
 
 NOW = 5_000_000_000_000
@@ -30,7 +31,7 @@ SPIN = "busy thread 7 spins in SocketThread::worker -> recv"
 def local(rank: int, **kw) -> Member:
     base = dict(rank=rank, world_size=2, phase=Phase.WAIT, waiting_since_ns=1,
                 collectives=10, op="eval (all_sum)", stopped=False,
-                seen=frames.Seen(frames.WAITING, SPIN), quiet=QUIET_FOR + 1, unread=0,
+                seen=frames.Reading(FrameKind.WAITING, SPIN), quiet=QUIET_FOR + 1, unread=0,
                 link="up")
     base.update(kw)
     return Member(**base)  # type: ignore[arg-type]
@@ -76,7 +77,7 @@ REC = Record(
 
 def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, False, "r", seen=SPIN,
-                      seen_kind=frames.WAITING)
+                      seen_kind=FrameKind.WAITING)
     shown = rank_status(REC, State.STALLED, verdict, sockets=(4.25, 64))
     assert (shown.frames, shown.frames_kind, shown.quiet_seconds, shown.unread_bytes) == \
         (SPIN, "waiting", 4.25, 64)
@@ -87,7 +88,7 @@ def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     member = remote(RankStatus.from_json(shown.to_json()), "host-a", NOW)
     assert member is not None
     assert (member.op, member.seen, member.quiet, member.unread, member.host) == \
-        ("eval (all_sum)", frames.Seen(frames.WAITING, SPIN), 4.25, 64, "host-a")
+        ("eval (all_sum)", frames.Reading(FrameKind.WAITING, SPIN), 4.25, 64, "host-a")
 
 
 # -- decide with remote members ---------------------------------------------------------
@@ -148,7 +149,7 @@ def daemon(tmp_path):
     d = Daemon(settings)
     yield d
     d.executor.shutdown()
-    d.sampling.shutdown()
+    d.jobs.sampling.shutdown()
     d.asking.shutdown()
 
 
@@ -166,53 +167,48 @@ def test_the_loop_builds_the_job_s_remote_members_from_a_fresh_answer(daemon):
     other_user = published(rank=0, uid=502)
     gone = published(rank=0, state="exited")
     answered(daemon, 1.0, published(), other_job, other_user, gone)
-    (member,) = daemon._remote_members(rank, 1, NOW)
+    (member,) = daemon.jobs.remote_members(rank, 1, NOW)
     assert (member.rank, member.host, member.unread) == (1, "host-b", 4096)
     assert decide([local(0), member]) is not None
-    assert daemon._remote_members(rank, 2, NOW) == []  # all the job's ranks here
+    assert daemon.jobs.remote_members(rank, 2, NOW) == []  # all the job's ranks here
 
 
 def test_without_the_shared_secret_no_peer_s_answer_makes_a_member(daemon):
     """Unsigned, anything at a peer's address could say "rank 1 waits" (issue 48, 3)."""
     rank = Rank(path="r", record=REC)
     answered(daemon, 1.0, published())
-    assert len(daemon._remote_members(rank, 1, NOW)) == 1
+    assert len(daemon.jobs.remote_members(rank, 1, NOW)) == 1
     daemon.live.settings = dataclasses.replace(daemon.settings, secret=None)
-    assert daemon._remote_members(rank, 1, NOW) == []
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []
 
 
 def test_a_stale_answer_a_silent_peer_or_an_unknown_rank_gives_no_remote_member(daemon):
     rank = Rank(path="r", record=REC)
     answered(daemon, REMOTE_FRESH + 1, published())
-    assert daemon._remote_members(rank, 1, NOW) == []  # stale
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []  # stale
     answered(daemon, 1.0, ok=False)
-    assert daemon._remote_members(rank, 1, NOW) == []  # a partition: today's rules
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []  # a partition: today's rules
     answered(daemon, 1.0, published(phase=None))
-    assert daemon._remote_members(rank, 1, NOW) == []  # an old or broken peer
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []  # an old or broken peer
     answered(daemon, 1.0, published(), scanned_ago=REMOTE_FRESH + 2)
-    assert daemon._remote_members(rank, 1, NOW) == []  # its loop stalled: facts old
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []  # its loop stalled: facts old
     answered(daemon, 1.0, published(), scanned_ago=-(REMOTE_FRESH + 2))
-    assert daemon._remote_members(rank, 1, NOW) == []  # its clock far off ours
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []  # its clock far off ours
     answered(daemon, 1.0, published())
-    assert len(daemon._remote_members(rank, 1, NOW)) == 1  # fresh again
+    assert len(daemon.jobs.remote_members(rank, 1, NOW)) == 1  # fresh again
     daemon.peers._asked = None
-    assert daemon._remote_members(rank, 1, NOW) == []  # never asked
+    assert daemon.jobs.remote_members(rank, 1, NOW) == []  # never asked
     # Each case leaves the job with a rank unseen: no wedge.
     assert decide([local(0)]) is None
 
 
-def test_a_wedge_is_asked_for_ahead_from_half_the_wedge_deadline(daemon, monkeypatch):
-    asked = []
-    monkeypatch.setattr(daemon.peers, "prefetch", lambda: asked.append(1))
+def test_a_wedge_is_asked_for_ahead_from_half_the_wedge_deadline(daemon):
     rank = Rank(path="r", record=REC, state=State.RUNNING,
                 verdict=Verdict(State.RUNNING, 60.0, 8.0, 8.0, 1.0, False, "r",
                                 wedge_deadline=15.0))
-    daemon.ranks[rank.key] = rank
-    daemon._probe_links(0.0)
-    assert asked == [1]
+    assert daemon.jobs.probe_links([rank], 0.0)  # the loop then asks the peers ahead
     rank.verdict = dataclasses.replace(rank.verdict, seconds_in_wait=7.0)
-    daemon._probe_links(0.0)
-    assert asked == [1]  # before half of it: no ask
+    assert not daemon.jobs.probe_links([rank], 0.0)  # before half of it: no ask
 
 
 
@@ -223,7 +219,7 @@ def test_the_incident_names_a_remote_culprit_and_the_view_does_not_blur_the_wedg
     found = decide([local(0), remote(published(), "host-b", NOW)])
     assert found is not None
     verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, True, "r", wedge_deadline=15.0,
-                      wedge=found, seen=SPIN, seen_kind=frames.WAITING)
+                      wedge=found, seen=SPIN, seen_kind=FrameKind.WAITING)
     mine = Rank(str(path), read_path(str(path)), state=State.STALLED, verdict=verdict)
     inc = new_incident(wall=1.7e9, host="host-a", uid=os.getuid(), job="j", mode="enforce",
                        kill_scope="job", due=[mine], targets=[mine], local=[mine],

@@ -12,7 +12,7 @@ import time
 from watchdog.daemon.attempts import attempt_of
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Detector, Verdict
-from watchdog.daemon.observation import Seen, observe
+from watchdog.daemon.observation import Presence, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.recdir import read_dir, read_record
 from watchdog.daemon.view import rank_status
@@ -44,16 +44,16 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
             invalid[path] = why
             continue
         look = observe(rec, probe_)
-        if look.seen is Seen.UNKNOWN:
+        if look.seen is Presence.UNKNOWN:
             invalid[path] = str(look.error)
-        elif look.seen is Seen.GONE and st is not None and wall - st.st_mtime > retention:
+        elif look.seen is Presence.GONE and st is not None and wall - st.st_mtime > retention:
             invalid[path] = (f"{AGED} {retention:g}s ago without closing its record (the "
                              "daemon removes such records)")
-        elif look.seen is Seen.GONE:
+        elif look.seen is Presence.GONE:
             found.append((rec, State.EXITED, None, "exited without closing its record"))
-        elif look.seen is Seen.NOT_OURS:
+        elif look.seen is Presence.NOT_OURS:
             invalid[path] = f"stale: pid {rec.pid} is now another process"
-        elif look.seen is Seen.CLOSED:  # frozen words: reported, never judged
+        elif look.seen is Presence.CLOSED:  # frozen words: reported, never judged
             found.append((rec, State.ABANDONED, None, "record closed while the process runs"))
         else:
             live.append(rec)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 
 from watchdog import cause
 from watchdog.cause import CAUSES, Cause
-from watchdog.daemon.lifecycle import Rank
+from watchdog.daemon.judge.wedge import Wedge
+from watchdog.daemon.lifecycle import Key, Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import Fenced, State
 from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
@@ -78,11 +80,14 @@ def reason_of(worst: Rank, fenced: Fence | None) -> str:
     return f"peer {fenced.origin} fenced the job: {fenced.reason}"
 
 
-def local_finding(local: list[Rank]) -> cause.Finding:
-    """The cause as this node alone sees it: its live ranks of the job; the others
-    reported by no one (no peers asked), which decides nothing by itself."""
+def local_finding(local: list[Rank],
+                  links: Mapping[Key, str | None] | None = None) -> cause.Finding:
+    """The cause as this node alone sees it: its live ranks of the job, each with its
+    data link as last probed (`links`); the others reported by no one (no peers asked),
+    which decides nothing by itself."""
+    links = links or {}
     shown = [rank_status(r.record, r.state, r.verdict, reason=r.reason,
-                         data_link=r.data_link) for r in local]
+                         data_link=links.get(r.key)) for r in local]
     world = max((r.record.world_size for r in local), default=0)
     here = {r.record.rank for r in local}
     return cause.decide(shown, [i for i in range(world) if i not in here])
@@ -102,16 +107,11 @@ def fenced_finding(fenced: Fence) -> tuple[str, str]:
 
 
 def with_view(incident: Incident, view: PeerView | None) -> Incident:
-    """The incident with the cluster view's cause and one line (the peers answered);
-    a local culprit carries them too."""
-    if view is None or not view.cause:
+    """The incident with the cluster view's cause and one line (the peers answered),
+    unless the node's own cause says more (cause.replaces); a local culprit carries
+    them too."""
+    if view is None or not cause.replaces(view.cause, incident.cause):
         return incident
-    if incident.cause == Cause.COLLECTIVE_WEDGED and view.cause in (
-            Cause.UNKNOWN, Cause.COLLECTIVE_WEDGED):
-        return incident  # judge/wedge.py saw more (frames, sockets) than the view tells
-    if incident.cause == Cause.QUIET_HANG and view.cause in (
-            Cause.UNKNOWN, Cause.LOCAL_BLOCKED, Cause.COLLECTIVE_WEDGED, Cause.QUIET_HANG):
-        return incident  # the detector saw more (frames, bytes) than the view tells
     found, summary = view.cause, view.summary or incident.summary
     c = incident.culprit
     return replace(incident, cause=found, summary=summary,
@@ -134,46 +134,64 @@ def fence_culprit(incident: Incident, view: PeerView | None) -> Culprit:
     return replace(named, cause=incident.cause, summary=incident.summary)
 
 
+def fence_named(fenced: Fence) -> Culprit | None:
+    """The rank a fence names, None when it names none (only its cause and line sent)."""
+    named = fenced.culprit
+    if named is not None and named.rank is None and named.host is None and named.pid is None:
+        return None
+    return named
+
+
+def _culprit(host: str, due: list[Rank], local: list[Rank], stopped: list[Rank],
+             wedged: Wedge | None, quiet: list[Rank]) -> Culprit | None:
+    """Who holds the job up, as far as this node sees: a stopped rank, else the rank the
+    due ones wait for in a wait of its own, else the wedge's culprit (here or on a peer),
+    else the one quiet rank; None: no one rank."""
+    if stopped:
+        return culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its peers wait")
+    behind = waited_for(due, local)
+    if behind is not None:
+        return culprit_of(host, *behind)
+    if wedged is not None:  # judge/wedge.py: every rank spinning on nothing
+        stuck = next((r for r in local if r.record.rank == wedged.culprit), None)
+        if stuck is not None:
+            return culprit_of(host, stuck, f"{stuck.verdict.seen if stuck.verdict else ''}, "
+                                           "bytes left unread in its sockets while its "
+                                           "peers wait on it")
+        if wedged.culprit_host is not None:
+            return Culprit(host=wedged.culprit_host, rank=wedged.culprit,
+                           reason="bytes left unread in its sockets while its peers wait "
+                                  "on it")
+    if len(quiet) == 1:  # judge/detector.py: asleep in a wait, nothing moving
+        return culprit_of(host, quiet[0], "waits with nothing spinning and nothing moving")
+    return None
+
+
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
-                 fenced: Fence | None) -> Incident:
+                 fenced: Fence | None,
+                 links: Mapping[Key, str | None] | None = None) -> Incident:
     """The incident for ending `targets` because `due` ranks are hung (or a peer fenced
-    the job); `local` is every live local rank of the job, for the culprit."""
+    the job); `local` is every live local rank of the job, for the culprit, and `links`
+    each rank's data link as last probed, for the cause."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
-    behind = waited_for(due, local)
     wedged = next((r.verdict.wedge for r in due if r.verdict and r.verdict.wedge), None)
     quiet = sorted((r for r in due if r.verdict and r.verdict.quiet),
                    key=lambda r: r.record.rank)
-    remote: Culprit | None = None  # a wedge's culprit on a peer
+    mine = cause.own(wedged.note if wedged is not None else None,
+                     [f"rank {r.record.rank}'s {r.verdict.quiet}" for r in quiet if r.verdict],
+                     bool(stopped))
     if fenced is not None:
         found, summary = fenced_finding(fenced)
-    elif wedged is not None:  # judge/wedge.py: every rank spinning on nothing
-        found, summary = Cause.COLLECTIVE_WEDGED, wedged.note
-        stuck = next((r for r in local if r.record.rank == wedged.culprit), None)
-        if stuck is not None and behind is None and not stopped:
-            behind = (stuck, f"{stuck.verdict.seen if stuck.verdict else ''}, bytes left "
-                             "unread in its sockets while its peers wait on it")
-        elif wedged.culprit_host is not None and behind is None and not stopped:
-            remote = Culprit(host=wedged.culprit_host, rank=wedged.culprit,
-                             reason="bytes left unread in its sockets while its peers "
-                                    "wait on it")
-    elif quiet and not stopped:  # judge/detector.py: asleep in a wait, nothing moving
-        found = Cause.QUIET_HANG
-        summary = "quiet hang: " + "; ".join(
-            f"rank {r.record.rank}'s {r.verdict.quiet}" for r in quiet if r.verdict)
-        if len(quiet) == 1 and behind is None:
-            behind = (quiet[0], "waits with nothing spinning and nothing moving")
+    elif mine is not None:  # what the node alone saw: a wedge, a quiet hang
+        found, summary = mine
     else:
-        finding = local_finding(local)
+        finding = local_finding(local, links)
         found, summary = finding.cause, finding.summary
-    named = fenced.culprit if fenced is not None else None
-    if named is not None and named.rank is None and named.host is None and named.pid is None:
-        named = None  # a fence that names no rank: only its cause and line were sent
-    culprit = (named if fenced is not None else
-               culprit_of(host, stopped[0], "stopped (SIGSTOP or traced) while its "
-                          "peers wait") if stopped else
-               culprit_of(host, behind[0], behind[1]) if behind else remote)
+    culprit = fence_named(fenced) if fenced is not None else _culprit(
+        host, due, local, stopped, wedged if found == Cause.COLLECTIVE_WEDGED else None,
+        quiet if found == Cause.QUIET_HANG else [])
     if culprit is not None and fenced is None:
         culprit = replace(culprit, cause=found, summary=summary)
     return Incident(

@@ -32,13 +32,12 @@ from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
 from watchdog.daemon.holds import peer_hold
+from watchdog.daemon.lifecycle import Key
 from watchdog.daemon.signaller import Target
 from watchdog.states import Mode
 from watchdog.status import FenceSent, Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
-
-Key = tuple[int, float]  # a rank: (pid, start time)
 
 # exo (docs/exo.md): a peer's runner of an exo job ends this long after ours. exo notices
 # a runner's end at its supervisor's next 5 s poll and marks it RunnerFailed; the other
@@ -78,6 +77,11 @@ class Response:
     fenced: bool = False  # the peers were told to hold theirs frozen until `term_at`
     hurried: bool = False  # ... and told again to end them now (our evidence was done)
     fenced_since: float = 0.0  # wall time the first fence found the job dead
+
+    @property
+    def acting(self) -> Incident:
+        """Its incident as it stands: the ladder's once begun, with the peers' cause."""
+        return self.ladder.incident if self.ladder is not None else self.incident
 
     @property
     def working(self) -> bool:
@@ -143,6 +147,12 @@ class Responses:
         except Exception:  # noqa: BLE001 - the scan goes on; the ranks are retried
             log.exception("escalation failed; the hung ranks will be tried again")
             response.failed = True
+
+    def causes(self) -> dict[Key, str | None]:
+        """Each rank under a response: its incident's cause as it stands (the peers'
+        view may have refined it since the verdict)."""
+        return {key: response.acting.cause for response in self.pending
+                for key in response.keys}
 
     def adopt(self, ladder: Ladder, keys: list[Key], now: float) -> None:
         """A response an earlier daemon left unfinished, resumed at start."""

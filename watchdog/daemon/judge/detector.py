@@ -34,7 +34,7 @@ from watchdog.daemon.judge.deadlines import (
     learning_keys,
     wedge_deadline,
 )
-from watchdog.daemon.judge.frames import COMPUTING, WAITING, Seen
+from watchdog.daemon.judge.frames import Reading
 from watchdog.daemon.judge.ownwait import OwnWait
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
@@ -45,9 +45,9 @@ from watchdog.daemon.judge.threads import (
     thread_tick,
 )
 from watchdog.daemon.judge.wedge import Wedge
-from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
-from watchdog.states import STOPPED_STATUSES, Phase, State
+from watchdog.states import STOPPED_STATUSES, FrameKind, Phase, State
 
 __all__ = ["NS", "Detector", "Track", "Verdict"]
 
@@ -101,6 +101,9 @@ class Track:
 
 @dataclass(frozen=True)
 class Verdict:
+    """One rank's judgement at one scan: its state and why, its deadline and how long it
+    has waited, whether it is due for a response (`act`), and what was seen of it."""
+
     state: State
     deadline: float  # seconds the current (or next) wait may last
     seconds_in_wait: float  # 0 outside a wait
@@ -117,7 +120,7 @@ class Verdict:
     wedge: Wedge | None = None
     seen: str = ""  # what its busy threads ran at the latest stack sample (frames.py)
     hot: tuple[int, ...] = ()  # its threads busy over the last interval (their ids)
-    seen_kind: str = ""  # that sample's kind (frames.WAITING, ...; "": none fresh)
+    seen_kind: str = ""  # that sample's kind (FrameKind.WAITING, ...; "": none fresh)
     # Its wait past the deadline with nothing spinning and nothing moving, nothing to
     # explain it (a quiet hang, ended as `quiet_hang`): what was seen, in words; "": not.
     quiet: str = ""
@@ -217,9 +220,9 @@ class Detector:
         self.tracks.pop(key, None)
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
-                load: float = 1.0, learn: bool = True, seen: Seen | None = None,
+                load: float = 1.0, learn: bool = True, seen: Reading | None = None,
                 wedge: Wedge | None = None, traced: bool = False,
-                asleep: Seen | None = None, sockets_quiet: float | None = None) -> Verdict:
+                asleep: Reading | None = None, sockets_quiet: float | None = None) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -244,29 +247,9 @@ class Detector:
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
-        cpu = dict(sample.threads)
-        system = dict(sample.system)
-        python = python_threads(record, sample)
         measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
-        tick = ThreadTick(0.0, None, None, None)
-        demand = dict(sample.demand)
-        scale = max(1.0, load)
-        if track.cpu_at_ns is not None:
-            tick = thread_tick(track.cpu, cpu, track.system, system,
-                               (now_ns - track.cpu_at_ns) / NS, python, scale,
-                               track.demand, demand)
-            if not traced:
-                track.busiest, track.hot = tick.busiest, tick.hot
-        track.cpu, track.system, track.demand, track.cpu_at_ns = cpu, system, demand, now_ns
-
-        progress = (record.waits_completed, record.collectives, record.steps)
-        if progress != track.progress:
-            # At first sight it is unknown when they last moved: 0 for the
-            # report (the record's own time stands), now for the backstop
-            # (which may then wait one deadline longer, never less).
-            track.moved_ns = now_ns if track.progress is not None else 0
-            track.first_ns = track.first_ns or now_ns
-            track.progress = progress
+        tick = self._measure(record, sample, track, now_ns, load, traced)
+        _note_progress(record, track, now_ns)
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         stopped = sample.status in STOPPED_STATUSES
         if record.pace is not None:
@@ -288,68 +271,29 @@ class Detector:
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                              track.first_ns)) / NS)
         in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
-
-        # One stretch: a wait, or (outside one) a spell without progress.
-        wait_key = ((record.wait_since_ns, record.waits_completed) if waiting
-                    else (-1, hash((progress, int(record.phase)))))
-        if wait_key != track.wait_key:  # a new stretch: nothing carried over...
-            # ...but whether it was computing, until this stretch can tell: a
-            # rank going from one eval to the next must not look idle between
-            # (a stretch of a single sample says what it saw, or nothing).
-            if len(track.computing) >= 2:
-                track.was_computing = _majority(track.computing)
-            elif track.computing:
-                track.was_computing = track.was_computing or track.computing[0]
-            track.wait_key, track.due_ticks = wait_key, 0
-            for window in (track.busy, track.computing, track.python_busy, track.native_busy):
-                window.clear()
-            # Bytes are counted from here; a wait first seen already under way counts as
-            # quiet since it began until the next sample shows its counters move.
-            track.io_base = sample.io
-            track.io_moved_ns = record.wait_since_ns if waiting else now_ns
-        if sample.io is not None and track.io is not None and sample.io != track.io:
-            track.io_moved_ns = now_ns
-        if track.io_base is None:
-            track.io_base = sample.io
-        track.io = sample.io
-        if measured and cpu and not traced:
-            # How much a thread wanted a core, not what it got: on a loaded machine a
-            # spinning thread gets a fraction of one (thread_tick).
-            if waiting:
-                track.busy.append(tick.busy)
-            track.computing.append(self._computing(record, tick))
-            if tick.python is not None and tick.native is not None:
-                track.python_busy.append(tick.python)
-                track.native_busy.append(tick.native)
-        computing = (_majority(track.computing) if len(track.computing) >= 2
-                     else track.was_computing)
-        if seen is not None and seen.kind == WAITING:
-            computing = False  # what it runs, over where its time goes: it spins on nothing
-        elif seen is not None and seen.kind == COMPUTING and not seen.guessed \
-                and not spins_in_kernel(record.backend):
-            # Where a wait spins in user space (JACCL, MPI) its time cannot tell computing
-            # from polling: the frames do. Elsewhere (ring) where the time goes stands: a
-            # thread blocked in a syscall under Python's eval (a save stuck opening its
-            # file) computes nothing; frames the table does not name keep the old rule.
-            computing = True
+        _stretch(record, sample, track, waiting, now_ns)
+        computing = _computing_now(record, track, tick,
+                                   measured and bool(sample.threads) and not traced, seen)
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):
             track.seen_wait = (kind, record.waits_completed, in_wait)
-
-        own = (self._own(record, sample, track, in_wait, deadline, now_ns)
-               if waiting and record.phase == Phase.WAIT and not stopped else None)
-
-        quiet = ""
-        if waiting and not stopped and record.phase == Phase.WAIT:
-            quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns)
+        in_collective = waiting and record.phase == Phase.WAIT and not stopped
+        own = self._own(record, sample, track, in_wait, deadline, now_ns) \
+            if in_collective else None
+        quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns) \
+            if in_collective else ""
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
-            return Verdict(state, deadline, seconds, since_progress, track.busiest, act,
-                           reason, busy, record.collectives, own, wedge_at,
-                           wedge if wedge_at else None, seen.what if seen else "", track.hot,
-                           seen.kind if seen else "", quiet if state == State.STALLED else "")
+            return Verdict(
+                state=state, deadline=deadline, seconds_in_wait=seconds,
+                seconds_since_progress=since_progress, busiest_cpu=track.busiest, act=act,
+                reason=reason, computing=busy, collectives=record.collectives, own=own,
+                wedge_deadline=wedge_at, wedge=wedge if wedge_at else None,
+                seen=seen.what if seen else "", hot=track.hot,
+                seen_kind=seen.kind if seen else "",
+                quiet=quiet if state == State.STALLED else "")
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -358,6 +302,29 @@ class Detector:
             return verdict(State.IDLE, "inside hb.idle()")
         if not waiting:
             return self._outside(record, track, deadline, since_moved, verdict)
+        return self._in_wait(record, track, deadline, in_wait, own, quiet,
+                             wedge is not None and bool(wedge_at), verdict)
+
+    def _measure(self, record: Record, sample: ProcessSample, track: Track, now_ns: int,
+                 load: float, traced: bool) -> ThreadTick:
+        """This interval's use of each thread (thread_tick), the track moved on to now."""
+        cpu, system, demand = dict(sample.threads), dict(sample.system), dict(sample.demand)
+        tick = ThreadTick(0.0, None, None, None)
+        if track.cpu_at_ns is not None:
+            tick = thread_tick(track.cpu, cpu, track.system, system,
+                               (now_ns - track.cpu_at_ns) / NS, python_threads(record, sample),
+                               max(1.0, load), track.demand, demand)
+            if not traced:
+                track.busiest, track.hot = tick.busiest, tick.hot
+        track.cpu, track.system, track.demand, track.cpu_at_ns = cpu, system, demand, now_ns
+        return tick
+
+    def _in_wait(self, record: Record, track: Track, deadline: float, in_wait: float,
+                 own: OwnWait | None, quiet: str, wedged: bool,
+                 verdict: Callable[..., Verdict]) -> Verdict:
+        """A rank in a wait: running, suspect past half its deadline, and past it stalled
+        (a thread spinning, or a quiet hang) or blocked (nothing spinning)."""
+        rules = self.rules
         if in_wait < deadline / 2:
             return verdict(State.RUNNING, "waits return within the deadline")
         what = f"in {record.op or 'a wait'} for {in_wait:.1f}s"
@@ -377,7 +344,7 @@ class Detector:
         if spinning:
             state, due = State.STALLED, True
             reason = f"{what}, past the {deadline:g}s deadline, one thread spinning"
-            if wedge is not None and wedge_at:
+            if wedged:
                 reason = (f"{what}, past the {deadline:g}s deadline of a wedged collective, "
                           "one thread spinning")
         elif quiet:
@@ -393,14 +360,14 @@ class Detector:
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
 
     def _quiet(self, record: Record, sample: ProcessSample, track: Track,
-               asleep: Seen | None, sockets_quiet: float | None, in_wait: float,
+               asleep: Reading | None, sockets_quiet: float | None, in_wait: float,
                now_ns: int) -> str:
         """A quiet hang, in words ("" when anything explains the wait or it cannot be
         told): no thread busy, its threads asleep in a wait the tables name and none in
         a file read or write (frames.asleep, fresh), no byte read or written by the
         process and none moving on its sockets for QUIET_HANG_FOR seconds (a process of
         one rank has no sockets to read), outside an `hb.expect()` window."""
-        if asleep is None or asleep.kind != WAITING or record.expect_seconds > 0:
+        if asleep is None or asleep.kind != FrameKind.WAITING or record.expect_seconds > 0:
             return ""
         if track.hot or (len(track.busy) >= 1 and _median(track.busy) >= self.rules.spin_ratio):
             return ""
@@ -434,20 +401,6 @@ class Detector:
         return OwnWait(record.op, in_wait, deadline, read, written, quiet, spinning,
                        self.rules.auto_floor)
 
-    def _computing(self, record: Record, tick: ThreadTick) -> bool:
-        """Does this interval look like the rank computing, rather than waiting?"""
-        if tick.busy < WORK_RATIO:
-            return False
-        if tick.python is not None and tick.python >= WORK_RATIO:
-            return True  # a Python thread runs: the user's own work
-        if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
-            return False  # a thread polling in the kernel (or unknown): waiting on a peer
-        # Busy in user space. On a backend whose peer wait spins in the kernel,
-        # or with no peer at all, that is computation; elsewhere (JACCL polls
-        # its completion queue in user space, MPI its progress engine; measured:
-        # ~100% user, 0% system with a peer frozen) it may be the wait itself.
-        return spins_in_kernel(record.backend) or 0 < record.world_size <= 1
-
     def _outside(self, record: Record, track: Track, deadline: float, since: float,
                  verdict: Callable[..., Verdict]) -> Verdict:
         """Outside a known wait: running, unless the backstop finds it stuck."""
@@ -468,3 +421,90 @@ class Detector:
         track.due_ticks += 1
         return verdict(State.STALLED, f"{what}, past the {deadline:g}s deadline",
                        act=track.due_ticks >= rules.confirm, seconds=since, busy=False)
+
+
+def _note_progress(record: Record, track: Track, now_ns: int) -> None:
+    """When the rank's progress (waits completed, collectives, steps) last moved."""
+    progress = (record.waits_completed, record.collectives, record.steps)
+    if progress != track.progress:
+        # At first sight it is unknown when they last moved: 0 for the
+        # report (the record's own time stands), now for the backstop
+        # (which may then wait one deadline longer, never less).
+        track.moved_ns = now_ns if track.progress is not None else 0
+        track.first_ns = track.first_ns or now_ns
+        track.progress = progress
+
+
+
+def _stretch(record: Record, sample: ProcessSample, track: Track, waiting: bool,
+             now_ns: int) -> None:
+    """One stretch: a wait, or (outside one) a spell without progress. A new one
+    starts its windows afresh, and counts its bytes from here."""
+    progress = (record.waits_completed, record.collectives, record.steps)
+    wait_key = ((record.wait_since_ns, record.waits_completed) if waiting
+                else (-1, hash((progress, int(record.phase)))))
+    if wait_key != track.wait_key:  # a new stretch: nothing carried over...
+        # ...but whether it was computing, until this stretch can tell: a
+        # rank going from one eval to the next must not look idle between
+        # (a stretch of a single sample says what it saw, or nothing).
+        if len(track.computing) >= 2:
+            track.was_computing = _majority(track.computing)
+        elif track.computing:
+            track.was_computing = track.was_computing or track.computing[0]
+        track.wait_key, track.due_ticks = wait_key, 0
+        for window in (track.busy, track.computing, track.python_busy, track.native_busy):
+            window.clear()
+        # Bytes are counted from here; a wait first seen already under way counts as
+        # quiet since it began until the next sample shows its counters move.
+        track.io_base = sample.io
+        track.io_moved_ns = record.wait_since_ns if waiting else now_ns
+    if sample.io is not None and track.io is not None and sample.io != track.io:
+        track.io_moved_ns = now_ns
+    if track.io_base is None:
+        track.io_base = sample.io
+    track.io = sample.io
+
+
+
+def _computing_now(record: Record, track: Track, tick: ThreadTick, counts: bool,
+                   seen: Reading | None) -> bool:
+    """Over this stretch, does the rank look like it computes? `counts`: this
+    interval's use counts (measured, threads seen, not stopped by our sampler)."""
+    waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
+    if counts:
+        # How much a thread wanted a core, not what it got: on a loaded machine a
+        # spinning thread gets a fraction of one (thread_tick).
+        if waiting:
+            track.busy.append(tick.busy)
+        track.computing.append(_computing(record, tick))
+        if tick.python is not None and tick.native is not None:
+            track.python_busy.append(tick.python)
+            track.native_busy.append(tick.native)
+    computing = (_majority(track.computing) if len(track.computing) >= 2
+                 else track.was_computing)
+    if seen is not None and seen.kind == FrameKind.WAITING:
+        return False  # what it runs, over where its time goes: it spins on nothing
+    if seen is not None and seen.kind == FrameKind.COMPUTING and not seen.guessed \
+            and not spins_in_kernel(record.backend):
+        # Where a wait spins in user space (JACCL, MPI) its time cannot tell computing
+        # from polling: the frames do. Elsewhere (ring) where the time goes stands: a
+        # thread blocked in a syscall under Python's eval (a save stuck opening its
+        # file) computes nothing; frames the table does not name keep the old rule.
+        return True
+    return computing
+
+
+
+def _computing(record: Record, tick: ThreadTick) -> bool:
+    """Does this interval look like the rank computing, rather than waiting?"""
+    if tick.busy < WORK_RATIO:
+        return False
+    if tick.python is not None and tick.python >= WORK_RATIO:
+        return True  # a Python thread runs: the user's own work
+    if tick.kernel_share is None or tick.kernel_share >= KERNEL_SHARE:
+        return False  # a thread polling in the kernel (or unknown): waiting on a peer
+    # Busy in user space. On a backend whose peer wait spins in the kernel,
+    # or with no peer at all, that is computation; elsewhere (JACCL polls
+    # its completion queue in user space, MPI its progress engine; measured:
+    # ~100% user, 0% system with a peer frozen) it may be the wait itself.
+    return spins_in_kernel(record.backend) or 0 < record.world_size <= 1

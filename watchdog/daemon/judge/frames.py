@@ -14,19 +14,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from watchdog.backends import COMPUTING_FRAMES, PARKED_FRAMES, waiting_frames
+from watchdog.states import FrameKind
 
-WAITING = "waiting"
-COMPUTING = "computing"
-UNKNOWN = "unknown"
 _PREFIXES = ("__libc_", "__GI___", "__GI_", "__")
 
 
 @dataclass(frozen=True)
-class Seen:
+class Reading:
     """What a rank's busy threads ran at one sample: `kind` (waiting, computing or
     unknown), and in words which thread ran what."""
 
-    kind: str
+    kind: FrameKind
     what: str
     # Computing only because no frame of the busy thread is in the table ("never kill
     # on a guess"): the verdict then keeps today's per-backend rule (where the time
@@ -82,21 +80,22 @@ def short(frame: str) -> str:
 UNNAMED = "runs "  # how thread_kind words a thread whose frames the table does not name
 
 
-def thread_kind(frames: Sequence[str], backend: str | None) -> tuple[str, str]:
+def thread_kind(frames: Sequence[str], backend: str | None) -> tuple[FrameKind, str]:
     """(waiting or computing, what in words) of one busy thread's frames, leaf first."""
     waits = waiting_frames(backend)
     found = first_known(frames, waits, COMPUTING_FRAMES)
     if found is None:
         leaf = short(frames[0]) if frames else "no frame"
-        return COMPUTING, f"{UNNAMED}{leaf} (frames the table does not name: counted as computing)"
+        return FrameKind.COMPUTING, (f"{UNNAMED}{leaf} (frames the table does not name: "
+                                     "counted as computing)")
     which, frame = found
     if which == 1:
-        return COMPUTING, f"computes in {short(frame)}"
+        return FrameKind.COMPUTING, f"computes in {short(frame)}"
     # The wait's outermost frame the table names, then the leaf of it: "worker -> recv".
     outer = next((f for f in reversed(frames) if any(matches(f, p) for p in waits)), frame)
     inner = short(frames[0]) if frames else short(frame)
     path = short(outer) if short(outer) == inner else f"{short(outer)} -> {inner}"
-    return WAITING, f"spins in {path}"
+    return FrameKind.WAITING, f"spins in {path}"
 
 
 def parked(frames: Sequence[str]) -> bool:
@@ -119,7 +118,7 @@ QUIET_WAIT_FRAMES: tuple[str, ...] = ("eval_impl", "condition_variable::wait", "
 
 
 def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
-           gpu_moved: bool | None = None, main: int | None = None) -> Seen:
+           gpu_moved: bool | None = None, main: int | None = None) -> Reading:
     """What a rank with no thread busy waits in, read from every thread's frames.
 
     Waiting when one of its threads sleeps in a wait the tables name (MLX's eval, an
@@ -128,9 +127,9 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
     time advances (macOS); unknown when nothing was read or no thread is in a named wait.
     """
     if gpu_moved:
-        return Seen(COMPUTING, "its GPU time advances (computing on the GPU)")
+        return Reading(FrameKind.COMPUTING, "its GPU time advances (computing on the GPU)")
     if not stacks:
-        return Seen(UNKNOWN, "no native stack could be read")
+        return Reading(FrameKind.UNKNOWN, "no native stack could be read")
     waits = waiting_frames(backend) + QUIET_WAIT_FRAMES
     named: tuple[int, str] | None = None
     for tid, frames in sorted(stacks.items(), key=lambda item: item[0] != main):
@@ -138,8 +137,8 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
             continue
         leaf = next((f for f in frames[:3] if f not in ("syscall", "??")), frames[0])
         if any(matches(leaf, p) for p in FILE_IO_FRAMES):
-            return Seen(COMPUTING, f"thread {tid} sits in {short(leaf)} (a file read or "
-                                   "write: its bytes are its own)")
+            return Reading(FrameKind.COMPUTING, f"thread {tid} sits in {short(leaf)} (a file "
+                                                "read or write: its bytes are its own)")
         if named is None:
             outer = next((f for f in reversed(frames) if any(matches(f, p) for p in waits)),
                          None)
@@ -148,14 +147,14 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
                 path = short(outer) if short(outer) == inner else f"{short(outer)} -> {inner}"
                 named = (tid, path)
     if named is None:
-        return Seen(UNKNOWN, "every thread asleep, none in a wait the table names")
+        return Reading(FrameKind.UNKNOWN, "every thread asleep, none in a wait the table names")
     flat = "; GPU time flat" if gpu_moved is False else ""
     who = "main thread" if named[0] == main else f"thread {named[0]}"
-    return Seen(WAITING, f"{who} waits in {named[1]}{flat}")
+    return Reading(FrameKind.WAITING, f"{who} waits in {named[1]}{flat}")
 
 
 def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
-             backend: str | None, gpu_moved: bool | None = None) -> Seen:
+             backend: str | None, gpu_moved: bool | None = None) -> Reading:
     """What the rank's busy threads (`busy`: their ids, as the stacks name them) ran.
 
     Waiting only when every busy thread read spins in a wait frame; computing when
@@ -170,25 +169,25 @@ def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
     `waitUntilSignaledValue`); flat, its waiting threads spin on nothing.
     """
     if gpu_moved:
-        return Seen(COMPUTING, "its GPU time advances (computing on the GPU)")
+        return Reading(FrameKind.COMPUTING, "its GPU time advances (computing on the GPU)")
     seen = _classify(stacks, busy, backend)
-    if gpu_moved is False and seen.kind == WAITING:
-        return Seen(WAITING, f"{seen.what}; GPU time flat")
+    if gpu_moved is False and seen.kind == FrameKind.WAITING:
+        return Reading(FrameKind.WAITING, f"{seen.what}; GPU time flat")
     return seen
 
 
 def _classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
-              backend: str | None) -> Seen:
+              backend: str | None) -> Reading:
     if not stacks:
-        return Seen(UNKNOWN, "no native stack could be read")
+        return Reading(FrameKind.UNKNOWN, "no native stack could be read")
     threads = [(tid, stacks[tid]) for tid in busy if stacks.get(tid)]
     if not busy:
         threads = [(tid, f) for tid, f in stacks.items() if f and not parked(f)]
     if not threads:
-        return Seen(UNKNOWN, "its busy threads were not in the sample")
+        return Reading(FrameKind.UNKNOWN, "its busy threads were not in the sample")
     seen = [(tid, *thread_kind(frames, backend)) for tid, frames in threads]
-    computing = [s for s in seen if s[1] == COMPUTING]
+    computing = [s for s in seen if s[1] == FrameKind.COMPUTING]
     named = [s for s in computing if not s[2].startswith(UNNAMED)]
     tid, kind, what = (named or computing or seen)[0]
-    return Seen(kind, f"busy thread {tid} {what}",
-                guessed=kind == COMPUTING and not named)
+    return Reading(kind, f"busy thread {tid} {what}",
+                   guessed=kind == FrameKind.COMPUTING and not named)

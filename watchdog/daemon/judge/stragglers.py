@@ -51,7 +51,7 @@ from statistics import median
 
 from watchdog import backends
 from watchdog.daemon.judge.threads import KERNEL_SHARE, WORK_RATIO
-from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
 from watchdog.states import ENDED, STOPPED_STATUSES, Phase
 from watchdog.status import RankStatus, Straggler

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.daemon.probes import ProcessSample
+from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
 
 QUIET_RATIO = 0.1  # a Python thread under this share of a core is not running Python

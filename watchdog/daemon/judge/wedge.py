@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from watchdog.daemon.judge.frames import WAITING, Seen
-from watchdog.states import Phase, State
+from watchdog.daemon.judge.frames import Reading
+from watchdog.states import FrameKind, Link, Phase, State
 from watchdog.status import RankStatus
 
 QUIET_FOR = 3.0  # seconds the job's sockets' queues must stand still
@@ -42,7 +42,7 @@ class Member:
     collectives: int
     op: str  # what it waits in, with its last collective's op: "eval (all_sum)"
     stopped: bool
-    seen: Seen | None  # its latest stack sample, classified; None: none fresh
+    seen: Reading | None  # its latest stack sample, classified; None: none fresh
     quiet: float | None  # seconds its sockets' queues stood still; None: unknown
     unread: int = 0  # bytes received in its sockets and not read
     link: str | None = None  # its data-link probe ("up", "down ...", ...)
@@ -73,8 +73,8 @@ def remote(rank: RankStatus, host: str, now_ns: int) -> Member | None:
     phase = next((p for p in Phase if p.label == rank.phase), None)
     if phase is None:
         return None
-    seen = (Seen(rank.frames_kind, rank.frames or rank.frames_kind)
-            if rank.frames_kind else None)
+    kind = next((k for k in FrameKind if k.value == rank.frames_kind), FrameKind.UNKNOWN)
+    seen = Reading(kind, rank.frames or rank.frames_kind) if rank.frames_kind else None
     in_wait = rank.seconds_in_wait or 0.0
     last = rank.last_collective.op if rank.last_collective else None
     op = rank.current_op or ""
@@ -103,11 +103,11 @@ def decide(members: Sequence[Member]) -> Wedge | None:
     numbers = [m.collectives for m in members]
     if max(numbers) - min(numbers) > 1 or len({m.op for m in members}) != 1:
         return None
-    if any(m.seen is None or m.seen.kind != WAITING for m in members):
+    if any(m.seen is None or m.seen.kind != FrameKind.WAITING for m in members):
         return None
     if any(m.quiet is None or m.quiet < QUIET_FOR for m in members):
         return None
-    if any((m.link or "").startswith("down") for m in members):
+    if any(Link.is_down(m.link) for m in members):
         return None
     ordered = sorted(members, key=lambda m: m.rank)
     stuck = max(ordered, key=lambda m: m.unread)

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from watchdog.backends import links_probed
+from watchdog.states import Link
 
-UP = "up"
+UP = Link.UP  # the one answer that says the path is there
 # Refused or reset: a host answered on that path (nothing listens on an ephemeral port).
 _ANSWERED = (errno.ECONNREFUSED, errno.ECONNRESET)
 MAX_ADDRESSES = 8  # a rank with many connections: the first few tell
@@ -119,7 +120,7 @@ def probe(pid: int, timeout: float,
         if failed.startswith("connect timed out"):
             failed = connector(address, timeout)  # once more: a full queue, not a path
         if failed:
-            return f"down {address[0]}:{address[1]} ({failed})"
+            return f"{Link.DOWN} {address[0]}:{address[1]} ({failed})"
     if others == len(ends):
         return "not probed: another user listens where the rank's peers were"
     return UP

@@ -1,0 +1,336 @@
+"""One scan's judgement of each job: which of its ranks are due for a response, and what
+each rank shows beside its lifecycle.
+
+A job is its owner's uid with its id (job ids are world-readable: anyone may publish a
+record naming one, so a hung rank only ever brings down ranks of its owner). At each
+scan `Jobs.judge` groups the live ranks by job, decides the job's wedge
+(judge/wedge.py) from its ranks here and, where every peer answered the background ask
+a moment ago, its ranks there, and has the detector judge each rank; a job one of whose
+ranks waits past its wedge deadline gets its ranks' native stacks sampled and their
+sockets read (probes/stacksampler.py), which the next scans judge by. `probe_links`
+probes the data path of every rank waiting long (probes/datalink.py), and `paces` scores
+each job's ranks and names its straggler (judge/stragglers.py): shown, never acted on.
+
+What a rank shows that is no part of its lifecycle (its data link, its sockets, its
+pace, score and why) is kept here by rank (a `view.Shown`), read by `publish` and the
+incident;
+`Rank` (lifecycle.py) keeps only its life. The peers reach this room only as their
+recent answers (`recent`), never asked from here: a scan never waits on the network.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from watchdog.daemon.clock import Clock
+from watchdog.daemon.config import Live
+from watchdog.daemon.counters import Counters
+from watchdog.daemon.judge import frames, wedge
+from watchdog.daemon.judge.deadlines import Learned
+from watchdog.daemon.judge.detector import Detector
+from watchdog.daemon.judge.stragglers import (
+    CLEAR_SLOWDOWN,
+    Scored,
+    Stragglers,
+    summary,
+    why,
+)
+from watchdog.daemon.lifecycle import Edge, Key, Rank, transition
+from watchdog.daemon.probes import Probe
+from watchdog.daemon.probes.datalink import Prober
+from watchdog.daemon.probes.stacksampler import MAX_RUNNING, Identity, StackSampler
+from watchdog.daemon.sample import ProcessSample
+from watchdog.daemon.view import Shown
+from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, FrameKind, ProcStatus
+from watchdog.status import NodeAnswer, Straggler
+
+log = logging.getLogger(__name__)
+
+JobKey = tuple[int, str]  # (uid, job): a job is its owner's
+Due = dict[JobKey, list[Rank]]  # a job's ranks due for a response
+LiveRanks = list[tuple[Rank, ProcessSample]]  # the scan's live ranks, each with its sample
+# Seconds a peer's answer speaks for its ranks in a wedge judged across nodes: asked
+# every act/peers.PREFETCH_EVERY (2 s) in the background, and the peer's facts were
+# current at its last scan.
+REMOTE_FRESH = 4.0
+THERMAL_EVERY = 30.0  # seconds between two asks of the node's thermal state (macOS: a tool)
+
+
+class Jobs:
+    """One scan's judgement of every job on this node. Owns the detector (each rank's
+    verdict), the stack sampler (a late job's stacks and sockets), the link prober (a
+    waiting rank's data path) and the stragglers' tracker (each job's pace); reads the
+    settings from the daemon's holder at use and the peers only as their recent answers.
+    `judge` returns the ranks due for a response; `shown` is what each rank shows."""
+
+    def __init__(self, live: Live, probe: Probe, clock: Clock, host: str,
+                 learned: dict[str, dict[str, Learned]],
+                 recent: Callable[[float], list[NodeAnswer] | None],
+                 counters: Counters) -> None:
+        self.live, self.probe, self.clock, self.host = live, probe, clock, host
+        self.counters = counters  # a pace that could not be judged is counted there
+        self.recent = recent  # the peers' background answers no older than the seconds given
+        self.detector = Detector(lambda: self.live.rules, learned)
+        # A rank waiting long: its data path to its peers probed (a cause's evidence),
+        # on workers of its own: a probe never delays a capture, a view or a fence.
+        self.probing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="links")
+        self.links = Prober(self.probing.submit, lambda: min(1.0, self.live.peering.peer_timeout))
+        # A job whose rank waited past its wedge deadline: its ranks' native stacks
+        # sampled (bounded: stacksampler.py), to tell a rank that computes from one that
+        # spins on nothing (judge/frames.py, judge/wedge.py). A healthy job: none.
+        # A worker per slot: an owner's share of the slots (stacksampler.share) runs at
+        # once, never queued behind another user's samples that wait out their time box.
+        self.sampling = ThreadPoolExecutor(max_workers=MAX_RUNNING, thread_name_prefix="stacks")
+        self.stacks = StackSampler(probe, self.sampling.submit, clock.monotonic)
+        # Each rank's last minute of work and each job's straggler (reported, never ended).
+        self.stragglers = Stragglers()
+        self.slow: tuple[Straggler, ...] = ()
+        self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
+        self.shown: dict[Key, Shown] = {}
+
+    def forget(self, key: Key) -> None:
+        """A rank the table forgot: nothing of it kept here."""
+        self.detector.forget(key)
+        self.shown.pop(key, None)
+
+    def links_of(self) -> Mapping[Key, str | None]:
+        """Each rank's data link as last probed (the incident's cause reads it)."""
+        return {key: shown.data_link for key, shown in self.shown.items()}
+
+    def shutdown(self) -> None:
+        self.probing.shutdown(wait=False, cancel_futures=True)
+        self.sampling.shutdown(wait=False, cancel_futures=True)
+
+    # -- the verdicts ----------------------------------------------------------------
+
+    def judge(self, live: LiveRanks, now_ns: int, since: float) -> Due:
+        """Each live rank's verdict; the ranks due for action, by job. `since`: the
+        previous scan's monotonic time (a rank our sampler stopped since is not paused)."""
+        load = self.probe.load_per_cpu()
+        now = now_ns / 1e9
+        due: Due = {}
+        jobs: dict[JobKey, LiveRanks] = {}
+
+        def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
+            return self.stacks.tracing(rank.key, since)
+        for rank, sample in live:
+            if sample.status == ProcStatus.TRACING_STOP and traced(rank):
+                # Stopped by our own stack sample, for half a second: not a pause.
+                sample = replace(sample, status=ProcStatus.RUNNING)
+            jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
+        sampled: set[Key] = set()
+        for members in jobs.values():
+            seen = {rank.key: self._seen(rank, sample, now) for rank, sample in members}
+            mine = [self._member(r, s, seen[r.key], now) for r, s in members]
+            wedged = wedge.decide(mine + self.remote_members(members[0][0], len(mine),
+                                                             now_ns))
+            if log.isEnabledFor(logging.DEBUG) and any(seen.values()):
+                log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
+                          [(r.record.rank, seen[r.key], self.stacks.queues.get(r.key))
+                           for r, _ in members], wedged)
+            for rank, sample in members:
+                rec = rank.record
+                asleep, still = self._asleep(rank, now)
+                verdict = self.detector.observe(rec, sample, now_ns, load,
+                                                learn=not rank.escalating,
+                                                seen=seen[rank.key], wedge=wedged,
+                                                traced=traced(rank), asleep=asleep,
+                                                sockets_quiet=still)
+                # Judged while a response has it: its verdict shown fresh, its state kept.
+                edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
+                transition(rank, edge, now, verdict=verdict)
+                wait = (rec.wait_since_ns, rec.waits_completed)
+                if verdict.act and not rank.escalating and rank.acted_on != wait:
+                    due.setdefault((rec.uid, rec.job), []).append(rank)
+            sampled |= self._sample_stacks(members, now)
+        self.stacks.forget(sampled)
+        return due
+
+    def _seen(self, rank: Rank, sample: ProcessSample, now: float) -> frames.Reading | None:
+        """What the rank's busy threads ran at its latest stack sample, if fresh. None
+        when it was taken with no thread busy where the OS names the busy threads (Linux):
+        nothing spins, so no wedge (a quiet rank is judged by `_asleep`)."""
+        found = self.stacks.found.get(rank.key)
+        if found is None or now - found.at > wedge.FRESH:
+            return None
+        if sample.native_ids and not found.busy and found.stacks:
+            return None
+        if found.stacks is None or found.error:
+            return frames.Reading(FrameKind.UNKNOWN,
+                                  found.error or "no native stack could be read")
+        return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
+
+    def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None]:
+        """What the rank waits in at its latest sample, when fresh and taken with no thread
+        busy (frames.asleep), and the seconds its sockets' queues stood still (None: not
+        read): the quiet hang's facts (detector._quiet)."""
+        found = self.stacks.found.get(rank.key)
+        queues = self.stacks.queues.get(rank.key)
+        still = (now - queues.since if queues is not None and queues.queues is not None
+                 else None)
+        if found is None or now - found.at > wedge.FRESH or found.busy or found.error:
+            return None, still
+        return frames.asleep(found.stacks, rank.record.backend, found.gpu_moved,
+                             main=rank.record.pid), still
+
+    def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,
+                now: float) -> wedge.Member:
+        rec = rank.record
+        queues = self.stacks.queues.get(rank.key)
+        known = queues is not None and queues.queues is not None
+        shown = self.shown.setdefault(rank.key, Shown())
+        # Published (/status) for a peer judging the job across nodes.
+        shown.sockets = (now - queues.since, queues.unread) if queues is not None and known \
+            else None
+        return wedge.Member(
+            rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
+            waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
+            op=f"{rec.op} ({rec.flight[-1].op if rec.flight else ''})",
+            stopped=sample.status in STOPPED_STATUSES, seen=seen,
+            quiet=now - queues.since if queues is not None and known else None,
+            unread=queues.unread if queues is not None else 0, link=shown.data_link)
+
+    def remote_members(self, one: Rank, here: int, now_ns: int) -> list[wedge.Member]:
+        """The job's ranks on the other nodes, as members, from every peer's answer to
+        the background ask (at most REMOTE_FRESH seconds old; never asked here: the scan
+        never waits on the network). None while a peer did not answer (a partition
+        keeps today's rules) or all the job's ranks are here. Only with the shared secret:
+        then every answer was signed with it (peers.py), and anything else answering at a
+        peer's address, whose `/status` is anyone's to fake, makes no wedge."""
+        rec = one.record
+        peering = self.live.peering
+        if not peering.peers or not peering.secret or here >= rec.world_size:
+            return []
+        answers = self.recent(REMOTE_FRESH)
+        if answers is None or len(answers) != len(peering.peers) \
+                or not all(n.ok and n.status is not None for n in answers):
+            return []
+        members = []
+        wall = self.clock.wall()
+        for answer in answers:
+            status = answer.status
+            assert status is not None
+            # Its facts as of its last scan: a peer whose loop stalls (or whose clock is
+            # seconds off ours) speaks for nothing current.
+            if status.time is None or abs(wall - status.time) > \
+                    REMOTE_FRESH + (status.interval or self.live.settings.interval):
+                return []
+            host = status.host if status.host and status.host != self.host else answer.peer
+            for r in status.ranks:
+                if r.job == rec.job and r.uid == rec.uid and r.state not in FINAL:
+                    member = wedge.remote(r, host, now_ns)
+                    if member is None:
+                        return []  # a rank of the job unknown: no wedge
+                    members.append(member)
+        return members
+
+    def _sample_stacks(self, members: LiveRanks, now: float) -> set[Key]:
+        """A job one of whose ranks waits past its wedge deadline (or its deadline): its
+        ranks' stacks sampled and their sockets' queues read; the ranks sampled."""
+        def late(rank: Rank) -> bool:
+            v = rank.verdict
+            return v is not None and v.seconds_in_wait > 0 and \
+                v.seconds_in_wait >= (v.wedge_deadline or v.deadline)
+        if not any(late(r) for r, _ in members):
+            return set()
+        keys = set()
+        for rank, sample in members:
+            rec = rank.record
+            if rank.escalating or sample.status in STOPPED_STATUSES or rank.verdict is None:
+                continue
+            # Busy threads by the OS's ids only (macOS gives list positions: none then).
+            busy = rank.verdict.hot if sample.native_ids else ()
+            self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid, rec.start_ticks),
+                            busy, now)
+            self.stacks.track_queues(rank.key, rec.pid, now, rec.backend)
+            keys.add(rank.key)
+        return keys
+
+    def settle(self, keys: list[Key]) -> None:
+        """Ranks a response takes: none left under our stack sampler's trace."""
+        self.stacks.settle(keys)
+
+    # -- what is shown ---------------------------------------------------------------
+
+    def probe_links(self, ranks: Iterable[Rank], now: float) -> bool:
+        """Ranks waiting long: their data path probed (shown). True when the peers should
+        be asked ahead: a verdict may come, and its peers' answers must be ready by then."""
+        ranks = list(ranks)
+        long = [r for r in ranks if r.state in WAITING_LONG]
+        for r in long:
+            self.links.ask(r.key, now, r.record.backend, r.record.uid)
+        self.links.forget(r.key for r in long)
+        for r in ranks:
+            link = self.links.found.get(r.key)
+            if link is not None or r.key in self.shown:
+                self.shown.setdefault(r.key, Shown()).data_link = link
+        # Past half its wedge deadline too: a job wedged across nodes is judged from the
+        # peers' answers (remote_members), which must be there by its wedge deadline.
+        wedging = any(r.verdict is not None and r.verdict.wedge_deadline > 0
+                      and r.verdict.seconds_in_wait >= r.verdict.wedge_deadline / 2
+                      and r.state not in FINAL for r in ranks)
+        return bool(self.live.peering.peers) and bool(long or wedging)
+
+    def paces(self, live: LiveRanks, now: float) -> None:
+        """Each live rank's minute of work, each job scored, its straggler named when clear
+        (judge/stragglers.py): shown, never acted on, and never in the way of a response:
+        an error here is logged and counted, and the scan goes on."""
+        try:
+            self._paces(live, now)
+        except Exception:  # noqa: BLE001 - a report must never stop the hang's response
+            self.counters.loop_failed()
+            log.exception("judging the ranks' pace failed")
+
+    def _paces(self, live: LiveRanks, now: float) -> None:
+        jobs: dict[JobKey, list[Rank]] = {}
+        for rank, sample in live:
+            self.stragglers.observe(rank.key, rank.record, sample, now)
+            jobs.setdefault((rank.record.uid, rank.record.job), []).append(rank)
+        seen = {rank.key for rank, _ in live}
+        for key in [k for k in self.stragglers.tracks if k not in seen]:
+            self.stragglers.forget(key)
+        self.stragglers.forget_jobs(jobs)
+        slow = []
+        for (uid, job), ranks in jobs.items():
+            by_key: dict[object, Rank] = {r.key: r for r in ranks}
+            scored, worst = self.stragglers.judge_job((uid, job), list(by_key), now)
+            # The rank the others wait for most, when it holds them back at all: the one
+            # whose why is shown (the fast ranks' figures need none).
+            lowest = min(scored, key=lambda s: (s.score, -s.excess), default=None)
+            for r in ranks:
+                self._show_pace(r, lowest, now)
+            if worst is None or worst.key not in by_key:
+                continue
+            rec = by_key[worst.key].record
+            cause = why(worst.pace, self.thermal[1])
+            slow.append(Straggler(
+                job=job, uid=uid, rank=rec.rank, host=rec.host or self.host, pid=rec.pid,
+                score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
+                others_wait=round(worst.excess, 3), why=cause,
+                summary=summary(rec.rank, rec.host or self.host, worst.excess, cause)))
+        self.slow = tuple(sorted(slow, key=lambda s: (s.job, s.uid or 0)))
+
+    def _show_pace(self, r: Rank, lowest: Scored | None, now: float) -> None:
+        """One rank's pace as shown: its figures once known (on a busy machine too), and
+        while not judged why, in words."""
+        figures = self.stragglers.figures.get(r.key)
+        pace = figures.pace if figures is not None else None
+        judged = figures is not None and figures.unjudged in (None, "alone", "user_space_wait")
+        if judged and pace is not None and now - self.thermal[0] >= THERMAL_EVERY:
+            self.thermal = (now, self.probe.thermal())  # a subprocess on macOS: rarely
+        shown = self.shown.setdefault(r.key, Shown())
+        shown.pace = pace
+        shown.pace_score = figures.score if figures is not None else None
+        shown.pace_note = figures.note if figures is not None else None
+        shown.pace_unjudged = figures.unjudged if figures is not None else None
+        held_back = (figures is not None and figures.judged and lowest is not None
+                     and lowest.key == r.key and lowest.slowdown >= CLEAR_SLOWDOWN)
+        # The only rank of its job here: the cluster view judges it, by this why; a
+        # rank with no wait share (MPI, JACCL): the causes the node sees, unscored.
+        alone = figures is not None and figures.unjudged in ("alone", "user_space_wait")
+        shown.pace_why = (why(lowest.pace, self.thermal[1]) if held_back and lowest
+                          else why(pace, self.thermal[1]) if alone and pace
+                          else "" if pace is not None else None)

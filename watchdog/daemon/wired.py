@@ -1,0 +1,33 @@
+"""The node's wired memory as the loop sees it: sampled once a scan, and its baseline,
+the node at rest (no live rank, no response under way), which wired memory must come
+back to after a kill (the enforcer's settle; a leak flags the node for reboot)."""
+
+from __future__ import annotations
+
+import logging
+
+from watchdog.daemon.counters import Counters
+from watchdog.daemon.probes import Probe, ProbeError
+
+log = logging.getLogger(__name__)
+
+
+class Wired:
+    """Wired bytes now and at rest (None: not known yet), through the probe."""
+
+    def __init__(self, probe: Probe, counters: Counters) -> None:
+        self.probe, self.counters = probe, counters
+        self.now: int | None = None
+        self.baseline: int | None = None
+
+    def sample(self, at_rest: bool) -> None:
+        """The wired bytes now; the baseline too when the node is `at_rest` (or none
+        is known yet). A probe that fails is counted and logged, and changes nothing."""
+        try:
+            self.now = self.probe.wired_bytes()
+        except ProbeError as err:
+            self.counters.probe_failed()
+            log.warning("wired memory probe failed: %s", err)
+            return
+        if self.now is not None and (self.baseline is None or at_rest):
+            self.baseline = self.now  # the node at rest: what a kill must return to
