@@ -131,6 +131,10 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
             wait += max(used, demand.get(tid, used))
     queue = max((max(0.0, wanted - cpu.get(tid, wanted)) for tid, wanted in demand.items()),
                 default=0.0)
+    if not demand and before.runnable is not None and after.runnable is not None:
+        # macOS keeps no thread's run-queue time, only the process's (ri_runnable_time):
+        # all its threads' waits for a core, read as its busiest thread's.
+        queue = max(0.0, after.runnable - before.runnable)
     faults = None
     if before.major_faults is not None and after.major_faults is not None:
         faults = max(0, after.major_faults - before.major_faults)
