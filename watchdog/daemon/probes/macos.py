@@ -72,7 +72,7 @@ def rusage_runnable(buffer: bytes, timebase: tuple[int, int]) -> float:
     if len(buffer) < RUNNABLE_OFFSET + RUNNABLE.size:
         raise ValueError("a short rusage_info_v4")
     numer, denom = timebase
-    return RUNNABLE.unpack_from(buffer, RUNNABLE_OFFSET)[0] * numer / denom / 1e9
+    return float(RUNNABLE.unpack_from(buffer, RUNNABLE_OFFSET)[0] * numer / denom / 1e9)
 
 
 def rusage_io(buffer: bytes) -> tuple[int, int]:
