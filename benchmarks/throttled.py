@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.lm_server import DefaultDaemon
-from tests.support.ranks import RingJob, wait_for
+from tests.support.ranks import RingJob
 
 MATMULS = "4"
 
@@ -43,7 +43,14 @@ def pin(pid: int, cpu: int) -> None:
                    capture_output=True)
 
 
-def one_run(base: Path, healthy: float) -> dict[str, Any]:
+def figures(daemon: DefaultDaemon, pids: list[int]) -> str:
+    return "; ".join(f"rank {r['rank']} pace {r.get('pace')} wait {r.get('wait_share')} "
+                     f"queue {r.get('run_queue')} score {r.get('pace_score')} "
+                     f"{r.get('pace_note') or ''}"
+                     for r in daemon.status()["ranks"] if r["pid"] in pids)
+
+
+def one_run(base: Path, healthy: float, hogs: int) -> dict[str, Any]:
     cpus = sorted(os.sched_getaffinity(0))[:2]
     if len(cpus) < 2:
         raise SystemExit("needs two cores")
@@ -66,12 +73,17 @@ def one_run(base: Path, healthy: float) -> dict[str, Any]:
             time.sleep(1.0)
         platform = daemon.status().get("platform")
         before = pace(job, 20.0)
-        loop = subprocess.Popen(["taskset", "-c", str(cpus[1]), "sh", "-c",
-                                 "while :; do :; done"])
+        loops = [subprocess.Popen(["taskset", "-c", str(cpus[1]), "sh", "-c",
+                                   "while :; do :; done"]) for _ in range(hogs)]
         try:
             shared = time.monotonic()
-            wait_for(lambda: daemon.status()["stragglers"], 120, interval=0.5,
-                     what="the straggler named")
+            shown = 0.0
+            while not daemon.status()["stragglers"] and time.monotonic() < shared + 120:
+                if time.monotonic() >= shown + 10:
+                    shown = time.monotonic()
+                    print(f"    {shown - shared:5.1f} s: {figures(daemon, job.pids)}",
+                          flush=True)
+                time.sleep(0.5)
             took = time.monotonic() - shared
             time.sleep(max(0.0, shared + 32 - time.monotonic()))
             after = pace(job, 15.0)
@@ -80,8 +92,9 @@ def one_run(base: Path, healthy: float) -> dict[str, Any]:
             found = [x[0] for x in looks_after if x]
             ranks = {r["rank"]: r for r in daemon.status()["ranks"] if r["pid"] in job.pids}
         finally:
-            loop.kill()
-            loop.wait()
+            for loop in loops:
+                loop.kill()
+                loop.wait()
         ended = any(p.poll() is not None for p in job.procs) or bool(daemon.incidents())
     return {"platform": platform, "healthy_looks": looks, "healthy_named": named,
             "scored": scored, "took": took, "found": found[-1] if found else None,
@@ -93,21 +106,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--healthy", type=float, default=150.0,
                         help="seconds of the job in step before rank 1's core is shared")
+    parser.add_argument("--hogs", type=int, default=3,
+                        help="busy loops pinned to rank 1's core")
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
     for n in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="mlxwd-throttled-") as tmp:
-            got = one_run(Path(tmp), args.healthy)
+            got = one_run(Path(tmp), args.healthy, args.hogs)
         found = got["found"]
         print(f"run {n + 1} ({got['platform']}): healthy {args.healthy:.0f} s: named in "
               f"{got['healthy_named']} of {got['healthy_looks']} looks, every rank scored "
               f"after {got['scored'] if got['scored'] is None else round(got['scored'], 1)} s",
               flush=True)
         if found is None:
-            print(f"  throttled: named after {got['took']:.1f} s, then cleared", flush=True)
+            print(f"  throttled ({args.hogs} loops on its core): not named, or cleared, "
+                  f"{got['took']:.1f} s after", flush=True)
         else:
             err = (found["slowdown"] - got["true"]) / got["true"]
-            print(f"  throttled: rank {found['rank']} named after {got['took']:.1f} s, "
+            print(f"  throttled ({args.hogs} loops on its core): rank {found['rank']} named "
+                  f"after {got['took']:.1f} s, "
                   f"slowdown {found['slowdown']:.2f} vs true {got['true']:.2f} ({err:+.0%});"
                   f" why {found['why']!r}", flush=True)
         for rank, r in sorted(got["ranks"].items()):
