@@ -19,6 +19,7 @@ is ever ended (checked).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -28,6 +29,7 @@ from typing import Any
 
 from tests.support.lm_server import DefaultDaemon
 from tests.support.ranks import RingJob
+from watchdog.record import SUFFIX
 
 MATMULS = "4"
 
@@ -50,15 +52,27 @@ def figures(daemon: DefaultDaemon, pids: list[int]) -> str:
                      for r in daemon.status()["ranks"] if r["pid"] in pids)
 
 
-def one_run(base: Path, healthy: float, hogs: int) -> dict[str, Any]:
+def one_run(base: Path, healthy: float, hogs: int, beside: bool) -> dict[str, Any]:
     cpus = sorted(os.sched_getaffinity(0))[:2]
     if len(cpus) < 2:
         raise SystemExit("needs two cores")
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
-    with DefaultDaemon(records, state) as daemon, \
-            RingJob(base, records, 2, "work", args=(MATMULS,)) as job:
+    # Beside the simulated Mac's daemon (benchmarks.macsim), one on Linux's path reading
+    # the same records (hard links: one daemon to a directory): the same ranks, the same
+    # load, judged from each platform's signals.
+    (base / "records-linux").mkdir()
+    linux = DefaultDaemon(base / "records-linux", base / "state-linux")
+    linux.extra_env = {"MLX_WATCHDOG_SIMULATE": ""}
+    with contextlib.ExitStack() as stack:
+        daemon = stack.enter_context(DefaultDaemon(records, state))
+        if beside:
+            stack.enter_context(linux)
+        job = stack.enter_context(RingJob(base, records, 2, "work", args=(MATMULS,)))
         job.wait_running(collectives=5)
+        if beside:
+            for path in records.glob(f"*{SUFFIX}"):
+                os.link(path, base / "records-linux" / path.name)
         for pid, cpu in zip(job.pids, cpus, strict=True):
             pin(pid, cpu)
         began, scored, looks, named = time.monotonic(), None, 0, 0
@@ -78,13 +92,24 @@ def one_run(base: Path, healthy: float, hogs: int) -> dict[str, Any]:
         try:
             shared = time.monotonic()
             shown = 0.0
+            took_linux = None
             while not daemon.status()["stragglers"] and time.monotonic() < shared + 120:
+                if beside and took_linux is None and linux.status()["stragglers"]:
+                    took_linux = time.monotonic() - shared
                 if time.monotonic() >= shown + 10:
                     shown = time.monotonic()
                     print(f"    {shown - shared:5.1f} s: {figures(daemon, job.pids)}",
                           flush=True)
+                    if beside:
+                        print(f"      linux: {figures(linux, job.pids)}", flush=True)
                 time.sleep(0.5)
             took = time.monotonic() - shared
+            if beside and took_linux is None:
+                for _ in range(60):
+                    if linux.status()["stragglers"]:
+                        took_linux = time.monotonic() - shared
+                        break
+                    time.sleep(0.5)
             time.sleep(max(0.0, shared + 32 - time.monotonic()))
             after = pace(job, 15.0)
             looks_after = [daemon.status()["stragglers"] for _ in range(10)
@@ -96,6 +121,9 @@ def one_run(base: Path, healthy: float, hogs: int) -> dict[str, Any]:
                 loop.kill()
                 loop.wait()
         ended = any(p.poll() is not None for p in job.procs) or bool(daemon.incidents())
+    if beside:
+        print(f"  beside it, Linux's daemon named a straggler "
+              f"{'never' if took_linux is None else f'after {took_linux:.1f} s'}", flush=True)
     return {"platform": platform, "healthy_looks": looks, "healthy_named": named,
             "scored": scored, "took": took, "found": found[-1] if found else None,
             "true": before / after if after else float("inf"), "ranks": ranks,
@@ -108,11 +136,13 @@ def main() -> None:
                         help="seconds of the job in step before rank 1's core is shared")
     parser.add_argument("--hogs", type=int, default=3,
                         help="busy loops pinned to rank 1's core")
+    parser.add_argument("--beside-linux", action="store_true",
+                        help="a daemon on Linux's path beside, reading the same records")
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
     for n in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="mlxwd-throttled-") as tmp:
-            got = one_run(Path(tmp), args.healthy, args.hogs)
+            got = one_run(Path(tmp), args.healthy, args.hogs, args.beside_linux)
         found = got["found"]
         print(f"run {n + 1} ({got['platform']}): healthy {args.healthy:.0f} s: named in "
               f"{got['healthy_named']} of {got['healthy_looks']} looks, every rank scored "
