@@ -92,10 +92,13 @@ def one_run(base: Path, healthy: float, hogs: int, beside: bool) -> dict[str, An
         try:
             shared = time.monotonic()
             shown = 0.0
-            took_linux = None
-            while not daemon.status()["stragglers"] and time.monotonic() < shared + 120:
-                if beside and took_linux is None and linux.status()["stragglers"]:
-                    took_linux = time.monotonic() - shared
+            took_linux, first, first_linux = None, None, None
+            while time.monotonic() < shared + 120:
+                if (named_now := daemon.status()["stragglers"]):
+                    first = named_now[0]
+                    break
+                if beside and took_linux is None and (seen := linux.status()["stragglers"]):
+                    took_linux, first_linux = time.monotonic() - shared, seen[0]
                 if time.monotonic() >= shown + 10:
                     shown = time.monotonic()
                     print(f"    {shown - shared:5.1f} s: {figures(daemon, job.pids)}",
@@ -106,8 +109,8 @@ def one_run(base: Path, healthy: float, hogs: int, beside: bool) -> dict[str, An
             took = time.monotonic() - shared
             if beside and took_linux is None:
                 for _ in range(60):
-                    if linux.status()["stragglers"]:
-                        took_linux = time.monotonic() - shared
+                    if (seen := linux.status()["stragglers"]):
+                        took_linux, first_linux = time.monotonic() - shared, seen[0]
                         break
                     time.sleep(0.5)
             time.sleep(max(0.0, shared + 32 - time.monotonic()))
@@ -121,9 +124,14 @@ def one_run(base: Path, healthy: float, hogs: int, beside: bool) -> dict[str, An
                 loop.kill()
                 loop.wait()
         ended = any(p.poll() is not None for p in job.procs) or bool(daemon.incidents())
+    if first is not None:
+        print(f"  first named after {took:.1f} s: rank {first['rank']}, slowdown "
+              f"{first['slowdown']:.2f}, why {first['why']!r}", flush=True)
     if beside:
-        print(f"  beside it, Linux's daemon named a straggler "
-              f"{'never' if took_linux is None else f'after {took_linux:.1f} s'}", flush=True)
+        print("  beside it, Linux's daemon named "
+              + ("none" if first_linux is None else
+                 f"rank {first_linux['rank']} after {took_linux:.1f} s, slowdown "
+                 f"{first_linux['slowdown']:.2f}, why {first_linux['why']!r}"), flush=True)
     return {"platform": platform, "healthy_looks": looks, "healthy_named": named,
             "scored": scored, "took": took, "found": found[-1] if found else None,
             "true": before / after if after else float("inf"), "ranks": ranks,
