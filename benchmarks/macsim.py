@@ -5,9 +5,16 @@ each macOS source a stand-in of watchdog/macsim reading the live process.
     python -m benchmarks.macsim wedge --runs 2 --healthy 150 --lookalike 120
     python -m benchmarks.macsim daemon_cost --counts 1 8 --seconds 30
     python -m benchmarks.macsim frozen
+    python -m benchmarks.macsim saves
 
 `frozen`: one daemon at its defaults; a ring job whose rank 1 is stopped for 40 s then
 resumed (it must survive), then one whose rank 1 stays stopped (seconds to its end).
+
+`saves`: the real trainer's two checkpoint scenarios of tests/ranks/clients/
+test_mlx_lm_train.py, one job each at once under one daemon at its defaults: rank 0's
+checkpoint to slow storage (a FIFO drained over 150 s) must hold the job, the run
+finishing with no incident; one to storage that never answers (a FIFO never opened) is
+ended at the floor of silence plus 15 s, rank 0 and its save named.
 
 The benchmark's own arguments follow its name. Every process the test support starts
 (tests/support/ranks.py's base_env: the daemon, ring ranks, servers) gets the variable.
@@ -23,7 +30,8 @@ from typing import Any
 from tests.support import lm_server, lm_train, netbed, ranks
 
 SIMULATED = {"MLX_WATCHDOG_SIMULATE": "macos"}
-BENCHMARKS = ("wedge", "daemon_cost", "stragglers", "server_hang", "train_hang", "frozen")
+BENCHMARKS = ("wedge", "daemon_cost", "stragglers", "throttled", "server_hang", "train_hang",
+              "frozen", "saves")
 
 
 def simulated_env(original: Any) -> Any:
@@ -43,6 +51,8 @@ def main() -> None:
     print(f"on the simulated Mac ({SIMULATED}): benchmarks.{name}", flush=True)
     if name == "frozen":
         frozen()
+    elif name == "saves":
+        saves()
     else:
         importlib.import_module(f"benchmarks.{name}").main()
 
@@ -81,6 +91,75 @@ def frozen(pause: float = 40.0) -> None:
                 print(f"  frozen peer ended {took:.1f} s after its SIGSTOP (verdict "
                       f"{inc['verdict']}, cause {inc['cause']}, culprit rank "
                       f"{inc['culprit']['rank']}, {inc['culprit']['state']})", flush=True)
+
+
+def saves(slow_seconds: float = 150.0, save_at: int = 20) -> None:
+    import tempfile
+    import threading
+    import time
+
+    from tests.support.lm_server import DefaultDaemon, build_model
+    from tests.support.lm_train import LmTrain, SlowStorage, build_dataset, checkpoint_name
+    from tests.support.ranks import wait_for
+
+    with tempfile.TemporaryDirectory(prefix="mlxwd-macsim-saves-") as tmp:
+        root = Path(tmp)
+        (root / "records").mkdir()
+        model, data = build_model(root / "model"), build_dataset(root / "data")
+        with DefaultDaemon(root / "records", root / "state") as daemon:
+            def job(name: str) -> LmTrain:
+                return LmTrain(root / name, root / "records", model, data,
+                               iters=save_at + 4, save_every=save_at, eval_every=10)
+            slow_job, stuck_job = job("slow"), job("stuck")
+            slow = SlowStorage(slow_job.adapters / checkpoint_name(save_at),
+                               seconds=slow_seconds)
+            SlowStorage(stuck_job.adapters / checkpoint_name(save_at))  # never opened
+            slow.start()
+            reasons: dict[str, set[str]] = {"slow": set(), "stuck": set()}
+            lines: dict[str, str] = {}
+
+            def watch(name: str, train: LmTrain) -> None:
+                with train:
+                    began = time.monotonic()
+                    if name == "slow":
+                        first = train.adapters / "adapters.safetensors"
+                        wait_for(lambda: first.exists() and first.stat().st_size > 0, 300,
+                                 interval=0.2, what="the first save")
+                        slow.size = first.stat().st_size
+                    else:
+                        wait_for(lambda: (r := train.records().get(0)) is not None
+                                 and r.op == "save_safetensors" and r.phase.label == "wait",
+                                 300, interval=0.2, what="rank 0 in the save")
+                        began = time.monotonic()
+
+                    def done() -> bool:
+                        for r in daemon.status()["ranks"]:
+                            if r["pid"] in train.pids:
+                                reasons[name].add(r["reason"] or "")
+                        return train.finished()
+                    wait_for(done, slow_seconds + 300, interval=0.5, what=f"{name} ended")
+                    took = time.monotonic() - began
+                    found = [i for i in daemon.incidents()
+                             if set(i["pids"]) & set(train.pids)]
+                    held = sorted(r for r in reasons[name] if "held" in r)
+                    lines[name] = (f"  {name} save: ended {took:.1f} s after "
+                                   f"{'the save began' if name == 'stuck' else 'the start'}, "
+                                   f"codes {train.codes()}, {len(found)} incidents"
+                                   + (f" (cause {found[0]['cause']}, culprit "
+                                      f"{found[0]['culprit']})" if found else "")
+                                   + f"; held: {held[:2]}")
+            threads = [threading.Thread(target=watch, args=(n, j))
+                       for n, j in (("slow", slow_job), ("stuck", stuck_job))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            slow.stopping.set()
+            print(f"  slow storage: {slow.received} of {slow.size} bytes in "
+                  f"{(slow.ended or time.monotonic()) - (slow.began or time.monotonic()):.1f} s",
+                  flush=True)
+            for name in ("slow", "stuck"):
+                print(lines.get(name, f"  {name}: no result"), flush=True)
 
 
 if __name__ == "__main__":

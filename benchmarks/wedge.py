@@ -16,10 +16,14 @@ it from its rank and the one its peer publishes. `--slowlink S` (with `--hosts`)
 look-alike of a wedge across hosts, a link shaped to 1 Mbit/s (tc tbf) on which bytes
 still move, both ranks inside 3 MiB all_sums (~25-30 s each) one after another for at
 least S seconds; incidents counted, and whether either daemon ever judged the wedge.
+`--blip S` (with `--hosts`): host 1's link down for S seconds under a ring loop, then up:
+the job must resume (TCP's retransmission, no error) with no incident; the seconds from
+the link's return to the next collective, and whether either daemon judged the wedge.
 
     python -m benchmarks.wedge --runs 3 --healthy 60 --lookalike 120
     python -m benchmarks.wedge --hosts --runs 3 --healthy 0
     python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --slowlink 120
+    python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --blip 30
 """
 
 from __future__ import annotations
@@ -111,6 +115,44 @@ def slowlink_run(bed: Bed, seconds: float) -> tuple[list[float], int, int, float
         bed.heal()
 
 
+def blip_run(bed: Bed, seconds: float, watch: float = 60.0) -> dict[str, object]:
+    """Host 1's link down `seconds` under a ring loop, then up; watched `watch` s more."""
+    try:
+        daemons = bed.start_daemons(fences=True, at_defaults=True)
+        job = bed.ring("loop")
+        job.wait_running(collectives=300)
+        host = bed.hosts[1]
+        wedged, longest = 0, 0.0
+
+        def look() -> list[int]:
+            nonlocal wedged, longest
+            shown = [daemon.ranks().get(pid) or {}
+                     for daemon, pid in zip(daemons, job.pids, strict=True)]
+            wedged += sum(r.get("deadline_seconds") == WEDGE_FLOOR for r in shown)
+            longest = max([longest, *(r.get("seconds_in_wait") or 0.0 for r in shown)])
+            return [r.get("collectives", 0) for r in shown]
+        host.link(False)
+        down = time.monotonic()
+        while time.monotonic() < down + seconds:
+            look()
+            time.sleep(0.5)
+        host.link(True)
+        healed = time.monotonic()
+        at_heal = look()
+        wait_for(lambda: all(now > then for now, then in zip(look(), at_heal, strict=True))
+                 or job.gone(), 120, interval=0.5, what="the job resumed or ended")
+        resumed = time.monotonic() - healed
+        while time.monotonic() < healed + watch and not job.gone():
+            look()
+            time.sleep(0.5)
+        return {"resumed": resumed, "alive": not job.gone(),
+                "incidents": sum(len(d.incidents()) for d in daemons), "wedged": wedged,
+                "longest_wait": longest, "samples": sum(len(samples(d)) for d in daemons)}
+    finally:
+        bed.stop_all()
+        bed.heal()
+
+
 def healthy_run(base: Path, seconds: float) -> tuple[int, int]:
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
@@ -143,6 +185,8 @@ def main() -> None:
                         help="the wedge across the two-host bed (root)")
     parser.add_argument("--slowlink", type=float, default=0.0,
                         help="with --hosts: S seconds of all_sums over a 1 Mbit/s link")
+    parser.add_argument("--blip", type=float, default=0.0,
+                        help="with --hosts: host 1's link down S seconds under a ring loop")
     args = parser.parse_args()
     if args.hosts and cannot_build():
         raise SystemExit(f"--hosts: {cannot_build()}")
@@ -173,6 +217,13 @@ def main() -> None:
                       f"({', '.join(f'{t:.1f}' for t in took)} s each): {incidents} "
                       f"incidents, wedge judged {wedged} times, quiet at most {quiet:.1f} s, "
                       f"{taken} samples", flush=True)
+            if bed is not None and args.blip > 0:
+                got = blip_run(bed, args.blip)
+                print(f"  blip {args.blip:.0f} s (host 1's link down): resumed "
+                      f"{got['resumed']:.1f} s after the link returned, job alive "
+                      f"{got['alive']}, {got['incidents']} incidents, wedge judged "
+                      f"{got['wedged']} times, longest wait seen {got['longest_wait']:.1f} s, "
+                      f"{got['samples']} samples", flush=True)
         finally:
             if bed is not None:
                 bed.close()

@@ -46,3 +46,7 @@ class ProcessSample:
     # Major page faults so far (pages read back from storage: memory pressure), from
     # /proc/<pid>/stat on Linux; None when unknown.
     major_faults: int | None = None
+    # Seconds the process's threads spent runnable, waiting for a core, so far: macOS's
+    # ri_runnable_time (proc_pid_rusage v4), where no thread's own is kept (no `demand`);
+    # None when unknown or where `demand` is.
+    runnable: float | None = None

@@ -32,7 +32,8 @@ def tool(name: str) -> list[str] | None:
 
 
 def probe() -> MacProbe:
-    return MacProbe(ps=psutil_mac, libproc=libproc.LibProc(), tool=tool)
+    lib = libproc.LibProc()
+    return MacProbe(ps=psutil_mac, libproc=lib, tool=tool, timebase=lib.mach_timebase_info)
 
 
 def kqueue_module() -> ModuleType:

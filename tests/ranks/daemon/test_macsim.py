@@ -7,7 +7,8 @@ logs every /proc file or directory the daemon opens outside the stand-ins: there
 be none. Its /status says "macos (simulated)". The wedge of test_wedge.py (rank 1's
 ring worker spinning in user space on a socket that never delivers) is ended within the
 same 30 s, cause collective_wedged, its culprit named from `sample`'s frames and the
-sockets' soi_snd/soi_rcv counts, with no /proc and no Linux thread ids.
+sockets' soi_snd/soi_rcv counts, with no /proc and no Linux thread ids; before it, the
+straggler judge shows every rank's pace from the macOS probe's samples.
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ def test_a_wedge_on_the_simulated_mac_is_ended_within_30s_reading_no_proc(
         job.wait_running(collectives=200)
         seen = wait_for(lambda: mac.ranks().get(job.pids[0]), 30, what="rank 0 seen")
         assert seen["backend"] == "ring", seen
+        looked = time.monotonic()
+        # The straggler judge on the macOS probe's samples alone (no schedstat, no
+        # /proc): every rank's pace, wait share (task_threads' user and system time)
+        # and run queue (ri_runnable_time) shown.
+        shown = wait_for(lambda: (rs if len(rs := [r for r in mac.status()["ranks"]
+                                                   if r["pid"] in job.pids
+                                                   and r.get("pace") is not None]) == 2
+                                  else None), 30, what="every rank's pace shown")
+        assert all(r["pace"] > 0 and r["wait_share"] is not None
+                   and r["run_queue"] is not None for r in shown), shown
+        print(f"simulated Mac: every rank's pace shown {time.monotonic() - looked:.1f}s after "
+              "rank 0 was seen")
         before = len(mac.incidents())
         trigger.touch()
         wedged = time.monotonic()

@@ -39,8 +39,14 @@ class SimRank:
     faults: int = 0
     idle: bool = False
     phase: Phase = Phase.WAIT  # at the scan: in an eval (working or waiting)
+    mac: bool = False  # sampled as macOS gives it: no thread's demand, the process's runnable
 
     def sample(self) -> ProcessSample:
+        if self.mac:
+            runnable = sum(self.demand.values()) - sum(self.cpu.values())
+            return ProcessSample(1000 + self.rank, 1.7e9, 501, "running",
+                                 tuple(self.cpu.items()), tuple(self.system.items()),
+                                 major_faults=self.faults, runnable=runnable)
         return ProcessSample(1000 + self.rank, 1.7e9, 501, "running",
                              tuple(self.cpu.items()), tuple(self.system.items()),
                              demand=tuple(self.demand.items()), major_faults=self.faults)
@@ -293,6 +299,37 @@ def test_cause_of_a_contended_rank() -> None:
     assert worst is not None and worst.key == 1
     assert worst.pace.run_queue == pytest.approx(0.45, abs=0.02)
     assert "run queue 45%" in why(worst.pace)
+
+
+def test_tick_on_a_mac_reads_the_run_queue_of_the_process() -> None:
+    """macOS keeps no per-thread run-queue time (proc_threadinfo has none): the process's
+    ri_runnable_time, shared out by each thread's CPU, gives each thread's demand."""
+    before = ProcessSample(1, 0.0, 0, "running", ((1, 0.0), (2, 0.0)), ((1, 0.0), (2, 0.0)),
+                           major_faults=3, runnable=10.0)
+    after = ProcessSample(1, 0.0, 0, "running", ((1, 0.5), (2, 0.3)), ((1, 0.01), (2, 0.2)),
+                          major_faults=3, runnable=10.4)
+    t = tick(before, after, 1.0, 8, at=1.0)
+    # 0.4 s runnable over 0.8 s run: each thread wanted 1.5 times the CPU it got. Thread 2
+    # polls (mostly kernel time): it wanted 0.45 of a core; thread 1 waited 0.25 for one.
+    assert t.wait == pytest.approx(0.45) and t.queue == pytest.approx(0.25)
+    # Unknown on either side (no libproc, not permitted): the CPU alone, no run queue.
+    unknown = tick(dataclasses.replace(before, runnable=None), after, 1.0, 8, at=1.0)
+    assert unknown.queue == 0 and unknown.wait == pytest.approx(0.3)
+
+
+def test_cause_of_a_contended_rank_on_a_mac() -> None:
+    job = Job(2)
+    for r in job.ranks:
+        r.mac = True
+    job.scan()  # a fresh sample of the macOS shape on both sides of every tick
+    history = run(job, 60, work=[0.1, 0.2], queue=[0.0, 0.45])
+    worst = history[-1][1]
+    assert worst is not None and worst.key == 1
+    # Rank 1's compute thread waited 0.45 s a second for a core; the process's run queue
+    # shared by CPU gives it most of that (its poller ran a little too).
+    assert 0.35 <= worst.pace.run_queue <= 0.45, worst.pace
+    assert "(CPU contention)" in why(worst.pace)
+    assert job.judge.pace(0).run_queue == pytest.approx(0.0, abs=0.01)  # type: ignore[union-attr]
 
 
 def test_forgotten_rank_drops_its_window() -> None:

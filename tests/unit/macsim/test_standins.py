@@ -91,6 +91,42 @@ def test_rusage_and_threadinfo_from_the_live_process():
     assert user + system > 0  # this thread has run: nanoseconds, as pth_user_time
 
 
+def test_ri_runnable_time_read_in_seconds():
+    assert 16 + 8 * libproc.RUSAGE_FIELDS.index("runnable_time") == macos.RUNNABLE_OFFSET
+    assert macos.RUSAGE_V4_SIZE == libproc.RUSAGE_V4.size
+    raw = libproc.RUSAGE_V4.pack(b"\0" * 16, *([0] * 34), libproc.abstime(2.5e9))
+    assert macos.rusage_runnable(raw, libproc.TIMEBASE) == pytest.approx(2.5)
+    with pytest.raises(ValueError):
+        macos.rusage_runnable(raw[:200], libproc.TIMEBASE)
+
+
+@pytest.mark.slow
+def test_the_probe_reads_a_contended_process_run_queue_from_ri_runnable_time():
+    """Two busy loops on one core: each waits for it about half the time, which macOS
+    counts in ri_runnable_time and the probe hands the straggler judge as `runnable`."""
+    from watchdog import macsim
+
+    cpu = min(os.sched_getaffinity(0))
+    loops = [subprocess.Popen(["taskset", "-c", str(cpu), "sh", "-c", "while :; do :; done"])
+             for _ in range(2)]
+    try:
+        probe = macsim.probe()
+        first = probe.sample(loops[0].pid)
+        assert first is not None and first.runnable is not None and first.demand == ()
+        began = time.monotonic()
+        waited = 0.0
+        while waited < 0.3 and time.monotonic() < began + 15:
+            time.sleep(0.2)
+            later = probe.sample(loops[0].pid)
+            assert later is not None and later.runnable is not None
+            waited = later.runnable - first.runnable
+        assert waited >= 0.3, waited  # of up to 15 s sharing one core
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def test_psutil_as_macos_answers():
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)

@@ -119,6 +119,14 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
     cpu = _delta(before.threads, after.threads)
     system = _delta(before.system, after.system)
     demand = _delta(before.demand, after.demand)
+    ran = sum(cpu.values())
+    if not demand and before.runnable is not None and after.runnable is not None and ran > 0:
+        # macOS keeps no thread's run-queue time, only the process's (ri_runnable_time).
+        # Shared out in proportion to each thread's CPU (exact when the threads that wait
+        # for a core each want a whole one, as a poller and a compute thread do), it gives
+        # each thread's demand as Linux's schedstat does (docs/limits.md).
+        scale = 1.0 + max(0.0, after.runnable - before.runnable) / ran
+        demand = {tid: used * scale for tid, used in cpu.items()}
     wait = work = 0.0
     for tid, used in cpu.items():
         if not (used / seconds >= POLLING_FLOOR and system.get(tid, 0.0) >= KERNEL_SHARE * used):
