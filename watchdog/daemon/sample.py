@@ -50,3 +50,7 @@ class ProcessSample:
     # ri_runnable_time (proc_pid_rusage v4), where no thread's own is kept (no `demand`);
     # None when unknown or where `demand` is.
     runnable: float | None = None
+    # The sum of the offsets of the process's open files, where the disk counters miss
+    # bytes (macOS: ri_diskio counts none to a FIFO or a network mount, while every read
+    # and write through a descriptor advances its offset); None where not read.
+    offsets: int | None = None

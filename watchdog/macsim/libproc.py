@@ -10,12 +10,16 @@ little-endian arm64) and returns what the real one returns.
     proc_pidinfo(pid, PROC_PIDTHREADINFO, handle, buf, size)  struct proc_threadinfo (112)
     proc_pidinfo(pid, PROC_PIDLISTFDS, 0, buf, size)  struct proc_fdinfo {int32 fd; uint32 type}
     proc_pidfdinfo(pid, fd, PROC_PIDFDSOCKETINFO, buf, size)  struct socket_fdinfo (792)
+    proc_pidfdinfo(pid, fd, PROC_PIDFDVNODEINFO, buf, size)  struct vnode_fdinfo (176)
     mach_timebase_info()  (numer, denom) of mach absolute time: Apple silicon's 125/3
 
 Where Linux keeps no such count the stand-in guesses, and says so: ri_runnable_time is
 the threads' schedstat wait (time on a run queue); the disk bytes are /proc's
 read_bytes/write_bytes; a socket's `soi_so` (an opaque kernel address on a Mac) is
-its inode here. Fields a Mac fills and the daemon does not read are left zero.
+its inode here; a file's fi_offset is /proc's fdinfo `pos`, which for a FIFO stays 0
+on Linux while a Mac advances it with every byte (xnu's vn_write), so a save into a
+FIFO reads as no byte moved here and moves on a Mac. Fields a Mac fills and the daemon
+does not read are left zero.
 Failures return -1 or 0 as the real calls do (errno is not set: no caller reads it).
 """
 
@@ -29,7 +33,11 @@ from typing import Any
 
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 PROC_PIDLISTFDS, PROC_PIDTHREADINFO, PROC_PIDLISTTHREADS = 1, 5, 6
-PROC_PIDFDSOCKETINFO = 3
+PROC_PIDFDSOCKETINFO, PROC_PIDFDVNODEINFO = 3, 1
+# struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, fi_type,
+# fi_guardflags: 24 bytes), then vnode_info (152).
+VNODE_FDINFO_SIZE = 176
+FILEINFO = struct.Struct("<IIq")
 PROX_FDTYPE_VNODE, PROX_FDTYPE_SOCKET, PROX_FDTYPE_PIPE = 1, 2, 6
 SOCKINFO_TCP = 2
 AF_INET_MAC, AF_INET6_MAC = 2, 30  # <sys/socket.h> on a Mac
@@ -165,6 +173,8 @@ class LibProc:
 
     def proc_pidfdinfo(self, pid: Any, fd: Any, flavor: Any, buffer: Any, size: Any) -> int:
         pid, fd, flavor, size = _value(pid), _value(fd), _value(flavor), _value(size)
+        if flavor == PROC_PIDFDVNODEINFO and size >= VNODE_FDINFO_SIZE:
+            return self._vnode_fdinfo(pid, fd, buffer, size)
         if flavor != PROC_PIDFDSOCKETINFO or size < SOCKET_FDINFO_SIZE:
             return 0
         try:
@@ -189,6 +199,25 @@ class LibProc:
         IN_SOCKINFO_HEAD.pack_into(data, SOI_PROTO, fport, lport, 0, 0, 0,
                                    1 if family == AF_INET_MAC else 2, 64, 0)
         struct.pack_into("<i", data, TCPSI_STATE, state)
+        return _fill(buffer, bytes(data), size)
+
+    def _vnode_fdinfo(self, pid: int, fd: int, buffer: Any, size: int) -> int:
+        """struct vnode_fdinfo of a file: its proc_fileinfo (open flags as FREAD/FWRITE,
+        the offset) from /proc's fdinfo; the vnode_info after it left zero."""
+        try:
+            target = os.readlink(f"{self.proc}/{pid}/fd/{fd}")
+            with open(f"{self.proc}/{pid}/fdinfo/{fd}") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            return 0
+        if target.startswith(("socket:", "pipe:", "anon_inode:")):
+            return 0
+        try:
+            pos, flags = int(fields["pos"]), int(fields["flags"], 8)
+        except (KeyError, ValueError):
+            return 0
+        data = bytearray(VNODE_FDINFO_SIZE)
+        FILEINFO.pack_into(data, 0, (flags & os.O_ACCMODE) + 1, 0, pos)  # FFLAGS(oflags)
         return _fill(buffer, bytes(data), size)
 
     def tcp_rows(self, pid: int) -> dict[int, tuple[int, int, int, int, int, int]]:

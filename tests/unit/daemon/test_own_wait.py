@@ -73,6 +73,22 @@ def test_silence_counts_from_when_the_bytes_last_moved():
     assert v.own.stuck(60.0) and v.own.holds(60.0) == ""
 
 
+def test_on_a_mac_a_save_to_a_fifo_or_a_network_mount_moves_its_files_offset():
+    """macOS's disk counters see no byte written to a FIFO or a network mount: the open
+    files' offsets do, and a save whose offsets move is not silent; one whose offsets
+    stand still is."""
+    detector = Detector(Rules(deadline=None, auto_fallback=600.0))
+    for n in range(70):
+        found = detector.observe(SAVING, dataclasses.replace(sample((0, 0)), offsets=256 * n),
+                                 ORIGIN + n * NS)
+    assert found.own is not None and found.own.quiet == 0.0 and not found.own.stuck(60.0)
+    detector = Detector(Rules(deadline=None, auto_fallback=600.0))
+    for n in range(70):
+        found = detector.observe(SAVING, dataclasses.replace(sample((0, 0)), offsets=256),
+                                 ORIGIN + n * NS)
+    assert found.own is not None and found.own.stuck(60.0)
+
+
 def test_a_save_past_its_own_deadline_still_moving_bytes_is_not_due():
     """However long a checkpoint that writes takes, the saving rank is never due."""
     detector = Detector(Rules(deadline=30.0, blocked_deadline=60.0, confirm=1))

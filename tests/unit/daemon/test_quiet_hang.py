@@ -47,7 +47,8 @@ QUIET = Reading(FrameKind.WAITING, "main thread waits in eval_impl -> pthread_co
 
 
 def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Reading | None = QUIET,
-          world: int = 2, expect: float = 0.0, spin: float = 0.0) -> list:
+          world: int = 2, expect: float = 0.0, spin: float = 0.0,
+          offsets: bool | None = None) -> list:
     """A wait begun at 0, ticks each second to 30 s past a 10 s deadline; the verdicts."""
     detector = Detector(RULES)
     record = dataclasses.replace(BASE, phase=Phase.WAIT, op="eval", wait_since_ns=ORIGIN,
@@ -58,7 +59,8 @@ def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Reading | 
     for t in range(31):
         sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "sleeping",
                                ((1, 0.001 * t), (2, spin * t)),
-                               io=(100 + (t if io_moves else 0), 50))
+                               io=(100 + (t if io_moves else 0), 50),
+                               offsets=None if offsets is None else 7 + (t if offsets else 0))
         verdicts.append(detector.observe(record, sample, ORIGIN + t * NS, asleep=seen,
                                          sockets_quiet=sockets))
     return verdicts
@@ -89,6 +91,7 @@ def test_status_says_quiet_while_the_wait_runs_toward_a_longer_deadline():
 
 @pytest.mark.parametrize("why", [
     dict(io_moves=True),  # a save or a load: bytes move
+    dict(offsets=True),  # a Mac's save to a FIFO or a network mount: its file's offset moves
     dict(sockets=1.0),  # bytes moved on its sockets a moment ago
     dict(sockets=None),  # its sockets not read (its peers' bytes may move)
     dict(seen=Reading(FrameKind.COMPUTING, "thread 9 sits in write")),  # a file write
@@ -105,4 +108,9 @@ def test_anything_that_explains_the_wait_keeps_todays_rules(why):
 
 def test_one_process_alone_has_no_sockets_to_read():
     verdicts = judge(sockets=None, world=1)
+    assert any(v.act and v.quiet for v in verdicts)
+
+
+def test_a_files_offset_standing_still_explains_nothing():
+    verdicts = judge(offsets=False)
     assert any(v.act and v.quiet for v in verdicts)

@@ -73,6 +73,30 @@ def test_the_probe_reads_socket_buffer_counts_from_the_stand_in():
             s.close()
 
 
+def test_the_probe_reads_file_offsets_where_the_disk_counters_see_nothing(tmp_path):
+    """A Mac counts no disk byte for a FIFO or a network mount; each descriptor's
+    fi_offset (struct vnode_fdinfo: proc_fileinfo first, 176 bytes) moves with every
+    byte read or written through it. Here: a file this process writes, by hand."""
+    assert libproc.VNODE_FDINFO_SIZE == macos.VNODE_FDINFO_SIZE == 24 + 152
+    assert libproc.FILEINFO.size == 16  # fi_openflags, fi_status, fi_offset (of the 24)
+    lib = libproc.LibProc()
+    before = macos.read_offsets(os.getpid(), lib)
+    assert before is not None
+    with open(tmp_path / "checkpoint", "wb", buffering=0) as f:
+        f.write(b"x" * 1000)
+        assert macos.read_offsets(os.getpid(), lib) == before + 1000
+        f.write(b"y" * 24)
+        assert macos.read_offsets(os.getpid(), lib) == before + 1024
+        info = ctypes.create_string_buffer(macos.VNODE_FDINFO_SIZE)
+        assert lib.proc_pidfdinfo(os.getpid(), f.fileno(), macos.PROC_PIDFDVNODEINFO, info,
+                                  len(info)) == macos.VNODE_FDINFO_SIZE
+        flags, _, offset = libproc.FILEINFO.unpack_from(info.raw)
+        assert offset == 1024 and flags & 2  # FWRITE
+    assert macos.read_offsets(os.getpid(), lib) == before
+    sample = macos.MacProbe(ps=psutil_mac, libproc=lib).sample(os.getpid())
+    assert sample is not None and sample.offsets == before
+
+
 def test_rusage_and_threadinfo_from_the_live_process():
     lib = libproc.LibProc()
     buffer = ctypes.create_string_buffer(macos.RUSAGE_V2_SIZE)

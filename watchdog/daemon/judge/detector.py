@@ -94,6 +94,7 @@ class Track:
     # The process's I/O counters (read, written): as last sampled, at the start of the
     # current stretch, and when they last moved (ns; 0: not yet seen).
     io: tuple[int, int] | None = None
+    offsets: int | None = None  # the open files' offsets (macOS): moving is bytes moving
     io_base: tuple[int, int] | None = None
     io_moved_ns: int = 0
     hot: tuple[int, ...] = ()  # the threads busy over the last interval
@@ -460,9 +461,12 @@ def _stretch(record: Record, sample: ProcessSample, track: Track, waiting: bool,
         track.io_moved_ns = record.wait_since_ns if waiting else now_ns
     if sample.io is not None and track.io is not None and sample.io != track.io:
         track.io_moved_ns = now_ns
+    if sample.offsets is not None and track.offsets is not None \
+            and sample.offsets != track.offsets:
+        track.io_moved_ns = now_ns
     if track.io_base is None:
         track.io_base = sample.io
-    track.io = sample.io
+    track.io, track.offsets = sample.io, sample.offsets
 
 
 

@@ -101,6 +101,13 @@ SOCKET_FDINFO_SIZE = 792
 SOI_SO, SOI_RCV_CC, SOI_SND_CC, SOI_KIND = 160, 208, 232, 256
 SOCKINFO_TCP = 2
 MAX_FDS = 4096
+# struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, ...: 24 bytes)
+# then vnode_info (152); fi_offset is the descriptor's offset, which every read and
+# write through it advances (xnu vn_read/vn_write: `fg_offset += count - uio_resid`),
+# a FIFO's and a network mount's file's too, where ri_diskio counts no byte.
+PROC_PIDFDVNODEINFO, PROX_FDTYPE_VNODE = 1, 1
+VNODE_FDINFO_SIZE = 176
+FILEINFO = struct.Struct("<IIq")
 
 
 def socket_counts(buffer: bytes) -> tuple[int, int, int] | None:
@@ -116,11 +123,16 @@ def socket_counts(buffer: bytes) -> tuple[int, int, int] | None:
     return int(handle), int(queued), int(received)
 
 
-def read_socket_queues(pid: int, libproc: Any = None) -> tuple[tuple[int, int, int], ...] | None:
-    """Each TCP socket of the process through proc_pidinfo(PROC_PIDLISTFDS) and
-    proc_pidfdinfo(PROC_PIDFDSOCKETINFO): (handle, bytes queued to send, bytes received
-    not yet read); None without libproc or when not permitted."""
-    lib = libproc if libproc is not None else _libproc()
+def file_offset(buffer: bytes) -> int:
+    """fi_offset of a struct vnode_fdinfo (its proc_fileinfo comes first)."""
+    if len(buffer) < FILEINFO.size:
+        raise ValueError("a short vnode_fdinfo")
+    return max(0, int(FILEINFO.unpack_from(buffer, 0)[2]))
+
+
+def _fdinfos(pid: int, lib: Any, kind: int, flavor: int, size: int) -> list[bytes] | None:
+    """proc_pidfdinfo(`flavor`) of each descriptor of the process of type `kind`, through
+    proc_pidinfo(PROC_PIDLISTFDS); None without libproc or when not permitted."""
     if lib is None:
         return None
     listing = ctypes.create_string_buffer(FDINFO.size * MAX_FDS)
@@ -132,19 +144,36 @@ def read_socket_queues(pid: int, libproc: Any = None) -> tuple[tuple[int, int, i
     if filled <= 0:
         return None
     out = []
-    info = ctypes.create_string_buffer(SOCKET_FDINFO_SIZE)
+    info = ctypes.create_string_buffer(size)
     for offset in range(0, min(filled, len(listing)) - FDINFO.size + 1, FDINFO.size):
-        fd, kind = FDINFO.unpack_from(listing.raw, offset)
-        if kind != PROX_FDTYPE_SOCKET:
+        fd, fdtype = FDINFO.unpack_from(listing.raw, offset)
+        if fdtype != kind:
             continue
-        if lib.proc_pidfdinfo(ctypes.c_int(pid), ctypes.c_int(fd),
-                              ctypes.c_int(PROC_PIDFDSOCKETINFO), info,
-                              ctypes.c_int(SOCKET_FDINFO_SIZE)) < SOCKET_FDINFO_SIZE:
+        if lib.proc_pidfdinfo(ctypes.c_int(pid), ctypes.c_int(fd), ctypes.c_int(flavor),
+                              info, ctypes.c_int(size)) < size:
             continue  # closed meanwhile, or not ours to read
-        counts = socket_counts(info.raw)
-        if counts is not None:
-            out.append(counts)
-    return tuple(out)
+        out.append(info.raw)
+    return out
+
+
+def read_socket_queues(pid: int, libproc: Any = None) -> tuple[tuple[int, int, int], ...] | None:
+    """Each TCP socket of the process through proc_pidfdinfo(PROC_PIDFDSOCKETINFO):
+    (handle, bytes queued to send, bytes received not yet read); None without libproc
+    or when not permitted."""
+    infos = _fdinfos(pid, libproc if libproc is not None else _libproc(),
+                     PROX_FDTYPE_SOCKET, PROC_PIDFDSOCKETINFO, SOCKET_FDINFO_SIZE)
+    if infos is None:
+        return None
+    return tuple(c for c in map(socket_counts, infos) if c is not None)
+
+
+def read_offsets(pid: int, libproc: Any = None) -> int | None:
+    """The sum of the offsets of the process's open files (proc_pidfdinfo
+    PROC_PIDFDVNODEINFO): it moves when the process reads or writes any of them, a
+    FIFO or a file on a network mount too; None without libproc or when not permitted."""
+    infos = _fdinfos(pid, libproc if libproc is not None else _libproc(),
+                     PROX_FDTYPE_VNODE, PROC_PIDFDVNODEINFO, VNODE_FDINFO_SIZE)
+    return None if infos is None else sum(map(file_offset, infos))
 
 
 def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
@@ -219,13 +248,16 @@ class MacProbe(Probe):
         # One proc_pid_rusage (v4) a scan: the disk bytes, the page-ins and the threads'
         # run-queue time (ri_runnable_time: macOS keeps no run-queue time per thread, so
         # a straggler's run queue is the process's, docs/limits.md).
+        # The disk counters see no byte to a FIFO or a network mount: the files' offsets do.
         raw = _rusage(pid, self.libproc, RUSAGE_INFO_V4)
+        offsets = read_offsets(pid, self.libproc)
         if raw is None:
             return replace(sample, io=read_io(pid, self.libproc),
-                           major_faults=read_pageins(pid, self.libproc))
+                           major_faults=read_pageins(pid, self.libproc), offsets=offsets)
         timebase = self.timebase()
         return replace(sample, io=rusage_io(raw), major_faults=rusage_pageins(raw),
-                       runnable=rusage_runnable(raw, timebase) if timebase else None)
+                       runnable=rusage_runnable(raw, timebase) if timebase else None,
+                       offsets=offsets)
 
     def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
         """Each TCP socket's (handle, bytes to send, bytes unread): soi_snd/soi_rcv."""
