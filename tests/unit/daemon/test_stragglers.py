@@ -393,3 +393,71 @@ def test_a_user_space_backend_shows_its_pace_and_causes_never_a_score() -> None:
     assert shown.pace.pace == pytest.approx(4.0)
     assert why(shown.pace).startswith("stopped 8")  # ~80% of its scans
     assert "more work" not in why(job.judge.figures[0].pace)  # a poller is always flat out
+
+
+def stopped_in_part(job: Job, seconds: int, step: float, fast_work: float,
+                    stopped: float) -> list[stragglers.Scored | None]:
+    """Rank 1 stopped `stopped` of the time (SIGSTOP in bursts), running otherwise: the
+    job's steps take `step` s, of which rank 0 computes `fast_work` and polls the rest;
+    rank 1 never waits. Every scan samples rank 1 stopped in that share of them."""
+    out, issued, lapsed = [], 0.0, 0.0
+    for second in range(seconds):
+        issued += 4 / step
+        n = int(issued) - int(issued - 4 / step)
+        job.ranks[0].work(1.0, 1.0 - fast_work / step, n)
+        job.ranks[1].work(1.0 - stopped, 0.0, n)
+        job.now += 1.0
+        lapsed += stopped
+        is_stopped = lapsed >= 1.0
+        lapsed -= is_stopped
+        for r in job.ranks:
+            sample = r.sample()
+            if r.rank == 1 and is_stopped:
+                sample = dataclasses.replace(sample, status="stopped")
+            job.judge.observe(r.rank, r.record(), sample, job.now)
+        out.append(job.judge.judge_job("job", [0, 1], job.now)[1])
+        del second
+    return out
+
+
+@pytest.mark.parametrize("stopped", [0.5, 0.83])
+def test_a_stopped_ranks_slowdown_is_the_jobs_not_the_freed_cores(stopped: float) -> None:
+    """Where ranks share cores, a rank stopped most of the time frees one, and its peer
+    then computes a step in half the time it took in the healthy job: the wait shares
+    alone read the job's loss two-fold (+114% measured at 83% stopped). The job's pace
+    before the rank held it back against its pace now is the job's own slowdown."""
+    job = Job(2)
+    run(job, 40, work=[0.24, 0.24])  # healthy, contended: 0.25 s a step
+    healthy_step = 0.24 + 0.01
+    step = 0.24 / (1 - stopped)  # rank 1's healthy running time, spread by its stops
+    history = stopped_in_part(job, 60, step, fast_work=0.12, stopped=stopped)
+    worst = history[-1]
+    assert worst is not None and worst.key == 1
+    true = step / healthy_step
+    assert worst.estimate > 1.5 * true  # the wait shares over-read it...
+    assert worst.measured is not None
+    assert abs(worst.slowdown - true) / true <= 0.2, (worst.slowdown, true)  # ...not shown
+    assert "stopped" in why(worst.pace)
+
+
+def test_a_job_slow_from_its_start_keeps_the_wait_shares_estimate() -> None:
+    job = Job(2)
+    worst = [w for _, w in run(job, 60, work=[0.1, 0.2])][-1]
+    assert worst is not None and worst.measured is None
+    assert worst.slowdown == worst.estimate
+    true = (0.2 + 0.01) / (0.1 + 0.01)
+    assert abs(worst.slowdown - true) / true <= 0.2
+
+
+def test_the_healthy_pace_kept_is_from_before_the_straggler_stood_out() -> None:
+    """The pace measured by is a window's that ended before the rank stood out, not one
+    the first slow steps already dragged down; and a job gone for good forgets it."""
+    job = Job(2)
+    run(job, 90, work=[0.1, 0.1])
+    history = run(job, 60, work=[0.1, 0.2])
+    worst = history[-1][1]
+    assert worst is not None and worst.measured is not None
+    true = (0.2 + 0.01) / (0.1 + 0.01)
+    assert abs(worst.measured - true) / true <= 0.05, (worst.measured, true)
+    job.judge.forget_jobs([])
+    assert job.judge.healthy == {}

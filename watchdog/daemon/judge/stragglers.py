@@ -33,6 +33,12 @@ the others wait `excess` of each step for it, so a step would take `1 - excess` 
 its time. A rank is named (`Stragglers`) only when it is clear: every rank counted
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
+The slowdown *shown* of a named rank is measured where the job was seen healthy: its
+pace (the median rank's) in a window that ended before the rank stood out, over the
+others' pace now. Where ranks share cores, the wait shares alone over-read it: a rank
+stopped most of the time frees a core and its peers then compute faster than in the
+healthy job (two-fold at 83% stopped here). The wait shares' figure (`estimate`) stays
+what a name rests on, and the one shown for a job slow from its start.
 Never a kill: a straggler is reported, not ended.
 
 What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
@@ -184,11 +190,21 @@ class Scored:
     pace: Pace
     score: float  # 1: the job's pace; lower: slower
     excess: float  # how much more of each step the others wait than it does
+    # The job's pace before this rank held it back over its pace now (`Stragglers`),
+    # when the job was seen healthy first; None: unknown.
+    measured: float | None = None
+
+    @property
+    def estimate(self) -> float:
+        """How much faster the job would run if this rank kept the others' median pace
+        as they run now (from the wait shares alone): what a name rests on."""
+        return 1.0 / (1.0 - max(0.0, min(self.excess, MAX_WAIT)))
 
     @property
     def slowdown(self) -> float:
-        """How much faster the job would run if this rank kept the others' median pace."""
-        return 1.0 / (1.0 - max(0.0, min(self.excess, MAX_WAIT)))
+        """The job's slowdown as shown: measured against its own healthy pace where it
+        was seen healthy (`measured`), else the wait shares' `estimate`."""
+        return self.measured if self.measured is not None else self.estimate
 
 
 def judge(paces: Sequence[tuple[object, Pace]]) -> list[Scored]:
@@ -314,6 +330,9 @@ class Stragglers:
         self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
         self.backends: dict[object, str] = {}
         self.figures: dict[object, Figures] = {}  # as last judged, what is shown
+        # Each job's pace (median of its ranks') at every judgement with no rank holding
+        # it back, the last `3 * window` seconds of them: what the slowdown is measured by.
+        self.healthy: dict[object, deque[tuple[float, float]]] = {}
 
     def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
         """One scan's look at a live rank. A tick closes once it lasts `TICK` seconds and
@@ -376,25 +395,59 @@ class Stragglers:
         scored = judge(paces)
         worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
         self._show(keys, scored)
+        self._note_healthy(job, scored, worst, len(keys), now)
         held = self.jobs.get(job)
         if worst is None:
             self.jobs.pop(job, None)
             return scored, None
         if held is not None and held.key == worst.key:
-            if held.named and worst.slowdown < CLEAR_SLOWDOWN:
+            if held.named and worst.estimate < CLEAR_SLOWDOWN:
                 self.jobs.pop(job, None)
                 return scored, None
-            if not held.named and worst.slowdown < NAME_SLOWDOWN:
+            if not held.named and worst.estimate < NAME_SLOWDOWN:
                 self.jobs.pop(job, None)
                 return scored, None
-        elif worst.slowdown >= NAME_SLOWDOWN:
+        elif worst.estimate >= NAME_SLOWDOWN:
             held = self.jobs[job] = Named(worst.key, now)
         else:
             self.jobs.pop(job, None)
             return scored, None
         if not held.named and now - held.since >= self.sustain:
             held.named = True
-        return scored, worst if held.named else None
+        if not held.named:
+            return scored, None
+        return scored, dataclasses.replace(worst, measured=self._measured(job, worst, scored,
+                                                                          held.since))
+
+    def _note_healthy(self, job: object, scored: Sequence[Scored], worst: Scored | None,
+                      ranks: int, now: float) -> None:
+        """The job's pace, kept while every rank is judged and none holds it back."""
+        if (len(scored) < 2 or len(scored) != ranks
+                or any(s.pace.seconds < self.min_seconds for s in scored)
+                or (worst is not None and worst.estimate >= CLEAR_SLOWDOWN)):
+            return
+        seen = self.healthy.setdefault(job, deque())
+        seen.append((now, median(s.pace.pace for s in scored)))
+        while seen and seen[0][0] < now - 3 * self.window:
+            seen.popleft()
+
+    def _measured(self, job: object, worst: Scored, scored: Sequence[Scored],
+                  since: float) -> float | None:
+        """The job's pace before `worst` held it back over the others' pace now; None
+        when the job was never seen healthy. The wait shares alone say what the job
+        would gain at the others' pace *as they run now*; where ranks share cores, a
+        rank stopped (or slowed) frees one and the others then compute faster than in
+        the healthy job (twice as fast with a rank stopped 83% of the time here), so
+        that figure over-reads the job's loss two-fold (docs/limits.md). The pace kept
+        is the one of a window that ended before the rank stood out (`since - window`),
+        else the first one kept."""
+        seen = self.healthy.get(job)
+        others = [s.pace.pace for s in scored if s.key != worst.key]
+        if not seen or not others or median(others) <= 0:
+            return None
+        before = [pace for at, pace in seen if at <= since - self.window]
+        baseline = before[-1] if before else seen[0][1]
+        return max(1.0, baseline / median(others))
 
     def _show(self, keys: Sequence[object], scored: Sequence[Scored]) -> None:
         """Each rank's shown figures: the strict ones once every rank of the job has
@@ -464,3 +517,5 @@ class Stragglers:
         keep = set(live)
         for job in [j for j in self.jobs if j not in keep]:
             del self.jobs[job]
+        for job in [j for j in self.healthy if j not in keep]:
+            del self.healthy[job]
