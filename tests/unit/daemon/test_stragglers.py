@@ -461,3 +461,18 @@ def test_the_healthy_pace_kept_is_from_before_the_straggler_stood_out() -> None:
     assert abs(worst.measured - true) / true <= 0.05, (worst.measured, true)
     job.judge.forget_jobs([])
     assert job.judge.healthy == {}
+
+
+@pytest.mark.parametrize(("faults", "active"), [(0, False), (10, False), (80, True)])
+def test_a_rank_paging_its_memory_back_in_is_at_work(faults: int, active: bool) -> None:
+    """Asleep on the disk outside any wait (its memory-mapped data read back: major
+    faults), a rank is at work, not asleep by design; a few faults are not enough."""
+    before = ProcessSample(1, 0.0, 0, "sleeping", ((1, 0.0),), ((1, 0.0),),
+                           demand=((1, 0.0),), major_faults=100)
+    after = dataclasses.replace(before, threads=((1, 0.1),), system=((1, 0.05),),
+                                demand=((1, 0.1),), major_faults=100 + faults)
+    t = tick(before, after, 2.0, 3, at=2.0)
+    assert t.active is active
+    pace = stragglers.summarise([t])
+    assert pace is not None
+    assert ("(memory pressure)" in why(pace)) is active

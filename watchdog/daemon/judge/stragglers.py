@@ -19,8 +19,8 @@ waits for waits least. So, per rank over a sliding window (`WINDOW`), two figure
 Only the intervals in which the rank made progress at its usual pace are counted
 (its collectives advanced by at least half its median interval's, and it was never
 idle), and of those only the ones in which every rank of the job was *active*: in a
-wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core, or
-stopped. A rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads
+wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core,
+stopped, or paging its memory back in (`FAULTS_CAUSE` major faults a second). A rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads
 requests (sharing "nothing" every 0.1 s) while the others wait in a collective for
 it; that wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
 be lined up, so a rank is named only when it was active in `ACTIVE_MIN` of its own.
@@ -142,9 +142,13 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
         faults = max(0, after.major_faults - before.major_faults)
     busiest = max((demand.get(tid, used) for tid, used in cpu.items()), default=0.0)
     stopped = after.status in STOPPED_STATUSES
+    # A rank reading its pages back from storage sleeps on the disk, not by design:
+    # its data did not fit in memory (it is at work, as a rank that computes is).
+    paging = faults is not None and faults >= FAULTS_CAUSE * seconds
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
                 min(1.0, queue / seconds), faults, stopped,
-                waiting or stopped or busiest / seconds >= WORK_RATIO, min(1.0, work / seconds))
+                waiting or stopped or paging or busiest / seconds >= WORK_RATIO,
+                min(1.0, work / seconds))
 
 
 def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
