@@ -20,9 +20,10 @@ Only the intervals in which the rank made progress at its usual pace are counted
 (its collectives advanced by at least half its median interval's, and it was never
 idle), and of those only the ones in which every rank of the job was *active*: in a
 wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core,
-stopped, or paging its memory back in (`FAULTS_CAUSE` major faults a second). A rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads
-requests (sharing "nothing" every 0.1 s) while the others wait in a collective for
-it; that wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
+stopped, or paging its memory back in (`FAULTS_CAUSE` major faults a second). A
+rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads requests
+(sharing "nothing" every 0.1 s) while the others wait in a collective for it; that
+wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
 be lined up, so a rank is named only when it was active in `ACTIVE_MIN` of its own.
 
 From the job's ranks (`judge`): a rank's *score* is the job's pace over its own, as
