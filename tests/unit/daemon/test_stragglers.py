@@ -453,14 +453,24 @@ def test_the_healthy_pace_kept_is_from_before_the_straggler_stood_out() -> None:
     """The pace measured by is a window's that ended before the rank stood out, not one
     the first slow steps already dragged down; and a job gone for good forgets it."""
     job = Job(2)
-    run(job, 90, work=[0.1, 0.1])
-    history = run(job, 60, work=[0.1, 0.2])
-    worst = history[-1][1]
+    run(job, 90, work=[0.24, 0.24])
+    step = 0.24 / (1 - 0.5)
+    worst = stopped_in_part(job, 60, step, fast_work=0.2, stopped=0.5)[-1]
     assert worst is not None and worst.measured is not None
-    true = (0.2 + 0.01) / (0.1 + 0.01)
+    true = step / 0.25
     assert abs(worst.measured - true) / true <= 0.05, (worst.measured, true)
     job.judge.forget_jobs([])
     assert job.judge.healthy == {}
+
+
+def test_a_rank_on_its_core_keeps_the_wait_shares_estimate() -> None:
+    """Uneven work (its core flat out, never stopped, no faults) frees no core: its
+    estimate is shown, also where the job was seen healthy first."""
+    job = Job(2)
+    run(job, 90, work=[0.1, 0.1])
+    worst = run(job, 60, work=[0.1, 0.2])[-1][1]
+    assert worst is not None and worst.measured is None
+    assert worst.slowdown == worst.estimate
 
 
 @pytest.mark.parametrize(("faults", "active"), [(0, False), (10, False), (80, True)])

@@ -34,12 +34,12 @@ the others wait `excess` of each step for it, so a step would take `1 - excess` 
 its time. A rank is named (`Stragglers`) only when it is clear: every rank counted
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
-The slowdown *shown* of a named rank is measured where the job was seen healthy: its
-pace (the median rank's) in a window that ended before the rank stood out, over the
-others' pace now. Where ranks share cores, the wait shares alone over-read it: a rank
-stopped most of the time frees a core and its peers then compute faster than in the
-healthy job (two-fold at 83% stopped here). The wait shares' figure (`estimate`) stays
-what a name rests on, and the one shown for a job slow from its start.
+The slowdown *shown* of a named rank off its core (stopped, or paging its memory back
+in) is measured where the job was seen healthy: its pace (the median rank's) in a
+window that ended before the rank stood out, over the others' pace now. Where ranks
+share cores, the wait shares alone over-read it: a rank off its core frees one and its
+peers then compute faster than beside it (two-fold at 83% stopped here). The wait
+shares' figure (`estimate`) stays what a name rests on, and the one shown otherwise.
 Never a kill: a straggler is reported, not ended.
 
 What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
@@ -438,17 +438,23 @@ class Stragglers:
 
     def _measured(self, job: object, worst: Scored, scored: Sequence[Scored],
                   since: float) -> float | None:
-        """The job's pace before `worst` held it back over the others' pace now; None
-        when the job was never seen healthy. The wait shares alone say what the job
-        would gain at the others' pace *as they run now*; where ranks share cores, a
-        rank stopped (or slowed) frees one and the others then compute faster than in
-        the healthy job (twice as fast with a rank stopped 83% of the time here), so
-        that figure over-reads the job's loss two-fold (docs/limits.md). The pace kept
-        is the one of a window that ended before the rank stood out (`since - window`),
-        else the first one kept."""
+        """The job's pace before `worst` held it back over the others' pace now, for a
+        rank off its core (stopped, or asleep paging its memory back in); None for
+        any other, or when the job was never seen healthy. The wait shares alone say
+        what the job would gain at the others' pace *as they run now*; where ranks
+        share cores, a rank off its core frees one and the others then compute faster
+        than beside it (twice as fast with a rank stopped 83% of the time here), so
+        that figure over-reads the job's loss two-fold (docs/limits.md). A rank on
+        its core (contended, or more work per step) frees none: its estimate stands,
+        and a pace measured before would also count any change of the machine's load
+        since. The pace kept is the one of a window that ended before the rank stood
+        out (`since - window`), else the first one kept."""
         seen = self.healthy.get(job)
         others = [s.pace.pace for s in scored if s.key != worst.key]
-        if not seen or not others or median(others) <= 0:
+        faults = worst.pace.faults
+        off_core = (worst.pace.stopped >= STOPPED_CAUSE
+                    or (faults is not None and faults >= FAULTS_CAUSE))
+        if not off_core or not seen or not others or median(others) <= 0:
             return None
         before = [pace for at, pace in seen if at <= since - self.window]
         baseline = before[-1] if before else seen[0][1]
