@@ -10,7 +10,7 @@ and the real daemon at its defaults (interval 1 s). Each run:
 - `mostly-stopped`: rank 1 stopped 0.5 s of every 0.6 s (83%);
 - `compute`: rank 1 computes in Python a healthy step's time before each step (uneven
   work: its core flat out);
-- `memory`: each rank reads 1024 random pages of its own memory-mapped dataset before
+- `memory`: each rank reads 2048 random pages of its own memory-mapped dataset before
   each step (from the fault on; rank 0's 4 MiB, rank 1's 128 MiB), rank 1 squeezed into
   a 16 MiB memory cgroup (tests/support/squeeze.py; root): its pages are read back
   from storage at every step (major faults: memory pressure).
@@ -104,7 +104,7 @@ def cause_run(base: Path, cause: str, before: float) -> str:
     if cause == "memory":
         data.mkdir()
         squeeze.dataset(data, [4, 128])
-        env["MLX_TEST_DATASET"] = f"{data},1024"
+        env["MLX_TEST_DATASET"] = f"{data},2048"
     with ExitStack() as stack:
         daemon = stack.enter_context(DaemonProc(records, state, interval=1.0, deadline=60))
         job = stack.enter_context(RingJob(base, records, 2, "work", args=(MATMULS, str(flag)),
