@@ -440,6 +440,20 @@ def test_a_stopped_ranks_slowdown_is_the_jobs_not_the_freed_cores(stopped: float
     assert "stopped" in why(worst.pace)
 
 
+def test_a_stopped_rank_whose_job_keeps_its_healthy_pace_is_not_named() -> None:
+    """A rank stopped half the time on a crowded machine, its peer waiting most of each
+    step (the wait shares say 4x), while the job runs at its healthy pace all the same
+    (the stopped rank gets its core back with priority): it holds no one back."""
+    job = Job(2)
+    run(job, 90, work=[0.24, 0.24])
+    history = stopped_in_part(job, 60, 0.25, fast_work=0.06, stopped=0.5)
+    assert all(w is None for w in history)
+    scored, _ = job.judge.judge_job("job", [0, 1], job.now)
+    slow = {s.key: s for s in scored}[1]
+    assert slow.estimate >= 2 * stragglers.NAME_SLOWDOWN  # what the shares alone said
+    assert job.judge.jobs["job"].named  # held, shown again once the job slows
+
+
 def test_a_job_slow_from_its_start_keeps_the_wait_shares_estimate() -> None:
     job = Job(2)
     worst = [w for _, w in run(job, 60, work=[0.1, 0.2])][-1]

@@ -39,7 +39,9 @@ in) is measured where the job was seen healthy: its pace (the median rank's) in 
 window that ended before the rank stood out, over the others' pace now. Where ranks
 share cores, the wait shares alone over-read it: a rank off its core frees one and its
 peers then compute faster than beside it (two-fold at 83% stopped here). The wait
-shares' figure (`estimate`) stays what a name rests on, and the one shown otherwise.
+shares' figure (`estimate`) stays what a name rests on, and the one shown otherwise;
+a rank off its core whose job still runs at its healthy pace (its measured slowdown
+under `CLEAR_SLOWDOWN`) holds no one back and is not named.
 Never a kill: a straggler is reported, not ended.
 
 What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
@@ -421,8 +423,12 @@ class Stragglers:
             held.named = True
         if not held.named:
             return scored, None
-        return scored, dataclasses.replace(worst, measured=self._measured(job, worst, scored,
-                                                                          held.since))
+        measured = self._measured(job, worst, scored, held.since)
+        if measured is not None and measured < CLEAR_SLOWDOWN:
+            # Off its core, yet the job keeps its healthy pace: its peers got the core it
+            # left, and it holds no one back (seen at a load of 10-20 on 2 cores).
+            return scored, None
+        return scored, dataclasses.replace(worst, measured=measured)
 
     def _note_healthy(self, job: object, scored: Sequence[Scored], worst: Scored | None,
                       ranks: int, now: float) -> None:
