@@ -500,3 +500,15 @@ def test_a_rank_paging_its_memory_back_in_is_at_work(faults: int, active: bool) 
     pace = stragglers.summarise([t], strict=False)
     assert pace is not None
     assert ("(memory pressure)" in why(pace)) is active
+
+
+def test_a_healthy_pace_long_before_is_not_measured_by() -> None:
+    """Seen healthy, then slowed a little for minutes (not named), then stopped: the
+    healthy pace is too old to measure by, and the wait shares' estimate is shown."""
+    job = Job(2)
+    run(job, 60, work=[0.24, 0.24])
+    run(job, 150, work=[0.24, 0.29])  # 1.2x: clear of health, under a name
+    assert "job" not in job.judge.jobs
+    worst = stopped_in_part(job, 60, 0.48, fast_work=0.12, stopped=0.5)[-1]
+    assert worst is not None and worst.measured is None
+    assert worst.slowdown == worst.estimate

@@ -35,8 +35,9 @@ its time. A rank is named (`Stragglers`) only when it is clear: every rank count
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
 The slowdown *shown* of a named rank off its core (stopped, or paging its memory back
-in) is measured where the job was seen healthy: its pace (the median rank's) in a
-window that ended before the rank stood out, over the others' pace now. Where ranks
+in) is measured where the job was seen healthy: its pace (the median rank's) in the
+fastest window judged healthy in the two before the rank stood out, over the others'
+pace now. Where ranks
 share cores, the wait shares alone over-read it: a rank off its core frees one and its
 peers then compute faster than beside it (two-fold at 83% stopped here). The wait
 shares' figure (`estimate`) stays what a name rests on, and the one shown otherwise;
@@ -453,8 +454,9 @@ class Stragglers:
         that figure over-reads the job's loss two-fold (docs/limits.md). A rank on
         its core (contended, or more work per step) frees none: its estimate stands,
         and a pace measured before would also count any change of the machine's load
-        since. The pace kept is the one of a window that ended before the rank stood
-        out (`since - window`), else the first one kept."""
+        since. The pace kept is the fastest of the windows judged healthy in the two
+        before the rank stood out: the first slow steps only drag a window's pace
+        down, as a job's first steps do (its warm-up); None when none is that recent."""
         seen = self.healthy.get(job)
         others = [s.pace.pace for s in scored if s.key != worst.key]
         faults = worst.pace.faults
@@ -462,8 +464,10 @@ class Stragglers:
                     or (faults is not None and faults >= FAULTS_CAUSE))
         if not off_core or not seen or not others or median(others) <= 0:
             return None
-        before = [pace for at, pace in seen if at <= since - self.window]
-        baseline = before[-1] if before else seen[0][1]
+        baseline = max((pace for at, pace in seen if at >= since - 2 * self.window),
+                       default=None)
+        if baseline is None:
+            return None  # healthy too long before: the machine may have changed since
         return max(1.0, baseline / median(others))
 
     def _show(self, keys: Sequence[object], scored: Sequence[Scored]) -> None:
