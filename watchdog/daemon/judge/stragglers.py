@@ -37,10 +37,10 @@ seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
 The slowdown *shown* of a named rank off its core (stopped, or paging its memory back
 in) is measured where the job was seen healthy: its pace (the median rank's) in the
 fastest window judged healthy in the two before the rank stood out, over the others'
-pace now. Where ranks
-share cores, the wait shares alone over-read it: a rank off its core frees one and its
-peers then compute faster than beside it (two-fold at 83% stopped here). The wait
-shares' figure (`estimate`) stays what a name rests on, and the one shown otherwise;
+pace now. Where ranks share cores, the wait shares alone over-read it: a rank off its
+core frees one and its peers then compute faster than beside it (two-fold at 83%
+stopped here). The wait shares' figure (`estimate`) stays what a name rests on, and
+the one shown otherwise;
 a rank off its core whose job still runs at its healthy pace (its measured slowdown
 under `CLEAR_SLOWDOWN`) holds no one back and is not named.
 Never a kill: a straggler is reported, not ended.
