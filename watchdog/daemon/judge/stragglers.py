@@ -35,14 +35,14 @@ its time. A rank is named (`Stragglers`) only when it is clear: every rank count
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
 The slowdown *shown* of a named rank off its core (stopped, or paging its memory back
-in) is measured where the job was seen healthy: its pace (the median rank's) in the
-fastest window judged healthy in the two before the rank stood out, over the others'
-pace now. Where ranks share cores, the wait shares alone over-read it: a rank off its
-core frees one and its peers then compute faster than beside it (two-fold at 83%
-stopped here). The wait shares' figure (`estimate`) stays what a name rests on, and
-the one shown otherwise;
-a rank off its core whose job still runs at its healthy pace (its measured slowdown
-under `CLEAR_SLOWDOWN`) holds no one back and is not named.
+in) is measured where the job was seen healthy: its pace (the median rank's, every
+interval of the window counted) in the fastest window judged healthy in the two before
+the rank stood out, over the others' pace now. Where ranks share cores, the wait shares
+alone over-read it: a rank off its core frees one and its peers then compute faster than
+beside it (two-fold at 83% stopped here). The wait shares' figure (`estimate`) stays
+what a name rests on, and the one shown otherwise; a rank off its core whose job still
+runs at its healthy pace (its measured slowdown under `CLEAR_SLOWDOWN`) holds no one
+back and is not named.
 Never a kill: a straggler is reported, not ended.
 
 What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
@@ -431,6 +431,17 @@ class Stragglers:
             return scored, None
         return scored, dataclasses.replace(worst, measured=measured)
 
+    def _pace_of_window(self, key: object) -> float | None:
+        """The rank's collectives per second over its whole window, every interval
+        counted: the job's own pace, as a clock on the wall reads it (its figures'
+        `pace` leaves out the intervals under half its usual one, which a rank slowed
+        in bursts has many of)."""
+        track = self.tracks.get(key)
+        seconds = sum(t.seconds for t in track.ticks) if track is not None else 0.0
+        if track is None or seconds <= 0:
+            return None
+        return sum(t.collectives for t in track.ticks) / seconds
+
     def _note_healthy(self, job: object, scored: Sequence[Scored], worst: Scored | None,
                       ranks: int, now: float) -> None:
         """The job's pace, kept while every rank is judged and none holds it back."""
@@ -438,8 +449,11 @@ class Stragglers:
                 or any(s.pace.seconds < self.min_seconds for s in scored)
                 or (worst is not None and worst.estimate >= CLEAR_SLOWDOWN)):
             return
+        paces = [p for s in scored if (p := self._pace_of_window(s.key)) is not None]
+        if not paces:
+            return
         seen = self.healthy.setdefault(job, deque())
-        seen.append((now, median(s.pace.pace for s in scored)))
+        seen.append((now, median(paces)))
         while seen and seen[0][0] < now - 3 * self.window:
             seen.popleft()
 
@@ -458,7 +472,8 @@ class Stragglers:
         before the rank stood out: the first slow steps only drag a window's pace
         down, as a job's first steps do (its warm-up); None when none is that recent."""
         seen = self.healthy.get(job)
-        others = [s.pace.pace for s in scored if s.key != worst.key]
+        others = [p for s in scored
+                  if s.key != worst.key and (p := self._pace_of_window(s.key)) is not None]
         faults = worst.pace.faults
         off_core = (worst.pace.stopped >= STOPPED_CAUSE
                     or (faults is not None and faults >= FAULTS_CAUSE))
