@@ -140,7 +140,8 @@ def cause_run(base: Path, cause: str, before: float) -> str:
             looks = [daemon.status()["stragglers"] for _ in range(10) if not time.sleep(0.5)]
             named = [x[0] for x in looks if x]
             if not named:
-                return f"{cause}: rank {1} named after {took:.1f} s, then cleared"
+                return (f"{cause}: rank 1 named after {took:.1f} s, then cleared; true "
+                        f"slowdown {healthy / slow:.2f}")
             found = named[-1]
         finally:
             if stopper is not None:
