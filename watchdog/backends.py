@@ -317,7 +317,9 @@ BACKENDS: tuple[Backend, ...] = (
         job_parts=_mpi_parts,
         # An MLX backend's ranks started by mpirun keep that backend's identity.
         job_parts_alone=True,
-        # Its progress engine (Open MPI, MPICH) and the waits that spin it.
+        # Its wait spins in user space over shared memory (vader); over TCP 70-75% of
+        # it is system time, yet not taken as ring's: a rank may wait on both
+        # (docs/limits.md). Its progress engine (Open MPI, MPICH) and the waits that spin it.
         waiting_frames=("opal_progress", "ompi_request_default_wait",
                         "ompi_request_wait_completion", "ompi_sync_wait_mt", "MPI_Wait",
                         "PMPI_Wait", "mca_pml_ob1_recv", "mca_pml_ob1_send",

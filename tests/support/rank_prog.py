@@ -61,7 +61,12 @@ Modes:
                   clock, as long as a step took before (a rank at half pace: by the
                   clock, so its peers' share of the cores does not change what it
                   costs), and prints "slow step T S AT" for each: the step took T s,
-                  S of them in that computation, ending at monotonic AT
+                  S of them in that computation, ending at monotonic AT.
+                  With MLX_TEST_DATASET=DIR,PAGES in its environment, once DIR/go
+                  exists each rank reads PAGES random 4 KiB pages of its own
+                  memory-mapped dataset DIR/data-<rank>.bin before each step (a loader
+                  of shuffled samples, MADV_RANDOM): page-cache hits while the file
+                  fits in the memory left to the rank, major faults once it does not
 """
 
 import sys
@@ -401,8 +406,22 @@ elif MODE == "work":
     flag = sys.argv[3] if len(sys.argv) > 3 else ""
     a = mx.random.normal((512, 512), key=mx.random.key(0))
     step = None  # a healthy step's time, averaged
+    dataset = os.environ.get("MLX_TEST_DATASET", "")
+    if dataset:
+        import mmap
+        import random
+
+        folder, pages = dataset.rsplit(",", 1)
+        fd = os.open(os.path.join(folder, f"data-{rank}.bin"), os.O_RDONLY)
+        data = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+        data.madvise(mmap.MADV_RANDOM)
+        shuffle = random.Random(rank)
     while True:
         began = time.monotonic()
+        if dataset and os.path.exists(os.path.join(folder, "go")):
+            total = 0
+            for _ in range(int(pages)):
+                total += data[shuffle.randrange(len(data) >> 12) << 12]
         slow = rank == 1 and flag and os.path.exists(flag)
         if slow and step:
             until = time.monotonic() + step

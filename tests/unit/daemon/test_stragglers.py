@@ -430,3 +430,122 @@ def test_a_user_space_backend_shows_its_pace_and_causes_never_a_score() -> None:
     assert shown.pace.pace == pytest.approx(4.0)
     assert why(shown.pace).startswith("stopped 8")  # ~80% of its scans
     assert "more work" not in why(job.judge.figures[0].pace)  # a poller is always flat out
+
+
+def stopped_in_part(job: Job, seconds: int, step: float, fast_work: float,
+                    stopped: float) -> list[stragglers.Scored | None]:
+    """Rank 1 stopped `stopped` of the time (SIGSTOP in bursts), running otherwise: the
+    job's steps take `step` s, of which rank 0 computes `fast_work` and polls the rest;
+    rank 1 never waits. Every scan samples rank 1 stopped in that share of them."""
+    out, issued, lapsed = [], 0.0, 0.0
+    for second in range(seconds):
+        issued += 4 / step
+        n = int(issued) - int(issued - 4 / step)
+        job.ranks[0].work(1.0, 1.0 - fast_work / step, n)
+        job.ranks[1].work(1.0 - stopped, 0.0, n)
+        job.now += 1.0
+        lapsed += stopped
+        is_stopped = lapsed >= 1.0
+        lapsed -= is_stopped
+        for r in job.ranks:
+            sample = r.sample()
+            if r.rank == 1 and is_stopped:
+                sample = dataclasses.replace(sample, status="stopped")
+            job.judge.observe(r.rank, r.record(), sample, job.now)
+        out.append(job.judge.judge_job("job", [0, 1], job.now)[1])
+        del second
+    return out
+
+
+@pytest.mark.parametrize("stopped", [0.5, 0.83])
+def test_a_stopped_ranks_slowdown_is_the_jobs_not_the_freed_cores(stopped: float) -> None:
+    """Where ranks share cores, a rank stopped most of the time frees one, and its peer
+    then computes a step in half the time it took in the healthy job: the wait shares
+    alone read the job's loss two-fold (+114% measured at 83% stopped). The job's pace
+    before the rank held it back against its pace now is the job's own slowdown."""
+    job = Job(2)
+    run(job, 40, work=[0.24, 0.24])  # healthy, contended: 0.25 s a step
+    healthy_step = 0.24 + 0.01
+    step = 0.24 / (1 - stopped)  # rank 1's healthy running time, spread by its stops
+    history = stopped_in_part(job, 60, step, fast_work=0.12, stopped=stopped)
+    worst = history[-1]
+    assert worst is not None and worst.key == 1
+    true = step / healthy_step
+    assert worst.estimate > 1.5 * true  # the wait shares over-read it...
+    assert worst.measured is not None
+    assert abs(worst.slowdown - true) / true <= 0.2, (worst.slowdown, true)  # ...not shown
+    assert "stopped" in why(worst.pace)
+
+
+def test_a_stopped_rank_whose_job_keeps_its_healthy_pace_is_not_named() -> None:
+    """A rank stopped half the time on a crowded machine, its peer waiting most of each
+    step (the wait shares say 4x), while the job runs at its healthy pace all the same
+    (the stopped rank gets its core back with priority): it holds no one back."""
+    job = Job(2)
+    run(job, 90, work=[0.24, 0.24])
+    history = stopped_in_part(job, 60, 0.25, fast_work=0.06, stopped=0.5)
+    assert all(w is None for w in history)
+    scored, _ = job.judge.judge_job("job", [0, 1], job.now)
+    slow = {s.key: s for s in scored}[1]
+    assert slow.estimate >= 2 * stragglers.NAME_SLOWDOWN  # what the shares alone said
+    assert job.judge.jobs["job"].named  # held, shown again once the job slows
+
+
+def test_a_job_slow_from_its_start_keeps_the_wait_shares_estimate() -> None:
+    job = Job(2)
+    worst = [w for _, w in run(job, 60, work=[0.1, 0.2])][-1]
+    assert worst is not None and worst.measured is None
+    assert worst.slowdown == worst.estimate
+    true = (0.2 + 0.01) / (0.1 + 0.01)
+    assert abs(worst.slowdown - true) / true <= 0.2
+
+
+def test_the_healthy_pace_kept_is_from_before_the_straggler_stood_out() -> None:
+    """The pace measured by is a window's that ended before the rank stood out, not one
+    the first slow steps already dragged down; and a job gone for good forgets it."""
+    job = Job(2)
+    run(job, 90, work=[0.24, 0.24])
+    step = 0.24 / (1 - 0.5)
+    worst = stopped_in_part(job, 60, step, fast_work=0.2, stopped=0.5)[-1]
+    assert worst is not None and worst.measured is not None
+    true = step / 0.25
+    assert abs(worst.measured - true) / true <= 0.05, (worst.measured, true)
+    job.judge.forget_jobs([])
+    assert job.judge.healthy == {}
+
+
+def test_a_rank_on_its_core_keeps_the_wait_shares_estimate() -> None:
+    """Uneven work (its core flat out, never stopped, no faults) frees no core: its
+    estimate is shown, also where the job was seen healthy first."""
+    job = Job(2)
+    run(job, 90, work=[0.1, 0.1])
+    worst = run(job, 60, work=[0.1, 0.2])[-1][1]
+    assert worst is not None and worst.measured is None
+    assert worst.slowdown == worst.estimate
+
+
+@pytest.mark.parametrize(("faults", "active"), [(0, False), (10, False), (80, True)])
+def test_a_rank_paging_its_memory_back_in_is_at_work(faults: int, active: bool) -> None:
+    """Asleep on the disk outside any wait (its memory-mapped data read back: major
+    faults), a rank is at work, not asleep by design; a few faults are not enough."""
+    before = ProcessSample(1, 0.0, 0, "sleeping", ((1, 0.0),), ((1, 0.0),),
+                           demand=((1, 0.0),), major_faults=100)
+    after = dataclasses.replace(before, threads=((1, 0.1),), system=((1, 0.05),),
+                                demand=((1, 0.1),), major_faults=100 + faults)
+    t = tick(before, after, 2.0, 3, at=2.0)
+    assert t.active is active
+    pace = stragglers.summarise([t], strict=False)
+    assert pace is not None
+    assert ("(memory pressure)" in why(pace)) is active
+
+
+def test_a_healthy_pace_long_before_is_not_measured_by() -> None:
+    """Seen healthy, then slowed a little for minutes (not named), then stopped: the
+    healthy pace is too old to measure by, and the wait shares' estimate is shown."""
+    job = Job(2)
+    run(job, 60, work=[0.24, 0.24])
+    run(job, 150, work=[0.24, 0.29])  # 1.2x: clear of health, under a name
+    assert "job" not in job.judge.jobs
+    worst = stopped_in_part(job, 60, 0.48, fast_work=0.12, stopped=0.5)[-1]
+    assert worst is not None and worst.measured is None
+    assert worst.slowdown == worst.estimate

@@ -19,10 +19,11 @@ waits for waits least. So, per rank over a sliding window (`WINDOW`), two figure
 Only the intervals in which the rank made progress at its usual pace are counted
 (its collectives advanced by at least half its median interval's, and it was never
 idle), and of those only the ones in which every rank of the job was *active*: in a
-wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core, or
-stopped. A rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads
-requests (sharing "nothing" every 0.1 s) while the others wait in a collective for
-it; that wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
+wait (an eval: computing, on the GPU too, or waiting), using a quarter of a core,
+stopped, or paging its memory back in (`FAULTS_CAUSE` major faults a second). A
+rank that is none of these sleeps by design: mlx_lm.server's rank 0 reads requests
+(sharing "nothing" every 0.1 s) while the others wait in a collective for it; that
+wait is no work held back. Across nodes (`from_ranks`) the intervals cannot
 be lined up, so a rank is named only when it was active in `ACTIVE_MIN` of its own.
 
 From the job's ranks (`judge`): a rank's *score* is the job's pace over its own, as
@@ -33,6 +34,15 @@ the others wait `excess` of each step for it, so a step would take `1 - excess` 
 its time. A rank is named (`Stragglers`) only when it is clear: every rank counted
 `MIN_SECONDS` of the window, the slowdown at least `NAME_SLOWDOWN` for `SUSTAIN`
 seconds; it stays named until the slowdown falls under `CLEAR_SLOWDOWN`.
+The slowdown *shown* of a named rank off its core (stopped, or paging its memory back
+in) is measured where the job was seen healthy: its pace (the median rank's, every
+interval of the window counted) in the fastest window judged healthy in the two before
+the rank stood out, over the others' pace now. Where ranks share cores, the wait shares
+alone over-read it: a rank off its core frees one and its peers then compute faster than
+beside it (two-fold at 83% stopped here). The wait shares' figure (`estimate`) stays
+what a name rests on, and the one shown otherwise; a rank off its core whose job still
+runs at its healthy pace (its measured slowdown under `CLEAR_SLOWDOWN`) holds no one
+back and is not named.
 Never a kill: a straggler is reported, not ended.
 
 What is shown of each rank (`Figures`) is more than what a name rests on: once 8 s
@@ -144,9 +154,13 @@ def tick(before: ProcessSample, after: ProcessSample, seconds: float, collective
         faults = max(0, after.major_faults - before.major_faults)
     busiest = max((demand.get(tid, used) for tid, used in cpu.items()), default=0.0)
     stopped = after.status in STOPPED_STATUSES
+    # A rank reading its pages back from storage sleeps on the disk, not by design:
+    # its data did not fit in memory (it is at work, as a rank that computes is).
+    paging = faults is not None and faults >= FAULTS_CAUSE * seconds
     return Tick(at, seconds, min(1.0, wait / seconds), max(0, collectives),
                 min(1.0, queue / seconds), faults, stopped,
-                waiting or stopped or busiest / seconds >= WORK_RATIO, min(1.0, work / seconds))
+                waiting or stopped or paging or busiest / seconds >= WORK_RATIO,
+                min(1.0, work / seconds))
 
 
 def _overlaps(t: Tick, spans: Sequence[tuple[float, float]]) -> bool:
@@ -192,11 +206,21 @@ class Scored:
     pace: Pace
     score: float  # 1: the job's pace; lower: slower
     excess: float  # how much more of each step the others wait than it does
+    # The job's pace before this rank held it back over its pace now (`Stragglers`),
+    # when the job was seen healthy first; None: unknown.
+    measured: float | None = None
+
+    @property
+    def estimate(self) -> float:
+        """How much faster the job would run if this rank kept the others' median pace
+        as they run now (from the wait shares alone): what a name rests on."""
+        return 1.0 / (1.0 - max(0.0, min(self.excess, MAX_WAIT)))
 
     @property
     def slowdown(self) -> float:
-        """How much faster the job would run if this rank kept the others' median pace."""
-        return 1.0 / (1.0 - max(0.0, min(self.excess, MAX_WAIT)))
+        """The job's slowdown as shown: measured against its own healthy pace where it
+        was seen healthy (`measured`), else the wait shares' `estimate`."""
+        return self.measured if self.measured is not None else self.estimate
 
 
 def judge(paces: Sequence[tuple[object, Pace]]) -> list[Scored]:
@@ -322,6 +346,9 @@ class Stragglers:
         self.paces: dict[object, Pace | None] = {}  # as last judged with the job's ranks
         self.backends: dict[object, str] = {}
         self.figures: dict[object, Figures] = {}  # as last judged, what is shown
+        # Each job's pace (median of its ranks') at every judgement with no rank holding
+        # it back, the last `3 * window` seconds of them: what the slowdown is measured by.
+        self.healthy: dict[object, deque[tuple[float, float]]] = {}
 
     def observe(self, key: object, record: Record, sample: ProcessSample, now: float) -> None:
         """One scan's look at a live rank. A tick closes once it lasts `TICK` seconds and
@@ -384,25 +411,87 @@ class Stragglers:
         scored = judge(paces)
         worst = slowest(scored, self.min_seconds) if len(paces) == len(keys) else None
         self._show(keys, scored)
+        self._note_healthy(job, scored, worst, len(keys), now)
         held = self.jobs.get(job)
         if worst is None:
             self.jobs.pop(job, None)
             return scored, None
         if held is not None and held.key == worst.key:
-            if held.named and worst.slowdown < CLEAR_SLOWDOWN:
+            if held.named and worst.estimate < CLEAR_SLOWDOWN:
                 self.jobs.pop(job, None)
                 return scored, None
-            if not held.named and worst.slowdown < NAME_SLOWDOWN:
+            if not held.named and worst.estimate < NAME_SLOWDOWN:
                 self.jobs.pop(job, None)
                 return scored, None
-        elif worst.slowdown >= NAME_SLOWDOWN:
+        elif worst.estimate >= NAME_SLOWDOWN:
             held = self.jobs[job] = Named(worst.key, now)
         else:
             self.jobs.pop(job, None)
             return scored, None
         if not held.named and now - held.since >= self.sustain:
             held.named = True
-        return scored, worst if held.named else None
+        if not held.named:
+            return scored, None
+        measured = self._measured(job, worst, scored, held.since)
+        if measured is not None and measured < CLEAR_SLOWDOWN:
+            # Off its core, yet the job keeps its healthy pace: its peers got the core it
+            # left, and it holds no one back (seen at a load of 10-20 on 2 cores).
+            return scored, None
+        return scored, dataclasses.replace(worst, measured=measured)
+
+    def _pace_of_window(self, key: object) -> float | None:
+        """The rank's collectives per second over its whole window, every interval
+        counted: the job's own pace, as a clock on the wall reads it (its figures'
+        `pace` leaves out the intervals under half its usual one, which a rank slowed
+        in bursts has many of)."""
+        track = self.tracks.get(key)
+        seconds = sum(t.seconds for t in track.ticks) if track is not None else 0.0
+        if track is None or seconds <= 0:
+            return None
+        return sum(t.collectives for t in track.ticks) / seconds
+
+    def _note_healthy(self, job: object, scored: Sequence[Scored], worst: Scored | None,
+                      ranks: int, now: float) -> None:
+        """The job's pace, kept while every rank is judged and none holds it back."""
+        if (len(scored) < 2 or len(scored) != ranks
+                or any(s.pace.seconds < self.min_seconds for s in scored)
+                or (worst is not None and worst.estimate >= CLEAR_SLOWDOWN)):
+            return
+        paces = [p for s in scored if (p := self._pace_of_window(s.key)) is not None]
+        if not paces:
+            return
+        seen = self.healthy.setdefault(job, deque())
+        seen.append((now, median(paces)))
+        while seen and seen[0][0] < now - 3 * self.window:
+            seen.popleft()
+
+    def _measured(self, job: object, worst: Scored, scored: Sequence[Scored],
+                  since: float) -> float | None:
+        """The job's pace before `worst` held it back over the others' pace now, for a
+        rank off its core (stopped, or asleep paging its memory back in); None for
+        any other, or when the job was never seen healthy. The wait shares alone say
+        what the job would gain at the others' pace *as they run now*; where ranks
+        share cores, a rank off its core frees one and the others then compute faster
+        than beside it (twice as fast with a rank stopped 83% of the time here), so
+        that figure over-reads the job's loss two-fold (docs/limits.md). A rank on
+        its core (contended, or more work per step) frees none: its estimate stands,
+        and a pace measured before would also count any change of the machine's load
+        since. The pace kept is the fastest of the windows judged healthy in the two
+        before the rank stood out: the first slow steps only drag a window's pace
+        down, as a job's first steps do (its warm-up); None when none is that recent."""
+        seen = self.healthy.get(job)
+        others = [p for s in scored
+                  if s.key != worst.key and (p := self._pace_of_window(s.key)) is not None]
+        faults = worst.pace.faults
+        off_core = (worst.pace.stopped >= STOPPED_CAUSE
+                    or (faults is not None and faults >= FAULTS_CAUSE))
+        if not off_core or not seen or not others or median(others) <= 0:
+            return None
+        baseline = max((pace for at, pace in seen if at >= since - 2 * self.window),
+                       default=None)
+        if baseline is None:
+            return None  # healthy too long before: the machine may have changed since
+        return max(1.0, baseline / median(others))
 
     def _show(self, keys: Sequence[object], scored: Sequence[Scored]) -> None:
         """Each rank's shown figures: the strict ones once every rank of the job has
@@ -472,3 +561,5 @@ class Stragglers:
         keep = set(live)
         for job in [j for j in self.jobs if j not in keep]:
             del self.jobs[job]
+        for job in [j for j in self.healthy if j not in keep]:
+            del self.healthy[job]

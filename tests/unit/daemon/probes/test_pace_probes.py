@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from pathlib import Path
 
 import pytest
 
+from watchdog.daemon.judge.stragglers import Pace, why
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.linux import (
     LinuxProbe,
@@ -21,6 +23,7 @@ from watchdog.daemon.probes.linux import (
 from watchdog.daemon.probes.macos import (
     PAGEINS_OFFSET,
     RUSAGE_V2_SIZE,
+    MacProbe,
     pmset_therm,
     rusage_pageins,
 )
@@ -100,3 +103,22 @@ def test_rusage_pageins_is_the_fifth_counter() -> None:
     assert PAGEINS_OFFSET == 48 and rusage_pageins(bytes(buffer)) == 555
     with pytest.raises(ValueError):
         rusage_pageins(b"\0" * 40)
+
+
+def test_a_throttled_macs_pmset_is_a_stragglers_cause(tmp_path: Path) -> None:
+    """The macOS probe runs `pmset -g therm` (here a command printing its recorded
+    output, through the probe's tool seam) and the straggler's why says thermal; a node
+    throttled is no case of more work per step."""
+    recorded = tmp_path / "pmset.txt"
+    recorded.write_text(PMSET_HOT)
+    printer = [sys.executable, "-c",
+               f"import sys; sys.stdout.write(open({str(recorded)!r}).read())"]
+    probe = MacProbe(tool=lambda name: printer if name == "pmset" else None)
+    thermal = probe.thermal()
+    assert thermal is not None and thermal.endswith("CPU speed limit 71% (thermal)")
+    flat_out = Pace(30.0, 0.0, 5.0, 0.0, 0.0, busy=0.97)
+    assert why(flat_out, thermal) == thermal
+    assert why(flat_out).startswith("more work per step")
+    recorded.write_text(PMSET_COOL)
+    assert probe.thermal() is None
+    assert MacProbe(tool=lambda name: None).thermal() is None  # no pmset: no cause
