@@ -189,5 +189,7 @@ class StackSampler:
         """Drop what is known of every rank but `keep` (those still sampled)."""
         keep = set(keep)
         for table in (self.asked, self.found, self.queues, self.ended):
-            for key in [k for k in table if k not in keep]:
+            # A copy first: a worker's sample ending now writes `found` and `ended` (seen
+            # under load: "dictionary changed size during iteration" failed the scan).
+            for key in [k for k in list(table) if k not in keep]:
                 table.pop(key, None)

@@ -206,3 +206,25 @@ def test_another_users_slow_ranks_never_take_every_slot():
     scan(1002.0)
     assert sorted(pid for pid, _ in s.running if pid in victim) == [40, 41], s.running
     assert sum(pid in attacker for pid, _ in s.running) == 2
+
+
+def test_forgetting_ranks_while_a_worker_records_a_sample_does_not_fail_the_scan():
+    s, _, clock = sampler({})
+    landed, stacks = (41, 1.7e9), s.sample(RANK, ())
+
+    class Key(tuple):
+        """A rank's key whose lookup lets a worker's sample land mid-scan, as a sample
+        ending on another thread does (Stacks written into `found`)."""
+
+        scanning = False
+
+        def __hash__(self) -> int:
+            if Key.scanning:
+                s.found.setdefault(landed, stacks)
+            return tuple.__hash__(self)
+
+    gone = Key((40, 1.7e9))
+    s.found[gone] = stacks
+    Key.scanning = True
+    s.forget([(42, 1.7e9)])  # raised "dictionary changed size during iteration"
+    assert list(s.found) == [landed], s.found  # the scan's rank forgotten, the new kept
