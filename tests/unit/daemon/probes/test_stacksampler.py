@@ -14,9 +14,16 @@ import time
 import pytest
 
 from tests.support.fakes import FakeProbe, process_sample
+from watchdog.daemon.judge.wedge import FRESH
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
-from watchdog.daemon.probes.stacksampler import SAMPLE_EVERY, Identity, StackSampler
+from watchdog.daemon.probes.stacksampler import (
+    MAX_EVERY,
+    SAMPLE_EVERY,
+    SAMPLE_TIMEOUT,
+    Identity,
+    StackSampler,
+)
 
 STACKS = {7: ("__libc_recv", "SocketThread::worker()")}
 
@@ -228,3 +235,51 @@ def test_forgetting_ranks_while_a_worker_records_a_sample_does_not_fail_the_scan
     Key.scanning = True
     s.forget([(42, 1.7e9)])  # raised "dictionary changed size during iteration"
     assert list(s.found) == [landed], s.found  # the scan's rank forgotten, the new kept
+
+
+def sampled_at(s: StackSampler, probe: StackProbe, clock: Clock, seconds: int,
+               busy: tuple[int, ...] = (), change_at: float = -1.0) -> list[float]:
+    """Ask once a second (a scan) for `seconds`; when each sample was taken. At
+    `change_at` the rank's frames change (it moved on in its wait)."""
+    taken, start = [], clock.now
+    for t in range(seconds):
+        clock.now = start + t
+        if t == change_at:
+            probe.native_stacks = lambda pid, timeout: {7: ("__libc_read", "load")}
+        s.track_queues((40, 1.7e9), 40, clock.now)
+        s.ask(RANK, busy, clock.now)
+        if s.asked.get((40, 1.7e9)) == clock.now:
+            taken.append(float(t))
+    return taken
+
+
+def test_a_rank_asleep_and_unchanged_is_sampled_less_often_but_always_freshly():
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="sleeping")})
+    taken = sampled_at(s, probe, clock, 45)
+    gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
+    assert gaps[:2] == [SAMPLE_EVERY, 2 * SAMPLE_EVERY] and max(gaps) == MAX_EVERY, gaps
+    assert len(taken) <= 9, taken  # 15 at the fixed 3 s gap
+    # A sample the judge takes stays fresh (judge/wedge.py) until the next one is in, even
+    # when the scan that asks for it and the sample's whole time box come on top.
+    assert MAX_EVERY + 1.0 + SAMPLE_TIMEOUT <= FRESH
+
+
+@pytest.mark.parametrize("what", ["busy", "frames", "bytes"])
+def test_anything_that_moves_keeps_the_sampling_at_its_pace(what):
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="running")})
+    if what == "busy":  # a thread spins (a wedge's shape): every sample counts
+        assert sampled_at(s, probe, clock, 30, busy=(7,)) == [float(t) for t in range(0, 30, 3)]
+        return
+    if what == "frames":
+        taken = sampled_at(s, probe, clock, 40, change_at=15)
+    else:  # bytes move on its sockets between two samples
+        taken = []
+        for t in range(40):
+            clock.now = 1000.0 + t
+            probe.queues = ((11, 0, t // 10),)  # the peer's bytes arrive every 10 s
+            s.track_queues((40, 1.7e9), 40, clock.now)
+            s.ask(RANK, (), clock.now)
+            if s.asked.get((40, 1.7e9)) == clock.now:
+                taken.append(float(t))
+    gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
+    assert SAMPLE_EVERY in gaps[3:], (what, taken)  # back to the pace after a change
