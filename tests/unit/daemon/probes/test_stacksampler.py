@@ -122,6 +122,26 @@ def test_tcp_queues_reads_the_rows_of_the_sockets_asked_for():
     assert tcp_queues("garbage\nmore garbage", {1}) == []
 
 
+def test_the_ipv6_table_is_read_only_for_sockets_the_ipv4_one_lacks(tmp_path):
+    header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
+              "   uid  timeout inode\n")
+
+    def row(inode: int, rx: int) -> str:
+        return (f"   0: 0100007F:1F90 0100007F:C350 01 00000000:{rx:08X} 00:00000000 "
+                f"00000000     0        0 {inode} 1 0000000000000000 20 4 30 10 -1\n")
+
+    (tmp_path / "40" / "fd").mkdir(parents=True)
+    (tmp_path / "40" / "net").mkdir()
+    (tmp_path / "40" / "fd" / "5").symlink_to("socket:[4242]")
+    (tmp_path / "40" / "net" / "tcp").write_text(header + row(4242, 64))
+    # Read, it would add a second row: the kernel walks its whole table for each file.
+    (tmp_path / "40" / "net" / "tcp6").write_text(header + row(4242, 1) + row(4343, 16))
+    probe = LinuxProbe(proc=str(tmp_path))
+    assert probe.socket_queues(40) == ((4242, 0, 64),)
+    (tmp_path / "40" / "fd" / "6").symlink_to("socket:[4343]")  # an IPv6 socket too
+    assert probe.socket_queues(40) == ((4242, 0, 1), (4242, 0, 64), (4343, 0, 16))
+
+
 @pytest.mark.slow
 def test_bytes_unread_in_a_real_socket_show_in_its_queue():
     server = socket.create_server(("127.0.0.1", 0))
