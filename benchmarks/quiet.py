@@ -8,7 +8,8 @@ collectives every rank's recv() sleeps in poll() for ever, nothing spinning and 
 moving. Before issue 45 such a job was `blocked` and ended at `blocked_deadline` (900 s);
 the clock stops when both ranks are gone. The incident's cause and summary are printed,
 and the daemon's CPU per rank from the park to the end: its own process's, and with the
-children it ran (gdb's stack samples, the evidence), with the samples it took.
+children it ran (gdb's stack samples, the evidence), with the samples it took; and its
+own CPU over the 20 s of the healthy job before the park, for comparison.
 
 `--hosts`: across the two-host bed instead (tests/support/netbed.py, root only): one
 rank per network namespace, each host's daemon at its defaults with the other as its
@@ -35,6 +36,8 @@ from tests.support.netbed import Bed, cannot_build
 from tests.support.ranks import DaemonProc, RingJob, wait_for
 from tests.support.wedges import armed, build_shim
 
+HEALTHY = 20.0  # seconds of the healthy job measured before the park
+
 
 def cpu(me: psutil.Process) -> tuple[float, float]:
     """(its own, with its reaped children) CPU seconds, user and system."""
@@ -47,6 +50,7 @@ class Run:
     took: float  # seconds from the park to both ranks gone
     causes: str  # every daemon's incident's cause, "/"-joined
     summary: str  # the first daemon's incident's one line
+    healthy: float  # the daemons' own CPU over HEALTHY s before the park, % per rank
     own: float  # the daemons' own CPU, % of a core per rank
     whole: float  # with the children they ran (gdb)
     sampled: int  # stack samples taken from the park on
@@ -55,6 +59,10 @@ class Run:
 def measure(daemons: list[DaemonProc], procs: list, trigger: Path) -> Run:
     """Park every rank (touch the trigger) and time it to both ranks gone."""
     mes = [psutil.Process(d.proc.pid) for d in daemons if d.proc is not None]
+    before = [cpu(me) for me in mes]
+    time.sleep(HEALTHY)  # the job healthy: what watching it costs, for comparison
+    healthy = sum(cpu(me)[0] - b[0] for me, b in zip(mes, before, strict=True)) / HEALTHY \
+        / len(procs) * 100
     before = [cpu(me) for me in mes]
     sampled0 = sum(len(samples(d)) for d in daemons)
     trigger.touch()
@@ -68,7 +76,7 @@ def measure(daemons: list[DaemonProc], procs: list, trigger: Path) -> Run:
     found = [wait_for(lambda d=d: [i for i in d.incidents() if i.get("outcome")], 60,
                       what="each daemon's incident")[-1] for d in daemons]
     return Run(took, "/".join(sorted({i["cause"] for i in found})), found[0]["summary"],
-               own, whole, sum(len(samples(d)) for d in daemons) - sampled0)
+               healthy, own, whole, sum(len(samples(d)) for d in daemons) - sampled0)
 
 
 def quiet_run(base: Path, shim: Path) -> Run:
@@ -113,7 +121,8 @@ def main() -> None:
                 took.append(run.took)
                 print(f"run {n}: ended {run.took:.1f}s after the park, cause {run.causes}; "
                       f"daemon {run.own:.2f}% of a core per rank ({run.whole:.1f}% with "
-                      f"gdb, {run.sampled} samples)\n  {run.summary}", flush=True)
+                      f"gdb, {run.sampled} samples; {run.healthy:.2f}% while healthy)\n"
+                      f"  {run.summary}", flush=True)
         finally:
             if bed is not None:
                 bed.close()

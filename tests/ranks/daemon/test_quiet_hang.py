@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
 
 BLOCKED = 120.0  # the daemon's blocked deadline: a quiet hang must be ended well before
-ELEMENTS = 1 << 20  # the look-alike's array: 4 MiB of float32 ones
+ELEMENTS = 1 << 22  # the look-alike's array: 16 MiB of float32 ones, ~128 s at the pace
 CHUNK = 32 << 10  # fed 32 KiB every PACE seconds (~128 kB/s) while the hangs run
 PACE = 0.25
 
