@@ -101,7 +101,7 @@ def test_the_macos_probe_reads_the_gpu_through_powermetrics(tmp_path):
     "print('nothing the parser knows')",
 ])
 def test_no_reading_when_powermetrics_cannot_give_one(script):
-    assert MacProbe(tool=stand_in(script)).gpu_power(2.0) is None
+    assert MacProbe(tool=stand_in(script)).gpu_power(0.5) is None
 
 
 def test_no_reading_without_powermetrics_or_off_a_mac():
