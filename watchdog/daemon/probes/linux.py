@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -117,6 +118,10 @@ def read_io(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
 
 STACK_READ_LIMIT = 4 << 20  # a backtrace of hundreds of threads is ~1 MB; cut here
 MAX_SOCKETS = 4096
+# A network namespace's TCP table read once stands for every rank in it for this long
+# (one scan reads all of a job's ranks within milliseconds): each read walks the
+# kernel's whole TCP hash table, ~1.2 ms of CPU per table, at every scan of a waiting job.
+TABLE_FRESH = 0.25
 
 
 def socket_inodes(pid: int, proc: str = "/proc") -> set[int]:
@@ -270,6 +275,8 @@ class LinuxProbe(Probe):
         # The seam for a stepped clock: the epoch start time is derived from
         # the boot time as it reads *now* (tests pass a moved one).
         self.boot_time = boot_time
+        # (netns inode, table) -> (when read, its text): socket_queues, one thread (the loop)
+        self.tables: dict[tuple[int, str], tuple[float, str]] = {}
 
     def deleted_holders(self, directory: str) -> dict[int, int] | None:
         """Every process's descriptors (/proc/PID/fd) on a deleted file of `directory`:
@@ -383,11 +390,30 @@ class LinuxProbe(Probe):
                 # file (~1 ms of CPU here), a cost paid at every scan of a waiting rank.
                 break
             try:
-                with open(f"{self.proc}/{pid}/net/{table}") as f:
-                    rows += tcp_queues(f.read(), inodes)
+                rows += tcp_queues(self.tcp_table(pid, table), inodes)
             except OSError:
                 continue
         return tuple(sorted(rows))
+
+    def tcp_table(self, pid: int, table: str) -> str:
+        """/proc/<pid>/net/<table>, read once for all the processes of one network
+        namespace within TABLE_FRESH (a namespace that cannot be told: read each time)."""
+        try:
+            netns = os.stat(f"{self.proc}/{pid}/ns/net").st_ino
+        except OSError:
+            netns = None
+        now = time.monotonic()
+        if netns is not None:
+            known = self.tables.get((netns, table))
+            if known is not None and now - known[0] < TABLE_FRESH:
+                return known[1]
+        with open(f"{self.proc}/{pid}/net/{table}") as f:
+            text = f.read()
+        if netns is not None:
+            for key in [k for k, (at, _) in self.tables.items() if now - at >= TABLE_FRESH]:
+                del self.tables[key]
+            self.tables[(netns, table)] = (now, text)
+        return text
 
     def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
         """gdb's backtrace of every thread (~0.5 s of the target's time, stopped while

@@ -142,6 +142,41 @@ def test_the_ipv6_table_is_read_only_for_sockets_the_ipv4_one_lacks(tmp_path):
     assert probe.socket_queues(40) == ((4242, 0, 1), (4242, 0, 64), (4343, 0, 16))
 
 
+def test_one_network_namespace_s_table_is_read_once_a_scan_for_all_its_ranks(tmp_path,
+                                                                           monkeypatch):
+    from watchdog.daemon.probes import linux
+
+    header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
+              "   uid  timeout inode\n")
+    rows = "".join(f"   {n}: 0100007F:1F90 0100007F:C350 01 00000000:00000040 00:00000000 "
+                   f"00000000     0        0 {inode} 1 0000000000000000 20 4 30 10 -1\n"
+                   for n, inode in enumerate((4040, 4141)))
+    (tmp_path / "ns").mkdir()
+    (tmp_path / "ns" / "net-a").write_text("")
+    for pid, inode in ((40, 4040), (41, 4141)):
+        (tmp_path / str(pid) / "fd").mkdir(parents=True)
+        (tmp_path / str(pid) / "net").mkdir()
+        (tmp_path / str(pid) / "ns").mkdir()
+        (tmp_path / str(pid) / "ns" / "net").symlink_to(tmp_path / "ns" / "net-a")
+        (tmp_path / str(pid) / "fd" / "5").symlink_to(f"socket:[{inode}]")
+        (tmp_path / str(pid) / "net" / "tcp").write_text(header + rows)
+    opened: list[str] = []
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(linux, "open", counting_open, raising=False)
+    probe = LinuxProbe(proc=str(tmp_path))
+    assert probe.socket_queues(40) == ((4040, 0, 64),)
+    assert probe.socket_queues(41) == ((4141, 0, 64),)  # the same namespace's table
+    assert [p for p in opened if p.endswith("/net/tcp")] == [f"{tmp_path}/40/net/tcp"]
+    probe.tables = {k: (at - linux.TABLE_FRESH, text) for k, (at, text) in
+                    probe.tables.items()}  # the next scan: read again
+    assert probe.socket_queues(41) == ((4141, 0, 64),)
+    assert opened[-1] == f"{tmp_path}/41/net/tcp"
+
+
 @pytest.mark.slow
 def test_bytes_unread_in_a_real_socket_show_in_its_queue():
     server = socket.create_server(("127.0.0.1", 0))
