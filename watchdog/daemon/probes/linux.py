@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -159,6 +160,31 @@ def tcp_queues(text: str, inodes: set[int]) -> list[tuple[int, int, int]]:
             except ValueError:
                 continue
     return rows
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp's local address ("0100007F" or 32 hex digits): the IP as text."""
+    raw = bytes.fromhex(hex_address)
+    # Each 32-bit word is in the kernel's byte order (little-endian here).
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def tcp_listener_uid(text: str, ip: str, port: int) -> int | None:
+    """The uid owning a socket that listens on `ip:port` (or on every address) in the
+    rows of /proc/net/tcp{,6}; None when none does."""
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != "0A":  # TCP_LISTEN
+            continue
+        local, _, hex_port = fields[1].partition(":")
+        try:
+            if int(hex_port, 16) != port or _address(local) not in (ip, "0.0.0.0", "::"):
+                continue
+            return int(fields[7])
+        except (ValueError, OSError):
+            continue
+    return None
 
 
 SIGSTOP_BIT = 1 << (19 - 1)  # SIGSTOP (19 on Linux) in /proc's SigPnd/ShdPnd masks
