@@ -50,3 +50,14 @@ class ProcessSample:
     # ri_runnable_time (proc_pid_rusage v4), where no thread's own is kept (no `demand`);
     # None when unknown or where `demand` is.
     runnable: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuPower:
+    """The GPU at one sample (macOS `powermetrics --samplers gpu_power`: probes/
+    powermetrics.py): the share of the interval it was active, and its power; the
+    whole GPU's, not one process's (judge/gpuwork.py reads it)."""
+
+    active_percent: float
+    milliwatts: float
+    frequency_mhz: float | None = None

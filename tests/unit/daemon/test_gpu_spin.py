@@ -11,11 +11,12 @@ import sys
 import pytest
 
 from tests.support import DATA
-from watchdog.daemon.judge.frames import COMPUTING, WAITING, asleep
+from watchdog.daemon.judge.frames import asleep
 from watchdog.daemon.judge.gpuwork import describe, gpu_works, spins_on_nothing
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.macos import MacProbe
 from watchdog.daemon.probes.powermetrics import GpuPower, parse
+from watchdog.states import FrameKind
 
 RECORDED = (DATA / "powermetrics_gpu_power.txt").read_text()
 IDLE, AT_WORK = RECORDED.split("*** Sampled system activity")[1:]
@@ -73,11 +74,11 @@ def test_a_rank_whose_gpu_spins_on_nothing_is_still_a_quiet_hang():
     computing on the GPU (frames.asleep)."""
     stacks = {1: ("__psynch_cvwait", "std::condition_variable::wait",
                   "mlx::core::eval_impl")}
-    assert asleep(stacks, "ring", gpu_moved=True).kind == COMPUTING  # today
+    assert asleep(stacks, "ring", gpu_moved=True).kind == FrameKind.COMPUTING  # today
     spun = asleep(stacks, "ring", gpu_moved=gpu_works(True, parse(SPINNING)))
-    assert spun.kind == WAITING and spun.what.endswith("GPU time flat"), spun
+    assert spun.kind == FrameKind.WAITING and spun.what.endswith("GPU time flat"), spun
     worked = asleep(stacks, "ring", gpu_moved=gpu_works(True, parse(AT_WORK)))
-    assert worked.kind == COMPUTING
+    assert worked.kind == FrameKind.COMPUTING
 
 
 def stand_in(script: str):

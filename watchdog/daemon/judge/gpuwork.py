@@ -19,7 +19,7 @@ daemon's judgment.
 
 from __future__ import annotations
 
-from watchdog.daemon.probes.powermetrics import GpuPower
+from watchdog.daemon.sample import GpuPower
 
 SPIN_RESIDENCY = 90.0  # percent of the sample the GPU was active: "100% resident"
 SPIN_MILLIWATTS = 5000.0  # under this while resident: a kernel that does no work

@@ -26,22 +26,16 @@ residency and a power); never raises. Never run on a Mac here (docs/macos.md).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from watchdog.daemon.sample import GpuPower
+
+__all__ = ["GpuPower", "parse"]
 
 MAX_TEXT = 1 << 20  # a sample is ~2 kB; a runaway output is cut, not parsed whole
 _SAMPLE = "*** Sampled system activity"
 _RESIDENCY = re.compile(r"^\s*GPU (?:HW )?active residency:\s*([0-9]*\.?[0-9]+)\s*%", re.M)
 _POWER = re.compile(r"^\s*GPU Power:\s*([0-9]*\.?[0-9]+)\s*mW", re.M)
 _FREQUENCY = re.compile(r"^\s*GPU (?:HW )?active frequency:\s*([0-9]*\.?[0-9]+)\s*MHz", re.M)
-
-
-@dataclass(frozen=True)
-class GpuPower:
-    """One sample of the GPU: the share of the interval it was active, and its power."""
-
-    active_percent: float
-    milliwatts: float
-    frequency_mhz: float | None = None
 
 
 def parse(text: str) -> GpuPower | None:
