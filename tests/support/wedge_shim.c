@@ -9,12 +9,20 @@
  *                             through the kernel);
  *   MLXWD_WEDGE_MODE=park     never: the calling thread sleeps in poll() for ever,
  *                             nothing spinning (a quiet hang).
- * MLXWD_WEDGE_RANK=* arms every rank.
  * The bytes the peer sent stay unread in the socket. Any other process: recv() as is.
+ *   MLXWD_WEDGE_MODE=park_eval  recv() as is, but cblas_sgemm() (a matmul on the CPU
+ *                             stream's thread) waits for ever on a condition variable
+ *                             nobody signals: the mx.eval waiting on it never returns,
+ *                             every thread asleep (a quiet hang of one process, as in
+ *                             mlx-lm #1834's deadlock in eval). Before the trigger it
+ *                             calls the BLAS that libmlx loaded.
+ * MLXWD_WEDGE_RANK=* arms every rank, and a process with no MLX_RANK (world size 1).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
+#include <pthread.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +36,7 @@ static int armed = -1;  /* -1: not yet decided, 0: not this rank, 1: this rank *
 static volatile int wedged;
 static int syscall_mode;
 static int park_mode;
+static int eval_mode;
 static const char *trigger;
 static long long next_look_ns;
 
@@ -38,8 +47,9 @@ static void decide(void) {
     trigger = getenv("MLXWD_WEDGE_FILE");
     syscall_mode = mode != NULL && strcmp(mode, "syscall") == 0;
     park_mode = mode != NULL && strcmp(mode, "park") == 0;
-    armed = want != NULL && rank != NULL && trigger != NULL
-            && (strcmp(want, "*") == 0 || strcmp(want, rank) == 0);
+    eval_mode = mode != NULL && strcmp(mode, "park_eval") == 0;
+    armed = want != NULL && trigger != NULL
+            && (strcmp(want, "*") == 0 || (rank != NULL && strcmp(want, rank) == 0));
 }
 
 static long long now_ns(void) {
@@ -48,9 +58,8 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-ssize_t recv(int fd, void *buf, size_t len, int flags) {
-    if (real_recv == NULL)
-        real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
+/* Whether this process is armed and its trigger was seen (looked for every 50 ms). */
+static int triggered(void) {
     if (armed < 0)
         decide();
     if (armed && !wedged) {
@@ -61,7 +70,15 @@ ssize_t recv(int fd, void *buf, size_t len, int flags) {
                 wedged = 1;
         }
     }
-    if (!wedged)
+    return wedged;
+}
+
+ssize_t recv(int fd, void *buf, size_t len, int flags) {
+    if (real_recv == NULL)
+        real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
+    if (armed < 0)
+        decide();
+    if (eval_mode || !triggered())
         return real_recv(fd, buf, len, flags);
     while (park_mode)
         poll(NULL, 0, -1);
@@ -71,4 +88,48 @@ ssize_t recv(int fd, void *buf, size_t len, int flags) {
     }
     errno = EAGAIN;
     return -1;
+}
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                 int ldc);
+static sgemm_fn real_sgemm;
+
+/* libmlx loads its BLAS privately (RTLD_LOCAL, under Python), out of RTLD_NEXT's
+ * reach: the real cblas_sgemm is found in the loaded objects themselves. */
+static int find_sgemm(struct dl_phdr_info *info, size_t size, void *unused) {
+    (void)size;
+    (void)unused;
+    if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0')
+        return 0;
+    void *handle = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == NULL)
+        return 0;
+    void *found = dlsym(handle, "cblas_sgemm");
+    dlclose(handle);
+    if (found == NULL || found == (void *)cblas_sgemm)
+        return 0;
+    real_sgemm = (sgemm_fn)found;
+    return 1;
+}
+
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                 int ldc) {
+    if (armed < 0)
+        decide();
+    if (eval_mode && triggered()) {
+        static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+        static pthread_cond_t never = PTHREAD_COND_INITIALIZER;
+        pthread_mutex_lock(&lock);
+        for (;;)
+            pthread_cond_wait(&never, &lock);
+    }
+    if (real_sgemm == NULL)
+        dl_iterate_phdr(find_sgemm, NULL);
+    if (real_sgemm == NULL)
+        abort();  /* no BLAS loaded: nothing to forward to */
+    real_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

@@ -54,3 +54,14 @@ class ProcessSample:
     # bytes (macOS: ri_diskio counts none to a FIFO or a network mount, while every read
     # and write through a descriptor advances its offset); None where not read.
     offsets: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuPower:
+    """The GPU at one sample (macOS `powermetrics --samplers gpu_power`: probes/
+    powermetrics.py): the share of the interval it was active, and its power; the
+    whole GPU's, not one process's (judge/gpuwork.py reads it)."""
+
+    active_percent: float
+    milliwatts: float
+    frequency_mhz: float | None = None

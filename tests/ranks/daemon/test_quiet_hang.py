@@ -1,29 +1,91 @@
-"""A quiet hang (issue 45): every rank of a ring job parked for ever inside the same
-all_sum, its socket reads never returning, every thread asleep, nothing spinning and
-nothing moving (tests/support/wedge_shim.c, mode "park"). Before, such a rank was
-`blocked` and ended only at `blocked_deadline` (900 s at the defaults); now its threads'
-frames (asleep in the ring worker's read and in eval), its still I/O counters and its
-still sockets make it a quiet hang, ended at its deadline with cause `quiet_hang`.
+"""Quiet hangs (issue 45), and a quiet wait that works, side by side under one daemon.
 
-The daemon here runs a 2 s deadline and a long blocked deadline (a mechanism, proven
-apart from the figure at the defaults: benchmarks/quiet.py, docs/performance.md).
+- Every rank of a ring job parked for ever inside the same all_sum, its socket reads
+  never returning, every thread asleep, nothing spinning and nothing moving
+  (tests/support/wedge_shim.c, mode "park").
+- A single MLX process (world size 1, instrumented by MLX_WATCHDOG=1 only:
+  tests/support/solo_prog.py) whose mx.eval never returns: the CPU stream's sgemm waits
+  for ever on a condition variable (the shim's mode "park_eval"), the main thread in
+  array::wait, every thread asleep.
+- Its look-alike, never ended: the same single process in an mx.load of a large .npy
+  array from a FIFO the test feeds slowly (its main thread in a read, bytes moving),
+  still in that load, past its deadline, when the two hangs are ended.
+
+Before, a hang of the first two shapes was `blocked` and ended only at `blocked_deadline`
+(900 s at the defaults); now its threads' frames, its still I/O counters and (for the
+ring) its still sockets make it a quiet hang, ended at its deadline with cause
+`quiet_hang`. The two single processes run at once under one daemon (one wait: the
+suite's time; two, as gdb samples them side by side within its time box on two cores),
+each test asserts its own part. The daemon runs a 2 s deadline and a long blocked deadline (a
+mechanism, proven apart from the figure at the defaults: benchmarks/quiet.py,
+docs/performance.md).
 """
 
 from __future__ import annotations
 
+import io
+import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.support.ranks import DaemonProc, RingJob, torn_down, wait_for
+from tests.support import SUPPORT
+from tests.support.ranks import DaemonProc, RankProcs, RingJob, base_env, torn_down, wait_for
 from tests.support.wedges import armed, build_shim
 
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
 
 BLOCKED = 120.0  # the daemon's blocked deadline: a quiet hang must be ended well before
+ELEMENTS = 1 << 22  # the look-alike's array: 16 MiB of float32 ones, ~128 s at the pace
+CHUNK = 32 << 10  # fed 32 KiB every PACE seconds (~128 kB/s) while the hangs run
+PACE = 0.25
+
+
+class Solos(RankProcs):
+    """The two single processes: `procs[0]` parks its eval, `procs[1]` loads from the
+    FIFO."""
+
+    def __init__(self, workdir: Path, records: Path, park: dict[str, str], fifo: Path) -> None:
+        self.workdir, self.records, self.park, self.fifo = workdir, records, park, fifo
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> Solos:
+        prog = str(SUPPORT / "solo_prog.py")
+        for n, (argv, extra) in enumerate(((["matmul"], self.park),
+                                           (["fifo", str(self.fifo)], {}))):
+            with open(self.workdir / f"solo-{n}.log", "wb") as out:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, prog, *argv], stdout=out, stderr=subprocess.STDOUT,
+                    env=base_env(self.records, MLX_WATCHDOG="1", **extra)))
+        return self
+
+    def log(self, n: int) -> str:
+        return (self.workdir / f"solo-{n}.log").read_text(errors="replace")
+
+
+def feed(fifo: Path, paced: threading.Event) -> None:
+    """A .npy array into the FIFO: CHUNK every PACE seconds while `paced` is set, then
+    the rest at once. A reader that went away ends it."""
+    out = io.BytesIO()
+    np.save(out, np.ones(ELEMENTS, dtype=np.float32))
+    data = out.getvalue()
+    try:
+        with open(fifo, "wb") as sink:
+            for at in range(0, len(data), CHUNK):
+                sink.write(data[at:at + CHUNK])
+                sink.flush()
+                if paced.is_set():
+                    time.sleep(PACE)
+    except BrokenPipeError:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +121,81 @@ def test_every_rank_parked_in_an_all_sum_is_a_quiet_hang_ended_at_its_deadline(
         assert sorted(inc["pids"]) == sorted(job.pids)
         assert said, "status never said the rank was quiet before it was ended"
         print(f"quiet hang ended {took:.1f}s after the park: {inc['summary']}")
+
+
+@dataclass
+class Scenario:
+    daemon: DaemonProc
+    solos: Solos
+    took: float = 0.0  # seconds from the park to the parked process's end
+    said: dict[int, list[str]] = field(default_factory=dict)  # status reasons, by pid
+    loading_at_end: bool = False  # the look-alike still in its load when the hang ended
+
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory, shim):
+    base = tmp_path_factory.mktemp("solo")
+    records = base / "records"
+    records.mkdir()
+    trigger, fifo = base / "park-now", base / "data.fifo"
+    os.mkfifo(fifo)
+    paced = threading.Event()
+    paced.set()
+    feeder = threading.Thread(target=feed, args=(fifo, paced), daemon=True)
+    with DaemonProc(records, base / "state", blocked_deadline=BLOCKED) as daemon, \
+            Solos(base, records, armed(shim, trigger, "park_eval", "*"), fifo) as solos:
+        wait_for(lambda: all("solo up" in solos.log(n) for n in (0, 1)), 60,
+                 what="both single processes up")
+        run = Scenario(daemon, solos)
+        hung, loader = solos.procs
+        trigger.touch()
+        feeder.start()
+        parked = time.monotonic()
+        while hung.poll() is None:
+            for pid, rank in daemon.ranks().items():
+                reason = rank.get("reason") or ""
+                if "quiet:" in reason or "in load" in reason:
+                    run.said.setdefault(pid, []).append(reason)
+            assert time.monotonic() - parked < BLOCKED - 30, "not ended before the " \
+                                                             "blocked deadline"
+            time.sleep(0.25)
+        run.took = time.monotonic() - parked
+        run.loading_at_end = loader.poll() is None
+        paced.clear()  # the rest of the array at once: the load completes
+        try:
+            loader.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+        yield run
+
+
+def quiet_said(run: Scenario, pid: int) -> list[str]:
+    return [r for r in run.said.get(pid, []) if "quiet:" in r]
+
+
+def test_a_single_process_whose_eval_never_returns_is_a_quiet_hang_ended_at_its_deadline(
+        solo):
+    pid = solo.solos.procs[0].pid
+    inc = wait_for(lambda: [i for i in solo.daemon.incidents() if i.get("outcome")], 30,
+                   what="the incident's outcome")[-1]
+    assert inc["pids"] == [pid], inc
+    assert inc["cause"] == "quiet_hang", inc
+    assert inc["summary"].startswith(f"quiet hang: pid {pid}'s main thread waits in "), \
+        inc["summary"]
+    assert "nothing read, written or sent" in inc["summary"], inc["summary"]
+    assert inc["outcome"] == {str(pid): "killed"}, inc["outcome"]
+    assert quiet_said(solo, pid), "status never said the process was quiet"
+    print(f"single process ended {solo.took:.1f}s after the park: "
+          f"{inc['summary']}")
+
+
+def test_a_single_process_loading_from_a_slow_fifo_is_never_ended(solo):
+    loader = solo.solos.procs[1]
+    said = solo.said.get(loader.pid, [])
+    # Judged while the hangs were: in its load past the deadline, its bytes moving.
+    assert any("past the 2s deadline but loading" in r for r in said), said[-3:]
+    assert solo.loading_at_end, "the load ended before the hang did: it proves nothing"
+    assert not quiet_said(solo, loader.pid), quiet_said(solo, loader.pid)
+    assert loader.returncode == 0, solo.solos.log(1)
+    assert f"loaded {ELEMENTS}" in solo.solos.log(1), solo.solos.log(1)
+    assert not [i for i in solo.daemon.incidents() if loader.pid in i["pids"]]

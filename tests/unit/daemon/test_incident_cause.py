@@ -110,3 +110,18 @@ def test_incidents_prints_the_cause_and_its_line_first(tmp_path):
     lines = out.splitlines()
     assert lines[1] == f"    local_blocked: {found.summary}" and "waits quietly" in lines[1]
     assert lines[2].strip() == found.reason, out
+
+
+def test_a_quiet_hang_names_its_rank_or_a_single_process_by_its_pid(tmp_path):
+    (tmp_path / "a").mkdir()
+    ranked = a_rank(tmp_path, "a", State.STALLED)
+    what = "main thread waits in array::wait -> pthread_cond_wait; no thread busy"
+    quiet = dataclasses.replace(ranked.verdict, quiet=what)
+    ranked.verdict = quiet
+    assert incident_of([ranked], [ranked]).summary == f"quiet hang: rank 0's {what}"
+    # A single process (no group, world size 1): its record's rank is -1.
+    alone = Rank(ranked.path, dataclasses.replace(ranked.record, rank=-1), state=State.STALLED,
+                 verdict=quiet)
+    found = incident_of([alone], [alone])
+    assert found.cause == "quiet_hang"
+    assert found.summary == f"quiet hang: pid {os.getpid()}'s {what}", found.summary

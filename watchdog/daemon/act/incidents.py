@@ -167,6 +167,12 @@ def _culprit(host: str, due: list[Rank], local: list[Rank], stopped: list[Rank],
     return None
 
 
+def _named(rank: Rank) -> str:
+    """"rank 1"; a single process (no group, world size 1) has no rank: "pid 4242"."""
+    rec = rank.record
+    return f"rank {rec.rank}" if rec.rank >= 0 else f"pid {rec.pid}"
+
+
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
                  fenced: Fence | None,
@@ -180,7 +186,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     quiet = sorted((r for r in due if r.verdict and r.verdict.quiet),
                    key=lambda r: r.record.rank)
     mine = cause.own(wedged.note if wedged is not None else None,
-                     [f"rank {r.record.rank}'s {r.verdict.quiet}" for r in quiet if r.verdict],
+                     [f"{_named(r)}'s {r.verdict.quiet}" for r in quiet if r.verdict],
                      bool(stopped))
     if fenced is not None:
         found, summary = fenced_finding(fenced)

@@ -10,6 +10,7 @@ threads could be read is "unknown": the per-backend rule (judge/threads.py) stan
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +51,9 @@ def _bare(name: str) -> set[str]:
     return names
 
 
+# Memoized: a rank's sample is judged at every scan until the next one (3-6 s), its
+# few hundred frames against every table's names (the daemon's CPU during a quiet hang).
+@functools.lru_cache(maxsize=1 << 16)
 def matches(frame: str, pattern: str) -> bool:
     """Does this frame name match a table entry (backends.py says how)?"""
     if "::" in pattern or pattern.endswith("_") or not pattern.isidentifier():

@@ -19,6 +19,7 @@ from watchdog.daemon.probes import (
     ProcessSample,
     find_tool,
     gputime,
+    powermetrics,
     samplegraph,
     stack_tool_output,
 )
@@ -302,6 +303,24 @@ class MacProbe(Probe):
             return None
         text = done.stdout[:8 << 20].decode("utf-8", "replace")
         return gputime.gpu_time_by_pid(text).get(pid)
+
+    def gpu_power(self, timeout: float) -> powermetrics.GpuPower | None:
+        """One half-second sample of `powermetrics --samplers gpu_power` (root only; the
+        whole GPU's residency and power: judge/gpuwork.py); None without it, not root, or
+        an output it cannot read. Never run on hardware."""
+        tool = self.tool("powermetrics")
+        if not tool:
+            return None
+        try:
+            done = subprocess.run([*tool, "--samplers", "gpu_power", "-n", "1", "-i", "500"],
+                                  capture_output=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except (subprocess.TimeoutExpired, OSError):
+            return None
+        if done.returncode != 0:
+            return None
+        return powermetrics.parse(done.stdout[:powermetrics.MAX_TEXT].decode("utf-8",
+                                                                            "replace"))
 
     def native_stacks(self, pid: int, timeout: float) -> dict[int, tuple[str, ...]] | None:
         """`sample PID 1`'s heaviest path of each thread, leaf first, by position (not

@@ -31,6 +31,12 @@ from watchdog.states import STOPPED_STATUSES
 log = logging.getLogger(__name__)
 
 SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
+# A rank asleep and unchanged (no thread busy, the same frames as its sample before, its
+# sockets' queues still since then: a quiet hang waiting toward its deadline, whose
+# verdict only needs confirming) is sampled less often: the gap doubles, up to this. A
+# sample speaks for judge/wedge.FRESH (10 s): this, a scan and a sample's time box stay
+# within it, so a fresh one is there when the deadline comes.
+MAX_EVERY = 6.0
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
@@ -82,6 +88,7 @@ class StackSampler:
         self.wanting: dict[int, float] = {}  # owner uid -> when a rank of it last asked
         self.queues: dict[Key, Queues] = {}
         self.ended: dict[Key, float] = {}  # when each rank's last sample ended
+        self.every: dict[Key, float] = {}  # each rank's gap between samples (MAX_EVERY)
         self.taken = 0  # samples taken since start (status, benchmarks)
         self.seconds = 0.0  # their time in all
 
@@ -89,7 +96,7 @@ class StackSampler:
         """Sample this rank's stacks on a worker, unless one was taken or asked lately,
         or its owner holds its share of the slots already."""
         key = (who.pid, who.start_time)
-        if now - self.asked.get(key, -SAMPLE_EVERY) < SAMPLE_EVERY:
+        if now - self.asked.get(key, -MAX_EVERY) < self.every.get(key, SAMPLE_EVERY):
             return
         self.wanting[who.uid] = now
         if key in self.running or len(self.running) >= MAX_RUNNING:
@@ -120,6 +127,8 @@ class StackSampler:
             before = self.found.get(key)
             if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
                 found = dataclasses.replace(found, gpu_moved=found.gpu_ns > before.gpu_ns)
+            self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
+                               if self.unchanged(key, before, found) else SAMPLE_EVERY)
             self.found[key] = found
             if found.stacks is not None and not found.error.startswith("not sampled"):
                 self.ended[key] = self.clock()  # a sampler attached: the rank was held
@@ -130,6 +139,17 @@ class StackSampler:
         finally:
             self.owners.pop(key, None)
             self.running.discard(key)
+
+    def unchanged(self, key: Key, before: Stacks | None, found: Stacks) -> bool:
+        """Whether a rank's new sample shows it as its sample before did, asleep: no thread
+        busy then or now, the same threads in the same frames, no GPU time gone by, its
+        sockets' queues still since the sample before."""
+        if before is None or found.error or before.error or found.busy or before.busy:
+            return False
+        if not found.stacks or found.stacks != before.stacks or found.gpu_moved:
+            return False
+        queues = self.queues.get(key)
+        return queues is None or queues.since <= before.at
 
     def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
         """Wait (at most `timeout`) until no sample of these ranks is under way: a response
@@ -188,6 +208,8 @@ class StackSampler:
     def forget(self, keep: Iterable[Key]) -> None:
         """Drop what is known of every rank but `keep` (those still sampled)."""
         keep = set(keep)
-        for table in (self.asked, self.found, self.queues, self.ended):
-            for key in [k for k in table if k not in keep]:
+        for table in (self.asked, self.found, self.queues, self.ended, self.every):
+            # A copy first: a worker's sample ending now writes `found` and `ended` (seen
+            # under load: "dictionary changed size during iteration" failed the scan).
+            for key in [k for k in list(table) if k not in keep]:
                 table.pop(key, None)

@@ -148,3 +148,35 @@ def test_another_users_listener_with_a_full_queue_is_no_evidence_of_a_down_link(
             s.close()
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_the_listener_s_uid_is_read_from_the_tcp_tables_rows():
+    from watchdog.daemon.probes.linux import tcp_listener_uid
+
+    header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
+              "   uid  timeout inode\n")
+    listen = ("   0: 0100007F:1414 00000000:0000 0A 00000000:00000000 00:00000000 00000000"
+              "  1001        0 5151 1 0000000000000000 100 0 0 10 0\n")  # 127.0.0.1:5140
+    anywhere = ("   1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 "
+                "00000000  1002        0 5252 1 0000000000000000 100 0 0 10 0\n")  # *:8080
+    connected = ("   2: 0100007F:1F91 0100007F:C350 01 00000000:00000000 00:00000000 "
+                 "00000000  1003        0 5353 1 0000000000000000 20 4 30 10 -1\n")
+    v6 = ("   0: 00000000000000000000000001000000:1F92 00000000000000000000000000000000:0000"
+          " 0A 00000000:00000000 00:00000000 00000000  1004        0 5454 1 0 100 0 0 10 0\n")
+    text = header + listen + anywhere + connected
+    assert tcp_listener_uid(text, "127.0.0.1", 5140) == 1001
+    assert tcp_listener_uid(text, "10.0.0.2", 5140) is None  # another address
+    assert tcp_listener_uid(text, "10.0.0.2", 8080) == 1002  # listens on every address
+    assert tcp_listener_uid(text, "127.0.0.1", 8081) is None  # established, not listening
+    assert tcp_listener_uid(header + v6, "::1", 8082) == 1004
+    assert tcp_listener_uid("garbage\n 0: zz:zz 0 0A 0 0 0 x 0 0", "127.0.0.1", 1) is None
+
+
+def test_a_real_listener_s_uid_on_this_host():
+    server = socket.create_server(("127.0.0.1", 0))
+    end = server.getsockname()
+    try:
+        assert datalink.listener_uid(end) == os.getuid()
+    finally:
+        server.close()
+    assert datalink.listener_uid(end) is None

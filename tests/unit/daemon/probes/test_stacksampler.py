@@ -14,9 +14,16 @@ import time
 import pytest
 
 from tests.support.fakes import FakeProbe, process_sample
+from watchdog.daemon.judge.wedge import FRESH
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
-from watchdog.daemon.probes.stacksampler import SAMPLE_EVERY, Identity, StackSampler
+from watchdog.daemon.probes.stacksampler import (
+    MAX_EVERY,
+    SAMPLE_EVERY,
+    SAMPLE_TIMEOUT,
+    Identity,
+    StackSampler,
+)
 
 STACKS = {7: ("__libc_recv", "SocketThread::worker()")}
 
@@ -115,6 +122,61 @@ def test_tcp_queues_reads_the_rows_of_the_sockets_asked_for():
     assert tcp_queues("garbage\nmore garbage", {1}) == []
 
 
+def test_the_ipv6_table_is_read_only_for_sockets_the_ipv4_one_lacks(tmp_path):
+    header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
+              "   uid  timeout inode\n")
+
+    def row(inode: int, rx: int) -> str:
+        return (f"   0: 0100007F:1F90 0100007F:C350 01 00000000:{rx:08X} 00:00000000 "
+                f"00000000     0        0 {inode} 1 0000000000000000 20 4 30 10 -1\n")
+
+    (tmp_path / "40" / "fd").mkdir(parents=True)
+    (tmp_path / "40" / "net").mkdir()
+    (tmp_path / "40" / "fd" / "5").symlink_to("socket:[4242]")
+    (tmp_path / "40" / "net" / "tcp").write_text(header + row(4242, 64))
+    # Read, it would add a second row: the kernel walks its whole table for each file.
+    (tmp_path / "40" / "net" / "tcp6").write_text(header + row(4242, 1) + row(4343, 16))
+    probe = LinuxProbe(proc=str(tmp_path))
+    assert probe.socket_queues(40) == ((4242, 0, 64),)
+    (tmp_path / "40" / "fd" / "6").symlink_to("socket:[4343]")  # an IPv6 socket too
+    assert probe.socket_queues(40) == ((4242, 0, 1), (4242, 0, 64), (4343, 0, 16))
+
+
+def test_one_network_namespace_s_table_is_read_once_a_scan_for_all_its_ranks(tmp_path,
+                                                                           monkeypatch):
+    from watchdog.daemon.probes import linux
+
+    header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
+              "   uid  timeout inode\n")
+    rows = "".join(f"   {n}: 0100007F:1F90 0100007F:C350 01 00000000:00000040 00:00000000 "
+                   f"00000000     0        0 {inode} 1 0000000000000000 20 4 30 10 -1\n"
+                   for n, inode in enumerate((4040, 4141)))
+    (tmp_path / "ns").mkdir()
+    (tmp_path / "ns" / "net-a").write_text("")
+    for pid, inode in ((40, 4040), (41, 4141)):
+        (tmp_path / str(pid) / "fd").mkdir(parents=True)
+        (tmp_path / str(pid) / "net").mkdir()
+        (tmp_path / str(pid) / "ns").mkdir()
+        (tmp_path / str(pid) / "ns" / "net").symlink_to(tmp_path / "ns" / "net-a")
+        (tmp_path / str(pid) / "fd" / "5").symlink_to(f"socket:[{inode}]")
+        (tmp_path / str(pid) / "net" / "tcp").write_text(header + rows)
+    opened: list[str] = []
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(linux, "open", counting_open, raising=False)
+    probe = LinuxProbe(proc=str(tmp_path))
+    assert probe.socket_queues(40) == ((4040, 0, 64),)
+    assert probe.socket_queues(41) == ((4141, 0, 64),)  # the same namespace's table
+    assert [p for p in opened if p.endswith("/net/tcp")] == [f"{tmp_path}/40/net/tcp"]
+    probe.tables = {k: (at - linux.TABLE_FRESH, text) for k, (at, text) in
+                    probe.tables.items()}  # the next scan: read again
+    assert probe.socket_queues(41) == ((4141, 0, 64),)
+    assert opened[-1] == f"{tmp_path}/41/net/tcp"
+
+
 @pytest.mark.slow
 def test_bytes_unread_in_a_real_socket_show_in_its_queue():
     server = socket.create_server(("127.0.0.1", 0))
@@ -206,3 +268,73 @@ def test_another_users_slow_ranks_never_take_every_slot():
     scan(1002.0)
     assert sorted(pid for pid, _ in s.running if pid in victim) == [40, 41], s.running
     assert sum(pid in attacker for pid, _ in s.running) == 2
+
+
+def test_forgetting_ranks_while_a_worker_records_a_sample_does_not_fail_the_scan():
+    s, _, clock = sampler({})
+    landed, stacks = (41, 1.7e9), s.sample(RANK, ())
+
+    class Key(tuple):
+        """A rank's key whose lookup lets a worker's sample land mid-scan, as a sample
+        ending on another thread does (Stacks written into `found`)."""
+
+        scanning = False
+
+        def __hash__(self) -> int:
+            if Key.scanning:
+                s.found.setdefault(landed, stacks)
+            return tuple.__hash__(self)
+
+    gone = Key((40, 1.7e9))
+    s.found[gone] = stacks
+    Key.scanning = True
+    s.forget([(42, 1.7e9)])  # raised "dictionary changed size during iteration"
+    assert list(s.found) == [landed], s.found  # the scan's rank forgotten, the new kept
+
+
+def sampled_at(s: StackSampler, probe: StackProbe, clock: Clock, seconds: int,
+               busy: tuple[int, ...] = (), change_at: float = -1.0) -> list[float]:
+    """Ask once a second (a scan) for `seconds`; when each sample was taken. At
+    `change_at` the rank's frames change (it moved on in its wait)."""
+    taken, start = [], clock.now
+    for t in range(seconds):
+        clock.now = start + t
+        if t == change_at:
+            probe.native_stacks = lambda pid, timeout: {7: ("__libc_read", "load")}
+        s.track_queues((40, 1.7e9), 40, clock.now)
+        s.ask(RANK, busy, clock.now)
+        if s.asked.get((40, 1.7e9)) == clock.now:
+            taken.append(float(t))
+    return taken
+
+
+def test_a_rank_asleep_and_unchanged_is_sampled_less_often_but_always_freshly():
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="sleeping")})
+    taken = sampled_at(s, probe, clock, 45)
+    gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
+    assert gaps[:2] == [SAMPLE_EVERY, 2 * SAMPLE_EVERY] and max(gaps) == MAX_EVERY, gaps
+    assert len(taken) <= 9, taken  # 15 at the fixed 3 s gap
+    # A sample the judge takes stays fresh (judge/wedge.py) until the next one is in, even
+    # when the scan that asks for it and the sample's whole time box come on top.
+    assert MAX_EVERY + 1.0 + SAMPLE_TIMEOUT <= FRESH
+
+
+@pytest.mark.parametrize("what", ["busy", "frames", "bytes"])
+def test_anything_that_moves_keeps_the_sampling_at_its_pace(what):
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="running")})
+    if what == "busy":  # a thread spins (a wedge's shape): every sample counts
+        assert sampled_at(s, probe, clock, 30, busy=(7,)) == [float(t) for t in range(0, 30, 3)]
+        return
+    if what == "frames":
+        taken = sampled_at(s, probe, clock, 40, change_at=15)
+    else:  # bytes move on its sockets between two samples
+        taken = []
+        for t in range(40):
+            clock.now = 1000.0 + t
+            probe.queues = ((11, 0, t // 10),)  # the peer's bytes arrive every 10 s
+            s.track_queues((40, 1.7e9), 40, clock.now)
+            s.ask(RANK, (), clock.now)
+            if s.asked.get((40, 1.7e9)) == clock.now:
+                taken.append(float(t))
+    gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
+    assert SAMPLE_EVERY in gaps[3:], (what, taken)  # back to the pace after a change

@@ -1,0 +1,110 @@
+"""mlx #3830's GPU that spins on nothing (macOS): `powermetrics --samplers gpu_power`
+parsed from recorded output (tests/support/data/powermetrics_gpu_power.txt: an idle
+GPU, then one under inference with its clock distribution wrapped onto a second line),
+the pure rule that reads GPU time advancing on a fully resident GPU at low power as no
+work, and the macOS probe running the tool (a stand-in printing the recording)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.support import DATA
+from watchdog.daemon.judge.frames import asleep
+from watchdog.daemon.judge.gpuwork import describe, gpu_works, spins_on_nothing
+from watchdog.daemon.probes import Probe
+from watchdog.daemon.probes.macos import MacProbe
+from watchdog.daemon.probes.powermetrics import GpuPower, parse
+from watchdog.states import FrameKind
+
+RECORDED = (DATA / "powermetrics_gpu_power.txt").read_text()
+IDLE, AT_WORK = RECORDED.split("*** Sampled system activity")[1:]
+# mlx #3830's report: the GPU 100% resident at ~3 W, a tiny spin kernel, no work.
+SPINNING = """**** GPU usage ****
+
+GPU HW active frequency: 1398 MHz
+GPU HW active residency: 100.00% (338 MHz:   0% 1398 MHz: 100%)
+GPU idle residency:   0.00%
+GPU Power: 3012 mW
+"""
+
+
+def test_the_last_complete_sample_is_the_reading():
+    assert parse(RECORDED) == GpuPower(99.35, 8503.0, 1277.0)  # the wrapped distribution
+    assert parse(IDLE) == GpuPower(5.11, 29.0, 338.0)
+    assert parse(SPINNING) == GpuPower(100.0, 3012.0, 1398.0)
+    # An older release's label, no frequency line.
+    assert parse("GPU active residency:  37.50%\nGPU Power: 1450 mW\n") == \
+        GpuPower(37.5, 1450.0, None)
+
+
+@pytest.mark.parametrize("text", [
+    "", "no gpu data here", "GPU Power: 45 mW\nGPU idle residency: 87.50%",  # no residency
+    "GPU HW active residency:  12.50% (396 MHz: 12%)",  # no power
+    "GPU HW active residency: 250.00%\nGPU Power: 45 mW",  # not a share of anything
+    "\x00\xff" * 1000, "GPU HW active residency: %\nGPU Power: mW",
+])
+def test_anything_else_reads_as_no_reading(text):
+    assert parse(text) is None
+
+
+def test_only_a_fully_resident_gpu_at_low_power_spins_on_nothing():
+    assert spins_on_nothing(parse(SPINNING))
+    assert not spins_on_nothing(parse(AT_WORK))  # inference: 99% at 8.5 W
+    assert not spins_on_nothing(parse(IDLE))  # a little work: 5% at 29 mW
+    assert not spins_on_nothing(None)
+    assert describe(GpuPower(100.0, 3012.0)) == "GPU 100% resident at 3012 mW"
+
+
+@pytest.mark.parametrize("moved, reading, works", [
+    (True, SPINNING, False),  # #3830: GPU time advances on nothing
+    (True, AT_WORK, True),
+    (True, IDLE, True),  # a small model's decode step: work, never a guess
+    (True, None, True),  # no reading (not root, no powermetrics): today's rule
+    (False, SPINNING, False),
+    (None, SPINNING, None),  # GPU time unknown stays unknown
+])
+def test_gpu_time_advancing_is_work_unless_the_gpu_spins_on_nothing(moved, reading, works):
+    assert gpu_works(moved, parse(reading) if reading else None) is works
+
+
+def test_a_rank_whose_gpu_spins_on_nothing_is_still_a_quiet_hang():
+    """What the rule changes once wired: its waiting threads read as a wait, not as a rank
+    computing on the GPU (frames.asleep)."""
+    stacks = {1: ("__psynch_cvwait", "std::condition_variable::wait",
+                  "mlx::core::eval_impl")}
+    assert asleep(stacks, "ring", gpu_moved=True).kind == FrameKind.COMPUTING  # today
+    spun = asleep(stacks, "ring", gpu_moved=gpu_works(True, parse(SPINNING)))
+    assert spun.kind == FrameKind.WAITING and spun.what.endswith("GPU time flat"), spun
+    worked = asleep(stacks, "ring", gpu_moved=gpu_works(True, parse(AT_WORK)))
+    assert worked.kind == FrameKind.COMPUTING
+
+
+def stand_in(script: str):
+    """A `powermetrics` that runs `script` with its arguments."""
+    return lambda name: [sys.executable, "-c", script] if name == "powermetrics" else None
+
+
+def test_the_macos_probe_reads_the_gpu_through_powermetrics(tmp_path):
+    recording = tmp_path / "out.txt"
+    recording.write_text(RECORDED)
+    wants = ["--samplers", "gpu_power", "-n", "1", "-i", "500"]
+    script = (f"import sys\nif sys.argv[1:] != {wants!r}: sys.exit(2)\n"
+              f"sys.stdout.write(open({str(recording)!r}).read())")
+    assert MacProbe(tool=stand_in(script)).gpu_power(10.0) == GpuPower(99.35, 8503.0, 1277.0)
+
+
+@pytest.mark.parametrize("script", [
+    "import sys; sys.stderr.write('powermetrics must be invoked as the superuser\\n'); "
+    "sys.exit(1)",  # not root
+    "import time; time.sleep(30)",  # hangs past its time box
+    "print('nothing the parser knows')",
+])
+def test_no_reading_when_powermetrics_cannot_give_one(script):
+    assert MacProbe(tool=stand_in(script)).gpu_power(0.5) is None
+
+
+def test_no_reading_without_powermetrics_or_off_a_mac():
+    assert MacProbe(tool=lambda name: None).gpu_power(1.0) is None
+    assert Probe().gpu_power(1.0) is None

@@ -1,0 +1,45 @@
+"""Pure: whether a rank's GPU works, from its GPU time and the GPU's power (macOS).
+
+A rank whose GPU time advances computes on the GPU (judge/frames.py), whatever its CPU
+threads wait in. mlx #3830's hang breaks that: a tiny kernel spins on the GPU, which is
+100% resident and draws ~3 W, and no work is done; read as computing, such a rank is
+never a quiet hang and waits for `blocked_deadline`. The GPU's own figures tell it
+apart: fully resident at a power far below what a resident GPU doing work draws.
+
+    resident (>= SPIN_RESIDENCY %) at under SPIN_MILLIWATTS: spins on nothing
+    anything else, or no reading: GPU time advancing is work (never end on a guess)
+
+A GPU at low residency and low power with its time advancing does a little work (a
+small model's decode step), and is left as computing. The thresholds come from
+recorded output (docs/macos.md, "The GPU that spins on nothing"): idle GPUs at 2.6-5.1%
+and 23-29 mW, GPUs under inference at 99-100% and 8.5-9.5 W, #3830's report at 100% and
+~3 W. They were never checked against a Mac here: the rule is not yet wired into the
+daemon's judgment.
+"""
+
+from __future__ import annotations
+
+from watchdog.daemon.sample import GpuPower
+
+SPIN_RESIDENCY = 90.0  # percent of the sample the GPU was active: "100% resident"
+SPIN_MILLIWATTS = 5000.0  # under this while resident: a kernel that does no work
+
+
+def spins_on_nothing(power: GpuPower | None) -> bool:
+    """#3830's signature: the GPU fully resident at a power no work draws."""
+    return (power is not None and power.active_percent >= SPIN_RESIDENCY
+            and power.milliwatts < SPIN_MILLIWATTS)
+
+
+def gpu_works(gpu_moved: bool | None, power: GpuPower | None) -> bool | None:
+    """The rank's `gpu_moved` as the judge should read it: its GPU time advancing counts
+    as work unless the GPU spins on nothing (then False: GPU time flat in effect, so a
+    quiet hang is still decided); None stays unknown."""
+    if gpu_moved and spins_on_nothing(power):
+        return False
+    return gpu_moved
+
+
+def describe(power: GpuPower) -> str:
+    """The reading, as an incident says it: "GPU 100% resident at 3000 mW"."""
+    return f"GPU {power.active_percent:.0f}% resident at {power.milliwatts:.0f} mW"
