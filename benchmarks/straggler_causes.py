@@ -35,6 +35,7 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from tests.support import squeeze
 from tests.support.ranks import DaemonProc, RingJob, wait_for
@@ -70,6 +71,22 @@ def hogs() -> list[subprocess.Popen[bytes]]:
             for cpu in sorted(os.sched_getaffinity(0))]
 
 
+def watch_healthy(daemon: Any, job: RingJob, seconds: float) -> tuple[float | None, int, int]:
+    """A healthy job watched `seconds`, a look a second: the seconds until every rank
+    showed a score (None: never), the looks, and how many named a straggler."""
+    began, scored, looks, named = time.monotonic(), None, 0, 0
+    while time.monotonic() < began + seconds:
+        st = daemon.status()
+        looks += 1
+        named += bool(st["stragglers"])
+        ranks = [r for r in st["ranks"] if r["pid"] in job.pids]
+        if scored is None and len(ranks) == 2 and all(
+                r.get("pace_score") is not None for r in ranks):
+            scored = time.monotonic() - began
+        time.sleep(1.0)
+    return scored, looks, named
+
+
 def busy_run(base: Path, healthy: float) -> str:
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
@@ -78,16 +95,7 @@ def busy_run(base: Path, healthy: float) -> str:
         with DaemonProc(records, state, interval=1.0, deadline=60) as daemon, \
                 RingJob(base, records, 2, "work", args=(MATMULS,)) as job:
             job.wait_running(collectives=5)
-            began, scored, looks, named = time.monotonic(), None, 0, 0
-            while time.monotonic() < began + healthy:
-                st = daemon.status()
-                looks += 1
-                named += bool(st["stragglers"])
-                ranks = [r for r in st["ranks"] if r["pid"] in job.pids]
-                if scored is None and len(ranks) == 2 and all(
-                        r.get("pace_score") is not None for r in ranks):
-                    scored = time.monotonic() - began
-                time.sleep(1.0)
+            scored, looks, named = watch_healthy(daemon, job, healthy)
             notes = [r.get("pace_note") for r in daemon.status()["ranks"]]
             ended = any(p.poll() is not None for p in job.procs) or daemon.incidents()
     finally:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.straggler_causes import watch_healthy
 from tests.support.lm_server import DefaultDaemon
 from tests.support.ranks import RingJob
 from watchdog.record import SUFFIX
@@ -75,16 +76,7 @@ def one_run(base: Path, healthy: float, hogs: int, beside: bool) -> dict[str, An
                 os.link(path, base / "records-linux" / path.name)
         for pid, cpu in zip(job.pids, cpus, strict=True):
             pin(pid, cpu)
-        began, scored, looks, named = time.monotonic(), None, 0, 0
-        while time.monotonic() < began + healthy:
-            st = daemon.status()
-            looks += 1
-            named += bool(st["stragglers"])
-            ranks = [r for r in st["ranks"] if r["pid"] in job.pids]
-            if scored is None and len(ranks) == 2 and all(
-                    r.get("pace_score") is not None for r in ranks):
-                scored = time.monotonic() - began
-            time.sleep(1.0)
+        scored, looks, named = watch_healthy(daemon, job, healthy)
         platform = daemon.status().get("platform")
         before = pace(job, 20.0)
         loops = [subprocess.Popen(["taskset", "-c", str(cpus[1]), "sh", "-c",
