@@ -36,6 +36,8 @@ class _InstallAfter(importlib.abc.Loader):
 
 
 class MlxCoreFinder(importlib.abc.MetaPathFinder):
+    """A one-shot import hook: when `mlx.core` is first imported, the hook is installed
+    on it (`MLX_WATCHDOG=1`: zero-code), and the finder takes itself off the path."""
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != TARGET:
             return None

@@ -42,6 +42,9 @@ class Spin(enum.Enum):
 
 @dataclass(frozen=True)
 class Backend:
+    """One distributed backend, as every part needs to know it: how its ranks are
+    launched and recognised, what names their job, how a wait on a peer burns CPU, and
+    its native wait frames."""
     name: str  # the record's backend field, as mx.distributed.init(backend=...) names it
     launched_by: str  # who starts its ranks and what they are given (documentation)
     recognised: Callable[[Env], bool]  # does this environment launch a rank of it?

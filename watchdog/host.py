@@ -49,6 +49,8 @@ OS = DARWIN if SIMULATED else detect(sys.platform)
 
 @dataclass(frozen=True)
 class Defaults:
+    """This OS's defaults: the record and state directories, the service manager and
+    where it sends the daemon's output."""
     record_dir: str  # where ranks publish (shared, sticky, world-writable)
     state_dir: str  # the journal and the reboot flag (root only)
     service: str  # "launchd" or "systemd"

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Clock:
+    """The daemon's one seam for time: monotonic and wall clocks and sleep, replaced
+    together by tests."""
     monotonic_ns: Callable[[], int] = time.monotonic_ns
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep

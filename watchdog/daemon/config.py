@@ -101,6 +101,8 @@ class PeerSettings:
 
 @dataclass(frozen=True)
 class Settings:
+    """The daemon's settings, every one with its default (docs/configuration.md says
+    why each default is what it is); read from the config file and the command line."""
     dir: str = DEFAULT_RECORD_DIR
     state_dir: str = DEFAULT_STATE_DIR
     interval: float = 1.0

@@ -32,6 +32,8 @@ MAX_KINDS = 4096  # kinds tracked; past it the oldest are forgotten (bounded mem
 
 
 class RepeatFilter(logging.Filter):
+    """A log filter that lets a burst of each kind of message through per window and
+    says how many it held back (bounded: at most MAX_KINDS kinds remembered)."""
     def __init__(self, burst: int = BURST, window: float = WINDOW,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()

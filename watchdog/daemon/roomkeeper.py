@@ -40,6 +40,7 @@ HOLDERS_EVERY = 30.0  # seconds between looks for who holds a full directory's s
 
 
 class Room(NamedTuple):
+    """What one look at the record directory's free space found and freed."""
     free: int  # bytes an unprivileged writer may use, when looked at
     reserve: int  # what is kept for ranks
     freed: int  # by this call

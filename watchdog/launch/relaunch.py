@@ -51,6 +51,7 @@ _RANK_TAIL = re.compile(_RANK_TEXT + r" ?\x1b\[0m")
 
 
 class Ending(enum.Enum):
+    """How one attempt of a launched job ended (the launcher's exit code follows it)."""
     CLEAN = "clean"
     FAILED = "failed"
     CRASHED = "crashed"

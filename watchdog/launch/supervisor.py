@@ -47,6 +47,8 @@ HANDLED = WAITING_LONG | {State.STOPPED}
 
 @dataclass(frozen=True)
 class Plan:
+    """What `mlx-watchdog launch` was asked to run: mlx.launch's arguments, the job's
+    name, the record directory and the node's settings."""
     mlx_launch: str
     args: list[str]  # the user's mlx.launch arguments, unchanged
     job: str
@@ -62,6 +64,8 @@ def say(message: str) -> None:
 
 
 class Supervisor:
+    """Runs a job under mlx.launch, reads how each attempt ended, and relaunches it
+    while its budget lasts (never into a node flagged for reboot)."""
     def __init__(self, plan: Plan, *, sleep: Callable[[float], bool] | None = None) -> None:
         self.plan = plan
         self.settings = plan.settings

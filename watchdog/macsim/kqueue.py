@@ -22,6 +22,7 @@ KQ_NOTE_EXIT = 0x80000000
 
 
 class kevent:  # noqa: N801 - the name select gives it
+    """select.kevent as macOS gives it: one change or one event."""
     def __init__(self, ident: int, filter: int = 0, flags: int = KQ_EV_ADD,  # noqa: A002
                  fflags: int = 0, data: int = 0, udata: int = 0) -> None:
         self.ident, self.filter, self.flags = ident, filter, flags
@@ -29,6 +30,7 @@ class kevent:  # noqa: N801 - the name select gives it
 
 
 class kqueue:  # noqa: N801 - the name select gives it
+    """select.kqueue as macOS gives it, for EVFILT_PROC NOTE_EXIT only, built on pidfds."""
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}  # pid -> pidfd
         self.closed = False

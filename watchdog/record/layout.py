@@ -284,6 +284,7 @@ class RecordBusy(RecordError):
 
 @dataclass(frozen=True)
 class Collective:
+    """One entry of a record's flight recorder: a collective the rank issued."""
     number: int
     op: str
     dtype: str
@@ -301,6 +302,8 @@ class Pace(NamedTuple):
 
 @dataclass(frozen=True)
 class Record:
+    """A rank's record as read: its identity, its job and place in it, its phase and
+    wait, its progress counters, its `hb.expect()` window and its flight recorder."""
     pid: int
     start_time: float
     uid: int

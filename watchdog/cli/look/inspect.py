@@ -26,6 +26,7 @@ class ThreadCpu(Encodable):
 
 @dataclass(frozen=True, kw_only=True)
 class WaitCounts(Encodable):
+    """A record's progress counters, as `inspect` shows them."""
     collectives: int
     waits_entered: int
     waits_completed: int
@@ -51,6 +52,7 @@ class OpPace(Encodable):
 
 @dataclass(frozen=True, kw_only=True)
 class FlightRow(Encodable):
+    """One collective of a record's flight recorder, as `inspect` shows it."""
     number: int
     op: str
     dtype: str

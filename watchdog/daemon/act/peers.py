@@ -38,6 +38,8 @@ FENCED_KEPT = 600.0  # seconds a job fenced is remembered (its ranks' deaths not
 
 
 class Peers:
+    """This node's peers: the fences it sends and accepts (signed, kept on disk across a
+    restart), and their `/status` answers, asked in the background."""
     def __init__(self, settings: Settings | Live, host: str, executor: Executor,
                  started: float, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:

@@ -56,6 +56,8 @@ def fair(pids_by_uid: dict[int, list[int]], limit: int) -> set[int]:
 
 
 class ExitWatcher:
+    """Wakes the daemon's loop the moment a watched rank exits (pidfd on Linux, kqueue's
+    NOTE_EXIT on macOS), so a crash is seen at once, not at the next scan."""
     def __init__(self, wake: threading.Event, kq: Any = None) -> None:
         """`kq`: the module giving kqueue, kevent and the KQ_* constants (`select`
         on macOS); given, the kqueue watcher is used whatever this OS is."""

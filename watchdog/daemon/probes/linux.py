@@ -287,6 +287,8 @@ def runnable_per_cpu(loadavg: str, cpus: int) -> float:
 
 
 class LinuxProbe(Probe):
+    """The probe on Linux: /proc for identities, threads, schedstat, I/O, faults and TCP
+    queues; stacks from py-spy or gdb."""
     name = "linux"
     native_ids = True  # psutil's thread ids are the kernel's tids
 

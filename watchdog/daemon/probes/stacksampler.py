@@ -46,6 +46,8 @@ Key = tuple[int, float]  # a rank's pid and start time
 
 @dataclass(frozen=True)
 class Identity:
+    """A process's identity as the sample was asked for it: a sample of another process
+    (the pid reused) is thrown away."""
     pid: int
     start_time: float
     uid: int
@@ -78,6 +80,8 @@ class Queues:
 
 
 class StackSampler:
+    """Native stacks and sockets' queues of the ranks of a job past its wedge deadline,
+    sampled on the daemon's workers, bounded per owner and per rank, and kept until read."""
     def __init__(self, probe: Probe, submit: Callable[..., object],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.probe, self.submit, self.clock = probe, submit, clock
