@@ -35,7 +35,7 @@ import pytest
 
 from tests.support.netbed import Bed, Host
 from tests.support.ranks import REPO, base_env, wait_for
-from watchdog.daemon.act.responses import EXO_STAGGER
+from watchdog.daemon.act.exo import EXO_STAGGER
 
 pytestmark = pytest.mark.ranks
 

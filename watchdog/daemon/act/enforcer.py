@@ -115,6 +115,7 @@ from typing import Any, ClassVar
 
 from watchdog import record
 from watchdog.daemon.act.evidence import Evidence
+from watchdog.daemon.act.exo import peer_delay
 from watchdog.daemon.act.workers import FairWork
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
 from watchdog.daemon.probes import UNINTERRUPTIBLE, Probe, ProbeError
@@ -399,7 +400,8 @@ class Enforcer:
         # Read after the freeze and the capture's hand-over (at once without a worker).
         ladder.until = (self.clock() if ladder.verdict_at is None else ladder.verdict_at) \
             + self.settings.evidence_timeout + EVIDENCE_SLACK
-        ladder.term_at = min(ladder.term_at, ladder.until)  # never past the time box
+        # Never past the time box; a fenced exo job's by exo's stagger more (act/exo.py).
+        ladder.term_at = min(ladder.term_at, ladder.until + peer_delay(incident.job or ""))
         return Step.EVIDENCE
 
     def _step_resume(self, ladder: Ladder, now: float) -> Step:

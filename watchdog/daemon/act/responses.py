@@ -27,6 +27,7 @@ from typing import Any
 
 from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK, Enforcer, Ladder, Outcome, Step
+from watchdog.daemon.act.exo import peer_delay
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
@@ -39,20 +40,6 @@ from watchdog.status import FenceSent, Incident, NodeStatus, PeerView
 log = logging.getLogger(__name__)
 
 Key = tuple[int, float]  # a rank: (pid, start time)
-
-# exo (docs/exo.md): a peer's runner of an exo job ends this long after ours. exo notices
-# a runner's end at its supervisor's next 5 s poll and marks it RunnerFailed; the other
-# node then shuts its runner down and gives it 3 s to answer (`fail_after(3)`), after
-# which it drops it unmarked. Both runners of an instance failed make each node shut its
-# new runner down 0.1 s after starting it, and one not up within those 3 s leaves its id
-# failed: exo loops on CreateRunner / Shutdown until it deletes the instance. Ours first,
-# the peers' after exo gave theirs up (5 + 3 s and a margin): only ours is failed.
-EXO_STAGGER = 9.0
-
-
-def peer_delay(job: str) -> float:
-    """Seconds the peers' SIGTERMs come after ours, for `job` (exo's: EXO_STAGGER)."""
-    return EXO_STAGGER if job.startswith("exo-") else 0.0
 
 
 @dataclass(eq=False)

@@ -1,0 +1,21 @@
+"""exo's teardown timing (docs/exo.md): how much later than the origin's the peers'
+SIGTERMs come for an exo job, here and on the fenced side, whose time box grows by as
+much. Imports nothing from the project (the enforcer, the responses and the fences
+read it)."""
+
+from __future__ import annotations
+
+# exo (b5375f8) notices a runner's end at its supervisor's next 5 s poll and marks it
+# RunnerFailed; the other node then shuts its runner down and gives it 3 s to answer
+# (`fail_after(3)`), after which it drops it unmarked. Both runners of an instance failed
+# make each node shut its new runner down 0.1 s after starting it, and one not up within
+# those 3 s leaves its id failed: exo loops on CreateRunner / Shutdown until it deletes
+# the instance. Ours first, the peers' after exo gave theirs up (5 + 3 s and a margin):
+# only ours is failed. Less is not enough whatever the two supervisors' poll phases
+# (set by when each node created its runner, seconds apart after a recovery).
+EXO_STAGGER = 9.0
+
+
+def peer_delay(job: str) -> float:
+    """Seconds the peers' SIGTERMs come after ours, for `job` (exo's: EXO_STAGGER)."""
+    return EXO_STAGGER if job.startswith("exo-") else 0.0
