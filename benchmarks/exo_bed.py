@@ -320,6 +320,8 @@ def main() -> None:
     parser.add_argument("--daemon-repo", default=str(REPO),
                         help="the mlx-watchdog checkout the daemons run (a baseline)")
     args = parser.parse_args()
+    # SIGTERM (or SIGINT, ignored in a background job) still tears the bed down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for i in range(args.runs):
         print(json.dumps(one_run(args, i)), flush=True)
 
