@@ -17,7 +17,7 @@ from typing import Any
 
 from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import EVIDENCE_SLACK
-from watchdog.daemon.act.exo import peer_delay
+from watchdog.daemon.act.exo import delay_here
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Live, PeerSettings, Settings, live
@@ -119,14 +119,16 @@ class Fences:
 
     def term_in(self, fenced: Fence) -> float:
         """Seconds a fenced job's ranks are held frozen before their SIGTERM: until the
-        moment the origin ends its own (the fence's `term_in`), at most this daemon's
-        evidence time box (an exo job's: and exo's stagger, act/exo.py, which the origin
-        adds to its own box); at once for an older sender's fence, or a local death's."""
+        moment the origin named (the fence's `term_in`), at most this daemon's evidence
+        time box, and for an exo job EXO_STAGGER more unless this node goes first
+        (act/exo.py: the culprit's); at once for an older sender's fence, or a local
+        death's."""
         held = fenced.term_in
-        if fenced.local or not isinstance(held, (int, float)) or not held > 0:
+        if fenced.local or not isinstance(held, (int, float)) or not held >= 0:
             return 0.0  # NaN too
-        return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK
-                   + peer_delay(fenced.job))
+        culprit = fenced.culprit.host if fenced.culprit is not None else None
+        return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK) \
+            + delay_here(fenced.job, self.host, culprit, fenced.origin or "")
 
     def died(self, death: Death, now: float) -> None:
         """A rank of a multi-rank job died: fence its job on the peers now, and end its

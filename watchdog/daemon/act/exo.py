@@ -19,3 +19,14 @@ EXO_STAGGER = 9.0
 def peer_delay(job: str) -> float:
     """Seconds the peers' SIGTERMs come after ours, for `job` (exo's: EXO_STAGGER)."""
     return EXO_STAGGER if job.startswith("exo-") else 0.0
+
+
+def delay_here(job: str, here: str, culprit_host: str | None, origin: str) -> float:
+    """Seconds this node's SIGTERMs for `job` come after the moment the origin named:
+    none on the node that goes first, EXO_STAGGER on every other (an exo job's; 0 for
+    the rest). First is the culprit's node when a rank is named, else the origin: a
+    frozen runner's node may be unable to give its runner up (exo's worker waits without
+    bound for a task's acknowledgement from it), so its runner is the one exo reports
+    failed, and every other node's worker, free, gives its own up first (docs/exo.md)."""
+    first = culprit_host or origin
+    return 0.0 if here == first else peer_delay(job)
