@@ -1,7 +1,7 @@
-"""exo's teardown timing (docs/exo.md): how much later than the origin's the peers'
-SIGTERMs come for an exo job, here and on the fenced side, whose time box grows by as
-much. Imports nothing from the project (the enforcer, the responses and the fences
-read it)."""
+"""exo's teardown timing (docs/exo.md): which node of an exo job ends its runner first
+and how much later every other node does, each adding its delay to the moment the fence
+names (its hold grows by as much). Imports nothing from the project (the enforcer, the
+responses and the fences read it)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from __future__ import annotations
 # (`fail_after(3)`), after which it drops it unmarked. Both runners of an instance failed
 # make each node shut its new runner down 0.1 s after starting it, and one not up within
 # those 3 s leaves its id failed: exo loops on CreateRunner / Shutdown until it deletes
-# the instance. Ours first, the peers' after exo gave theirs up (5 + 3 s and a margin):
-# only ours is failed. Less is not enough whatever the two supervisors' poll phases
+# the instance. One node's first, the others' after exo gave theirs up (5 + 3 s and a
+# margin): only the first is failed. Less is not enough whatever the two supervisors' poll phases
 # (set by when each node created its runner, seconds apart after a recovery).
 EXO_STAGGER = 9.0
 
 
 def peer_delay(job: str) -> float:
-    """Seconds the peers' SIGTERMs come after ours, for `job` (exo's: EXO_STAGGER)."""
+    """Seconds a second node's SIGTERMs come after the first's, for `job` (exo's:
+    EXO_STAGGER; 0: one moment for every rank)."""
     return EXO_STAGGER if job.startswith("exo-") else 0.0
 
 
