@@ -224,7 +224,8 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
     out = Path(args.out) / f"{args.scenario}-{index}"
     out.mkdir(parents=True, exist_ok=True)
     bed = Bed(Path(os.environ.get("EXO_BASE", "/tmp/exo-try")), out, Path(args.daemon_repo))
-    result: dict[str, Any] = {"scenario": args.scenario, "run": index}
+    result: dict[str, Any] = {"scenario": args.scenario, "run": index,
+                              "at": time.strftime("%H:%M:%S", time.gmtime())}
     try:
         bed.up()
         bed.ready()
@@ -238,6 +239,7 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
                 answered += bed.chat()
                 time.sleep(random.uniform(3, 20))
             result["answered"] = answered
+            result["load_after"] = round(os.getloadavg()[0], 2)  # the machine is shared
             # Each incident is one "incident <id>, job ..." line in its daemon's log.
             result["incidents"] = sum(
                 line.count(" INFO incident ") + line.count(" WARNING incident ")
@@ -262,6 +264,7 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
         burners: list[subprocess.Popen[bytes]] = []
         os.kill(pids[victim], signal.SIGSTOP)
         frozen = time.monotonic()
+        result["load_at_freeze"] = round(os.getloadavg()[0], 2)
         if args.scenario == "idle":
             # Frozen while idle: nothing waits on it until a request comes (exo hands it
             # to both runners; the other waits on the frozen one in the first step).
@@ -289,6 +292,7 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
             burner.wait()
         result["ended"] = ended
         result["answered"] = answered_at
+        result["load_after"] = round(os.getloadavg()[0], 2)  # the machine is shared
         result["create_runner"] = {n: bed.count(n, "Worker plan: CreateRunner", offsets[n])
                                    for n in (1, 2)}
         result["shutdown"] = {n: bed.count(n, "Worker plan: Shutdown", offsets[n])
@@ -316,6 +320,8 @@ def main() -> None:
     parser.add_argument("--daemon-repo", default=str(REPO),
                         help="the mlx-watchdog checkout the daemons run (a baseline)")
     args = parser.parse_args()
+    # SIGTERM (or SIGINT, ignored in a background job) still tears the bed down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for i in range(args.runs):
         print(json.dumps(one_run(args, i)), flush=True)
 

@@ -13,8 +13,9 @@ two faults share one wait for the 60 s floor:
 
 Each must end on both hosts within the floor plus 15 s (the frozen runner by the
 other host's fence), with the frozen rank's host and pid in the incident, every runner
-frozen before the first SIGTERM, the fenced host's SIGTERM EXO_STAGGER after the origin's
-and the two runners' ends more than exo's shutdown wait apart (docs/exo.md),
+frozen before the first SIGTERM, the frozen runner's (fenced) host first and the
+origin's SIGTERM EXO_STAGGER after it, the two runners' ends more than exo's shutdown
+wait apart (docs/exo.md),
 no surviving runner printing a ring error (exo would put it in the request's error
 event, which exo's other node failed to parse, and exo stopped answering); A's recreated
 instance is one job again, watched with what the last one taught (not the 600 s
@@ -35,12 +36,12 @@ import pytest
 
 from tests.support.netbed import Bed, Host
 from tests.support.ranks import REPO, base_env, wait_for
-from watchdog.daemon.act.responses import EXO_STAGGER
+from watchdog.daemon.act.exo import EXO_STAGGER
 
 pytestmark = pytest.mark.ranks
 
 FLOOR = 60.0  # the auto deadline's floor, at the defaults
-BOUND = FLOOR + 15.0 + EXO_STAGGER  # exo's peers end EXO_STAGGER after the origin
+BOUND = FLOOR + 15.0 + EXO_STAGGER  # an exo job's second node ends EXO_STAGGER later
 # What a survivor prints when it sees its peer's socket reset (mlx 0.32's ring).
 RING_ERRORS = ("failed with errno", "Too many send/recv errors", "connection to a peer was lost")
 TERM_SPREAD = 0.5  # seconds between the first and the last SIGTERM of a job's ranks
@@ -218,17 +219,18 @@ def test_exo_instances_are_one_job_and_a_frozen_runner_ends_its_instance_on_both
         assert frozen[1]["pid"] in [r["pid"] for r in fenced["ranks"]], fenced
         assert frozen[1]["pid"] in [s["pid"] for s in fenced["signals"]], fenced
         # Both hosts' runners frozen before the first SIGTERM (one wall clock: the hosts
-        # are namespaces of one machine); the origin's first, the fenced host's
-        # EXO_STAGGER later: after exo gave up the peer's runner (docs/exo.md).
+        # are namespaces of one machine); the frozen runner's host first (exo reports
+        # that runner failed: its worker may wait on it without bound), the origin's
+        # EXO_STAGGER later: after exo gave up the origin's runner (docs/exo.md).
         signals = [s for i in (found, fenced) for s in i["signals"] if s["result"] == "sent"]
         stops = [s["time"] for s in signals if s["signal"] == "SIGSTOP"]
         terms = {s["pid"]: s["time"] for s in signals if s["signal"] == "SIGTERM"}
         assert len(terms) == 2 and len(stops) == 2, signals
         assert max(stops) < min(terms.values()), signals
-        first = min(s["time"] for s in found["signals"] if s["signal"] == "SIGTERM")
-        spread = terms[frozen[1]["pid"]] - first
-        print(f"exo bed, job {job[:14]}: the fenced host's SIGTERM {spread:.2f}s after the "
-              f"origin's; frozen {max(stops) - min(stops):.3f}s apart")
+        first = terms[frozen[1]["pid"]]
+        spread = min(s["time"] for s in found["signals"] if s["signal"] == "SIGTERM") - first
+        print(f"exo bed, job {job[:14]}: the origin's SIGTERM {spread:.2f}s after the "
+              f"frozen runner's host's; frozen {max(stops) - min(stops):.3f}s apart")
         assert EXO_STAGGER - TERM_SPREAD < spread < EXO_STAGGER + 1.0, signals
 
     # The order exo comes back from: the two runners of each instance ended more than

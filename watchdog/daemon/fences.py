@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.daemon.act import told
+from watchdog.daemon.act.exo import delay_here
 from watchdog.daemon.act.incidents import death_culprit
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK
 from watchdog.daemon.act.peers import Peers
@@ -121,12 +122,16 @@ class Fences:
 
     def term_in(self, fenced: Fence) -> float:
         """Seconds a fenced job's ranks are held frozen before their SIGTERM: until the
-        moment the origin ends its own (the fence's `term_in`), at most this daemon's
-        evidence time box; at once for an older sender's fence, or a local death's."""
+        moment the origin named (the fence's `term_in`), at most this daemon's evidence
+        time box, and for an exo job EXO_STAGGER more unless this node goes first
+        (act/exo.py: the culprit's); at once for an older sender's fence, or a local
+        death's."""
         held = fenced.term_in
-        if fenced.local or not isinstance(held, (int, float)) or not held > 0:
+        if fenced.local or not isinstance(held, (int, float)) or not held >= 0:
             return 0.0  # NaN too
-        return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK)
+        culprit = fenced.culprit.host if fenced.culprit is not None else None
+        return min(float(held), self.settings.evidence_timeout + EVIDENCE_SLACK) \
+            + delay_here(fenced.job, self.host, culprit, fenced.origin or "")
 
     def deaths(self, now: float) -> None:
         """The ranks the table found dead since it was last asked, each one's job fenced

@@ -232,9 +232,9 @@ def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> N
 
 # The ladder's rooms, from the ground up: each imports only rooms before it (no circle,
 # no arrow up), the pure ones (ladder, wired, resume) none that signals or writes.
-LADDER_ROOMS = ("ladder", "wired", "resume", "workers", "evidence", "writes", "teardown",
-                "acting", "enforcer")
-PURE = {"ladder", "wired", "resume"}
+LADDER_ROOMS = ("exo", "ladder", "wired", "resume", "workers", "evidence", "writes",
+                "teardown", "acting", "enforcer")
+PURE = {"exo", "ladder", "wired", "resume"}
 
 
 def test_the_ladders_rooms_import_only_those_before_them() -> None:

@@ -25,12 +25,13 @@ from tests.support.fakes import (
 )
 from tests.support.ladders import complete, drive
 from tests.unit.daemon.test_enforcer import enforcer, incident, settings
+from watchdog.daemon.act.exo import EXO_STAGGER
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Step
-from watchdog.daemon.act.responses import EXO_STAGGER, Responses
+from watchdog.daemon.act.responses import Responses
 from watchdog.daemon.fences import Fences
 from watchdog.daemon.store import pending
 from watchdog.net import fence
-from watchdog.status import Fence, FenceAnswer, FenceSent, NodeStatus
+from watchdog.status import Culprit, Fence, FenceAnswer, FenceSent, NodeStatus
 
 
 def test_a_ladder_holds_its_frozen_ranks_until_the_moment_the_peers_were_told(
@@ -55,14 +56,20 @@ def test_a_ladder_holds_its_frozen_ranks_until_the_moment_the_peers_were_told(
     assert outcome.incident.freeze == "2 ranks frozen"
 
 
-def test_the_hold_never_outlasts_the_evidence_time_box(state_dir: Path) -> None:
+@pytest.mark.parametrize("job,later", [("job-1", 0.0), ("exo-3f2a", EXO_STAGGER)])
+def test_the_hold_never_outlasts_the_evidence_time_box(state_dir: Path, job: str,
+                                                        later: float) -> None:
+    """A fenced exo job's box is exo's stagger longer: its origin's evidence may take the
+    whole box and its peers still end theirs EXO_STAGGER after it (cut to the box, a
+    slow evidence under load brought them within exo's 8 s: tests/multihost/test_exo)."""
     fake = FakeSignaller({13: DIES_ON_TERM})
     enf, clock = enforcer(state_dir, fake, evidence_timeout=2.0)
     start = clock.now()
-    outcome = drive(enf, enf.begin(incident(targets=[target(13)]), [target(13)],
+    outcome = drive(enf, enf.begin(incident(job, targets=[target(13)]), [target(13)],
                                    evidence=False, term_at=start + 600.0))
     (term,) = [s.time for s in outcome.incident.signals or () if s.signal == "SIGTERM"]
-    assert term - clock.wall_origin - start <= 2.0 + EVIDENCE_SLACK + 0.1
+    held = term - clock.wall_origin - start
+    assert 2.0 + EVIDENCE_SLACK + later - 0.1 <= held <= 2.0 + EVIDENCE_SLACK + later + 0.1
 
 
 def test_a_rank_in_uninterruptible_sleep_is_said_not_frozen(state_dir: Path) -> None:
@@ -194,6 +201,18 @@ def test_a_fence_holds_its_ranks_frozen_at_most_the_receivers_time_box(state_dir
 
     assert held(2.5) == 2.5
     assert held(600.0) == 4.0 + EVIDENCE_SLACK
+
+    # An exo job's: EXO_STAGGER more on every node but the first, the culprit's (else
+    # the origin's), the origin's moment as it named it, or "now" (act/exo.py).
+    def exo(term_in: float, culprit_host: str | None) -> float:
+        named = None if culprit_host is None else Culprit(host=culprit_host, rank=1)
+        return fences.term_in(Fence(job="exo-3f2a", uid=0, origin="a", reason="r",
+                                    culprit=named, term_in=term_in))
+
+    assert exo(600.0, None) == exo(600.0, "a") == exo(600.0, "node-c") == \
+        4.0 + EVIDENCE_SLACK + EXO_STAGGER
+    assert exo(600.0, "node-b") == 4.0 + EVIDENCE_SLACK  # the culprit here: first
+    assert exo(0.0, None) == EXO_STAGGER and exo(0.0, "node-b") == 0.0  # "now"
     assert held(None) == held(-3.0) == held(math.nan) == held(5.0, local=True) == 0.0
 
 
@@ -219,8 +238,9 @@ class FencingPeers:
 @pytest.mark.parametrize("job,later", [("job-1", 0.0), ("exo-3f2a", EXO_STAGGER)])
 def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
         state_dir: Path, job: str, later: float) -> None:
-    """An exo job's peers end theirs EXO_STAGGER after ours (docs/exo.md: exo loops when
-    both runners of an instance end before it gave the second up)."""
+    """No culprit named elsewhere: ours first; an exo job's peers add EXO_STAGGER to the
+    moment told, on their side (test_a_fence_holds_...; docs/exo.md: exo loops when both
+    runners of an instance end before it gave the second up)."""
     fake = FakeSignaller({71: DIES_ON_TERM, 72: DIES_ON_TERM})
     enf, clock = enforcer(state_dir, fake, evidence_timeout=3.0)
     peers = FencingPeers(fake)
@@ -233,14 +253,15 @@ def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
                     ask_peers=False, may_hold=False, evidence=True)
     # Ours frozen before the peers were told; they were told the evidence's time box.
     (first_fence,) = peers.sent
-    assert first_fence == (3.0 + EVIDENCE_SLACK + later, ["SIGSTOP", "SIGSTOP"])
+    assert first_fence == (3.0 + EVIDENCE_SLACK, ["SIGSTOP", "SIGSTOP"])
     # The evidence (none here) is in at once: the peers are told again, to end theirs
     # now, and ours end with them.
     ended = []
     for _ in range(5):
         ended += responses.step(clock.now())
         clock.advance(enf.TICK)
-    assert [t for t, _ in peers.sent] == [3.0 + EVIDENCE_SLACK + later, later]
+    assert [t for t, _ in peers.sent] == [3.0 + EVIDENCE_SLACK, 0.0]
+    del later
     assert peers.sent[1][1] == ["SIGSTOP", "SIGSTOP"]  # before any SIGTERM of ours
     # Both name the moment the job was found dead: the second ends no relaunch since.
     assert peers.since[0] is not None and peers.since[0] == peers.since[1]
@@ -251,3 +272,34 @@ def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
     assert clock.now() < 1000.0 + 3.0
     assert outcome.incident.freeze == ("2 ranks frozen; peer node-c:9100 did not take the "
                                        "fence (timed out)")
+
+
+def test_an_exo_job_whose_culprit_is_on_a_peer_ends_there_first_and_here_later(
+        state_dir: Path) -> None:
+    """The frozen runner's node first, ours EXO_STAGGER after, still frozen meanwhile: exo
+    reports that runner failed (its worker, waiting on it, could not give it up), and
+    ours, given up by our free worker first, ends unreported (docs/exo.md, the idle
+    freeze that looped on the bed with ours first)."""
+    fake = FakeSignaller({71: DIES_ON_TERM})
+    enf, clock = enforcer(state_dir, fake, evidence_timeout=3.0)
+    peers = FencingPeers(fake)
+    responses = Responses(
+        settings(state_dir, evidence_timeout=3.0, secret="s", peers=("node-b:9100",)),
+        enf, peers, lambda: NodeStatus(), lambda: None)  # type: ignore[arg-type]
+    targets = [target(71)]
+    named = dataclasses.replace(incident("exo-3f2a", targets=targets),
+                                culprit=Culprit(host="node-b", rank=1, pid=7))
+    responses.start([(71, 1.7e9)], clock.now(), 0, "exo-3f2a", named, targets,
+                    lambda: False, ask_peers=False, may_hold=False, evidence=True)
+    ended = []
+    while not ended and clock.now() < 1000.0 + 30.0:
+        ended += responses.step(clock.now())
+        clock.advance(enf.TICK)
+    # The evidence (none) in at once: the peers told "now", ours held EXO_STAGGER more,
+    # frozen all along.
+    assert [t for t, _ in peers.sent] == [3.0 + EVIDENCE_SLACK, 0.0]
+    assert fake.names() == ["SIGSTOP", "SIGTERM", "SIGCONT"]
+    ((_, outcome),) = ended
+    assert outcome is not None and outcome.results == {71: "killed"}
+    times = {s.signal: s.time for s in outcome.incident.signals or ()}
+    assert EXO_STAGGER <= times["SIGTERM"] - times["SIGSTOP"] <= EXO_STAGGER + 0.5

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from watchdog.daemon.act import resume as resuming
 from watchdog.daemon.act.acting import Acting
+from watchdog.daemon.act.exo import peer_delay
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step, may_go
 from watchdog.daemon.act.teardown import progressed
 from watchdog.daemon.act.wired import over
@@ -138,7 +139,8 @@ class Enforcer(Acting):
         # Read after the freeze and the capture's hand-over (at once without a worker).
         ladder.until = (self.clock() if ladder.verdict_at is None else ladder.verdict_at) \
             + self.settings.evidence_timeout + EVIDENCE_SLACK
-        ladder.term_at = min(ladder.term_at, ladder.until)  # never past the time box
+        # Never past the time box; a fenced exo job's by exo's stagger more (act/exo.py).
+        ladder.term_at = min(ladder.term_at, ladder.until + peer_delay(incident.job or ""))
         return Step.EVIDENCE
 
     def _step_resume(self, ladder: Ladder, now: float) -> Step:

@@ -26,6 +26,7 @@ from typing import Any
 
 from watchdog.daemon.act import told
 from watchdog.daemon.act.enforcer import Enforcer
+from watchdog.daemon.act.exo import delay_here
 from watchdog.daemon.act.incidents import fence_culprit, view_culprit, with_view
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step
 from watchdog.daemon.act.peers import Peers
@@ -39,19 +40,6 @@ from watchdog.status import FenceSent, Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
-# exo (docs/exo.md): a peer's runner of an exo job ends this long after ours. exo notices
-# a runner's end at its supervisor's next 5 s poll and marks it RunnerFailed; the other
-# node then shuts its runner down and gives it 3 s to answer (`fail_after(3)`), after
-# which it drops it unmarked. Both runners of an instance failed make each node shut its
-# new runner down 0.1 s after starting it, and one not up within those 3 s leaves its id
-# failed: exo loops on CreateRunner / Shutdown until it deletes the instance. Ours first,
-# the peers' after exo gave theirs up (5 + 3 s and a margin): only ours is failed.
-EXO_STAGGER = 9.0
-
-
-def peer_delay(job: str) -> float:
-    """Seconds the peers' SIGTERMs come after ours, for `job` (exo's: EXO_STAGGER)."""
-    return EXO_STAGGER if job.startswith("exo-") else 0.0
 
 
 @dataclass(eq=False)
@@ -77,6 +65,7 @@ class Response:
     fenced: bool = False  # the peers were told to hold theirs frozen until `term_at`
     hurried: bool = False  # ... and told again to end them now (our evidence was done)
     fenced_since: float = 0.0  # wall time the first fence found the job dead
+    later: float = 0.0  # our SIGTERMs this long after the moment told (an exo job's, act/exo.py)
 
     @property
     def acting(self) -> Incident:
@@ -174,10 +163,15 @@ class Responses:
         fencing = (response.evidence and self.settings.mode == Mode.ENFORCE  # a verdict of ours
                    and bool(self.live.peering.secret) and bool(self.live.peering.peers))
         term_at = response.term_at
+        culprit = fence_culprit(incident, view)
         if fencing:
             # Every rank of the job ends at one moment, here and on the peers: the
-            # evidence's time box from the verdict (the peers freeze theirs meanwhile).
+            # evidence's time box from the verdict (the peers freeze theirs meanwhile);
+            # an exo job's nodes but the first EXO_STAGGER later, each adding its own.
             term_at = response.verdict_at + self.settings.evidence_timeout + EVIDENCE_SLACK
+            response.later = delay_here(response.job, incident.host or "", culprit.host,
+                                        incident.host or "")
+            term_at += response.later
         # Ours frozen first (a rank frozen sees no peer end), then the peers told.
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
@@ -189,8 +183,7 @@ class Responses:
             response.fenced_since = self.enforcer.wall()
             response.fencing = self.peers.fence(
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
-                fence_culprit(incident, view),
-                term_in=max(0.0, term_at - self.enforcer.clock()) + peer_delay(response.job),
+                culprit, term_in=max(0.0, term_at - response.later - self.enforcer.clock()),
                 since=response.fenced_since)
             response.fenced = response.fencing is not None
 
@@ -294,10 +287,10 @@ class Responses:
             response.hurried = True
             self.peers.fence(response.uid, response.job,
                              f"{ladder.incident.verdict}: {ladder.incident.reason}",
-                             ladder.incident.culprit, term_in=peer_delay(response.job),
+                             ladder.incident.culprit, term_in=0.0,
                              since=response.fenced_since,  # never a relaunch since
                              again=True)
-            ladder.term_at = self.enforcer.clock()
+            ladder.term_at = self.enforcer.clock() + response.later
         return self.enforcer.step(ladder)
 
     def _fenced(self, ladder: Ladder, fencing: Future[list[FenceSent]]) -> None:
