@@ -4,9 +4,10 @@ A test aid (docs/macos.md). `MLX_WATCHDOG_SIMULATE=macos`, read once by
 `watchdog/host.py`, makes the daemon, the CLI and the ranks take their macOS path:
 host.py imports this room (nothing else does, so a real Mac never loads it) for
 
-- `probe()`: the real macOS probe (probes/macos.py), its sources handed in: psutil as
-  macOS answers (psutil_mac.py), libproc's structures (libproc.py), and the tools it
-  runs by path, `sample`, `ioreg` and `pmset` (tools.py);
+- the sources the real macOS probe (probes/macos.py) is handed by the probe factory
+  (`probes.probe()`): psutil as macOS answers (psutil_mac.py), libproc's structures
+  (libproc.py), and the tools it runs by path, `sample`, `ioreg` and `pmset` (`tool()`,
+  tools.py);
 - `kqueue_module()`: kqueue's NOTE_EXIT for the exit watcher (kqueue.py).
 
 Each stand-in reads the live Linux process but hands over only what macOS gives, in
@@ -19,8 +20,9 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from watchdog.daemon.probes.macos import MacProbe
 from watchdog.macsim import kqueue, libproc, psutil_mac, tools
+
+__all__ = ["kqueue_module", "libproc", "psutil_mac", "tool"]
 
 
 def tool(name: str) -> list[str] | None:
@@ -31,10 +33,6 @@ def tool(name: str) -> list[str] | None:
     return [sys.executable, "-m", "watchdog.macsim.tools", name]
 
 
-def probe() -> MacProbe:
-    lib = libproc.LibProc()
-    return MacProbe(ps=psutil_mac, libproc=lib, tool=tool, timebase=lib.mach_timebase_info)
-
-
 def kqueue_module() -> ModuleType:
+    """select's kqueue as macOS gives it, for the exit watcher."""
     return kqueue

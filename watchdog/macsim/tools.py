@@ -5,7 +5,7 @@ the tool (`MacProbe.tool`), so every caller that runs the real tool (the probe, 
 evidence) runs the stand-in the same way, as a process of its own.
 
 - `sample PID SECONDS`: the live rank's native stacks, read with gdb (hardened as the
-  daemon's own, probes/gdbstack.py) as often as fits in SECONDS (at least once),
+  daemon's own, watchdog/gdbstack.py) as often as fits in SECONDS (at least once),
   printed in `sample`'s report layout: the header, "Call graph:", one tree per thread
   headed `Thread_<id>` with the kernel's thread id (as on a Mac, not psutil's
   position), each frame `name  (in library) + offset  [address]` under a count of
@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from watchdog.daemon.probes import gdbstack
+from watchdog import gdbstack
 
 TOOLS = ("sample", "ioreg", "pmset")
 _LIB = re.compile(r" from (\S+)")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from tests.support import SUPPORT
+from watchdog import gdbstack
 from watchdog.backends import BACKENDS, COMPUTING_FRAMES, WAITING_FRAMES
 from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.frames import classify, thread_kind
-from watchdog.daemon.probes import gdbstack
 from watchdog.daemon.probes.macos import sample_stacks
 from watchdog.states import FrameKind
 

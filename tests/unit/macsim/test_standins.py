@@ -25,8 +25,8 @@ import psutil
 import pytest
 
 from tests.unit.daemon.probes.test_pace_probes import PMSET_COOL
-from watchdog import host
-from watchdog.daemon.probes import gdbstack, macos, samplegraph
+from watchdog import gdbstack, host
+from watchdog.daemon.probes import macos, samplegraph
 from watchdog.daemon.probes.exits import ExitWatcher
 from watchdog.macsim import kqueue, libproc, psutil_mac, tools
 
@@ -134,7 +134,9 @@ def test_the_probe_reads_a_contended_process_run_queue_from_ri_runnable_time():
     loops = [subprocess.Popen(["taskset", "-c", str(cpu), "sh", "-c", "while :; do :; done"])
              for _ in range(2)]
     try:
-        probe = macsim.probe()
+        lib = libproc.LibProc()
+        probe = macos.MacProbe(ps=psutil_mac, libproc=lib, tool=macsim.tool,
+                               timebase=lib.mach_timebase_info)
         first = probe.sample(loops[0].pid)
         assert first is not None and first.runnable is not None and first.demand == ()
         began = time.monotonic()

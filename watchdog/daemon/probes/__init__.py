@@ -174,8 +174,13 @@ def platform_psutil() -> Any:
 
 def probe() -> Probe:
     """The probe for this platform (the simulated Mac's: host.py)."""
-    if host.simulated():
-        return host.simulation().probe()  # type: ignore[no-any-return]
+    if host.simulated():  # the real macOS probe, handed the stand-ins of its sources
+        from watchdog.daemon.probes.macos import MacProbe
+
+        sim = host.simulation()
+        lib = sim.libproc.LibProc()
+        return MacProbe(ps=sim.psutil_mac, libproc=lib, tool=sim.tool,
+                        timebase=lib.mach_timebase_info)
     if host.os_name() == host.DARWIN:
         from watchdog.daemon.probes.macos import MacProbe
 

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import psutil
 
+from watchdog import gdbstack
 from watchdog.daemon.probes import (
     Probe,
     ProbeError,
     ProcessSample,
     find_tool,
-    gdbstack,
     stack_tool_output,
 )
 from watchdog.procstat import read_start_ticks

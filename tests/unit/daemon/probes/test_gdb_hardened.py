@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.users import OTHER_UID, fork_as
-from watchdog.daemon.probes import gdbstack
+from watchdog import gdbstack
 from watchdog.daemon.probes.linux import LinuxProbe
 
 pytestmark = pytest.mark.slow
@@ -103,7 +103,7 @@ def test_the_wedge_samplers_gdb_runs_nothing_the_rank_names(hostile_rank) -> Non
 
 def test_every_gdb_is_built_in_one_place() -> None:
     """No module but gdbstack spells gdb's options: a new caller cannot forget one."""
-    root = Path(gdbstack.__file__).parents[2]
+    root = Path(gdbstack.__file__).parent  # watchdog/
     spelled = [str(p.relative_to(root)) for p in root.rglob("*.py")
                if "thread apply all bt" in p.read_text() and p.name != "gdbstack.py"]
     assert spelled == []

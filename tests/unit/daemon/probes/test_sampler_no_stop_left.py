@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.daemon.probes import ProbeError, gdbstack, stack_tool_output
+from watchdog import gdbstack
+from watchdog.daemon.probes import ProbeError, stack_tool_output
 from watchdog.daemon.probes.linux import (
     LinuxProbe,
     release_pending_stop,
