@@ -39,6 +39,7 @@ from watchdog.daemon.signaller import Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import RankTable
 from watchdog.daemon.wired import Wired
+from watchdog.net.notify import notify
 from watchdog.states import FINAL, Mode
 from watchdog.status import Fence, FenceAnswer, NodeStatus
 
@@ -305,8 +306,6 @@ class Daemon:
         self.wake.set()
 
     def run(self) -> None:
-        from watchdog.net.notify import notify
-
         self.exits.start()
         self.replay()
         _announce(self.settings)
