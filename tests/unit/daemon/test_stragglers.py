@@ -549,3 +549,29 @@ def test_a_healthy_pace_long_before_is_not_measured_by() -> None:
     worst = stopped_in_part(job, 60, 0.48, fast_work=0.12, stopped=0.5)[-1]
     assert worst is not None and worst.measured is None
     assert worst.slowdown == worst.estimate
+
+
+def test_a_rank_paging_whose_wait_shares_under_read_it_is_named_by_the_jobs_pace() -> None:
+    """A rank paging its memory back in sleeps on the disk and waits on its peer too: the
+    wait shares alone say 1.15 (under the 1.25 that names), while the job runs 1.8x
+    slower than it did healthy. A rank off its core is named by the larger figure (a
+    memory-squeezed rank on a quiet machine was named only at 60 s before, or not at
+    all in 90 s)."""
+    job = Job(2)
+    run(job, 90, work=[0.24, 0.24])
+    steps = 1.0 / 0.45  # a step of 0.45 s, from 0.25 s healthy
+    named = []
+    for _ in range(60):
+        fast, paging = job.ranks
+        fast.work(0.45 * steps, 0.21 * steps, round(4 * steps))
+        paging.work(0.39 * steps, 0.15 * steps, round(4 * steps))  # asleep on the disk the rest
+        paging.faults += 200
+        job.now += 1.0
+        named.append(job.scan())
+    scored, _ = job.judge.judge_job("job", [0, 1], job.now)
+    assert {s.key: s for s in scored}[1].estimate < stragglers.NAME_SLOWDOWN
+    first = next(n for n, w in enumerate(named) if w is not None)
+    assert first <= 30, first
+    worst = named[-1]
+    assert worst is not None and worst.key == 1 and "(memory pressure)" in why(worst.pace)
+    assert abs(worst.slowdown - 1.8) / 1.8 <= 0.05, worst.slowdown

@@ -416,14 +416,21 @@ class Stragglers:
         if worst is None:
             self.jobs.pop(job, None)
             return scored, None
-        if held is not None and held.key == worst.key:
-            if held.named and worst.estimate < CLEAR_SLOWDOWN:
+        mine = held is not None and held.key == worst.key
+        measured = self._measured(job, worst, scored,
+                                  held.since if held is not None and mine else now)
+        # A rank off its core is named by the larger of the two figures: the wait
+        # shares under-read a rank paging its memory back in (it waits too, asleep on
+        # the disk), the job's measured pace does not.
+        figure = max(worst.estimate, measured or 0.0)
+        if held is not None and mine:
+            if held.named and figure < CLEAR_SLOWDOWN:
                 self.jobs.pop(job, None)
                 return scored, None
-            if not held.named and worst.estimate < NAME_SLOWDOWN:
+            if not held.named and figure < NAME_SLOWDOWN:
                 self.jobs.pop(job, None)
                 return scored, None
-        elif worst.estimate >= NAME_SLOWDOWN:
+        elif figure >= NAME_SLOWDOWN:
             held = self.jobs[job] = Named(worst.key, now)
         else:
             self.jobs.pop(job, None)
