@@ -40,8 +40,14 @@ from watchdog.daemon.judge.stragglers import (
 )
 from watchdog.daemon.lifecycle import Edge, Key, Rank, transition
 from watchdog.daemon.probes import Probe
-from watchdog.daemon.probes.datalink import Prober
-from watchdog.daemon.probes.stacksampler import MAX_RUNNING, Identity, StackSampler
+from watchdog.daemon.probes.datalink import PROBE_EVERY, QUIET_PROBE_EVERY, Prober
+from watchdog.daemon.probes.stacksampler import (
+    HOLD_LEAD,
+    MAX_RUNNING,
+    Identity,
+    Stacks,
+    StackSampler,
+)
 from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.view import Shown
 from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, FrameKind, ProcStatus
@@ -90,11 +96,15 @@ class Jobs:
         self.slow: tuple[Straggler, ...] = ()
         self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
         self.shown: dict[Key, Shown] = {}
+        # Each rank's last asleep sample as read (frames.asleep): read once, judged at
+        # every scan while the sampler holds a quiet rank.
+        self.asleep_read: dict[Key, tuple[Stacks, frames.Reading]] = {}
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
         self.detector.forget(key)
         self.shown.pop(key, None)
+        self.asleep_read.pop(key, None)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -133,12 +143,12 @@ class Jobs:
                            for r, _ in members], wedged)
             for rank, sample in members:
                 rec = rank.record
-                asleep, still = self._asleep(rank, now)
+                asleep, still, age = self._asleep(rank, now)
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,
                                                 seen=seen[rank.key], wedge=wedged,
                                                 traced=traced(rank), asleep=asleep,
-                                                sockets_quiet=still)
+                                                sockets_quiet=still, asleep_age=age)
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -163,18 +173,22 @@ class Jobs:
                                   found.error or "no native stack could be read")
         return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
 
-    def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None]:
-        """What the rank waits in at its latest sample, when fresh and taken with no thread
-        busy (frames.asleep), and the seconds its sockets' queues stood still (None: not
-        read): the quiet hang's facts (detector._quiet)."""
+    def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None,
+                                                       float]:
+        """What the rank waits in at its latest sample taken with no thread busy
+        (frames.asleep), the seconds its sockets' queues stood still (None: not read),
+        and that sample's age: the quiet hang's facts (detector._quiet)."""
         found = self.stacks.found.get(rank.key)
         queues = self.stacks.queues.get(rank.key)
         still = (now - queues.since if queues is not None and queues.queues is not None
                  else None)
-        if found is None or now - found.at > wedge.FRESH or found.busy or found.error:
-            return None, still
-        return frames.asleep(found.stacks, rank.record.backend, found.gpu_moved,
-                             main=rank.record.pid), still
+        if found is None or found.busy or found.error:
+            return None, still, 0.0
+        read = self.asleep_read.get(rank.key)
+        if read is None or read[0] is not found:
+            read = self.asleep_read[rank.key] = (found, frames.asleep(
+                found.stacks, rank.record.backend, found.gpu_moved, main=rank.record.pid))
+        return read[1], still, now - found.at
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,
                 now: float) -> wedge.Member:
@@ -236,6 +250,9 @@ class Jobs:
                 v.seconds_in_wait >= (v.wedge_deadline or v.deadline)
         if not any(late(r) for r, _ in members):
             return set()
+        # No thread busy in any rank of the job: no wedge to tell (it needs a spinning
+        # thread), only a quiet hang to confirm at its deadline.
+        quiet = not any(r.verdict is not None and r.verdict.hot for r, _ in members)
         keys = set()
         for rank, sample in members:
             rec = rank.record
@@ -243,8 +260,10 @@ class Jobs:
                 continue
             # Busy threads by the OS's ids only (macOS gives list positions: none then).
             busy = rank.verdict.hot if sample.native_ids else ()
+            v = rank.verdict
+            hold = now + v.deadline - v.seconds_in_wait - HOLD_LEAD if quiet else 0.0
             self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid, rec.start_ticks),
-                            busy, now)
+                            busy, now, hold)
             self.stacks.track_queues(rank.key, rec.pid, now, rec.backend)
             keys.add(rank.key)
         return keys
@@ -261,7 +280,9 @@ class Jobs:
         ranks = list(ranks)
         long = [r for r in ranks if r.state in WAITING_LONG]
         for r in long:
-            self.links.ask(r.key, now, r.record.backend, r.record.uid)
+            busy = r.verdict is not None and bool(r.verdict.hot)
+            self.links.ask(r.key, now, r.record.backend, r.record.uid,
+                           PROBE_EVERY if busy else QUIET_PROBE_EVERY)
         self.links.forget(r.key for r in long)
         for r in ranks:
             link = self.links.found.get(r.key)

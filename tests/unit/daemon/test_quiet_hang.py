@@ -10,6 +10,7 @@ import pytest
 from tests.unit.daemon.test_detector import BASE, NS, ORIGIN, RULES
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.frames import Reading, asleep
+from watchdog.daemon.judge.wedge import FRESH
 from watchdog.daemon.probes import ProcessSample
 from watchdog.states import FrameKind, Phase, State
 
@@ -48,8 +49,9 @@ QUIET = Reading(FrameKind.WAITING, "main thread waits in eval_impl -> pthread_co
 
 def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Reading | None = QUIET,
           world: int = 2, expect: float = 0.0, spin: float = 0.0,
-          offsets: bool | None = None) -> list:
-    """A wait begun at 0, ticks each second to 30 s past a 10 s deadline; the verdicts."""
+          offsets: bool | None = None, sampled: float | None = None) -> list:
+    """A wait begun at 0, ticks each second to 30 s past a 10 s deadline; the verdicts.
+    `sampled`: when its one stack sample was taken (None: a fresh one at every tick)."""
     detector = Detector(RULES)
     record = dataclasses.replace(BASE, phase=Phase.WAIT, op="eval", wait_since_ns=ORIGIN,
                                  last_progress_ns=ORIGIN, waits_entered=10, world_size=world,
@@ -62,7 +64,8 @@ def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Reading | 
                                io=(100 + (t if io_moves else 0), 50),
                                offsets=None if offsets is None else 7 + (t if offsets else 0))
         verdicts.append(detector.observe(record, sample, ORIGIN + t * NS, asleep=seen,
-                                         sockets_quiet=sockets))
+                                         sockets_quiet=sockets,
+                                         asleep_age=0.0 if sampled is None else t - sampled))
     return verdicts
 
 
@@ -114,3 +117,20 @@ def test_one_process_alone_has_no_sockets_to_read():
 def test_a_files_offset_standing_still_explains_nothing():
     verdicts = judge(offsets=False)
     assert any(v.act and v.quiet for v in verdicts)
+
+
+def test_an_old_sample_speaks_while_nothing_moves_but_only_a_fresh_one_ends_the_wait():
+    # Sampled once, as the wait began (the sampler holds a quiet rank until its deadline
+    # nears): still "quiet" in status as its sample ages, never acted on from it.
+    verdicts = judge(sampled=0.0)
+    assert any(v.quiet for v in verdicts[FRESH_AT:]), [v.reason for v in verdicts]
+    assert not any(v.act for v in verdicts), [v.reason for v in verdicts if v.act]
+
+
+def test_an_old_sample_says_nothing_once_anything_moved_after_it():
+    # Its sockets' bytes moved 5 s ago, after its sample: that speaks for no one.
+    verdicts = judge(sampled=0.0, sockets=5.0)
+    assert not any(v.quiet for v in verdicts[FRESH_AT:]), [v.reason for v in verdicts]
+
+
+FRESH_AT = int(FRESH) + 1  # the first tick at which a sample taken at 0 is old

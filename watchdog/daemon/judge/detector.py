@@ -44,7 +44,7 @@ from watchdog.daemon.judge.threads import (
     python_threads,
     thread_tick,
 )
-from watchdog.daemon.judge.wedge import Wedge
+from watchdog.daemon.judge.wedge import FRESH, Wedge
 from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
 from watchdog.states import STOPPED_STATUSES, FrameKind, Phase, State
@@ -223,7 +223,8 @@ class Detector:
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
                 load: float = 1.0, learn: bool = True, seen: Reading | None = None,
                 wedge: Wedge | None = None, traced: bool = False,
-                asleep: Reading | None = None, sockets_quiet: float | None = None) -> Verdict:
+                asleep: Reading | None = None, sockets_quiet: float | None = None,
+                asleep_age: float = 0.0) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -241,10 +242,10 @@ class Detector:
         its job's wedge (judge/wedge.py): its wait is then judged at the wedge deadline.
         `traced`: the daemon's stack sampler stopped it during this interval (gdb
         holds it ~0.5 s): what its threads used then says nothing, and is not counted.
-        `asleep`: what its threads wait in at a fresh sample taken with none busy
-        (frames.asleep); `sockets_quiet`: seconds its sockets' queues stood still (None:
-        not read). With both, a wait past its deadline that nothing explains is a quiet
-        hang (`_quiet`).
+        `asleep`: what its threads wait in at its last sample taken with none busy
+        (frames.asleep), `asleep_age` seconds ago; `sockets_quiet`: seconds its sockets'
+        queues stood still (None: not read). With both, a wait past its deadline that
+        nothing explains is a quiet hang (`_quiet`), ended only from a fresh sample.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -282,8 +283,8 @@ class Detector:
         in_collective = waiting and record.phase == Phase.WAIT and not stopped
         own = self._own(record, sample, track, in_wait, deadline, now_ns) \
             if in_collective else None
-        quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns) \
-            if in_collective else ""
+        quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns,
+                            asleep_age) if in_collective else ""
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
@@ -304,7 +305,8 @@ class Detector:
         if not waiting:
             return self._outside(record, track, deadline, since_moved, verdict)
         return self._in_wait(record, track, deadline, in_wait, own, quiet,
-                             wedge is not None and bool(wedge_at), verdict)
+                             wedge is not None and bool(wedge_at), verdict,
+                             quiet_fresh=asleep_age <= FRESH)
 
     def _measure(self, record: Record, sample: ProcessSample, track: Track, now_ns: int,
                  load: float, traced: bool) -> ThreadTick:
@@ -322,9 +324,10 @@ class Detector:
 
     def _in_wait(self, record: Record, track: Track, deadline: float, in_wait: float,
                  own: OwnWait | None, quiet: str, wedged: bool,
-                 verdict: Callable[..., Verdict]) -> Verdict:
+                 verdict: Callable[..., Verdict], quiet_fresh: bool = True) -> Verdict:
         """A rank in a wait: running, suspect past half its deadline, and past it stalled
-        (a thread spinning, or a quiet hang) or blocked (nothing spinning)."""
+        (a thread spinning, or a quiet hang: acted on from a fresh sample only) or
+        blocked (nothing spinning)."""
         rules = self.rules
         if in_wait < deadline / 2:
             return verdict(State.RUNNING, "waits return within the deadline")
@@ -351,7 +354,7 @@ class Detector:
         elif quiet:
             # Nothing spins, nothing moves, its threads sleep in the wait: a quiet hang
             # (mlx-lm #1834, exo #2173), ended at the deadline as a spinning one is.
-            state, due = State.STALLED, True
+            state, due = State.STALLED, quiet_fresh
             reason = f"{what}, past the {deadline:g}s deadline, quiet: {quiet}"
         else:
             state = State.BLOCKED
@@ -362,12 +365,13 @@ class Detector:
 
     def _quiet(self, record: Record, sample: ProcessSample, track: Track,
                asleep: Reading | None, sockets_quiet: float | None, in_wait: float,
-               now_ns: int) -> str:
+               now_ns: int, asleep_age: float = 0.0) -> str:
         """A quiet hang, in words ("" when anything explains the wait or it cannot be
         told): no thread busy, its threads asleep in a wait the tables name and none in
-        a file read or write (frames.asleep, fresh), no byte read or written by the
-        process and none moving on its sockets for QUIET_HANG_FOR seconds (a process of
-        one rank has no sockets to read), outside an `hb.expect()` window."""
+        a file read or write (frames.asleep), no byte read or written by the process and
+        none moving on its sockets for QUIET_HANG_FOR seconds (a process of one rank has
+        no sockets to read), outside an `hb.expect()` window. A sample older than FRESH
+        still speaks for the rank while nothing moved since it was taken."""
         if asleep is None or asleep.kind != FrameKind.WAITING or record.expect_seconds > 0:
             return ""
         if track.hot or (len(track.busy) >= 1 and _median(track.busy) >= self.rules.spin_ratio):
@@ -379,7 +383,7 @@ class Detector:
             return ""  # its sockets were not read (the peers' bytes may be moving)
         still = min(io_quiet, sockets_quiet if sockets_quiet is not None else io_quiet,
                     in_wait)
-        if still < QUIET_HANG_FOR:
+        if still < QUIET_HANG_FOR or (asleep_age > FRESH and still < asleep_age):
             return ""
         return (f"{asleep.what}; no thread busy; nothing read, written or sent for "
                 f"{still:.0f}s")

@@ -160,6 +160,9 @@ def probe(pid: int, timeout: float,
 
 
 PROBE_EVERY = 2.0  # seconds between probes of one rank while it waits long
+# ... and of a rank with no thread busy: no wedge to hold for a link blip (it needs a
+# spinning thread), only the cause to name at its deadline.
+QUIET_PROBE_EVERY = 8.0
 # Probes under way at once, every rank together: any user can have many ranks wait, and
 # a probe may take its timeout per remote end; past this, ranks wait for a later scan.
 MAX_RUNNING = 8
@@ -181,8 +184,8 @@ class Prober:
         self.running_uids: dict[tuple[int, float], int] = {}  # their owners
 
     def ask(self, key: tuple[int, float], now: float, backend: str = "ring",
-            uid: int | None = None) -> None:
-        if now - self.asked.get(key, -PROBE_EVERY) < PROBE_EVERY:
+            uid: int | None = None, every: float = PROBE_EVERY) -> None:
+        if now - self.asked.get(key, -every) < every:
             return
         if key in self.running or len(self.running) >= MAX_RUNNING:
             return  # never a queue that grows: asked again at a later scan

@@ -37,6 +37,12 @@ SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
 # sample speaks for judge/wedge.FRESH (10 s): this, a scan and a sample's time box stay
 # within it, so a fresh one is there when the deadline comes.
 MAX_EVERY = 6.0
+# Past that, a rank of a job with no thread busy anywhere (a quiet hang, or a long quiet
+# wait) is left alone until its deadline is this near: its verdict needs a fresh sample
+# only then (a fresh one at the deadline, the next MAX_EVERY after it), and its facts
+# meanwhile are its last sample's while nothing moves (detector._quiet). A quiet hang of
+# two ranks took 18 samples before (gdb: ~9% of a core per rank), 10 now.
+HOLD_LEAD = MAX_EVERY
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
@@ -96,11 +102,15 @@ class StackSampler:
         self.taken = 0  # samples taken since start (status, benchmarks)
         self.seconds = 0.0  # their time in all
 
-    def ask(self, who: Identity, busy: tuple[int, ...], now: float) -> None:
+    def ask(self, who: Identity, busy: tuple[int, ...], now: float,
+            hold_until: float = 0.0) -> None:
         """Sample this rank's stacks on a worker, unless one was taken or asked lately,
-        or its owner holds its share of the slots already."""
+        or its owner holds its share of the slots already. `hold_until`: a rank asleep
+        and unchanged (at its longest gap) is not sampled again before then."""
         key = (who.pid, who.start_time)
-        if now - self.asked.get(key, -MAX_EVERY) < self.every.get(key, SAMPLE_EVERY):
+        gap = self.every.get(key, SAMPLE_EVERY)
+        if now - self.asked.get(key, -MAX_EVERY) < gap or (gap >= MAX_EVERY
+                                                           and now < hold_until):
             return
         self.wanting[who.uid] = now
         if key in self.running or len(self.running) >= MAX_RUNNING:

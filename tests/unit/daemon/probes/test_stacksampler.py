@@ -18,6 +18,7 @@ from watchdog.daemon.judge.wedge import FRESH
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
 from watchdog.daemon.probes.stacksampler import (
+    HOLD_LEAD,
     MAX_EVERY,
     SAMPLE_EVERY,
     SAMPLE_TIMEOUT,
@@ -293,7 +294,8 @@ def test_forgetting_ranks_while_a_worker_records_a_sample_does_not_fail_the_scan
 
 
 def sampled_at(s: StackSampler, probe: StackProbe, clock: Clock, seconds: int,
-               busy: tuple[int, ...] = (), change_at: float = -1.0) -> list[float]:
+               busy: tuple[int, ...] = (), change_at: float = -1.0,
+               hold: float = 0.0) -> list[float]:
     """Ask once a second (a scan) for `seconds`; when each sample was taken. At
     `change_at` the rank's frames change (it moved on in its wait)."""
     taken, start = [], clock.now
@@ -302,10 +304,22 @@ def sampled_at(s: StackSampler, probe: StackProbe, clock: Clock, seconds: int,
         if t == change_at:
             probe.native_stacks = lambda pid, timeout: {7: ("__libc_read", "load")}
         s.track_queues((40, 1.7e9), 40, clock.now)
-        s.ask(RANK, busy, clock.now)
+        s.ask(RANK, busy, clock.now, start + hold)
         if s.asked.get((40, 1.7e9)) == clock.now:
             taken.append(float(t))
     return taken
+
+
+def test_a_rank_of_a_quiet_job_is_held_until_its_deadline_nears():
+    # Its deadline 60 s away: two samples to see it unchanged, then none until HOLD_LEAD
+    # before the deadline, then the usual gap (each sample stays fresh for the verdict).
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="sleeping")})
+    taken = sampled_at(s, probe, clock, 70, hold=60.0 - HOLD_LEAD)
+    assert taken[:2] == [0.0, SAMPLE_EVERY], taken
+    assert not [t for t in taken if 2 * SAMPLE_EVERY + 1 < t < 60.0 - HOLD_LEAD], taken
+    later = [t for t in taken if t >= 60.0 - HOLD_LEAD]
+    assert later[0] == 60.0 - HOLD_LEAD and later[1] - later[0] == MAX_EVERY, taken
+    assert len(taken) <= 6, taken  # 13 without the hold
 
 
 def test_a_rank_asleep_and_unchanged_is_sampled_less_often_but_always_freshly():
