@@ -71,6 +71,20 @@ class State(Word):
     ABANDONED = "abandoned"  # alive, but its record is closed (frozen): reported, never acted on
 
 
+class End(Word):
+    """How a response's ladder left a rank (`Outcome.results`, an incident's `outcome`):
+    ended, or why not. The first three are `State`'s words, the others the signaller's
+    (its `Result`) for a signal or identity check that stopped the ladder for it."""
+
+    KILLED = "killed"  # ended by its signals
+    UNKILLABLE = "unkillable"  # still there after SIGKILL and the kill timeout
+    EXITED = "exited"  # ended on its own error, unsignalled
+    GONE = "gone"  # gone before a signal reached it
+    NOT_OURS = "not-ours"  # its pid is another process now
+    DENIED = "denied"  # signalling it was denied
+    UNKNOWN = "unknown"  # its identity could not be checked: left alone, judged again
+
+
 class Mode(Word):
     """What the daemon does about a hang (a setting; the status's, an incident's and a
     metric's `mode`)."""

@@ -9,6 +9,7 @@ from watchdog.states import (
     STOPPED_STATUSES,
     WAITING_LONG,
     WAITING_PHASES,
+    End,
     ProcStatus,
     State,
 )
@@ -30,7 +31,7 @@ def test_every_word_reads_as_its_value_wherever_it_goes():
     from watchdog.cause import CAUSES, Cause
     from watchdog.daemon.signaller import Result
 
-    for word in (*State, *ProcStatus, *Cause, *Result):
+    for word in (*State, *ProcStatus, *Cause, *Result, *End):
         text = word.value
         assert str(word) == f"{word}" == format(word, "") == text
         assert f"{word:>20}" == f"{text:>20}" and f"{word!s}" == text
@@ -66,3 +67,16 @@ def test_the_judge_reads_process_statuses_without_psutil():
                 assert "STOPPED_STATUSES" not in {a.name for a in node.names}, path
             if isinstance(node, ast.Import):
                 assert "psutil" not in {a.name for a in node.names}, path
+
+
+def test_a_ladders_end_is_spelled_as_the_state_or_the_signal_result_it_was():
+    # An incident's `outcome` has been journaled in these words since before `End`:
+    # the ends a rank's lifecycle shares are State's, the others the signaller's.
+    from watchdog.daemon.signaller import Result, end_of
+
+    assert {End.KILLED, End.UNKILLABLE, End.EXITED} == {
+        State.KILLED.value, State.UNKILLABLE.value, State.EXITED.value}
+    stopped = (Result.GONE, Result.NOT_OURS, Result.DENIED, Result.UNKNOWN)
+    assert [end_of(r).value for r in stopped] == [r.value for r in stopped]
+    assert {str(e) for e in End} == {"killed", "unkillable", "exited", "gone", "not-ours",
+                                     "denied", "unknown"}

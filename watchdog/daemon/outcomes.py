@@ -3,10 +3,10 @@
 the incident that acted on it (kept once its response is done; while one is under way
 `publish` shows the response's own), and what the counters count of it.
 
-`Outcome.results` says, per pid, how the ladder left each rank: `State.KILLED` or
-`State.UNKILLABLE`, or a signaller's `Result` (UNKNOWN: its identity could not be
-checked; GONE, NOT_OURS, DENIED: the ladder stopped early): the enforcer writes it, and
-only this module reads it.
+`Outcome.results` says, per pid, how the ladder left each rank, an `End`: KILLED or
+UNKILLABLE, EXITED (its own error), UNKNOWN (its identity could not be checked), or
+GONE, NOT_OURS, DENIED (the ladder stopped early): the enforcer writes it, and only
+this module reads it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from watchdog.daemon import holds
 from watchdog.daemon.act.enforcer import Outcome
 from watchdog.daemon.counters import Counters
 from watchdog.daemon.lifecycle import Edge, Key, transition
-from watchdog.daemon.signaller import Result
 from watchdog.daemon.table import RankTable
-from watchdog.states import Mode, State
+from watchdog.states import End, Mode
 
 
 def retried(table: RankTable, keys: list[Key], now: float) -> None:
@@ -48,18 +47,18 @@ def ended(table: RankTable, counters: Counters, mode: Mode, keys: list[Key],
     for key in keys:
         rank = table.ranks.get(key)
         if rank is None:
-            if outcome.results.get(key[0]) == State.KILLED:  # a replay's, not yet seen
+            if outcome.results.get(key[0]) == End.KILLED:  # a replay's, not yet seen
                 table.ended_by_us[key] = outcome.incident.id
             continue
         result = outcome.results.get(rank.record.pid)
-        if result == State.KILLED:
+        if result == End.KILLED:
             transition(rank, Edge.KILLED, now,
                        f"ended by the watchdog (incident {outcome.incident.id})")
             counters.job_killed(rank.record.uid, rank.record.job)
             table.remove_record(rank)
-        elif result == State.UNKILLABLE:
+        elif result == End.UNKILLABLE:
             transition(rank, Edge.UNKILLABLE, now, "survived SIGKILL; node flagged for reboot")
-        elif result == Result.UNKNOWN:
+        elif result == End.UNKNOWN:
             # Its identity could not be checked, so it was left alone:
             # judged afresh next scan rather than given up for this wait.
             transition(rank, Edge.RETRIED, now)

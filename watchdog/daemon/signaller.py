@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from watchdog.daemon import observation
 from watchdog.daemon.observation import Presence
 from watchdog.daemon.probes import Probe
-from watchdog.states import Word
+from watchdog.states import End, Word
 
 # Signals a record may name for its stack dump. Anything else (a forged record
 # asking for SIGKILL, say) is ignored.
@@ -44,6 +44,16 @@ class Result(Word):
 # target is a process, not a record).
 _SAID = {Presence.LIVE: Result.OURS, Presence.GONE: Result.GONE,
          Presence.NOT_OURS: Result.NOT_OURS, Presence.UNKNOWN: Result.UNKNOWN}
+
+# A signal or an identity check that stopped the ladder for a rank: how it left it.
+_ENDS = {Result.GONE: End.GONE, Result.NOT_OURS: End.NOT_OURS, Result.DENIED: End.DENIED,
+         Result.UNKNOWN: End.UNKNOWN}
+
+
+def end_of(result: Result) -> End:
+    """How `result` (GONE, NOT_OURS, DENIED or UNKNOWN; never SENT or OURS) leaves a
+    rank for its response's ladder: the same word, as an `End`."""
+    return _ENDS[result]
 
 
 @dataclass(frozen=True)

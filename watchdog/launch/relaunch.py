@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from watchdog.daemon.config import RestartOn
 from watchdog.launch import codes
-from watchdog.states import Fenced, State
+from watchdog.states import End, Fenced
 from watchdog.status import Incident
 
 EXIT_OK = 0
@@ -106,7 +106,7 @@ def _ended_by(incident: Incident | None) -> bool:
     per-rank lines at all: the incident's outcome is then what says so.)"""
     outcome = incident.outcome if incident is not None else None
     return isinstance(outcome, dict) and any(
-        result in (State.KILLED, State.UNKILLABLE) for result in outcome.values())
+        result in (End.KILLED, End.UNKILLABLE) for result in outcome.values())
 
 
 def _crashes(attempt: Attempt) -> list[tuple[int, int]]:

@@ -1,8 +1,9 @@
 """The Heartbeat: this process's record, its thread slots, and the user's API.
 
 The hot path itself (one function call per wait or collective) is built in
-`hotpath.py`; here are the cold parts: handing out slots, opening the record
-late, `idle()`/`expect()`/`step()`, the group identity, failure and close.
+`hotpath.py` (or `_fastpath.c`), over the thread slots `slots.py` hands out; here
+are the cold parts: opening the record late, `idle()`/`expect()`/`step()`, the
+group identity, failure and close.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from watchdog import record
-from watchdog.rank import compiled, hotpath
+from watchdog.rank import hotpath
 from watchdog.rank.env import warn as _warn
-from watchdog.rank.hotpath import Release, Slot
-from watchdog.record import RecordWriter, layout
+from watchdog.rank.slots import ThreadSlots
+from watchdog.record import RecordWriter
 from watchdog.states import Phase
 
 _open_lock = threading.Lock()  # two threads' first waits open one record
@@ -75,20 +76,13 @@ class Heartbeat:
         self._idle_since = self._idle_ended = 0
         self._expects: list[tuple[float, int, str]] = []
         self._stretch = [0]  # non-zero inside idle() or expect(): waits do not teach
-        self._local = threading.local()
         # The compiled hot path if it is there (compiled.py); `compiled` says which runs.
-        self._fast, self.hotpath = compiled.choice()
-        self._cpath: Any = None  # the compiled Path over the open record
-        self._scratch = memoryview(bytearray(layout.SLOT_SIZE)).cast("Q")
-        self._overflow = Slot(self._scratch)
-        self._overflowed = False
+        self._threads = ThreadSlots()
         self._take(writer)
 
     def _take(self, writer: RecordWriter | None) -> None:
         """Use `writer`'s slots, and build the hot path over them."""
-        self._slots = [Slot(writer.slot(k), k) for k in range(layout.THREAD_SLOTS)] \
-            if writer is not None else []
-        self._free = self._slots[::-1]  # claimed with list.pop(): atomic, slot 0 first
+        self._threads.take(writer)
         self._build(writer)
 
     def _open_late(self) -> bool:
@@ -127,7 +121,12 @@ class Heartbeat:
     @property
     def compiled(self) -> bool:
         """The compiled hot path runs (or will, once a lazy record opens)."""
-        return self._fast is not None
+        return self._threads.fast is not None
+
+    @property
+    def hotpath(self) -> str:
+        """Which hot path runs, in words (and why not the compiled one)."""
+        return self._threads.hotpath
 
     @property
     def published(self) -> bool:
@@ -138,79 +137,31 @@ class Heartbeat:
     def path(self) -> str | None:
         return self._writer.path if self._writer is not None else None
 
-    def _totals(self) -> tuple[int, int, int, int]:
-        """(collectives, waits completed, threads in a wait, steps) over the slots."""
-        if self._cpath is not None:
-            return self._cpath.totals()  # type: ignore[no-any-return]
-        slots = self._slots
-        return (sum(s.collectives for s in slots), sum(s.completed for s in slots),
-                sum(bool(s.depth) for s in slots), sum(s.steps for s in slots))
-
-    collectives = property(lambda self: self._totals()[0])
-    waits_entered = property(lambda self: self._totals()[1] + self._totals()[2])
-    waits_completed = property(lambda self: self._totals()[1])
-    steps = property(lambda self: self._totals()[3])
+    collectives = property(lambda self: self._threads.totals()[0])
+    waits_entered = property(lambda self: sum(self._threads.totals()[1:3]))
+    waits_completed = property(lambda self: self._threads.totals()[1])
+    steps = property(lambda self: self._threads.totals()[3])
 
     @property
     def phase(self) -> Phase:
         if self._idle_depth:
             return Phase.IDLE
-        return Phase.WAIT if self._totals()[2] else Phase.RUNNING
+        return Phase.WAIT if self._threads.totals()[2] else Phase.RUNNING
 
     # -- the hot path --------------------------------------------------------
-
-    def _claim(self) -> Slot:
-        """This thread's first call: take a free slot (cold, once per thread)."""
-        try:
-            slot = self._free.pop()
-        except IndexError:
-            slot = self._overflow  # scratch memory: this thread's calls go unrecorded
-            if not self._overflowed:
-                self._overflowed = True
-                _warn(f"more than {layout.THREAD_SLOTS} threads call MLX at once; the "
-                      "waits of the others are not recorded")
-        else:
-            with contextlib.suppress(Exception):
-                slot.w[layout.S_OWNER] = threading.get_native_id()
-            self._local.release = Release(slot, self._free, self._cpath)
-        self._local.slot = slot
-        return slot
-
-    def _claim_index(self) -> int:
-        """The compiled path's claim: this thread's slot index, -1 for none free."""
-        slot = self._claim()
-        return slot.k if slot is not self._overflow else -1
 
     def _build(self, writer: RecordWriter | None = None) -> None:
         """Bind the hot-path functions: real over the record (compiled or Python),
         opening, or nothing. `writer`: the record about to be published."""
         writer = writer if writer is not None else self._writer
-        if self._cpath is not None:  # a rebuild: the old Path lets go of the map
-            self._cpath.retire()
-            self._cpath = None
+        self._threads.unbind()
         if writer is not None:
-            path = self._compiled_path(writer) or hotpath.real(
-                self._local, self._claim, self._clock, self._fail, self._stretch)
+            path = self._threads.bind(writer, self._clock, self._fail, self._stretch)
         elif self._opener is not None:
             path = hotpath.opening(self)
         else:
             path = hotpath.nothing()
         self.enter_wait, self.exit_wait, self.collective, self.step, self._wait = path
-
-    def _compiled_path(self, writer: RecordWriter) -> hotpath.HotPath | None:
-        """The compiled hot path over the open record, or None (pure Python)."""
-        if self._fast is None:
-            return None
-        try:
-            path, self._cpath = compiled.real(self._fast, writer.words,
-                                              self._claim_index, self._fail, self._stretch,
-                                              self._clock)
-        except Exception as err:  # noqa: BLE001 - the pure-Python path still works
-            _warn(f"the compiled hot path would not start ({err!r}); using Python's")
-            self._fast = None
-            self.hotpath = f"pure Python (the compiled one would not start: {err!r})"
-            return None
-        return path
 
     # -- the user's API (cold) -------------------------------------------------
 
@@ -315,18 +266,11 @@ class Heartbeat:
         except Exception as err:  # noqa: BLE001 - never into the user's program
             self._fail(err)
 
-    def _retire(self) -> None:
-        """Point every slot at scratch memory: later hot-path stores go nowhere."""
-        for slot in self._slots:
-            slot.w = self._scratch
-        if self._cpath is not None:
-            self._cpath.retire()  # lets go of the map, so that it can close
-
     def _fail(self, err: BaseException) -> None:
         writer, self._writer = self._writer, None
         if writer is None:
             return  # closed already (uninstall, another thread's failure): nothing to say
-        self._retire()
+        self._threads.retire()
         also = ""
         try:
             # Not STATUS_ERROR: the rank runs on; its frozen words must not
@@ -343,7 +287,7 @@ class Heartbeat:
         with self._cold:
             writer, self._writer = self._writer, None
             self._opener, self._closed = None, True
-        self._retire()
+        self._threads.retire()
         if writer is not None:
             try:
                 writer.close(status, remove=status != record.STATUS_ERROR)
@@ -353,5 +297,5 @@ class Heartbeat:
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's record is not ours to write or remove."""
         self._writer = self._opener = None
-        self._retire()
+        self._threads.retire()
         self._cold = threading.RLock()

@@ -136,7 +136,7 @@ def test_both_paths_write_the_same_bytes(pair: list[Heartbeat], script: list[tup
     assert after[0] == after[1], "the compiled path wrote other bytes than the Python one"
     if script and before[0] != after[0]:
         assert before[1] != after[1]
-    assert python._totals() == fast._totals()
+    assert python._threads.totals() == fast._threads.totals()
     assert python._clock.now == fast._clock.now  # type: ignore[attr-defined]
 
 
@@ -298,8 +298,8 @@ def test_a_thread_that_gave_its_slot_back_claims_anew(record_dir: Path, hotpath:
 
         def foreign() -> None:
             beat.step()
-            first.append(beat._local.slot.k)
-            beat._local.__dict__.clear()  # what the end of its thread state does
+            first.append(beat._threads.local.slot.k)
+            beat._threads.local.__dict__.clear()  # what the end of its thread state does
             gone.set()
             assert taken.wait(10)
             beat.step()  # back in Python
@@ -308,7 +308,7 @@ def test_a_thread_that_gave_its_slot_back_claims_anew(record_dir: Path, hotpath:
         def other() -> None:
             assert gone.wait(10)
             beat.step()  # takes the slot given back
-            assert beat._local.slot.k == first[0]
+            assert beat._threads.local.slot.k == first[0]
             taken.set()
             assert came_back.wait(10)
 
@@ -359,7 +359,7 @@ def test_a_retired_or_unbuilt_path_records_nothing_and_never_crashes(
     from watchdog.rank import _fastpath  # type: ignore[attr-defined]
 
     fast = pair[1]
-    path = fast._cpath
+    path = fast._threads.cpath
     fast.close()  # retires the Path: it lets go of the map and of the Heartbeat
     assert path.wait(lambda x: x + 1, EVAL, (1,), {}) == 2
     assert path.enter_wait(EVAL) == 0

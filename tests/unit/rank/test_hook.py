@@ -835,7 +835,7 @@ INTERRUPT = """
     # The hot path's functions (and the v1 hook's, so the test can be run against it).
     # The wrappers of the waits below carry their entry point's name.
     HOT = {"wait", "collective", "init", "enter", "count", "enter_wait", "exit_wait", "step",
-           "_claim", "_claim_index", "_update", "_set_words", "<lambda>", "eval", "item",
+           "claim", "claim_index", "_update", "_set_words", "<lambda>", "eval", "item",
            "__bool__"}
     calls = {"all_sum": 0}
 
@@ -876,7 +876,8 @@ INTERRUPT = """
             code = frame.f_code
             if event not in ("call", "c_return") or not code.co_filename.endswith(
                     ("watchdog/rank/hook.py", "watchdog/rank/hotpath.py",
-                     "watchdog/rank/heartbeat.py", "watchdog/rank/patches.py",
+                     "watchdog/rank/heartbeat.py", "watchdog/rank/slots.py",
+                     "watchdog/rank/patches.py",
                      "watchdog/record/writer.py")):
                 return
             if mode == "raise" and code.co_name not in HOT:
@@ -1244,7 +1245,7 @@ def test_a_thread_gets_its_own_slot_and_gives_it_back_when_it_ends(
     assert rec.waits_completed == 1 + 3 * layout.THREAD_SLOTS
     assert rec.collectives == 3 * layout.THREAD_SLOTS
     assert len(rec.flight) == min(64, rec.collectives)
-    assert hb._free, "an ended thread's slot was not given back"
+    assert hb._threads.free, "an ended thread's slot was not given back"
     raw = Path(hb.path or "").read_bytes()
     slot_owner = [int.from_bytes(raw[layout.SLOTS_OFFSET + k * layout.SLOT_SIZE:][:8], "little")
                   for k in range(layout.THREAD_SLOTS)]

@@ -43,7 +43,7 @@ from watchdog.cli.demo.job import (
     tail,
 )
 from watchdog.cli.demo.report import incident_lines, read_incidents
-from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG, State
+from watchdog.states import FINAL, PAST_DEADLINE, WAITING_LONG, End, State
 from watchdog.status import RankStatus
 
 FAULTS = ("stop", "kill", "mismatch")
@@ -241,7 +241,7 @@ class Demo(DemoJob):
                 # "exited": a rank that left on the ring's own error once the watchdog had
                 # ended a peer (the teardown all the same, not a kill of its own).
                 ended = sorted(r.rank for r in self.ranks
-                               if outcome.get(str(r.pid)) in (State.KILLED, State.EXITED))
+                               if outcome.get(str(r.pid)) in (End.KILLED, End.EXITED))
                 missing = [r.rank for r in self.ranks if r.rank not in ended]
                 if missing:
                     result.problems.append(f"ranks {_ranks(missing)} were not ended by the "

@@ -21,7 +21,7 @@ from watchdog.daemon.act.writes import Writes
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
 from watchdog.daemon.probes import Probe, ProbeError
 from watchdog.daemon.signaller import Result, Signaller, Target
-from watchdog.states import State
+from watchdog.states import End
 from watchdog.status import Incident, RebootReason
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,8 @@ class Acting:
         # dies of the signal), so which came first cannot be told apart reliably.
         for target in ladder.live:
             ladder.outcome.setdefault(
-                target.pid, State.KILLED if target not in ladder.left else
-                State.UNKILLABLE if target.pid in survivors else Result.UNKNOWN)
+                target.pid, End.KILLED if target not in ladder.left else
+                End.UNKILLABLE if target.pid in survivors else End.UNKNOWN)
         ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
         if ladder.resumed:
             return self._decided(ladder)
@@ -121,7 +121,7 @@ class Acting:
             ladder.work.cancel()
         self.teardown.thaw(ladder, f"its response is closed unfinished ({why})")
         for target in ladder.targets:
-            ladder.outcome.setdefault(target.pid, Result.UNKNOWN)
+            ladder.outcome.setdefault(target.pid, End.UNKNOWN)
         ladder.incident = replace(
             ladder.incident, signals=tuple(ladder.sent) or ladder.incident.signals,
             evidence_error=ladder.incident.evidence_error or why,
@@ -134,7 +134,7 @@ class Acting:
         """A resumed response's outcome: settled only if it ended something."""
         ladder.incident = replace(ladder.incident, outcome={
             str(pid): result for pid, result in ladder.outcome.items()})
-        if any(r in (State.KILLED, State.UNKILLABLE) for r in ladder.outcome.values()):
+        if any(r in (End.KILLED, End.UNKILLABLE) for r in ladder.outcome.values()):
             return self._settle(ladder)
         return self._close(ladder, None)
 

@@ -36,7 +36,7 @@ from watchdog.daemon.act.wired import over
 from watchdog.daemon.act.workers import run_for
 from watchdog.daemon.signaller import Result, Target
 from watchdog.daemon.store import pending
-from watchdog.states import Mode, State
+from watchdog.states import End, Mode
 from watchdog.status import Incident, PeerView
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class Enforcer(Acting):
             return None
         for target in ladder.ending:
             if target not in ladder.left:
-                ladder.outcome[target.pid] = State.EXITED
+                ladder.outcome[target.pid] = End.EXITED
                 log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
                          target.pid, target.job, target.rank)
         return self._term(ladder, [t for t in ladder.live if t.pid not in ladder.outcome])

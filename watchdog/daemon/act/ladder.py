@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.daemon.signaller import Target
+from watchdog.states import End
 from watchdog.status import Incident, SignalSent
 
 # Seconds past the evidence timeout a capture may take to hand back its files (the
@@ -31,9 +32,10 @@ class Outcome:
     """What one response to a hung job did, handed back to the daemon's loop."""
 
     incident: Incident  # as written to incidents.jsonl
-    # pid -> KILLED, UNKILLABLE (States), UNKNOWN, or what stopped the ladder early (GONE,
-    # NOT_OURS, DENIED); empty when nothing was signalled (observe mode, a hold)
-    results: dict[int, str] = field(default_factory=dict)
+    # pid -> how the ladder left it: KILLED, UNKILLABLE, EXITED, UNKNOWN, or what stopped
+    # the ladder early (GONE, NOT_OURS, DENIED); empty when nothing was signalled
+    # (observe mode, a hold)
+    results: dict[int, End] = field(default_factory=dict)
     signals_sent: tuple[str, ...] = ()  # names of the signals that reached a rank
     held: str = ""  # not acted on: why (a rank of the job computes on another node)
 
@@ -136,7 +138,7 @@ class Ladder:
     work: Future[Any] | None = None  # the current worker step's
     resumed: bool = False  # an earlier daemon's: no evidence, settled only after a kill
     sent: list[SignalSent] = field(default_factory=list)
-    outcome: dict[int, str] = field(default_factory=dict)
+    outcome: dict[int, End] = field(default_factory=dict)
     ending: list[Target] = field(default_factory=list)  # leaving on their own error
     live: list[Target] = field(default_factory=list)  # down the signal ladder
     left: list[Target] = field(default_factory=list)  # not known to be gone yet

@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from watchdog.daemon.signaller import Result, Target
-from watchdog.states import State
+from watchdog.daemon.signaller import Result, Target, end_of
+from watchdog.states import End
 from watchdog.status import Incident
 
 
@@ -57,10 +57,10 @@ class Plan:
     stale: tuple[Target, ...] = ()  # SIGSTOPped, not SIGTERMed, not ended now: thawed
     # pid -> KILLED (gone after a signal to end it may have gone), UNKNOWN (ours, left
     # to the scan), or what its identity check found (GONE, NOT_OURS, ...); not `live`
-    outcomes: dict[int, str] = field(default_factory=dict)
+    outcomes: dict[int, End] = field(default_factory=dict)
 
 
-def plan(incident: Incident, targets: Sequence[Target], identities: Mapping[int, str], *,
+def plan(incident: Incident, targets: Sequence[Target], identities: Mapping[int, Result], *,
          progressed: Collection[int] = (), fresh: bool, enforce: bool) -> Plan:
     """The plan for `incident` (the entry's, with its `targets`): `identities` is each
     target's identity check now (pid -> `Result`), `progressed` the pids whose wait
@@ -75,15 +75,15 @@ def plan(incident: Incident, targets: Sequence[Target], identities: Mapping[int,
                  {s.pid for s in signals if s.signal in ("SIGTERM", "SIGKILL")})
     due = fresh and enforce and incident.action in ("ending", "ended")
     live: list[Target] = []
-    outcomes: dict[int, str] = {}
+    outcomes: dict[int, End] = {}
     for target in targets:
         who = identities[target.pid]
         if who == Result.OURS and due and target.pid not in progressed:
             live.append(target)
         elif who == Result.OURS:
-            outcomes[target.pid] = Result.UNKNOWN  # left to the scan to judge afresh
+            outcomes[target.pid] = End.UNKNOWN  # left to the scan to judge afresh
         else:
-            outcomes[target.pid] = State.KILLED if target.pid in signalled else who
+            outcomes[target.pid] = End.KILLED if target.pid in signalled else end_of(who)
     termed = {s.pid for s in signals if s.signal == "SIGTERM"}
     stopped = [t for t in targets if t.pid not in termed and any(
         s.pid == t.pid and s.signal == "SIGSTOP" and s.result == Result.SENT
@@ -93,4 +93,4 @@ def plan(incident: Incident, targets: Sequence[Target], identities: Mapping[int,
     return Plan(live=tuple(live), outcomes=outcomes,
                 frozen=tuple(t for t in stopped if t in live),
                 stale=tuple(t for t in stopped if t not in live
-                            and outcomes.get(t.pid) == Result.UNKNOWN))
+                            and outcomes.get(t.pid) == End.UNKNOWN))

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from watchdog import record
 from watchdog.daemon.act.ladder import Ladder
 from watchdog.daemon.probes import UNINTERRUPTIBLE, Probe, ProbeError
-from watchdog.daemon.signaller import Result, Signaller, Target
+from watchdog.daemon.signaller import Result, Signaller, Target, end_of
 from watchdog.record import RecordError, read_path
 from watchdog.record.layout import STACKS_SUFFIX, SUFFIX
 from watchdog.states import STOPPED_STATUSES
@@ -39,7 +39,7 @@ class Teardown:
     def __init__(self, signaller: Signaller, probe: Probe, wall: Callable[[], float]) -> None:
         self.signaller, self.probe, self.wall = signaller, probe, wall
 
-    def send(self, sent: list[SignalSent], target: Target, signum: int) -> str:
+    def send(self, sent: list[SignalSent], target: Target, signum: int) -> Result:
         result = self.signaller.send(target, signum)
         sent.append(SignalSent(pid=target.pid, rank=target.rank,
                                signal=signal.Signals(signum).name, time=self.wall(),
@@ -123,7 +123,7 @@ class Teardown:
         for target in targets:
             result = self.send(ladder.sent, target, signal.SIGTERM)
             if result != Result.SENT:
-                ladder.outcome[target.pid] = result
+                ladder.outcome[target.pid] = end_of(result)
         ladder.live = [t for t in targets if t.pid not in ladder.outcome]
         for target in targets:
             # Gone already: it is ended. One frozen that the SIGTERM did not reach (its

@@ -14,20 +14,20 @@ import logging
 from collections.abc import Iterable
 
 from watchdog.daemon.signaller import Result
-from watchdog.states import Fenced, State
+from watchdog.states import End, Fenced
 from watchdog.status import ABSENT, FenceSent, Incident
 
 # What became of a rank, as a person reads it (the signaller's words are a program's).
 BECAME: dict[str, str] = {
-    State.KILLED: "ended",
-    State.EXITED: "ended on its own error (not signalled)",
-    Result.GONE: "gone before a signal reached it",
-    Result.NOT_OURS: "left alone (its pid is another process now)",
-    Result.DENIED: "left alone (signalling it was denied)",
-    Result.UNKNOWN: "not known to be ended (it could not be identified; judged again)",
-    State.UNKILLABLE: "survived SIGKILL",
+    End.KILLED: "ended",
+    End.EXITED: "ended on its own error (not signalled)",
+    End.GONE: "gone before a signal reached it",
+    End.NOT_OURS: "left alone (its pid is another process now)",
+    End.DENIED: "left alone (signalling it was denied)",
+    End.UNKNOWN: "not known to be ended (it could not be identified; judged again)",
+    End.UNKILLABLE: "survived SIGKILL",
 }
-NEEDS_A_LOOK = (Result.DENIED, Result.UNKNOWN)
+NEEDS_A_LOOK = (End.DENIED, End.UNKNOWN)
 
 
 # What became of several ranks: BECAME's words in the plural.
@@ -101,7 +101,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
         pid = int(text) if text.isdigit() else None
         results.add(result)
         became = BECAME.get(result, result)
-        if result == State.KILLED and pid in last:
+        if result == End.KILLED and pid in last:
             became += f" by {last[pid]}"
         said.setdefault(became, []).append(number.get(pid) if pid is not None else None)
     parts = [f"{ranks_words(ranks)} {_agreed(became, len(ranks))}" for became, ranks in
@@ -109,7 +109,7 @@ def end_line(incident: Incident) -> tuple[int, str]:
     what = "; ".join(parts) or "nothing to end"
     fenced = incident.verdict in tuple(Fenced)
     line = f"{head}: {what}{took}{' (fenced)' if fenced else ''}"
-    if results & {State.KILLED, State.UNKILLABLE}:
+    if results & {End.KILLED, End.UNKILLABLE}:
         line += f"; {_wired(incident)}"
     level = logging.INFO
     if incident.reboot_required:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from watchdog.states import State
+from watchdog.states import End
 from watchdog.status import ABSENT, Incident, RebootReason, WiredCheck
 
 
@@ -38,7 +38,7 @@ def wired_after(incident: Incident) -> int | None:
 
 
 def settled(incident: Incident, baseline: int | None, wired: int | None,
-            outcome: dict[int, str], *, threshold: int, kill_timeout: float,
+            outcome: dict[int, End], *, threshold: int, kill_timeout: float,
             others_live: Callable[[], bool], wall: float
             ) -> tuple[Incident, RebootReason | None]:
     """The incident with the settle's verdict, and the reboot flag it calls for (None:
@@ -47,7 +47,7 @@ def settled(incident: Incident, baseline: int | None, wired: int | None,
     incident = replace(incident, wired_check=said.wired_check, **{
         key: getattr(said, key) for key in ("wired_baseline", "wired_after")
         if getattr(said, key) is not ABSENT})
-    unkillable = [pid for pid, result in outcome.items() if result == State.UNKILLABLE]
+    unkillable = [pid for pid, result in outcome.items() if result == End.UNKILLABLE]
     reasons = []
     if unkillable:
         reasons.append(f"pids {unkillable} survived SIGKILL for {kill_timeout:g}s")
