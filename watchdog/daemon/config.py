@@ -116,6 +116,7 @@ class Settings:
     spin_ratio: float = 0.5
     confirm: int = 2
     wedge_floor: float = 15.0
+    gpu_spin_watts: float = 5.0
     mode: Mode = Mode.ENFORCE
     kill_scope: KillScope = KillScope.JOB
     grace: float = 10.0
@@ -138,7 +139,8 @@ class Settings:
                      auto_floor=self.auto_floor, auto_min_waits=self.auto_min_waits,
                      auto_fallback=self.auto_fallback, init_deadline=self.init_deadline,
                      blocked_deadline=self.blocked_deadline, spin_ratio=self.spin_ratio,
-                     confirm=self.confirm, wedge_floor=self.wedge_floor)
+                     confirm=self.confirm, wedge_floor=self.wedge_floor,
+                     gpu_spin_watts=self.gpu_spin_watts)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -258,6 +260,9 @@ SPECS: dict[str, Spec] = {
     "wedge_floor": _seconds("a collective found wedged (every rank spinning in a wait frame, "
                             "no byte moving) is ended after max(this, auto_factor x its "
                             "longest completed wait)"),
+    "gpu_spin_watts": Spec("macOS: a GPU at least 90% resident under this power spins on "
+                           "nothing (mlx #3830): its GPU time is not work; 0: always work",
+                           "number", "WATTS", low=0),
     "mode": Spec("enforce (signal hung ranks) or observe (report only)", "choice",
                  choices=tuple(w.value for w in Mode)),
     "kill_scope": Spec("job (every local rank of a hung job) or rank (only the hung rank)",

@@ -28,7 +28,7 @@ from dataclasses import replace
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live
 from watchdog.daemon.counters import Counters
-from watchdog.daemon.judge import frames, wedge
+from watchdog.daemon.judge import frames, gpuwork, wedge
 from watchdog.daemon.judge.deadlines import Learned
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.stragglers import (
@@ -171,7 +171,9 @@ class Jobs:
         if found.stacks is None or found.error:
             return frames.Reading(FrameKind.UNKNOWN,
                                   found.error or "no native stack could be read")
-        return frames.classify(found.stacks, found.busy, rank.record.backend, found.gpu_moved)
+        works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
+                                       1000 * self.live.rules.gpu_spin_watts)
+        return frames.classify(found.stacks, found.busy, rank.record.backend, works, flat)
 
     def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None,
                                                        float]:
@@ -186,8 +188,10 @@ class Jobs:
             return None, still, 0.0
         read = self.asleep_read.get(rank.key)
         if read is None or read[0] is not found:
+            works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
+                                       1000 * self.live.rules.gpu_spin_watts)
             read = self.asleep_read[rank.key] = (found, frames.asleep(
-                found.stacks, rank.record.backend, found.gpu_moved, main=rank.record.pid))
+                found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat))
         return read[1], still, now - found.at
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,

@@ -11,11 +11,20 @@ import sys
 import pytest
 
 from tests.support import DATA
+from tests.support.fakes import FakeProbe, process_sample
+from watchdog.daemon.config import Settings
 from watchdog.daemon.judge.frames import asleep
-from watchdog.daemon.judge.gpuwork import describe, gpu_works, spins_on_nothing
+from watchdog.daemon.judge.gpuwork import (
+    SPIN_MILLIWATTS,
+    describe,
+    gpu_works,
+    read,
+    spins_on_nothing,
+)
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.macos import MacProbe
 from watchdog.daemon.probes.powermetrics import GpuPower, parse
+from watchdog.daemon.probes.stacksampler import SAMPLE_EVERY, Identity, StackSampler
 from watchdog.states import FrameKind
 
 RECORDED = (DATA / "powermetrics_gpu_power.txt").read_text()
@@ -69,16 +78,53 @@ def test_gpu_time_advancing_is_work_unless_the_gpu_spins_on_nothing(moved, readi
     assert gpu_works(moved, parse(reading) if reading else None) is works
 
 
-def test_a_rank_whose_gpu_spins_on_nothing_is_still_a_quiet_hang():
-    """What the rule changes once wired: its waiting threads read as a wait, not as a rank
-    computing on the GPU (frames.asleep)."""
-    stacks = {1: ("__psynch_cvwait", "std::condition_variable::wait",
-                  "mlx::core::eval_impl")}
-    assert asleep(stacks, "ring", gpu_moved=True).kind == FrameKind.COMPUTING  # today
-    spun = asleep(stacks, "ring", gpu_moved=gpu_works(True, parse(SPINNING)))
-    assert spun.kind == FrameKind.WAITING and spun.what.endswith("GPU time flat"), spun
-    worked = asleep(stacks, "ring", gpu_moved=gpu_works(True, parse(AT_WORK)))
-    assert worked.kind == FrameKind.COMPUTING
+class GpuProbe(FakeProbe):
+    """A Mac's rank asleep in eval whose GPU time advances 1 ms a sample, and the GPU's
+    `powermetrics` reading (one of the recordings above)."""
+
+    def __init__(self, reading: str) -> None:
+        super().__init__({40: process_sample(40, uid=501, status="sleeping")})
+        self.reading, self.gpu_ns, self.asked_power = reading, 0, 0
+
+    def native_stacks(self, pid, timeout):
+        return {1: ("__psynch_cvwait", "std::condition_variable::wait",
+                    "mlx::core::eval_impl")}
+
+    def gpu_time(self, pid, timeout):
+        self.gpu_ns += 1_000_000
+        return self.gpu_ns
+
+    def gpu_power(self, timeout):
+        self.asked_power += 1
+        return parse(self.reading)
+
+
+@pytest.mark.parametrize("reading, kind", [(None, FrameKind.WAITING),
+                                           ("spinning", FrameKind.WAITING),
+                                           ("at_work", FrameKind.COMPUTING)])
+def test_the_sampler_reads_the_gpu_when_its_time_advances_and_the_judge_reads_it(
+        reading, kind):
+    """Wired: a rank's GPU time advancing since its sample before, the sampler reads the
+    GPU's power; the judge reads that sample's rank as waiting when the GPU spins on
+    nothing (so a quiet hang is still decided), as computing when it works."""
+    probe = GpuProbe({"spinning": SPINNING, "at_work": AT_WORK}.get(reading or "", ""))
+    s = StackSampler(probe, lambda fn: fn(), lambda: 1000.0)
+    who = Identity(40, 1.7e9, 501)
+    s.ask(who, (), 1000.0)
+    if reading is None:  # one sample: nothing to compare its GPU time with
+        assert probe.asked_power == 0
+        found = s.found[(40, 1.7e9)]
+        assert found.gpu_moved is None
+        return
+    s.ask(who, (), 1000.0 + SAMPLE_EVERY)
+    found = s.found[(40, 1.7e9)]
+    assert found.gpu_moved is True and probe.asked_power == 1
+    works, flat = read(found.gpu_moved, found.gpu_power)
+    seen = asleep(found.stacks, "ring", works, main=1, flat=flat)
+    assert seen.kind == kind, seen
+    if reading == "spinning":
+        assert seen.what.endswith("GPU time advancing on nothing (GPU 100% resident at "
+                                  f"{parse(SPINNING).milliwatts:.0f} mW)"), seen
 
 
 def stand_in(script: str):
@@ -108,3 +154,12 @@ def test_no_reading_when_powermetrics_cannot_give_one(script):
 def test_no_reading_without_powermetrics_or_off_a_mac():
     assert MacProbe(tool=lambda name: None).gpu_power(1.0) is None
     assert Probe().gpu_power(1.0) is None
+
+
+def test_gpu_spin_watts_0_turns_the_rule_off_and_a_lower_one_narrows_it():
+    spinning = parse(SPINNING)
+    assert spinning is not None
+    assert read(True, spinning, 0.0)[0] is True  # the setting at 0: GPU time is work
+    assert read(True, spinning, spinning.milliwatts)[0] is True  # not under it
+    assert read(True, spinning, spinning.milliwatts + 1)[0] is False
+    assert Settings().rules().gpu_spin_watts == SPIN_MILLIWATTS / 1000

@@ -27,6 +27,7 @@ class Rules:
     spin_ratio: float = 0.5  # a thread using this share of a core or more is spinning
     confirm: int = 2  # ticks in a row a rank must be due before it is acted on
     wedge_floor: float = 15.0  # a wedged collective's deadline is never under this
+    gpu_spin_watts: float = 5.0  # macOS: a resident GPU under this spins on nothing
 
 
 @dataclass

@@ -121,14 +121,19 @@ FILE_IO_FRAMES: tuple[str, ...] = (
 QUIET_WAIT_FRAMES: tuple[str, ...] = ("eval_impl", "condition_variable::wait", "wait_for_one")
 
 
+GPU_FLAT = "GPU time flat"
+
+
 def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
-           gpu_moved: bool | None = None, main: int | None = None) -> Reading:
+           gpu_moved: bool | None = None, main: int | None = None,
+           flat: str = GPU_FLAT) -> Reading:
     """What a rank with no thread busy waits in, read from every thread's frames.
 
     Waiting when one of its threads sleeps in a wait the tables name (MLX's eval, an
     event, a fence, its backend's socket or queue) and none sits in a file read or write
     (a checkpoint, a load: the wait explained); computing when one does, or when its GPU
     time advances (macOS); unknown when nothing was read or no thread is in a named wait.
+    `flat`: the words for a GPU whose time does not count as work (`gpu_moved` False).
     """
     if gpu_moved:
         return Reading(FrameKind.COMPUTING, "its GPU time advances (computing on the GPU)")
@@ -152,13 +157,14 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
                 named = (tid, path)
     if named is None:
         return Reading(FrameKind.UNKNOWN, "every thread asleep, none in a wait the table names")
-    flat = "; GPU time flat" if gpu_moved is False else ""
+    gpu = f"; {flat}" if gpu_moved is False else ""
     who = "main thread" if named[0] == main else f"thread {named[0]}"
-    return Reading(FrameKind.WAITING, f"{who} waits in {named[1]}{flat}")
+    return Reading(FrameKind.WAITING, f"{who} waits in {named[1]}{gpu}")
 
 
 def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
-             backend: str | None, gpu_moved: bool | None = None) -> Reading:
+             backend: str | None, gpu_moved: bool | None = None,
+             flat: str = GPU_FLAT) -> Reading:
     """What the rank's busy threads (`busy`: their ids, as the stacks name them) ran.
 
     Waiting only when every busy thread read spins in a wait frame; computing when
@@ -170,13 +176,14 @@ def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
     `gpu_moved`: whether the process's GPU time advanced since its sample before
     (macOS; None: unknown). Advancing, it computes on the GPU whatever its CPU threads
     spin in (a long prefill under MLX_METAL_FAST_SYNCH spins the CPU in
-    `waitUntilSignaledValue`); flat, its waiting threads spin on nothing.
+    `waitUntilSignaledValue`); flat, its waiting threads spin on nothing (said as
+    `flat`).
     """
     if gpu_moved:
         return Reading(FrameKind.COMPUTING, "its GPU time advances (computing on the GPU)")
     seen = _classify(stacks, busy, backend)
     if gpu_moved is False and seen.kind == FrameKind.WAITING:
-        return Reading(FrameKind.WAITING, f"{seen.what}; GPU time flat")
+        return Reading(FrameKind.WAITING, f"{seen.what}; {flat}")
     return seen
 
 

@@ -13,29 +13,34 @@ A GPU at low residency and low power with its time advancing does a little work 
 small model's decode step), and is left as computing. The thresholds come from
 recorded output (docs/macos.md, "The GPU that spins on nothing"): idle GPUs at 2.6-5.1%
 and 23-29 mW, GPUs under inference at 99-100% and 8.5-9.5 W, #3830's report at 100% and
-~3 W. They were never checked against a Mac here: the rule is not yet wired into the
-daemon's judgment.
+~3 W. They were never checked against a Mac here (docs/macos.md says what to check in
+a Mac's first hour). The stack sampler reads the GPU's power when a rank's GPU time
+advanced since its sample before (probes/stacksampler.py), and the judge reads each
+sample through `read` (daemon/jobs.py).
 """
 
 from __future__ import annotations
 
+from watchdog.daemon.judge.frames import GPU_FLAT
 from watchdog.daemon.sample import GpuPower
 
 SPIN_RESIDENCY = 90.0  # percent of the sample the GPU was active: "100% resident"
 SPIN_MILLIWATTS = 5000.0  # under this while resident: a kernel that does no work
+# (the setting `gpu_spin_watts`; 0 turns the rule off)
 
 
-def spins_on_nothing(power: GpuPower | None) -> bool:
+def spins_on_nothing(power: GpuPower | None, milliwatts: float = SPIN_MILLIWATTS) -> bool:
     """#3830's signature: the GPU fully resident at a power no work draws."""
     return (power is not None and power.active_percent >= SPIN_RESIDENCY
-            and power.milliwatts < SPIN_MILLIWATTS)
+            and power.milliwatts < milliwatts)
 
 
-def gpu_works(gpu_moved: bool | None, power: GpuPower | None) -> bool | None:
+def gpu_works(gpu_moved: bool | None, power: GpuPower | None,
+              milliwatts: float = SPIN_MILLIWATTS) -> bool | None:
     """The rank's `gpu_moved` as the judge should read it: its GPU time advancing counts
     as work unless the GPU spins on nothing (then False: GPU time flat in effect, so a
     quiet hang is still decided); None stays unknown."""
-    if gpu_moved and spins_on_nothing(power):
+    if gpu_moved and spins_on_nothing(power, milliwatts):
         return False
     return gpu_moved
 
@@ -43,3 +48,13 @@ def gpu_works(gpu_moved: bool | None, power: GpuPower | None) -> bool | None:
 def describe(power: GpuPower) -> str:
     """The reading, as an incident says it: "GPU 100% resident at 3000 mW"."""
     return f"GPU {power.active_percent:.0f}% resident at {power.milliwatts:.0f} mW"
+
+
+def read(gpu_moved: bool | None, power: GpuPower | None,
+         milliwatts: float = SPIN_MILLIWATTS) -> tuple[bool | None, str]:
+    """`gpu_works`, with the words frames.asleep and frames.classify say for a GPU whose
+    time does not count as work."""
+    works = gpu_works(gpu_moved, power, milliwatts)
+    if gpu_moved and works is False and power is not None:
+        return False, f"GPU time advancing on nothing ({describe(power)})"
+    return works, GPU_FLAT

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from watchdog.backends import bytes_on_sockets
 from watchdog.daemon.probes import Probe, ProbeError, same_process
+from watchdog.daemon.sample import GpuPower
 from watchdog.states import STOPPED_STATUSES
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Stacks:
     error: str = ""
     gpu_ns: int | None = None  # its accumulated GPU time then (macOS); None: unknown
     gpu_moved: bool | None = None  # did it advance since the sample before; None: unknown
+    gpu_power: GpuPower | None = None  # the GPU's residency and power when it advanced
 
 
 @dataclass
@@ -140,7 +142,10 @@ class StackSampler:
             found = self.sample(who, busy)
             before = self.found.get(key)
             if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
-                found = dataclasses.replace(found, gpu_moved=found.gpu_ns > before.gpu_ns)
+                moved = found.gpu_ns > before.gpu_ns
+                # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
+                found = dataclasses.replace(found, gpu_moved=moved, gpu_power=(
+                    self.probe.gpu_power(SAMPLE_TIMEOUT) if moved else None))
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
                                if self.unchanged(key, before, found) else SAMPLE_EVERY)
             self.found[key] = found
