@@ -32,7 +32,9 @@ from typing import Any
 from watchdog import host
 
 log = logging.getLogger(__name__)
-POLL_SECONDS = 0.2  # how soon a change of the watched set takes effect
+POLL_SECONDS = 0.2  # how soon a change of the watched set takes effect (kqueue), or a
+# pid the pidfd watcher could not open is tried again
+IDLE_SECONDS = 5.0  # the pidfd watcher's longest sleep with nothing to do (it is woken)
 MAX_PIDFDS = 1024
 
 
@@ -70,6 +72,9 @@ class ExitWatcher:
         self._wanted: frozenset[int] = frozenset()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The pidfd watcher sleeps in poll() until a rank exits or this pipe says the
+        # watched set changed (or the watcher stops): no wake-ups while nothing happens.
+        self._changed: tuple[int, int] | None = None
 
     def available(self) -> bool:
         return self._kq is not None or hasattr(os, "pidfd_open")
@@ -78,7 +83,18 @@ class ExitWatcher:
         """The pids to watch, or the pids of each owner's uid (shared out fairly)."""
         if isinstance(pids, dict):
             pids = fair(pids, max_pidfds())
-        self._wanted = frozenset(pids)  # one reference swap: no lock needed
+        wanted = frozenset(pids)
+        if wanted != self._wanted:
+            self._wanted = wanted  # one reference swap: no lock needed
+            self._poke()
+
+    def _poke(self) -> None:
+        """Wake the pidfd watcher's poll (a byte in its pipe; a full pipe wakes it too)."""
+        if self._changed is not None:
+            try:
+                os.write(self._changed[1], b"x")
+            except OSError:
+                pass  # full (it wakes anyway) or closed (it has stopped)
 
     def start(self) -> None:
         if self.available():
@@ -87,6 +103,7 @@ class ExitWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poke()
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:
@@ -103,6 +120,18 @@ class ExitWatcher:
 
     def _run_pidfd(self) -> None:
         fds: dict[int, int] = {}  # pid -> pidfd
+        changed = os.pipe()
+        os.set_blocking(changed[0], False)
+        os.set_blocking(changed[1], False)
+        self._changed = changed
+        try:
+            self._watch_pidfds(fds, changed[0])
+        finally:
+            self._changed = None
+            for fd in (*fds.values(), *changed):
+                os.close(fd)
+
+    def _watch_pidfds(self, fds: dict[int, int], changed: int) -> None:
         while not self._stop.is_set():
             wanted = self._wanted
             for pid in [p for p in fds if p not in wanted]:
@@ -120,17 +149,24 @@ class ExitWatcher:
                         break  # out of descriptors: no exit to report, and none to spend
                     self.wake.set()
             poller = select.poll()
+            poller.register(changed, select.POLLIN)
             for fd in fds.values():
                 poller.register(fd, select.POLLIN)
-            ready = poller.poll(POLL_SECONDS * 1000)
-            if ready:
-                exited = {fd for fd, _ in ready}
-                for pid, fd in list(fds.items()):
-                    if fd in exited:
-                        os.close(fds.pop(pid))
+            # Until a rank exits or the set changes; a pid that could not be opened
+            # (out of descriptors) is tried again after POLL_SECONDS.
+            ready = {fd for fd, _ in poller.poll(
+                POLL_SECONDS * 1000 if wanted - fds.keys() else IDLE_SECONDS * 1000)}
+            if changed in ready:
+                try:
+                    while os.read(changed, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            exited = [pid for pid, fd in fds.items() if fd in ready]
+            for pid in exited:
+                os.close(fds.pop(pid))
+            if exited:
                 self.wake.set()
-        for fd in fds.values():
-            os.close(fd)
 
     def _run_kqueue(self, kq: Any) -> None:
         queue = kq.kqueue()
