@@ -50,17 +50,30 @@ class Stranger:
     cleanup: bool = False  # still alive at the end: ended by the driver
 
 
+def fork_as_other(record_dir: Path | None) -> int:
+    """fork(): the child's pid in the parent; 0 in the child, once it has become OTHER_UID
+    (moved into `record_dir` first, where given: relative names from there, as the path
+    above may be root's only). A child that cannot ends at once, with status 1."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if record_dir is not None:
+                os.chdir(record_dir)
+            become(OTHER_UID)
+        except BaseException:
+            os._exit(1)
+    return pid
+
+
 def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
     """Fork a child that becomes OTHER_UID and publishes, itself, three records
     naming `job`: its own, hung in a wait since boot; one forging `victim`
     (a real rank's pid, with the stranger's uid); one with a huge world."""
     victim_start = psutil.Process(victim).create_time()
-    pid = os.fork()
+    pid = fork_as_other(record_dir)
     if pid:
         return pid
     try:
-        os.chdir(record_dir)  # relative names from here: the path above may be root's only
-        become(OTHER_UID)
         me = os.getpid()
         # Evidence that grows: the dump signal grows the dump file to a sparse GiB.
         stacks = os.open(f"{me}.stacks", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -91,21 +104,25 @@ def spawn_stranger(record_dir: Path, job: str, size: int, victim: int) -> int:
         os._exit(1)
 
 
+def own_record(host: str, job: str, dump_signal: int) -> SyntheticWriter:
+    """The record of a job of one process, this one (a child that became OTHER_UID, in
+    the record directory)."""
+    me = os.getpid()
+    return SyntheticWriter(
+        f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
+        host=host, job=job, rank=0, world_size=1, backend="ring",
+        dump_signal=dump_signal, start_ticks=read_start_ticks("self"))
+
+
 def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
     """A sleeping process of OTHER_UID with a valid, healthy record of its own (one of a
     crowd that would take the daemon's descriptors); with `mint`, its record waits on a
     new unknown op code every second (to grow what the auto deadline learns)."""
-    pid = os.fork()
+    pid = fork_as_other(record_dir)
     if pid:
         return pid
     try:
-        os.chdir(record_dir)
-        become(OTHER_UID)
-        me = os.getpid()
-        writer = SyntheticWriter(
-            f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
-            host="crowd", job=f"crowd-{n}", rank=0, world_size=1, backend="ring",
-            dump_signal=0, start_ticks=read_start_ticks("self"))
+        writer = own_record("crowd", f"crowd-{n}", 0)
         code, done = len(record.OPS) + 1, 0
         while True:
             now = time.monotonic_ns()
@@ -131,18 +148,12 @@ def spawn_crowd_member(record_dir: Path, n: int, mint: bool) -> int:
 def spawn_hung_member(record_dir: Path, n: int) -> int:
     """A one-process job of OTHER_UID hung in a wait since boot, whose record names
     SIGUSR2 for stack dumps, which it ignores: every capture waits out its time box."""
-    pid = os.fork()
+    pid = fork_as_other(record_dir)
     if pid:
         return pid
     try:
-        os.chdir(record_dir)
-        become(OTHER_UID)
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        me = os.getpid()
-        writer = SyntheticWriter(
-            f"{me}.rec", pid=me, start_time=psutil.Process().create_time(), uid=OTHER_UID,
-            host="hung", job=f"hung-{n}", rank=0, world_size=1, backend="ring",
-            dump_signal=int(signal.SIGUSR2), start_ticks=read_start_ticks("self"))
+        writer = own_record("hung", f"hung-{n}", int(signal.SIGUSR2))
         writer.begin()
         writer.write_hot(1, 1, 0, 0, Phase.WAIT, record.OP_CODE["all_sum"], 1, 1, 1, 0, 0)
         writer.write_expect(0.5, 1, "")
@@ -159,11 +170,10 @@ def spawn_head_flood(host: str, port: int, threads: int = 4) -> int:
     import socket
     import threading
 
-    pid = os.fork()
+    pid = fork_as_other(None)
     if pid:
         return pid
     try:
-        become(OTHER_UID)
         head = (b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
                 + b"".join(b"X-P%02d: %s\r\n" % (k, b"a" * 65000) for k in range(100))
                 + b"\r\n")
@@ -190,11 +200,10 @@ def spawn_slow_client(host: str, port: int, connections: int = 64) -> int:
     each sending a byte a second and reopened when cut (slow clients)."""
     import socket
 
-    pid = os.fork()
+    pid = fork_as_other(None)
     if pid:
         return pid
     try:
-        become(OTHER_UID)
         socks: list[socket.socket | None] = [None] * connections
         while True:
             for i, s in enumerate(socks):

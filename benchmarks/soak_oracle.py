@@ -1,7 +1,7 @@
 """The soak's oracle: every incident and every exit checked against what was injected.
 
 Part of the chaos soak of benchmarks/soak.py (run that, not this). `oracle` reads a
-finished `Soak` (its jobs, their faults and exits, the strangers, the daemon's
+finished soak (`Finished`: its jobs, their faults and exits, the strangers, the daemon's
 `incidents.jsonl`) and returns the figures; `failed` says whether they hold a wrong
 kill, a missed hang, a misnamed culprit, a healthy rank that did not exit 0 or a
 successful attack of the second user; `report` puts them in words.
@@ -10,17 +10,29 @@ successful attack of the second user; `report` puts them in words.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from benchmarks.soak_hostile import OTHER_UID, hostile_problems
-
-if TYPE_CHECKING:
-    from benchmarks.soak import Soak
+from benchmarks.soak_hostile import OTHER_UID, Hostile, Stranger, hostile_problems
+from benchmarks.soak_jobs import Config, Job
+from tests.support.ranks import DaemonProc
 
 PEER_LOST = "connection to a peer was lost"
 
 
-def oracle(soak: Soak) -> dict[str, Any]:
+class Finished(Protocol):
+    """What the oracle reads of a soak that has ended (benchmarks.soak.Soak)."""
+
+    cfg: Config
+    daemon: DaemonProc
+    jobs: dict[str, Job]
+    owner: dict[int, str]  # rank pid -> its job
+    injected: dict[str, int]
+    started_jobs: int
+    strangers: dict[int, Stranger]
+    hostile: Hostile
+
+
+def oracle(soak: Finished) -> dict[str, Any]:
     """Every incident and every exit of the soak against what was injected: the figures."""
     cfg = soak.cfg
     incidents = soak.daemon.incidents()  # raises on a malformed line

@@ -377,6 +377,17 @@ static PyObject *release(Path *p, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* Drop the Path's references: on retire(), and as the type's tp_clear for the GC. */
+int Path_clear(Path *p)
+{
+    Py_CLEAR(p->claim);
+    Py_CLEAR(p->fail);
+    Py_CLEAR(p->stretch);
+    Py_CLEAR(p->codes);
+    Py_CLEAR(p->clock);
+    return 0;
+}
+
 /* retire(): every later call records nothing and every store goes to scratch memory;
  * the record's buffer is let go (so that its map can close), and so are the Heartbeat's
  * functions (which hold the Heartbeat, which holds this) and the thread key. */

@@ -75,14 +75,13 @@ static inline uint64_t native_now(void)
 #endif
 }
 
-/* From _fastpath.c: the Path's methods; the names the hot path looks up, interned
- * (0, or -1 with an exception set); an unsigned 64-bit word from an int or anything with
- * __index__ (0, or -1 with an exception set). */
+/* From _fastpath.c, for _fastpath_type.c (the one way between the units): the Path's
+ * methods; dropping its references (retire() and the GC); the names the hot path looks
+ * up, interned (0, or -1 with an exception set); an unsigned 64-bit word from an int or
+ * anything with __index__ (0, or -1 with an exception set). */
 extern FASTPATH_SHARED PyMethodDef Path_methods[];
+FASTPATH_SHARED int Path_clear(Path *p);
 FASTPATH_SHARED int fastpath_intern(void);
 FASTPATH_SHARED int fastpath_word_arg(PyObject *o, uint64_t *out);
-
-/* From _fastpath_type.c: drop the Path's references (retire() and the GC). */
-FASTPATH_SHARED int Path_clear(Path *p);
 
 #endif

@@ -2,8 +2,8 @@
  * _fastpath.c, where the methods are; _fastpath.h has the structs and tells the two
  * units apart). Here: the slot's word indices taken by name, checked to fit the slot;
  * Path(...) itself (the record's buffer, the slot offsets, the Heartbeat's functions);
- * the GC's traverse, clear and dealloc; the type object and the module with its clock
- * and the sha256 of its sources.
+ * the GC's traverse and dealloc (its clear is _fastpath.c's Path_clear, which retire()
+ * shares); the type object and the module with its clock and the sha256 of its sources.
  */
 #include "_fastpath.h"
 
@@ -172,16 +172,6 @@ static int Path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->stretch);
     Py_VISIT(p->codes);
     Py_VISIT(p->clock);
-    return 0;
-}
-
-int Path_clear(Path *p)
-{
-    Py_CLEAR(p->claim);
-    Py_CLEAR(p->fail);
-    Py_CLEAR(p->stretch);
-    Py_CLEAR(p->codes);
-    Py_CLEAR(p->clock);
     return 0;
 }
 
