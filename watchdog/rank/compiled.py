@@ -33,6 +33,10 @@ LAYOUT = {"slot_words": layout.SLOT_WORDS, "since": layout.S_SINCE, "op": layout
           "ring_at": layout.S_RING, "ring": layout.RING, "kind_shift": layout.KIND_SHIFT,
           "pace": layout.S_PACE, "pace_ops": layout.PACE_OPS, "init_op": INIT_OP}
 
+# The compiled module's sources, in the order their bytes are hashed: hatch_build.py
+# builds the sha256 of them into the module, and `_stale` compares it with theirs.
+SOURCES = ("_fastpath.h", "_fastpath.c", "_fastpath_type.c")
+
 _loaded: tuple[Any, str] | None = None
 
 
@@ -57,7 +61,7 @@ def _load() -> tuple[Any, str]:
             if not before <= now <= after:
                 _loaded = (None, "its clock disagrees with time.monotonic_ns")
             elif _stale(fast):
-                _loaded = (None, "stale: built from another version of _fastpath.c; "
+                _loaded = (None, "stale: built from other versions of its C sources; "
                                  "rebuild it (pip install -e . in a checkout)")
             else:
                 _loaded = (fast, "")
@@ -65,14 +69,21 @@ def _load() -> tuple[Any, str]:
 
 
 def _stale(fast: Any) -> bool:
-    """Was the module built from another version of its source (when the source is
-    there to compare: a checkout, or a wheel, which ships it)?"""
-    source = Path(__file__).with_name("_fastpath.c")
+    """Was the module built from another version of its sources (when they are there
+    to compare: a checkout, or a wheel, which ships them)?"""
     try:
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        digest = source_digest(Path(__file__).parent)
     except OSError:
         return False
     return bool(getattr(fast, "SOURCE_SHA256", "")) and fast.SOURCE_SHA256 != digest
+
+
+def source_digest(directory: Path) -> str:
+    """The sha256 of the compiled module's SOURCES in `directory`, one after the other."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((directory / name).read_bytes())
+    return digest.hexdigest()
 
 
 def choice(env: Mapping[str, str] = os.environ) -> tuple[Any, str]:

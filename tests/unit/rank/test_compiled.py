@@ -379,8 +379,11 @@ def test_a_module_built_from_another_source_is_not_used(monkeypatch: pytest.Monk
                                                        ) -> None:
     from watchdog.rank import _fastpath  # type: ignore[attr-defined]
 
-    source = Path(compiled.__file__).with_name("_fastpath.c")
-    assert _fastpath.SOURCE_SHA256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    # The build (hatch_build.py) hashed the same sources in the same order as the check.
+    sources = [Path(compiled.__file__).with_name(name) for name in compiled.SOURCES]
+    assert _fastpath.SOURCE_SHA256 == hashlib.sha256(
+        b"".join(source.read_bytes() for source in sources)).hexdigest()
+    assert not compiled._stale(_fastpath)
     monkeypatch.setattr(_fastpath, "SOURCE_SHA256", "0" * 64)  # as if the file changed since
     monkeypatch.setattr(compiled, "_loaded", None)
     fast, why = compiled.choice({})
