@@ -54,6 +54,9 @@ def fork_as_other(record_dir: Path | None) -> int:
     """fork(): the child's pid in the parent; 0 in the child, once it has become OTHER_UID
     (moved into `record_dir` first, where given: relative names from there, as the path
     above may be root's only). A child that cannot ends at once, with status 1."""
+    # The codecs a child uses after it is OTHER_UID, loaded while it can read them (this
+    # Python's files may be root's only): socket.create_connection needs idna.
+    "x".encode("idna")
     pid = os.fork()
     if pid == 0:
         try:
