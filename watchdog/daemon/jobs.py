@@ -62,6 +62,9 @@ LiveRanks = list[tuple[Rank, ProcessSample]]  # the scan's live ranks, each with
 # every act/peers.PREFETCH_EVERY (2 s) in the background, and the peer's facts were
 # current at its last scan.
 REMOTE_FRESH = 4.0
+# Seconds before a rank's deadline from which the peers are asked ahead (every 2 s):
+# answers fresh (act/peers.FRESH) whenever its verdict comes, confirming scans and all.
+ASK_AHEAD = 10.0
 THERMAL_EVERY = 30.0  # seconds between two asks of the node's thermal state (macOS: a tool)
 
 
@@ -292,12 +295,18 @@ class Jobs:
             link = self.links.found.get(r.key)
             if link is not None or r.key in self.shown:
                 self.shown.setdefault(r.key, Shown()).data_link = link
-        # Past half its wedge deadline too: a job wedged across nodes is judged from the
-        # peers' answers (remote_members), which must be there by its wedge deadline.
+        # Within ASK_AHEAD of its deadline (or past it): a response's first signal must
+        # not wait out an unreachable peer's timeout. Past half its wedge deadline with
+        # a thread busy too: a job wedged across nodes is judged from the peers' answers
+        # (remote_members), which must be there by its wedge deadline; a job with no
+        # thread busy cannot be wedged, and is not asked for every 2 s of a quiet wait.
+        soon = any(r.verdict is not None
+                   and r.verdict.deadline - r.verdict.seconds_in_wait <= ASK_AHEAD
+                   for r in long)
         wedging = any(r.verdict is not None and r.verdict.wedge_deadline > 0
                       and r.verdict.seconds_in_wait >= r.verdict.wedge_deadline / 2
-                      and r.state not in FINAL for r in ranks)
-        return bool(self.live.peering.peers) and bool(long or wedging)
+                      and bool(r.verdict.hot) and r.state not in FINAL for r in ranks)
+        return bool(self.live.peering.peers) and (soon or wedging)
 
     def paces(self, live: LiveRanks, now: float) -> None:
         """Each live rank's minute of work, each job scored, its straggler named when clear

@@ -13,7 +13,7 @@ import pytest
 from tests.support.users import publish
 from watchdog.daemon.act.incidents import fence_culprit, new_incident, with_view
 from watchdog.daemon.config import Settings
-from watchdog.daemon.jobs import REMOTE_FRESH
+from watchdog.daemon.jobs import ASK_AHEAD, REMOTE_FRESH
 from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.wedge import QUIET_FOR, Member, decide, remote
@@ -205,10 +205,21 @@ def test_a_stale_answer_a_silent_peer_or_an_unknown_rank_gives_no_remote_member(
 def test_a_wedge_is_asked_for_ahead_from_half_the_wedge_deadline(daemon):
     rank = Rank(path="r", record=REC, state=State.RUNNING,
                 verdict=Verdict(State.RUNNING, 60.0, 8.0, 8.0, 1.0, False, "r",
-                                wedge_deadline=15.0))
+                                wedge_deadline=15.0, hot=(7,)))
     assert daemon.jobs.probe_links([rank], 0.0)  # the loop then asks the peers ahead
     rank.verdict = dataclasses.replace(rank.verdict, seconds_in_wait=7.0)
     assert not daemon.jobs.probe_links([rank], 0.0)  # before half of it: no ask
+
+
+def test_a_quiet_wait_is_asked_for_ahead_only_as_its_deadline_nears(daemon):
+    # No thread busy: no wedge to judge across nodes, so no ask every 2 s of the wait
+    # from half its deadline; from ASK_AHEAD before it, for the verdict's first signal.
+    rank = Rank(path="r", record=REC, state=State.SUSPECT,
+                verdict=Verdict(State.SUSPECT, 60.0, 40.0, 40.0, 0.0, False, "r",
+                                wedge_deadline=15.0))
+    assert not daemon.jobs.probe_links([rank], 0.0)
+    rank.verdict = dataclasses.replace(rank.verdict, seconds_in_wait=60.0 - ASK_AHEAD)
+    assert daemon.jobs.probe_links([rank], 0.0)
 
 
 
