@@ -14,8 +14,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchdog.backends import (COMPUTING_FRAMES, PARKED_FRAMES, POLLING_FRAMES,
-                               waiting_frames)
+from watchdog.backends import COMPUTING_FRAMES, PARKED_FRAMES, POLLING_FRAMES, waiting_frames
 from watchdog.states import FrameKind
 
 _PREFIXES = ("__libc_", "__GI___", "__GI_", "__")
