@@ -11,7 +11,9 @@ evidence) runs the stand-in the same way, as a process of its own.
   position), each frame `name  (in library) + offset  [address]` under a count of
   samples, indented two columns a level, then "Total number in stack". Guessed: the
   tree's `!` and `:` glyphs are not drawn (the parser reads depth by width only), the
-  counts are gdb reads (a few), not 1 ms samples (about a thousand).
+  counts are gdb reads (a few), not 1 ms samples (about a thousand). It ends within
+  its own time box (OWN_BOX), under the daemon's for `sample`: a gdb read past it is
+  cut (nothing read), its stop on the rank released.
 - `ioreg -r -c AGXDeviceUserClient -l -w0`: no Metal client exists on this host (the
   ranks run MLX on the CPU), so it prints what ioreg prints when nothing matches:
   nothing. The GPU clock is never read in the simulation.
@@ -21,28 +23,51 @@ evidence) runs the stand-in the same way, as a process of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
-from watchdog import gdbstack
+from watchdog import gdbstack, procstat
 
 TOOLS = ("sample", "ioreg", "pmset")
 _LIB = re.compile(r" from (\S+)")
 _ADDRESS = re.compile(r"^#\d+\s+(0x[0-9a-fA-F]+) in ")
 
 
-def gdb_read(pid: int) -> dict[int, list[tuple[str, str, str]]]:
-    """Each thread's frames, root first, as (name, library, address), by kernel id."""
+# Seconds the stand-in may take in all: under the time box the daemon gives `sample`
+# (stacksampler.SAMPLE_TIMEOUT, 3 s), so it is never killed there. Killed, its gdb would
+# live on, attached, and the next sample's gdb could not attach (seen on MPI ranks, whose
+# ~100 libraries take gdb 1.5-4 s under load: every sample of a wedge read nothing).
+OWN_BOX = 2.6
+
+
+def gdb_read(pid: int, timeout: float = 20.0) -> dict[int, list[tuple[str, str, str]]]:
+    """Each thread's frames, root first, as (name, library, address), by kernel id; {}
+    when gdb ran past `timeout` (killed, its stop on the rank released as the Linux
+    probe releases a cut sample's)."""
     gdb = shutil.which("gdb")
     if gdb is None:
         return {}
-    done = subprocess.run(gdbstack.command(gdb, pid), capture_output=True, text=True,
-                          timeout=20, stdin=subprocess.DEVNULL, check=False)
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        return {}
+    try:
+        done = subprocess.run(gdbstack.command(gdb, pid), capture_output=True, text=True,
+                              timeout=max(0.1, timeout), stdin=subprocess.DEVNULL,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        # gdb killed mid-attach leaves its stop in whichever thread it reached: released
+        # as the Linux probe releases a cut sample's (probes/linux.py), same process only.
+        if _start_ticks(pid) == ticks:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        return {}
     threads: dict[int, list[tuple[str, str, str]]] = {}
     current: list[tuple[str, str, str]] | None = None
     for line in done.stdout.splitlines():
@@ -58,6 +83,16 @@ def gdb_read(pid: int) -> dict[int, list[tuple[str, str, str]]]:
                             os.path.basename(lib.group(1)) if lib else "???",
                             address.group(1) if address else "0x0"))
     return {tid: list(reversed(frames)) for tid, frames in threads.items()}
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start, in clock ticks since boot (the stand-in reads Linux's /proc:
+    procstat refuses to on the simulated Mac)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return procstat.start_ticks(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def sample_report(pid: int, reads: list[dict[int, list[tuple[str, str, str]]]],
@@ -112,10 +147,14 @@ def sample(args: list[str]) -> int:
         return 1
     began = time.monotonic()
     deadline = began + seconds
-    reads = [gdb_read(pid)]
+    started = _start_ticks(os.getpid())  # the box counts from this process's start
+    box_end = began + OWN_BOX - (
+        time.clock_gettime(time.CLOCK_BOOTTIME) - started / os.sysconf("SC_CLK_TCK")
+        if started is not None else 0.0)
+    reads = [gdb_read(pid, box_end - time.monotonic())]
     took = time.monotonic() - began
-    while time.monotonic() + took < deadline:  # another read would not overrun
-        reads.append(gdb_read(pid))
+    while time.monotonic() + took < min(deadline, box_end):  # another would not overrun
+        reads.append(gdb_read(pid, box_end - time.monotonic()))
     sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
     return 0
 
