@@ -3,6 +3,7 @@ and every rank it starts with MLX_WATCHDOG_SIMULATE=macos, so the macOS path run
 each macOS source a stand-in of watchdog/macsim reading the live process.
 
     python -m benchmarks.macsim wedge --runs 2 --healthy 150 --lookalike 120
+    python -m benchmarks.macsim wedge --backend mpi --runs 2 --healthy 0
     python -m benchmarks.macsim daemon_cost --counts 1 8 --seconds 30
     python -m benchmarks.macsim frozen
     python -m benchmarks.macsim saves
@@ -17,7 +18,8 @@ finishing with no incident; one to storage that never answers (a FIFO never open
 ended at the floor of silence plus 15 s, rank 0 and its save named.
 
 The benchmark's own arguments follow its name. Every process the test support starts
-(tests/support/ranks.py's base_env: the daemon, ring ranks, servers) gets the variable.
+(tests/support/ranks.py's base_env: the daemon, ring ranks, mpirun and its ranks,
+servers) gets the variable.
 """
 
 from __future__ import annotations

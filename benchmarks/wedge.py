@@ -19,8 +19,13 @@ least S seconds; incidents counted, and whether either daemon ever judged the we
 `--blip S` (with `--hosts`): host 1's link down for S seconds under a ring loop, then up:
 the job must resume (TCP's retransmission, no error) with no incident; the seconds from
 the link's return to the next collective, and whether either daemon judged the wedge.
+`--backend mpi` (one host): the same wedge, healthy job and look-alike on 2 Open MPI
+ranks of tests/support/mpi_prog.py under `mpirun` (TCP between them, tests/support/
+mpi.py): the injector answers rank 1's readv() on its TCP sockets, as its TCP transport
+reads; the look-alike's rank 1 computes in Python for S seconds.
 
     python -m benchmarks.wedge --runs 3 --healthy 60 --lookalike 120
+    python -m benchmarks.wedge --backend mpi --runs 2 --healthy 60 --lookalike 60
     python -m benchmarks.wedge --hosts --runs 3 --healthy 0
     python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --slowlink 120
     python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --blip 30
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import statistics
 import tempfile
@@ -37,6 +43,7 @@ import time
 from pathlib import Path
 
 from tests.support.lm_server import DefaultDaemon
+from tests.support.mpi import MpiJob
 from tests.support.netbed import Bed, cannot_build
 from tests.support.ranks import DaemonProc, RingJob, wait_for
 from tests.support.wedges import armed, build_shim
@@ -50,18 +57,50 @@ def samples(daemon: DaemonProc) -> list[float]:
     return [float(m.group(2)) for m in SAMPLED.finditer(daemon.log())]
 
 
-def wedge_run(base: Path, shim: Path, mode: str) -> tuple[float, str, object, list[float]]:
+class Job:
+    """Two ranks of the backend's program, as the benchmark needs them: ring ranks
+    (tests/support/rank_prog.py) or one mpirun (tests/support/mpi_prog.py)."""
+
+    def __init__(self, backend: str, base: Path, records: Path, mode: str,
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        self.mpi = backend == "mpi"
+        self.job: MpiJob | RingJob = (
+            MpiJob(base, records, mode, *args, env=env) if self.mpi
+            else RingJob(base, records, 2, mode, args=args, env=env))
+
+    def __enter__(self) -> Job:
+        self.job.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.job.__exit__(*exc)
+
+    def wait_running(self, collectives: int) -> None:
+        self.job.wait_running(collectives=collectives)
+
+    @property
+    def pids(self) -> list[int]:
+        job = self.job
+        return [job.pids[r] for r in sorted(job.pids)] if isinstance(job, MpiJob) else job.pids
+
+    def gone(self) -> bool:
+        job = self.job
+        return job.gone() if isinstance(job, MpiJob) else all(
+            p.poll() is not None for p in job.procs)
+
+
+def wedge_run(base: Path, shim: Path, mode: str,
+              backend: str = "ring") -> tuple[float, str, object, list[float]]:
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
     trigger = base / "wedge-now"
     env = armed(shim, trigger, mode)
     with DefaultDaemon(records, state) as daemon, \
-            RingJob(base, records, 2, "loop", env=env) as job:
+            Job(backend, base, records, "loop", env=env) as job:
         job.wait_running(collectives=300)
         trigger.touch()
         began = time.monotonic()
-        wait_for(lambda: all(p.poll() is not None for p in job.procs), 900, interval=0.1,
-                 what="both ranks ended")
+        wait_for(job.gone, 900, interval=0.1, what="both ranks ended")
         took = time.monotonic() - began
         inc = wait_for(lambda: [i for i in daemon.incidents() if i.get("outcome")], 60,
                        what="the incident")[-1]
@@ -153,23 +192,25 @@ def blip_run(bed: Bed, seconds: float, watch: float = 60.0) -> dict[str, object]
         bed.heal()
 
 
-def healthy_run(base: Path, seconds: float) -> tuple[int, int]:
+def healthy_run(base: Path, seconds: float, backend: str = "ring") -> tuple[int, int]:
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
-    with DefaultDaemon(records, state) as daemon, RingJob(base, records, 2, "loop") as job:
+    with DefaultDaemon(records, state) as daemon, Job(backend, base, records, "loop") as job:
         job.wait_running(collectives=10)
         time.sleep(seconds)
         return len(samples(daemon)), len(daemon.incidents())
 
 
-def lookalike_run(base: Path, seconds: float) -> tuple[int, int, str]:
+def lookalike_run(base: Path, seconds: float, backend: str = "ring") -> tuple[int, int, str]:
     records, state = base / "records", base / "state"
     records.mkdir(parents=True)
+    # Ring: a CPU matmul chain of 100 steps; MPI: Python's own loop (mpi_prog.py).
+    args = (str(seconds),) if backend == "mpi" else (str(seconds), "100")
     with DefaultDaemon(records, state) as daemon, \
-            RingJob(base, records, 2, "slowpeer", args=(str(seconds), "100")) as job:
+            Job(backend, base, records, "slowpeer", args=args) as job:
         job.wait_running(collectives=1)
         seen = ""
-        while any(p.poll() is None for p in job.procs):
+        while not job.gone():
             seen = (daemon.ranks().get(job.pids[1]) or {}).get("frames") or seen
             time.sleep(0.5)
         return len(daemon.incidents()), len(samples(daemon)), seen
@@ -179,6 +220,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--modes", default="user,syscall")
+    parser.add_argument("--backend", choices=("ring", "mpi"), default="ring",
+                        help="the ranks' backend on one host (mpi: Open MPI's mpirun)")
     parser.add_argument("--healthy", type=float, default=60.0)
     parser.add_argument("--lookalike", type=float, default=0.0)
     parser.add_argument("--hosts", action="store_true",
@@ -188,8 +231,12 @@ def main() -> None:
     parser.add_argument("--blip", type=float, default=0.0,
                         help="with --hosts: host 1's link down S seconds under a ring loop")
     args = parser.parse_args()
+    if args.hosts and args.backend != "ring":
+        raise SystemExit("--hosts runs ring ranks only")
     if args.hosts and cannot_build():
         raise SystemExit(f"--hosts: {cannot_build()}")
+    print(f"  {args.backend} ranks; load average before: "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mlxwd-wedge-") as tmp:
         base = Path(tmp)
         shim = build_shim(base)
@@ -201,12 +248,13 @@ def main() -> None:
                 for n in range(args.runs):
                     seconds, cause, culprit, cost = (
                         bed_run(bed, shim, mode) if bed is not None else
-                        wedge_run(base / f"{mode}{n}", shim, mode))
+                        wedge_run(base / f"{mode}{n}", shim, mode, args.backend))
                     took.append(seconds)
                     costs += cost
                     named = culprit if bed is not None else f"rank {culprit}"
                     print(f"  {mode:8} run {n + 1}: {seconds:5.1f} s  (cause {cause}, culprit "
-                          f"{named}, {len(cost)} samples)", flush=True)
+                          f"{named}, {len(cost)} samples; load {os.getloadavg()[0]:.1f})",
+                          flush=True)
                 if not took:
                     continue
                 print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} "
@@ -231,11 +279,13 @@ def main() -> None:
             print(f"  per sample: median {statistics.median(costs):.2f} s, max "
                   f"{max(costs):.2f} s of the target stopped under gdb ({len(costs)} samples)")
         if args.healthy > 0:
-            taken, incidents = healthy_run(base / "healthy", args.healthy)
+            taken, incidents = healthy_run(base / "healthy", args.healthy, args.backend)
             print(f"  healthy  {args.healthy:.0f} s: {taken} samples, {incidents} incidents")
         if args.lookalike > 0:
-            incidents, taken, seen = lookalike_run(base / "lookalike", args.lookalike)
-            print(f"  lookalike {args.lookalike:.0f} s of matmuls: {incidents} incidents, "
+            incidents, taken, seen = lookalike_run(base / "lookalike", args.lookalike,
+                                                   args.backend)
+            work = "Python" if args.backend == "mpi" else "matmuls"
+            print(f"  lookalike {args.lookalike:.0f} s of {work}: {incidents} incidents, "
                   f"{taken} samples; rank 1: {seen}")
 
 

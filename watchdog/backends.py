@@ -104,6 +104,13 @@ PARKED_FRAMES: tuple[str, ...] = (
     "kevent", "kevent64", "epoll_wait", "nanosleep", "__select", "clock_nanosleep",
     "do_futex_wait", "sem_wait", "_M_futex_wait_until", "__wait4",
 )
+# Frames of a progress engine that polls without ever sleeping: a thread under one is
+# busy whatever its leaf, even a parked frame's. Open MPI's `opal_progress` runs its
+# event loop non-blocking (gdb of a wedged rank here: poll(..., timeout=0) under it);
+# on a Mac its event library polls with select() or kqueue (Open MPI's event component:
+# select by default on OS X), so a `sample` of the spinning thread may end in
+# `__select` or `kevent`. (MPICH's progress may block in poll: not listed.)
+POLLING_FRAMES: tuple[str, ...] = ("opal_progress",)
 
 
 # -- reading a launch's variables and files ------------------------------------------
@@ -327,7 +334,12 @@ BACKENDS: tuple[Backend, ...] = (
                         "ompi_request_wait_completion", "ompi_sync_wait_mt", "MPI_Wait",
                         "PMPI_Wait", "mca_pml_ob1_recv", "mca_pml_ob1_send",
                         "mca_btl_tcp_", "mca_btl_sm_", "mca_btl_vader_", "MPID_Progress",
-                        "MPIDI_", "MPIR_Wait"),
+                        "MPIDI_", "MPIR_Wait",
+                        # Open MPI's own event thread (opal's async progress thread),
+                        # in libevent's loop: it waits on MPI's sockets, its leaf a poll
+                        # or select. Where busy threads cannot be told (a Mac's `sample`)
+                        # it is read with the rest, and must not read as computing.
+                        "event_base_loop", "opal_libevent2022_event_base_loop"),
     ),
 )
 

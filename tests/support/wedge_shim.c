@@ -10,13 +10,20 @@
  *   MLXWD_WEDGE_MODE=park     never: the calling thread sleeps in poll() for ever,
  *                             nothing spinning (a quiet hang).
  * The bytes the peer sent stay unread in the socket. Any other process: recv() as is.
+ * An MPI rank (Open MPI's: no MLX_RANK, its rank in OMPI_COMM_WORLD_RANK) is wedged
+ * the same way at its TCP sockets' readv() as well: Open MPI's TCP transport reads
+ * with readv() (strace of a rank in all_sums: readv, writev and poll, no recv), and its
+ * progress engine, finding the socket readable again, spins through it for ever. Only
+ * AF_INET/AF_INET6 stream sockets (its runtime's own sockets are Unix ones); each fd's
+ * kind is asked once, so the user-space spin stays out of the kernel.
  *   MLXWD_WEDGE_MODE=park_eval  recv() as is, but cblas_sgemm() (a matmul on the CPU
  *                             stream's thread) waits for ever on a condition variable
  *                             nobody signals: the mx.eval waiting on it never returns,
  *                             every thread asleep (a quiet hang of one process, as in
  *                             mlx-lm #1834's deadlock in eval). Before the trigger it
  *                             calls the BLAS that libmlx loaded.
- * MLXWD_WEDGE_RANK=* arms every rank, and a process with no MLX_RANK (world size 1).
+ * MLXWD_WEDGE_RANK=* arms every rank, and a process with no MLX_RANK nor
+ * OMPI_COMM_WORLD_RANK (world size 1).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -28,11 +35,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 static ssize_t (*real_recv)(int, void *, size_t, int);
+static ssize_t (*real_readv)(int, const struct iovec *, int);
 static int armed = -1;  /* -1: not yet decided, 0: not this rank, 1: this rank */
+static int mpi_rank;  /* an Open MPI rank: its readv() on TCP sockets is wedged too */
 static volatile int wedged;
 static int syscall_mode;
 static int park_mode;
@@ -43,6 +53,10 @@ static long long next_look_ns;
 static void decide(void) {
     const char *want = getenv("MLXWD_WEDGE_RANK");
     const char *rank = getenv("MLX_RANK");
+    if (rank == NULL) {
+        rank = getenv("OMPI_COMM_WORLD_RANK");
+        mpi_rank = rank != NULL;
+    }
     const char *mode = getenv("MLXWD_WEDGE_MODE");
     trigger = getenv("MLXWD_WEDGE_FILE");
     syscall_mode = mode != NULL && strcmp(mode, "syscall") == 0;
@@ -73,6 +87,21 @@ static int triggered(void) {
     return wedged;
 }
 
+/* A wedged read: EAGAIN, in user space or after a zero-byte read in the kernel, or
+ * asleep for ever (park). */
+static ssize_t wedged_read(int fd, int flags) {
+    while (park_mode)
+        poll(NULL, 0, -1);
+    if (syscall_mode) {
+        char none;
+        if (real_recv == NULL)  /* an MPI rank's readv() may come first */
+            real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
+        real_recv(fd, &none, 0, flags | MSG_DONTWAIT);
+    }
+    errno = EAGAIN;
+    return -1;
+}
+
 ssize_t recv(int fd, void *buf, size_t len, int flags) {
     if (real_recv == NULL)
         real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
@@ -80,14 +109,38 @@ ssize_t recv(int fd, void *buf, size_t len, int flags) {
         decide();
     if (eval_mode || !triggered())
         return real_recv(fd, buf, len, flags);
-    while (park_mode)
-        poll(NULL, 0, -1);
-    if (syscall_mode) {
-        char none;
-        real_recv(fd, &none, 0, flags | MSG_DONTWAIT);
+    return wedged_read(fd, flags);
+}
+
+/* 0: not asked yet, 1: a TCP socket, 2: anything else (fds below FDS_KNOWN). */
+#define FDS_KNOWN 4096
+static unsigned char fd_kind[FDS_KNOWN];
+
+static int tcp_socket(int fd) {
+    if (fd < 0 || fd >= FDS_KNOWN)
+        return 0;
+    if (fd_kind[fd] == 0) {
+        int type = 0;
+        socklen_t type_len = sizeof(type);
+        struct sockaddr_storage addr;
+        socklen_t addr_len = sizeof(addr);
+        int tcp = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0
+                  && type == SOCK_STREAM
+                  && getsockname(fd, (struct sockaddr *)&addr, &addr_len) == 0
+                  && (addr.ss_family == AF_INET || addr.ss_family == AF_INET6);
+        fd_kind[fd] = tcp ? 1 : 2;
     }
-    errno = EAGAIN;
-    return -1;
+    return fd_kind[fd] == 1;
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int iovcnt) {
+    if (real_readv == NULL)
+        real_readv = (ssize_t (*)(int, const struct iovec *, int))dlsym(RTLD_NEXT, "readv");
+    if (armed < 0)
+        decide();
+    if (!mpi_rank || eval_mode || !triggered() || !tcp_socket(fd))
+        return real_readv(fd, iov, iovcnt);
+    return wedged_read(fd, 0);
 }
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,

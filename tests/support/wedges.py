@@ -4,8 +4,10 @@ environment that arms it in one rank of a job.
 Armed, the shim lets the rank run until `trigger` exists, then makes its ring worker
 spin on a socket that never delivers: in user space (`mode` "user") or through the
 kernel ("syscall"); or park it asleep in the read for ever ("park": a quiet hang; `rank`
-"*" arms every rank). Used by the wedge tests (one host, the two-host bed) and
-benchmarks/wedge.py."""
+"*" arms every rank). An Open MPI rank (its rank from OMPI_COMM_WORLD_RANK: give the
+environment to mpirun, its local ranks inherit it) is wedged at its TCP sockets'
+readv(), which its TCP transport reads with. Used by the wedge tests (one host, the
+two-host bed, the simulated Mac's MPI wedge) and benchmarks/wedge.py."""
 
 from __future__ import annotations
 

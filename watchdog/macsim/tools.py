@@ -11,7 +11,9 @@ evidence) runs the stand-in the same way, as a process of its own.
   position), each frame `name  (in library) + offset  [address]` under a count of
   samples, indented two columns a level, then "Total number in stack". Guessed: the
   tree's `!` and `:` glyphs are not drawn (the parser reads depth by width only), the
-  counts are gdb reads (a few), not 1 ms samples (about a thousand).
+  counts are gdb reads (a few), not 1 ms samples (about a thousand). A rank another
+  gdb still holds (a sample before, killed at the daemon's time box, its gdb left to
+  finish) is waited for, within OWN_BOX of the stand-in's start.
 - `ioreg -r -c AGXDeviceUserClient -l -w0`: no Metal client exists on this host (the
   ranks run MLX on the CPU), so it prints what ioreg prints when nothing matches:
   nothing. The GPU clock is never read in the simulation.
@@ -29,18 +31,32 @@ import sys
 import time
 from typing import Any
 
-from watchdog import gdbstack
+from watchdog import gdbstack, procstat
 
 TOOLS = ("sample", "ioreg", "pmset")
 _LIB = re.compile(r" from (\S+)")
 _ADDRESS = re.compile(r"^#\d+\s+(0x[0-9a-fA-F]+) in ")
 
 
-def gdb_read(pid: int) -> dict[int, list[tuple[str, str, str]]]:
-    """Each thread's frames, root first, as (name, library, address), by kernel id."""
+# Seconds from the stand-in's start it waits for another tracer of the rank to let go
+# (under the daemon's 3 s time box for `sample`, stacksampler.SAMPLE_TIMEOUT). A stand-in
+# killed at that box leaves its gdb to finish alone (it detaches cleanly: never killed
+# mid-attach, which would leave a stop in the rank); the next sample's gdb, attaching
+# meanwhile, failed at once, and under load (an MPI rank's 84 libraries take gdb 2-4 s)
+# every later sample of a wedge read nothing. It now waits for that gdb to be gone.
+OWN_BOX = 2.8
+
+
+def gdb_read(pid: int, wait_until: float = 0.0) -> dict[int, list[tuple[str, str, str]]]:
+    """Each thread's frames, root first, as (name, library, address), by kernel id; {}
+    when another tracer still holds the rank at `wait_until` (monotonic)."""
     gdb = shutil.which("gdb")
     if gdb is None:
         return {}
+    while _traced(pid):
+        if time.monotonic() >= wait_until:
+            return {}
+        time.sleep(0.05)
     done = subprocess.run(gdbstack.command(gdb, pid), capture_output=True, text=True,
                           timeout=20, stdin=subprocess.DEVNULL, check=False)
     threads: dict[int, list[tuple[str, str, str]]] = {}
@@ -58,6 +74,28 @@ def gdb_read(pid: int) -> dict[int, list[tuple[str, str, str]]]:
                             os.path.basename(lib.group(1)) if lib else "???",
                             address.group(1) if address else "0x0"))
     return {tid: list(reversed(frames)) for tid, frames in threads.items()}
+
+
+def _traced(pid: int) -> bool:
+    """Whether a tracer (a gdb) holds the process now (the stand-in reads Linux's /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return line.split()[1] != "0"
+    except (OSError, IndexError):
+        pass
+    return False
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start, in clock ticks since boot (the stand-in reads Linux's /proc:
+    procstat refuses to on the simulated Mac)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return procstat.start_ticks(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def sample_report(pid: int, reads: list[dict[int, list[tuple[str, str, str]]]],
@@ -112,10 +150,14 @@ def sample(args: list[str]) -> int:
         return 1
     began = time.monotonic()
     deadline = began + seconds
-    reads = [gdb_read(pid)]
+    started = _start_ticks(os.getpid())  # the box counts from this process's start
+    box_end = began + OWN_BOX - (
+        time.clock_gettime(time.CLOCK_BOOTTIME) - started / os.sysconf("SC_CLK_TCK")
+        if started is not None else 0.0)
+    reads = [gdb_read(pid, box_end)]
     took = time.monotonic() - began
     while time.monotonic() + took < deadline:  # another read would not overrun
-        reads.append(gdb_read(pid))
+        reads.append(gdb_read(pid, deadline))
     sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
     return 0
 

@@ -5,124 +5,26 @@ MPI's wait on a peer busy-polls in user space (the JACCL shape): a frozen peer m
 still end the job, and a peer computing in Python must still hold it. Both rest on
 every rank of one mpirun being one job, which nothing but mpirun's own environment
 says. MLX_MPI_LIBNAME, MLX's own variable (`mlx.launch --backend mpi` sets it too), is
-passed only where needed: Debian's openmpi-bin ships libmpi.so.40 without the
-libmpi.so link MLX looks for (libopenmpi-dev has it). MLX_WATCHDOG_DIR is the test's
-own record directory.
-Every rank binds loopback (btl tcp on lo, the runtime's oob on lo)."""
+passed only where needed (tests/support/mpi.py). MLX_WATCHDOG_DIR is the test's own
+record directory. Every rank binds loopback (btl tcp on lo, the runtime's oob on lo)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.support import SUPPORT
+from tests.support.mpi import MpiJob, alive
 from tests.support.ranks import REPO, DaemonProc, base_env, wait_for
-from watchdog import record
 
 pytestmark = pytest.mark.ranks
 
-MPI_PROG = SUPPORT / "mpi_prog.py"
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
-          "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
 DEADLINE = 2.0
-
-
-def mpi_libname() -> str | None:
-    """None when MLX finds libmpi.so by itself; else the versioned name to give it."""
-    for name in ("libmpi.so", "libmpi.so.40", "libmpi.40.dylib"):
-        for base in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib",
-                     "/usr/local/lib", "/opt/homebrew/lib"):
-            if os.path.exists(os.path.join(base, name)):
-                return None if name == "libmpi.so" else name
-    raise AssertionError("no Open MPI library (libmpi): .ci/run installs openmpi-bin")
-
-
-class MpiJob:
-    """One `mpirun -np SIZE` of tests/support/mpi_prog.py; the ranks' pids come from their
-    records."""
-
-    def __init__(self, workdir: Path, record_dir: Path, mode: str, *args: str,
-                 size: int = 2) -> None:
-        assert shutil.which("mpirun"), "mpirun not found: .ci/run installs openmpi-bin"
-        self.record_dir, self.log_path = record_dir, workdir / f"mpirun-{id(self)}.log"
-        libname = mpi_libname()
-        env = base_env(record_dir, MLX_WATCHDOG="1",
-                       **({"MLX_MPI_LIBNAME": libname} if libname else {}))
-        env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMI"))}
-        argv = [*MPIRUN, "-np", str(size), "-x", "MLX_WATCHDOG=1",
-                *(["-x", "MLX_MPI_LIBNAME"] if libname else []),
-                sys.executable, str(MPI_PROG), mode, *args]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         cwd=REPO)
-        self.size = size
-        self.pids: dict[int, int] = {}  # rank -> pid, as the records say
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def records(self) -> dict[int, record.Record]:
-        out = {}
-        for path in self.record_dir.glob(f"*{record.SUFFIX}"):
-            try:
-                rec = record.read_path(str(path))
-            except record.RecordError:
-                continue
-            out[rec.rank] = rec
-        return out
-
-    def wait_running(self, timeout: float = 60) -> dict[int, record.Record]:
-        def ready() -> dict[int, record.Record] | None:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"mpirun exited early ({self.proc.returncode}):\n"
-                                     + self.log())
-            recs = self.records()
-            return recs if len(recs) == self.size and all(
-                r.collectives >= 3 for r in recs.values()) else None
-        recs = wait_for(ready, timeout, what=f"{self.size} MPI ranks running")
-        self.pids = {rank: rec.pid for rank, rec in recs.items()}
-        return recs
-
-    def stop(self) -> None:
-        for pid in self.pids.values():  # the ranks this job started, by their pid
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> MpiJob:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_one_mpirun_is_one_job_of_two_ranks_in_status(tmp_path, record_dir, state_dir):

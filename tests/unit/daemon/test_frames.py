@@ -1,7 +1,8 @@
 """The frame table (watchdog/backends.py) and its classifier (judge/frames.py), against
 real stacks: gdb backtraces of real MLX ring ranks recorded on this machine
 (tests/support/data/gdb_ring_*.txt: rank 0 spinning on a stopped peer, rank 1
-computing a matmul chain, rank 0 waiting for it), a macOS `sample` report of a JACCL
+computing a matmul chain, rank 0 waiting for it; gdb_mpi_wedged.txt: an Open MPI rank
+whose TCP reads the wedge injector answers EAGAIN), a macOS `sample` report of a JACCL
 rank (sample_jaccl_recv.txt), and the frames the seeds' reports quote."""
 
 from __future__ import annotations
@@ -79,6 +80,42 @@ def test_a_jaccl_rank_sampled_on_a_mac_spins_in_tbt_poll_cq():
     seen = classify(stacks, [], "jaccl")
     assert seen.kind == FrameKind.WAITING
     assert "MeshImpl::recv" in seen.what
+
+
+MPI_STREAM, MPI_EVENTS, PMIX_EVENTS = 18775, 18761, 18762  # gdb_mpi_wedged.txt's threads
+
+
+def test_a_wedged_mpi_rank_spins_in_its_progress_engine():
+    stacks = gdb("gdb_mpi_wedged.txt")
+    # Linux: its busy thread (MLX's stream thread in MPI_Allreduce) by its id.
+    seen = classify(stacks, [MPI_STREAM], "mpi")
+    assert seen.kind == FrameKind.WAITING
+    assert "ompi_request_default_wait -> __GI___poll" in seen.what, seen.what
+
+
+def test_a_wedged_mpi_rank_read_as_a_mac_reads_it_waits():
+    """No busy id known (`sample`'s threads by position): every thread not parked is read,
+    Open MPI's own event thread asleep in poll() too. It waits in libevent's loop, not
+    computing; the thread named is the stream thread, deepest in MPI's wait."""
+    stacks = gdb("gdb_mpi_wedged.txt")
+    assert sorted(busiest_unparked(stacks)) == sorted([MPI_STREAM, MPI_EVENTS])
+    assert thread_kind(stacks[MPI_EVENTS], "mpi")[0] == FrameKind.WAITING
+    seen = classify(stacks, [], "mpi")
+    assert seen.kind == FrameKind.WAITING and not seen.guessed, seen
+    assert f"thread {MPI_STREAM} spins in ompi_request_default_wait" in seen.what, seen.what
+
+
+def test_an_mpi_thread_polling_with_select_on_a_mac_is_busy():
+    """On a Mac Open MPI's event loop polls with select(): a `sample` of the spinning
+    thread may end in `__select`, a parked frame, yet under opal_progress it never
+    sleeps; the same leaf with no progress engine under it is parked."""
+    stacks = gdb("gdb_mpi_wedged.txt")
+    stream = ("__select",) + stacks[MPI_STREAM][1:]
+    assert not frames.parked(stream)
+    assert frames.parked(("__select",) + stacks[MPI_EVENTS][1:])
+    mac = {**stacks, MPI_STREAM: stream}
+    seen = classify(mac, [], "mpi")
+    assert seen.kind == FrameKind.WAITING and f"thread {MPI_STREAM}" in seen.what, seen.what
 
 
 # The frames the seeds' reports quote from macOS `sample` (mlx #3910, #3830, PR 4060).

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -206,6 +207,41 @@ def test_sample_report_keeps_the_recorded_grammar():
     # kernel's, as on a Mac (`Thread_<id>`), while psutil's are positions.
     for thread, tid in zip(threads, sorted(parsed, key=lambda t: (t != main, t)), strict=True):
         assert tuple(p.frame for p in reversed(thread.path)) == parsed[tid][:len(thread.path)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("gdb"), reason="no gdb behind the sample stand-in")
+def test_the_sample_stand_in_waits_for_a_gdb_still_attached():
+    """A stand-in killed at the daemon's time box leaves its gdb to finish, attached: the
+    next one waits for it to let go (within its box) rather than fail to attach and read
+    nothing, and never kills it (a gdb killed mid-attach leaves the rank stopped)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        holder = subprocess.Popen([*gdbstack.command(shutil.which("gdb") or "gdb", child.pid)[:-2],
+                                   "-ex", "shell sleep 1.5"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            assert wait_until(lambda: tools._traced(child.pid), 10)
+            assert tools.gdb_read(child.pid, time.monotonic() + 0.2) == {}  # gave up
+            read = tools.gdb_read(child.pid, time.monotonic() + 10)  # waited, then read
+            assert child.pid in read and read[child.pid], read
+            assert holder.wait(timeout=10) == 0  # the holder ended on its own
+        finally:
+            holder.kill()
+            holder.wait()
+        assert psutil.Process(child.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        child.kill()
+        child.wait()
+
+
+def wait_until(condition, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_pmset_at_rest_is_the_recorded_output(monkeypatch, capsys):

@@ -14,7 +14,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchdog.backends import COMPUTING_FRAMES, PARKED_FRAMES, waiting_frames
+from watchdog.backends import COMPUTING_FRAMES, PARKED_FRAMES, POLLING_FRAMES, waiting_frames
 from watchdog.states import FrameKind
 
 _PREFIXES = ("__libc_", "__GI___", "__GI_", "__")
@@ -104,9 +104,12 @@ def thread_kind(frames: Sequence[str], backend: str | None) -> tuple[FrameKind, 
 
 def parked(frames: Sequence[str]) -> bool:
     """A thread asleep in the kernel (a condition variable, a futex): not busy. Its leaf
-    says so, or the caller of a raw `syscall` leaf (libstdc++'s futex wait)."""
+    says so, or the caller of a raw `syscall` leaf (libstdc++'s futex wait); unless it
+    polls under a progress engine that never sleeps (its select() returns at once)."""
     top = list(frames[:2]) if frames and frames[0] in ("syscall", "??") else list(frames[:1])
-    return any(matches(f, p) for f in top for p in PARKED_FRAMES)
+    if not any(matches(f, p) for f in top for p in PARKED_FRAMES):
+        return False
+    return not any(matches(f, p) for f in frames for p in POLLING_FRAMES)
 
 
 # A thread that sits in one of these (its leaf) moves bytes of its own: a file read or
@@ -199,6 +202,13 @@ def _classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
     seen = [(tid, *thread_kind(frames, backend)) for tid, frames in threads]
     computing = [s for s in seen if s[1] == FrameKind.COMPUTING]
     named = [s for s in computing if not s[2].startswith(UNNAMED)]
+    if not computing and not busy:  # every thread read waits: name the one deepest in
+        # its wait (MPI's stream thread in ompi_request_default_wait -> opal_progress ->
+        # the event loop, not Open MPI's own event thread in the loop alone)
+        waits = waiting_frames(backend)
+        depth = {tid: sum(any(matches(f, p) for p in waits) for f in frames)
+                 for tid, frames in threads}
+        seen.sort(key=lambda s: -depth[s[0]])
     tid, kind, what = (named or computing or seen)[0]
     return Reading(kind, f"busy thread {tid} {what}",
                    guessed=kind == FrameKind.COMPUTING and not named)
