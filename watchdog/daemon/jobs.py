@@ -44,6 +44,7 @@ from watchdog.daemon.probes.datalink import PROBE_EVERY, QUIET_PROBE_EVERY, Prob
 from watchdog.daemon.probes.stacksampler import (
     HOLD_LEAD,
     MAX_RUNNING,
+    QUIET_QUEUES_EVERY,
     Identity,
     Stacks,
     StackSampler,
@@ -271,7 +272,8 @@ class Jobs:
             hold = now + v.deadline - v.seconds_in_wait - HOLD_LEAD if quiet else 0.0
             self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid, rec.start_ticks),
                             busy, now, hold)
-            self.stacks.track_queues(rank.key, rec.pid, now, rec.backend)
+            self.stacks.track_queues(rank.key, rec.pid, now, rec.backend,
+                                     QUIET_QUEUES_EVERY if quiet else 0.0)
             keys.add(rank.key)
         return keys
 

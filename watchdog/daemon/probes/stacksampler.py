@@ -42,8 +42,11 @@ MAX_EVERY = 6.0
 # wait) is left alone until its deadline is this near: its verdict needs a fresh sample
 # only then (a fresh one at the deadline, the next MAX_EVERY after it), and its facts
 # meanwhile are its last sample's while nothing moves (detector._quiet). A quiet hang of
-# two ranks took 18 samples before (gdb: ~9% of a core per rank), 10 now.
+# two ranks took 18 samples before (gdb: ~9% of a core per rank), 8 now.
 HOLD_LEAD = MAX_EVERY
+# Such a rank's sockets' queues are read every QUIET_QUEUES_EVERY seconds, not every
+# scan: its stillness matters over tens of seconds (detector.QUIET_HANG_FOR, 10 s).
+QUIET_QUEUES_EVERY = 3.0
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
@@ -85,6 +88,7 @@ class Queues:
     queues: tuple[tuple[int, int, int], ...] | None
     since: float
     unread: int = 0
+    read_at: float = 0.0  # when they were last read
 
 
 class StackSampler:
@@ -209,19 +213,23 @@ class StackSampler:
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
                       gpu)
 
-    def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None
-                     ) -> Queues:
-        """Read the rank's sockets' queues; since when they have stood still. A backend
-        whose bytes never cross its sockets (JACCL's RDMA) gets none: unknown."""
+    def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None,
+                     every: float = 0.0) -> Queues:
+        """Read the rank's sockets' queues (unless read less than `every` seconds ago);
+        since when they have stood still. A backend whose bytes never cross its sockets
+        (JACCL's RDMA) gets none: unknown."""
+        last = self.queues.get(key)
+        if last is not None and now - last.read_at < every:
+            return last
         try:
             queues = (self.probe.socket_queues(pid) if bytes_on_sockets(backend)
                       else None)
         except (OSError, ProbeError):
             queues = None
-        last = self.queues.get(key)
         if last is None or queues is None or last.queues != queues:
             last = self.queues[key] = Queues(queues, now)
         last.unread = sum(rx for _, _, rx in queues or ())
+        last.read_at = now
         return last
 
     def forget(self, keep: Iterable[Key]) -> None:

@@ -20,6 +20,7 @@ from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
 from watchdog.daemon.probes.stacksampler import (
     HOLD_LEAD,
     MAX_EVERY,
+    QUIET_QUEUES_EVERY,
     SAMPLE_EVERY,
     SAMPLE_TIMEOUT,
     Identity,
@@ -352,3 +353,14 @@ def test_anything_that_moves_keeps_the_sampling_at_its_pace(what):
                 taken.append(float(t))
     gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
     assert SAMPLE_EVERY in gaps[3:], (what, taken)  # back to the pace after a change
+
+
+def test_a_quiet_ranks_queues_are_read_every_few_seconds_not_every_scan():
+    s, probe, clock = sampler({40: process_sample(40, uid=501, status="sleeping")})
+    reads = []
+    probe.socket_queues = lambda pid: reads.append(pid) or ((11, 0, len(reads)),)
+    for t in range(10):  # a scan a second
+        s.track_queues((40, 1.7e9), 40, 1000.0 + t, "ring", QUIET_QUEUES_EVERY)
+    assert len(reads) == 4, reads  # at 0, 3, 6 and 9 s
+    queues = s.queues[(40, 1.7e9)]
+    assert queues.since == 1009.0 and queues.unread == 4  # moved at the last read
