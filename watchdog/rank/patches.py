@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from typing import Any
 
 from watchdog import backends, record
@@ -94,6 +95,20 @@ def wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
     return collective
 
 
+INIT_YIELD = 0.02  # seconds the other threads get before MLX's init, once a process
+
+
+def _let_queued_writes_out() -> None:
+    """Give the process's other threads the GIL before MLX's init, which may keep it while
+    it blocks connecting (ring's rank 0 in `accept()`): a thread with writes queued must
+    get them out first. exo's runner reports `RunnerConnecting` through a
+    multiprocessing.Queue, whose feeder thread writes the pipe, just before init; stuck
+    in the process, the report never reaches exo and its peers wait for it for ever
+    (docs/exo.md, "A ring that never connects")."""
+    if threading.active_count() > 1:
+        time.sleep(INIT_YIELD)
+
+
 def _wrap_init(hb: Heartbeat, original: Any) -> Any:
     """The group forms here: the job, rank and size the launcher set (exo sets them in
     os.environ just before this call, in a file it deletes just after) are published
@@ -110,6 +125,7 @@ def _wrap_init(hb: Heartbeat, original: Any) -> Any:
             hb.set_group(rank, size, backend or None, job=hb.pinned_job or job_id(env))
         except Exception as err:  # noqa: BLE001
             _warn(f"could not read the launch's environment ({err!r})")
+        _let_queued_writes_out()
         group = wait(*args, **kwargs)
         try:
             backend = asked

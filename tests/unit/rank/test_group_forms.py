@@ -109,3 +109,31 @@ def test_an_init_that_raises_still_leaves_the_launch_s_job_and_raises_unchanged(
     with pytest.raises(RuntimeError, match="couldn't connect"):
         patches._wrap_init(hb, init)(backend="ring")
     assert record.read_path(path).job == f"exo-{INSTANCE}"
+
+
+def test_what_another_thread_queued_is_written_before_init_may_hold_the_gil(
+        beat, monkeypatch):
+    """exo's runner puts `RunnerConnecting` on a multiprocessing.Queue just before init;
+    its feeder thread writes it to the pipe only when it gets the GIL, which MLX's ring
+    init keeps while rank 0 blocks in accept(): the wrapper yields the GIL first, then
+    calls MLX's (the report is out of the process when init begins)."""
+    import multiprocessing
+
+    hb, _ = beat
+    calls = []
+    real_sleep = patches.time.sleep
+    monkeypatch.setattr(patches.time, "sleep",
+                        lambda s: calls.append(("yield", s)) or real_sleep(s))
+    queue: multiprocessing.Queue = multiprocessing.Queue()
+    queue.put("warm")  # the feeder thread running, as exo's channel's is
+    assert queue.get(timeout=5) == "warm"
+
+    def init(**kwargs) -> Group:  # MLX's: from here the GIL may be held for ever
+        calls.append(("init", queue._reader.poll(0)))
+        return Group(0, 2)
+
+    queue.put("RunnerConnecting")
+    patches._wrap_init(hb, init)(backend="ring")
+    assert calls == [("yield", patches.INIT_YIELD), ("init", True)], calls
+    queue.close()
+    queue.join_thread()
