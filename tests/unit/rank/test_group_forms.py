@@ -120,6 +120,8 @@ def test_what_another_thread_queued_is_written_before_init_may_hold_the_gil(
     import multiprocessing
 
     hb, _ = beat
+    # The yield made long here so the feeder gets its turn on a loaded machine too.
+    monkeypatch.setattr(patches, "INIT_YIELD", 0.5)
     calls = []
     real_sleep = patches.time.sleep
     monkeypatch.setattr(patches.time, "sleep",

