@@ -37,6 +37,7 @@ class Observation:
     seen: Presence
     sample: ProcessSample | None = None  # LIVE and CLOSED: the process as sampled
     error: ProbeError | None = None  # UNKNOWN: why the probe failed
+    thread_of: int = 0  # NOT_OURS: the process whose thread the pid names (Linux), or 0
 
 
 def identify(probe: Probe, pid: int, start_time: float, uid: int,
@@ -50,7 +51,8 @@ def identify(probe: Probe, pid: int, start_time: float, uid: int,
     if sample is None:
         return Observation(Presence.GONE)
     if not same_process(sample, start_time, uid, start_ticks):
-        return Observation(Presence.NOT_OURS)
+        # Nothing of another process is handed on; only that the pid names a thread.
+        return Observation(Presence.NOT_OURS, thread_of=sample.thread_of)
     return Observation(Presence.LIVE, sample)
 
 

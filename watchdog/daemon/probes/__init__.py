@@ -134,7 +134,7 @@ def same_process(sample: ProcessSample | None, start_time: float, uid: int,
     the wall clock is stepped (NTP, `date -s`, a VM resume). Records of old
     hooks (no ticks) fall back to the epoch start time.
     """
-    if sample is None or sample.uid != uid:
+    if sample is None or sample.uid != uid or sample.thread_of:
         return False
     if any(other != uid for other in sample.uids) or sample.dumpable is False:
         return False

@@ -347,6 +347,12 @@ class LinuxProbe(Probe):
             return None
         except (OSError, ValueError, IndexError) as err:
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        # Read first: a pid naming a thread (not its group's leader) costs this one
+        # read, not a sample of every thread of its process.
+        uids, dumpable, group = self._credentials(pid)
+        if group and group != pid:
+            return ProcessSample(pid, 0.0, uids[0] if uids else -1, "thread", (),
+                                 start_ticks=before, thread_of=group)
         sample = super().sample(pid)
         if sample is None:
             return None
@@ -360,7 +366,6 @@ class LinuxProbe(Probe):
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         if after != before:
             return None  # the pid was recycled mid-sample: ours is gone
-        uids, dumpable = self._credentials(pid)
         io = read_io(pid, self.proc)
         faults = read_major_faults(pid, self.proc)
         start_time = (sample.start_time if self.boot_time is None
@@ -369,22 +374,29 @@ class LinuxProbe(Probe):
                        uids=uids or sample.uids, dumpable=dumpable, io=io,
                        major_faults=faults)
 
-    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None]:
-        """(real, effective, saved, fs uids; dumpable) from /proc, or ((), None).
+    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None, int]:
+        """(real, effective, saved, fs uids; dumpable; thread group id) from /proc, or
+        ((), None, 0).
 
         The kernel gives a process that is not dumpable /proc files owned by
         root (proc(5)): for a non-root process, that owner is its dumpable flag.
         """
+        group, line = 0, ""
         try:
             with open(f"{self.proc}/{pid}/status") as f:
                 owner = os.fstat(f.fileno()).st_uid  # the files', not the folder's
-                line = next((ln for ln in f if ln.startswith("Uid:")), "")
+                for ln in f:
+                    if ln.startswith("Tgid:"):
+                        group = int(ln.split()[1])
+                    elif ln.startswith("Uid:"):
+                        line = ln
+                        break  # Tgid comes before Uid
             uids = tuple(int(u) for u in line.split()[1:5])
-        except (OSError, ValueError):
-            return (), None
+        except (OSError, ValueError, IndexError):
+            return (), None, 0
         if len(uids) != 4:
-            return (), None
-        return uids, (owner == uids[0]) if uids[0] != 0 else True
+            return (), None, group
+        return uids, (owner == uids[0]) if uids[0] != 0 else True, group
 
     def wired_bytes(self) -> int | None:
         try:
