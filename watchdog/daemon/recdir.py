@@ -34,11 +34,13 @@ from watchdog.record import Record, RecordError, layout
 log = logging.getLogger(__name__)
 
 RECORD_SIZES = frozenset(layout.SIZES.values())
-MAX_READS_PER_SCAN = 4096  # files opened per scan, besides those already watched
-# Files of one owner's opened per scan (and so at most as many first probes of the
-# processes they name): one user's flood costs a scan at most this much, and leaves
-# every other user's new record its read in the first scan that lists it.
-MAX_READS_PER_UID = 256
+MAX_READS_PER_SCAN = 256  # files opened per scan, besides those already watched
+# Files of one owner's opened per scan (and so at most as many first looks at the
+# processes they name): a read and decode is ~0.3 ms, so one user's flood costs a scan
+# ~6 ms at most, and every other user's new record is read in the first scan that
+# lists it. A user's own ranks past 16 new at once are read over the next scans.
+MAX_READS_PER_UID = 16
+ONE_PASS_READS = 4096  # a one-pass reader's (the CLI's) cap, whoever owns the files
 
 
 class Listed(NamedTuple):
@@ -170,25 +172,27 @@ class RecordDir:
         # name of one of them is that same file (an inode listed is not reused).
         bad_inodes = {ino: why for ino, why, by_file in self.bad.values() if by_file}
         queues: dict[int, list[tuple[int, str, os.stat_result]]] = {}
-        first: list[str] = []
+        # By name: a scan of thousands of names joins a path only for those it reads.
+        watched_names = {os.path.basename(p) for p in watched}
+        settled_names = {os.path.basename(p) for p in settled}
+        first = [name for name in watched_names if name in inodes]
         for name, ino in inodes.items():
-            path = os.path.join(self.directory, name)
-            if path in watched:
-                first.append(name)
+            if name in watched_names:
                 continue
             known = self.bad.get(name)
             if known is not None:
                 if all_files:
-                    yield Listed(path, None, known[1], None)
+                    yield Listed(os.path.join(self.directory, name), None, known[1], None)
                 continue
-            if path in settled and self.read_inodes.get(name) == ino:
+            if name in settled_names and self.read_inodes.get(name) == ino:
                 continue
             why = bad_inodes.get(ino)
             if why is not None:  # another name (a hard link) of a file known unusable
                 self.bad[name] = (ino, why, True)
                 if all_files:
-                    yield Listed(path, None, why, None)
+                    yield Listed(os.path.join(self.directory, name), None, why, None)
                 continue
+            path = os.path.join(self.directory, name)
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
@@ -219,6 +223,10 @@ class RecordDir:
         left = sum(map(len, queues.values()))
         for path, st in _in_turn(queues, self.max_reads, self.max_reads_per_uid):
             left -= 1
+            why = self.bad_files.get(_file_key(st))
+            if why is not None:  # another name of a file found unusable this scan
+                self.bad[os.path.basename(path)] = (st.st_ino, why, True)
+                continue
             listed = self._take(path, st)
             if listed is not None:
                 yield listed
@@ -285,7 +293,7 @@ def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
 
 def read_dir(directory: str) -> Iterator[Listed]:
     """One pass over a directory, with no memory of earlier ones (for the CLI)."""
-    return RecordDir(directory, max_reads_per_uid=MAX_READS_PER_SCAN).read(all_files=True)
+    return RecordDir(directory, ONE_PASS_READS, ONE_PASS_READS).read(all_files=True)
 
 
 def remove_dead_record(path: str, key: tuple[int, float]) -> None:

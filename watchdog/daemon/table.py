@@ -184,7 +184,7 @@ class RankTable:
             self.report_invalid(path, f"uid {rec.uid} already has {MAX_RANKS_PER_UID} "
                                 "ranks watched (the most per user)", st)
             return
-        look = observe(rec, self.probe)
+        look = observe(rec, self.probe, glance=rank is None)
         if look.seen is Presence.UNKNOWN:
             self.counters.probe_errors += 1
             log.warning("probe failed for pid %s: %s", rec.pid, look.error)

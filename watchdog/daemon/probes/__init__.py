@@ -69,6 +69,12 @@ class Probe:
         return ProcessSample(pid, start_time, uid, status, threads, system, main,
                              self.native_ids, uids=uids)
 
+    def glance(self, pid: int) -> ProcessSample | None:
+        """A first look at `pid`'s identity, before a full sample is worth its cost (a
+        record not watched yet may name any process): None when it is gone. Here the
+        full sample; on Linux its start and credentials only, without its threads."""
+        return self.sample(pid)
+
     def wired_bytes(self) -> int | None:
         return None
 

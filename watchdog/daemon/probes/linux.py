@@ -374,6 +374,21 @@ class LinuxProbe(Probe):
                        uids=uids or sample.uids, dumpable=dumpable, io=io,
                        major_faults=faults)
 
+    def glance(self, pid: int) -> ProcessSample | None:
+        """Start ticks and credentials (/proc/<pid>/stat and status), no thread read:
+        enough to tell a record of another process, or of a thread, for two reads.
+        Credentials unread leave uids () (no verdict: the caller samples)."""
+        try:
+            ticks = read_start_ticks(pid, self.proc)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, IndexError) as err:
+            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        uids, dumpable, group = self._credentials(pid)
+        return ProcessSample(pid, 0.0, uids[0] if uids else -1, "", (), start_ticks=ticks,
+                             uids=uids, dumpable=dumpable,
+                             thread_of=group if group and group != pid else 0)
+
     def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None, int]:
         """(real, effective, saved, fs uids; dumpable; thread group id) from /proc, or
         ((), None, 0).
