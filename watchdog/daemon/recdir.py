@@ -13,7 +13,7 @@ torn mid-write may read fine next time and is not remembered.
 
 The files opened per scan are capped: in all (MAX_READS_PER_SCAN) and per
 owner's uid (MAX_READS_PER_UID), the owners taken in turn and each owner's
-files oldest first. Names steer nothing: however many files one user keeps
+newest and oldest files by turns. Names steer nothing: however many files one user keeps
 creating, renaming or linking, another user's new record is opened in the first
 scan that lists it (docs/operations.md). Files the daemon already watches are
 read on every scan; an ended rank's file is not read again while its name holds
@@ -162,8 +162,9 @@ class RecordDir:
         over, a name of one found unusable by what it is (another hard link to it, a
         rename) without even an `lstat`, and only yielded again with `all_files`. The
         others are opened at most `max_reads` a scan, at most `max_reads_per_uid` of
-        each owner's, the owners taken in turn and each owner's files oldest first
-        (by mtime): no order, number or age of one user's names delays another's. A
+        each owner's, the owners taken in turn and each owner's newest and oldest
+        (by mtime) by turns: no order, number or age of one user's names delays
+        another's. A
         file that vanished between the listing and the read is left out.
         """
         inodes = self._list()
@@ -256,8 +257,10 @@ def _file_key(st: os.stat_result) -> tuple[int, int, int, int]:
 def _in_turn(queues: dict[int, list[tuple[int, str, os.stat_result]]], limit: int,
              per_uid: int) -> Iterator[tuple[str, os.stat_result]]:
     """(path, stat) of at most `limit` files, at most `per_uid` of each owner's, the
-    owners in turn (uid order), each owner's oldest first."""
-    ordered = [sorted(q, key=lambda item: (item[0], item[1]))[:per_uid]
+    owners in turn (uid order); each owner's newest and oldest by turns: a new rank
+    is its owner's newest file, read at once whatever his own backlog, and every
+    file of the backlog is read within (files older than it) / (per_uid / 2) scans."""
+    ordered = [_both_ends(sorted(q, key=lambda item: (item[0], item[1])), per_uid)
                for _, q in sorted(queues.items())]
     taken = 0
     for round_ in range(per_uid):
@@ -267,6 +270,15 @@ def _in_turn(queues: dict[int, list[tuple[int, str, os.stat_result]]], limit: in
                     return
                 taken += 1
                 yield queue[round_][1], queue[round_][2]
+
+
+def _both_ends(files: list[tuple[int, str, os.stat_result]], count: int
+               ) -> list[tuple[int, str, os.stat_result]]:
+    """At most `count` of `files` (oldest first): the newest, the oldest, the next
+    newest, the next oldest..."""
+    if len(files) <= count:
+        return files[::-1]
+    return [files[-1 - i // 2] if i % 2 == 0 else files[i // 2] for i in range(count)]
 
 
 def find_record(directory: str, pid: int) -> tuple[Record | None, str]:
