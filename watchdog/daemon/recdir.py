@@ -164,8 +164,7 @@ class RecordDir:
         others are opened at most `max_reads` a scan, at most `max_reads_per_uid` of
         each owner's, the owners taken in turn and each owner's newest and oldest
         (by mtime) by turns: no order, number or age of one user's names delays
-        another's. A
-        file that vanished between the listing and the read is left out.
+        another's. A file that vanished between the listing and the read is left out.
         """
         inodes = self._list()
         self._forget(inodes)
