@@ -42,6 +42,11 @@ from watchdog.daemon.config import ConfigError, SetupRefused
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """Find MLX distributed ranks hung in a collective, and end them safely."""
+    from watchdog import host
+
+    refused = host.simulation_refused() if host.simulated() else None
+    if refused:
+        raise exits.SetupError(refused)
     ctx.obj = Node(config_path)
 
 

@@ -129,7 +129,8 @@ def test_the_sampler_reads_the_gpu_when_its_time_advances_and_the_judge_reads_it
 
 def stand_in(script: str):
     """A `powermetrics` that runs `script` with its arguments."""
-    return lambda name: [sys.executable, "-c", script] if name == "powermetrics" else None
+    return lambda path: ([sys.executable, "-c", script] if path == "/usr/bin/powermetrics"
+                         else None)
 
 
 def test_the_macos_probe_reads_the_gpu_through_powermetrics(tmp_path):
