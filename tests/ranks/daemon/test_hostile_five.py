@@ -83,3 +83,53 @@ def test_the_simulation_refuses_to_run_as_root_outside_a_root_it_owns(tmp_path):
             assert f"{theirs} is owned by uid {OTHER_UID}" in done.stderr
         else:
             assert "refuses to run" not in done.stderr, done.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "watchdog.cli", *args], capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ,
+                               "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+
+
+def test_inspect_shows_whose_record_and_never_a_forged_one(tmp_path, record_dir):
+    """Items 12 and 13. uid 65534 publishes `<pid>-x.rec` naming root's rank's pid, a
+    later start than the real one's (the old pick: the newest), and a junk file whose
+    name is a terminal escape. `inspect` shows root's own record, saying which file and
+    whose; with only the forged one, it shows none and says why; `status` with no daemon
+    prints the junk's name escaped."""
+    from tests.support.records import SyntheticWriter
+    from watchdog import record
+    from watchdog.procstat import read_start_ticks
+
+    os.chmod(record_dir, 0o1777)
+    with UserProc(0) as rank:
+        real = publish(record_dir, rank.pid, 0, "victim", hung=False, world_size=1)
+        forged = record_dir / f"{rank.pid}-x.rec"
+        writer = SyntheticWriter(str(forged), pid=rank.pid, start_time=2e9, uid=OTHER_UID,
+                                 host="node", job="forged", rank=0, world_size=1,
+                                 backend="ring", dump_signal=0,
+                                 start_ticks=read_start_ticks(rank.pid) + 10**6)
+        writer.begin()
+        writer.end()
+        writer.close(record.STATUS_OPEN, remove=False)
+        os.chown(forged, OTHER_UID, OTHER_UID)
+        junk = record_dir / "\x1b]0;pwned\x07\x1b[2J.rec"
+        junk.write_bytes(b"x")
+
+        shown = _cli("inspect", str(rank.pid), "--dir", str(record_dir))
+        assert shown.returncode == 0, shown.stderr
+        assert "job victim" in shown.stdout and "forged" not in shown.stdout
+        assert f"record {real} of uid 0 (root): this process's" in shown.stdout
+        as_json = _cli("inspect", str(rank.pid), "--dir", str(record_dir), "--json")
+        assert '"record_path": "' + str(real) + '"' in as_json.stdout
+
+        real.unlink()  # the forged one alone: no record of this process
+        alone = _cli("inspect", str(rank.pid), "--dir", str(record_dir))
+        assert alone.returncode == 3 and "forged" not in alone.stdout
+        assert f"{forged} (uid {OTHER_UID}) names pid {rank.pid} but not this process" \
+            in alone.stderr
+
+        status = _cli("status", "--dir", str(record_dir), "--state-dir", str(tmp_path / "s"))
+        assert "skipped" in status.stderr and "\\x1b]0;pwned\\x07" in status.stderr
+        assert "\x1b" not in status.stdout + status.stderr
