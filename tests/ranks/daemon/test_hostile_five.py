@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.ranks import DaemonProc, wait_for
@@ -52,6 +53,8 @@ def test_the_simulation_never_runs_code_from_where_the_daemon_was_started(tmp_pa
                             "MLX_WATCHDOG_SIMULATE_ROOT": str(tmp_path / "macroot")}
         with daemon, UserProc() as rank:
             assert daemon.status()["platform"] == "macos (simulated)"
+            wait_for(lambda: psutil.Process(rank.pid).uids().effective == OTHER_UID, 10,
+                     what="the rank its user's")
             publish(record_dir, rank.pid, OTHER_UID, "planter", hung=True, world_size=1)
             wait_for(lambda: rank.poll() is not None, 30, what="the planter's hung rank ended")
             inc = wait_for(daemon.incidents, 15, what="the incident")[-1]
@@ -133,3 +136,68 @@ def test_inspect_shows_whose_record_and_never_a_forged_one(tmp_path, record_dir)
         status = _cli("status", "--dir", str(record_dir), "--state-dir", str(tmp_path / "s"))
         assert "skipped" in status.stderr and "\\x1b]0;pwned\\x07" in status.stderr
         assert "\x1b" not in status.stdout + status.stderr
+
+
+@pytest.mark.parametrize("attack", [False, True], ids=["control", "long-frames"])
+def test_one_users_stack_names_cannot_cost_the_scan_seconds(tmp_path, record_dir, attack):
+    """Item 6. uid 65534's rank, past its wedge deadline, is sampled; its 64 threads sit
+    under 62 distinct frames of ~1,000 characters each (the control: short names). As a
+    Mac's `sample` reads them, every thread not parked counts as busy (the probe below
+    hands this process's real samples with no busy ids, and the sample's frames). It
+    was classified again at every scan, the frame memo thrashing: 6.6-9.4 s a scan here.
+    Now each sample is bounded and classified once: the scans cost what the control's do,
+    and root's hung rank beside it is ended."""
+    import dataclasses
+    import statistics
+    import time
+
+    from watchdog.daemon.config import Settings
+    from watchdog.daemon.loop import Daemon
+    from watchdog.daemon.probes.linux import LinuxProbe
+
+    width = 990 if attack else 8
+
+    class MacLikeProbe(LinuxProbe):
+        native_ids = False  # a Mac's sampler: busy threads unknown
+        samples = 0
+
+        def sample(self, pid):  # type: ignore[no-untyped-def]
+            found = super().sample(pid)
+            return None if found is None else dataclasses.replace(found, native_ids=False)
+
+        def native_stacks(self, pid, timeout):  # type: ignore[no-untyped-def]
+            self.samples += 1
+            n = self.samples  # names new at each sample: no memo helps across samples
+            return {t: tuple(f"f{n}_{t}_{j}(" + "A" * width + ")" for j in range(62))
+                    for t in range(64)}
+
+    os.chmod(record_dir, 0o1777)
+    settings = Settings(dir=str(record_dir), state_dir=str(tmp_path / "state"), deadline=2.0,
+                        grace=1.0, blocked_deadline=1e6)  # its wait began at boot
+    os.makedirs(settings.state_dir)
+    probe = MacLikeProbe()
+    daemon = Daemon(settings, probe)
+    took: list[float] = []
+    try:
+        with UserProc() as rank:
+            wait_for(lambda: psutil.Process(rank.pid).uids().effective == OTHER_UID, 10,
+                     what="the rank its user's")
+            publish(record_dir, rank.pid, OTHER_UID, "names", hung=True, world_size=1)
+            until = time.monotonic() + 30
+            while not daemon.jobs.stacks.found and time.monotonic() < until:
+                daemon.scan()
+                time.sleep(0.1)
+            assert daemon.jobs.stacks.found, "the rank was not sampled"
+            for _ in range(8):  # scans judging that sample
+                began = time.perf_counter()
+                daemon.scan()
+                took.append(time.perf_counter() - began)
+                time.sleep(0.05)
+            assert rank.poll() is None  # computing: frames the table does not name
+    finally:
+        daemon.executor.shutdown()
+        daemon.jobs.shutdown()
+    median, worst = statistics.median(took), max(took)
+    print(f"{'attack' if attack else 'control'}: {len(took)} scans, median "
+          f"{median * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms, {probe.samples} samples")
+    assert median < 0.1 and worst < 0.5, (median, worst)

@@ -48,10 +48,36 @@ HOLD_LEAD = MAX_EVERY
 # scan: its stillness matters over tens of seconds (detector.QUIET_HANG_FOR, 10 s).
 QUIET_QUEUES_EVERY = 3.0
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
+# What one sample keeps, whatever a rank's threads and names (a rank's own code names
+# its frames: issue 57, item 6): frames of at most MAX_FRAME_CHARS (a real C++ frame,
+# its parameters cut by the parser, is under 200), at most MAX_THREAD_FRAMES a thread
+# from its leaf, MAX_SAMPLE_FRAMES in all (the busy threads' first, then the main
+# thread's): at most 1 MiB of names, each classified once (judge/frames.py).
+MAX_FRAME_CHARS = 256
+MAX_THREAD_FRAMES = 64
+MAX_SAMPLE_FRAMES = 4096
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
 Key = tuple[int, float]  # a rank's pid and start time
+
+
+def bounded(stacks: dict[int, tuple[str, ...]], first: tuple[int, ...] = ()
+            ) -> dict[int, tuple[str, ...]]:
+    """A sample's stacks within the bounds above: the threads of `first` (busy, main)
+    first, then by id; each frame cut to MAX_FRAME_CHARS, equal names shared."""
+    kept: dict[int, tuple[str, ...]] = {}
+    names: dict[str, str] = {}
+    left = MAX_SAMPLE_FRAMES
+    order = [t for t in first if t in stacks] + sorted(t for t in stacks if t not in first)
+    for tid in order:
+        if left <= 0 or tid in kept:
+            continue
+        frames = stacks[tid][:min(MAX_THREAD_FRAMES, left)]
+        kept[tid] = tuple(names.setdefault(f[:MAX_FRAME_CHARS], f[:MAX_FRAME_CHARS])
+                          for f in frames)
+        left -= len(frames)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -210,6 +236,7 @@ class StackSampler:
         self.seconds += took
         if stacks is None:
             return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+        stacks = bounded(stacks, (*busy, who.pid))
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
                       gpu)
 
