@@ -201,3 +201,48 @@ def test_one_users_stack_names_cannot_cost_the_scan_seconds(tmp_path, record_dir
     print(f"{'attack' if attack else 'control'}: {len(took)} scans, median "
           f"{median * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms, {probe.samples} samples")
     assert median < 0.1 and worst < 0.5, (median, worst)
+
+
+def test_memory_a_user_locks_during_the_settle_never_flags_the_node(tmp_path, record_dir):
+    """Item 3. uid 65534's own hung rank is ended; from before the kill through the
+    settle after it he holds 48 MiB locked in 8 processes (mlock, within
+    RLIMIT_MEMLOCK), above the threshold (24 MiB): wired memory stands that far above
+    the baseline when the settle ends (the
+    old rule flagged the node for reboot: every user's launch refused here and, through
+    the peers' gates, elsewhere). The memory is held by live processes, theirs: the
+    incident says so, and the node is not flagged."""
+    import signal as signals
+
+    from tests.unit.launch.test_health_uids import EACH, LOCKERS, _locker
+
+    os.chmod(record_dir, 0o1777)
+    threshold = EACH * LOCKERS // 2
+    state = tmp_path / "state"
+    daemon = DaemonProc(record_dir, state, wired_threshold=threshold, settle=4, grace=1)
+    lockers: list[tuple[int, int]] = []
+    try:
+        with daemon, UserProc() as rank:
+            wait_for(lambda: psutil.Process(rank.pid).uids().effective == OTHER_UID, 10,
+                     what="the rank its user's")
+            publish(record_dir, rank.pid, OTHER_UID, "locker", hung=True, world_size=1)
+            wait_for(lambda: rank.pid in daemon.ranks(), 10, what="his rank watched")
+            # The baseline is the node at rest, before his rank: he locks from now on,
+            # through the kill and its settle.
+            lockers = [_locker(OTHER_UID) for _ in range(LOCKERS)]
+            assert all(os.read(read, 1) == b"1" for _, read in lockers), "mlock failed"
+            wait_for(lambda: rank.poll() is not None, 30, what="his hung rank ended")
+            inc = wait_for(lambda: [i for i in daemon.incidents() if i.get("wired_check")],
+                           30, what="the settle's verdict")[-1]
+            assert daemon.status()["reboot_required"] is False
+        print(f"wired above the baseline after the settle: "
+              f"{(inc['wired_after'] - inc['wired_baseline']) / 2**20:.0f} MiB, threshold "
+              f"{threshold / 2**20:.0f} MiB: {inc['wired_check']}")
+        # Raw, it stood above the threshold: the old rule's flag.
+        assert inc["wired_after"] - inc["wired_baseline"] > threshold, inc
+        assert inc["wired_check"] == "held by live processes", inc
+        assert inc["reboot_required"] is False and not (state / "reboot-required").exists()
+    finally:
+        for pid, read in lockers:
+            os.kill(pid, signals.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read)

@@ -43,6 +43,8 @@ DISKIO = struct.Struct("<QQ")
 DISKIO_OFFSET = 16 + 16 * 8
 PAGEINS = struct.Struct("<Q")
 PAGEINS_OFFSET = 16 + 4 * 8  # ri_pageins: after user, system time and the two wakeups
+WIRED = struct.Struct("<Q")
+WIRED_OFFSET = 16 + 5 * 8  # ri_wired_size: next after ri_pageins
 
 
 def rusage_pageins(buffer: bytes) -> int:
@@ -284,6 +286,23 @@ class MacProbe(Probe):
             return int(self.ps.virtual_memory().wired)  # type: ignore[attr-defined]
         except (OSError, AttributeError) as err:
             raise ProbeError(f"reading wired memory: {err}") from err
+
+    def held_wired_bytes(self) -> int | None:
+        """Every live process's wired size (proc_pid_rusage's ri_wired_size: on Apple
+        silicon a process's Metal buffers are wired in its own map), summed: what live
+        processes hold is theirs, never the node's leak. None when no process could be
+        read (not root). Never run on hardware (docs/macos.md)."""
+        total, read = 0, False
+        try:
+            pids = self.ps.pids()
+        except OSError:
+            return None
+        for pid in pids:
+            raw = _rusage(pid, self.libproc, RUSAGE_INFO_V2)
+            if raw is not None and len(raw) >= WIRED_OFFSET + WIRED.size:
+                total += int(WIRED.unpack_from(raw, WIRED_OFFSET)[0])
+                read = True
+        return total if read else None
 
     def stack_command(self, pid: int) -> list[str] | None:
         sample = self.tool(TOOLS["sample"])

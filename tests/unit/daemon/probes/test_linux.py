@@ -136,3 +136,30 @@ def test_the_native_evidence_command_reads_a_stopped_process_and_leaves_it_stopp
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_held_wired_memory_is_every_processs_locked_and_locked_segments(tmp_path) -> None:
+    """Issue 57, item 3: what live processes lock (VmLck, any uid) and SysV segments
+    locked with SHM_LOCK (mode bit 02000; they outlive their processes) are theirs."""
+    from watchdog.daemon.act.wired import HELD, wired_check
+    from watchdog.daemon.probes.linux import locked_bytes
+
+    for pid, kib in (("10", 8192), ("11", 0), ("12", 4096)):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "status").write_text(f"Name:\tx\nUid:\t1\t1\t1\t1\nVmLck:\t{kib} kB\n")
+    (tmp_path / "sysvipc").mkdir()
+    head = "key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap\n"
+    locked = "0 1 3600 4194304 5 5 0 1 1 1 1 0 0 0 4194304 0\n"  # 02000 | 0600
+    unlocked = "0 2 600 4194304 5 5 0 1 1 1 1 0 0 0 4194304 0\n"
+    (tmp_path / "sysvipc" / "shm").write_text(head + locked + unlocked)
+    assert locked_bytes(str(tmp_path)) == (8 + 4 + 4) << 20
+    assert locked_bytes(str(tmp_path / "none")) is None
+    gib = 1 << 30
+    # 1.5 GiB above the baseline, 1 GiB threshold: 600 MiB held leaves 900 MiB: theirs.
+    said = wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
+                       lambda: 600 << 20)
+    assert said.wired_check == HELD
+    assert wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
+                       lambda: 100 << 20).wired_check == "leaked"
+    assert wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
+                       lambda: None).wired_check == "leaked"  # unknown: as before

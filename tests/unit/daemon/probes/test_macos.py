@@ -366,3 +366,29 @@ def test_incidents_output_survives_a_malformed_native_hot():
     assert lines == ["    native stacks, rank 0 pid 1:", "      T: 3 of 3 samples in f",
                      "    native stacks, rank 1 pid 2: no call graph"]
     assert _native_hot_lines(native_hot({"not": "a list"})) == []
+
+
+def test_held_wired_memory_on_a_mac_is_each_processs_wired_size() -> None:
+    """Issue 57, item 3: ri_wired_size (proc_pid_rusage, after ri_pageins) of every
+    live process, summed; none readable (not root): unknown."""
+    import struct
+
+    from watchdog.daemon.probes import macos
+
+    class Ps:
+        @staticmethod
+        def pids() -> list[int]:
+            return [1, 2, 3]
+
+    class Lib:
+        def __init__(self, readable: bool) -> None:
+            self.readable = readable
+
+        def proc_pid_rusage(self, pid, flavor, buffer) -> int:  # type: ignore[no-untyped-def]
+            if not self.readable or pid.value == 3:
+                return -1
+            struct.pack_into("<Q", buffer, macos.WIRED_OFFSET, pid.value << 20)
+            return 0
+
+    assert MacProbe(ps=Ps, libproc=Lib(True)).held_wired_bytes() == 3 << 20
+    assert MacProbe(ps=Ps, libproc=Lib(False)).held_wired_bytes() is None
