@@ -180,7 +180,7 @@ class Jobs:
             return frames.Reading(FrameKind.UNKNOWN,
                                   found.error or "no native stack could be read")
         gpu = gpuwork.read(found.gpu_moved, found.gpu_power,
-                           1000 * self.live.rules.gpu_spin_watts)
+                           1000 * self.live.rules.gpu_spin_watts, found.gpu_share)
         read = self.seen_read.get(rank.key)
         if read is None or read[0] is not found or read[1] != gpu:
             read = self.seen_read[rank.key] = (found, gpu, frames.classify(
@@ -201,7 +201,8 @@ class Jobs:
         read = self.asleep_read.get(rank.key)
         if read is None or read[0] is not found:
             works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
-                                       1000 * self.live.rules.gpu_spin_watts)
+                                       1000 * self.live.rules.gpu_spin_watts,
+                                       found.gpu_share)
             read = self.asleep_read[rank.key] = (found, frames.asleep(
                 found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat))
         return read[1], still, now - found.at

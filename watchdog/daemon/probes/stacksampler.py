@@ -103,7 +103,11 @@ class Stacks:
     error: str = ""
     gpu_ns: int | None = None  # its accumulated GPU time then (macOS); None: unknown
     gpu_moved: bool | None = None  # did it advance since the sample before; None: unknown
-    gpu_power: GpuPower | None = None  # the GPU's residency and power when it advanced
+    gpu_power: GpuPower | None = None  # the whole GPU's residency and power then
+    # The share of the time since the sample before that its own GPU time covers
+    # (None: unknown): the whole GPU's readings speak for this rank only as far as its
+    # own time accounts for them (judge/gpuwork.py).
+    gpu_share: float | None = None
 
 
 @dataclass
@@ -173,9 +177,14 @@ class StackSampler:
             before = self.found.get(key)
             if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
                 moved = found.gpu_ns > before.gpu_ns
+                span = found.at - before.at
                 # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
-                found = dataclasses.replace(found, gpu_moved=moved, gpu_power=(
-                    self.probe.gpu_power(SAMPLE_TIMEOUT) if moved else None))
+                # Flat: was the GPU busy with another's work meanwhile? The whole GPU's
+                # reading, with the share of it this rank's own time covers.
+                found = dataclasses.replace(
+                    found, gpu_moved=moved, gpu_power=self.probe.gpu_power(SAMPLE_TIMEOUT),
+                    gpu_share=(found.gpu_ns - before.gpu_ns) / (span * 1e9) if span > 0
+                    else None)
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
                                if self.unchanged(key, before, found) else SAMPLE_EVERY)
             self.found[key] = found
