@@ -37,6 +37,14 @@ def detect(platform: str) -> str:
     return OTHER
 
 
+# Where a tool the daemon runs as root is looked for (gdb, py-spy; the simulated Mac's
+# gdb): the system's folders and the one its own Python is in (a venv's py-spy), never
+# the caller's PATH: a root daemon started by hand from a shell whose PATH leads through
+# a user's folder runs no `gdb` of theirs (issue 57). A Mac's own tools are run by their
+# absolute paths (probes/macos.TOOLS).
+TOOL_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
+                             "/sbin", "/bin", os.path.dirname(sys.executable)])
+
 SIMULATE_VARIABLE = "MLX_WATCHDOG_SIMULATE"
 SIMULATE_ROOT_VARIABLE = "MLX_WATCHDOG_SIMULATE_ROOT"
 SIMULATED_ROOT = "/tmp/mlx-watchdog-macsim"

@@ -164,8 +164,10 @@ def stack_tool_output(command: list[str], timeout: float, limit: int, what: str)
 
 
 def find_tool(*names: str) -> str | None:
+    """The first of `names` in the daemon's own tool folders (host.TOOL_PATH), never
+    on the caller's PATH."""
     for name in names:
-        path = shutil.which(name)
+        path = shutil.which(name, path=host.TOOL_PATH)
         if path:
             return path
     return None

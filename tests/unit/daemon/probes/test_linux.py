@@ -112,8 +112,13 @@ def _tools(folder, names: tuple[str, ...]) -> str:
 @pytest.mark.parametrize("have, picked", [
     (("gdb", "py-spy"), "gdb"), (("py-spy",), "py-spy"), (("gdb",), "gdb"), ((), None)])
 def test_native_evidence_takes_gdb_before_py_spy(tmp_path, monkeypatch, have, picked):
-    """Evidence is taken from frozen ranks: gdb reads a stopped process, py-spy cannot."""
-    monkeypatch.setenv("PATH", _tools(tmp_path, have))
+    """Evidence is taken from frozen ranks: gdb reads a stopped process, py-spy cannot.
+    Each is looked for in the daemon's own tool folders (host.TOOL_PATH), never on the
+    caller's PATH (issue 57)."""
+    from watchdog import host
+
+    monkeypatch.setattr(host, "TOOL_PATH", _tools(tmp_path, have))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     command = LinuxProbe().stack_command(4242)
     assert (None if command is None else os.path.basename(command[0])) == picked
     if command is not None:
@@ -163,3 +168,12 @@ def test_held_wired_memory_is_every_processs_locked_and_locked_segments(tmp_path
                        lambda: 100 << 20).wired_check == "leaked"
     assert wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
                        lambda: None).wired_check == "leaked"  # unknown: as before
+
+
+def test_a_tool_on_the_callers_path_is_never_run(tmp_path, monkeypatch):
+    """Issue 57: root's daemon started from a shell whose PATH leads through a user's
+    folder with a `gdb` in it runs the system's gdb (or none), never that one."""
+    monkeypatch.setenv("PATH", _tools(tmp_path, ("gdb", "py-spy")) + os.pathsep
+                       + os.environ["PATH"])
+    command = LinuxProbe().stack_command(4242)
+    assert command is None or not command[0].startswith(str(tmp_path)), command
