@@ -78,6 +78,13 @@ class Probe:
     def wired_bytes(self) -> int | None:
         return None
 
+    def held_wired_bytes(self) -> int | None:
+        """Bytes of wired memory live processes hold themselves, whoever owns them
+        (Linux: what they lock, `mlock` or a locked SysV segment; macOS: each process's
+        wired size), or None when this platform cannot tell. Memory a live process
+        holds is not leaked: the reboot flag is the node's, not a user's (act/wired.py)."""
+        return None
+
     def thermal(self) -> str | None:
         """The node's thermal throttling in a few words ("CPU speed limit 70%"), or
         None when it is not throttled or this platform cannot tell."""
@@ -163,8 +170,10 @@ def stack_tool_output(command: list[str], timeout: float, limit: int, what: str)
 
 
 def find_tool(*names: str) -> str | None:
+    """The first of `names` in the daemon's own tool folders (host.TOOL_PATH), never
+    on the caller's PATH."""
     for name in names:
-        path = shutil.which(name)
+        path = shutil.which(name, path=host.TOOL_PATH)
         if path:
             return path
     return None

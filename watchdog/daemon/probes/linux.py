@@ -286,6 +286,43 @@ def runnable_per_cpu(loadavg: str, cpus: int) -> float:
     return max(1.0, minute / cpus, now / cpus)
 
 
+SHM_LOCKED = 0o2000  # <linux/shm.h>: the segment's mode bit after shmctl(SHM_LOCK)
+
+
+def locked_bytes(proc: str = "/proc") -> int | None:
+    """Bytes live processes hold locked (their VmLck) plus locked SysV segments' resident
+    bytes; None when /proc cannot be listed."""
+    try:
+        pids = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/status", "rb") as f:
+                text = f.read(8192)
+        except OSError:
+            continue  # gone meanwhile
+        at = text.find(b"\nVmLck:")
+        if at >= 0:
+            fields = text[at + 8:text.find(b"\n", at + 1)].split()
+            if fields and fields[0].isdigit():
+                total += int(fields[0]) * 1024
+    try:
+        with open(f"{proc}/sysvipc/shm", "rb") as f:
+            lines = f.read(1 << 20).splitlines()[1:]
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        try:
+            if len(fields) >= 15 and int(fields[2], 8) & SHM_LOCKED:
+                total += int(fields[14])  # rss, bytes
+        except ValueError:
+            continue
+    return total
+
+
 class LinuxProbe(Probe):
     """The probe on Linux: /proc for identities, threads, schedstat, I/O, faults and TCP
     queues; stacks from py-spy or gdb."""
@@ -419,6 +456,13 @@ class LinuxProbe(Probe):
                 return unevictable_bytes(f.read())
         except (OSError, ValueError) as err:
             raise ProbeError(f"reading {self.proc}/meminfo: {err}") from err
+
+    def held_wired_bytes(self) -> int | None:
+        """Every live process's VmLck (mlock, mlockall: any user's, no privilege needed
+        within RLIMIT_MEMLOCK) and every SysV segment locked with SHM_LOCK (it outlives
+        its processes: /proc/sysvipc/shm, mode bit SHM_LOCKED). Pages locked by several
+        processes count once each: the sum may exceed what is wired (never a flag)."""
+        return locked_bytes(self.proc)
 
     def thermal(self) -> str | None:
         return read_thermal(self.sys_class)
