@@ -133,6 +133,12 @@ class Probe:
         and not yet read); None when this platform cannot tell."""
         return None
 
+    def socket_counters(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """Each TCP socket of the process: (inode, bytes sent and acknowledged, bytes
+        received), counters that only grow while bytes move; None when this platform
+        (or this process's network namespace) cannot tell them for every socket."""
+        return None
+
 
 def same_process(sample: ProcessSample | None, start_time: float, uid: int,
                  start_ticks: int = 0) -> bool:

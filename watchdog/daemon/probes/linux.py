@@ -19,6 +19,7 @@ from watchdog.daemon.probes import (
     ProcessSample,
     find_tool,
     stack_tool_output,
+    tcpdiag,
 )
 from watchdog.procstat import read_start_ticks
 
@@ -342,6 +343,8 @@ class LinuxProbe(Probe):
         self.boot_time = boot_time
         # (netns inode, table) -> (when read, its text): socket_queues, one thread (the loop)
         self.tables: dict[tuple[int, str], tuple[float, str]] = {}
+        # (when dumped, inode -> row; None: the dump failed): socket_counters, the loop
+        self.diag: tuple[float, dict[int, tcpdiag.TcpRow] | None] | None = None
 
     def deleted_holders(self, directory: str) -> dict[int, int] | None:
         """Every process's descriptors (/proc/PID/fd) on a deleted file of `directory`:
@@ -493,6 +496,36 @@ class LinuxProbe(Probe):
             except OSError:
                 continue
         return tuple(sorted(rows))
+
+    def socket_counters(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """Each TCP socket's (inode, bytes acknowledged, bytes received) from sock_diag
+        (probes/tcpdiag.py), for a process in the daemon's own network namespace (the dump
+        reads no other); None when any of its sockets has no counters."""
+        try:
+            if os.stat(f"{self.proc}/{pid}/ns/net").st_ino != os.stat(
+                    f"{self.proc}/self/ns/net").st_ino:
+                return None
+        except OSError:
+            return None
+        inodes = socket_inodes(pid, self.proc)
+        now = time.monotonic()
+        if self.diag is None or now - self.diag[0] >= TABLE_FRESH:
+            try:
+                self.diag = (now, tcpdiag.dump())
+            except tcpdiag.DiagError:
+                self.diag = (now, None)
+        rows = self.diag[1]
+        if rows is None:
+            return None
+        out = []
+        for inode in inodes:
+            row = rows.get(inode)
+            if row is None:
+                continue  # not TCP (a unix socket), or a listener: nothing moves there
+            if row.bytes_acked is None or row.bytes_received is None:
+                return None
+            out.append((inode, row.bytes_acked, row.bytes_received))
+        return tuple(sorted(out))
 
     def tcp_table(self, pid: int, table: str) -> str:
         """/proc/<pid>/net/<table>, read once for all the processes of one network

@@ -119,6 +119,15 @@ class Queues:
     since: float
     unread: int = 0
     read_at: float = 0.0  # when they were last read
+    # Each socket's byte counters (probes/tcpdiag.py), when the platform gives them for
+    # every socket: then "still since" is exact (a slow link moves them at any rate);
+    # None: the queues alone say it, and a slow transfer's may read the same twice.
+    counters: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the stillness was read from byte counters, not queues alone."""
+        return self.counters is not None
 
 
 class StackSampler:
@@ -260,10 +269,15 @@ class StackSampler:
         try:
             queues = (self.probe.socket_queues(pid) if bytes_on_sockets(backend)
                       else None)
+            counters = self.probe.socket_counters(pid) if queues is not None else None
         except (OSError, ProbeError):
-            queues = None
-        if last is None or queues is None or last.queues != queues:
-            last = self.queues[key] = Queues(queues, now)
+            queues = counters = None
+        moved = last is None or queues is None or last.queues != queues or (
+            counters is not None and last.counters is not None and last.counters != counters)
+        if moved or last is None:
+            last = self.queues[key] = Queues(queues, now, counters=counters)
+        else:
+            last.counters = counters  # known from now on, or no longer (the queues say)
         last.unread = sum(rx for _, _, rx in queues or ())
         last.read_at = now
         return last
