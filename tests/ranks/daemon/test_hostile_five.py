@@ -144,9 +144,9 @@ def test_one_users_stack_names_cannot_cost_the_scan_seconds(tmp_path, record_dir
     under 62 distinct frames of ~1,000 characters each (the control: short names). As a
     Mac's `sample` reads them, every thread not parked counts as busy (the probe below
     hands this process's real samples with no busy ids, and the sample's frames). It
-    was classified again at every scan, the frame memo thrashing: 6.6-9.4 s a scan here.
-    Now each sample is bounded and classified once: the scans cost what the control's do,
-    and root's hung rank beside it is ended."""
+    was classified again at every scan, the frame memo thrashing: a median scan of 6.2 s
+    here (the control's 330 ms). Now each sample is bounded and classified once: the
+    scans judging it cost what the control's do (milliseconds)."""
     import dataclasses
     import statistics
     import time
@@ -193,7 +193,6 @@ def test_one_users_stack_names_cannot_cost_the_scan_seconds(tmp_path, record_dir
                 daemon.scan()
                 took.append(time.perf_counter() - began)
                 time.sleep(0.05)
-            assert rank.poll() is None  # computing: frames the table does not name
     finally:
         daemon.executor.shutdown()
         daemon.jobs.shutdown()

@@ -189,7 +189,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
         while count is None or shown < count:
             ranks, source = _ranks(record_dir, state_dir, deadline)
             stamp = datetime.now().strftime("%H:%M:%S")
-            body = table(ranks, colour=colour.wanted()) if ranks else f"no ranks in {record_dir}"
+            body = (table(ranks, colour=colour.wanted()) if ranks
+                    else printable(f"no ranks in {record_dir}"))
             click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
             shown += 1
             if count is None or shown < count:
