@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog import procstat
 from watchdog.daemon.act import told
 from watchdog.daemon.act.exo import delay_here
 from watchdog.daemon.act.incidents import death_culprit
@@ -103,7 +104,9 @@ class Fences:
             # Only the ranks of the job's owner (a fence names (uid, job)) that started
             # before the job was found dead: a later one is the job relaunched.
             named = self.table.job(uid, job)
-            ranks = [r for r in named if request.ends(r.record.start_time)]
+            # On Linux its start to a tick: psutil's reads up to 1 s early (btime).
+            ranks = [r for r in named if request.ends(
+                procstat.wall_start(r.record.start_ticks) or r.record.start_time)]
             if len(ranks) < len(named):
                 log.info("fence from %s: %s of job %s started after it was found dead (a "
                          "relaunch): left alone", request.origin,

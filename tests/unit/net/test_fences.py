@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.support.users import UserProc, publish
+from watchdog import procstat
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.net import fence
@@ -214,7 +215,8 @@ def test_a_sender_whose_clock_is_ahead_cannot_end_a_relaunch(tmp_path):
         with UserProc(0) as rank:
             publish(record_dir, rank.pid, 0, "j", hung=False, world_size=2)
             daemon.scan()
-            started = next(iter(daemon.ranks.values())).record.start_time
+            rec = next(iter(daemon.ranks.values())).record
+            started = procstat.wall_start(rec.start_ticks) or rec.start_time  # to a tick
             ahead = time.time() + skew
             body, headers = fence.make(SECRET, "j", "peer", "hung", None, now=ahead,
                                        since=started - 1 + skew)
