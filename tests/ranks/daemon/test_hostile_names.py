@@ -16,7 +16,9 @@ watched in the first scan that lists it and ended about as soon as in the contro
     threads       96 records naming the threads of one process: each a rank probing
                   every thread, each pidfd failing and waking the loop (items 4, 9, 14)
     ended         300 records naming pids that never ran: the 256 ended ranks kept
-                  were decoded again at every scan (item 8)
+                  were decoded again at every scan (item 8); and they count against
+                  their owner's cap of ended ranks (issue 48, defect 5: each was a
+                  rank "exited", 600 of them watched)
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Figures:
     watched_after_scans: int
     took: float  # seconds from its record to its end
     log: str
+    ended_kept: int  # the attacker's ranks shown, at the end
 
     def __str__(self) -> str:
         return (f"cpu {self.cpu:.3f}, {self.scans_per_second:.1f} scans/s, scan "
@@ -116,9 +119,9 @@ def run(directory: Path, attack: Attack | None) -> Figures:
     stop, read = attack(records) if attack is not None else (lambda: None, lambda _: True)
     victim = _sleeper()
     try:
-        time.sleep(1.0)  # the attack under way, its first scans done
+        time.sleep(0.5)  # the attack under way, its first scans done
         wait_for(lambda: read(daemon), 30, what="the attacker's files read")
-        cpu, rate, scan_ms = _window(daemon, 2.5)
+        cpu, rate, scan_ms = _window(daemon, 2.0)
         count0 = _counters(daemon)[1]
         publish(records, victim.pid, os.getuid(), "victim", hung=True, world_size=1)
         published = time.monotonic()
@@ -128,7 +131,8 @@ def run(directory: Path, attack: Attack | None) -> Figures:
         took = time.monotonic() - published
         assert daemon.alive()
         return Figures(cpu=cpu, scans_per_second=rate, scan_ms=scan_ms,
-                       watched_after_scans=watched_at - count0, took=took, log=daemon.log())
+                       watched_after_scans=watched_at - count0, took=took, log=daemon.log(),
+                       ended_kept=sum(r["uid"] == OTHER_UID for r in daemon.status()["ranks"]))
     finally:
         stop()
         victim.kill()
@@ -289,4 +293,4 @@ def test_one_users_files_cost_another_user_nothing(tmp_path: Path, control: Figu
         assert "is a thread of process" in attacked.log
         assert attacked.log.count("watching pid") == 1  # root's rank, no thread's
     if attack == "ended":
-        assert attacked.log.count("exited without closing its record") <= 256
+        assert attacked.ended_kept == MAX_RANKS_PER_UID, attacked.ended_kept
