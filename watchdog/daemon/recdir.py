@@ -124,9 +124,14 @@ class RecordDir:
                 self.bad_files[_file_key(st)] = why
 
     def known_bad(self, name: str, st: os.stat_result) -> bool:
-        """Is the file under `name` (as lstat gave it) known unusable for good?"""
+        """Is the file under `name` (as lstat gave it) known unusable for good by what it
+        is (the room keeper's question: a copy's verdict is its name's, and a name
+        whose file has other links frees nothing)?"""
+        if st.st_nlink != 1:
+            return False
         known = self.bad.get(name)
-        return (known is not None and known[0] == st.st_ino) or _file_key(st) in self.bad_files
+        return (known is not None and known[0] == st.st_ino and known[2]) \
+            or _file_key(st) in self.bad_files
 
     def unusable(self, limit: int) -> dict[str, str]:
         """Up to `limit` of the files known unusable, path -> why, by name."""
