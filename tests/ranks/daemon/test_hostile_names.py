@@ -260,12 +260,13 @@ ATTACKS: dict[str, Attack] = {"link-flood": link_flood, "renamed-junk": renamed_
 # What an attack may still cost over 2x the control (an idle daemon, ~0.5 ms a scan),
 # (share of a core, ms a scan): what is bounded but not nothing, and a shared 2-core
 # machine's noise (these figures were taken at load 5-11). The link flood: listing its
-# 4,500-9,000 names (~1 us each) every scan while the attacker holds the directory's
-# lock for each of his 9,000 links and unlinks a round. The ended ranks: publishing
+# 4,500-9,000 names every scan, 7-12 ms of CPU (~1 us a name), which at load 10 on 2
+# cores is a 7-57 ms scan, while the attacker takes the directory's lock for each of
+# his 9,000 links and unlinks a round. The ended ranks: publishing
 # the 256 ended ranks kept (round 4's cap) in status.json at every scan, not reading
 # them. Before the fixes, at load 6-10: link flood 0.15 of a core and 553 ms scans,
 # renamed junk 0.24 and 248 ms, threads 1.1-1.5 s scans, ended 0.23 and 117 ms.
-ALLOWED = {"link-flood": (0.05, 50.0), "renamed-junk": (0.02, 5.0), "threads": (0.02, 2.0),
+ALLOWED = {"link-flood": (0.06, 80.0), "renamed-junk": (0.02, 5.0), "threads": (0.02, 2.0),
            "ended": (0.08, 5.0)}
 
 
