@@ -176,7 +176,7 @@ def link_flood(records: Path) -> tuple[Callable[[], None], Callable[[DaemonProc]
                     os.unlink(f"z{generation - 1:08d}-{i:05d}{record.SUFFIX}")
             generation += 1
             time.sleep(max(0.0, ROUND - (time.monotonic() - began)))
-    return _as_other(records, work), _invalid(LINKS)
+    return _as_other(records, work), _invalid(1)  # one file, however many its names
 
 
 def renamed_junk(records: Path) -> tuple[Callable[[], None], Callable[[DaemonProc], bool]]:
