@@ -119,9 +119,8 @@ def run(directory: Path, attack: Attack | None) -> Figures:
     stop, read = attack(records) if attack is not None else (lambda: None, lambda _: True)
     victim = _sleeper()
     try:
-        time.sleep(0.5)  # the attack under way, its first scans done
         wait_for(lambda: read(daemon), 30, what="the attacker's files read")
-        cpu, rate, scan_ms = _window(daemon, 2.0)
+        cpu, rate, scan_ms = _window(daemon, 1.5)
         count0 = _counters(daemon)[1]
         publish(records, victim.pid, os.getuid(), "victim", hung=True, world_size=1)
         published = time.monotonic()
