@@ -124,9 +124,14 @@ class RecordDir:
                 self.bad_files[_file_key(st)] = why
 
     def known_bad(self, name: str, st: os.stat_result) -> bool:
-        """Is the file under `name` (as lstat gave it) known unusable for good?"""
+        """Is the file under `name` (as lstat gave it) known unusable for good by what it
+        is (the room keeper's question: a copy's verdict is its name's, and a name
+        whose file has other links frees nothing)?"""
+        if st.st_nlink != 1:
+            return False
         known = self.bad.get(name)
-        return (known is not None and known[0] == st.st_ino) or _file_key(st) in self.bad_files
+        return (known is not None and known[0] == st.st_ino and known[2]) \
+            or _file_key(st) in self.bad_files
 
     def unusable(self, limit: int) -> dict[str, str]:
         """Up to `limit` of the files known unusable, path -> why, by name."""
@@ -187,8 +192,8 @@ class RecordDir:
             if name in settled_names and self.read_inodes.get(name) == ino:
                 continue
             why = bad_inodes.get(ino)
-            if why is not None:  # another name (a hard link) of a file known unusable
-                self.bad[name] = (ino, why, True)
+            if why is not None:  # another name (a hard link) of a file known unusable:
+                # not even remembered (one name of each such file is: no work per name)
                 if all_files:
                     yield Listed(os.path.join(self.directory, name), None, why, None)
                 continue
@@ -223,10 +228,8 @@ class RecordDir:
         left = sum(map(len, queues.values()))
         for path, st in _in_turn(queues, self.max_reads, self.max_reads_per_uid):
             left -= 1
-            why = self.bad_files.get(_file_key(st))
-            if why is not None:  # another name of a file found unusable this scan
-                self.bad[os.path.basename(path)] = (st.st_ino, why, True)
-                continue
+            if _file_key(st) in self.bad_files:  # another name of a file found unusable
+                continue  # this scan
             listed = self._take(path, st)
             if listed is not None:
                 yield listed

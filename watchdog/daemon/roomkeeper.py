@@ -6,8 +6,9 @@ and their hangs unseen. Each scan the daemon looks at the free space (one
 `statvfs`); below `reserve` it removes what no rank needs, largest first, until
 the reserve is back: files that are not records (any name but a record, a
 staging record, a stack dump or the daemon's pointer), records of a size no
-record has, files of a record's size the reader found unusable for good (junk
-of the exact size, a forged record, a copy: `unusable`), and stack dumps past
+record has, files of a record's size the reader found unusable for good by what
+they are (junk of the exact size, a forged record: `unusable`; never a copy,
+whose fault is its name, nor a file of several links), and stack dumps past
 what a dump needs (truncated, not removed: the rank holds its dump file open).
 The keeper runs as root: it writes (truncates) only a file proven a rank's dump
 (one link, owned by the uid owning the record beside it, never root's); any
@@ -109,7 +110,7 @@ def keep_room(directory: str, entries: Iterator[os.DirEntry[str]] | None = None,
     """Below the reserve: free it as above. `entries` (default: the whole directory)
     are looked at, at most `limit` of them; `unusable(name, lstat)` says a file of a
     record's size is one the reader found unusable for good (junk of the exact size,
-    a forged record, a copy): freed as junk. The room found and the bytes freed; None
+    a forged record): freed as junk. The room found and the bytes freed; None
     when the filesystem cannot be read."""
     try:
         free, size = _free(directory)

@@ -335,41 +335,6 @@ def test_many_records_of_one_user_cannot_blind_the_daemon(record_dir, state_dir)
         daemon.stop()
 
 
-def test_records_naming_dead_pids_count_against_their_owners_cap(record_dir, state_dir):
-    """Issue 48, defect 5. 600 records of uid 65534 naming pids that never ran (past
-    any pid_max): each was a rank "exited", kept, read and exported at every scan. They
-    count against the owner's cap of ended ranks, and root's hung rank is ended."""
-    os.chmod(record_dir, 0o1777)
-    daemon = DaemonProc(record_dir, state_dir).start()
-    proc = _sleeper()
-    try:
-        for n in range(600):
-            pid = (1 << 22) + 1000 + n  # above the largest pid_max: never a process
-            path = record_dir / f"{pid}{record.SUFFIX}"
-            writer = SyntheticWriter(str(path), pid=pid, start_time=1.7e9, uid=OTHER_UID,
-                                     host="node", job="ghosts", rank=0, world_size=1,
-                                     backend="ring", dump_signal=0, start_ticks=1)
-            writer.begin()
-            writer.end()
-            writer.close(record.STATUS_OPEN, remove=False)
-            os.chown(path, OTHER_UID, OTHER_UID)
-
-        def ghosts() -> int:
-            return sum(r["uid"] == OTHER_UID for r in daemon.status()["ranks"])
-
-        wait_for(lambda: ghosts() >= MAX_RANKS_PER_UID, 60, what="the ghosts read")
-        publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)
-        started = time.monotonic()
-        wait_for(lambda: proc.poll() is not None, 30, what="root's hung rank ended")
-        assert time.monotonic() - started < 30
-        assert ghosts() == MAX_RANKS_PER_UID
-        assert daemon.alive()
-    finally:
-        proc.kill()
-        proc.wait()
-        daemon.stop()
-
-
 def test_one_users_hung_crowd_cannot_delay_another_users_kill(record_dir, state_dir):
     """Issue 30, item 1. 32 one-process jobs of uid 65534, each hung and ignoring the
     dump signal (a capture waits out its time box), published before root's hung

@@ -238,7 +238,8 @@ def test_an_ended_ranks_file_is_not_read_again(tmp_path: Path, opened: list[str]
 def test_the_room_keeper_frees_junk_of_a_records_size(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 7: exact-size junk the reader found unusable is freed below the reserve; a
-    file of a record's size not known unusable (a record not read yet) is kept."""
+    file of a record's size not known unusable (a record not read yet), or refused for
+    its name only (a copy), is kept."""
     from watchdog.daemon import roomkeeper
 
     monkeypatch.setattr(roomkeeper, "_free", lambda _d: (0, 64 << 20))
@@ -249,6 +250,9 @@ def test_the_room_keeper_frees_junk_of_a_records_size(tmp_path: Path,
     list(rd.read())
     unread = tmp_path / "unread.rec"
     unread.write_bytes(os.urandom(record.RECORD_SIZE))
+    copy = tmp_path / "copy.rec"  # a copy's fault is its name: never freed
+    copy.write_bytes(os.urandom(record.RECORD_SIZE))
+    rd.mark_bad(str(copy), os.lstat(copy), "a copy", by_file=False)
     keeper = roomkeeper.Keeper(str(tmp_path), lambda _d: {}, unusable=rd.known_bad)
     keeper.keep()
-    assert not any(p.exists() for p in junk) and unread.exists()
+    assert not any(p.exists() for p in junk) and unread.exists() and copy.exists()

@@ -229,8 +229,10 @@ def test_a_forged_crash_record_fences_no_one(tmp_path):
                          uid=os.getuid(), host="h", job=real["job"], rank=1, world_size=2,
                          backend="ring", dump_signal=0)  # left open: a "crash"
             copy = daemons[0].record_dir / "copy.rec"
-            copy.write_bytes(next(daemons[0].record_dir.glob(f"{real['pid']}*.rec"))
-                             .read_bytes())
+            staged = daemons[0].record_dir / "copy.staged"  # whole when it gets its name
+            staged.write_bytes(next(daemons[0].record_dir.glob(f"{real['pid']}*.rec"))
+                               .read_bytes())
+            staged.rename(copy)
             wait_for(lambda: gone.pid in daemons[0].ranks(), 10, what="the forged record seen")
             wait_for(lambda: str(copy) in daemons[0].status()["invalid_records"], 10,
                      what="the copy reported")
