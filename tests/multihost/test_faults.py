@@ -346,25 +346,48 @@ def test_a_slow_peer_is_held_across_hosts(hosts, how):
     assert any("held" in line for line in log.splitlines() if job_id in line)
 
 
-def test_a_straggler_on_the_other_host_is_named_by_cluster_status(hosts, tmp_path):
+def test_a_straggler_on_the_other_host_is_named(hosts, tmp_path):
     """Rank 1 (host 1) computes a healthy step's time before each step (half pace): each
-    daemon sees one rank and cannot judge the job; `cluster status` on host 0 lines up
-    both ranks' figures and names rank 1 on host 1 the straggler, within a minute.
-    Nothing is ended."""
+    daemon sees one rank; with peers, each lines it up with the other's (issue 56):
+    host 1's daemon names rank 1 in its /status and `status`, and exports the job's
+    slowdown on its /metrics (host 0, which holds the fast rank, does not: the alert's
+    instance is the slow rank's node); `cluster status` on host 0 names it too, all
+    within a minute. Nothing is ended."""
     flag = tmp_path / "slow"
     (d0, d1), job, job_id = start(hosts, True, "work", "4", str(flag))
+    h0, h1 = hosts.hosts
     flag.touch()
     slowed = time.monotonic()
+
+    def named_on_host_1():
+        return [s for s in d1.status().get("stragglers", []) if s["job"] == job_id]
+    (found,) = wait_for(named_on_host_1, 60, interval=0.25,
+                        what="host 1's daemon naming the straggler")
+    FIGURES["straggler on host 1 named by its daemon"] = time.monotonic() - slowed
+    assert (found["rank"], found["host"], found["pid"]) == (1, h1.name, job.pids[1]), found
+    assert found["slowdown"] >= 1.25 and found["score"] <= 0.8, found
+    code, metrics = h1.get("/metrics")
+    line = f'mlx_watchdog_job_slowdown_ratio{{mlx_job="{job_id}",rank="1",uid="0"}} '
+    assert code == 200 and line in metrics, [m for m in metrics.splitlines() if "slowdown" in m]
+    assert re.search(rf'mlx_watchdog_rank_pace_score{{mlx_job="{job_id}",rank="1",uid="0"}} '
+                     r"0\.[0-7]", metrics), metrics
+    said = h1.command("status", "--dir", str(d1.record_dir), "--state-dir", str(d1.state_dir))
+    assert f"rank 1 on {h1.name} is the straggler" in said.stdout, said
+    # Host 0 holds the fast rank: scored with its peer's (1: the job's pace), it names
+    # the straggler in its status but leaves the export to host 1.
+    wait_for(lambda: d0.ranks()[job.pids[0]].get("pace_score") == 1.0, 30,
+             what="host 0's rank scored across the hosts")
+    code, metrics = h0.get("/metrics")
+    assert code == 200 and "mlx_watchdog_job_slowdown_ratio{" not in metrics
     code, seen, view = status_until(
-        hosts.hosts[0], lambda code, j, view: j.get("straggler") is not None, 60,
+        h0, lambda code, j, view: j.get("straggler") is not None, 60,
         "cluster status names the straggler")
     assert time.monotonic() - slowed <= 60
     found = seen["straggler"]
     assert code == 0 and seen["state"] == "healthy", (code, view)
-    assert (found["rank"], found["host"], found["pid"]) == (
-        1, hosts.hosts[1].name, job.pids[1]), found
+    assert (found["rank"], found["host"], found["pid"]) == (1, h1.name, job.pids[1]), found
     assert found["slowdown"] >= 1.25 and found["score"] <= 0.8, found
-    assert found["summary"].startswith(f"rank 1 on {hosts.hosts[1].name} is the straggler")
+    assert found["summary"].startswith(f"rank 1 on {h1.name} is the straggler")
     assert not job.gone()
     assert incidents_of(d0, job_id) == [] and incidents_of(d1, job_id) == []
 

@@ -145,6 +145,25 @@ class Host:
 
     # -- what an operator runs on this host ------------------------------------------
 
+    def get(self, path: str) -> tuple[int, str]:
+        """GET `path` of this host's daemon, from inside the host: (status, body)."""
+        assert self.daemon is not None
+        code = ("import sys, urllib.request, urllib.error\n"
+                "try:\n r = urllib.request.urlopen(sys.argv[1], timeout=10)\n"
+                " print(r.status); print(r.read().decode(), end='')\n"
+                "except urllib.error.HTTPError as e:\n"
+                " print(e.code); print(e.read().decode(), end='')\n")
+        done = self.sh(sys.executable, "-c", code, f"http://{self.endpoint}{path}")
+        status, _, body = done.stdout.partition("\n")
+        return int(status), body
+
+    def command(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`mlx-watchdog ARGS` run on this host against its daemon's directories."""
+        assert self.daemon is not None
+        argv = [sys.executable, "-m", "watchdog.cli", *args]
+        return subprocess.run(self.wrap(argv), capture_output=True, text=True, timeout=60,
+                              env=base_env(self.daemon.record_dir), cwd=REPO)
+
     def cluster_status(self, timeout: float = 0.5) -> tuple[int, dict[str, Any], str]:
         """`mlx-watchdog cluster status --json` run on this host: (exit, view, stderr)."""
         assert self.daemon is not None

@@ -143,6 +143,8 @@ class Daemon:
         for ending, ranks in self.fences.orphaned(now):
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
         self.jobs.paces(found.live, now)  # shown only: after the responses began
+        if self.jobs.ask_peers_every is not None:  # a job judged with its peers' ranks
+            self.peers.prefetch(self.jobs.ask_peers_every)
         self.learned.keep(self.jobs.detector, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
