@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.netbed import RING_PORT, Bed
+from tests.support.netbed import RING_PORT, Bed, health_seen
 from tests.support.ranks import REPO, wait_for
 
 pytestmark = pytest.mark.ranks
@@ -117,10 +117,10 @@ def has_cause(found: dict[str, Any], cause: str, *named: str) -> None:
 
 
 def start(bed: Bed, fences: bool, mode: str = "loop", *args: str,
-          daemon: dict[str, object] | None = None):
+          daemon: dict[str, object] | None = None, env: dict[str, str] | None = None):
     """Daemons on both hosts (with `daemon`'s settings), then the ring job in `mode`."""
     daemons = bed.start_daemons(fences, **(daemon or {}))
-    job = bed.ring(mode, *args)
+    job = bed.ring(mode, *args, env=env)
     looping = mode in ("loop", "catch")
     job.wait_running(collectives=3 if looping else 1)
     code, view, err = bed.hosts[0].cluster_status()
@@ -140,8 +140,17 @@ def test_a_stopped_rank(hosts, fences):
     With fences, the ranks catch the ring's "connection to a peer was lost" and go on
     (rank_prog.py's `catch`): rank 0 is frozen before rank 1 is ended, and both are
     SIGTERMed at one moment across the hosts, so it never sees its peer end, and
-    completes no collective after the verdict."""
-    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop")
+    completes no collective after the verdict.
+
+    With fences, host 0's health answer for the job (`/jobs/<job>/health`, issue 56)
+    is polled throughout: 200 while it runs, 503 from before the verdict through its
+    end, and 200 again once the job is relaunched under its name."""
+    named = {"MLX_WATCHDOG_JOB": "bed-stopped"} if fences else None
+    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop", env=named)
+    if fences:
+        poller = hosts.hosts[0].watch_health(f"/jobs/{job_id}/health")
+        wait_for(lambda: hosts.hosts[0].get(f"/jobs/{job_id}/health")[0] == 200, 10,
+                 what="the job healthy on host 0")
     job.signal(1, signal.SIGSTOP)
     began = time.monotonic()
     code, hung, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] == "hung", BOUND,
@@ -183,6 +192,20 @@ def test_a_stopped_rank(hosts, fences):
                                      "the job's end in cluster status")
         assert done["state"] == "ended" and code == 0, done
         assert "ended by the watchdog" in done["evidence"], done
+        again = hosts.ring("catch", env=named)  # relaunched under its name
+        again.wait_running()
+        wait_for(lambda: hosts.hosts[0].get(f"/jobs/{job_id}/health")[0] == 200, 15,
+                 what="the relaunched job healthy on host 0")
+        time.sleep(0.2)  # the poller's next ask
+        seen = health_seen(poller)
+        codes = [c for _, c, _ in seen]
+        assert codes[0] == 200 and codes[-1] == 200 and 503 in codes, seen
+        first_503 = next(t for t, c, _ in seen if c == 503)
+        back = next(t for t, c, _ in seen if c == 200 and t > first_503)
+        assert first_503 <= mine["time"] + 0.25 + 0.3, (seen, mine["time"])  # a scan, a poll
+        assert {"hung", "ended"} <= {state for _, _, state in seen}, seen
+        assert back > max(s["time"] for s in mine["signals"]), seen  # not before its end
+        FIGURES["health 503 from the verdict (negative: before it)"] = first_503 - mine["time"]
     else:
         wait_for(lambda: job.procs[0].poll() is not None, BOUND, what="rank 0 ended")
         FIGURES["SIGSTOP rank 1, no fences: rank 0"] = time.monotonic() - began
