@@ -211,7 +211,9 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
     named: dict[tuple[int, str], Straggler] = {}
     for node in nodes:
         status = node.status if node.ok else None
-        for s in status.stragglers if status is not None else ():
+        if status is None:
+            continue
+        for s in status.stragglers:
             owned = (s.uid if s.uid is not None else -1, s.job)
             if owned not in named or s.host == status.host:
                 named[owned] = s
