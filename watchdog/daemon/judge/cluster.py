@@ -202,6 +202,8 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
     jobs: dict[tuple[int, str], list[ReportedRank]] = {}
     # A node whose earlier ask failed but which answered since (late) is reachable.
     answered = {n.peer for n in nodes if n.ok}
+    if SAMPLED in answered:  # this node's daemon is down, its records were read instead
+        answered.add(LOCAL)
     unreachable = [n.peer for n in nodes if not n.ok and n.peer not in answered]
     seen: set[tuple[str | None, int | None]] = set()  # a node listed twice counts once
     scans: dict[str | None, float] = {n.peer: n.status.interval for n in nodes
