@@ -400,6 +400,10 @@ def test_a_straggler_on_the_other_host_is_named(hosts, tmp_path):
     # the straggler in its status but leaves the export to host 1.
     wait_for(lambda: d0.ranks()[job.pids[0]].get("pace_score") == 1.0, 30,
              what="host 0's rank scored across the hosts")
+    (there,) = wait_for(lambda: [s for s in d0.status().get("stragglers", [])
+                                 if s["job"] == job_id], 30, interval=0.25,
+                        what="host 0's daemon naming the straggler too")
+    assert (there["rank"], there["host"], there["pid"]) == (1, h1.name, job.pids[1]), there
     code, metrics = h0.get("/metrics")
     assert code == 200 and "mlx_watchdog_job_slowdown_ratio{" not in metrics
     code, seen, view = status_until(

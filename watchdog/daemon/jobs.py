@@ -366,14 +366,18 @@ class Jobs:
         peers (judge/across.py) from their recent answers: its rank's score shown, and
         the job's straggler, wherever it is, named (the node holding it exports it:
         net/metrics.py). Without peers, the rank's note says where it is judged."""
-        alone = {key: ranks[0] for key, ranks in jobs.items() if len(ranks) == 1
-                 and (f := self.stragglers.figures.get(ranks[0].key)) is not None
+        single = {key: ranks[0] for key, ranks in jobs.items() if len(ranks) == 1}
+        alone = {key: rank for key, rank in single.items()
+                 if (f := self.stragglers.figures.get(rank.key)) is not None
                  and f.unjudged == "alone"}
-        self.across.forget_jobs(alone)
+        self.across.forget_jobs(single)
         peers = self.live.peering.peers
         self.ask_peers_every = across.ASK_EVERY if alone and peers else None
         answers = self.recent(across.FRESH) if alone and peers else None
         named = []
+        for key in single.keys() - alone.keys():  # not ripe now: a name given holds a while
+            if (held := self.across.held(key, now)) is not None:
+                named.append(held)
         for (uid, job), rank in alone.items():
             shown = self.shown.setdefault(rank.key, Shown())
             if not peers:
@@ -385,6 +389,8 @@ class Jobs:
             ranks = _job_across(mine, uid, job, answers)
             if isinstance(ranks, str):
                 shown.pace_note = f"not judged yet: {ranks}"
+                if (held := self.across.held((uid, job), now)) is not None:
+                    named.append(held)
                 continue
             judged = self.across.judge((uid, job), job, uid, ranks, now)
             if judged.forming:
@@ -393,6 +399,8 @@ class Jobs:
             if score is None:
                 shown.pace_note = ("not judged yet: a rank of its job on another node is "
                                    "not judged by its node")
+                if judged.straggler is not None:
+                    named.append(judged.straggler)
                 continue
             shown.pace_score, shown.pace_unjudged, shown.pace_note = score, None, None
             if score >= 1.0 or score > min(judged.scores.values()):

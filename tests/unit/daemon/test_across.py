@@ -65,3 +65,21 @@ def test_a_job_is_judged_only_with_every_rank_reported():
     twice = answer(rank(1, 0.1)) + answer(rank(1, 0.1), mine)
     got = _job_across(mine, 0, "j", twice)
     assert isinstance(got, list) and [r.rank for r in got] == [0, 1]
+
+
+def test_a_name_outlives_a_gap_in_the_figures_for_its_hold_only():
+    """A rank counting a few seconds short, or one late answer, must not drop the series
+    the alert's `for: 10m` waits on; a gap longer than the hold does."""
+    across = Across(sustain=0.0, hold=30.0)
+    slow = [rank(0, 0.6), rank(1, 0.05)]
+    assert across.judge("k", "j", 0, slow, 0.0).straggler is not None
+    unripe = [rank(0, 0.6), rank(1, 0.05, pace_unjudged="too_few_seconds")]
+    gap = across.judge("k", "j", 0, unripe, 10.0).straggler
+    assert gap is not None and gap.rank == 1
+    assert across.held("k", 29.0) is not None  # the job not judged at all (a peer late)
+    assert across.judge("k", "j", 0, slow, 29.5).straggler is not None  # confirmed again
+    assert across.held("k", 59.0) is not None and across.held("k", 60.0) is None
+    # Cleared by a judgement under the clearing slowdown: no hold then.
+    assert across.judge("k", "j", 0, slow, 61.0).straggler is not None
+    assert across.judge("k", "j", 0, [rank(0, 0.1), rank(1, 0.1)], 62.0).straggler is None
+    assert across.held("k", 63.0) is None
