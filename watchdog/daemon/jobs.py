@@ -392,6 +392,9 @@ class Jobs:
                 if (held := self.across.held((uid, job), now)) is not None:
                     named.append(held)
                 continue
+            if any(r.pace_unjudged in across.RIPENING for r in ranks):
+                # A rank there is about to be judged: its figures asked for soon.
+                self.ask_peers_every = across.ASK_FORMING
             judged = self.across.judge((uid, job), job, uid, ranks, now)
             if judged.forming:
                 self.ask_peers_every = across.ASK_FORMING

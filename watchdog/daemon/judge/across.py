@@ -5,8 +5,9 @@ beside its peers'. With `peers` configured, the daemon lines up its rank's figur
 with those the peers publish (their `/status`, asked in the background every
 `ASK_EVERY` seconds while such a rank is ripe: act/peers.py), scored as `cluster status`
 scores them (`stragglers.scored_ranks`), and names the slowest with hysteresis: once
-clear (`NAME_SLOWDOWN`) over `SUSTAIN` seconds of answers (asked every `ASK_FORMING`
-seconds meanwhile), until its slowdown falls under `CLEAR_SLOWDOWN`. Every node
+clear (`NAME_SLOWDOWN`) over `SUSTAIN` seconds of answers, until its slowdown falls
+under `CLEAR_SLOWDOWN`; the peers are asked every `ASK_FORMING` seconds while one
+forms, and while a peer's rank is about to be judged (`RIPENING`). Every node
 reaches the same answer from the same figures; the node holding the named rank
 exports it (`mlx_watchdog_job_slowdown_ratio`, so the alert's instance is the slow
 rank's node), and every node names it in `status`.
@@ -37,6 +38,10 @@ ASK_FORMING = 3.0  # ...while a straggler is clear and not named yet (it needs f
 SUSTAIN = 6.0  # seconds a straggler stays clear before it is named (two asks at least)
 FRESH = ASK_EVERY + 5.0  # seconds a background answer speaks for the peers' ranks
 HOLD = 30.0  # seconds a named straggler stays named while its job cannot be judged
+# A peer's rank not judged for these reasons will be in seconds (its window filling):
+# the peers are asked at ASK_FORMING meanwhile. A rank that sleeps between steps or
+# polls in user space will not: asked at ASK_EVERY.
+RIPENING = frozenset({"too_few_seconds", "peer_unjudged"})
 
 
 @dataclass(frozen=True)
