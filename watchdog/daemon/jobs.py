@@ -366,7 +366,8 @@ class Jobs:
         peers (judge/across.py) from their recent answers: its rank's score shown, and
         the job's straggler, wherever it is, named (the node holding it exports it:
         net/metrics.py). Without peers, the rank's note says where it is judged."""
-        single = {key: ranks[0] for key, ranks in jobs.items() if len(ranks) == 1}
+        single = {key: ranks[0] for key, ranks in jobs.items()
+                  if len(ranks) == 1 and ranks[0].record.world_size > 1}
         alone = {key: rank for key, rank in single.items()
                  if (f := self.stragglers.figures.get(rank.key)) is not None
                  and f.unjudged == "alone"}
