@@ -9,9 +9,10 @@ gone, 404 while this node holds no rank of it; the body is one small JSON object
 `{"job", "uid", "rank", "healthy", "state", "reason", "ranks": [...]}`, `state` one of
 `running`, `idle`, `suspect`, `hung`, `stopped`, `ending`, `ended`, `unknown`.
 
-Built once per snapshot (`Index.build`, on the daemon's loop), so a request costs a
-dictionary lookup and the encoding of a few ranks: the endpoint is open to every local
-user, and no path may cost the daemon much. A job id in a path is checked (at most
+Built once per snapshot (`Index.build`, on the daemon's loop), each answer computed
+once for it (`MEMO` of them, `LISTED` ranks listed), so a request costs a dictionary
+lookup: the endpoint is open to every local user, and no path may cost the daemon
+much. A job id in a path is checked (at most
 `MAX_JOB` characters, no control character) and only ever echoed JSON-encoded. Any
 user may publish a record naming any job id: `?uid=` counts only that owner's ranks
 (a load balancer in front of a shared machine should give it).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -35,6 +37,8 @@ from watchdog.text import printable
 __all__ = ["MAX_JOB", "Index", "parse"]
 
 MAX_JOB = 256  # characters of a job id in a path (the record holds far fewer)
+MEMO = 256  # answers kept per snapshot
+LISTED = 64  # ranks listed in an answer's body (the one that decides always is)
 _PATH = re.compile(r"/jobs/([^/]+)(?:/ranks/(\d{1,6}))?/health")
 _QUERY = re.compile(r"uid=(\d{1,10})")
 
@@ -104,6 +108,10 @@ class Index:
 
     def __init__(self, jobs: dict[str, list[tuple[RankStatus, bool]]] | None = None) -> None:
         self.jobs = jobs or {}
+        # Each question's answer, computed once for this snapshot (bounded: a question
+        # past MEMO is answered anew, at the cost of one job's ranks).
+        self._memo: dict[Asked, tuple[int, bytes]] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def build(cls, ranks: Iterable[RankStatus], ending: Collection[int]) -> Index:
@@ -115,6 +123,17 @@ class Index:
 
     def answer(self, asked: Asked) -> tuple[int, bytes]:
         """(HTTP status, JSON body) of a health question."""
+        with self._lock:
+            known = self._memo.get(asked)
+        if known is not None:
+            return known
+        answer = self._answer(asked)
+        with self._lock:
+            if len(self._memo) < MEMO:
+                self._memo[asked] = answer
+        return answer
+
+    def _answer(self, asked: Asked) -> tuple[int, bytes]:
         ranks = [(r, ending) for r, ending in self.jobs.get(asked.job, ())
                  if (asked.uid is None or r.uid == asked.uid)
                  and (asked.rank is None or r.rank == asked.rank)]
@@ -136,7 +155,7 @@ class Index:
                     reason=("every rank progresses or is idle" if healthy
                             else _why(word, first)),
                     ranks=[{"rank": r.rank, "pid": r.pid, "uid": r.uid, "state": w}
-                           for w, r in words])
+                           for w, r in words[:LISTED]])
         return (200 if healthy else 503), _encode(body)
 
 
