@@ -82,6 +82,7 @@ def test_paths_that_are_no_health_question():
     assert health.parse("/jobs/a%20b%2Fc/health") == health.Asked("a b/c")
 
 
+@pytest.mark.slow
 def test_served_with_the_reason_in_a_small_json_body():
     index = health.Index.build([rank(0, "stalled")], ())
     server = httpd.serve(("127.0.0.1", 0), lambda: NodeStatus(host="h"), lambda: True,
