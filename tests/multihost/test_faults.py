@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.netbed import RING_PORT, Bed
+from tests.support.netbed import RING_PORT, Bed, health_seen
 from tests.support.ranks import REPO, wait_for
 
 pytestmark = pytest.mark.ranks
@@ -117,10 +117,10 @@ def has_cause(found: dict[str, Any], cause: str, *named: str) -> None:
 
 
 def start(bed: Bed, fences: bool, mode: str = "loop", *args: str,
-          daemon: dict[str, object] | None = None):
+          daemon: dict[str, object] | None = None, env: dict[str, str] | None = None):
     """Daemons on both hosts (with `daemon`'s settings), then the ring job in `mode`."""
     daemons = bed.start_daemons(fences, **(daemon or {}))
-    job = bed.ring(mode, *args)
+    job = bed.ring(mode, *args, env=env)
     looping = mode in ("loop", "catch")
     job.wait_running(collectives=3 if looping else 1)
     code, view, err = bed.hosts[0].cluster_status()
@@ -140,8 +140,17 @@ def test_a_stopped_rank(hosts, fences):
     With fences, the ranks catch the ring's "connection to a peer was lost" and go on
     (rank_prog.py's `catch`): rank 0 is frozen before rank 1 is ended, and both are
     SIGTERMed at one moment across the hosts, so it never sees its peer end, and
-    completes no collective after the verdict."""
-    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop")
+    completes no collective after the verdict.
+
+    With fences, host 0's health answer for the job (`/jobs/<job>/health`, issue 56)
+    is polled throughout: 200 while it runs, 503 from before the verdict through its
+    end, and 200 again once the job is relaunched under its name."""
+    named = {"MLX_WATCHDOG_JOB": "bed-stopped"} if fences else None
+    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop", env=named)
+    if fences:
+        poller = hosts.hosts[0].watch_health(f"/jobs/{job_id}/health")
+        wait_for(lambda: hosts.hosts[0].get(f"/jobs/{job_id}/health")[0] == 200, 10,
+                 what="the job healthy on host 0")
     job.signal(1, signal.SIGSTOP)
     began = time.monotonic()
     code, hung, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] == "hung", BOUND,
@@ -183,6 +192,20 @@ def test_a_stopped_rank(hosts, fences):
                                      "the job's end in cluster status")
         assert done["state"] == "ended" and code == 0, done
         assert "ended by the watchdog" in done["evidence"], done
+        again = hosts.ring("catch", env=named)  # relaunched under its name
+        again.wait_running()
+        wait_for(lambda: hosts.hosts[0].get(f"/jobs/{job_id}/health")[0] == 200, 15,
+                 what="the relaunched job healthy on host 0")
+        time.sleep(0.2)  # the poller's next ask
+        seen = health_seen(poller)
+        codes = [c for _, c, _ in seen]
+        assert codes[0] == 200 and codes[-1] == 200 and 503 in codes, seen
+        first_503 = next(t for t, c, _ in seen if c == 503)
+        back = next(t for t, c, _ in seen if c == 200 and t > first_503)
+        assert first_503 <= mine["time"] + 0.25 + 0.3, (seen, mine["time"])  # a scan, a poll
+        assert {"hung", "ended"} <= {state for _, _, state in seen}, seen
+        assert back > max(s["time"] for s in mine["signals"]), seen  # not before its end
+        FIGURES["health 503 from the verdict (negative: before it)"] = first_503 - mine["time"]
     else:
         wait_for(lambda: job.procs[0].poll() is not None, BOUND, what="rank 0 ended")
         FIGURES["SIGSTOP rank 1, no fences: rank 0"] = time.monotonic() - began
@@ -346,25 +369,52 @@ def test_a_slow_peer_is_held_across_hosts(hosts, how):
     assert any("held" in line for line in log.splitlines() if job_id in line)
 
 
-def test_a_straggler_on_the_other_host_is_named_by_cluster_status(hosts, tmp_path):
+def test_a_straggler_on_the_other_host_is_named(hosts, tmp_path):
     """Rank 1 (host 1) computes a healthy step's time before each step (half pace): each
-    daemon sees one rank and cannot judge the job; `cluster status` on host 0 lines up
-    both ranks' figures and names rank 1 on host 1 the straggler, within a minute.
-    Nothing is ended."""
+    daemon sees one rank; with peers, each lines it up with the other's (issue 56):
+    host 1's daemon names rank 1 in its /status and `status`, and exports the job's
+    slowdown on its /metrics (host 0, which holds the fast rank, does not: the alert's
+    instance is the slow rank's node); `cluster status` on host 0 names it too, all
+    within a minute. Nothing is ended."""
     flag = tmp_path / "slow"
     (d0, d1), job, job_id = start(hosts, True, "work", "4", str(flag))
+    h0, h1 = hosts.hosts
     flag.touch()
     slowed = time.monotonic()
+
+    def named_on_host_1():
+        return [s for s in d1.status().get("stragglers", []) if s["job"] == job_id]
+    (found,) = wait_for(named_on_host_1, 60, interval=0.25,
+                        what="host 1's daemon naming the straggler")
+    FIGURES["straggler on host 1 named by its daemon"] = time.monotonic() - slowed
+    assert (found["rank"], found["host"], found["pid"]) == (1, h1.name, job.pids[1]), found
+    assert found["slowdown"] >= 1.25 and found["score"] <= 0.8, found
+    code, metrics = h1.get("/metrics")
+    line = f'mlx_watchdog_job_slowdown_ratio{{mlx_job="{job_id}",rank="1",uid="0"}} '
+    assert code == 200 and line in metrics, [m for m in metrics.splitlines() if "slowdown" in m]
+    assert re.search(rf'mlx_watchdog_rank_pace_score{{mlx_job="{job_id}",rank="1",uid="0"}} '
+                     r"0\.[0-7]", metrics), metrics
+    said = h1.command("status", "--dir", str(d1.record_dir), "--state-dir", str(d1.state_dir))
+    assert f"rank 1 on {h1.name} is the straggler" in said.stdout, said
+    # Host 0 holds the fast rank: scored with its peer's (1: the job's pace), it names
+    # the straggler in its status but leaves the export to host 1.
+    wait_for(lambda: d0.ranks()[job.pids[0]].get("pace_score") == 1.0, 30,
+             what="host 0's rank scored across the hosts")
+    (there,) = wait_for(lambda: [s for s in d0.status().get("stragglers", [])
+                                 if s["job"] == job_id], 30, interval=0.25,
+                        what="host 0's daemon naming the straggler too")
+    assert (there["rank"], there["host"], there["pid"]) == (1, h1.name, job.pids[1]), there
+    code, metrics = h0.get("/metrics")
+    assert code == 200 and "mlx_watchdog_job_slowdown_ratio{" not in metrics
     code, seen, view = status_until(
-        hosts.hosts[0], lambda code, j, view: j.get("straggler") is not None, 60,
+        h0, lambda code, j, view: j.get("straggler") is not None, 60,
         "cluster status names the straggler")
     assert time.monotonic() - slowed <= 60
     found = seen["straggler"]
     assert code == 0 and seen["state"] == "healthy", (code, view)
-    assert (found["rank"], found["host"], found["pid"]) == (
-        1, hosts.hosts[1].name, job.pids[1]), found
+    assert (found["rank"], found["host"], found["pid"]) == (1, h1.name, job.pids[1]), found
     assert found["slowdown"] >= 1.25 and found["score"] <= 0.8, found
-    assert found["summary"].startswith(f"rank 1 on {hosts.hosts[1].name} is the straggler")
+    assert found["summary"].startswith(f"rank 1 on {h1.name} is the straggler")
     assert not job.gone()
     assert incidents_of(d0, job_id) == [] and incidents_of(d1, job_id) == []
 

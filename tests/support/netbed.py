@@ -46,6 +46,15 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def health_seen(poller: subprocess.Popen[str]) -> list[tuple[float, int, str]]:
+    """What a `Host.watch_health` poller saw, once ended: (wall time, status, state)."""
+    if poller.poll() is None:
+        poller.kill()
+    out, _ = poller.communicate(timeout=10)
+    return [(float(t), int(c), state) for t, c, state in
+            (line.split() for line in out.splitlines() if len(line.split()) == 3)]
+
+
 def cannot_build() -> str:
     """Why namespaces cannot be built here, or "" when they can."""
     if os.geteuid() != 0:
@@ -144,6 +153,48 @@ class Host:
         self.sh("ip", "link", "set", self.bed.veth(self.index), "up" if up else "down")
 
     # -- what an operator runs on this host ------------------------------------------
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET `path` of this host's daemon, from inside the host: (status, body)."""
+        assert self.daemon is not None
+        code = ("import sys, urllib.request, urllib.error\n"
+                "try:\n r = urllib.request.urlopen(sys.argv[1], timeout=10)\n"
+                " print(r.status); print(r.read().decode(), end='')\n"
+                "except urllib.error.HTTPError as e:\n"
+                " print(e.code); print(e.read().decode(), end='')\n")
+        done = self.sh(sys.executable, "-c", code, f"http://{self.endpoint}{path}")
+        status, _, body = done.stdout.partition("\n")
+        return int(status), body
+
+    def watch_health(self, path: str) -> subprocess.Popen[str]:
+        """A poller on this host asking its daemon's `path` every 50 ms, printing
+        `<wall time> <status> <state>` at each change (read with `health_seen`)."""
+        assert self.daemon is not None
+        code = ("import json, sys, time, urllib.request, urllib.error\n"
+                "last = None\n"
+                "while True:\n"
+                " try:\n"
+                "  r = urllib.request.urlopen(sys.argv[1], timeout=5); c, b = r.status, r.read()\n"
+                " except urllib.error.HTTPError as e:\n"
+                "  c, b = e.code, e.read()\n"
+                " except OSError:\n"
+                "  c, b = 0, b'{}'\n"
+                " now = (c, json.loads(b or b'{}').get('state'))\n"
+                " if now != last:\n"
+                "  print(time.time(), *now, flush=True); last = now\n"
+                " time.sleep(0.05)\n")
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable, "-c", code,
+                                 f"http://{self.endpoint}{path}"], stdout=subprocess.PIPE,
+                                text=True)
+        self.bed.procs.insert(0, proc)  # type: ignore[arg-type]
+        return proc
+
+    def command(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`mlx-watchdog ARGS` run on this host against its daemon's directories."""
+        assert self.daemon is not None
+        argv = [sys.executable, "-m", "watchdog.cli", *args]
+        return subprocess.run(self.wrap(argv), capture_output=True, text=True, timeout=60,
+                              env=base_env(self.daemon.record_dir), cwd=REPO)
 
     def cluster_status(self, timeout: float = 0.5) -> tuple[int, dict[str, Any], str]:
         """`mlx-watchdog cluster status --json` run on this host: (exit, view, stderr)."""

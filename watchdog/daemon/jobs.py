@@ -28,7 +28,7 @@ from dataclasses import replace
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live
 from watchdog.daemon.counters import Counters
-from watchdog.daemon.judge import frames, gpuwork, wedge
+from watchdog.daemon.judge import across, frames, gpuwork, wedge
 from watchdog.daemon.judge.deadlines import Learned
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.stragglers import (
@@ -51,8 +51,15 @@ from watchdog.daemon.probes.stacksampler import (
 )
 from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.view import Shown
-from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, FrameKind, ProcStatus
-from watchdog.status import NodeAnswer, Straggler
+from watchdog.states import (
+    ENDED,
+    FINAL,
+    STOPPED_STATUSES,
+    WAITING_LONG,
+    FrameKind,
+    ProcStatus,
+)
+from watchdog.status import NodeAnswer, RankStatus, Straggler
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +104,10 @@ class Jobs:
         self.stacks = StackSampler(probe, self.sampling.submit, clock.monotonic)
         # Each rank's last minute of work and each job's straggler (reported, never ended).
         self.stragglers = Stragglers()
+        # A job whose only rank here is ripe, judged with its ranks on the peers
+        # (judge/across.py); the seconds between the peers' asks it wants (None: none).
+        self.across = across.Across()
+        self.ask_peers_every: float | None = None
         self.slow: tuple[Straggler, ...] = ()
         self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
         self.shown: dict[Key, Shown] = {}
@@ -356,7 +367,72 @@ class Jobs:
                 score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
                 others_wait=round(worst.excess, 3), why=cause,
                 summary=summary(rec.rank, rec.host or self.host, worst.excess, cause)))
+        slow += self._across(jobs, now)
         self.slow = tuple(sorted(slow, key=lambda s: (s.job, s.uid or 0)))
+
+    def _across(self, jobs: Mapping[JobKey, list[Rank]], now: float) -> list[Straggler]:
+        """Each job whose only rank here is ripe ("alone"), judged with its ranks on the
+        peers (judge/across.py) from their recent answers: its rank's score shown, and
+        the job's straggler, wherever it is, named (the node holding it exports it:
+        net/metrics.py). Without peers, the rank's note says where it is judged."""
+        single = {key: ranks[0] for key, ranks in jobs.items()
+                  if len(ranks) == 1 and ranks[0].record.world_size > 1}
+        alone = {key: rank for key, rank in single.items()
+                 if (f := self.stragglers.figures.get(rank.key)) is not None
+                 and f.unjudged == "alone"}
+        self.across.forget_jobs(single)
+        peers = self.live.peering.peers
+        self.ask_peers_every = across.ASK_EVERY if alone and peers else None
+        answers = self.recent(across.FRESH) if alone and peers else None
+        named = []
+        for key in single.keys() - alone.keys():  # not ripe now: a name given holds a while
+            if (held := self.across.held(key, now)) is not None:
+                named.append(held)
+        for (uid, job), rank in alone.items():
+            shown = self.shown.setdefault(rank.key, Shown())
+            if not peers:
+                shown.pace_note = ("judged only by `cluster status`: the only rank of its "
+                                   "job on this node, and no `peers` configured to judge it "
+                                   "with (docs/cluster.md)")
+                continue
+            mine = self._as_reported(rank, shown)
+            ranks = _job_across(mine, uid, job, answers)
+            if isinstance(ranks, str):
+                shown.pace_note = f"not judged yet: {ranks}"
+                if (held := self.across.held((uid, job), now)) is not None:
+                    named.append(held)
+                continue
+            if any(r.pace_unjudged in across.RIPENING for r in ranks):
+                # A rank there is about to be judged: its figures asked for soon.
+                self.ask_peers_every = across.ASK_FORMING
+            judged = self.across.judge((uid, job), job, uid, ranks, now)
+            if judged.forming:
+                self.ask_peers_every = across.ASK_FORMING
+            score = judged.scores.get((mine.host, mine.pid))
+            if score is None:
+                shown.pace_note = ("not judged yet: a rank of its job on another node is "
+                                   "not judged by its node")
+                if judged.straggler is not None:
+                    named.append(judged.straggler)
+                continue
+            shown.pace_score, shown.pace_unjudged, shown.pace_note = score, None, None
+            if score >= 1.0 or score > min(judged.scores.values()):
+                shown.pace_why = ""  # not the rank the others wait for: no why to give
+            if judged.straggler is not None:
+                named.append(judged.straggler)
+        return named
+
+    def _as_reported(self, rank: Rank, shown: Shown) -> RankStatus:
+        """This node's rank as a peer reads it in our /status (its figures rounded as
+        published), so every node scores the job from the same numbers."""
+        rec, pace = rank.record, shown.pace
+        return RankStatus(
+            pid=rec.pid, host=rec.host or self.host, job=rec.job, uid=rec.uid, rank=rec.rank,
+            world_size=rec.world_size, state=str(rank.state), pace_why=shown.pace_why,
+            wait_share=round(pace.wait_share, 3) if pace and pace.wait_known else None,
+            pace=round(pace.pace, 3) if pace else None,
+            run_queue=round(pace.run_queue, 3) if pace else None,
+            active_share=round(pace.active, 3) if pace else None, pace_unjudged="alone")
 
     def _show_pace(self, r: Rank, lowest: Scored | None, now: float) -> None:
         """One rank's pace as shown: its figures once known (on a busy machine too), and
@@ -379,3 +455,27 @@ class Jobs:
         shown.pace_why = (why(lowest.pace, self.thermal[1]) if held_back and lowest
                           else why(pace, self.thermal[1]) if alone and pace
                           else "" if pace is not None else None)
+
+
+def _job_across(mine: RankStatus, uid: int, job: str,
+                answers: list[NodeAnswer] | None) -> list[RankStatus] | str:
+    """The job's live ranks, ours and the peers' (each once), when every one of them is
+    reported; else why not, in words."""
+    if answers is None:
+        return "its ranks on the peers are not asked for yet"
+    down = [n.peer for n in answers if not n.ok or n.status is None]
+    if down:
+        return f"no answer from {', '.join(down)} (its ranks there unknown)"
+    seen = {(mine.host, mine.pid)}
+    ranks = [mine]
+    for answer in answers:
+        assert answer.status is not None
+        for r in answer.status.ranks:
+            if r.job == job and r.uid == uid and r.state not in ENDED \
+                    and (r.host, r.pid) not in seen:
+                seen.add((r.host, r.pid))
+                ranks.append(r)
+    world = mine.world_size or 0
+    if len(ranks) != world or len({r.rank for r in ranks}) != world:
+        return f"{len(ranks)} of its {world} ranks reported by the nodes"
+    return ranks

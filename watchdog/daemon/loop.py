@@ -39,6 +39,7 @@ from watchdog.daemon.signaller import Signaller
 from watchdog.daemon.store import journal, launchlog, learning, pending
 from watchdog.daemon.table import RankTable
 from watchdog.daemon.wired import Wired
+from watchdog.net import health
 from watchdog.net.notify import notify
 from watchdog.states import FINAL, Mode
 from watchdog.status import Fence, FenceAnswer, NodeStatus
@@ -90,6 +91,7 @@ class Daemon:
         self.scan_trouble = ""
         # Before the first scan: enough for /metrics to show the start time.
         self.snapshot = NodeStatus(host=self.host, version=__version__, started=self.started)
+        self.health = health.Index()  # each job's health, rebuilt with every snapshot
         self.stop_event = threading.Event()
         # The scan and an incoming fence (HTTP thread) both touch the rank table.
         self.lock = threading.RLock()
@@ -144,6 +146,8 @@ class Daemon:
         for ending, ranks in self.fences.orphaned(now):
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
         self.jobs.paces(found.live, now)  # shown only: after the responses began
+        if self.jobs.ask_peers_every is not None:  # a job judged with its peers' ranks
+            self.peers.prefetch(self.jobs.ask_peers_every)
         self.learned.keep(self.jobs.detector, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
@@ -274,6 +278,10 @@ class Daemon:
             launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
             causes=self.responses.causes(), shown=self.jobs.shown,
             record_dir_full=self.room_full, stragglers=self.jobs.slow)
+        # Each job's health for a load balancer (net/health.py): a rank a response has
+        # (judging the peers' view, or ending it) is no healthy rank.
+        ending = {key[0] for key in self.responses.causes()}
+        self.health = health.Index.build(self.snapshot.ranks, ending)
         write_status(self.settings.state_dir, self.snapshot)
 
     def healthy(self) -> bool:

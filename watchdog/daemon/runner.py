@@ -184,7 +184,8 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
             server = serve(settings.listen_address, lambda: daemon.snapshot, daemon.healthy,
                            daemon.fence_request if settings.secret else None,
                            peers=settings.peers, job_label=settings.job_label,
-                           secret=lambda: daemon.live.peering.secret)
+                           secret=lambda: daemon.live.peering.secret,
+                           health=lambda: daemon.health)
         except OSError as err:
             raise CannotStart(f"cannot listen on {settings.listen}: {err.strerror}"
                               + _port_hint(settings.listen, err)) from None

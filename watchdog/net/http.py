@@ -1,7 +1,9 @@
 """The daemon's HTTP endpoint: the request caps, the routes and their answers.
 
-`serve()` runs one `ThreadingHTTPServer` with three GET routes: `/metrics` (rendered
-by the collector, metrics.py), `/status` (the snapshot's JSON) and `/healthz`, and
+`serve()` runs one `ThreadingHTTPServer` with its GET routes: `/metrics` (rendered
+by the collector, metrics.py), `/status` (the snapshot's JSON), `/healthz`, and each
+job's health for a load balancer (`/jobs/<job>/health`, `/jobs/<job>/ranks/<r>/health`:
+health.py, answered from an index built once per snapshot), and
 `POST /fence` when a secret is set (a peer's signed request to end a job's ranks: the
 one request that changes state, authenticated in `net/fence.py` and answered by the
 callable the daemon hands in, its `fence_request`). Every other method or path is
@@ -39,6 +41,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from watchdog.net import health
 from watchdog.net.cluster import MAX_NONCE, NONCE, SIGNATURE, sign_status
 from watchdog.net.metrics import JOB_LABEL, Snapshot, exposition
 from watchdog.status import FenceAnswer, NodeStatus
@@ -136,6 +139,11 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/healthz":
                 ok = self.server.healthy()
                 self._send(200 if ok else 503, b"ok\n" if ok else b"no recent scan\n")
+            elif isinstance(asked := health.parse(self.path), health.Asked):
+                code, body = self.server.health().answer(asked)
+                self._send(code, body, "application/json", {"Cache-Control": "no-store"})
+            elif asked is not None:
+                self._send(400, f"{asked}\n".encode())
             else:
                 self._send(404, b"not found\n")
         except Exception:  # noqa: BLE001 - one bad request must not stop the endpoint
@@ -182,8 +190,10 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], snapshot: Snapshot,
                  healthy: Callable[[], bool], fence: FenceHandler | None,
                  peers: tuple[str, ...] = (), job_label: str = JOB_LABEL,
-                 secret: Callable[[], str | None] = lambda: None) -> None:
+                 secret: Callable[[], str | None] = lambda: None,
+                 health: Callable[[], health.Index] = health.Index) -> None:
         self.snapshot = snapshot
+        self.health = health  # each job's health as last published (net/health.py)
         self.secret = secret  # read at each request: a reload's secret signs the next
         self.job_label = job_label
         self.peer_hosts = _addresses(peers)
@@ -291,13 +301,15 @@ def set_peers(server: ThreadingHTTPServer, peers: tuple[str, ...]) -> None:
 def serve(address: tuple[str, int], snapshot: Snapshot,
           healthy: Callable[[], bool], fence: FenceHandler | None = None,
           peers: tuple[str, ...] = (), job_label: str = JOB_LABEL,
-          secret: Callable[[], str | None] = lambda: None) -> ThreadingHTTPServer:
+          secret: Callable[[], str | None] = lambda: None,
+          health: Callable[[], health.Index] = health.Index) -> ThreadingHTTPServer:
     """Start the endpoint on a background thread; returns the server (to shut down).
 
     `fence` handles `POST /fence` (headers, body) -> (status, JSON answer);
-    without it every POST is refused.
+    without it every POST is refused. `health` gives each job's health as last
+    published (`GET /jobs/<job>/health`: net/health.py).
     """
-    server = _Server(address, snapshot, healthy, fence, peers, job_label, secret)
+    server = _Server(address, snapshot, healthy, fence, peers, job_label, secret, health)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               name="http", daemon=True)
     thread.start()

@@ -193,9 +193,12 @@ def _last_scan(snap: NodeStatus) -> float | None:
 
 def _slowdowns(scrape: Scrape) -> Samples:
     """Each job held back by one rank here (named, with hysteresis): its slowdown,
-    labelled with its owner and that rank."""
+    labelled with its owner and that rank. A straggler on another node (a job judged
+    across nodes: daemon/judge/across.py) is exported by that node alone, so the alert's
+    instance is the slow rank's."""
+    here = {(r.host or scrape.snap.host, r.pid) for r in scrape.snap.ranks}
     for s in scrape.snap.stragglers:
-        if s.slowdown is not None:
+        if s.slowdown is not None and (s.host or scrape.snap.host, s.pid) in here:
             yield (str(s.job), "" if s.uid is None else str(s.uid), str(s.rank)), \
                 float(s.slowdown)
 

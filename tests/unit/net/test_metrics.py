@@ -189,6 +189,11 @@ def test_a_named_straggler_is_its_jobs_slowdown_labelled_with_its_rank():
     assert samples(families, P + "job_slowdown_ratio") == {
         (("mlx_job", "train"), ("rank", "0"), ("uid", "501")): 1.9}
     assert samples(parse(snapshot(stragglers=[])), P + "job_slowdown_ratio") == {}
+    # A job judged across nodes names its straggler on every node (status): only the node
+    # holding it exports it, so the alert's instance is the slow rank's.
+    elsewhere = [{"job": "train", "uid": 501, "rank": 3, "host": "mac-02", "pid": 4003,
+                  "slowdown": 2.0, "summary": "rank 3 on mac-02 is the straggler: ..."}]
+    assert samples(parse(snapshot(stragglers=elsewhere)), P + "job_slowdown_ratio") == {}
 
 
 def test_node_and_daemon_families():

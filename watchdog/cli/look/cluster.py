@@ -14,7 +14,7 @@ import click
 from watchdog.cli import exits
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.colour import wanted as colour_wanted
-from watchdog.cli.options import Commands, Duration, Node, state_option
+from watchdog.cli.options import Commands, Duration, Node, dir_option, state_option
 from watchdog.status import ClusterView, JobState, JobView
 from watchdog.text import plural, printable, who
 
@@ -37,11 +37,16 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
     from watchdog.daemon.judge.cluster import LOCAL
 
     lines = []
+    from watchdog.daemon.judge.cluster import SAMPLED
+
     for node in view.nodes:
         state = (f"ok ({node.host})" if node.ok else f"DOWN: {node.error}"
                  if node.peer == LOCAL else f"UNREACHABLE: {node.error}")
         flag = "  REBOOT REQUIRED" if node.reboot_required else ""
         name = "this node's daemon" if node.peer == LOCAL else f"node {node.peer}"
+        if node.peer == SAMPLED:
+            name, state = ("this node's records", "sampled here, as `status` does with no "
+                           "daemon (judged, nothing acted on)")
         lines.append(printable(f"{name}: {state}{flag}"))
     for job in view.jobs:
         lines.append("")
@@ -105,14 +110,16 @@ def cluster() -> None:
 @click.option("--interval", type=Duration(0.2), default=2.0, show_default=True,
               help="With --watch: the time between refreshes (seconds, or 500ms, 2s).")
 @state_option
+@dir_option
 @click.pass_obj
 def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str | None,
                    timeout: float, as_json: bool, watch: bool, interval: float,
-                   state_dir: str) -> None:
+                   state_dir: str, record_dir: str) -> None:
     """Gather /status from each HOST:PORT (and this node's daemon, read from its state
     directory; with no peers, this node alone) and judge every job; exit 1 if one is
     hung or cannot be checked (a rank behind an unreachable node while another waits
-    or has ended), 4 if no node answered (2 is a usage error, as for every command)."""
+    or has ended, or this node's own daemon down: its records are then sampled here, as
+    `status` does), 4 if no node answered (2 is a usage error, as for every command)."""
     from watchdog.daemon.config import ConfigError, load, parse_listen
     from watchdog.daemon.judge import cluster as judge
     from watchdog.daemon.store.snapshot import daemon_status
@@ -133,6 +140,7 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
     # This node is one of the cluster's (its peers from its config, or a daemon ran
     # here): its own daemon down is said, not left out.
     member = not named or os.path.isdir(state_dir)
+    listen = _own_listen(record_dir, node)
     while True:
         nodes = asking.gather(peers, timeout) if peers else []
         # This node's own daemon, read from its status.json: a node cut off from the
@@ -142,10 +150,15 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
                 n.ok and n.status is not None and n.status.host == local.host
                 and n.status.daemon_pid == local.daemon_pid for n in nodes):
             nodes.append(NodeAnswer(judge.LOCAL, True, local))
-        elif local is None and member and not _answers_here(nodes):
+        elif local is None and member and not _answers_here(nodes, listen):
             nodes.append(NodeAnswer(judge.LOCAL, False, error=(
                 f"no daemon publishes in {state_dir}: this node's ranks are not watched; "
                 + _START)))
+            # Its ranks, read and judged here as `status` does with no daemon: a job hung
+            # on this node is shown (and counted) all the same.
+            sampled = _sampled(record_dir)
+            if sampled is not None:
+                nodes.append(NodeAnswer(judge.SAMPLED, True, sampled))
         view = judge.analyze(nodes)
         if as_json:
             click.echo(json.dumps(view.to_json(), indent=1))
@@ -155,21 +168,86 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
         if not watch:
             break
         time.sleep(interval)
-    if any(job.state in (JobState.HUNG, JobState.UNKNOWN) for job in view.jobs):
-        sys.exit(exits.VERDICT)
     if not any(node.ok for node in view.nodes):
         click.echo("mlx-watchdog: no node answered" + (
             "" if peers else " (no peers: name the nodes, HOST:PORT ..., or a --config "
                              "with peers)"), err=True)
         sys.exit(exits.NO_ANSWER)
+    if any(job.state in (JobState.HUNG, JobState.UNKNOWN) for job in view.jobs) or any(
+            n.peer == judge.LOCAL and not n.ok for n in view.nodes):
+        sys.exit(exits.VERDICT)  # this node's own daemon down: its ranks go unwatched
 
 
 _START = ("start it: sudo systemctl restart mlx-watchdog (macOS: sudo launchctl kickstart -k "
           "system/com.github.mlx-watchdog), or `mlx-watchdog doctor` says what is wrong")
 
 
-def _answers_here(nodes: list[Any]) -> bool:
-    """One of the answers is this host's daemon (named among the peers)."""
-    here = socket.gethostname()
-    return any(n.ok and n.status is not None and n.status.host == here for n in nodes)
+def _own_listen(record_dir: str, node: Node | None) -> str | None:
+    """HOST:PORT this node's daemon listens on: its pointer in the record directory
+    (left there when it stops), else the node's config."""
+    from watchdog.daemon.store import journal
 
+    try:
+        pointer = journal.read_pointer(record_dir)
+    except OSError:
+        pointer = None
+    if pointer is not None and pointer.listen:
+        return pointer.listen
+    try:
+        return (node or Node(None)).settings.listen
+    except Exception:  # noqa: BLE001 - a bad config: no address known, none matched
+        return None
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses `host` resolves to ("" and wildcards: every local interface's)."""
+    import psutil
+
+    if host in ("", "0.0.0.0", "::", "*"):  # noqa: S104 - compared, never bound
+        return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values()
+                for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def _answers_here(nodes: list[Any], listen: str | None) -> bool:
+    """One of the answers is this node's own daemon (named among the peers), told by
+    the address it listens on: daemons on one host share its name (a bed of several on
+    one machine), never an address and port."""
+    from watchdog.daemon.config import ConfigError, parse_listen
+
+    if not listen:
+        return False
+    try:
+        host, port = parse_listen(listen)
+    except ConfigError:
+        return False
+    mine = _addresses(host)
+    for n in nodes:
+        if not n.ok:
+            continue
+        try:
+            peer_host, peer_port = parse_listen(n.peer)
+        except ConfigError:
+            continue
+        if peer_port == port and _addresses(peer_host) & mine:
+            return True
+    return False
+
+
+def _sampled(record_dir: str) -> Any:
+    """This node's ranks read and judged here (a `status.NodeStatus`), as `status` does
+    with no daemon; None when there is no record directory to read."""
+    from watchdog.cli.look.sampling import sample_ranks
+    from watchdog.cli.look.status import _rules
+    from watchdog.status import NodeStatus
+
+    if not os.path.isdir(record_dir):
+        return None
+    try:
+        ranks, _ = sample_ranks(record_dir, _rules(None))
+    except Exception:  # noqa: BLE001 - what cannot be read is left out, as unwatched
+        return None
+    return NodeStatus(host=socket.gethostname(), ranks=tuple(ranks), dir=record_dir)

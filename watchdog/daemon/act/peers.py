@@ -59,14 +59,16 @@ class Peers:
         """Read at use: a reload reaches the next ask."""
         return self.live.peering
 
-    def prefetch(self) -> None:
-        """Ask every peer in the background, unless an answer is recent or on its way."""
+    def prefetch(self, every: float = PREFETCH_EVERY) -> None:
+        """Ask every peer in the background, unless an answer `every` seconds recent is
+        there or one is on its way (a rank waiting long: every 2 s; a job judged across
+        nodes, judge/across.py: every 10 s)."""
         if not self.settings.peers:
             return
         began = self.clock()
         with self._lock:
             if self._asking is not None or (
-                    self._asked and began - self._asked[0] < PREFETCH_EVERY):
+                    self._asked and began - self._asked[0] < every):
                 return
 
             def ask() -> None:

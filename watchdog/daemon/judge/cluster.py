@@ -16,7 +16,7 @@ Pure, like the rest of `judge/`: the nodes' answers (`status.NodeAnswer`, asked 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from watchdog import cause
@@ -35,9 +35,12 @@ from watchdog.status import (
     PeerView,
     RankStatus,
     ReportedRank,
+    Straggler,
 )
 
 LOCAL = "local"  # the peer name of this node's own answer
+SAMPLED = "local records"  # ...and of its records read with no daemon (`cluster status`)
+SCAN = 1.0  # seconds: a node's scan interval when its answer does not say
 
 
 def _last(seen: ReportedRank) -> int:
@@ -83,9 +86,21 @@ def _ended_note(ranks: Sequence[ReportedRank]) -> str:
     return "; ".join(parts)
 
 
+def _progressed(seen: Sequence[ReportedRank], scans: Mapping[str | None, float]) -> bool:
+    """A live rank of the job not stopped completed a wait within its node's last scan
+    interval: the job moves (a rank stopped for an instant, caught by one scan)."""
+    return any(s.rank.state not in ENDED and s.rank.state != State.STOPPED
+               and s.rank.seconds_since_progress is not None
+               and s.rank.seconds_since_progress < scans.get(s.node, SCAN)
+               for s in seen)
+
+
 def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str],
-              uid: int | None = None) -> JobView:
-    """Healthy or hung, and if hung, which rank holds the job up and why."""
+              uid: int | None = None, scans: Mapping[str | None, float] | None = None,
+              named: Straggler | None = None) -> JobView:
+    """Healthy or hung, and if hung, which rank holds the job up and why. `scans`: each
+    node's scan interval (by peer); `named`: the job's straggler as a node's daemon
+    names it (with its hysteresis), shown over this view's own figures."""
     def order(seen: ReportedRank) -> tuple[int, int]:
         return (seen.rank.rank if seen.rank.rank is not None else -1, seen.rank.pid or 0)
 
@@ -103,8 +118,10 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     # for a moment in a job making collectives by the second. Before, the job is
     # `suspect` (named, its culprit too, and no failing exit).
     stopping = bool(waiting) and any(s.rank.state == State.STOPPED for s in seen)
-    suspect = stopping and not hung and not any(_past_deadline(s) for s in waiting)
-    if waiting and troubled or stopping and not suspect:
+    suspect = stopping and not hung and not any(_past_deadline(s) for s in waiting) \
+        and not _progressed(seen, scans or {})
+    if waiting and troubled or stopping and not suspect and any(
+            _past_deadline(s) for s in waiting):
         hung = True
     stopped_live = [s for s in seen if s.rank.state == State.STOPPED]
     if stopped_live and any(s.rank.state in ENDED for s in seen):
@@ -128,8 +145,13 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
                    missing_ranks=missing)
     if ended:
         return replace(view, evidence=_ended_note(seen))
+    # A job held back by one rank: named whenever a node's daemon names it (or these
+    # figures do), suspect or healthy, so every poll tells one story.
+    straggler = None if hung or unknown else (
+        named or stragglers.from_ranks(job, uid, [s.rank for s in seen]))
+    view = replace(view, straggler=straggler)
     if not hung and not unknown and not suspect:
-        return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]))
+        return view
     finding = cause.decide([s.rank for s in seen], missing, unreachable)
     # Who waits on the culprit: a stopped rank frozen inside its own wait is not one.
     waiters = [s for s in waiting if s.rank.state != State.STOPPED] or waiting
@@ -180,8 +202,23 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
     jobs: dict[tuple[int, str], list[ReportedRank]] = {}
     # A node whose earlier ask failed but which answered since (late) is reachable.
     answered = {n.peer for n in nodes if n.ok}
+    if SAMPLED in answered:  # this node's daemon is down, its records were read instead
+        answered.add(LOCAL)
     unreachable = [n.peer for n in nodes if not n.ok and n.peer not in answered]
     seen: set[tuple[str | None, int | None]] = set()  # a node listed twice counts once
+    scans: dict[str | None, float] = {n.peer: n.status.interval for n in nodes
+             if n.ok and n.status is not None and n.status.interval}
+    # The stragglers the nodes' daemons name, each by the node that holds it (which
+    # exports it) before the others.
+    named: dict[tuple[int, str], Straggler] = {}
+    for node in nodes:
+        status = node.status if node.ok else None
+        if status is None:
+            continue
+        for s in status.stragglers:
+            owned = (s.uid if s.uid is not None else -1, s.job)
+            if owned not in named or s.host == status.host:
+                named[owned] = s
     for node in nodes:
         for rank in node.status.ranks if node.ok and node.status is not None else ():
             key = (rank.host, rank.pid)
@@ -199,7 +236,8 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
             host=n.status.host if n.ok and n.status else None,
             reboot_required=n.status.reboot_required if n.ok and n.status else None)
             for n in nodes),
-        jobs=tuple(judge_job(job, ranks, unreachable, uid if uid >= 0 else None)
+        jobs=tuple(judge_job(job, ranks, unreachable, uid if uid >= 0 else None, scans,
+                             named.get((uid, job)))
                    for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])))
 
 

@@ -275,29 +275,44 @@ def summary(rank: int | None, host: str | None, excess: float, cause: str) -> st
     return f"{line}; {cause}" if cause else line
 
 
-def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Straggler | None:
-    """The cluster's judgement (`cluster status`): a job's ranks as the nodes reported
-    them, each with its minute's figures, scored together; the slowest named when it
-    holds the job back by `NAME_SLOWDOWN` (each node's window already smooths it)."""
+def scored_ranks(ranks: Sequence[RankStatus]) -> tuple[list[RankStatus], list[Scored],
+                                                     Scored | None]:
+    """A job's live ranks as the nodes reported them, each scored against the others from
+    its node's minute of figures (`Scored.key`: its index in the live ranks), and the
+    slowest of them when it was active most of the time (else None); ([], [], None) when
+    a rank is not judged by its node (figures shown early, a loop that sleeps, a backend
+    polling in user space): no ground for a name here either. `from_ranks` (`cluster
+    status`) and the daemon's judgement across nodes (`judge/across.py`) both score so."""
     live = [r for r in ranks if r.state not in ENDED]
-    # A rank its node does not judge (figures shown early, a loop that sleeps, a backend
-    # polling in user space) is no ground for a name here either.
     if len(live) < 2 or any(r.wait_share is None or r.pace_unjudged not in (None, "alone")
                             for r in live):
-        return None
+        return [], [], None
     paces: list[tuple[object, Pace]] = [
         (i, Pace(MIN_SECONDS, r.wait_share or 0.0, r.pace or 0.0, r.run_queue or 0.0, None,
                  active=r.active_share if r.active_share is not None else 0.0))
         for i, r in enumerate(live)]
-    worst = slowest(judge(paces), 0.0)
-    if worst is None or worst.slowdown < NAME_SLOWDOWN:
-        return None
-    r = dict[object, RankStatus](enumerate(live))[worst.key]
+    scored = judge(paces)
+    return live, scored, slowest(scored, 0.0)
+
+
+def straggler_of(job: str, uid: int | None, r: RankStatus, worst: Scored) -> Straggler:
+    """The named rank as the contract carries it."""
     cause = r.pace_why or ""
     return Straggler(job=job, uid=uid, rank=r.rank, host=r.host, pid=r.pid,
                      score=round(worst.score, 3), slowdown=round(worst.slowdown, 3),
                      others_wait=round(worst.excess, 3), why=cause,
                      summary=summary(r.rank, r.host, worst.excess, cause))
+
+
+def from_ranks(job: str, uid: int | None, ranks: Sequence[RankStatus]) -> Straggler | None:
+    """The cluster's judgement (`cluster status`): a job's ranks as the nodes reported
+    them, each with its minute's figures, scored together; the slowest named when it
+    holds the job back by `NAME_SLOWDOWN` (each node's window already smooths it)."""
+    live, _, worst = scored_ranks(ranks)
+    if worst is None or worst.slowdown < NAME_SLOWDOWN:
+        return None
+    assert isinstance(worst.key, int)
+    return straggler_of(job, uid, live[worst.key], worst)
 
 
 # -- the daemon's state: each rank's window, each job's named straggler -------------------
