@@ -135,6 +135,17 @@ def each(peers: Sequence[str], ask: Callable[[str], T], timeout: float,
         return [results[n] if n in results else late(peer) for n, peer in enumerate(peers)]
 
 
+# What a node that answers, but not signed with this node's secret, is said to do: the
+# secrets differ (or it has none). judge/cluster.py tells it from a node that does not
+# answer by these words (cause `secret_refused`, whose fix is `doctor`).
+REFUSED = "answers but refuses this node's secret (bad signature)"
+
+
+def refused(error: str | None) -> bool:
+    """Whether a node's failed answer is one signed with another secret (or none)."""
+    return error == REFUSED
+
+
 def fetch(peer: str, timeout: float, secret: str | None = None) -> NodeAnswer:
     """One node's `/status`, read through the contract, or why it could not be had
     (all of it within `timeout` seconds). With `secret`, an answer not signed with it
@@ -150,7 +161,7 @@ def fetch(peer: str, timeout: float, secret: str | None = None) -> NodeAnswer:
             given = next((v for k, v in said.items() if k.lower() == SIGNATURE.lower()), "")
             if not hmac.compare_digest(sign_status(secret, nonce, body).encode(),
                                        given.encode("utf-8", "replace")):
-                raise ValueError("answer not signed with the shared secret")
+                raise ValueError(REFUSED)
         answer = json.loads(body)
         if not isinstance(answer, dict) or not isinstance(answer.get("ranks"), list):
             raise ValueError("not an mlx-watchdog /status")

@@ -302,7 +302,7 @@ class Responses:
         except Exception as err:  # noqa: BLE001 - a failed send is a result
             missed = [f"fence not sent ({err})"]
         else:
-            missed = [f"peer {a.peer} did not take the fence ({a})" for a in answers
+            missed = [told.fence_missed(a) for a in answers
                       if a.answer is None or a.answer.error is not None]
         if missed:
             said = ladder.incident.freeze

@@ -22,6 +22,8 @@ from dataclasses import replace
 from watchdog import cause
 from watchdog.daemon.judge import stragglers
 from watchdog.record import MAX_WORLD_SIZE
+from watchdog.net import cluster as net_cluster
+from watchdog.net.cluster import REFUSED
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.status import (
     ClusterNode,
@@ -84,7 +86,7 @@ def _ended_note(ranks: Sequence[ReportedRank]) -> str:
 
 
 def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str],
-              uid: int | None = None) -> JobView:
+              uid: int | None = None, refused: Sequence[str] = ()) -> JobView:
     """Healthy or hung, and if hung, which rank holds the job up and why."""
     def order(seen: ReportedRank) -> tuple[int, int]:
         return (seen.rank.rank if seen.rank.rank is not None else -1, seen.rank.pid or 0)
@@ -130,7 +132,7 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
         return replace(view, evidence=_ended_note(seen))
     if not hung and not unknown and not suspect:
         return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]))
-    finding = cause.decide([s.rank for s in seen], missing, unreachable)
+    finding = cause.decide([s.rank for s in seen], missing, unreachable, refused)
     # Who waits on the culprit: a stopped rank frozen inside its own wait is not one.
     waiters = [s for s in waiting if s.rank.state != State.STOPPED] or waiting
     names = ", ".join(str(s.rank.rank) for s in waiters)
@@ -151,10 +153,11 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
                               f"{r.rank.reason or ''}".strip())
         note = f"rank {r.rank.rank} is gone ({r.rank.state}) at {where(r.rank)}"
     elif missing:
+        behind = [n for n in unreachable if n not in refused]
         culprit = JobCulprit(rank=missing[0], state="unknown",
                              reason="not reported by any reachable node"
-                             + (f" (unreachable: {', '.join(unreachable)})"
-                                if unreachable else ""))
+                             + (f"; {', '.join(refused)} {REFUSED}" if refused else "")
+                             + (f" (unreachable: {', '.join(behind)})" if behind else ""))
         note = f"rank {missing[0]} is not reported by any node"
     elif outside and waiting:
         r = outside[0]
@@ -181,6 +184,8 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
     # A node whose earlier ask failed but which answered since (late) is reachable.
     answered = {n.peer for n in nodes if n.ok}
     unreachable = [n.peer for n in nodes if not n.ok and n.peer not in answered]
+    refusing = [n.peer for n in nodes if not n.ok and n.peer in unreachable
+                and net_cluster.refused(n.error)]
     seen: set[tuple[str | None, int | None]] = set()  # a node listed twice counts once
     for node in nodes:
         for rank in node.status.ranks if node.ok and node.status is not None else ():
@@ -199,7 +204,7 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
             host=n.status.host if n.ok and n.status else None,
             reboot_required=n.status.reboot_required if n.ok and n.status else None)
             for n in nodes),
-        jobs=tuple(judge_job(job, ranks, unreachable, uid if uid >= 0 else None)
+        jobs=tuple(judge_job(job, ranks, unreachable, uid if uid >= 0 else None, refusing)
                    for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])))
 
 
