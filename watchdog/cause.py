@@ -63,6 +63,17 @@ class Cause(Word):
     SECRET_REFUSED = "secret_refused"  # a node answers, signed with another secret
 
 
+# What a node that answers, but not signed with this node's secret, is said to do: the
+# secrets differ (or it has none). A node's failed answer with these words (net/cluster.py)
+# is told from one that does not answer: cause `secret_refused`, whose fix is `doctor`.
+REFUSED = "answers but refuses this node's secret (bad signature)"
+
+
+def refused(error: str | None) -> bool:
+    """Whether a node's failed answer is one signed with another secret (or none)."""
+    return error == REFUSED
+
+
 # In the vocabulary's order, not the table's (`decide`'s branches are): the metrics list
 # them so, and a new cause goes last, so that no series moves.
 CAUSES = tuple(Cause)

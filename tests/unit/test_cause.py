@@ -50,7 +50,7 @@ def test_a_rank_behind_an_unreachable_node_is_node_unreachable():
 def test_a_rank_behind_a_node_refusing_this_nodes_secret_is_secret_refused():
     """A node that answers unsigned by this node's secret is no unreachable host: its own
     cause, in the words `doctor` is the fix for, in the view and `cluster status`."""
-    from watchdog.net.cluster import REFUSED
+    from watchdog.cause import REFUSED
 
     found = cause.decide([rank(0)], missing=[1], unreachable=["10.0.0.2:9753"],
                          refused=["10.0.0.2:9753"])

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from watchdog.cause import REFUSED
 from watchdog.status import NodeAnswer, NodeStatus
 
 __all__ = ["MAX_STATUS_BYTES", "NONCE", "SIGNATURE", "each", "exchange", "fetch", "gather",
@@ -133,17 +134,6 @@ def each(peers: Sequence[str], ask: Callable[[str], T], timeout: float,
         while len(results) < len(peers) and (left := until - time.monotonic()) > 0:
             done.wait(left)
         return [results[n] if n in results else late(peer) for n, peer in enumerate(peers)]
-
-
-# What a node that answers, but not signed with this node's secret, is said to do: the
-# secrets differ (or it has none). judge/cluster.py tells it from a node that does not
-# answer by these words (cause `secret_refused`, whose fix is `doctor`).
-REFUSED = "answers but refuses this node's secret (bad signature)"
-
-
-def refused(error: str | None) -> bool:
-    """Whether a node's failed answer is one signed with another secret (or none)."""
-    return error == REFUSED
 
 
 def fetch(peer: str, timeout: float, secret: str | None = None) -> NodeAnswer:

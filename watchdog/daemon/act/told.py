@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from watchdog.net.cluster import REFUSED
+from watchdog.cause import REFUSED
 from watchdog.daemon.signaller import Result
 from watchdog.states import End, Fenced
 from watchdog.status import ABSENT, FenceSent, Incident

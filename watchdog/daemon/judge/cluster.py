@@ -22,8 +22,6 @@ from dataclasses import replace
 from watchdog import cause
 from watchdog.daemon.judge import stragglers
 from watchdog.record import MAX_WORLD_SIZE
-from watchdog.net import cluster as net_cluster
-from watchdog.net.cluster import REFUSED
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.status import (
     ClusterNode,
@@ -156,7 +154,7 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
         behind = [n for n in unreachable if n not in refused]
         culprit = JobCulprit(rank=missing[0], state="unknown",
                              reason="not reported by any reachable node"
-                             + (f"; {', '.join(refused)} {REFUSED}" if refused else "")
+                             + (f"; {', '.join(refused)} {cause.REFUSED}" if refused else "")
                              + (f" (unreachable: {', '.join(behind)})" if behind else ""))
         note = f"rank {missing[0]} is not reported by any node"
     elif outside and waiting:
@@ -185,7 +183,7 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
     answered = {n.peer for n in nodes if n.ok}
     unreachable = [n.peer for n in nodes if not n.ok and n.peer not in answered]
     refusing = [n.peer for n in nodes if not n.ok and n.peer in unreachable
-                and net_cluster.refused(n.error)]
+                and cause.refused(n.error)]
     seen: set[tuple[str | None, int | None]] = set()  # a node listed twice counts once
     for node in nodes:
         for rank in node.status.ranks if node.ok and node.status is not None else ():
