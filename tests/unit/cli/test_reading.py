@@ -105,7 +105,7 @@ def test_the_cluster_view_has_a_header_over_its_ranks_and_no_none():
 
 def test_cluster_status_lists_this_nodes_daemon_once(monkeypatch, tmp_path):
     mine = NodeStatus(host="me", daemon_pid=4242, ranks=(rank(0, "running"),))
-    monkeypatch.setattr("watchdog.net.cluster.gather", lambda peers, timeout: [
+    monkeypatch.setattr("watchdog.net.cluster.gather", lambda peers, timeout, secret=None: [
         NodeAnswer(p, True, mine) for p in peers])
     monkeypatch.setattr("watchdog.daemon.store.snapshot.daemon_status", lambda state_dir: mine)
     done = CliRunner().invoke(cli, ["cluster", "status", "me:9753",

@@ -32,14 +32,15 @@ def straggler_lines(job: JobView) -> list[str]:
 
 def render_text(view: ClusterView, colour: bool = False) -> str:
     """The cluster view as `cluster status` prints it; states coloured when `colour`."""
-    from watchdog.cause import where
+    from watchdog.cause import refused, where
     from watchdog.cli.look.status import pace_line
     from watchdog.daemon.judge.cluster import LOCAL
 
     lines = []
     for node in view.nodes:
         state = (f"ok ({node.host})" if node.ok else f"DOWN: {node.error}"
-                 if node.peer == LOCAL else f"UNREACHABLE: {node.error}")
+                 if node.peer == LOCAL else f"{node.error}: run `mlx-watchdog doctor`"
+                 if refused(node.error) else f"UNREACHABLE: {node.error}")
         flag = "  REBOOT REQUIRED" if node.reboot_required else ""
         name = "this node's daemon" if node.peer == LOCAL else f"node {node.peer}"
         lines.append(printable(f"{name}: {state}{flag}"))
@@ -127,14 +128,17 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
             raise click.BadParameter(f"{peer!r} is not HOST:PORT (e.g. mac2.local:9753)",
                                      param_hint="PEERS") from None
     named = bool(peers)
+    secret = None
     if not peers:  # a configured node needs no arguments
         settings = load(config_path, {}) if config_path else (node or Node(None)).settings
-        peers = settings.peers
+        # Asked as its daemon asks (signed with its secret): one story with its incidents,
+        # a node holding another secret said so.
+        peers, secret = settings.peers, settings.secret
     # This node is one of the cluster's (its peers from its config, or a daemon ran
     # here): its own daemon down is said, not left out.
     member = not named or os.path.isdir(state_dir)
     while True:
-        nodes = asking.gather(peers, timeout) if peers else []
+        nodes = asking.gather(peers, timeout, secret) if peers else []
         # This node's own daemon, read from its status.json: a node cut off from the
         # network (its own address unreachable too) still shows its own ranks.
         local = daemon_status(state_dir)
