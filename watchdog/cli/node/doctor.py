@@ -303,7 +303,7 @@ def named_checks(record_dir: str, state_dir: str, listen: str,
     ]
     if settings is not None:
         checks += [("config", lambda: check_config(config_path, settings)),
-                   ("peers", lambda: check_peers(settings))]
+                   ("peers", lambda: check_peers(settings, config_path))]
     lines: list[tuple[str, str, str]] = []
     for name, check in checks:
         try:
