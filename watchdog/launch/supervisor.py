@@ -56,6 +56,7 @@ class Plan:
     record_dir: str
     settings: Settings  # the node's
     launch: LaunchSettings = LaunchSettings()  # the node's launch keys, the flags applied
+    dir_given: bool = False  # the user named the record directory with --env: not added
 
 
 def say(message: str) -> None:
@@ -117,6 +118,10 @@ class Supervisor:
 
     def argv(self, number: int) -> list[str]:
         ours = [] if self.plan.job_given else ["--env", f"MLX_WATCHDOG_JOB={self.plan.job}"]
+        # The ranks publish where this node's daemon watches (the config's `dir`), on
+        # every host (ssh forwards none of our environment; --env reaches each rank).
+        if not self.plan.dir_given:
+            ours += ["--env", f"MLX_WATCHDOG_DIR={self.plan.record_dir}"]
         return [self.plan.mlx_launch, *ours, "--env", f"{ATTEMPT_ENV}={number}",
                 *self.plan.args]
 
