@@ -218,14 +218,20 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
         before = daemon.settings
         applied, changed, kept = reloaded(before, new)
         # Said first: what applying it logs (a peer that does not resolve) follows it.
-        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
+        # One story: "nothing changed" only when nothing did, not before "kept" below.
+        if changed or not kept:
+            log.info("SIGHUP: reloaded %s: %s", config_path,
+                     "; ".join(changed) or "nothing changed")
         daemon.apply_settings(applied)
         if applied.peers != before.peers:
             set_peers(server, applied.peers)
         server.fence = (  # type: ignore[attr-defined]
             daemon.fence_request if applied.secret else None)
         if kept:
-            log.warning("SIGHUP: needs a restart, kept as running: %s", "; ".join(kept))
+            log.warning("SIGHUP: %s: needs a restart, kept as running: %s",
+                        "reloaded " + config_path + (", the rest applied" if changed else
+                                                     ", nothing else changed"),
+                        "; ".join(kept))
         exposed = secret_exposed(config_path)
         if exposed:
             log.warning("%s", exposed)
