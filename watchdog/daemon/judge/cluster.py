@@ -78,8 +78,10 @@ def _ended_note(ranks: Sequence[ReportedRank]) -> str:
     for (state, reason), members in fates.items():
         hosts = ", ".join(dict.fromkeys(str(r.host) for r in members))
         names = ", ".join(str(r.rank) for r in members)
-        parts.append(f"{'rank' if len(members) == 1 else 'ranks'} {names} on {hosts}: "
-                     f"{state}" + (f", {reason}" if reason else ""))
+        # "exited on an uncaught exception" says its state: never "exited, exited ...".
+        said = reason if reason and state and reason.startswith(str(state)) else (
+            f"{state}" + (f", {reason}" if reason else ""))
+        parts.append(f"{'rank' if len(members) == 1 else 'ranks'} {names} on {hosts}: {said}")
     return "; ".join(parts)
 
 
