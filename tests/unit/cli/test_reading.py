@@ -6,6 +6,7 @@ daemon listed once; incident times with their zone and the evidence folder.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -210,3 +211,19 @@ def test_incidents_count_the_evidence_as_it_is_and_name_a_missing_python_stack(
                      f"every rank's stacks): sudo ls {folder}"), first
     assert rest == ["    no Python stack of rank 1 (pid 101): why in "
                     "rank1-pid101-python-missing.txt"]
+
+
+def test_a_rank_claimed_twice_is_warned_of_in_watch_and_cluster_status(tmp_path, monkeypatch):
+    """Issue 56: `status` warned of two live ranks claiming one rank of one job; `watch`
+    and `cluster status` showed the job without a word."""
+    from watchdog.cli.look import status as look
+
+    twice = [rank(0, "running"), dataclasses.replace(rank(0, "running"), pid=999, host="h1")]
+    view = cluster.analyze([NodeAnswer("a:1", True, NodeStatus(host="h0", ranks=(twice[0],))),
+                          NodeAnswer("b:1", True, NodeStatus(host="h1", ranks=(twice[1],)))])
+    shown = render_text(view)
+    assert "  warning: pids 100, 999 all claim rank 0 of job j" in shown, shown
+    monkeypatch.setattr(look, "_ranks", lambda *args: (twice, "daemon"))
+    done = CliRunner().invoke(cli, ["watch", "--count", "1", "--dir", str(tmp_path),
+                                    "--state-dir", str(tmp_path)])
+    assert "warning: pids 100, 999 all claim rank 0 of job j" in done.output, done.output

@@ -26,14 +26,16 @@ def straggler_lines(job: JobView) -> list[str]:
     s = job.straggler
     if s is None:
         return []
-    return [f"  straggler: {s.summary} (the job would run {s.slowdown or 1:.2f}x faster "
-            "at the others' pace)"]
+    # As `status` says it: one clause after another, the score said for what it is.
+    return [f"  straggler: {s.summary}; the job would run {s.slowdown or 1:.2f}x faster "
+            "at the others' pace" + (f" (its score {s.score:.2f}: the others' share of time "
+                                     "working over its own)" if s.score is not None else "")]
 
 
 def render_text(view: ClusterView, colour: bool = False) -> str:
     """The cluster view as `cluster status` prints it; states coloured when `colour`."""
     from watchdog.cause import refused, where
-    from watchdog.cli.look.status import pace_line
+    from watchdog.cli.look.status import clash_lines, pace_line
     from watchdog.daemon.judge.cluster import LOCAL
 
     lines = []
@@ -57,6 +59,9 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
                 r.rank, r.host, r.pid, r.state, r.phase, where(r), r.progress)))
         rows += [(printable(missing), "(not reported)") for missing in job.missing_ranks]
         lines += _rank_rows(rows, colour)
+        # Two live ranks claiming one rank of the job (on one node or two): said, as
+        # `status` says it, under the rows that show them.
+        lines += [f"  {line}" for line in clash_lines([seen.rank for seen in job.ranks])]
         if job.culprit:
             c = job.culprit
             lines.append(printable(f"  culprit: {who(c.rank, c.host or c.node, c.pid)}: "

@@ -195,7 +195,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
             ranks, source = _ranks(record_dir, state_dir, deadline)
             stamp = datetime.now().strftime("%H:%M:%S")
             body = table(ranks, colour=colour.wanted()) if ranks else f"no ranks in {record_dir}"
-            click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
+            warned = "".join(f"\n{line}" for line in clash_lines(ranks))  # as `status` warns
+            click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}{warned}")
             shown += 1
             if count is None or shown < count:
                 time.sleep(interval)
