@@ -60,8 +60,8 @@ class Enforcer(Acting):
               term_at: float | None = None, evidence_by: float | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
-        asked (`asked`); `evidence=False` skips stack dumps (a fenced job is known
-        dead, and its peers wait on its end). `verdict_at` (monotonic, by this
+        asked (`asked`); `evidence=False` skips stack dumps (a local death's orphans,
+        ended at once: a fence's are taken within its window). `verdict_at` (monotonic, by this
         enforcer's clock; default now) starts the evidence's time box. Every target is
         frozen first; `term_at` (monotonic) holds the SIGTERMs until then (the moment a
         fence told the peers to end theirs), never past the evidence's time box;
