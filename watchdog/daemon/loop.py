@@ -45,6 +45,9 @@ from watchdog.status import Fence, FenceAnswer, NodeStatus
 
 log = logging.getLogger(__name__)
 
+# Seconds a fence must hold its ranks frozen for this node to take their stacks first.
+MIN_WINDOW = 0.5
+
 
 class Daemon:
     """One node's watchdog: each scan reads the record directory, judges every live
@@ -199,12 +202,14 @@ class Daemon:
         may_hold = fenced is None and holds.may_hold(due, self.jobs.detector.rules)
         self.jobs.settle(keys)  # no rank of it still under our stack sampler's trace
         # A peer's fence holds its ranks frozen until the moment it names: their
-        # evidence is taken meanwhile (a local death's, ended at once, has none).
+        # evidence is taken meanwhile (a local death's, ended at once, has none; nor a
+        # window too short for a dump: a rank resumed for it would only run on).
         term_in = None if fenced is None else self.fences.term_in(fenced)
         self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None,
-                             term_in=term_in, gather=fenced is None or bool(term_in))
+                             term_in=term_in,
+                             gather=fenced is None or (term_in or 0.0) >= MIN_WINDOW)
 
     def fence_request(self, headers: object, body: bytes,
                       sender: str = "") -> tuple[int, FenceAnswer]:
