@@ -256,19 +256,19 @@ class Supervisor:
                         incident=attempt.incident.id if attempt.incident else None)
             if not relaunch.restartable(ending, s.restart_on) or s.restart == 0:
                 if ending is not relaunch.Ending.CLEAN:
-                    say(f"job {self.plan.job} attempt {number}: {why} (exit {code})")
+                    say(f"job {self.plan.job} attempt {number}: {why}; exit {code}")
                 return code
             stalled_in_a_row = 0 if progressed else stalled_in_a_row + 1
             if stalled_in_a_row >= s.max_no_progress:
                 reason = (f"{stalled_in_a_row} attempts in a row made no progress past the "
                           f"warm-up ({s.warmup_waits} waits, no hb.step()); last: {why}")
                 self.record("gave_up", number, reason=reason, exit_code=relaunch.EXIT_GAVE_UP)
-                say(f"job {self.plan.job}: giving up: {reason} (exit "
-                    f"{relaunch.EXIT_GAVE_UP})")
+                say(f"job {self.plan.job}: giving up: {reason}; exit "
+                    f"{relaunch.EXIT_GAVE_UP}")
                 return relaunch.EXIT_GAVE_UP
             if number > s.restart:
                 say(f"job {self.plan.job} attempt {number}: {why}; no restart left of "
-                    f"{s.restart} (exit {code})")
+                    f"{s.restart}; exit {code}")
                 return code
             wait = relaunch.backoff(s.restart_backoff, number)
             self.record("restart", number + 1, reason=why, backoff=wait,
@@ -298,8 +298,9 @@ class Supervisor:
         if health.problem is None:
             return True
         self.record("refused", number, reason=health.problem, exit_code=relaunch.EXIT_REFUSED)
-        say(f"job {self.plan.job}: refusing attempt {number}: {health.problem} "
-            f"(exit {relaunch.EXIT_REFUSED})")
+        # "; exit N": what came before may end in a parenthesis of its own.
+        say(f"job {self.plan.job}: refusing attempt {number}: {health.problem}; "
+            f"exit {relaunch.EXIT_REFUSED}")
         return False
 
 

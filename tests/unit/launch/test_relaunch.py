@@ -341,3 +341,12 @@ def test_the_ranks_are_given_the_nodes_record_directory():
                 dir_given=True)
     assert [a for a in Supervisor(mine).argv(1) if a.startswith("MLX_WATCHDOG_DIR=")] == [
         "MLX_WATCHDOG_DIR=/d"]
+
+
+def test_an_interrupt_is_said_in_words_without_a_parenthesis_before_the_exit():
+    """`interrupted by SIGINT; exit 130`: never "interrupted (SIGINT) (exit 130)"."""
+    import signal
+
+    a = relaunch.Attempt(number=1, started=0.0)
+    a.interrupted = signal.SIGINT
+    assert relaunch.describe(a, relaunch.Ending.INTERRUPTED) == "interrupted by SIGINT"
