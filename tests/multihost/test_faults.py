@@ -287,9 +287,10 @@ def test_a_ctrl_c_of_a_one_node_job_with_the_node_in_its_own_peers(hosts):
     for rank in (0, 1):  # the terminal's Ctrl-C: every rank of the foreground group
         job.signal(rank, signal.SIGINT)
     wait_for(job.gone, 10, what="both ranks gone on Ctrl-C")
-    time.sleep(6.0)  # past the 5 s grace: nothing left to end, nothing ended
+    time.sleep(5.5)  # past the 5 s grace: nothing left to end, nothing ended
     assert incidents_of(d0, job_id) == [], incidents_of(d0, job_id)
     log = d0.log()
+    assert f"peer {h0.endpoint} is this node (its listen {h0.endpoint}): skipped" in log
     assert f"fence from {h0.name}" not in log, told(d0)  # never fenced itself
     fenced = [line for line in log.splitlines() if f"fenced job {job_id}" in line]
     assert len(fenced) <= 1 and h0.endpoint not in "".join(fenced), fenced
