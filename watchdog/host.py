@@ -12,6 +12,11 @@ by a stand-in of `watchdog/macsim/` (imported from here only, and only then), an
 every default path put under `MLX_WATCHDOG_SIMULATE_ROOT` (default
 /tmp/mlx-watchdog-macsim). `platform_label()` says "macos (simulated)" so no one
 mistakes such a run for a real one (docs/macos.md).
+
+As root the simulation runs only in a test root it owns (`simulation_refused`): its
+root and the folder the package is imported from, each with every folder above it,
+owned by root and writable by no one else (or sticky, as /tmp): the stand-ins run as
+processes of their own, and no other user may put code or files where they come from.
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ def detect(platform: str) -> str:
         return LINUX
     return OTHER
 
+
+# Where a tool the daemon runs as root is looked for (gdb, py-spy; the simulated Mac's
+# gdb): the system's folders and the one its own Python is in (a venv's py-spy), never
+# the caller's PATH: a root daemon started by hand from a shell whose PATH leads through
+# a user's folder runs no `gdb` of theirs (issue 57). A Mac's own tools are run by their
+# absolute paths (probes/macos.TOOLS).
+TOOL_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
+                             "/sbin", "/bin", os.path.dirname(sys.executable)])
 
 SIMULATE_VARIABLE = "MLX_WATCHDOG_SIMULATE"
 SIMULATE_ROOT_VARIABLE = "MLX_WATCHDOG_SIMULATE_ROOT"
@@ -82,10 +95,61 @@ def platform_label() -> str:
     return f"{name} (simulated)" if simulated() else name
 
 
+class SimulationRefused(RuntimeError):
+    """The simulation asked for as root outside a test root it owns."""
+
+
+def _unsafe(path: str) -> str | None:
+    """Why `path` (its nearest folder that exists, and each above it) is not root's
+    alone: owned by another uid, or writable by group or others without the sticky bit
+    (another user could rename a folder there, or plant one). None: root's alone."""
+    import stat
+
+    path = os.path.abspath(path)
+    while not os.path.lexists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)  # what root creates under it is root's
+    while True:
+        try:
+            st = os.lstat(path)
+        except OSError as err:
+            return f"{path}: {err.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link"
+        if st.st_uid != 0:
+            return f"{path} is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & 0o1000):
+            return f"{path} is writable by others"
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+def simulation_refused(euid: int | None = None) -> str | None:
+    """Why the simulation may not run here (None: it may). As root (`euid` 0) it runs
+    only in a test root it owns: its root (MLX_WATCHDOG_SIMULATE_ROOT) and the folder
+    this package is imported from, and every folder above each, root's alone
+    (`_unsafe`). A user's simulation is that user's business."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return None
+    root = os.environ.get(SIMULATE_ROOT_VARIABLE) or SIMULATED_ROOT
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for what, path in (("its root", root), ("the package's folder", package)):
+        why = _unsafe(path)
+        if why:
+            return (f"the simulated Mac ({SIMULATE_VARIABLE}=macos) refuses to run as root "
+                    f"outside a test root it owns: {what} {path}: {why}")
+    return None
+
+
 def simulation() -> ModuleType:
-    """The simulated Mac's stand-ins (watchdog/macsim); only when `simulated()`."""
+    """The simulated Mac's stand-ins (watchdog/macsim); only when `simulated()`, and
+    never as root outside a test root it owns (SimulationRefused)."""
     import importlib
 
+    refused = simulation_refused()
+    if refused:
+        raise SimulationRefused(refused)
     return importlib.import_module("watchdog.macsim")
 
 

@@ -9,6 +9,9 @@ only.
 
 from __future__ import annotations
 
+import os
+import time
+
 from watchdog import host
 
 
@@ -29,3 +32,13 @@ def read_start_ticks(pid: int | str, proc: str = "/proc") -> int:
         raise FileNotFoundError(f"{proc}/{pid}/stat: not on Linux")
     with open(f"{proc}/{pid}/stat") as f:
         return start_ticks(f.read())
+
+
+def wall_start(ticks: int) -> float | None:
+    """The wall time a process started at `ticks` since boot, to a tick (Linux): the
+    boot time taken as now less CLOCK_BOOTTIME, not /proc/stat's whole-second btime
+    (psutil's, which reads a start up to 1 s early). None off Linux or for 0 ticks."""
+    if not ticks or host.os_name() != host.LINUX or not hasattr(time, "CLOCK_BOOTTIME"):
+        return None
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + ticks / os.sysconf("SC_CLK_TCK")

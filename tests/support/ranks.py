@@ -161,6 +161,7 @@ class DaemonProc:
         self.log_path = self.state_dir.parent / f"daemon-{id(self)}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_env: dict[str, str] = {}  # e.g. the simulated Mac's variable
+        self.cwd = REPO  # where it is started from
 
     def start(self) -> DaemonProc:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +170,7 @@ class DaemonProc:
             status.unlink()
         log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                     env=base_env(self.record_dir, **self.extra_env), cwd=REPO)
+                                     env=base_env(self.record_dir, **self.extra_env), cwd=self.cwd)
         log.close()
         wait_for(lambda: self.alive() and status.exists(), 30, what="daemon's first scan")
         return self

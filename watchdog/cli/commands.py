@@ -29,6 +29,7 @@ from watchdog.cli.options import Commands, Node
 from watchdog.cli.service import commands as service_cmds
 from watchdog.cli.service.unit import DEFAULT_CONFIG
 from watchdog.daemon.config import ConfigError, SetupRefused
+from watchdog.text import printable
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]},
@@ -42,6 +43,11 @@ from watchdog.daemon.config import ConfigError, SetupRefused
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """Find MLX distributed ranks hung in a collective, and end them safely."""
+    from watchdog import host
+
+    refused = host.simulation_refused() if host.simulated() else None
+    if refused:
+        raise exits.SetupError(refused)
     ctx.obj = Node(config_path)
 
 
@@ -62,14 +68,14 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("mlx-watchdog: aborted", err=True)
         sys.exit(exits.INTERRUPTED)
     except click.ClickException as err:
-        click.echo(f"mlx-watchdog: {err.format_message()}", err=True)
+        click.echo(f"mlx-watchdog: {printable(err.format_message())}", err=True)
         # A bare ClickException is an error, never a verdict: not click's 1.
         sys.exit(exits.SETUP if err.exit_code == 1 else err.exit_code)
     except SetupRefused as err:
-        click.echo(f"mlx-watchdog: {err}", err=True)
+        click.echo(f"mlx-watchdog: {printable(err)}", err=True)
         sys.exit(exits.SETUP)
     except ConfigError as err:
-        click.echo(f"mlx-watchdog: {err}", err=True)
+        click.echo(f"mlx-watchdog: {printable(err)}", err=True)
         sys.exit(exits.USAGE)
     sys.exit(code if isinstance(code, int) else 0)
 

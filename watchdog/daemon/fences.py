@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from watchdog import procstat
 from watchdog.daemon.act import told
 from watchdog.daemon.act.exo import delay_here
 from watchdog.daemon.act.incidents import death_culprit, new_id
@@ -84,25 +85,29 @@ class Fences:
     def request(self, headers: Any, body: bytes, sender: str = "") -> tuple[int, FenceAnswer]:
         """An incoming `POST /fence` from `sender` (its address; the HTTP thread):
         authenticate, pick our ranks of that job, and queue their end for the loop's
-        thread. A signed probe (`fence.PROBE_JOB`, `doctor`) is answered, nothing done."""
+        thread. An unsigned challenge (`doctor`) is answered with the secret's proof,
+        nothing done; every signed fence is one, whatever job it names."""
         if not self.settings.secret:
             return 403, FenceAnswer(error="fences are off (no secret configured)")
         try:
+            challenge = fence.challenged(headers)
+            if challenge is not None:
+                log.debug("proved the fence secret to %s (`doctor`'s challenge)",
+                          fence.sender_words(sender, body))
+                return 200, FenceAnswer(proof=fence.proof(self.settings.secret, challenge))
             request = self.peers.verify(headers, body)
         except fence.FenceRejected as err:
             log.warning("refused a fence from %s: %s", fence.sender_words(sender, body),
                         fence.rejection_words(str(err)))
             return 401, FenceAnswer(error=str(err))
         job, uid = request.job, request.uid
-        if job == fence.PROBE_JOB:
-            log.info("fence secret proven by %s (a signed probe: `doctor`; nothing ended)",
-                     fence.sender_words(sender, body))
-            return 200, FenceAnswer(job, uid, ())
         with self.lock:
             # Only the ranks of the job's owner (a fence names (uid, job)) that started
             # before the job was found dead: a later one is the job relaunched.
             named = self.table.job(uid, job)
-            ranks = [r for r in named if request.ends(r.record.start_time)]
+            # On Linux its start to a tick: psutil's reads up to 1 s early (btime).
+            ranks = [r for r in named if request.ends(
+                procstat.wall_start(r.record.start_ticks) or r.record.start_time)]
             if len(ranks) < len(named):
                 log.info("fence from %s: %s of job %s started after it was found dead (a "
                          "relaunch): left alone", request.origin,

@@ -103,12 +103,16 @@ class Jobs:
         # Each rank's last asleep sample as read (frames.asleep): read once, judged at
         # every scan while the sampler holds a quiet rank.
         self.asleep_read: dict[Key, tuple[Stacks, frames.Reading]] = {}
+        # Each rank's last sample's busy threads as read (frames.classify): read once
+        # per sample and GPU reading, not at every scan (issue 57, item 6).
+        self.seen_read: dict[Key, tuple[Stacks, tuple[bool | None, str], frames.Reading]] = {}
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
         self.detector.forget(key)
         self.shown.pop(key, None)
         self.asleep_read.pop(key, None)
+        self.seen_read.pop(key, None)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -175,9 +179,13 @@ class Jobs:
         if found.stacks is None or found.error:
             return frames.Reading(FrameKind.UNKNOWN,
                                   found.error or "no native stack could be read")
-        works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
-                                       1000 * self.live.rules.gpu_spin_watts)
-        return frames.classify(found.stacks, found.busy, rank.record.backend, works, flat)
+        gpu = gpuwork.read(found.gpu_moved, found.gpu_power,
+                           1000 * self.live.rules.gpu_spin_watts, found.gpu_share)
+        read = self.seen_read.get(rank.key)
+        if read is None or read[0] is not found or read[1] != gpu:
+            read = self.seen_read[rank.key] = (found, gpu, frames.classify(
+                found.stacks, found.busy, rank.record.backend, *gpu))
+        return read[2]
 
     def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None,
                                                        float]:
@@ -193,7 +201,8 @@ class Jobs:
         read = self.asleep_read.get(rank.key)
         if read is None or read[0] is not found:
             works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
-                                       1000 * self.live.rules.gpu_spin_watts)
+                                       1000 * self.live.rules.gpu_spin_watts,
+                                       found.gpu_share)
             read = self.asleep_read[rank.key] = (found, frames.asleep(
                 found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat))
         return read[1], still, now - found.at

@@ -104,7 +104,8 @@ class Daemon:
         # Room in the record directory for every user's next rank; why it is full
         # and nothing can free it ("" while there is room), published and alerted on.
         self.keeper = roomkeeper.Keeper(settings.dir, self.probe.deleted_holders,
-                                        clock=clock.monotonic)
+                                        clock=clock.monotonic,
+                                        unusable=self.table.records.known_bad)
         self.room_full = ""
 
     @property

@@ -37,27 +37,42 @@ class Observation:
     seen: Presence
     sample: ProcessSample | None = None  # LIVE and CLOSED: the process as sampled
     error: ProbeError | None = None  # UNKNOWN: why the probe failed
+    thread_of: int = 0  # NOT_OURS: the process whose thread the pid names (Linux), or 0
 
 
 def identify(probe: Probe, pid: int, start_time: float, uid: int,
-             start_ticks: int = 0) -> Observation:
+             start_ticks: int = 0, glance: bool = False) -> Observation:
     """The process `pid` against an identity: LIVE (with its sample), GONE, NOT_OURS,
-    or UNKNOWN (with the probe's error), never a guess."""
+    or UNKNOWN (with the probe's error), never a guess. `glance`: a first look at its
+    identity alone (`Probe.glance`) before the full sample, for a record not yet
+    watched: one naming another process (or a thread) costs two reads, not a read of
+    every thread of that process."""
     try:
-        sample = probe.sample(pid)
+        sample = None
+        if glance and start_ticks:
+            first = probe.glance(pid)
+            if first is None:
+                return Observation(Presence.GONE)
+            if (first.uids or first.thread_of) and not same_process(first, start_time, uid,
+                                                                    start_ticks):
+                return Observation(Presence.NOT_OURS, thread_of=first.thread_of)
+            sample = first if first.threads else None  # the base's glance is the sample
+        sample = sample or probe.sample(pid)
     except ProbeError as err:
         return Observation(Presence.UNKNOWN, error=err)
     if sample is None:
         return Observation(Presence.GONE)
     if not same_process(sample, start_time, uid, start_ticks):
-        return Observation(Presence.NOT_OURS)
+        # Nothing of another process is handed on; only that the pid names a thread.
+        return Observation(Presence.NOT_OURS, thread_of=sample.thread_of)
     return Observation(Presence.LIVE, sample)
 
 
-def observe(rec: Record, probe: Probe) -> Observation:
+def observe(rec: Record, probe: Probe, glance: bool = False) -> Observation:
     """The record's process, and whether its record still speaks: CLOSED when the
-    process is its own but the record is no longer open (its words are frozen)."""
-    found = identify(probe, rec.pid, rec.start_time, rec.uid, rec.start_ticks)
+    process is its own but the record is no longer open (its words are frozen).
+    `glance`: see `identify`."""
+    found = identify(probe, rec.pid, rec.start_time, rec.uid, rec.start_ticks, glance)
     if found.seen is Presence.LIVE and rec.status != STATUS_OPEN:
         return Observation(Presence.CLOSED, found.sample)
     return found

@@ -6,12 +6,14 @@ and their hangs unseen. Each scan the daemon looks at the free space (one
 `statvfs`); below `reserve` it removes what no rank needs, largest first, until
 the reserve is back: files that are not records (any name but a record, a
 staging record, a stack dump or the daemon's pointer), records of a size no
-record has, and stack dumps past what a dump needs (truncated, not removed: the
-rank holds its dump file open). The keeper runs as root: it writes (truncates)
-only a file proven a rank's dump (one link, owned by the uid owning the record
-beside it, never root's); any other file it only unlinks, so a hard link to a
-file of another owner planted here costs that file nothing. Never a link's
-target, never a directory, and each removal logged.
+record has, files of a record's size the reader found unusable for good (junk
+of the exact size, a forged record, a copy: `unusable`), and stack dumps past
+what a dump needs (truncated, not removed: the rank holds its dump file open).
+The keeper runs as root: it writes (truncates) only a file proven a rank's dump
+(one link, owned by the uid owning the record beside it, never root's); any
+other file it only unlinks, so a hard link to a file of another owner planted
+here costs that file nothing. Never a link's target, never a directory, and
+each removal logged.
 
 This bounds a fill the daemon sees; a user who keeps writing can still race a
 rank's start. For a hard bound the directory gets its own filesystem with a
@@ -102,9 +104,12 @@ def _truncate(path: str) -> bool:
 
 
 def keep_room(directory: str, entries: Iterator[os.DirEntry[str]] | None = None,
-              limit: int | None = None) -> Room | None:
+              limit: int | None = None,
+              unusable: Callable[[str, os.stat_result], bool] | None = None) -> Room | None:
     """Below the reserve: free it as above. `entries` (default: the whole directory)
-    are looked at, at most `limit` of them. The room found and the bytes freed; None
+    are looked at, at most `limit` of them; `unusable(name, lstat)` says a file of a
+    record's size is one the reader found unusable for good (junk of the exact size,
+    a forged record, a copy): freed as junk. The room found and the bytes freed; None
     when the filesystem cannot be read."""
     try:
         free, size = _free(directory)
@@ -128,7 +133,8 @@ def keep_room(directory: str, entries: Iterator[os.DirEntry[str]] | None = None,
         kind = _kind(entry.name)
         if kind == "junk":
             candidates.append((used, entry.path, "remove", st.st_uid))
-        elif kind == "record" and st.st_size not in layout.SIZES.values():
+        elif kind == "record" and (st.st_size not in layout.SIZES.values() or (
+                unusable is not None and unusable(entry.name, st))):
             candidates.append((used, entry.path, "remove", st.st_uid))
         elif kind == "dump" and used > DUMP_KEEP_BYTES:
             # Written to only when proven a rank's dump (_truncate); else unlinked.
@@ -172,8 +178,10 @@ class Keeper:
 
     def __init__(self, directory: str, holders: Callable[[str], dict[int, int] | None],
                  limit: int = MAX_ENTRIES_PER_SCAN, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 unusable: Callable[[str, os.stat_result], bool] | None = None) -> None:
         self.directory, self.holders, self.limit = directory, holders, limit
+        self.unusable = unusable  # the reader's verdict on a file of a record's size
         self.clock = clock  # monotonic seconds (daemon/clock.py): when holders were looked for
         self.full = ""
         self._pass: Iterator[os.DirEntry[str]] | None = None  # a pass under way
@@ -187,7 +195,7 @@ class Keeper:
         if self._pass is None:
             self._pass = _entries(self.directory)  # opened only when looked at
             self._pass_freed = 0
-        room = keep_room(self.directory, self._pass, self.limit)
+        room = keep_room(self.directory, self._pass, self.limit, self.unusable)
         if room is None:
             return self.full
         self._pass_freed += room.freed

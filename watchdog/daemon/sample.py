@@ -54,6 +54,10 @@ class ProcessSample:
     # bytes (macOS: ri_diskio counts none to a FIFO or a network mount, while every read
     # and write through a descriptor advances its offset); None where not read.
     offsets: int | None = None
+    # The process whose thread `pid` is, when it names a thread that does not lead its
+    # group (Linux: /proc/<tid> answers as a process does); 0 for a process. A record
+    # names a process: one naming a thread is no rank.
+    thread_of: int = 0
 
 
 @dataclass(frozen=True)

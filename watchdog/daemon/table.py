@@ -122,14 +122,19 @@ class RankTable:
         self.invalid = {}
         self._seen = set()
         found = Found()
-        watched = {r.path for r in self.ranks.values()}
+        # An ended rank's file is not read again (while it holds the file last read):
+        # its owner's 256 ended ranks kept cost a scan nothing. One declared unkillable
+        # is looked at each scan, for the moment it goes after all.
+        watched = {r.path for r in self.ranks.values()
+                   if r.state not in FINAL or r.state == State.UNKILLABLE}
+        settled = {r.path for r in self.ranks.values() if r.path not in watched}
         per_uid: dict[int, int] = {}
         for r in self.live():
             per_uid[r.record.uid] = per_uid.get(r.record.uid, 0) + 1
         for r in self.ranks.values():  # the ended ones kept: their own cap, per owner
             if r.gone_at is not None:
                 per_uid[-1 - r.record.uid] = per_uid.get(-1 - r.record.uid, 0) + 1
-        for path, rec, why, st in self.records.read(watched):
+        for path, rec, why, st in self.records.read(watched, settled=settled):
             if rec is None:
                 self.report_invalid(path, why, st)
                 continue
@@ -161,7 +166,7 @@ class RankTable:
     def _copy(self, path: str, rec: Record, rank: Rank, st: os.stat_result | None) -> None:
         """A process has one record: a second one naming it is a copy."""
         why = f"a copy of the record of pid {rec.pid} in {rank.path}"
-        self.records.mark_bad(path, st, why)
+        self.records.mark_bad(path, st, why, by_file=False)  # the name is the fault
         self.report_invalid(path, why, st)
 
     def _final(self, rank: Rank, now: float) -> None:
@@ -173,7 +178,13 @@ class RankTable:
     def _look(self, path: str, rec: Record, rank: Rank | None, st: os.stat_result | None,
               per_uid: dict[int, int], now: float, found: Found) -> None:
         key = (rec.pid, rec.start_time)
-        look = observe(rec, self.probe)
+        if rank is None and per_uid.get(rec.uid, 0) >= MAX_RANKS_PER_UID:
+            # Over its owner's cap: refused before its process is probed (a probe reads
+            # every thread), so an owner's records past the cap cost a scan no probe.
+            self.report_invalid(path, f"uid {rec.uid} already has {MAX_RANKS_PER_UID} "
+                                "ranks watched (the most per user)", st)
+            return
+        look = observe(rec, self.probe, glance=rank is None)
         if look.seen is Presence.UNKNOWN:
             self.counters.probe_errors += 1
             log.warning("probe failed for pid %s: %s", rec.pid, look.error)
@@ -200,14 +211,12 @@ class RankTable:
             self.gone(rank or self._add(path, rec), now, status=rec.status)
             return
         if look.seen is Presence.NOT_OURS:
-            why = (f"stale or forged: pid {rec.pid} is now another process "
+            why = (f"pid {rec.pid} is a thread of process {look.thread_of}: a record names "
+                   "a process" if look.thread_of else
+                   f"stale or forged: pid {rec.pid} is now another process "
                    "(start time or owner differ)")
             self.records.mark_bad(path, st, why)
             self.report_invalid(path, why, st)
-            return
-        if rank is None and per_uid.get(rec.uid, 0) >= MAX_RANKS_PER_UID:
-            self.report_invalid(path, f"uid {rec.uid} already has {MAX_RANKS_PER_UID} "
-                                "ranks watched (the most per user)", st)
             return
         self._seen.add(key)
         if rank is None:

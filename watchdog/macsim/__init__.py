@@ -6,8 +6,9 @@ host.py imports this room (nothing else does, so a real Mac never loads it) for
 
 - the sources the real macOS probe (probes/macos.py) is handed by the probe factory
   (`probes.probe()`): psutil as macOS answers (psutil_mac.py), libproc's structures
-  (libproc.py), and the tools it runs by path, `sample`, `ioreg` and `pmset` (`tool()`,
-  tools.py);
+  (libproc.py), and the tools it runs by their absolute paths, `/usr/bin/sample`,
+  `/usr/sbin/ioreg` and `/usr/bin/pmset` (`tool()`, tools.py: each path mapped to its
+  stand-in, nothing looked up on PATH);
 - `kqueue_module()`: kqueue's NOTE_EXIT for the exit watcher (kqueue.py).
 
 Each stand-in reads the live Linux process but hands over only what macOS gives, in
@@ -17,20 +18,39 @@ macOS's format, and says where it guesses. Only this room reads /proc: the test
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
 
+import watchdog
 from watchdog.macsim import kqueue, libproc, psutil_mac, tools
 
 __all__ = ["kqueue_module", "libproc", "psutil_mac", "tool"]
 
+# The stand-in of each tool the macOS probe runs, by the tool's absolute path there
+# (probes/macos.TOOLS); powermetrics has none (the GPU is never read here).
+STAND_INS = {"/usr/bin/sample": "sample", "/usr/sbin/ioreg": "ioreg",
+             "/usr/bin/pmset": "pmset"}
+# The folder this package was imported from: the stand-ins import it from there alone.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(watchdog.__file__)))
 
-def tool(name: str) -> list[str] | None:
-    """The command that runs the stand-in for a macOS tool ("sample", "ioreg",
-    "pmset"); None for a tool a Mac does not have here."""
+
+def tool(path: str) -> list[str] | None:
+    """The command that runs the stand-in of the macOS tool at `path`
+    ("/usr/bin/sample", "/usr/sbin/ioreg", "/usr/bin/pmset"); None for a tool a Mac
+    does not have here.
+
+    The stand-in is this package's own module, whatever the working directory and the
+    environment: `-I` (no PYTHON* variable, no user site, neither the working
+    directory nor a script's on sys.path), then the package's own folder first on
+    sys.path. A daemon root started from a folder another user writes never imports
+    that user's `watchdog` (issue 57, item 2)."""
+    name = STAND_INS.get(path)
     if name not in tools.TOOLS:
         return None
-    return [sys.executable, "-m", "watchdog.macsim.tools", name]
+    code = (f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); "
+            "from watchdog.macsim.tools import main; sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-I", "-c", code, name]
 
 
 def kqueue_module() -> ModuleType:

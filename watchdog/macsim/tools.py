@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from watchdog import gdbstack, procstat
+from watchdog import gdbstack, host, procstat
 
 TOOLS = ("sample", "ioreg", "pmset")
 _LIB = re.compile(r" from (\S+)")
@@ -50,7 +50,7 @@ OWN_BOX = 2.8
 def gdb_read(pid: int, wait_until: float = 0.0) -> dict[int, list[tuple[str, str, str]]]:
     """Each thread's frames, root first, as (name, library, address), by kernel id; {}
     when another tracer still holds the rank at `wait_until` (monotonic)."""
-    gdb = shutil.which("gdb")
+    gdb = shutil.which("gdb", path=host.TOOL_PATH)  # never the caller's PATH
     if gdb is None:
         return {}
     while _traced(pid):

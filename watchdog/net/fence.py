@@ -37,9 +37,12 @@ SIGNATURE = "X-MLX-Watchdog-Signature"
 TIMESTAMP = "X-MLX-Watchdog-Timestamp"
 
 
-# The job a signed probe names (`doctor` proving the secret to a peer): answered 200,
-# nothing ended. It names no rank anyway (`since` 0: only ranks started before 1970).
-PROBE_JOB = "mlx-watchdog-secret-probe"
+# `doctor` proving the secret with a peer: it sends a random challenge in this header,
+# unsigned (no signed fence goes to a peer before it has proven the secret), and the
+# peer answers with `proof(secret, challenge)`. A job name is no key: no job a user
+# can name is told apart from any other (issue 57, item 10).
+CHALLENGE = "X-MLX-Watchdog-Challenge"
+_PROOF_KEY = b"mlx-watchdog: a peer's proof that it holds the fence secret"
 
 
 def sender_words(address: str, body: bytes) -> str:
@@ -243,13 +246,37 @@ def post(peer: str, body: bytes, headers: dict[str, str], timeout: float) -> Fen
         return FenceSent(peer, error=str(err) or type(err).__name__)
 
 
-def prove(peer: str, secret: str, origin: str, timeout: float) -> FenceSent:
-    """A signed probe to one peer (`doctor`): its answer says whether our secret is its
-    (200, or 202 from an older daemon that ends nothing: `since` is 0), differs (401
-    "bad signature") or the peer has fences off (403, or 405 from its HTTP server)."""
-    body, headers = make(secret, PROBE_JOB, origin, "secret probe (mlx-watchdog doctor)",
-                         None, since=0.0)
-    return post(peer, body, headers, timeout)
+def proof(secret: str, challenge: str) -> str:
+    """A peer's answer to a challenge: an HMAC under a key derived from the secret for
+    this alone, so a proof can never be a fence's signature (nor the other way)."""
+    key = hmac.new(secret.encode(), _PROOF_KEY, hashlib.sha256).digest()
+    return hmac.new(key, challenge.encode("utf-8", "surrogatepass"),
+                    hashlib.sha256).hexdigest()
+
+
+def challenged(headers: Any) -> str | None:
+    """The challenge of an unsigned request that asks for a proof (`doctor`), or None."""
+    challenge = headers.get(CHALLENGE, "")
+    if not challenge or headers.get(SIGNATURE, ""):
+        return None
+    if len(challenge) != 32 or any(c not in "0123456789abcdef" for c in challenge):
+        raise FenceRejected("a challenge is 32 hex digits")
+    return str(challenge)
+
+
+def prove(peer: str, secret: str, origin: str, timeout: float) -> tuple[FenceSent, bool]:
+    """Ask one peer (`doctor`) to prove it holds our secret: a random challenge, sent
+    unsigned (an answerer that cannot prove the secret is handed nothing signed); its
+    answer and whether the proof in it is ours. A peer with fences off answers 403 or
+    405; an older daemon, which takes no challenge, 401 "unsigned request"."""
+    challenge = os.urandom(16).hex()
+    body = json.dumps({"origin": origin, "challenge": challenge}).encode()
+    sent = post(peer, body, {"Content-Type": "application/json", CHALLENGE: challenge},
+                timeout)
+    given = sent.answer.proof if sent.answer is not None else None
+    proven = isinstance(given, str) and hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), proof(secret, challenge).encode())
+    return sent, proven
 
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,

@@ -89,6 +89,8 @@ class FenceAnswer(Decodable):
     uid: int | None = field(default=None, metadata=_on_wire(omit="none"))
     ending: tuple[int, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
     error: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    # The answer to `doctor`'s challenge: proof that the node holds the secret.
+    proof: str | None = field(default=None, metadata=_on_wire(omit="none"))
     # The receiver's incident for the ranks it ends, and its host: where their evidence is.
     incident: str | None = field(default=None, metadata=_on_wire(omit="none"))
     host: str | None = field(default=None, metadata=_on_wire(omit="none"))

@@ -112,7 +112,8 @@ class NativeHot(Decodable):
 @dataclass(frozen=True, kw_only=True)
 class WiredCheck(Decodable):
     """What wired memory said after a kill, against the idle baseline (the enforcer's
-    settle): "returned", "leaked", "probe failed", "skipped: ..." or "no baseline"
+    settle): "returned", "leaked", "held by live processes", "probe failed",
+    "skipped: ..." or "no baseline"
     (then without figures). Its fields go into the incident under these names."""
 
     wired_baseline: int | None | Absent = field(default=ABSENT, metadata=_on_wire(

@@ -494,11 +494,23 @@ def test_what_others_can_make_the_daemon_log_is_bounded(record_dir, state_dir):
         assert daemon.alive()
 
 
-def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path):
+def fill_with_records(directory: Path) -> None:
+    """Files of a record's exact size, junk inside, until the disk is full."""
+    n = 0
+    with contextlib.suppress(OSError):
+        while True:
+            (directory / f"junk-{n:06d}{record.SUFFIX}").write_bytes(
+                os.urandom(record.RECORD_SIZE))
+            n += 1
+
+
+@pytest.mark.parametrize("filler", ["one-file", "record-size-junk"])
+def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path, filler):
     """Issue 30, item 6. The record directory is a 32 MiB tmpfs (standing in for
     /run); uid 65534 fills it with a file. The daemon frees the reserve (the filler
     is no record), so root's new rank can still publish its record, and its hang is
-    ended."""
+    ended. Issue 57, item 7: the same with ~1,300 files of a record's exact size,
+    which were never freed (the directory stayed full for every user)."""
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="mlxwd-fill-"))  # uid 65534 cannot enter tmp_path
@@ -507,21 +519,24 @@ def test_one_user_filling_the_record_directory_leaves_room_for_others(tmp_path):
         with small_disk(base / "records", "32m") as record_dir:
             os.chmod(record_dir, 0o1777)
             state_dir = tmp_path / "state"
-            filler = record_dir / "filler"
             pid = os.fork()
             if pid == 0:  # the attacker: uid 65534 writes until the disk is full
                 try:
                     become(OTHER_UID)
-                    fill(record_dir)
+                    if filler == "one-file":
+                        fill(record_dir)
+                    else:
+                        fill_with_records(record_dir)
                 finally:
                     os._exit(0)
             os.waitpid(pid, 0)
-            assert filler.stat().st_uid == OTHER_UID
+            if filler == "one-file":
+                assert (record_dir / "filler").stat().st_uid == OTHER_UID
             assert evidence.free_bytes(str(record_dir)) < 64 << 10
             proc = _sleeper()
             try:
                 with DaemonProc(record_dir, state_dir) as daemon:
-                    wait_for(lambda: evidence.free_bytes(str(record_dir)) >= 1 << 20, 10,
+                    wait_for(lambda: evidence.free_bytes(str(record_dir)) >= 1 << 20, 20,
                              what="room made in the record directory")
                     assert "not a record" in daemon.log()
                     publish(record_dir, proc.pid, os.getuid(), "victim", hung=True, world_size=1)

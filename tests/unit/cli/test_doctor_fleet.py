@@ -140,3 +140,41 @@ def test_a_hostile_peer_s_words_reach_the_terminal_escaped(tmp_path):
     for line in output.splitlines():
         assert line.isprintable(), repr(line)
     assert "\x1b" not in output and "\r" not in output and "\u202e" not in output
+
+
+@pytest.mark.parametrize("answer", [b'{"job": "x", "uid": 0, "ending": []}',
+                                    b'{"proof": "' + b"0" * 64 + b'"}'],
+                         ids=["unproven-200", "wrong-proof"])
+def test_doctor_proves_the_secret_only_from_a_proof_and_hands_out_nothing_signed(answer):
+    """Issue 57, item 11. An impostor at a peer's address answers every POST 200: doctor
+    used to say "the secrets match" and hand it a signed fence. Now the match needs the
+    secret's proof of doctor's random challenge; nothing signed is ever sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from watchdog.net import fence
+
+    seen: list[dict[str, str]] = []
+
+    class Impostor(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        peer = f"127.0.0.1:{server.server_address[1]}"
+        level, message = doctor_fleet.check_secret(peer, Settings(secret="s" * 24))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "secrets match" not in message, message
+    assert level == ("warn" if b"ending" in answer else "fail"), message
+    assert len(seen) == 1 and fence.SIGNATURE not in seen[0] and fence.CHALLENGE in seen[0]

@@ -43,8 +43,13 @@ DOCUMENTED = {
 
 @pytest.fixture
 def mac(tmp_path, monkeypatch, darwin):
-    """A fake Mac: launchctl/systemctl/sample stand-ins first on PATH, their logs here."""
+    """A fake Mac: launchctl/systemctl stand-ins first on PATH (the operator's
+    commands), `sample` at the Mac's path (the daemon runs it by that alone), their
+    logs here."""
+    from watchdog.daemon.probes import macos
+
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(macos.TOOLS, "sample", str(BIN / "sample"))
     monkeypatch.setenv("FAKE_LAUNCHCTL_STATE", str(tmp_path / "launchd-state.json"))
     monkeypatch.setenv("FAKE_LAUNCHCTL_LOG", str(tmp_path / "launchctl.log"))
     monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(tmp_path / "systemctl.log"))
@@ -303,7 +308,10 @@ def test_doctor_on_a_mac_without_launchctl(mac, monkeypatch):
 
 
 def test_doctor_on_a_mac_hints_at_sample(mac, monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))
+    """No /usr/bin/sample (a `sample` on PATH is never the daemon's)."""
+    from watchdog.daemon.probes import macos
+
+    monkeypatch.setitem(macos.TOOLS, "sample", str(tmp_path / "none" / "sample"))
     [(level, message)] = doctor.check_evidence_tools()
     assert level == "warn" and "/usr/bin/sample ships with macOS" in message
 

@@ -195,3 +195,34 @@ def test_gpu_time_advancing_computes_whatever_the_cpu_spins_in():
     assert moving.kind == FrameKind.COMPUTING and "GPU time advances" in moving.what
     flat = classify(stacks, [], "ring", gpu_moved=False)
     assert flat.kind == FrameKind.WAITING and flat.what.endswith("GPU time flat")
+
+
+def test_a_sample_is_bounded_whatever_its_threads_and_names():
+    """Issue 57, item 6: names cut to MAX_FRAME_CHARS, MAX_THREAD_FRAMES a thread from
+    its leaf, MAX_SAMPLE_FRAMES in all with the busy and main threads first; a cut name
+    still classifies by its head, and a worst-case sample is classified in well under a
+    second (6.6-9.4 s before: the memo by (frame, entry) thrashed)."""
+    import time
+
+    from watchdog.daemon.probes.stacksampler import (
+        MAX_FRAME_CHARS,
+        MAX_SAMPLE_FRAMES,
+        MAX_THREAD_FRAMES,
+        bounded,
+    )
+
+    long = {t: tuple(f"f{t}_{j}(" + "A" * 5000 + ")" for j in range(100)) for t in range(300)}
+    kept = bounded(long, (299, 7))
+    assert list(kept)[:2] == [299, 7]  # the busy (and main) threads first
+    assert sum(map(len, kept.values())) == MAX_SAMPLE_FRAMES
+    assert all(len(f) <= MAX_THREAD_FRAMES for f in kept.values())
+    assert all(len(name) == MAX_FRAME_CHARS for f in kept.values() for name in f)
+    assert bounded({1: ("recv", "SocketThread::worker()")}) == \
+        {1: ("recv", "SocketThread::worker()")}  # a real sample is unchanged
+    cut = bounded({1: ("mlx::core::matmul<" + "x" * 400 + ">(int)",)})
+    assert thread_kind(cut[1], "ring")[0] == FrameKind.COMPUTING
+    assert "computes in" in thread_kind(cut[1], "ring")[1]
+    began = time.perf_counter()
+    seen = classify(kept, tuple(kept), "ring")
+    assert time.perf_counter() - began < 1.0
+    assert seen.kind == FrameKind.COMPUTING and seen.guessed

@@ -71,7 +71,8 @@ def test_only_a_fully_resident_gpu_at_low_power_spins_on_nothing():
     (True, AT_WORK, True),
     (True, IDLE, True),  # a small model's decode step: work, never a guess
     (True, None, True),  # no reading (not root, no powermetrics): today's rule
-    (False, SPINNING, False),
+    (False, IDLE, False),  # flat on an idle GPU: flat
+    (False, SPINNING, None),  # flat while the GPU is busy (another's): no evidence
     (None, SPINNING, None),  # GPU time unknown stays unknown
 ])
 def test_gpu_time_advancing_is_work_unless_the_gpu_spins_on_nothing(moved, reading, works):
@@ -79,19 +80,19 @@ def test_gpu_time_advancing_is_work_unless_the_gpu_spins_on_nothing(moved, readi
 
 
 class GpuProbe(FakeProbe):
-    """A Mac's rank asleep in eval whose GPU time advances 1 ms a sample, and the GPU's
-    `powermetrics` reading (one of the recordings above)."""
+    """A Mac's rank asleep in eval whose GPU time advances `step` ns a sample (1 ms),
+    and the GPU's `powermetrics` reading (one of the recordings above)."""
 
-    def __init__(self, reading: str) -> None:
+    def __init__(self, reading: str, step: int = 1_000_000) -> None:
         super().__init__({40: process_sample(40, uid=501, status="sleeping")})
-        self.reading, self.gpu_ns, self.asked_power = reading, 0, 0
+        self.reading, self.gpu_ns, self.asked_power, self.step = reading, 0, 0, step
 
     def native_stacks(self, pid, timeout):
         return {1: ("__psynch_cvwait", "std::condition_variable::wait",
                     "mlx::core::eval_impl")}
 
     def gpu_time(self, pid, timeout):
-        self.gpu_ns += 1_000_000
+        self.gpu_ns += self.step
         return self.gpu_ns
 
     def gpu_power(self, timeout):
@@ -99,16 +100,22 @@ class GpuProbe(FakeProbe):
         return parse(self.reading)
 
 
-@pytest.mark.parametrize("reading, kind", [(None, FrameKind.WAITING),
-                                           ("spinning", FrameKind.WAITING),
-                                           ("at_work", FrameKind.COMPUTING)])
+@pytest.mark.parametrize("reading, own, kind", [
+    (None, 1.0, FrameKind.WAITING),
+    ("spinning", 1.0, FrameKind.WAITING),  # its own GPU time covers the window: its spin
+    ("spinning", 0.01, FrameKind.COMPUTING),  # another's spin keeps the GPU resident
+    ("at_work", 1.0, FrameKind.COMPUTING)])
 def test_the_sampler_reads_the_gpu_when_its_time_advances_and_the_judge_reads_it(
-        reading, kind):
+        reading, own, kind):
     """Wired: a rank's GPU time advancing since its sample before, the sampler reads the
     GPU's power; the judge reads that sample's rank as waiting when the GPU spins on
-    nothing (so a quiet hang is still decided), as computing when it works."""
-    probe = GpuProbe({"spinning": SPINNING, "at_work": AT_WORK}.get(reading or "", ""))
-    s = StackSampler(probe, lambda fn: fn(), lambda: 1000.0)
+    nothing by the rank's own GPU time (so a quiet hang is still decided), as computing
+    when it works, or when the rank's own time covers 1% of the window: the whole GPU's
+    spin is then another's, never evidence against this rank (issue 57)."""
+    probe = GpuProbe({"spinning": SPINNING, "at_work": AT_WORK}.get(reading or "", ""),
+                     step=int(own * SAMPLE_EVERY * 1e9))
+    clock = [1000.0]
+    s = StackSampler(probe, lambda fn: fn(), lambda: clock[0])
     who = Identity(40, 1.7e9, 501)
     s.ask(who, (), 1000.0)
     if reading is None:  # one sample: nothing to compare its GPU time with
@@ -116,20 +123,23 @@ def test_the_sampler_reads_the_gpu_when_its_time_advances_and_the_judge_reads_it
         found = s.found[(40, 1.7e9)]
         assert found.gpu_moved is None
         return
+    clock[0] += SAMPLE_EVERY
     s.ask(who, (), 1000.0 + SAMPLE_EVERY)
     found = s.found[(40, 1.7e9)]
     assert found.gpu_moved is True and probe.asked_power == 1
-    works, flat = read(found.gpu_moved, found.gpu_power)
+    assert found.gpu_share == pytest.approx(own)
+    works, flat = read(found.gpu_moved, found.gpu_power, share=found.gpu_share)
     seen = asleep(found.stacks, "ring", works, main=1, flat=flat)
     assert seen.kind == kind, seen
-    if reading == "spinning":
+    if reading == "spinning" and own == 1.0:
         assert seen.what.endswith("GPU time advancing on nothing (GPU 100% resident at "
                                   f"{parse(SPINNING).milliwatts:.0f} mW)"), seen
 
 
 def stand_in(script: str):
     """A `powermetrics` that runs `script` with its arguments."""
-    return lambda name: [sys.executable, "-c", script] if name == "powermetrics" else None
+    return lambda path: ([sys.executable, "-c", script] if path == "/usr/bin/powermetrics"
+                         else None)
 
 
 def test_the_macos_probe_reads_the_gpu_through_powermetrics(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -141,3 +142,22 @@ def test_a_rank_left_alone_for_a_probe_error_is_judged_again(tmp_path):
             assert watched.state not in (State.KILLED, State.UNKILLABLE)
         finally:
             daemon.executor.shutdown()
+
+
+def test_a_process_wall_start_is_read_to_a_tick_not_to_psutils_whole_second():
+    """The fence's "started before the job was found dead" (fences.py): psutil's start
+    is /proc/stat's whole-second btime plus ticks, up to 1 s early; `wall_start` takes
+    the boot time from CLOCK_BOOTTIME. A relaunch 0.2 s after a cutoff reads as after."""
+    from watchdog import procstat
+
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        exact = procstat.wall_start(procstat.read_start_ticks(child.pid))
+        assert exact is not None
+        assert before - 0.02 <= exact <= time.time() + 0.02
+        assert 0 <= exact - psutil.Process(child.pid).create_time() < 1.02
+    finally:
+        child.kill()
+        child.wait()
+    assert procstat.wall_start(0) is None

@@ -316,6 +316,7 @@ def test_the_simulated_defaults_and_label(monkeypatch):
 
     simulated = probe()
     assert isinstance(simulated, macos.MacProbe) and simulated.ps is psutil_mac
-    assert simulated.stack_command(1)[-4:] == ["watchdog.macsim.tools", "sample", "1", "1"]
+    assert simulated.stack_command(1)[-3:] == ["sample", "1", "1"]
+    assert simulated.stack_command(1)[1:3] == ["-I", "-c"]  # never from the working dir
     monkeypatch.setattr(host, "SIMULATED", False)
     assert host.platform_label() == "macos"

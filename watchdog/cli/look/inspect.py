@@ -1,16 +1,25 @@
-"""`mlx-watchdog inspect PID`: one rank's record and threads, in depth."""
+"""`mlx-watchdog inspect PID`: one rank's record and threads, in depth.
+
+Which record is the process's is checked, not taken from its name: any user may
+publish `<pid>-x.rec` naming another user's pid (issue 57, item 13). Only a record
+whose identity is the live process's (pid, start time, every uid of the process equal
+to the record's and its file's owner: the daemon's rule, `probes.same_process`) is
+shown, and the view says which file it is and whose.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 from watchdog.daemon.judge.detector import NS
 from watchdog.daemon.judge.threads import busiest_ratio
-from watchdog.daemon.observation import observe
+from watchdog.daemon.observation import Presence, observe
 from watchdog.daemon.probes import ProbeError, probe
+from watchdog.daemon.recdir import read_record
 from watchdog.daemon.view import current_op
-from watchdog.record import Record
+from watchdog.record import SUFFIX, Record
 from watchdog.status import Encodable
 from watchdog.text import printable
 
@@ -71,6 +80,8 @@ class Inspection(Encodable):
     world_size: int
     backend: str
     uid: int
+    # The file shown, owned by `uid`, its identity checked against the live process.
+    record_path: str
     phase: str
     seconds_in_phase: float
     current_op: str
@@ -107,11 +118,59 @@ def _thread_cpu(rec: Record, pause: float = 0.5) -> list[ThreadCpu]:
     return sorted(rows, key=lambda r: -r.cpu_ratio)
 
 
-def describe(rec: Record) -> Inspection:
+class NotThisProcess(Exception):
+    """No record names the live process: why, in one line."""
+
+
+def record_of(directory: str, pid: int) -> tuple[Record, str] | None:
+    """The record of the live process `pid` and its path: `<pid>.rec`, or
+    `<pid>-<suffix>.rec` where the hook published when another user's file held the
+    plain name; only one whose identity is that process's (`observe`: its own, live or
+    closed). None when no file names the pid; NotThisProcess when files name it but
+    none is that process's (a stale or forged one), or the process cannot be read."""
+    plain = os.path.join(directory, f"{pid}{SUFFIX}")
+    try:
+        names = sorted(n for n in os.listdir(directory)
+                       if n.startswith(f"{pid}-") and n.endswith(SUFFIX))
+    except OSError:
+        names = []
+    p = probe()
+    found: list[tuple[Record, str]] = []
+    claims: list[str] = []
+    unusable = ""
+    for path in [plain] + [os.path.join(directory, n) for n in names]:
+        rec, why, _ = read_record(path)
+        if rec is None or rec.pid != pid:
+            if path == plain and why:
+                unusable = f"{path}: {why}"
+            continue
+        seen = observe(rec, p).seen
+        if seen in (Presence.LIVE, Presence.CLOSED):
+            found.append((rec, path))
+        elif seen is Presence.GONE:
+            continue  # the pid runs no more: the caller says so
+        elif seen is Presence.UNKNOWN:
+            raise NotThisProcess(f"pid {pid} cannot be read to check that {path} is its "
+                                 "record")
+        else:
+            claims.append(f"{path} (uid {rec.uid})")
+    if found:
+        return max(found, key=lambda f: (f[0].start_ticks, f[0].start_time))
+    if claims:
+        raise NotThisProcess(f"no record of pid {pid}'s process: {', '.join(claims[:3])} "
+                             f"{'names' if len(claims) == 1 else 'name'} pid {pid} but "
+                             "not this process (its start or owner differs: a stale or "
+                             "forged record)")
+    if unusable:
+        raise NotThisProcess(f"no usable record for pid {pid}: {unusable}")
+    return None
+
+
+def describe(rec: Record, path: str = "") -> Inspection:
     now = time.monotonic_ns()
     return Inspection(
         pid=rec.pid, host=rec.host, job=rec.job, rank=rec.rank,
-        world_size=rec.world_size, backend=rec.backend, uid=rec.uid,
+        world_size=rec.world_size, backend=rec.backend, uid=rec.uid, record_path=path,
         phase=rec.phase.label, seconds_in_phase=round((now - rec.phase_since_ns) / NS, 3),
         current_op=current_op(rec),
         seconds_in_wait=round((now - rec.wait_since_ns) / NS, 3) if rec.wait_since_ns else None,
@@ -133,11 +192,23 @@ def describe(rec: Record) -> Inspection:
                               for c in rec.flight))
 
 
+def _user(uid: int) -> str:
+    """" (name)" of a uid, when it has one."""
+    import pwd
+
+    try:
+        return f" ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, OverflowError):
+        return ""
+
+
 def render_text(info: Inspection) -> str:
     c = info.counters
     lines = [
         f"pid {info.pid} on {info.host}: job {info.job} rank "
         f"{info.rank}/{info.world_size} ({info.backend or 'no backend yet'})",
+        f"record {info.record_path or '?'} of uid {info.uid}{_user(info.uid)}: this "
+        "process's (its pid, start and owner checked)",
         f"phase {info.phase} for {info.seconds_in_phase:.1f}s"
         + (f", waiting in {info.current_op} for {info.seconds_in_wait:.1f}s"
            if info.seconds_in_wait is not None else ""),

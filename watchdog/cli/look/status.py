@@ -50,10 +50,11 @@ def _ranks(record_dir: str, state_dir: str, deadline: float | str | None = None
     aged = [path for path, why in invalid.items() if why.startswith(AGED)]
     for path, why in invalid.items():
         if not why.startswith(AGED):
-            click.echo(f"skipped {path}: {why}", err=True)
+            click.echo(printable(f"skipped {path}: {why}"), err=True)  # names are anyone's
     if aged:  # one line for them all: with no daemon, such records pile up
-        click.echo(f"({plural(len(aged), 'rank')} that exited over {RETENTION:g}s ago not shown; "
-                   f"their records stay in {record_dir} until a daemon runs)", err=True)
+        click.echo(printable(f"({plural(len(aged), 'rank')} that exited over {RETENTION:g}s ago "
+                             f"not shown; their records stay in {record_dir} until a daemon "
+                             "runs)"), err=True)
     return ranks, "sampled"
 
 
@@ -164,7 +165,7 @@ def status(record_dir: str, state_dir: str, as_json: bool, check: bool,
             "verdicts from the daemon)" if source == "daemon"
             else "sampled here: no daemon running)"), err=True)
     else:
-        click.echo(f"no ranks in {record_dir}")
+        click.echo(printable(f"no ranks in {record_dir}"))
     if not as_json and source == "daemon":
         paces = [line for r in ranks if (line := pace_line(r)) is not None]
         if paces:
@@ -194,7 +195,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
         while count is None or shown < count:
             ranks, source = _ranks(record_dir, state_dir, deadline)
             stamp = datetime.now().strftime("%H:%M:%S")
-            body = table(ranks, colour=colour.wanted()) if ranks else f"no ranks in {record_dir}"
+            body = (table(ranks, colour=colour.wanted()) if ranks
+                    else printable(f"no ranks in {record_dir}"))
             warned = "".join(f"\n{line}" for line in clash_lines(ranks))  # as `status` warns
             click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}{warned}")
             shown += 1
@@ -211,20 +213,20 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
               help="One JSON object: threads, counters, flight recorder.")
 def inspect(pid: int, record_dir: str, as_json: bool) -> None:
     """One rank in depth: threads, counters, expect window, flight recorder."""
-    from watchdog.cli.look.inspect import describe, render_text
-    from watchdog.daemon.recdir import find_record
+    from watchdog.cli.look.inspect import NotThisProcess, describe, record_of, render_text
 
-    rec, why = find_record(record_dir, pid)
-    if rec is None:
+    try:
+        found = record_of(record_dir, pid)
+    except NotThisProcess as err:
+        raise SetupError(str(err)) from None
+    if found is None:
         import psutil
 
         if not psutil.pid_exists(pid):  # ended (killed, or exited): its record went with it
             raise SetupError(f"pid {pid} is not running: a rank's record is removed when it "
                              "ends; what happened to it: mlx-watchdog incidents")
-        raise SetupError(f"no usable record for pid {pid} in {record_dir}"
-                         + (f": {why}" if why else "")
-                         + " (is it a rank started with MLX_WATCHDOG=1, publishing here? "
-                           f"`mlx-watchdog status --dir {record_dir}` lists the ranks)")
-    info = describe(rec)
+        raise SetupError(f"no record for pid {pid} in {record_dir}"
+                         " (is it a rank started with MLX_WATCHDOG=1, publishing here? "
+                         f"`mlx-watchdog status --dir {record_dir}` lists the ranks)")
+    info = describe(*found)
     click.echo(json.dumps(info.to_json(), indent=1) if as_json else render_text(info))
-

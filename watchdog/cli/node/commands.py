@@ -236,7 +236,7 @@ def node_status(state_dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=1))
     else:
-        click.echo("reboot required: " + (f"YES ({flag.why})" if flag else "no"))
+        click.echo("reboot required: " + (f"YES ({printable(flag.why)})" if flag else "no"))
         click.echo(f"daemon: {'running' if snap else 'not running'}")
         if wired is not None:
             click.echo(f"wired memory: {wired / 2**20:.0f} MiB "

@@ -181,7 +181,7 @@ def check_evidence_tools() -> list[Line]:
     command = probe().stack_command(os.getpid())
     lines: list[Line] = []
     if command is None:
-        hint = ("/usr/bin/sample ships with macOS; is PATH complete?"
+        hint = ("/usr/bin/sample ships with macOS (the daemon runs it by that path alone)"
                 if host.os_name() == host.DARWIN else "pip install py-spy, or apt install gdb")
         lines.append((WARN, "no native stack sampler for evidence (py-spy or gdb on Linux, "
                             f"sample on macOS): incidents get only Python stacks; {hint}"))

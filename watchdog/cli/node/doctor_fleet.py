@@ -174,27 +174,32 @@ def check_peers(settings: Settings, path: str | None = None) -> list[Line]:
 
 
 def check_secret(peer: str, settings: Settings) -> Line:
-    """Our fence secret proven to the peer with a signed probe (`fence.PROBE_JOB`,
-    which ends nothing): a peer whose secret differs refuses every fence of ours."""
+    """Our fence secret proven by the peer: it answers a random challenge with a proof
+    only the secret makes (`fence.prove`); nothing signed is sent, so an answerer that
+    cannot prove the secret is handed no fence. A peer whose secret differs refuses
+    every fence of ours."""
     from watchdog.net import fence
 
-    sent = fence.prove(peer, settings.secret or "", f"{socket.gethostname()} (doctor)",
-                       settings.peer_timeout)
+    sent, proven = fence.prove(peer, settings.secret or "",
+                               f"{socket.gethostname()} (doctor)", settings.peer_timeout)
     answer = sent.answer
     error = answer.error if answer is not None else sent.error
-    if answer is not None and not answer.error:
-        return (OK, f"peer {peer} accepts this node's fences (a signed probe: the secrets "
-                    "match)")
-    if error == "bad signature":
+    if proven:
+        return (OK, f"peer {peer} accepts this node's fences (it proved the secret: the "
+                    "secrets match)")
+    if answer is not None and answer.proof:
         return (FAIL, f"peer {peer} refuses this node's fences: its secret differs from "
-                      "this node's (its log says \"refused a fence from ... bad "
-                      "signature\"); set the same secret on every node, then reload each "
-                      "(SIGHUP)")
-    if error and error.startswith("stale timestamp"):
-        return (FAIL, f"peer {peer} refuses this node's fences: {error}: sync both clocks "
-                      "(NTP)")
+                      "this node's (its proof is not ours); set the same secret on every "
+                      "node, then reload each (SIGHUP)")
     if error in ("HTTP 405", "HTTP 403") or (error or "").startswith("fences are off"):
         return (FAIL, f"peer {peer} has fences off (no secret set there): a job this node "
                       "ends leaves its ranks there waiting; set the same secret on every "
                       "node")
+    if error == "unsigned request":
+        return (WARN, f"peer {peer}: cannot prove the secret: its daemon is older (it "
+                      "takes no challenge); upgrade it, then run doctor again")
+    if answer is not None and not error:
+        return (WARN, f"peer {peer} answered without proving the secret: not an "
+                      "mlx-watchdog of this version, or not one at all; the secret is "
+                      "not proven")
     return (WARN, f"peer {peer}: cannot prove the secret ({error})")

@@ -160,8 +160,15 @@ class Acting:
         ladder.incident, flag = settled(
             ladder.incident, ladder.baseline, wired, ladder.outcome,
             threshold=self.settings.wired_threshold, kill_timeout=self.settings.kill_timeout,
-            others_live=ladder.others_live, wall=self.wall())
+            others_live=ladder.others_live, wall=self.wall(), held=self._held)
         return self._close(ladder, flag)
+
+    def _held(self) -> int | None:
+        try:
+            return self.probe.held_wired_bytes()
+        except (ProbeError, OSError) as err:
+            log.warning("reading the wired memory live processes hold failed: %s", err)
+            return None
 
     def _close(self, ladder: Ladder, flag: RebootReason | None) -> Step:
         """Journal the incident closed, then its line and the flag (writes.py). DONE."""

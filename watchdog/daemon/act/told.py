@@ -74,6 +74,9 @@ def _wired(incident: Incident) -> str:
         return f"wired memory back ({size(after)}, baseline {size(baseline)})"
     if check == "leaked" and after is not None and baseline is not None:
         return f"wired memory stayed {size(after - baseline)} above the baseline"
+    if check == "held by live processes" and after is not None and baseline is not None:
+        return (f"wired memory {size(after - baseline)} above the baseline, held by live "
+                "processes (theirs, not a leak)")
     if check and check.startswith("skipped"):
         return "wired memory not judged (other ranks are live)"
     if check == "probe failed":

@@ -33,7 +33,10 @@ class Reading:
     guessed: bool = False
 
 
-def _bare(name: str) -> set[str]:
+# Memoized by name: a C++ name's parameter list is walked once per name, not at every
+# table entry it is matched against (a name is at most stacksampler.MAX_FRAME_CHARS).
+@functools.lru_cache(maxsize=1 << 14)
+def _bare(name: str) -> frozenset[str]:
     """A frame's own name in the spellings a bare C name is matched against."""
     if name.endswith(")"):  # a C++ name's parameter list: "worker()", "f(int)"
         depth = 0
@@ -48,12 +51,9 @@ def _bare(name: str) -> set[str]:
     for prefix in _PREFIXES:
         if name.startswith(prefix):
             names.add(name[len(prefix):])
-    return names
+    return frozenset(names)
 
 
-# Memoized: a rank's sample is judged at every scan until the next one (3-6 s), its
-# few hundred frames against every table's names (the daemon's CPU during a quiet hang).
-@functools.lru_cache(maxsize=1 << 16)
 def matches(frame: str, pattern: str) -> bool:
     """Does this frame name match a table entry (backends.py says how)?"""
     if "::" in pattern or pattern.endswith("_") or not pattern.isidentifier():
@@ -61,11 +61,21 @@ def matches(frame: str, pattern: str) -> bool:
     return pattern in _bare(frame)
 
 
-def first_known(frames: Sequence[str], *tables: Sequence[str]) -> tuple[int, str] | None:
+# Memoized by (frame, table): a sample's frames are each matched against a table once,
+# whatever their number (issue 57, item 6: the memo by (frame, entry) thrashed under
+# 64 threads of 62 distinct names, 6.6-9.4 s a classification here). A sample is
+# classified once (daemon/jobs.py), its frames bounded (stacksampler.bounded).
+@functools.lru_cache(maxsize=1 << 15)  # names of 256 characters: ~10 MiB at most
+def in_table(frame: str, table: tuple[str, ...]) -> bool:
+    """Does any entry of `table` name this frame?"""
+    return any(matches(frame, p) for p in table)
+
+
+def first_known(frames: Sequence[str], *tables: tuple[str, ...]) -> tuple[int, str] | None:
     """(which table, the frame) of the first frame from the leaf any table names."""
     for frame in frames:
         for which, table in enumerate(tables):
-            if any(matches(frame, p) for p in table):
+            if in_table(frame, table):
                 return which, frame
     return None
 
@@ -96,7 +106,7 @@ def thread_kind(frames: Sequence[str], backend: str | None) -> tuple[FrameKind, 
     if which == 1:
         return FrameKind.COMPUTING, f"computes in {short(frame)}"
     # The wait's outermost frame the table names, then the leaf of it: "worker -> recv".
-    outer = next((f for f in reversed(frames) if any(matches(f, p) for p in waits)), frame)
+    outer = next((f for f in reversed(frames) if in_table(f, waits)), frame)
     inner = short(frames[0]) if frames else short(frame)
     path = short(outer) if short(outer) == inner else f"{short(outer)} -> {inner}"
     return FrameKind.WAITING, f"spins in {path}"
@@ -107,9 +117,9 @@ def parked(frames: Sequence[str]) -> bool:
     says so, or the caller of a raw `syscall` leaf (libstdc++'s futex wait); unless it
     polls under a progress engine that never sleeps (its select() returns at once)."""
     top = list(frames[:2]) if frames and frames[0] in ("syscall", "??") else list(frames[:1])
-    if not any(matches(f, p) for f in top for p in PARKED_FRAMES):
+    if not any(in_table(f, PARKED_FRAMES) for f in top):
         return False
-    return not any(matches(f, p) for f in frames for p in POLLING_FRAMES)
+    return not any(in_table(f, POLLING_FRAMES) for f in frames)
 
 
 # A thread that sits in one of these (its leaf) moves bytes of its own: a file read or
@@ -148,12 +158,11 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
         if not frames:
             continue
         leaf = next((f for f in frames[:3] if f not in ("syscall", "??")), frames[0])
-        if any(matches(leaf, p) for p in FILE_IO_FRAMES):
+        if in_table(leaf, FILE_IO_FRAMES):
             return Reading(FrameKind.COMPUTING, f"thread {tid} sits in {short(leaf)} (a file "
                                                 "read or write: its bytes are its own)")
         if named is None:
-            outer = next((f for f in reversed(frames) if any(matches(f, p) for p in waits)),
-                         None)
+            outer = next((f for f in reversed(frames) if in_table(f, waits)), None)
             if outer is not None:
                 inner = short(frames[0])
                 path = short(outer) if short(outer) == inner else f"{short(outer)} -> {inner}"
@@ -206,8 +215,7 @@ def _classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
         # its wait (MPI's stream thread in ompi_request_default_wait -> opal_progress ->
         # the event loop, not Open MPI's own event thread in the loop alone)
         waits = waiting_frames(backend)
-        depth = {tid: sum(any(matches(f, p) for p in waits) for f in frames)
-                 for tid, frames in threads}
+        depth = {tid: sum(in_table(f, waits) for f in frames) for tid, frames in threads}
         seen.sort(key=lambda s: -depth[s[0]])
     tid, kind, what = (named or computing or seen)[0]
     return Reading(kind, f"busy thread {tid} {what}",

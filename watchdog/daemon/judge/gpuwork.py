@@ -10,7 +10,16 @@ apart: fully resident at a power far below what a resident GPU doing work draws.
     anything else, or no reading: GPU time advancing is work (never end on a guess)
 
 A GPU at low residency and low power with its time advancing does a little work (a
-small model's decode step), and is left as computing. The thresholds come from
+small model's decode step), and is left as computing.
+
+The readings are the whole GPU's, and another user's work is on it too: they never
+turn another's load into evidence against a rank. The spin is this rank's only when
+its own GPU time covers at least SPIN_RESIDENCY of the time between its two samples
+(`share`): a GPU kept resident by another's kernel while this rank does a little
+work reads as work. And a rank's GPU time standing still while the whole GPU is busy
+(BUSY_RESIDENCY) is no evidence of a quiet hang (unknown): its kernels may wait their
+turn behind another's work. No reading (not root): the rank's own GPU time alone, as
+before. The thresholds come from
 recorded output (docs/macos.md, "The GPU that spins on nothing"): idle GPUs at 2.6-5.1%
 and 23-29 mW, GPUs under inference at 99-100% and 8.5-9.5 W, #3830's report at 100% and
 ~3 W. They were never checked against a Mac here (docs/macos.md says what to check in
@@ -27,21 +36,30 @@ from watchdog.daemon.sample import GpuPower
 SPIN_RESIDENCY = 90.0  # percent of the sample the GPU was active: "100% resident"
 SPIN_MILLIWATTS = 5000.0  # under this while resident: a kernel that does no work
 # (the setting `gpu_spin_watts`; 0 turns the rule off)
+# The whole GPU at least this resident: busy with work, this rank's or another's.
+BUSY_RESIDENCY = 50.0
 
 
-def spins_on_nothing(power: GpuPower | None, milliwatts: float = SPIN_MILLIWATTS) -> bool:
-    """#3830's signature: the GPU fully resident at a power no work draws."""
+def spins_on_nothing(power: GpuPower | None, milliwatts: float = SPIN_MILLIWATTS,
+                     share: float | None = 1.0) -> bool:
+    """#3830's signature: the GPU fully resident at a power no work draws, and the
+    rank's own GPU time (`share` of the time between its samples) accounting for it."""
     return (power is not None and power.active_percent >= SPIN_RESIDENCY
-            and power.milliwatts < milliwatts)
+            and power.milliwatts < milliwatts
+            and share is not None and share * 100 >= SPIN_RESIDENCY)
 
 
 def gpu_works(gpu_moved: bool | None, power: GpuPower | None,
-              milliwatts: float = SPIN_MILLIWATTS) -> bool | None:
+              milliwatts: float = SPIN_MILLIWATTS, share: float | None = 1.0
+              ) -> bool | None:
     """The rank's `gpu_moved` as the judge should read it: its GPU time advancing counts
-    as work unless the GPU spins on nothing (then False: GPU time flat in effect, so a
-    quiet hang is still decided); None stays unknown."""
-    if gpu_moved and spins_on_nothing(power, milliwatts):
+    as work unless it spins on nothing (then False: GPU time flat in effect, so a
+    quiet hang is still decided); flat on a GPU busy with work (another's) is unknown;
+    None stays unknown."""
+    if gpu_moved and spins_on_nothing(power, milliwatts, share):
         return False
+    if gpu_moved is False and power is not None and power.active_percent >= BUSY_RESIDENCY:
+        return None
     return gpu_moved
 
 
@@ -51,10 +69,11 @@ def describe(power: GpuPower) -> str:
 
 
 def read(gpu_moved: bool | None, power: GpuPower | None,
-         milliwatts: float = SPIN_MILLIWATTS) -> tuple[bool | None, str]:
+         milliwatts: float = SPIN_MILLIWATTS, share: float | None = 1.0
+         ) -> tuple[bool | None, str]:
     """`gpu_works`, with the words frames.asleep and frames.classify say for a GPU whose
     time does not count as work."""
-    works = gpu_works(gpu_moved, power, milliwatts)
+    works = gpu_works(gpu_moved, power, milliwatts, share)
     if gpu_moved and works is False and power is not None:
         return False, f"GPU time advancing on nothing ({describe(power)})"
     return works, GPU_FLAT

@@ -69,7 +69,20 @@ class Probe:
         return ProcessSample(pid, start_time, uid, status, threads, system, main,
                              self.native_ids, uids=uids)
 
+    def glance(self, pid: int) -> ProcessSample | None:
+        """A first look at `pid`'s identity, before a full sample is worth its cost (a
+        record not watched yet may name any process): None when it is gone. Here the
+        full sample; on Linux its start and credentials only, without its threads."""
+        return self.sample(pid)
+
     def wired_bytes(self) -> int | None:
+        return None
+
+    def held_wired_bytes(self) -> int | None:
+        """Bytes of wired memory live processes hold themselves, whoever owns them
+        (Linux: what they lock, `mlock` or a locked SysV segment; macOS: each process's
+        wired size), or None when this platform cannot tell. Memory a live process
+        holds is not leaked: the reboot flag is the node's, not a user's (act/wired.py)."""
         return None
 
     def thermal(self) -> str | None:
@@ -120,6 +133,12 @@ class Probe:
         and not yet read); None when this platform cannot tell."""
         return None
 
+    def socket_counters(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """Each TCP socket of the process: (inode, bytes sent and acknowledged, bytes
+        received), counters that only grow while bytes move; None when this platform
+        (or this process's network namespace) cannot tell them for every socket."""
+        return None
+
 
 def same_process(sample: ProcessSample | None, start_time: float, uid: int,
                  start_ticks: int = 0) -> bool:
@@ -134,7 +153,7 @@ def same_process(sample: ProcessSample | None, start_time: float, uid: int,
     the wall clock is stepped (NTP, `date -s`, a VM resume). Records of old
     hooks (no ticks) fall back to the epoch start time.
     """
-    if sample is None or sample.uid != uid:
+    if sample is None or sample.uid != uid or sample.thread_of:
         return False
     if any(other != uid for other in sample.uids) or sample.dumpable is False:
         return False
@@ -157,8 +176,10 @@ def stack_tool_output(command: list[str], timeout: float, limit: int, what: str)
 
 
 def find_tool(*names: str) -> str | None:
+    """The first of `names` in the daemon's own tool folders (host.TOOL_PATH), never
+    on the caller's PATH."""
     for name in names:
-        path = shutil.which(name)
+        path = shutil.which(name, path=host.TOOL_PATH)
         if path:
             return path
     return None

@@ -132,22 +132,27 @@ class ExitWatcher:
                 os.close(fd)
 
     def _watch_pidfds(self, fds: dict[int, int], changed: int) -> None:
+        # Pids whose pidfd could not be opened (gone, or not a process: ENOENT, EINVAL):
+        # one wake each, then left to the scan while they stay wanted. Tried again every
+        # POLL_SECONDS, one pid not a process (a thread) would wake every scan 5 times a
+        # second, for every user.
+        refused: set[int] = set()
         while not self._stop.is_set():
             wanted = self._wanted
+            refused &= wanted
             for pid in [p for p in fds if p not in wanted]:
                 os.close(fds.pop(pid))
             limit = max_pidfds()
-            for pid in sorted(wanted - fds.keys()):
+            for pid in sorted(wanted - fds.keys() - refused):
                 if len(fds) >= limit:
                     break  # the rest are seen by the scan
                 try:
                     fds[pid] = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    self.wake.set()  # already gone: let the scan see it now
                 except OSError as err:
                     if err.errno in (errno.EMFILE, errno.ENFILE):
                         break  # out of descriptors: no exit to report, and none to spend
-                    self.wake.set()
+                    refused.add(pid)
+                    self.wake.set()  # gone (ESRCH), or no process: let the scan see it now
             poller = select.poll()
             poller.register(changed, select.POLLIN)
             for fd in fds.values():
@@ -155,7 +160,8 @@ class ExitWatcher:
             # Until a rank exits or the set changes; a pid that could not be opened
             # (out of descriptors) is tried again after POLL_SECONDS.
             ready = {fd for fd, _ in poller.poll(
-                POLL_SECONDS * 1000 if wanted - fds.keys() else IDLE_SECONDS * 1000)}
+                POLL_SECONDS * 1000 if wanted - fds.keys() - refused
+                else IDLE_SECONDS * 1000)}
             if changed in ready:
                 try:
                     while os.read(changed, 4096):

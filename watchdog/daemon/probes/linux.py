@@ -19,6 +19,7 @@ from watchdog.daemon.probes import (
     ProcessSample,
     find_tool,
     stack_tool_output,
+    tcpdiag,
 )
 from watchdog.procstat import read_start_ticks
 
@@ -286,6 +287,43 @@ def runnable_per_cpu(loadavg: str, cpus: int) -> float:
     return max(1.0, minute / cpus, now / cpus)
 
 
+SHM_LOCKED = 0o2000  # <linux/shm.h>: the segment's mode bit after shmctl(SHM_LOCK)
+
+
+def locked_bytes(proc: str = "/proc") -> int | None:
+    """Bytes live processes hold locked (their VmLck) plus locked SysV segments' resident
+    bytes; None when /proc cannot be listed."""
+    try:
+        pids = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/status", "rb") as f:
+                text = f.read(8192)
+        except OSError:
+            continue  # gone meanwhile
+        at = text.find(b"\nVmLck:")
+        if at >= 0:
+            fields = text[at + 8:text.find(b"\n", at + 1)].split()
+            if fields and fields[0].isdigit():
+                total += int(fields[0]) * 1024
+    try:
+        with open(f"{proc}/sysvipc/shm", "rb") as f:
+            lines = f.read(1 << 20).splitlines()[1:]
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        try:
+            if len(fields) >= 15 and int(fields[2], 8) & SHM_LOCKED:
+                total += int(fields[14])  # rss, bytes
+        except ValueError:
+            continue
+    return total
+
+
 class LinuxProbe(Probe):
     """The probe on Linux: /proc for identities, threads, schedstat, I/O, faults and TCP
     queues; stacks from py-spy or gdb."""
@@ -305,6 +343,8 @@ class LinuxProbe(Probe):
         self.boot_time = boot_time
         # (netns inode, table) -> (when read, its text): socket_queues, one thread (the loop)
         self.tables: dict[tuple[int, str], tuple[float, str]] = {}
+        # (when dumped, inode -> row; None: the dump failed): socket_counters, the loop
+        self.diag: tuple[float, dict[int, tcpdiag.TcpRow] | None] | None = None
 
     def deleted_holders(self, directory: str) -> dict[int, int] | None:
         """Every process's descriptors (/proc/PID/fd) on a deleted file of `directory`:
@@ -347,6 +387,12 @@ class LinuxProbe(Probe):
             return None
         except (OSError, ValueError, IndexError) as err:
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        # Read first: a pid naming a thread (not its group's leader) costs this one
+        # read, not a sample of every thread of its process.
+        uids, dumpable, group = self._credentials(pid)
+        if group and group != pid:
+            return ProcessSample(pid, 0.0, uids[0] if uids else -1, "thread", (),
+                                 start_ticks=before, thread_of=group)
         sample = super().sample(pid)
         if sample is None:
             return None
@@ -360,7 +406,6 @@ class LinuxProbe(Probe):
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         if after != before:
             return None  # the pid was recycled mid-sample: ours is gone
-        uids, dumpable = self._credentials(pid)
         io = read_io(pid, self.proc)
         faults = read_major_faults(pid, self.proc)
         start_time = (sample.start_time if self.boot_time is None
@@ -369,22 +414,44 @@ class LinuxProbe(Probe):
                        uids=uids or sample.uids, dumpable=dumpable, io=io,
                        major_faults=faults)
 
-    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None]:
-        """(real, effective, saved, fs uids; dumpable) from /proc, or ((), None).
+    def glance(self, pid: int) -> ProcessSample | None:
+        """Start ticks and credentials (/proc/<pid>/stat and status), no thread read:
+        enough to tell a record of another process, or of a thread, for two reads.
+        Credentials unread leave uids () (no verdict: the caller samples)."""
+        try:
+            ticks = read_start_ticks(pid, self.proc)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, IndexError) as err:
+            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
+        uids, dumpable, group = self._credentials(pid)
+        return ProcessSample(pid, 0.0, uids[0] if uids else -1, "", (), start_ticks=ticks,
+                             uids=uids, dumpable=dumpable,
+                             thread_of=group if group and group != pid else 0)
+
+    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None, int]:
+        """(real, effective, saved, fs uids; dumpable; thread group id) from /proc, or
+        ((), None, 0).
 
         The kernel gives a process that is not dumpable /proc files owned by
         root (proc(5)): for a non-root process, that owner is its dumpable flag.
         """
+        group, line = 0, ""
         try:
             with open(f"{self.proc}/{pid}/status") as f:
                 owner = os.fstat(f.fileno()).st_uid  # the files', not the folder's
-                line = next((ln for ln in f if ln.startswith("Uid:")), "")
+                for ln in f:
+                    if ln.startswith("Tgid:"):
+                        group = int(ln.split()[1])
+                    elif ln.startswith("Uid:"):
+                        line = ln
+                        break  # Tgid comes before Uid
             uids = tuple(int(u) for u in line.split()[1:5])
-        except (OSError, ValueError):
-            return (), None
+        except (OSError, ValueError, IndexError):
+            return (), None, 0
         if len(uids) != 4:
-            return (), None
-        return uids, (owner == uids[0]) if uids[0] != 0 else True
+            return (), None, group
+        return uids, (owner == uids[0]) if uids[0] != 0 else True, group
 
     def wired_bytes(self) -> int | None:
         try:
@@ -392,6 +459,13 @@ class LinuxProbe(Probe):
                 return unevictable_bytes(f.read())
         except (OSError, ValueError) as err:
             raise ProbeError(f"reading {self.proc}/meminfo: {err}") from err
+
+    def held_wired_bytes(self) -> int | None:
+        """Every live process's VmLck (mlock, mlockall: any user's, no privilege needed
+        within RLIMIT_MEMLOCK) and every SysV segment locked with SHM_LOCK (it outlives
+        its processes: /proc/sysvipc/shm, mode bit SHM_LOCKED). Pages locked by several
+        processes count once each: the sum may exceed what is wired (never a flag)."""
+        return locked_bytes(self.proc)
 
     def thermal(self) -> str | None:
         return read_thermal(self.sys_class)
@@ -422,6 +496,36 @@ class LinuxProbe(Probe):
             except OSError:
                 continue
         return tuple(sorted(rows))
+
+    def socket_counters(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        """Each TCP socket's (inode, bytes acknowledged, bytes received) from sock_diag
+        (probes/tcpdiag.py), for a process in the daemon's own network namespace (the dump
+        reads no other); None when any of its sockets has no counters."""
+        try:
+            if os.stat(f"{self.proc}/{pid}/ns/net").st_ino != os.stat(
+                    f"{self.proc}/self/ns/net").st_ino:
+                return None
+        except OSError:
+            return None
+        inodes = socket_inodes(pid, self.proc)
+        now = time.monotonic()
+        if self.diag is None or now - self.diag[0] >= TABLE_FRESH:
+            try:
+                self.diag = (now, tcpdiag.dump())
+            except tcpdiag.DiagError:
+                self.diag = (now, None)
+        rows = self.diag[1]
+        if rows is None:
+            return None
+        out = []
+        for inode in inodes:
+            row = rows.get(inode)
+            if row is None:
+                continue  # not TCP (a unix socket), or a listener: nothing moves there
+            if row.bytes_acked is None or row.bytes_received is None:
+                return None
+            out.append((inode, row.bytes_acked, row.bytes_received))
+        return tuple(sorted(out))
 
     def tcp_table(self, pid: int, table: str) -> str:
         """/proc/<pid>/net/<table>, read once for all the processes of one network

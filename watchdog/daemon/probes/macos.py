@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import struct
 import subprocess
 from collections.abc import Callable
@@ -17,13 +18,16 @@ from watchdog.daemon.probes import (
     Probe,
     ProbeError,
     ProcessSample,
-    find_tool,
     gputime,
     powermetrics,
     samplegraph,
     stack_tool_output,
 )
 from watchdog.status import HotThread
+
+# The tools the probe runs, by their absolute paths on macOS: never looked up on PATH.
+TOOLS = {"sample": "/usr/bin/sample", "ioreg": "/usr/sbin/ioreg", "pmset": "/usr/bin/pmset",
+         "powermetrics": "/usr/bin/powermetrics"}
 
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 # struct rusage_info_v2 (<sys/resource.h>): a 16-byte uuid, 16 uint64 counters, then
@@ -39,6 +43,8 @@ DISKIO = struct.Struct("<QQ")
 DISKIO_OFFSET = 16 + 16 * 8
 PAGEINS = struct.Struct("<Q")
 PAGEINS_OFFSET = 16 + 4 * 8  # ri_pageins: after user, system time and the two wakeups
+WIRED = struct.Struct("<Q")
+WIRED_OFFSET = 16 + 5 * 8  # ri_wired_size: next after ri_pageins
 
 
 def rusage_pageins(buffer: bytes) -> int:
@@ -239,7 +245,7 @@ class MacProbe(Probe):
         stand-ins."""
         self.ps = ps
         self.libproc = libproc
-        self.tool = tool or _system_tool
+        self.tool = tool or system_tool
         self.timebase = timebase
 
     def sample(self, pid: int) -> ProcessSample | None:
@@ -265,7 +271,7 @@ class MacProbe(Probe):
         return read_socket_queues(pid, self.libproc)
 
     def thermal(self) -> str | None:
-        pmset = self.tool("pmset")
+        pmset = self.tool(TOOLS["pmset"])
         if pmset is None:
             return None
         try:
@@ -281,8 +287,25 @@ class MacProbe(Probe):
         except (OSError, AttributeError) as err:
             raise ProbeError(f"reading wired memory: {err}") from err
 
+    def held_wired_bytes(self) -> int | None:
+        """Every live process's wired size (proc_pid_rusage's ri_wired_size: on Apple
+        silicon a process's Metal buffers are wired in its own map), summed: what live
+        processes hold is theirs, never the node's leak. None when no process could be
+        read (not root). Never run on hardware (docs/macos.md)."""
+        total, read = 0, False
+        try:
+            pids = self.ps.pids()
+        except OSError:
+            return None
+        for pid in pids:
+            raw = _rusage(pid, self.libproc, RUSAGE_INFO_V2)
+            if raw is not None and len(raw) >= WIRED_OFFSET + WIRED.size:
+                total += int(WIRED.unpack_from(raw, WIRED_OFFSET)[0])
+                read = True
+        return total if read else None
+
     def stack_command(self, pid: int) -> list[str] | None:
-        sample = self.tool("sample")
+        sample = self.tool(TOOLS["sample"])
         # `sample PID 1`: one second of samples of every thread, to stdout.
         return [*sample, str(pid), "1"] if sample else None
 
@@ -292,7 +315,7 @@ class MacProbe(Probe):
     def gpu_time(self, pid: int, timeout: float) -> int | None:
         """`ioreg`'s AGXDeviceUserClient entries of the process, their GPU time summed;
         None without ioreg or without a Metal client. Never run on hardware."""
-        ioreg = self.tool("ioreg")
+        ioreg = self.tool(TOOLS["ioreg"])
         if not ioreg:
             return None
         try:
@@ -308,7 +331,7 @@ class MacProbe(Probe):
         """One half-second sample of `powermetrics --samplers gpu_power` (root only; the
         whole GPU's residency and power: judge/gpuwork.py); None without it, not root, or
         an output it cannot read. Never run on hardware."""
-        tool = self.tool("powermetrics")
+        tool = self.tool(TOOLS["powermetrics"])
         if not tool:
             return None
         try:
@@ -333,9 +356,13 @@ class MacProbe(Probe):
         return {} if text is None else sample_stacks(text)
 
 
-def _system_tool(name: str) -> list[str] | None:
-    path = find_tool(name)
-    return [path] if path else None
+def system_tool(path: str) -> list[str] | None:
+    """The command of the macOS tool at `path` (one of TOOLS), if it is there: by its
+    absolute path, never looked up on the caller's PATH (a root daemon started by hand
+    from a shell whose PATH leads through a user's folder runs no tool of theirs)."""
+    if path not in TOOLS.values() or not os.access(path, os.X_OK):
+        return None
+    return [path]
 
 
 def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:

@@ -48,10 +48,36 @@ HOLD_LEAD = MAX_EVERY
 # scan: its stillness matters over tens of seconds (detector.QUIET_HANG_FOR, 10 s).
 QUIET_QUEUES_EVERY = 3.0
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
+# What one sample keeps, whatever a rank's threads and names (a rank's own code names
+# its frames: issue 57, item 6): frames of at most MAX_FRAME_CHARS (a real C++ frame,
+# its parameters cut by the parser, is under 200), at most MAX_THREAD_FRAMES a thread
+# from its leaf, MAX_SAMPLE_FRAMES in all (the busy threads' first, then the main
+# thread's): at most 1 MiB of names, each classified once (judge/frames.py).
+MAX_FRAME_CHARS = 256
+MAX_THREAD_FRAMES = 64
+MAX_SAMPLE_FRAMES = 4096
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
 Key = tuple[int, float]  # a rank's pid and start time
+
+
+def bounded(stacks: dict[int, tuple[str, ...]], first: tuple[int, ...] = ()
+            ) -> dict[int, tuple[str, ...]]:
+    """A sample's stacks within the bounds above: the threads of `first` (busy, main)
+    first, then by id; each frame cut to MAX_FRAME_CHARS, equal names shared."""
+    kept: dict[int, tuple[str, ...]] = {}
+    names: dict[str, str] = {}
+    left = MAX_SAMPLE_FRAMES
+    order = [t for t in first if t in stacks] + sorted(t for t in stacks if t not in first)
+    for tid in order:
+        if left <= 0 or tid in kept:
+            continue
+        frames = stacks[tid][:min(MAX_THREAD_FRAMES, left)]
+        kept[tid] = tuple(names.setdefault(f[:MAX_FRAME_CHARS], f[:MAX_FRAME_CHARS])
+                          for f in frames)
+        left -= len(frames)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -77,7 +103,11 @@ class Stacks:
     error: str = ""
     gpu_ns: int | None = None  # its accumulated GPU time then (macOS); None: unknown
     gpu_moved: bool | None = None  # did it advance since the sample before; None: unknown
-    gpu_power: GpuPower | None = None  # the GPU's residency and power when it advanced
+    gpu_power: GpuPower | None = None  # the whole GPU's residency and power then
+    # The share of the time since the sample before that its own GPU time covers
+    # (None: unknown): the whole GPU's readings speak for this rank only as far as its
+    # own time accounts for them (judge/gpuwork.py).
+    gpu_share: float | None = None
 
 
 @dataclass
@@ -89,6 +119,15 @@ class Queues:
     since: float
     unread: int = 0
     read_at: float = 0.0  # when they were last read
+    # Each socket's byte counters (probes/tcpdiag.py), when the platform gives them for
+    # every socket: then "still since" is exact (a slow link moves them at any rate);
+    # None: the queues alone say it, and a slow transfer's may read the same twice.
+    counters: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the stillness was read from byte counters, not queues alone."""
+        return self.counters is not None
 
 
 class StackSampler:
@@ -147,9 +186,14 @@ class StackSampler:
             before = self.found.get(key)
             if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
                 moved = found.gpu_ns > before.gpu_ns
+                span = found.at - before.at
                 # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
-                found = dataclasses.replace(found, gpu_moved=moved, gpu_power=(
-                    self.probe.gpu_power(SAMPLE_TIMEOUT) if moved else None))
+                # Flat: was the GPU busy with another's work meanwhile? The whole GPU's
+                # reading, with the share of it this rank's own time covers.
+                found = dataclasses.replace(
+                    found, gpu_moved=moved, gpu_power=self.probe.gpu_power(SAMPLE_TIMEOUT),
+                    gpu_share=(found.gpu_ns - before.gpu_ns) / (span * 1e9) if span > 0
+                    else None)
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
                                if self.unchanged(key, before, found) else SAMPLE_EVERY)
             self.found[key] = found
@@ -210,6 +254,7 @@ class StackSampler:
         self.seconds += took
         if stacks is None:
             return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+        stacks = bounded(stacks, (*busy, who.pid))
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
                       gpu)
 
@@ -224,10 +269,15 @@ class StackSampler:
         try:
             queues = (self.probe.socket_queues(pid) if bytes_on_sockets(backend)
                       else None)
+            counters = self.probe.socket_counters(pid) if queues is not None else None
         except (OSError, ProbeError):
-            queues = None
-        if last is None or queues is None or last.queues != queues:
-            last = self.queues[key] = Queues(queues, now)
+            queues = counters = None
+        moved = last is None or queues is None or last.queues != queues or (
+            counters is not None and last.counters is not None and last.counters != counters)
+        if moved or last is None:
+            last = self.queues[key] = Queues(queues, now, counters=counters)
+        else:
+            last.counters = counters  # known from now on, or no longer (the queues say)
         last.unread = sum(rx for _, _, rx in queues or ())
         last.read_at = now
         return last

@@ -68,3 +68,23 @@ def test_a_pid_already_gone_wakes_the_loop_when_it_is_watched(watcher):
     watcher.wake.clear()
     watcher.watch({proc.pid})  # the watcher was asleep: the change wakes it
     assert watcher.wake.wait(1.0)
+
+
+def test_a_pid_that_is_no_process_wakes_the_loop_once(watcher):
+    """Issue 57, item 9: a thread's id (no pidfd: ENOENT or EINVAL) wakes the loop once
+    as a gone pid does, not at every retry (5 times a second, for every user)."""
+    ready, done = threading.Event(), threading.Event()
+    worker = threading.Thread(target=lambda: (ready.set(), done.wait(10)))
+    worker.start()
+    try:
+        ready.wait(2)
+        assert worker.native_id != os.getpid()
+        watcher.wake.clear()
+        watcher.watch({worker.native_id})
+        assert watcher.wake.wait(1.0)  # the scan looks at it now
+        watcher.wake.clear()
+        time.sleep(1.0)
+        assert not watcher.wake.is_set()  # ~5 wakes at the old retry every 0.2 s
+    finally:
+        done.set()
+        worker.join()

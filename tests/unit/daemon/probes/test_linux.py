@@ -112,8 +112,13 @@ def _tools(folder, names: tuple[str, ...]) -> str:
 @pytest.mark.parametrize("have, picked", [
     (("gdb", "py-spy"), "gdb"), (("py-spy",), "py-spy"), (("gdb",), "gdb"), ((), None)])
 def test_native_evidence_takes_gdb_before_py_spy(tmp_path, monkeypatch, have, picked):
-    """Evidence is taken from frozen ranks: gdb reads a stopped process, py-spy cannot."""
-    monkeypatch.setenv("PATH", _tools(tmp_path, have))
+    """Evidence is taken from frozen ranks: gdb reads a stopped process, py-spy cannot.
+    Each is looked for in the daemon's own tool folders (host.TOOL_PATH), never on the
+    caller's PATH (issue 57)."""
+    from watchdog import host
+
+    monkeypatch.setattr(host, "TOOL_PATH", _tools(tmp_path, have))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     command = LinuxProbe().stack_command(4242)
     assert (None if command is None else os.path.basename(command[0])) == picked
     if command is not None:
@@ -136,3 +141,39 @@ def test_the_native_evidence_command_reads_a_stopped_process_and_leaves_it_stopp
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_held_wired_memory_is_every_processs_locked_and_locked_segments(tmp_path) -> None:
+    """Issue 57, item 3: what live processes lock (VmLck, any uid) and SysV segments
+    locked with SHM_LOCK (mode bit 02000; they outlive their processes) are theirs."""
+    from watchdog.daemon.act.wired import HELD, wired_check
+    from watchdog.daemon.probes.linux import locked_bytes
+
+    for pid, kib in (("10", 8192), ("11", 0), ("12", 4096)):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "status").write_text(f"Name:\tx\nUid:\t1\t1\t1\t1\nVmLck:\t{kib} kB\n")
+    (tmp_path / "sysvipc").mkdir()
+    head = "key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap\n"
+    locked = "0 1 3600 4194304 5 5 0 1 1 1 1 0 0 0 4194304 0\n"  # 02000 | 0600
+    unlocked = "0 2 600 4194304 5 5 0 1 1 1 1 0 0 0 4194304 0\n"
+    (tmp_path / "sysvipc" / "shm").write_text(head + locked + unlocked)
+    assert locked_bytes(str(tmp_path)) == (8 + 4 + 4) << 20
+    assert locked_bytes(str(tmp_path / "none")) is None
+    gib = 1 << 30
+    # 1.5 GiB above the baseline, 1 GiB threshold: 600 MiB held leaves 900 MiB: theirs.
+    said = wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
+                       lambda: 600 << 20)
+    assert said.wired_check == HELD
+    assert wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
+                       lambda: 100 << 20).wired_check == "leaked"
+    assert wired_check(10 * gib, 10 * gib + 1536 * 2**20, gib, lambda: False,
+                       lambda: None).wired_check == "leaked"  # unknown: as before
+
+
+def test_a_tool_on_the_callers_path_is_never_run(tmp_path, monkeypatch):
+    """Issue 57: root's daemon started from a shell whose PATH leads through a user's
+    folder with a `gdb` in it runs the system's gdb (or none), never that one."""
+    monkeypatch.setenv("PATH", _tools(tmp_path, ("gdb", "py-spy")) + os.pathsep
+                       + os.environ["PATH"])
+    command = LinuxProbe().stack_command(4242)
+    assert command is None or not command[0].startswith(str(tmp_path)), command

@@ -1,6 +1,7 @@
 """The macOS probe on any OS: wired memory as psutil reports it on a Mac, through the
-reboot-flag logic, and `sample` as the native-stack tool (a stand-in on PATH that
-prints what the real one prints, hangs, or fails), parsed into the incident."""
+reboot-flag logic, and `sample` as the native-stack tool (a stand-in at the tool's
+path that prints what the real one prints, hangs, or fails), parsed into the incident.
+The probe runs a Mac's tools by their absolute paths, never one found on PATH."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.support.fakes import DIES_ON_TERM, FakeClock, FakeSignaller, target
 from tests.support.ladders import respond
 from watchdog.daemon.act.enforcer import Enforcer
 from watchdog.daemon.config import Settings
-from watchdog.daemon.probes import ProbeError, probe, samplegraph
+from watchdog.daemon.probes import ProbeError, macos, probe, samplegraph
 from watchdog.daemon.probes.macos import MacProbe
 from watchdog.daemon.store import journal
 from watchdog.status import Incident
@@ -185,8 +186,9 @@ def test_parse_caps_the_thread_count():
 
 @pytest.fixture
 def fake_sample_on_path(monkeypatch, tmp_path):
+    """The stand-in as the Mac's /usr/bin/sample (its absolute path the probe's TOOLS)."""
     log = tmp_path / "sample-argv.log"
-    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(macos.TOOLS, "sample", str(BIN / "sample"))
     monkeypatch.setenv("FAKE_SAMPLE_LOG", str(log))
     return log
 
@@ -254,8 +256,12 @@ def test_sample_that_hangs_is_cut_at_the_evidence_timeout(fake_sample_on_path, m
     assert result["outcome"] == {"101": "killed"}
 
 
-def test_no_sample_on_path_means_no_native_evidence(monkeypatch, state_dir, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))
+def test_no_sample_at_its_path_means_no_native_evidence(monkeypatch, state_dir, tmp_path):
+    """No /usr/bin/sample (this Linux host): none, even with a `sample` first on PATH
+    (issue 57: a root daemon started from a user's shell runs no tool of theirs)."""
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    assert all(MacProbe().tool(path) is None for path in macos.TOOLS.values())
+    assert MacProbe().tool("sample") is None and MacProbe().tool(str(BIN / "sample")) is None
     result, _ = end_to_end(state_dir)
     assert "native_hot" not in result and result["evidence"] == []
 
@@ -360,3 +366,29 @@ def test_incidents_output_survives_a_malformed_native_hot():
     assert lines == ["    native stacks, rank 0 pid 1:", "      T: 3 of 3 samples in f",
                      "    native stacks, rank 1 pid 2: no call graph"]
     assert _native_hot_lines(native_hot({"not": "a list"})) == []
+
+
+def test_held_wired_memory_on_a_mac_is_each_processs_wired_size() -> None:
+    """Issue 57, item 3: ri_wired_size (proc_pid_rusage, after ri_pageins) of every
+    live process, summed; none readable (not root): unknown."""
+    import struct
+
+    from watchdog.daemon.probes import macos
+
+    class Ps:
+        @staticmethod
+        def pids() -> list[int]:
+            return [1, 2, 3]
+
+    class Lib:
+        def __init__(self, readable: bool) -> None:
+            self.readable = readable
+
+        def proc_pid_rusage(self, pid, flavor, buffer) -> int:  # type: ignore[no-untyped-def]
+            if not self.readable or pid.value == 3:
+                return -1
+            struct.pack_into("<Q", buffer, macos.WIRED_OFFSET, pid.value << 20)
+            return 0
+
+    assert MacProbe(ps=Ps, libproc=Lib(True)).held_wired_bytes() == 3 << 20
+    assert MacProbe(ps=Ps, libproc=Lib(False)).held_wired_bytes() is None

@@ -113,7 +113,7 @@ def test_a_throttled_macs_pmset_is_a_stragglers_cause(tmp_path: Path) -> None:
     recorded.write_text(PMSET_HOT)
     printer = [sys.executable, "-c",
                f"import sys; sys.stdout.write(open({str(recorded)!r}).read())"]
-    probe = MacProbe(tool=lambda name: printer if name == "pmset" else None)
+    probe = MacProbe(tool=lambda path: printer if path == "/usr/bin/pmset" else None)
     thermal = probe.thermal()
     assert thermal is not None and thermal.endswith("CPU speed limit 71% (thermal)")
     flat_out = Pace(30.0, 0.0, 5.0, 0.0, 0.0, busy=0.97)
