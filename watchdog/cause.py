@@ -13,6 +13,8 @@ The decision table, first match wins (docs/operations.md has one section per cau
 | ------------------- | ------------------------------------------------------------------- |
 | `peer_stopped`      | a rank of the job is stopped or traced (here or on a peer node)     |
 | `peer_dead`         | a rank of the job is gone while another waits                       |
+| `secret_refused`    | a rank no node reports, and a node answers but refuses this node's  |
+|                     | secret (bad signature): the secrets differ; `doctor` says which     |
 | `node_unreachable`  | a rank no node reports, and a node did not answer                   |
 | `data_link_down`    | every node answers, but a rank's probe of its peers' data path fails |
 | `mismatch`          | a rank waits while a peer is idle, or outside a wait and not computing, |
@@ -58,6 +60,18 @@ class Cause(Word):
     LOCAL_BLOCKED = "local_blocked"
     UNKNOWN = "unknown"
     QUIET_HANG = "quiet_hang"  # the node's own judgement (detector), never the table's
+    SECRET_REFUSED = "secret_refused"  # a node answers, signed with another secret
+
+
+# What a node that answers, but not signed with this node's secret, is said to do: the
+# secrets differ (or it has none). A node's failed answer with these words (net/cluster.py)
+# is told from one that does not answer: cause `secret_refused`, whose fix is `doctor`.
+REFUSED = "answers but refuses this node's secret (bad signature)"
+
+
+def refused(error: str | None) -> bool:
+    """Whether a node's failed answer is one signed with another secret (or none)."""
+    return error == REFUSED
 
 
 # In the vocabulary's order, not the table's (`decide`'s branches are): the metrics list
@@ -160,10 +174,11 @@ def spinning(rank: RankStatus) -> bool | None:
 
 
 def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
-           unreachable: Sequence[str] = ()) -> Finding:
+           unreachable: Sequence[str] = (), refused: Sequence[str] = ()) -> Finding:
     """The cause of a hung job: `ranks` as the nodes that answered report them,
     `missing` the rank numbers no node reports, `unreachable` the nodes that did not
-    answer (by address)."""
+    answer (by address), `refused` those of them that answer but refuse this node's
+    secret (bad signature)."""
     ranks = sorted(ranks, key=lambda r: (r.rank if r.rank is not None else -1, r.pid or 0))
     waiting = [r for r in ranks if r.phase in WAITING_PHASES and r.state not in ENDED
                and r.state != State.STOPPED]
@@ -178,6 +193,12 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
         how = f"{r.state}: {r.reason}" if r.reason else r.state
         return Finding(Cause.PEER_DEAD, r, f"{who(r)} is gone ({how}) at {where(r)}; "
                                            + _wait_note(waiting, tail=" for it"))
+    refusing = [n for n in refused if n in unreachable] if unreachable else list(refused)
+    if missing and refusing:
+        return Finding(Cause.SECRET_REFUSED, None,
+                       f"{', '.join(refusing)} answers but refuses this node's secret (bad "
+                       f"signature), so rank {missing[0]} behind it is not seen; "
+                       + _wait_note(waiting))
     if missing and unreachable:
         nodes = ", ".join(unreachable)
         return Finding(Cause.NODE_UNREACHABLE, None,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.netbed import RING_PORT, Bed, health_seen
+from tests.support.netbed import RING_PORT, SECRET, Bed, health_seen
 from tests.support.ranks import REPO, wait_for
 
 pytestmark = pytest.mark.ranks
@@ -31,6 +31,7 @@ DEADLINE = 3.0
 # SIGTERM's grace (1 s): 12 s bounds it on a loaded machine.
 BOUND = 12.0
 PEER_TIMEOUT = 1.0
+EVIDENCE = 4.0  # seconds: the evidence time box where native stacks are asked for (gdb)
 TERM_SPREAD = 0.5  # seconds between a job's first and last SIGTERM across the hosts
 FIGURES: dict[str, float] = {}
 
@@ -146,7 +147,10 @@ def test_a_stopped_rank(hosts, fences):
     is polled throughout: 200 while it runs, 503 from before the verdict through its
     end, and 200 again once the job is relaunched under its name."""
     named = {"MLX_WATCHDOG_JOB": "bed-stopped"} if fences else None
-    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop", env=named)
+    # With fences, an evidence time box long enough for gdb: each node's frozen rank's
+    # native stacks are taken, the stopped culprit's on the fenced node.
+    (d0, d1), job, job_id = start(hosts, fences, "catch" if fences else "loop", env=named,
+                                  daemon={"evidence_timeout": EVIDENCE} if fences else None)
     if fences:
         poller = hosts.hosts[0].watch_health(f"/jobs/{job_id}/health")
         wait_for(lambda: hosts.hosts[0].get(f"/jobs/{job_id}/health")[0] == 200, 10,
@@ -185,7 +189,25 @@ def test_a_stopped_rank(hosts, fences):
         assert max(s["time"] for s in sent if s["signal"] == "SIGSTOP") < min(terms.values())
         FIGURES["SIGSTOP rank 1: first to last SIGTERM across the hosts"] = spread = \
             max(terms.values()) - min(terms.values())
-        assert spread < TERM_SPREAD, sent
+        # One moment, or the fenced node's SIGTERM once its evidence is in (its rank frozen
+        # until then: it sees no peer end), within the fence's window.
+        assert spread < TERM_SPREAD or terms[job.pids[1]] - terms[job.pids[0]] < \
+            EVIDENCE + 1.0, sent
+        # Evidence on both nodes: the frozen culprit's native stacks in the fenced node's
+        # incident (its Python stack missing, said why: it was stopped already), each
+        # incident naming the other's (host and id).
+        culprit_native = f"rank1-pid{job.pids[1]}-native.txt"
+        assert culprit_native in [f.rsplit("/", 1)[-1] for f in theirs["evidence"]], theirs
+        native = (d1.state_dir / "evidence" / theirs["id"] / culprit_native).read_text()
+        assert "Thread" in native and "#0 " in native, native[:500]
+        assert (d1.state_dir / "evidence" / theirs["id"]
+                / f"rank1-pid{job.pids[1]}-python-missing.txt").exists()
+        assert f"rank0-pid{job.pids[0]}-native.txt" in " ".join(mine["evidence"]), mine
+        froze = min(s["time"] for s in theirs["signals"] if s["signal"] == "SIGSTOP")
+        FIGURES["SIGSTOP rank 1: the fenced node's freeze to its SIGTERM (its evidence)"] = \
+            terms[job.pids[1]] - froze
+        assert mine["elsewhere"] == [{"host": hosts.hosts[1].name, "incident": theirs["id"]}]
+        assert theirs["elsewhere"] == [{"host": hosts.hosts[0].name, "incident": mine["id"]}]
         has_cause(theirs, "peer_stopped", stopped)
         assert hosts.hosts[0].name in theirs["reason"]
         code, done, _ = status_until(hosts.hosts[0], lambda c, j, v: j["state"] != "hung", 10,
@@ -220,6 +242,81 @@ def test_a_stopped_rank(hosts, fences):
         assert code == 1 and left["state"] == "hung", left
         assert left["culprit"]["rank"] == 1 and left["culprit"]["state"] == "stopped"
         has_cause(left, "peer_stopped", stopped)
+
+
+def test_a_wrong_secret_is_its_own_cause_and_leaves_no_rank_frozen(hosts):
+    """Host 1 holds another secret; rank 1 there is stopped. Host 0 ends rank 0 (frozen
+    first, then SIGTERM: never left stopped), and says why it could not see rank 1 nor
+    fence host 1, in words `doctor` fixes: host 1 "answers but refuses this node's secret
+    (bad signature)", in the incident's summary, its `freeze`, `incidents` and `cluster
+    status`. Rank 1, stopped by the test, resumed as the runbook says, exits: its
+    launcher would not hang."""
+    h0, h1 = hosts.hosts
+    d0 = h0.start_daemon(True)
+    d1 = h1.start_daemon(True, secret="another-secret-on-this-node")
+    for d in (d0, d1):
+        wait_for(lambda d=d: d.alive() and (d.state_dir / "status.json").exists(), 30,
+                 what="a host's daemon's first scan")
+    job = hosts.ring("loop")
+    job.wait_running()
+    job_id = d0.ranks()[job.pids[0]]["job"]
+    job.signal(1, signal.SIGSTOP)
+    began = time.monotonic()
+    wait_for(lambda: job.procs[0].poll() is not None, BOUND, what="rank 0 ended")
+    FIGURES["wrong secret: rank 0 ended"] = time.monotonic() - began
+    refuses = f"{h1.endpoint} answers but refuses this node's secret (bad signature)"
+    mine = incident(d0, job_id)
+    assert mine["cause"] == "secret_refused" and mine["summary"].startswith(refuses), mine
+    assert mine["outcome"] == {str(job.pids[0]): "killed"}, mine
+    assert mine["freeze"] == f"1 rank frozen; {refuses}", mine["freeze"]
+    sent = [(s["signal"], s["result"]) for s in mine["signals"]]
+    assert sent[0] == ("SIGSTOP", "sent") and ("SIGCONT", "sent") in sent, sent
+    assert "bad signature" in d1.log() and incidents_of(d1, job_id) == []
+    shown = subprocess.run([sys.executable, "-m", "watchdog.cli", "incidents", "--state-dir",
+                            str(d0.state_dir)], capture_output=True, text=True, cwd=REPO,
+                           timeout=60).stdout
+    assert f"secret_refused: {refuses}" in shown, shown
+    assert mine["cluster"]["cause"] == "secret_refused", mine["cluster"]  # the daemon's view
+    # `cluster status` on host 0 as configured (its file's peers and secret, no
+    # argument): the same story as its incident.
+    config = d0.state_dir.parent / "node.toml"
+    config.write_text(f'peers = ["{h1.endpoint}"]\nsecret = "{SECRET}"\n'
+                      f'listen = "{h0.endpoint}"\n')
+    config.chmod(0o600)
+    done = subprocess.run(h0.wrap([sys.executable, "-m", "watchdog.cli", "cluster", "status",
+                                   "--config", str(config), "--state-dir", str(d0.state_dir)]),
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"node {h1.endpoint}: answers but refuses this node's secret (bad signature): run " \
+           "`mlx-watchdog doctor`" in done.stdout, done.stdout
+    assert f"cause: secret_refused: {refuses}" in done.stdout, done.stdout
+    # The runbook's `kill -CONT` on host 1: the stopped rank leaves on its own error.
+    job.signal(1, signal.SIGCONT)
+    wait_for(job.gone, 15, what="rank 1 gone once resumed")
+
+
+def test_a_ctrl_c_of_a_one_node_job_with_the_node_in_its_own_peers(hosts):
+    """Both ranks on host 0, whose daemon lists itself among its peers (one file for
+    every node): a user's Ctrl-C is no hang. No incident (the ranks leave within the 5 s
+    grace), no fence sent to itself: its own address is skipped everywhere."""
+    h0, h1 = hosts.hosts
+    d0 = h0.start_daemon(True, self_peer=True)
+    h1.start_daemon(True, self_peer=True)
+    wait_for(lambda: d0.alive() and (d0.state_dir / "status.json").exists(), 30,
+             what="host 0's daemon's first scan")
+    job = hosts.ring("loop", on=[h0, h0])
+    job.wait_running()
+    job_id = d0.ranks()[job.pids[0]]["job"]
+    for rank in (0, 1):  # the terminal's Ctrl-C: every rank of the foreground group
+        job.signal(rank, signal.SIGINT)
+    wait_for(job.gone, 10, what="both ranks gone on Ctrl-C")
+    time.sleep(5.5)  # past the 5 s grace: nothing left to end, nothing ended
+    assert incidents_of(d0, job_id) == [], incidents_of(d0, job_id)
+    log = d0.log()
+    assert f"peer {h0.endpoint} is this node (its listen {h0.endpoint}): skipped" in log
+    assert f"fence from {h0.name}" not in log, told(d0)  # never fenced itself
+    fenced = [line for line in log.splitlines() if f"fenced job {job_id}" in line]
+    assert len(fenced) <= 1 and h0.endpoint not in "".join(fenced), fenced
 
 
 def never_healthy_while_cut_off(host, job, until_gone: float) -> list[str]:

@@ -87,17 +87,20 @@ class Host:
 
     # -- its daemon ----------------------------------------------------------------
 
-    def new_daemon(self, fences: bool, at_defaults: bool = False,
+    def new_daemon(self, fences: bool, at_defaults: bool = False, *,
+                   self_peer: bool = False, secret: str = SECRET,
                    **options: object) -> DaemonProc:
         """A fresh daemon (new record and state directories) for this host: the bed's
         short timings, or (`at_defaults`) every setting at its default but the
-        directories, the address, the peers and the secret, as an operator runs it."""
+        directories, the address, the peers and the secret, as an operator runs it.
+        `self_peer`: its own address among its peers (one file for every node);
+        `secret`: another node's, to prove a mismatch."""
         run = self.root / f"run{self.bed.next_id()}"
         (run / "records").mkdir(parents=True)
-        peers = [h.endpoint for h in self.bed.hosts if h is not self]
+        peers = [h.endpoint for h in self.bed.hosts if h is not self or self_peer]
         args = [a for p in peers for a in ("--peers", p)]
         if fences:
-            args += ["--secret", SECRET]
+            args += ["--secret", secret]
         settings = {**TIMINGS, "listen": self.endpoint, **options}
         daemon = DaemonProc(run / "records", run / "state", *args, **settings)
         if at_defaults:
@@ -109,7 +112,7 @@ class Host:
 
     def start_daemon(self, fences: bool, at_defaults: bool = False,
                      **options: object) -> DaemonProc:
-        daemon = self.new_daemon(fences, at_defaults, **options)
+        daemon = self.new_daemon(fences, at_defaults, **options)  # type: ignore[arg-type]
         daemon.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(daemon.log_path, "ab")  # noqa: SIM115
         daemon.proc = subprocess.Popen(daemon.argv, stdout=log, stderr=subprocess.STDOUT,
@@ -272,10 +275,10 @@ class Bed:
         return daemons
 
     def ring(self, mode: str = "loop", *args: str,
-             env: dict[str, str] | None = None) -> BedJob:
-        """One ring rank per host (tests/support/rank_prog.py MODE), rank i on host i;
-        `env` added to each rank's environment."""
-        return BedJob(self, mode, args, env).start()
+             env: dict[str, str] | None = None, on: list[Host] | None = None) -> BedJob:
+        """One ring rank per host (tests/support/rank_prog.py MODE), rank i on host i
+        (or on `on[i]`: a one-node job); `env` added to each rank's environment."""
+        return BedJob(self, mode, args, env, on).start()
 
     def end_process(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
@@ -316,8 +319,9 @@ class BedJob:
     daemon's record directory."""
 
     def __init__(self, bed: Bed, mode: str, args: tuple[str, ...],
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, on: list[Host] | None = None) -> None:
         self.bed, self.mode, self.args, self.env = bed, mode, args, env or {}
+        self.hosts = on or bed.hosts
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
 
@@ -325,8 +329,10 @@ class BedJob:
         run = self.bed.workdir / f"job{self.bed.next_id()}"
         run.mkdir(parents=True)
         hostfile = run / "hosts.json"
-        hostfile.write_text(json.dumps([[f"{h.address}:{RING_PORT}"] for h in self.bed.hosts]))
-        for rank, host in enumerate(self.bed.hosts):
+        # Two ranks on one host listen on two ports: the second RING_PORT + 1.
+        hostfile.write_text(json.dumps([[f"{h.address}:{RING_PORT + self.hosts[:rank].count(h)}"]
+                                        for rank, h in enumerate(self.hosts)]))
+        for rank, host in enumerate(self.hosts):
             assert host.daemon is not None, "start the daemons first"
             env = base_env(host.daemon.record_dir, MLX_HOSTFILE=str(hostfile),
                            MLX_RANK=str(rank), **self.env)
@@ -354,7 +360,7 @@ class BedJob:
                     raise AssertionError(f"rank {rank} exited early ({p.returncode}):\n"
                                          + self.log(rank))
             shown = [h.daemon.ranks().get(pid) if h.daemon else None
-                     for h, pid in zip(self.bed.hosts, self.pids, strict=True)]
+                     for h, pid in zip(self.hosts, self.pids, strict=True)]
             return all(r and r["collectives"] >= collectives for r in shown)
         wait_for(ready, timeout, what="a ring rank running on each host")
 

@@ -47,6 +47,27 @@ def test_a_rank_behind_an_unreachable_node_is_node_unreachable():
     assert "rank 0 on h0 (pid 100) waits in all_sum #8 (16 MiB)" in found.summary
 
 
+def test_a_rank_behind_a_node_refusing_this_nodes_secret_is_secret_refused():
+    """A node that answers unsigned by this node's secret is no unreachable host: its own
+    cause, in the words `doctor` is the fix for, in the view and `cluster status`."""
+    from watchdog.cause import REFUSED
+
+    found = cause.decide([rank(0)], missing=[1], unreachable=["10.0.0.2:9753"],
+                         refused=["10.0.0.2:9753"])
+    assert found.cause == cause.Cause.SECRET_REFUSED and found.culprit is None
+    assert found.summary.startswith("10.0.0.2:9753 answers but refuses this node's secret "
+                                    "(bad signature), so rank 1 behind it is not seen; ")
+    nodes = [NodeAnswer("local", True, NodeStatus(host="h0", ranks=(rank(0),))),
+             NodeAnswer("10.0.0.2:9753", False, error=REFUSED)]
+    view = cluster.analyze(nodes)
+    (job,) = view.jobs
+    assert job.cause == "secret_refused" and "refuses this node's secret" in job.summary
+    assert "10.0.0.2:9753 answers but refuses" in job.culprit.reason
+    assert "((" not in job.culprit.reason and "))" not in job.culprit.reason
+    shown = render_text(view)
+    assert "secret_refused" in shown and "answers but refuses this node's secret" in shown
+
+
 def test_a_failed_probe_of_the_data_path_with_every_daemon_answering_is_data_link_down():
     down = "down 10.0.0.2:5151 (connect timed out after 1s)"
     found = cause.decide([rank(0, data_link=down), rank(1, data_link=down)])

@@ -424,7 +424,56 @@ def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     values = _values(file_values, overrides)
     settings = Settings(**{k: v for k, v in values.items() if k not in LAUNCH_KEYS})
     _check(settings)
+    mine = own_peers(settings.listen, settings.peers)
+    if mine:  # one file for every node lists each node too: never a peer of itself
+        settings = dataclasses.replace(
+            settings, peers=tuple(p for p in settings.peers if p not in mine))
     return settings
+
+
+def _local_names() -> set[str]:
+    """This machine's names and addresses, lower-cased: its host name (with and without
+    `.local`, a Mac's), loopback, and every interface's address (psutil, no lookup)."""
+    import socket
+
+    name = socket.gethostname().lower()
+    names = {name, name.split(".")[0], name.split(".")[0] + ".local", "localhost",
+             "127.0.0.1", "::1", "0.0.0.0", "::"}  # noqa: S104 - compared, never bound
+    try:
+        import psutil
+
+        for addrs in psutil.net_if_addrs().values():
+            names.update(a.address.split("%")[0].lower() for a in addrs if a.address)
+    except (ImportError, OSError):  # a host whose interfaces cannot be listed
+        pass
+    return names
+
+
+def own_peers(listen: str, peers: tuple[str, ...]) -> tuple[str, ...]:
+    """The peers that are this node's own daemon: its `listen` address itself, or (the
+    same port) its host name or one of its addresses. Read from names and interfaces
+    alone, never a DNS lookup (a config load must not wait on one)."""
+    if not peers:
+        return ()
+    try:
+        host_part, port = parse_listen(listen)
+    except ConfigError:
+        return ()
+    wildcard = host_part in ("0.0.0.0", "::", "")  # noqa: S104 - compared, never bound
+    local = _local_names()
+    mine = []
+    for peer in peers:
+        try:
+            peer_host, peer_port = parse_listen(peer)
+        except ConfigError:
+            continue
+        peer_host = peer_host.lower()
+        if peer_port != port:
+            continue
+        if peer_host == host_part.lower() or (
+                peer_host in local and (wildcard or host_part.lower() in local)):
+            mine.append(peer)
+    return tuple(mine)
 
 
 def build_launch(file_values: dict[str, Any], overrides: dict[str, Any]) -> LaunchSettings:

@@ -18,7 +18,7 @@ from typing import Any
 from watchdog import procstat
 from watchdog.daemon.act import told
 from watchdog.daemon.act.exo import delay_here
-from watchdog.daemon.act.incidents import death_culprit
+from watchdog.daemon.act.incidents import death_culprit, new_id
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Live, PeerSettings, Settings, live
@@ -59,6 +59,7 @@ class RanksToEnd:
     job: str
     keys: frozenset[Key]
     fence: Fence
+    incident: str = ""  # the id its answer gave (a peer's fence): its incident's
 
 
 class Fences:
@@ -118,12 +119,17 @@ class Fences:
             else:
                 log.info("fence from %s: no rank of job %s of uid %s here to end (%s)",
                          request.origin, job, uid, request.reason)
+            # Its incident's id, given in the answer: the origin's incident names it
+            # (where the evidence of the job's ranks here is).
+            incident = new_id(self.peers.wall()) if ranks else ""
             if ranks:
-                self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request))
+                self._queue.append(RanksToEnd(uid, job, frozenset(r.key for r in ranks), request,
+                                              incident))
             else:  # held frozen by an earlier fence of the job, maybe: its SIGTERM now
                 self._hurry.append((uid, job, self.term_in(request)))
             self.wake.set()  # the loop, maybe asleep for its interval, begins it
-        return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)))
+        return 202, FenceAnswer(job, uid, tuple(sorted(r.record.pid for r in ranks)),
+                                incident=incident or None, host=self.host)
 
     def term_in(self, fenced: Fence) -> float:
         """Seconds a fenced job's ranks are held frozen before their SIGTERM: until the

@@ -46,6 +46,9 @@ from watchdog.status import Fence, FenceAnswer, NodeStatus
 
 log = logging.getLogger(__name__)
 
+# Seconds a fence must hold its ranks frozen for this node to take their stacks first.
+MIN_WINDOW = 0.5
+
 
 class Daemon:
     """One node's watchdog: each scan reads the record directory, judges every live
@@ -160,14 +163,15 @@ class Daemon:
     def _begin_fences(self) -> None:
         """The peers' fences queued by the HTTP thread: their responses begun here."""
         for ending, ranks in self.fences.queued():
-            self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
+            self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence,
+                           incident_id=ending.incident)
         for uid, job, term_in in self.fences.hurried():
             self.responses.hurry(uid, job, term_in)
 
     # -- acting ----------------------------------------------------------------
 
     def _escalate(self, uid: int, job: str, due: list[Rank],
-                  fenced: Fence | None = None) -> None:
+                  fenced: Fence | None = None, incident_id: str = "") -> None:
         local = self.table.job(uid, job)
         due = [r for r in due if r.record.uid == uid]
         # A fence names its ranks (a peer's: every live one of the job; a local death's:
@@ -180,7 +184,8 @@ class Daemon:
         incident = new_incident(
             wall=self.clock.wall(), host=self.host, uid=uid, job=job,
             mode=self.settings.mode, kill_scope=self.settings.kill_scope, due=due,
-            targets=targets, local=local, fenced=fenced, links=self.jobs.links_of())
+            targets=targets, local=local, fenced=fenced, links=self.jobs.links_of(),
+            incident_id=incident_id)
         ask_peers = bool(self.settings.peers) and fenced is None
         if not ask_peers:  # else the response logs it, once it knows it will not hold
             log.error("%s", told.verdict_line(incident, self.settings.mode == Mode.ENFORCE,
@@ -201,10 +206,15 @@ class Daemon:
 
         may_hold = fenced is None and holds.may_hold(due, self.jobs.detector.rules)
         self.jobs.settle(keys)  # no rank of it still under our stack sampler's trace
+        # A peer's fence holds its ranks frozen until the moment it names: their
+        # evidence is taken meanwhile (a local death's, ended at once, has none; nor a
+        # window too short for a dump: a rank resumed for it would only run on).
+        term_in = None if fenced is None else self.fences.term_in(fenced)
         self.responses.start(keys, now, uid, job, incident,
                              [r.target() for r in targets], others_live,
                              ask_peers=ask_peers, may_hold=may_hold, evidence=fenced is None,
-                             term_in=None if fenced is None else self.fences.term_in(fenced))
+                             term_in=term_in,
+                             gather=fenced is None or (term_in or 0.0) >= MIN_WINDOW)
 
     def fence_request(self, headers: object, body: bytes,
                       sender: str = "") -> tuple[int, FenceAnswer]:

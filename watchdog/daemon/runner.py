@@ -16,6 +16,8 @@ from watchdog.daemon.config import (
     Settings,
     SetupRefused,
     load,
+    load_file,
+    own_peers,
     parse_listen,
     secret_exposed,
 )
@@ -153,6 +155,20 @@ def describe(settings: Settings, config_path: str | None,
     return lines
 
 
+def _itself(listen: str, config_path: str | None, overrides: dict[str, Any]) -> tuple[str, ...]:
+    """The peers as given (the flags', else the file's) that are this node itself: the
+    settings hold them no more (config.own_peers), the start line says so."""
+    given = overrides.get("peers")
+    if not given and config_path:
+        try:
+            given = load_file(config_path).get("peers")
+        except ConfigError:
+            given = None
+    listed = tuple(p for p in given if isinstance(p, str)) if isinstance(
+        given, (list, tuple)) else ()
+    return own_peers(listen, listed)
+
+
 def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str | None = None,
                overrides: dict[str, Any] | None = None) -> None:
     """Run until SIGTERM or SIGINT; the scan loop in this thread, HTTP in its own.
@@ -205,6 +221,9 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
                     "mlx_job: docs/operations.md, Upgrading)")
     for level, line in describe(settings, config_path, watchdog_interval()):
         log.log(level, "%s", line)
+    for peer in _itself(settings.listen, config_path, overrides or {}):
+        log.info("peer %s is this node (its listen %s): skipped (no fence, view or check "
+                 "of itself)", peer, settings.listen)
 
     def reload() -> None:
         if config_path is None:
@@ -219,14 +238,20 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
         before = daemon.settings
         applied, changed, kept = reloaded(before, new)
         # Said first: what applying it logs (a peer that does not resolve) follows it.
-        log.info("SIGHUP: reloaded %s: %s", config_path, "; ".join(changed) or "nothing changed")
+        # One story: "nothing changed" only when nothing did, not before "kept" below.
+        if changed or not kept:
+            log.info("SIGHUP: reloaded %s: %s", config_path,
+                     "; ".join(changed) or "nothing changed")
         daemon.apply_settings(applied)
         if applied.peers != before.peers:
             set_peers(server, applied.peers)
         server.fence = (  # type: ignore[attr-defined]
             daemon.fence_request if applied.secret else None)
         if kept:
-            log.warning("SIGHUP: needs a restart, kept as running: %s", "; ".join(kept))
+            log.warning("SIGHUP: %s: needs a restart, kept as running: %s",
+                        "reloaded " + config_path + (", the rest applied" if changed else
+                                                     ", nothing else changed"),
+                        "; ".join(kept))
         exposed = secret_exposed(config_path)
         if exposed:
             log.warning("%s", exposed)

@@ -104,14 +104,22 @@ class InterruptTracebacks:
             pass  # our own stderr is gone: keep reading, or mlx.launch blocks on the pipe
 
 
+TRACEBACK = b"Traceback (most recent call last):"
+
+
 def pump(stream: IO[bytes], attempt: Attempt,
          interrupted: Callable[[], bool] = lambda: False) -> None:
-    """Pass mlx.launch's stderr through as it comes, and read its per-rank lines; once
-    `interrupted`, line by line, its KeyboardInterrupt tracebacks held back."""
+    """Pass mlx.launch's stderr through as it comes, and read its per-rank lines; its
+    KeyboardInterrupt tracebacks held back. Always, not only once our handler saw the
+    interrupt: a terminal's Ctrl-C reaches mlx.launch with us, and its traceback may be
+    read before our handler runs. A line is passed on as it comes unless it may start a
+    traceback (then whole: `InterruptTracebacks`). `interrupted` is no longer read."""
+    del interrupted
     out = sys.stderr.buffer
     quiet = InterruptTracebacks(out)
     pending = b""
-    unsent = b""  # after an interrupt: the part of a line not yet passed on
+    start = b""  # the start of a line held back: it may begin a traceback
+    through = False  # the current line's start was passed on: the rest of it goes too
     fd = stream.fileno()
     while True:
         try:
@@ -120,20 +128,29 @@ def pump(stream: IO[bytes], attempt: Attempt,
             break
         if not chunk:
             break
-        if interrupted():
-            unsent += chunk
-            *whole, unsent = unsent.split(b"\n")
-            for line in whole:
-                quiet.line(line + b"\n")
-        else:
-            quiet.write(chunk)
+        data = chunk
+        while data:
+            cut = data.find(b"\n") + 1 or len(data)
+            piece, data = data[:cut], data[cut:]
+            whole = piece.endswith(b"\n")
+            if through:
+                quiet.write(piece)
+                through = not whole
+                continue
+            start += piece
+            if whole:
+                quiet.line(start)
+                start = b""
+            elif quiet.held is None and not TRACEBACK.startswith(start.lstrip()[:len(TRACEBACK)]):
+                quiet.write(start)  # a progress bar, a prompt: shown as it comes
+                start, through = b"", True
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
             attempt.see_line(line.decode(errors="replace"))
         pending = pending[-4096:]
-    if unsent:
-        quiet.line(unsent)
+    if start:
+        quiet.line(start)
     quiet.close()
     if pending:
         attempt.see_line(pending.decode(errors="replace"))

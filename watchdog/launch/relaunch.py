@@ -129,7 +129,7 @@ def describe(attempt: Attempt, ending: Ending) -> str:
     if ending is Ending.CLEAN:
         return "every rank exited 0"
     if ending is Ending.INTERRUPTED:
-        return f"interrupted ({signal.Signals(attempt.interrupted).name})"
+        return f"interrupted by {signal.Signals(attempt.interrupted).name}"
     if ending in (Ending.WATCHDOG, Ending.FENCED):
         who = "a fence ended it" if ending is Ending.FENCED else "the watchdog ended it"
         inc = attempt.incident

@@ -56,6 +56,7 @@ class Plan:
     record_dir: str
     settings: Settings  # the node's
     launch: LaunchSettings = LaunchSettings()  # the node's launch keys, the flags applied
+    dir_given: bool = False  # the user named the record directory with --env: not added
 
 
 def say(message: str) -> None:
@@ -117,6 +118,10 @@ class Supervisor:
 
     def argv(self, number: int) -> list[str]:
         ours = [] if self.plan.job_given else ["--env", f"MLX_WATCHDOG_JOB={self.plan.job}"]
+        # The ranks publish where this node's daemon watches (the config's `dir`), on
+        # every host (ssh forwards none of our environment; --env reaches each rank).
+        if not self.plan.dir_given:
+            ours += ["--env", f"MLX_WATCHDOG_DIR={self.plan.record_dir}"]
         return [self.plan.mlx_launch, *ours, "--env", f"{ATTEMPT_ENV}={number}",
                 *self.plan.args]
 
@@ -251,19 +256,19 @@ class Supervisor:
                         incident=attempt.incident.id if attempt.incident else None)
             if not relaunch.restartable(ending, s.restart_on) or s.restart == 0:
                 if ending is not relaunch.Ending.CLEAN:
-                    say(f"job {self.plan.job} attempt {number}: {why} (exit {code})")
+                    say(f"job {self.plan.job} attempt {number}: {why}; exit {code}")
                 return code
             stalled_in_a_row = 0 if progressed else stalled_in_a_row + 1
             if stalled_in_a_row >= s.max_no_progress:
                 reason = (f"{stalled_in_a_row} attempts in a row made no progress past the "
                           f"warm-up ({s.warmup_waits} waits, no hb.step()); last: {why}")
                 self.record("gave_up", number, reason=reason, exit_code=relaunch.EXIT_GAVE_UP)
-                say(f"job {self.plan.job}: giving up: {reason} (exit "
-                    f"{relaunch.EXIT_GAVE_UP})")
+                say(f"job {self.plan.job}: giving up: {reason}; exit "
+                    f"{relaunch.EXIT_GAVE_UP}")
                 return relaunch.EXIT_GAVE_UP
             if number > s.restart:
                 say(f"job {self.plan.job} attempt {number}: {why}; no restart left of "
-                    f"{s.restart} (exit {code})")
+                    f"{s.restart}; exit {code}")
                 return code
             wait = relaunch.backoff(s.restart_backoff, number)
             self.record("restart", number + 1, reason=why, backoff=wait,
@@ -293,8 +298,9 @@ class Supervisor:
         if health.problem is None:
             return True
         self.record("refused", number, reason=health.problem, exit_code=relaunch.EXIT_REFUSED)
-        say(f"job {self.plan.job}: refusing attempt {number}: {health.problem} "
-            f"(exit {relaunch.EXIT_REFUSED})")
+        # "; exit N": what came before may end in a parenthesis of its own.
+        say(f"job {self.plan.job}: refusing attempt {number}: {health.problem}; "
+            f"exit {relaunch.EXIT_REFUSED}")
         return False
 
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from watchdog.cause import REFUSED
 from watchdog.status import NodeAnswer, NodeStatus
 
 __all__ = ["MAX_STATUS_BYTES", "NONCE", "SIGNATURE", "each", "exchange", "fetch", "gather",
@@ -150,7 +151,7 @@ def fetch(peer: str, timeout: float, secret: str | None = None) -> NodeAnswer:
             given = next((v for k, v in said.items() if k.lower() == SIGNATURE.lower()), "")
             if not hmac.compare_digest(sign_status(secret, nonce, body).encode(),
                                        given.encode("utf-8", "replace")):
-                raise ValueError("answer not signed with the shared secret")
+                raise ValueError(REFUSED)
         answer = json.loads(body)
         if not isinstance(answer, dict) or not isinstance(answer.get("ranks"), list):
             raise ValueError("not an mlx-watchdog /status")

@@ -81,16 +81,18 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 def make(secret: str, job: str, origin: str, reason: str, culprit: Culprit | None,
          now: float | None = None, uid: int = 0, since: float | None = None,
-         term_at: float | None = None) -> tuple[bytes, dict[str, str]]:
+         term_at: float | None = None, incident: str | None = None
+         ) -> tuple[bytes, dict[str, str]]:
     """The body and headers of one fence request: end `uid`'s ranks of `job` that
     started before `since` (when the job was found dead; by default, now): frozen at
-    once, SIGTERMed at `term_at` (wall time; by default, at once)."""
+    once, SIGTERMed at `term_at` (wall time; by default, at once); `incident`: the
+    sender's incident of the job (where its evidence is)."""
     now = time.time() if now is None else now
     term_in = None if term_at is None else round(max(0.0, term_at - now), 3)
     body = json.dumps(Fence(job=job, uid=uid, origin=origin, reason=reason, culprit=culprit,
                             nonce=os.urandom(16).hex(), time=now,
                             since=now if since is None else since,
-                            term_in=term_in).to_json(),
+                            term_in=term_in, incident=incident).to_json(),
                       sort_keys=True).encode()
     timestamp = f"{now:.3f}"
     return body, {"Content-Type": "application/json", TIMESTAMP: timestamp,
@@ -279,13 +281,14 @@ def prove(peer: str, secret: str, origin: str, timeout: float) -> tuple[FenceSen
 
 def send(peers: tuple[str, ...], secret: str, job: str, origin: str, reason: str,
          culprit: Culprit | None, timeout: float, uid: int = 0,
-         since: float | None = None, term_at: float | None = None) -> list[FenceSent]:
+         since: float | None = None, term_at: float | None = None,
+         incident: str | None = None) -> list[FenceSent]:
     """Fence `uid`'s `job` (its ranks started before `since`, to be SIGTERMed at
     `term_at`, wall time) on every peer, each on its own thread within `timeout` (a slow
     peer never holds another's fence back); each answer or error."""
     def one(peer: str) -> FenceSent:
         body, headers = make(secret, job, origin, reason, culprit, uid=uid,  # a nonce each
-                             since=since, term_at=term_at)
+                             since=since, term_at=term_at, incident=incident)
         return post(peer, body, headers, timeout)
 
     return cluster.each(peers, one, timeout,

@@ -51,6 +51,7 @@ from watchdog.status.codec import (
 )
 from watchdog.status.fence import Culprit, Fence, FenceAnswer, FenceSent
 from watchdog.status.incident import (
+    Elsewhere,
     FlightEntry,
     HotFrame,
     HotThread,
@@ -86,7 +87,8 @@ from watchdog.status.rank import (
 __all__ = [
     "ABSENT", "COLLECTIVE_FIELDS", "MAX_TEXT", "OMIT", "RANK_FIELDS", "READ", "WIRE_SKIP", "Absent",
     "ClusterNode", "ClusterView", "ComputingRank", "CounterValues", "Culprit",
-    "DaemonPointer", "Decodable", "Encodable", "Expect", "Fence", "FenceAnswer", "FenceSent",
+    "DaemonPointer", "Decodable", "Elsewhere", "Encodable", "Expect", "Fence", "FenceAnswer",
+    "FenceSent",
     "FlightEntry", "HoldingRank", "HotFrame", "HotThread", "Incident", "IncidentRank",
     "JobCulprit", "JobState", "JobView", "LastCollective", "LaunchEvent", "NativeHot",
     "NodeAnswer", "NodeStatus", "PathFrame", "PeerView", "RankStatus", "RebootFlag",

@@ -53,6 +53,10 @@ class Fence:
     # freezes its ranks of the job at once and ends them then, so no rank of the job
     # runs on after its peers' end. None (an older sender): at once.
     term_in: float | None = field(default=None, metadata=_on_wire(omit="none"))
+    # The origin's incident of the job (its id, on its host `origin`): where the
+    # evidence of the job's other ranks is. None: an older sender, or a local death's.
+    incident: str | None = field(default=None, metadata=_on_wire(
+        omit="none", read=_text_or_null("incident")))
     local: bool = field(default=False, metadata=_on_wire(skip=True))
 
     def to_json(self) -> dict[str, Any]:
@@ -87,6 +91,9 @@ class FenceAnswer(Decodable):
     error: str | None = field(default=None, metadata=_on_wire(omit="none"))
     # The answer to `doctor`'s challenge: proof that the node holds the secret.
     proof: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    # The receiver's incident for the ranks it ends, and its host: where their evidence is.
+    incident: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    host: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
 
 @dataclass(frozen=True)

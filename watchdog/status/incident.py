@@ -31,6 +31,16 @@ class IncidentRank(Decodable):
 
 
 @dataclass(frozen=True)
+class Elsewhere(Decodable):
+    """Another node's incident of the same job: where the evidence of its ranks there
+    is (`mlx-watchdog incidents` on `host`, the folder `<state-dir>/evidence/<incident>/`
+    there)."""
+
+    host: str | None = None
+    incident: str | None = None
+
+
+@dataclass(frozen=True)
 class FlightEntry(Decodable):
     """One collective of a flight recorder's tail."""
 
@@ -169,6 +179,10 @@ class Incident(Encodable):
     reboot_required: str | bool | None = field(default=None, metadata=_LATER)
     completed_at_start: float | None = field(default=None, metadata=_LATER)
     closed_at: float | None = field(default=None, metadata=_LATER)
+    # The job's incidents on the other nodes of a fence, sent or taken (where the
+    # evidence of its ranks there is): the origin's for a fenced node, each fenced
+    # node's that answered with one for the origin.
+    elsewhere: tuple[Elsewhere, ...] | None = field(default=None, metadata=_LATER)
 
 
     @classmethod

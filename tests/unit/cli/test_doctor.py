@@ -298,3 +298,23 @@ def test_a_bad_config_is_one_failed_check_and_the_rest_run(good, tmp_path, daemo
     assert {"record directory", "state directory", "daemon", "instrumentation"} <= checks
     assert any(str(record) in c["message"] for c in report["checks"]
                if c["check"] == "record directory")
+
+
+def test_a_daemon_watching_other_directories_is_one_cause_not_three():
+    """Issue 56: a daemon given other directories than the config names failed doctor
+    three times (the config's record and state directories missing, then the mismatch):
+    the directories missing follow from the mismatch, said so, not failed again."""
+    from watchdog.cli.node.doctor import _one_cause
+    from watchdog.cli.node.doctor_env import FAIL, OK, WARN
+
+    lines = [("record directory", FAIL, "record directory /r does not exist: ..."),
+             ("state directory", FAIL, "state directory /s does not exist: ..."),
+             ("daemon", OK, "the daemon answers"),
+             ("daemon's directories", FAIL, "the daemon watches records in /x ..."),
+             ("reboot flag", WARN, "cannot tell ...: the state directory /s does not exist")]
+    shown = _one_cause(lines)
+    assert [level for _, level, _ in shown] == [WARN, WARN, OK, FAIL, WARN]
+    assert all(m.endswith("(follows from the daemon's directories: one cause)")
+               for n, _, m in shown if n != "daemon" and n != "daemon's directories")
+    alone = [("record directory", FAIL, "record directory /r does not exist: ...")]
+    assert _one_cause(alone) == alone  # with no other cause it is the cause

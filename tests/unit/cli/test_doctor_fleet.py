@@ -114,6 +114,8 @@ def test_doctor_json_for_a_fleet(tmp_path, node_http, monkeypatch):
     text = CliRunner().invoke(cli, ["--config", str(cfg), "doctor"]).output
     assert f"[OK  ] the daemon at http://{node_http} (pid 4321) watches {record}" in text
     assert f"[WARN] config file {cfg} holds the fence secret and its group may read it" in text
+    # Its own address among its peers (one file for every node): skipped, said so.
+    assert f"[OK  ] peer {node_http} is this node (its listen {node_http}): skipped" in text
 
 
 @pytest.mark.slow

@@ -276,7 +276,10 @@ def test_sighup_reloads_mode_deadlines_peers_and_secret_and_logs_what_changed(tm
         for change in ("mode observe -> enforce", "deadline auto -> 30s",
                        "peers none -> 127.0.0.2:9753", "secret unset -> set"):
             assert change in reloaded, reloaded
-        assert "SIGHUP: needs a restart, kept as running: listen 127.0.0.1:0 -> " in log, log
+        assert (f"SIGHUP: reloaded {cfg}, the rest applied: needs a restart, kept as running: "
+                "listen 127.0.0.1:0 -> ") in log, log
+        # Never "nothing changed" beside what was kept (issue 56): one story.
+        assert "nothing changed" not in log, log
         # Issue 38, item 3: the file now holds the secret at mode 644.
         daemon.wait_log(f"WARNING config file {cfg} holds the fence secret and its group "
                         "and everyone may read it (mode 644)")
@@ -288,6 +291,12 @@ def test_sighup_reloads_mode_deadlines_peers_and_secret_and_logs_what_changed(tm
         log = daemon.wait_log("the running settings are kept")
         assert daemon.proc.poll() is None, log
         assert json.loads((state / journal.STATUS).read_text())["mode"] == "enforce"
+        # The file as applied, but its listen: only what needs a restart differs.
+        config(cfg, tmp_path, mode="enforce", deadline="30s", peers=["127.0.0.2:9753"],
+               secret="s" * 24, listen="127.0.0.1:1")
+        daemon.proc.send_signal(signal.SIGHUP)
+        log = daemon.wait_log("nothing else changed: needs a restart")
+        assert "nothing changed" not in log, log
     finally:
         assert daemon.stop() == 0
     assert not (tmp_path / "rec" / journal.POINTER).exists()

@@ -6,8 +6,10 @@ daemon listed once; incident times with their zone and the evidence folder.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
 import re
 
 from click.testing import CliRunner
@@ -104,7 +106,7 @@ def test_the_cluster_view_has_a_header_over_its_ranks_and_no_none():
 
 def test_cluster_status_lists_this_nodes_daemon_once(monkeypatch, tmp_path):
     mine = NodeStatus(host="me", daemon_pid=4242, ranks=(rank(0, "running"),))
-    monkeypatch.setattr("watchdog.net.cluster.gather", lambda peers, timeout: [
+    monkeypatch.setattr("watchdog.net.cluster.gather", lambda peers, timeout, secret=None: [
         NodeAnswer(p, True, mine) for p in peers])
     monkeypatch.setattr("watchdog.daemon.store.snapshot.daemon_status", lambda state_dir: mine)
     done = CliRunner().invoke(cli, ["cluster", "status", "me:9753",
@@ -132,7 +134,8 @@ def test_incidents_show_their_zone_and_evidence_folder(tmp_path):
     first, *rest = done.stdout.splitlines()
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+  20260101T000000-abcdef  job j  "
                     r"stalled  rank 0  ended$", first), first
-    assert f"    evidence: {state}/evidence/20260101T000000-abcdef/ (1 file)" in rest
+    assert any(line.startswith(f"    evidence: {state}/evidence/20260101T000000-abcdef/ "
+                               "(1 stack file)") for line in rest), rest
     assert "    culprit: rank 1 on h1: stopped" in rest
     assert "None" not in done.stdout
 
@@ -173,3 +176,54 @@ def test_a_rank_known_in_part_is_named_without_none_or_question_marks():
     assert cause.who(partial) == "rank 1"
     assert cause.where(partial) == "a collective (0 B)"
     assert cause.who(rank(0)) == "rank 0 on h0 (pid 100)"
+
+
+def test_incidents_count_the_evidence_as_it_is_and_name_a_missing_python_stack(
+        tmp_path, monkeypatch):
+    """Stack files and notes counted apart, each rank without its Python stack named with
+    its note; a reader who may not search root's 700 folder is told `sudo ls` (its
+    parent is 700 too: to such a reader the folder is not even a directory)."""
+    from watchdog.cli.node import commands
+
+    folder = tmp_path / "evidence" / "i1"
+    folder.mkdir(parents=True)
+    stacks = [folder / "rank0-pid100-python.txt", folder / "rank0-pid100-native.txt",
+              folder / "rank1-pid101-native.txt"]
+    for f in [*stacks, folder / "rank1-pid101-python-missing.txt"]:
+        f.write_text("x")
+    inc = Incident(id="i1", ranks=(IncidentRank(pid=100, rank=0), IncidentRank(pid=101, rank=1)),
+                   evidence=tuple(map(str, stacks)), action="ended")
+    lines = commands._evidence_lines(inc, str(folder))
+    assert lines == [f"    evidence: {folder}/ (3 stack files and 1 note)",
+                     "    no Python stack of rank 1 (pid 101): why in "
+                     "rank1-pid101-python-missing.txt"]
+    real_stat = os.stat
+
+    def searchless(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "evidence")):
+            raise PermissionError(13, "Permission denied")
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(commands.os, "stat", searchless)
+    monkeypatch.setattr(commands.os, "geteuid", lambda: 1000)
+    first, *rest = commands._evidence_lines(inc, str(folder))
+    assert first == (f"    evidence: {folder}/ (3 stack files and 1 note); root only (it holds "
+                     f"every rank's stacks): sudo ls {folder}"), first
+    assert rest == ["    no Python stack of rank 1 (pid 101): why in "
+                    "rank1-pid101-python-missing.txt"]
+
+
+def test_a_rank_claimed_twice_is_warned_of_in_watch_and_cluster_status(tmp_path, monkeypatch):
+    """Issue 56: `status` warned of two live ranks claiming one rank of one job; `watch`
+    and `cluster status` showed the job without a word."""
+    from watchdog.cli.look import status as look
+
+    twice = [rank(0, "running"), dataclasses.replace(rank(0, "running"), pid=999, host="h1")]
+    view = cluster.analyze([NodeAnswer("a:1", True, NodeStatus(host="h0", ranks=(twice[0],))),
+                          NodeAnswer("b:1", True, NodeStatus(host="h1", ranks=(twice[1],)))])
+    shown = render_text(view)
+    assert "  warning: pids 100, 999 all claim rank 0 of job j" in shown, shown
+    monkeypatch.setattr(look, "_ranks", lambda *args: (twice, "daemon"))
+    done = CliRunner().invoke(cli, ["watch", "--count", "1", "--dir", str(tmp_path),
+                                    "--state-dir", str(tmp_path)])
+    assert "warning: pids 100, 999 all claim rank 0 of job j" in done.output, done.output

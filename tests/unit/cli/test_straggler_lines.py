@@ -38,8 +38,9 @@ def test_status_prints_a_line_per_job_held_back(tmp_path: Path) -> None:
     records, state = publish(tmp_path, (SLOW,))
     out = CliRunner().invoke(cli, ["status", "--dir", str(records), "--state-dir", str(state)])
     assert out.exit_code == 0, out.output
-    assert f"job train: {LINE} (the job would run 1.61x faster at the others' pace)" \
-        in out.output
+    assert (f"job train: {LINE}; the job would run 1.61x faster at the others' pace (its "
+            "score 0.55: the others' share of time working over its own)") in out.output
+    assert ") (" not in out.output  # never one parenthesis after another
     records, state = publish(tmp_path / "b", ())
     out = CliRunner().invoke(cli, ["status", "--dir", str(records), "--state-dir", str(state)])
     assert "straggler" not in out.output
@@ -47,7 +48,8 @@ def test_status_prints_a_line_per_job_held_back(tmp_path: Path) -> None:
 
 def test_cluster_status_prints_the_jobs_straggler() -> None:
     text = render_text(ClusterView(jobs=(JobView(job="train", world_size=4, straggler=SLOW),)))
-    assert f"  straggler: {LINE} (the job would run 1.61x faster at the others' pace)" in text
+    assert (f"  straggler: {LINE}; the job would run 1.61x faster at the others' pace (its "
+            "score 0.55: the others' share of time working over its own)") in text
     assert "straggler" not in render_text(ClusterView(jobs=(JobView(job="train"),)))
 
 

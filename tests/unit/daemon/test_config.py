@@ -274,3 +274,21 @@ def test_launch_keys_are_launchs_alone_and_the_file_checks_them_as_before(
     typo = write(tmp_path, "[watchdog]\nrestrat = 1\n")
     with pytest.raises(ConfigError, match="unknown setting 'restrat'; did you mean restart"):
         load(typo, {})
+
+
+def test_a_node_is_never_its_own_peer():
+    """One file for every node lists each node: its own entry is dropped at load (fences,
+    the cluster view, doctor and wait-healthy read the peers from here), by its listen
+    address, or its host name or an address of it with the listen's port; never a
+    lookup."""
+    import socket
+
+    from watchdog.daemon.config import build, own_peers
+
+    me = socket.gethostname()
+    assert own_peers("10.9.9.1:9753", ("10.9.9.1:9753", "10.9.9.2:9753")) == ("10.9.9.1:9753",)
+    assert own_peers("0.0.0.0:9753", (f"{me}:9753", "127.0.0.1:9753", "mac-2:9753",
+                                      f"{me}:9999")) == (f"{me}:9753", "127.0.0.1:9753")
+    assert own_peers("127.0.0.1:9753", ()) == ()
+    settings = build({"listen": "0.0.0.0:9753", "peers": [f"{me}:9753", "mac-2:9753"]}, {})
+    assert settings.peers == ("mac-2:9753",)

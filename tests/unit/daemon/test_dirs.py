@@ -128,3 +128,15 @@ def test_state_dir_writable_by_group_or_world_is_refused(tmp_path: Path, bits: i
     with pytest.raises(UnsafeDirectory, match="writable by others") as err:
         check_state_dir(str(d))
     assert "chmod 755" in str(err.value)
+
+
+def test_a_start_refused_by_its_state_directory_leaves_no_record_directory(tmp_path):
+    """Issue 56: the record directory (1777) made before the state directory refused
+    was left behind, empty; a refused start now leaves nothing it made."""
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o777)  # unsafe: writable by others
+    with pytest.raises(UnsafeDirectory):
+        prepare(str(tmp_path / "new" / "records"), str(state))
+    assert not (tmp_path / "new").exists()
+    assert state.exists()  # not ours: left as it was

@@ -208,8 +208,10 @@ def test_a_stopped_rank_is_not_asked_for_a_python_dump(state_dir: Path) -> None:
     assert enf.capture("stopped", [t]) == []
     assert fake.sent == [] and clock.now() - start < 0.5
     note = state_dir / "evidence" / "stopped" / f"rank{t.rank}-pid803-python-missing.txt"
-    assert note.read_text().startswith(f"no Python stack of rank {t.rank} (pid 803): it was "
-                                       "stopped (SIGSTOP: Ctrl-Z, a debugger)")
+    said = note.read_text()
+    assert said.startswith(f"no Python stack of rank {t.rank} (pid 803): it was stopped "
+                           "already when the response began (SIGSTOP: Ctrl-Z, a debugger")
+    assert "observe mode" not in said  # observe mode takes no evidence: never its reason
 
 
 # -- wired memory after a kill ---------------------------------------------------------

@@ -370,6 +370,33 @@ def test_a_loop_that_sleeps_between_steps_shows_its_pace_unjudged() -> None:
     assert shown.note == "not judged: idle between steps 100% of the time"
 
 
+def test_at_its_start_a_loop_is_not_said_to_sleep_between_steps() -> None:
+    """Issue 56: a few seconds in, "idle between steps 100%" was said of any loop."""
+    job = Job(2)
+    for _ in range(4):
+        for r in job.ranks:
+            r.phase = Phase.RUNNING
+            r.work(0.2, 0.02, 2)
+        job.now += 1.0
+        job.scan()
+    shown = job.judge.figures[0]
+    assert shown.unjudged == "too_few_seconds", shown
+    assert shown.note is not None and shown.note.startswith("not judged yet: only ")
+    assert "idle between steps" not in shown.note
+
+
+def test_a_single_process_is_not_said_to_poll_in_user_space() -> None:
+    judge = Stragglers()
+    r = SimRank(0)
+    rec = dataclasses.replace(r.record(), backend="single")
+    for second in range(3):
+        judge.observe(0, dataclasses.replace(rec, collectives=4 * second), r.sample(),
+                      float(second))
+        judge.judge_job("job", [0], float(second))
+    shown = judge.figures[0]
+    assert shown.note == "not judged: a single process, no peer to keep pace with", shown
+
+
 def test_a_user_space_backend_says_why_it_has_no_wait_share() -> None:
     judge = Stragglers()
     r = SimRank(0)

@@ -223,14 +223,17 @@ class FencingPeers:
         self.signaller = signaller
         self.sent: list[tuple[float | None, list[str]]] = []
         self.since: list[float | None] = []
+        self.incidents: list[str | None] = []
 
     def fence(self, uid: int, job: str, reason: str, culprit: object,
               term_in: float | None = None, since: float | None = None,
-              again: bool = False) -> Future[list[FenceSent]]:
+              again: bool = False, incident: str | None = None) -> Future[list[FenceSent]]:
         self.sent.append((term_in, self.signaller.names()))
+        self.incidents.append(incident)
         self.since.append(since)
         done: Future[list[FenceSent]] = Future()
-        done.set_result([FenceSent("node-b:9100", FenceAnswer(job, uid, (7,))),
+        done.set_result([FenceSent("node-b:9100", FenceAnswer(job, uid, (7,), incident="b-1",
+                                                              host="node-b")),
                          FenceSent("node-c:9100", error="timed out")])
         return done
 
@@ -270,8 +273,13 @@ def test_a_verdict_freezes_its_ranks_then_fences_then_ends_with_the_peers(
     ((_, outcome),) = ended
     assert outcome is not None and outcome.results == {71: "killed", 72: "killed"}
     assert clock.now() < 1000.0 + 3.0
-    assert outcome.incident.freeze == ("2 ranks frozen; peer node-c:9100 did not take the "
+    assert outcome.incident.freeze == ("2 ranks frozen; node-c:9100 did not answer the "
                                        "fence (timed out)")
+    # Each fence names our incident; the peer that took it named its own: where the
+    # evidence of the job's ranks there is.
+    assert peers.incidents == [outcome.incident.id] * 2
+    assert [(e.host, e.incident) for e in outcome.incident.elsewhere or ()] == [
+        ("node-b", "b-1")]
 
 
 def test_an_exo_job_whose_culprit_is_on_a_peer_ends_there_first_and_here_later(

@@ -8,7 +8,13 @@ import logging
 import time
 from dataclasses import replace
 
-from watchdog.daemon.act.told import end_line, fence_line, ranks_words, verdict_line
+from watchdog.daemon.act.told import (
+    end_line,
+    fence_line,
+    fence_missed,
+    ranks_words,
+    verdict_line,
+)
 from watchdog.status import FenceAnswer, FenceSent, Incident, IncidentRank, SignalSent
 
 INC = Incident(id="20261203-103000-ab12", time=1000.0, job="j1", verdict="stalled",
@@ -91,9 +97,12 @@ def test_a_fence_is_one_line_in_words_and_a_warning_only_when_a_peer_missed_it()
         *answers, FenceSent("mac-3:9753", error="timed out"),
         FenceSent("mac-4:9753", FenceAnswer(error="bad signature"))])
     assert level == logging.WARNING
-    assert "mac-3:9753 did not answer (timed out); mac-4:9753 refused it (bad signature)" \
-        in line
+    assert ("mac-3:9753 did not answer the fence (timed out); mac-4:9753 answers but "
+            "refuses this node's secret (bad signature)") in line
     assert "{" not in line and "FenceSent" not in line
+    # The incident's `freeze` says it in the same words, never a dict's repr.
+    assert fence_missed(FenceSent("mac-5:9753", FenceAnswer(error="fences are off"))) == \
+        "mac-5:9753 refused the fence (fences are off)"
 
 
 class Recording:

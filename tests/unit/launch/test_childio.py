@@ -49,3 +49,27 @@ def test_a_launch_of_this_node_alone_is_not_held_for_its_peers():
     assert not single_node(["--hosts", "mac1,mac2", "x.py"], here="mac1")
     assert not single_node(["--hosts=mac2", "x.py"], here="mac1")
     assert not single_node(["--hostfile", "hosts.json", "x.py"], here="mac1")
+
+
+def test_a_ctrl_c_traceback_read_before_the_launchers_handler_ran_is_held_back(monkeypatch):
+    """A terminal's Ctrl-C reaches mlx.launch with the launcher: its traceback may come
+    before the launcher's handler has run. It is held back all the same; a partial line
+    (a progress bar) still passes as it comes, and another traceback is shown."""
+    import os
+    import sys
+    import types
+
+    from watchdog.launch.childio import pump
+    from watchdog.launch.relaunch import Attempt
+
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stderr", types.SimpleNamespace(buffer=out))
+    read, write = os.pipe()
+    os.write(write, b"50%|#####")
+    with os.fdopen(read, "rb") as stream:
+        os.write(write, b"     |\n" + INTERRUPTED + OTHER + b"Trace")
+        os.close(write)
+        pump(stream, Attempt(number=1, started=0.0), lambda: False)
+    assert out.getvalue() == (b"50%|#####     |\n" + OTHER + b"Trace"
+                              b"mlx-watchdog: interrupted: 1 KeyboardInterrupt traceback(s) "
+                              b"of mlx.launch and its ranks not shown\n")

@@ -321,3 +321,32 @@ def test_a_rank_line_split_by_a_ranks_own_text_is_still_read():
                 "[ring] Socket 4  Node with rank 1 exited with code -9 \x1b[0m",
                 "\x1b[33m[WARN] Node with rank 0 exited with code 1 \x1b[0m")
     assert sorted(a.exits) == [(0, 1), (1, -9)]
+
+
+def test_the_ranks_are_given_the_nodes_record_directory():
+    """`launch` gives every rank the config's `dir` (--env, which reaches the remote
+    ranks too): ranks publishing elsewhere would run unwatched. A directory the user
+    named with --env is left as given."""
+    from watchdog.daemon.config import Settings
+    from watchdog.launch.supervisor import Plan, Supervisor
+
+    plan = Plan(mlx_launch="mlx.launch", args=["train.py"], job="j1", job_given=False,
+                record_dir="/srv/mlx-records", settings=Settings(dir="/srv/mlx-records"))
+    argv = Supervisor(plan).argv(1)
+    assert argv[:5] == ["mlx.launch", "--env", "MLX_WATCHDOG_JOB=j1", "--env",
+                        "MLX_WATCHDOG_DIR=/srv/mlx-records"], argv
+    assert argv[-1] == "train.py"
+    mine = Plan(mlx_launch="mlx.launch", args=["--env", "MLX_WATCHDOG_DIR=/d", "train.py"],
+                job="j1", job_given=False, record_dir="/d", settings=Settings(),
+                dir_given=True)
+    assert [a for a in Supervisor(mine).argv(1) if a.startswith("MLX_WATCHDOG_DIR=")] == [
+        "MLX_WATCHDOG_DIR=/d"]
+
+
+def test_an_interrupt_is_said_in_words_without_a_parenthesis_before_the_exit():
+    """`interrupted by SIGINT; exit 130`: never "interrupted (SIGINT) (exit 130)"."""
+    import signal
+
+    a = relaunch.Attempt(number=1, started=0.0)
+    a.interrupted = signal.SIGINT
+    assert relaunch.describe(a, relaunch.Ending.INTERRUPTED) == "interrupted by SIGINT"

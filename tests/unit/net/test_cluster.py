@@ -371,7 +371,7 @@ def test_a_job_the_watchdog_ended_says_so():
     view = judge_job("j", [killed, exited], [])
     assert view["state"] == "ended" and view["culprit"] is None
     assert "rank 0 on mac0: killed, ended by the watchdog (incident" in view["evidence"]
-    assert "rank 1 on mac1: exited, exited on an uncaught exception" in view["evidence"]
+    assert "rank 1 on mac1: exited on an uncaught exception" in view["evidence"]  # once
     # Ranks that share a fate are said once, without nested brackets.
     both = judge_job("j", [killed, dict(killed, rank=1, host="mac1", pid=7)], [])
     assert both["evidence"] == ("ranks 0, 1 on mac0, mac1: killed, ended by the watchdog "

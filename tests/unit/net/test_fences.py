@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from tests.support.users import UserProc, publish
 from watchdog import procstat
+from watchdog.daemon.act.ladder import Step
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.net import fence
@@ -146,7 +148,8 @@ def test_a_fence_ends_only_the_ranks_started_before_the_job_was_found_dead(tmp_p
             started = next(iter(daemon.ranks.values())).record.start_time
             body, headers = fence.make(SECRET, job, "peer", "hung", None, since=started - 1)
             code, answer = daemon.fence_request(headers, body)
-            assert (code, answer.to_json()) == (202, {"job": job, "uid": 0, "ending": []})
+            assert (code, answer.to_json()) == (202, {"job": job, "uid": 0, "ending": [],
+                                                      "host": daemon.host})
             body, headers = fence.make(SECRET, job, "peer", "hung", None)
             assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
             assert daemon.wake.is_set()  # queued for the loop's thread, which begins it
@@ -179,13 +182,18 @@ def test_a_fence_is_begun_on_the_loops_thread_never_the_http_one(tmp_path, recor
                 daemon.fence_request(headers, body)), name="http")
             http.start()
             http.join(30)
-            assert [(code, a.to_json()) for code, a in answers] == [
-                (202, {"job": "j", "uid": 0, "ending": [rank.pid]})]
+            (code, answer), = answers
+            # Its incident's id given at once: the origin's incident names it.
+            assert (code, answer.to_json()) == (202, {"job": "j", "uid": 0, "ending": [rank.pid],
+                                                      "host": daemon.host,
+                                                      "incident": answer.incident})
+            assert answer.incident and re.fullmatch(r"\d{8}T\d{6}-[0-9a-f]{6}", answer.incident)
             assert begun == [] and daemon.wake.is_set() and not daemon.pending
             assert rank.signals() == []
             daemon.scan()  # the loop's next tick (woken by the fence)
             assert begun == [threading.current_thread().name]
             assert stepped_to_sigterm(daemon, rank)
+            assert [r.acting.id for r in daemon.pending] == [answer.incident]
     finally:
         daemon.executor.shutdown()
 
@@ -254,10 +262,18 @@ def test_a_fenced_rank_is_held_frozen_until_the_origin_ends_its_own(tmp_path, re
                                        term_at=now + 30.0)
             assert daemon.fence_request(headers, body)[1].ending == (rank.pid,)
             daemon.scan()
-            for _ in range(5):
+            # Its stacks taken meanwhile, within the fence's window (evidence on every
+            # node of a fenced job), the origin's incident named as where the rest is.
+            until = time.monotonic() + 20
+            while time.monotonic() < until and not any(
+                    r.ladder is not None and r.ladder.step is Step.HOLD for r in daemon.pending):
                 daemon.step_responses()
-                time.sleep(0.02)
-            assert _state(rank.pid) == "T" and rank.signals() == []  # frozen, held
+                time.sleep(0.05)
+            (held,) = daemon.pending
+            assert held.ladder is not None and held.ladder.step is Step.HOLD
+            taken = [os.path.basename(f) for f in held.acting.evidence or ()]
+            assert f"rank0-pid{rank.pid}-native.txt" in taken, (taken, held.acting)
+            assert _state(rank.pid) == "T" and signal.SIGTERM not in rank.signals()  # held
             with UserProc(0) as relaunch:
                 publish(record_dir, relaunch.pid, 0, "j", hung=False, world_size=2)
                 daemon.scan()

@@ -229,7 +229,8 @@ def test_the_launch_puts_the_job_before_the_command(tmp_path):
                 job_given=named_env(args, JOB_ENV) is not None, record_dir=str(tmp_path),
                 settings=settings)
     assert Supervisor(plan).argv(1) == [
-        "/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--env", "MLX_WATCHDOG_ATTEMPT=1",
+        "/v/bin/mlx.launch", "--env", "MLX_WATCHDOG_JOB=J", "--env",
+        f"MLX_WATCHDOG_DIR={tmp_path}", "--env", "MLX_WATCHDOG_ATTEMPT=1",
         "--hostfile", "h.json", "--", "python", "t.py", "--env", "MLX_WATCHDOG_JOB=not-ours"]
     assert named_env(["--env=MLX_WATCHDOG_JOB=x", "t.py"], JOB_ENV) == "x"
 

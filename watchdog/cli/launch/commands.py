@@ -67,7 +67,8 @@ def launch(node: Node, /, state_dir: str, args: tuple[str, ...], **options: Any)
     record_dir = named_env(list(args), DIR_ENV) or os.environ.get(DIR_ENV) or settings.dir
     click.echo(f"mlx-watchdog: job {job}", err=True)
     plan = Plan(mlx_launch=mlx_launch, args=list(args), job=job, job_given=given is not None,
-                record_dir=record_dir, settings=settings, launch=launching)
+                record_dir=record_dir, settings=settings, launch=launching,
+                dir_given=named_env(list(args), DIR_ENV) is not None)
     try:
         sys.exit(Supervisor(plan).run())
     except LaunchFailed as err:

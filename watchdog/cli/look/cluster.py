@@ -26,14 +26,16 @@ def straggler_lines(job: JobView) -> list[str]:
     s = job.straggler
     if s is None:
         return []
-    return [f"  straggler: {s.summary} (the job would run {s.slowdown or 1:.2f}x faster "
-            "at the others' pace)"]
+    # As `status` says it: one clause after another, the score said for what it is.
+    return [f"  straggler: {s.summary}; the job would run {s.slowdown or 1:.2f}x faster "
+            "at the others' pace" + (f" (its score {s.score:.2f}: the others' share of time "
+                                     "working over its own)" if s.score is not None else "")]
 
 
 def render_text(view: ClusterView, colour: bool = False) -> str:
     """The cluster view as `cluster status` prints it; states coloured when `colour`."""
-    from watchdog.cause import where
-    from watchdog.cli.look.status import pace_line
+    from watchdog.cause import refused, where
+    from watchdog.cli.look.status import clash_lines, pace_line
     from watchdog.daemon.judge.cluster import LOCAL
 
     lines = []
@@ -41,7 +43,8 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
 
     for node in view.nodes:
         state = (f"ok ({node.host})" if node.ok else f"DOWN: {node.error}"
-                 if node.peer == LOCAL else f"UNREACHABLE: {node.error}")
+                 if node.peer == LOCAL else f"{node.error}: run `mlx-watchdog doctor`"
+                 if refused(node.error) else f"UNREACHABLE: {node.error}")
         flag = "  REBOOT REQUIRED" if node.reboot_required else ""
         name = "this node's daemon" if node.peer == LOCAL else f"node {node.peer}"
         if node.peer == SAMPLED:
@@ -61,6 +64,9 @@ def render_text(view: ClusterView, colour: bool = False) -> str:
                 r.rank, r.host, r.pid, r.state, r.phase, where(r), r.progress)))
         rows += [(printable(missing), "(not reported)") for missing in job.missing_ranks]
         lines += _rank_rows(rows, colour)
+        # Two live ranks claiming one rank of the job (on one node or two): said, as
+        # `status` says it, under the rows that show them.
+        lines += [f"  {line}" for line in clash_lines([seen.rank for seen in job.ranks])]
         if job.culprit:
             c = job.culprit
             lines.append(printable(f"  culprit: {who(c.rank, c.host or c.node, c.pid)}: "
@@ -134,15 +140,18 @@ def cluster_status(node: Node | None, peers: tuple[str, ...], config_path: str |
             raise click.BadParameter(f"{peer!r} is not HOST:PORT (e.g. mac2.local:9753)",
                                      param_hint="PEERS") from None
     named = bool(peers)
+    secret = None
     if not peers:  # a configured node needs no arguments
         settings = load(config_path, {}) if config_path else (node or Node(None)).settings
-        peers = settings.peers
+        # Asked as its daemon asks (signed with its secret): one story with its incidents,
+        # a node holding another secret said so.
+        peers, secret = settings.peers, settings.secret
     # This node is one of the cluster's (its peers from its config, or a daemon ran
     # here): its own daemon down is said, not left out.
     member = not named or os.path.isdir(state_dir)
     listen = _own_listen(record_dir, node)
     while True:
-        nodes = asking.gather(peers, timeout) if peers else []
+        nodes = asking.gather(peers, timeout, secret) if peers else []
         # This node's own daemon, read from its status.json: a node cut off from the
         # network (its own address unreachable too) still shows its own ranks.
         local = daemon_status(state_dir)

@@ -100,6 +100,8 @@ def pace_line(r: RankStatus) -> str | None:
     """A rank's pace in words (judge/stragglers.py): its figures once known, why it
     is held back when it is the rank the others wait for, why it is not judged when it
     is not; None when the daemon has said nothing of it."""
+    if r.state in ENDED:  # its pace is history: a job ended keeps no pace
+        return None
     figures = []
     if r.pace is not None:
         figures.append(f"{r.pace:.2f} collectives/s")
@@ -119,8 +121,12 @@ def straggler_lines(record_dir: str, state_dir: str) -> list[str]:
     from watchdog.daemon.store.snapshot import find_daemon
 
     snap = find_daemon(record_dir, state_dir)
-    return [f"job {printable(s.job)}: {printable(s.summary)} (the job would run "
-            f"{s.slowdown or 1:.2f}x faster at the others' pace)"
+    # One clause after another, never one parenthesis after another; the score said
+    # for what it is beside the job's loss (0.55 is not 1 / 1.61).
+    return [f"job {printable(s.job)}: {printable(s.summary)}; the job would run "
+            f"{s.slowdown or 1:.2f}x faster at the others' pace"
+            + (f" (its score {s.score:.2f}: the others' share of time working over its own)"
+               if s.score is not None else "")
             for s in (snap.stragglers if snap is not None else ())]
 
 
@@ -191,7 +197,8 @@ def watch(record_dir: str, state_dir: str, interval: float, count: int | None,
             stamp = datetime.now().strftime("%H:%M:%S")
             body = (table(ranks, colour=colour.wanted()) if ranks
                     else printable(f"no ranks in {record_dir}"))
-            click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}")
+            warned = "".join(f"\n{line}" for line in clash_lines(ranks))  # as `status` warns
+            click.echo(f"\x1b[H\x1b[2J{stamp}  mlx-watchdog  ({source})\n\n{body}{warned}")
             shown += 1
             if count is None or shown < count:
                 time.sleep(interval)

@@ -152,16 +152,49 @@ def _echo_incident(inc: Incident, state_dir: str) -> None:
     if inc.reboot_required:
         lines.append(f"    REBOOT REQUIRED: {inc.reboot_required}")
     if inc.evidence:
-        folder = os.path.join(state_dir, "evidence", inc.id)
-        # Root's (mode 700): a job's owner is told how to read it, not shown a path
-        # that answers "Permission denied".
-        private = os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK)
-        lines.append(f"    evidence: {folder}/ ({plural(len(inc.evidence), 'file')})"
-                     + (f"; root only (it holds every rank's stacks): sudo ls {folder}"
-                        if private else ""))
+        lines += _evidence_lines(inc, os.path.join(state_dir, "evidence", inc.id))
+    for there in inc.elsewhere or ():
+        lines.append(f"    the job's evidence on {there.host}: its incident {there.incident} "
+                     "(`mlx-watchdog incidents` there)")
     lines += _native_hot_lines(inc.native_hot)
     for line in lines:
         click.echo(printable(line))  # record strings are untrusted: one line each
+
+
+def _private(folder: str) -> bool | None:
+    """Whether the evidence folder is there but this reader may not look in it (root's,
+    mode 700, in a 700 parent a non-root reader cannot even search); None: it is gone."""
+    try:
+        os.stat(folder)
+    except PermissionError:
+        return True
+    except OSError:
+        return None
+    return not os.access(folder, os.R_OK | os.X_OK)
+
+
+def _evidence_lines(inc: Incident, folder: str) -> list[str]:
+    """The evidence folder, its files counted as they are (stacks and notes), each rank
+    whose Python stack is missing named with its note, and how to read it."""
+    files = [os.path.basename(f) for f in inc.evidence or ()]
+    missing = [r for r in inc.ranks if r.pid is not None
+               and f"rank{r.rank}-pid{r.pid}-python.txt" not in files]
+    private = _private(folder)
+    notes = []
+    for r in missing if private is not None else ():
+        note = f"rank{r.rank}-pid{r.pid}-python-missing.txt"
+        if private is False and not os.path.exists(os.path.join(folder, note)):
+            continue  # no note was written (the copy failed: the daemon's log says)
+        notes.append((r, note))
+    counted = plural(len(files), "stack file") + (
+        f" and {plural(len(notes), 'note')}" if notes else "")
+    lines = [f"    evidence: {folder}/ ({counted})"
+             + (f"; root only (it holds every rank's stacks): sudo ls {folder}"
+                if private and os.geteuid() != 0 else "")
+             + ("; removed since (the oldest evidence goes first)" if private is None else "")]
+    lines += [f"    no Python stack of rank {r.rank} (pid {r.pid}): why in {note}"
+              for r, note in notes]
+    return lines
 
 
 def _native_hot_lines(hot: tuple[NativeHot, ...] | None, threads: int = 4) -> list[str]:

@@ -303,11 +303,29 @@ def named_checks(record_dir: str, state_dir: str, listen: str,
     ]
     if settings is not None:
         checks += [("config", lambda: check_config(config_path, settings)),
-                   ("peers", lambda: check_peers(settings))]
+                   ("peers", lambda: check_peers(settings, config_path))]
     lines: list[tuple[str, str, str]] = []
     for name, check in checks:
         try:
             lines.extend((name, level, message) for level, message in check())
         except Exception as err:  # noqa: BLE001 - one broken check must not hide the rest
             lines.append((name, FAIL, f"the {name} check itself failed: {err!r}"))
-    return lines
+    return _one_cause(lines)
+
+
+# The checks whose failure follows from a daemon watching other directories than the
+# config names: the config's directories missing (that daemon never made them), and
+# what cannot be read there. One cause, counted once: the daemon's directories.
+_FOLLOWS = ("record directory", "state directory", "reboot flag")
+
+
+def _one_cause(lines: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """A consequence is not counted as a cause: with the daemon found watching other
+    directories (one FAIL), the config's own directories missing are that FAIL's
+    consequence, said as one (WARN), not failed again."""
+    if not any(name == "daemon's directories" and level == FAIL for name, level, _ in lines):
+        return lines
+    return [(name, WARN, f"{message} (follows from the daemon's directories: one "
+                         "cause)") if name in _FOLLOWS and level in (FAIL, WARN)
+            and "does not exist" in message else (name, level, message)
+            for name, level, message in lines]

@@ -21,6 +21,8 @@ from watchdog.daemon.config import (
     SECRET_HOWTO,
     ConfigError,
     Settings,
+    load_file,
+    own_peers,
     parse_listen,
     secret_exposed,
 )
@@ -114,11 +116,25 @@ def check_watches(listen: str, record_dir: str, state_dir: str) -> list[Line]:
                  f"(state {state_dir}), as this config names")]
 
 
-def check_peers(settings: Settings) -> list[Line]:
+def _skipped_self(path: str | None, listen: str) -> tuple[str, ...]:
+    """The file's peers that are this node itself (dropped at load: config.own_peers)."""
+    if not path:
+        return ()
+    try:
+        raw = load_file(path).get("peers")
+    except ConfigError:
+        return ()
+    listed = tuple(p for p in raw if isinstance(p, str)) if isinstance(raw, list) else ()
+    return own_peers(listen, listed)
+
+
+def check_peers(settings: Settings, path: str | None = None) -> list[Line]:
     """Each peer: its name resolves, its daemon answers, and its clock is within the
     fences' window of ours (a fence older than WINDOW by the receiver's clock is
-    refused)."""
-    lines: list[Line] = []
+    refused). This node among the file's peers is skipped, and said so."""
+    lines: list[Line] = [(OK, f"peer {peer} is this node (its listen {settings.listen}): "
+                              "skipped, as the daemon skips it")
+                         for peer in _skipped_self(path, settings.listen)]
     for peer in settings.peers:
         try:
             host, port = parse_listen(peer)

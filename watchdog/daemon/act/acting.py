@@ -53,10 +53,11 @@ class Acting:
         return self.live.ladder
 
     def capture(self, incident_id: str, targets: list[Target],
-                frozen: frozenset[int] = frozenset()) -> list[str]:
-        """Stack dumps of every target (`frozen`: pids the ladder froze), time-boxed;
-        their files."""
-        return self.evidence.capture(incident_id, targets, frozen)
+                frozen: frozenset[int] = frozenset(), until: float | None = None
+                ) -> list[str]:
+        """Stack dumps of every target (`frozen`: pids the ladder froze), time-boxed
+        (by `until` too, monotonic, when given: a fence's window); their files."""
+        return self.evidence.capture(incident_id, targets, frozen, until)
 
     def write_ahead(self, ladder: Ladder) -> None:
         """The response so far, on disk before its next step (writes.py)."""

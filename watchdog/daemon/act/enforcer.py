@@ -57,20 +57,23 @@ class Enforcer(Acting):
               others_live: Callable[[], bool] = lambda: False,
               cluster: PeerView | None = None, evidence: bool = True,
               asked: bool = False, verdict_at: float | None = None,
-              term_at: float | None = None) -> Ladder:
+              term_at: float | None = None, evidence_by: float | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
-        asked (`asked`); `evidence=False` skips stack dumps (a fenced job is known
-        dead, and its peers wait on its end). `verdict_at` (monotonic, by this
+        asked (`asked`); `evidence=False` skips stack dumps (a local death's orphans,
+        ended at once: a fence's are taken within its window). `verdict_at` (monotonic, by this
         enforcer's clock; default now) starts the evidence's time box. Every target is
         frozen first; `term_at` (monotonic) holds the SIGTERMs until then (the moment a
-        fence told the peers to end theirs), never past the evidence's time box."""
+        fence told the peers to end theirs), never past the evidence's time box;
+        `evidence_by` (monotonic) ends the evidence sooner (a fence's window: a fenced
+        node takes what it can of its frozen ranks before the moment its fence names)."""
         incident = replace(incident, signals=(), wired_before=self._wired(),
                            wired_baseline=baseline)
         if asked:
             incident = replace(incident, cluster=cluster)
         ladder = Ladder(incident, list(targets), baseline, others_live, gather=evidence,
-                        verdict_at=verdict_at, term_at=0.0 if term_at is None else term_at)
+                        verdict_at=verdict_at, term_at=0.0 if term_at is None else term_at,
+                        evidence_by=evidence_by)
         self.step(ladder)
         return ladder
 
@@ -133,12 +136,16 @@ class Enforcer(Acting):
         ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent), freeze=said)
         if ladder.sent:
             self.write_ahead(ladder)
+        by = ladder.evidence_by  # a fence's window: the capture ends before it
         ladder.work = run_for(self.executor, incident.uid or 0, self.capture, incident.id,
-                              list(ladder.targets), frozenset(t.pid for t in ladder.frozen)
+                              list(ladder.targets), frozenset(t.pid for t in ladder.frozen),
+                              None if by is None else by - EVIDENCE_SLACK / 2
                               ) if ladder.gather else None
         # Read after the freeze and the capture's hand-over (at once without a worker).
         ladder.until = (self.clock() if ladder.verdict_at is None else ladder.verdict_at) \
             + self.settings.evidence_timeout + EVIDENCE_SLACK
+        if by is not None:
+            ladder.until = min(ladder.until, by)
         # Never past the time box; a fenced exo job's by exo's stagger more (act/exo.py).
         ladder.term_at = min(ladder.term_at, ladder.until + peer_delay(incident.job or ""))
         return Step.EVIDENCE

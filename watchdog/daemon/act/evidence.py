@@ -176,7 +176,8 @@ class Evidence:
         self.clock, self.sleep, self.wall = clock, sleep, wall
 
     def capture(self, incident_id: str, targets: list[Target],
-                frozen: frozenset[int] = frozenset()) -> list[str]:
+                frozen: frozenset[int] = frozenset(), until: float | None = None
+                ) -> list[str]:
         """Stack dumps (Python and native) of every target, time-boxed; their files.
 
         Python dumps are asked of all targets at once, then collected; a
@@ -184,7 +185,8 @@ class Evidence:
         one the ladder froze (`frozen`, pids) is: asked, resumed for the dump
         alone, and frozen again (no rank of the job has been ended yet, so it only
         writes its stacks and waits on). Native samplers run one per target, side by
-        side, in what time is left, on frozen ranks.
+        side, in what time is left, on frozen ranks. `until` (monotonic) ends it sooner
+        than the time box: a fenced node's window, before the moment its fence names.
         """
         root = os.path.join(self.state_dir, "evidence")
         os.makedirs(root, mode=0o700, exist_ok=True)
@@ -195,7 +197,7 @@ class Evidence:
                      len(removed), KEEP_INCIDENTS, KEEP_BYTES >> 20, KEEP_SECONDS // 86400)
         folder = os.path.join(root, incident_id)
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        until = self.clock() + self.timeout
+        until = min(self.clock() + self.timeout, float("inf") if until is None else until)
         files = self._python_stacks(targets, folder, min(until, self.clock() + 2.0), until,
                                     frozen)
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
@@ -229,9 +231,10 @@ class Evidence:
                                      "MLX_WATCHDOG_DUMP_SIGNAL off, or predates it)")
                 continue
             if not self._running(target, frozen):
-                _gap(folder, target, "it was stopped (SIGSTOP: Ctrl-Z, a debugger) and not "
-                                     "frozen by this response (observe mode, or gone): its "
-                                     "dump handler cannot run until it is resumed; its "
+                _gap(folder, target, "it was stopped already when the response began "
+                                     "(SIGSTOP: Ctrl-Z, a debugger, a script), or gone: a "
+                                     "rank stopped by someone else is not resumed before "
+                                     "its SIGTERM, not even for its dump handler; its "
                                      "native stack, when taken, is beside this file")
                 continue
             before = _size(target.stacks_path)

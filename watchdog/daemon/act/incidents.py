@@ -16,7 +16,15 @@ from watchdog.daemon.judge.wedge import Wedge
 from watchdog.daemon.lifecycle import Key, Rank
 from watchdog.daemon.view import rank_status
 from watchdog.states import Fenced, State
-from watchdog.status import Culprit, Fence, FlightEntry, Incident, IncidentRank, PeerView
+from watchdog.status import (
+    Culprit,
+    Elsewhere,
+    Fence,
+    FlightEntry,
+    Incident,
+    IncidentRank,
+    PeerView,
+)
 from watchdog.text import who
 
 FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
@@ -173,13 +181,20 @@ def _named(rank: Rank) -> str:
     return f"rank {rec.rank}" if rec.rank >= 0 else f"pid {rec.pid}"
 
 
+def new_id(wall: float) -> str:
+    """An incident's id (also its evidence folder's name): `YYYYmmddTHHMMSS-xxxxxx`, UTC."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6]
+
+
 def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_scope: str,
                  due: list[Rank], targets: list[Rank], local: list[Rank],
                  fenced: Fence | None,
-                 links: Mapping[Key, str | None] | None = None) -> Incident:
+                 links: Mapping[Key, str | None] | None = None,
+                 incident_id: str = "") -> Incident:
     """The incident for ending `targets` because `due` ranks are hung (or a peer fenced
     the job); `local` is every live local rank of the job, for the culprit, and `links`
-    each rank's data link as last probed, for the cause."""
+    each rank's data link as last probed, for the cause. `incident_id`: the id a fence's
+    answer gave already (else a new one)."""
     worst = max(due, key=lambda r: r.verdict.seconds_in_wait if r.verdict else 0.0)
     stopped = [r for r in local if r.state == State.STOPPED]
     wedged = next((r.verdict.wedge for r in due if r.verdict and r.verdict.wedge), None)
@@ -201,7 +216,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
     if culprit is not None and fenced is None:
         culprit = replace(culprit, cause=found, summary=summary)
     return Incident(
-        id=time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:6],
+        id=incident_id or new_id(wall),
         time=wall,
         host=host,
         job=job,
@@ -224,4 +239,7 @@ def new_incident(*, wall: float, host: str, uid: int, job: str, mode: str, kill_
             FlightEntry(number=c.number, op=c.op, dtype=c.dtype, bytes=c.nbytes)
             for c in r.record.flight[-FLIGHT_TAIL:]) for r in due},
         culprit=culprit,
+        # The fence's origin's incident: where the evidence of the job's other ranks is.
+        elsewhere=((Elsewhere(fenced.origin, fenced.incident),)
+                   if fenced is not None and fenced.incident and not fenced.local else None),
     )

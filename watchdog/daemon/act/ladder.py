@@ -150,6 +150,7 @@ class Ladder:
     # not), and when the verdict was (monotonic; None: when the step is taken).
     gather: bool = True
     verdict_at: float | None = None
+    evidence_by: float | None = None  # monotonic: the evidence done by (a fence's window)
 
     @property
     def working(self) -> bool:

@@ -126,11 +126,13 @@ class Peers:
 
     def fence(self, uid: int, job: str, reason: str, culprit: Culprit | None,
               term_in: float | None = None, since: float | None = None,
-              again: bool = False) -> Future[list[FenceSent]] | None:
+              again: bool = False, incident: str | None = None
+              ) -> Future[list[FenceSent]] | None:
         """Tell the peers to end their ranks of `job` owned by `uid` (only with a secret):
         frozen at once, SIGTERMed `term_in` seconds from now (None: at once), those that
         started before `since` (wall time the job was found dead; default now); `again`:
-        the same fence sent again, logged once. The fences' answers to come, or None when
+        the same fence sent again, logged once; `incident`: ours of the job (where its
+        evidence here is), named to the peers. The fences' answers to come, or None when
         none is sent."""
         secret, peers = self.settings.secret, self.settings.peers
         if not secret or not peers:
@@ -148,7 +150,8 @@ class Peers:
         def send() -> None:
             try:
                 answers = fence.send(peers, secret, job, self.host, reason, culprit,
-                                     self.settings.peer_timeout, uid, since, term_at)
+                                     self.settings.peer_timeout, uid, since, term_at,
+                                     incident)
             except Exception as err:  # noqa: BLE001 - a thread's error is lost otherwise
                 log.error("fencing job %s of uid %s failed: %s", job, uid, err)
                 future.set_exception(err)

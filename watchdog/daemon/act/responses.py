@@ -36,7 +36,7 @@ from watchdog.daemon.holds import peer_hold
 from watchdog.daemon.lifecycle import Key
 from watchdog.daemon.signaller import Target
 from watchdog.states import Mode
-from watchdog.status import FenceSent, Incident, NodeStatus, PeerView
+from watchdog.status import Elsewhere, FenceSent, Incident, NodeStatus, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class Response:
     targets: list[Target]
     others_live: Callable[[], bool]
     may_hold: bool = False
-    evidence: bool = True
+    evidence: bool = True  # a verdict of ours (not a fence's): the peers are fenced
+    gather: bool = True  # its ranks' stacks taken (a fence's within its window)
     asking: Future[PeerView | None] | None = None
     ladder: Ladder | None = None
     failed: bool = False  # its start raised: its ranks are tried again
@@ -120,12 +121,16 @@ class Responses:
     def start(self, keys: list[Key], now: float, uid: int, job: str,
               incident: Incident, targets: list[Target],
               others_live: Callable[[], bool], *, ask_peers: bool, may_hold: bool,
-              evidence: bool, term_in: float | None = None) -> None:
-        """A response begun (or its peers asked first). `term_in`: seconds from now
-        its SIGTERMs wait at least (a fence's, for its ranks frozen meanwhile)."""
+              evidence: bool, term_in: float | None = None,
+              gather: bool | None = None) -> None:
+        """A response begun (or its peers asked first). `evidence`: a verdict of ours
+        (else a fence's); `term_in`: seconds from now its SIGTERMs wait at least (a
+        fence's, for its ranks frozen meanwhile); `gather`: their stacks taken (by
+        default with a verdict of ours; a fence's within `term_in`)."""
         verdict_at = self.enforcer.clock()
         response = Response(keys, now, uid, job, incident, targets, others_live, may_hold,
-                            evidence, verdict_at=verdict_at,
+                            evidence, evidence if gather is None else gather,
+                            verdict_at=verdict_at,
                             term_at=None if term_in is None else verdict_at + term_in)
         self.pending.append(response)
         try:
@@ -175,8 +180,11 @@ class Responses:
         # Ours frozen first (a rank frozen sees no peer end), then the peers told.
         response.ladder = self.enforcer.begin(incident, response.targets, self.baseline(),
                                               response.others_live, view,
-                                              evidence=response.evidence, asked=asked,
-                                              verdict_at=response.verdict_at, term_at=term_at)
+                                              evidence=response.gather, asked=asked,
+                                              verdict_at=response.verdict_at, term_at=term_at,
+                                              # a fence's: its evidence by the moment named
+                                              evidence_by=None if response.evidence
+                                              else term_at)
         if fencing and term_at is not None:
             # The peers wait on this job's end: fence them now, not after evidence,
             # grace and wired-memory settling (30 s and more).
@@ -184,7 +192,7 @@ class Responses:
             response.fencing = self.peers.fence(
                 response.uid, response.job, f"{incident.verdict}: {incident.reason}",
                 culprit, term_in=max(0.0, term_at - response.later - self.enforcer.clock()),
-                since=response.fenced_since)
+                since=response.fenced_since, incident=incident.id)
             response.fenced = response.fencing is not None
 
     def hurry(self, uid: int, job: str, term_in: float) -> None:
@@ -289,7 +297,7 @@ class Responses:
                              f"{ladder.incident.verdict}: {ladder.incident.reason}",
                              ladder.incident.culprit, term_in=0.0,
                              since=response.fenced_since,  # never a relaunch since
-                             again=True)
+                             again=True, incident=ladder.incident.id)
             ladder.term_at = self.enforcer.clock() + response.later
         return self.enforcer.step(ladder)
 
@@ -302,8 +310,14 @@ class Responses:
         except Exception as err:  # noqa: BLE001 - a failed send is a result
             missed = [f"fence not sent ({err})"]
         else:
-            missed = [f"peer {a.peer} did not take the fence ({a})" for a in answers
+            missed = [told.fence_missed(a) for a in answers
                       if a.answer is None or a.answer.error is not None]
+            # Where the evidence of the job's ranks on the peers is: their incidents.
+            there = tuple(Elsewhere(a.answer.host or a.peer, a.answer.incident)
+                          for a in answers if a.answer is not None and a.answer.incident)
+            if there:
+                ladder.incident = replace(ladder.incident,
+                                          elsewhere=(ladder.incident.elsewhere or ()) + there)
         if missed:
             said = ladder.incident.freeze
             ladder.incident = replace(ladder.incident, freeze="; ".join(

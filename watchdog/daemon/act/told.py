@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from watchdog.cause import REFUSED
 from watchdog.daemon.signaller import Result
 from watchdog.states import End, Fenced
 from watchdog.status import ABSENT, FenceSent, Incident
@@ -125,6 +126,17 @@ def end_line(incident: Incident) -> tuple[int, str]:
     return level, line + read
 
 
+def fence_missed(sent: FenceSent) -> str:
+    """Why a peer did not take a fence, in words (an incident's `freeze`, the log):
+    `10.0.0.2:9753 answers but refuses this node's secret (bad signature)`."""
+    answer = sent.answer
+    if answer is None:
+        return f"{sent.peer} did not answer the fence ({sent.error})"
+    if answer.error == "bad signature":
+        return f"{sent.peer} {REFUSED}"
+    return f"{sent.peer} refused the fence ({answer.error})"
+
+
 def fence_line(job: str, uid: int, reason: str, answers: Iterable[FenceSent]
                ) -> tuple[int, str]:
     """A fence sent, and what each peer answered, in one line; WARNING when a peer did
@@ -132,11 +144,8 @@ def fence_line(job: str, uid: int, reason: str, answers: Iterable[FenceSent]
     said, missed = [], False
     for sent in answers:
         answer = sent.answer
-        if answer is None:
-            said.append(f"{sent.peer} did not answer ({sent.error})")
-            missed = True
-        elif answer.error:
-            said.append(f"{sent.peer} refused it ({answer.error})")
+        if answer is None or answer.error:
+            said.append(fence_missed(sent))
             missed = True
         elif answer.ending:
             pids = sorted(answer.ending)

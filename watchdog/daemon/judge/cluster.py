@@ -81,8 +81,10 @@ def _ended_note(ranks: Sequence[ReportedRank]) -> str:
     for (state, reason), members in fates.items():
         hosts = ", ".join(dict.fromkeys(str(r.host) for r in members))
         names = ", ".join(str(r.rank) for r in members)
-        parts.append(f"{'rank' if len(members) == 1 else 'ranks'} {names} on {hosts}: "
-                     f"{state}" + (f", {reason}" if reason else ""))
+        # "exited on an uncaught exception" says its state: never "exited, exited ...".
+        said = reason if reason and state and reason.startswith(str(state)) else (
+            f"{state}" + (f", {reason}" if reason else ""))
+        parts.append(f"{'rank' if len(members) == 1 else 'ranks'} {names} on {hosts}: {said}")
     return "; ".join(parts)
 
 
@@ -97,10 +99,11 @@ def _progressed(seen: Sequence[ReportedRank], scans: Mapping[str | None, float])
 
 def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str],
               uid: int | None = None, scans: Mapping[str | None, float] | None = None,
-              named: Straggler | None = None) -> JobView:
+              named: Straggler | None = None, refused: Sequence[str] = ()) -> JobView:
     """Healthy or hung, and if hung, which rank holds the job up and why. `scans`: each
     node's scan interval (by peer); `named`: the job's straggler as a node's daemon
-    names it (with its hysteresis), shown over this view's own figures."""
+    names it (with its hysteresis), shown over this view's own figures; `refused`: the
+    unreachable nodes that answer but refuse this node's secret."""
     def order(seen: ReportedRank) -> tuple[int, int]:
         return (seen.rank.rank if seen.rank.rank is not None else -1, seen.rank.pid or 0)
 
@@ -152,7 +155,7 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     view = replace(view, straggler=straggler)
     if not hung and not unknown and not suspect:
         return view
-    finding = cause.decide([s.rank for s in seen], missing, unreachable)
+    finding = cause.decide([s.rank for s in seen], missing, unreachable, refused)
     # Who waits on the culprit: a stopped rank frozen inside its own wait is not one.
     waiters = [s for s in waiting if s.rank.state != State.STOPPED] or waiting
     names = ", ".join(str(s.rank.rank) for s in waiters)
@@ -173,10 +176,11 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
                               f"{r.rank.reason or ''}".strip())
         note = f"rank {r.rank.rank} is gone ({r.rank.state}) at {where(r.rank)}"
     elif missing:
+        behind = [n for n in unreachable if n not in refused]
         culprit = JobCulprit(rank=missing[0], state="unknown",
                              reason="not reported by any reachable node"
-                             + (f" (unreachable: {', '.join(unreachable)})"
-                                if unreachable else ""))
+                             + (f"; {', '.join(refused)} {cause.REFUSED}" if refused else "")
+                             + (f" (unreachable: {', '.join(behind)})" if behind else ""))
         note = f"rank {missing[0]} is not reported by any node"
     elif outside and waiting:
         r = outside[0]
@@ -205,6 +209,8 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
     if SAMPLED in answered:  # this node's daemon is down, its records were read instead
         answered.add(LOCAL)
     unreachable = [n.peer for n in nodes if not n.ok and n.peer not in answered]
+    refusing = [n.peer for n in nodes if not n.ok and n.peer in unreachable
+                and cause.refused(n.error)]
     seen: set[tuple[str | None, int | None]] = set()  # a node listed twice counts once
     scans: dict[str | None, float] = {n.peer: n.status.interval for n in nodes
              if n.ok and n.status is not None and n.status.interval}
@@ -237,7 +243,7 @@ def analyze(nodes: Sequence[NodeAnswer], only: tuple[int, str] | None = None) ->
             reboot_required=n.status.reboot_required if n.ok and n.status else None)
             for n in nodes),
         jobs=tuple(judge_job(job, ranks, unreachable, uid if uid >= 0 else None, scans,
-                             named.get((uid, job)))
+                             named.get((uid, job)), refusing)
                    for (uid, job), ranks in sorted(jobs.items(), key=lambda kv: kv[0][::-1])))
 
 

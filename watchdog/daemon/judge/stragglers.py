@@ -553,6 +553,8 @@ class Stragglers:
                  keys: Sequence[object]) -> tuple[str | None, str | None]:
         """Why this rank cannot be judged now, as (code, words); (None, None) if it is."""
         backend = self.backends.get(key)
+        if backend == "single":  # a group of one (no peers): nothing to be held back by
+            return ("alone", "not judged: a single process, no peer to keep pace with")
         if not backends.spins_in_kernel(backend):
             return ("user_space_wait", f"not judged: the {backend or 'unknown'} backend polls "
                     "in user space, so no wait share (docs/limits.md)")
@@ -564,6 +566,9 @@ class Stragglers:
             return "idle", f"not judged: idle (hb.idle) {idle / total:.0%} of the time"
         if not any(t.collectives for t in ticks if not t.idle):
             return "no_collectives", f"not judged: no collective in the last {self.window:.0f} s"
+        if total < self.min_seconds:  # at its start: too little seen to say it sleeps
+            return ("too_few_seconds", f"not judged yet: only {total:.0f} s seen of "
+                    f"{self.min_seconds:.0f} s needed")
         loose = summarise(ticks, strict=False)
         if loose is not None and loose.active < ACTIVE_MIN:
             return ("sleeps", f"not judged: idle between steps {1 - loose.active:.0%} of "

@@ -107,11 +107,16 @@ def prepare(record_dir: str, state_dir: str) -> list[str]:
                 created += missing
                 os.chmod(path, mode)  # explicit: makedirs is subject to the umask
             check(path)
-        except PermissionError as err:
-            raise SetupRefused(f"cannot create or use {path}: {err.strerror} "
-                              "(run as root, or pass a directory you own)") from None
         except OSError as err:
-            raise SetupRefused(f"cannot create or use {path}: {err.strerror}") from None
+            # The record directory made before a state directory refused: not left
+            # behind, an empty 1777 directory nobody asked for.
+            undo(created, state_dir)
+            hint = (" (run as root, or pass a directory you own)"
+                    if isinstance(err, PermissionError) else "")
+            raise SetupRefused(f"cannot create or use {path}: {err.strerror}{hint}") from None
+        except SetupRefused:
+            undo(created, state_dir)
+            raise
     return created
 
 
