@@ -7,7 +7,8 @@ never a quiet hang and waits for `blocked_deadline`. The GPU's own figures tell 
 apart: fully resident at a power far below what a resident GPU doing work draws.
 
     resident (>= SPIN_RESIDENCY %) at under SPIN_MILLIWATTS: spins on nothing
-    anything else, or no reading: GPU time advancing is work (never end on a guess)
+    anything else, or no reading (none, or 0 W): GPU time advancing is work (never
+    end on a guess)
 
 A GPU at low residency and low power with its time advancing does a little work (a
 small model's decode step), and is left as computing. The thresholds come from
@@ -30,9 +31,11 @@ SPIN_MILLIWATTS = 5000.0  # under this while resident: a kernel that does no wor
 
 
 def spins_on_nothing(power: GpuPower | None, milliwatts: float = SPIN_MILLIWATTS) -> bool:
-    """#3830's signature: the GPU fully resident at a power no work draws."""
+    """#3830's signature: the GPU fully resident at a power no work draws. A power of
+    0 W is no reading (macOS 27 reports the CPU's as 0 W; an M5 Max's readings alternate
+    between 0 W and inflated values): never a GPU spinning on nothing."""
     return (power is not None and power.active_percent >= SPIN_RESIDENCY
-            and power.milliwatts < milliwatts)
+            and 0.0 < power.milliwatts < milliwatts)
 
 
 def gpu_works(gpu_moved: bool | None, power: GpuPower | None,
