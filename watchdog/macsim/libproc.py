@@ -25,11 +25,14 @@ Failures return -1 or 0 as the real calls do (errno is not set: no caller reads 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
 import struct
 from typing import Any
+
+from watchdog.macsim import gpu
 
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 PROC_PIDLISTFDS, PROC_PIDTHREADINFO, PROC_PIDLISTTHREADS = 1, 5, 6
@@ -118,8 +121,13 @@ class LibProc:
         fields = self._stat(f"{self.proc}/{pid}/stat")
         io = self._keyed(f"{self.proc}/{pid}/io")
         ns = 1e9 / self.tick
-        return {"user_time": abstime(int(fields[11]) * ns),
-                "system_time": abstime(int(fields[12]) * ns),
+        user, system = int(fields[11]), int(fields[12])
+        for tid in gpu.hidden(pid, self.proc):  # the Mac's GPU time is not its CPU time
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                task = self._stat(f"{self.proc}/{pid}/task/{tid}/stat")
+                user, system = user - int(task[11]), system - int(task[12])
+        return {"user_time": abstime(max(0, user) * ns),
+                "system_time": abstime(max(0, system) * ns),
                 "pageins": int(fields[9]),
                 "resident_size": int(fields[21]) * os.sysconf("SC_PAGE_SIZE"),
                 "diskio_bytesread": io.get("read_bytes", 0),
@@ -131,7 +139,9 @@ class LibProc:
 
     def tids(self, pid: int) -> list[int]:
         """Kernel thread ids in task order, main first (psutil_mac's positions)."""
-        ids = sorted(int(t) for t in os.listdir(f"{self.proc}/{pid}/task"))
+        gpu_threads = gpu.hidden(pid, self.proc)  # MLX's compute: the Mac's GPU (gpu.py)
+        ids = sorted(int(t) for t in os.listdir(f"{self.proc}/{pid}/task")
+                     if int(t) not in gpu_threads)
         return [t for t in ids if t == pid] + [t for t in ids if t != pid]
 
     def proc_pidinfo(self, pid: Any, flavor: Any, arg: Any, buffer: Any, size: Any) -> int:
