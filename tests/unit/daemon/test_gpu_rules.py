@@ -132,3 +132,21 @@ def test_a_peer_whose_gpu_may_work_holds_the_job(peer, held):
     # Up to the blocked bound: past it, nothing holds.
     bound = dataclasses.replace(due, seconds_in_wait=RULES.blocked_deadline)
     assert hold_reason(bound, [(0, bound), (1, mate)], RULES, rank=0) == ""
+
+
+def test_a_save_whose_offsets_move_holds_where_the_disk_counters_see_nothing():
+    """A Mac's save into a FIFO or onto a network mount: ri_diskio counts no byte, the
+    file's offset moves with every byte; those are its bytes (OwnWait.moving)."""
+    detector = Detector(RULES)
+    record = dataclasses.replace(BASE, phase=Phase.WAIT, op="save_safetensors",
+                                 wait_since_ns=ORIGIN, last_progress_ns=ORIGIN,
+                                 waits_entered=10, flight=())
+    verdicts = []
+    for t in range(int(RULES.deadline) + 5):
+        sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "sleeping",
+                               ((1, 0.001 * t),), io=(100, 50), offsets=4096 * t)
+        verdicts.append(detector.observe(record, sample, ORIGIN + t * NS))
+    last = verdicts[-1]
+    assert last.own is not None and last.own.moving(RULES.auto_floor), last.own
+    assert last.own.written and last.own.written >= 4096 * 10, last.own
+    assert "bytes moving" in last.reason and not any(v.act for v in verdicts), last.reason

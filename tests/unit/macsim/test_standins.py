@@ -98,6 +98,21 @@ def test_the_probe_reads_file_offsets_where_the_disk_counters_see_nothing(tmp_pa
     assert sample is not None and sample.offsets == before
 
 
+def test_a_fifos_offset_moves_as_a_macs_does(tmp_path):
+    """Linux keeps a FIFO's position at 0; a Mac advances fi_offset with every byte."""
+    fifo = tmp_path / "ckpt.fifo"
+    os.mkfifo(fifo)
+    drained = threading.Thread(target=lambda: open(fifo, "rb").read(), daemon=True)
+    drained.start()
+    lib = libproc.LibProc()
+    with open(fifo, "wb", buffering=0) as sink:
+        before = macos.read_offsets(os.getpid(), lib)
+        sink.write(b"x" * 65536)
+        after = macos.read_offsets(os.getpid(), lib)
+    drained.join(5)
+    assert before is not None and after is not None and after - before >= 65536
+
+
 def test_rusage_and_threadinfo_from_the_live_process():
     lib = libproc.LibProc()
     buffer = ctypes.create_string_buffer(macos.RUSAGE_V2_SIZE)

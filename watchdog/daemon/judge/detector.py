@@ -35,7 +35,7 @@ from watchdog.daemon.judge.deadlines import (
     wedge_deadline,
 )
 from watchdog.daemon.judge.frames import GPU_ADVANCES, Reading
-from watchdog.daemon.judge.ownwait import OwnWait
+from watchdog.daemon.judge.ownwait import SAVE_OPS, OwnWait
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
     QUIET_RATIO,
@@ -95,6 +95,7 @@ class Track:
     # current stretch, and when they last moved (ns; 0: not yet seen).
     io: tuple[int, int] | None = None
     offsets: int | None = None  # the open files' offsets (macOS): moving is bytes moving
+    offset_bytes: int = 0  # how far they moved forward over the current stretch
     io_base: tuple[int, int] | None = None
     io_moved_ns: int = 0
     hot: tuple[int, ...] = ()  # the threads busy over the last interval
@@ -417,6 +418,12 @@ class Detector:
         if sample.io is not None and track.io_base is not None:
             read = max(0, sample.io[0] - track.io_base[0])
             written = max(0, sample.io[1] - track.io_base[1])
+        if sample.offsets is not None:  # macOS: offsets moved are the save's bytes too
+            if record.op in SAVE_OPS:
+                written = max(written or 0, track.offset_bytes)
+            else:
+                read = max(read or 0, track.offset_bytes)
+        if read is not None or written is not None:
             # In an `hb.expect()` window the user's deadline is the wait's, silent or not.
             quiet = None if record.expect_seconds > 0 else max(
                 0.0, (now_ns - track.io_moved_ns) / NS)
@@ -480,12 +487,16 @@ def _stretch(record: Record, sample: ProcessSample, track: Track, waiting: bool,
         # Bytes are counted from here; a wait first seen already under way counts as
         # quiet since it began until the next sample shows its counters move.
         track.io_base = sample.io
+        track.offset_bytes = 0
         track.io_moved_ns = record.wait_since_ns if waiting else now_ns
     if sample.io is not None and track.io is not None and sample.io != track.io:
         track.io_moved_ns = now_ns
     if sample.offsets is not None and track.offsets is not None \
             and sample.offsets != track.offsets:
         track.io_moved_ns = now_ns
+        # Bytes read or written through the files (a FIFO's, a network mount's too, where
+        # a Mac's disk counters see none); a file closed takes its offset out of the sum.
+        track.offset_bytes += max(0, sample.offsets - track.offsets)
     if track.io_base is None:
         track.io_base = sample.io
     track.io, track.offsets = sample.io, sample.offsets
