@@ -14,7 +14,7 @@ little-endian arm64) and returns what the real one returns.
     mach_timebase_info()  (numer, denom) of mach absolute time: Apple silicon's 125/3
 
 Where Linux keeps no such count the stand-in guesses, and says so: ri_runnable_time is
-the threads' schedstat wait (time on a run queue); the disk bytes are /proc's
+the threads' schedstat run + wait (xnu counts running time as runnable); the disk bytes are /proc's
 read_bytes/write_bytes; a socket's `soi_so` (an opaque kernel address on a Mac) is
 its inode here; a file's fi_offset is /proc's fdinfo `pos`, but for a FIFO, where Linux
 keeps 0 and a Mac advances it with every byte (xnu's vn_write), the process's bytes read
@@ -133,7 +133,8 @@ class LibProc:
                 "resident_size": int(fields[21]) * os.sysconf("SC_PAGE_SIZE"),
                 "diskio_bytesread": io.get("read_bytes", 0),
                 "diskio_byteswritten": io.get("write_bytes", 0),
-                "runnable_time": abstime(sum(self._schedstat(pid, tid)[1]
+                # A Mac's ri_runnable_time: runnable including running (xnu thread.h).
+                "runnable_time": abstime(sum(sum(self._schedstat(pid, tid))
                                              for tid in self.tids(pid)))}
 
     # -- threads ----------------------------------------------------------

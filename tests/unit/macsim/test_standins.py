@@ -138,6 +138,11 @@ def test_ri_runnable_time_read_in_seconds():
     assert macos.rusage_runnable(raw, libproc.TIMEBASE) == pytest.approx(2.5)
     with pytest.raises(ValueError):
         macos.rusage_runnable(raw[:200], libproc.TIMEBASE)
+    # xnu counts running time as runnable: the run queue is what is left of it after
+    # the CPU time (ri_user_time + ri_system_time, the two fields after the uuid).
+    ran = libproc.RUSAGE_V4.pack(b"\0" * 16, libproc.abstime(1.0e9), libproc.abstime(0.5e9),
+                                 *([0] * 32), libproc.abstime(2.5e9))
+    assert macos.rusage_run_queue(ran, libproc.TIMEBASE) == pytest.approx(1.0)
 
 
 @pytest.mark.slow

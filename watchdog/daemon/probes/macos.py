@@ -67,6 +67,10 @@ def pmset_therm(text: str) -> str | None:
     return "; ".join(parts) or None
 
 
+CPU_TIMES = struct.Struct("<QQ")  # ri_user_time, ri_system_time: right after the uuid
+CPU_TIMES_OFFSET = 16
+
+
 def rusage_runnable(buffer: bytes, timebase: tuple[int, int]) -> float:
     """ri_runnable_time of a struct rusage_info_v4, in seconds (`timebase`: the
     (numer, denom) of mach_timebase_info, nanoseconds per tick; 125/3 on Apple silicon)."""
@@ -74,6 +78,16 @@ def rusage_runnable(buffer: bytes, timebase: tuple[int, int]) -> float:
         raise ValueError("a short rusage_info_v4")
     numer, denom = timebase
     return float(RUNNABLE.unpack_from(buffer, RUNNABLE_OFFSET)[0] * numer / denom / 1e9)
+
+
+def rusage_run_queue(buffer: bytes, timebase: tuple[int, int]) -> float:
+    """The process's threads' time on a run queue, waiting for a core, in seconds:
+    ri_runnable_time counts running time too (xnu osfmk/kern/thread.h: "runnable
+    (including running)"), so its CPU time (ri_user_time + ri_system_time, mach absolute
+    time on Apple silicon, as psutil reads them) comes off it."""
+    numer, denom = timebase
+    user, system = CPU_TIMES.unpack_from(buffer, CPU_TIMES_OFFSET)
+    return max(0.0, rusage_runnable(buffer, timebase) - (user + system) * numer / denom / 1e9)
 
 
 def rusage_io(buffer: bytes) -> tuple[int, int]:
@@ -258,7 +272,7 @@ class MacProbe(Probe):
                            major_faults=read_pageins(pid, self.libproc), offsets=offsets)
         timebase = self.timebase()
         return replace(sample, io=rusage_io(raw), major_faults=rusage_pageins(raw),
-                       runnable=rusage_runnable(raw, timebase) if timebase else None,
+                       runnable=rusage_run_queue(raw, timebase) if timebase else None,
                        offsets=offsets)
 
     def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
