@@ -20,6 +20,8 @@ evidence) runs the stand-in the same way, as a process of its own.
 - `powermetrics --samplers gpu_power -n 1 -i MS`: the GPU's residency and power from
   every Metal process's GPU time over MS milliseconds (gpu.py; 0 mW in mode
   "zero-watts").
+- `powermetrics --samplers thermal`: "Current pressure level:" Nominal, or Moderate or
+  Heavy with Linux's cpufreq capping a core below its maximum.
 - `pmset -g therm`: the notes a Mac prints when nothing was recorded; with Linux's
   cpufreq capping a core below its maximum, the `CPU_Speed_Limit` block instead.
 """
@@ -221,8 +223,15 @@ def powermetrics(args: list[str]) -> int:
     if os.geteuid() != 0:
         print("powermetrics must be invoked as the superuser", file=sys.stderr)
         return 1
+    if "thermal" in args:  # Apple silicon's thermal pressure, from cpufreq's cap here
+        limit = cpufreq_limit()
+        level = ("Nominal" if limit is None or limit >= 100 else
+                 "Moderate" if limit >= 70 else "Heavy")
+        sys.stdout.write(f"**** Thermal pressure ****\n\nCurrent pressure level: {level}\n\n")
+        return 0
     if "gpu_power" not in args:
-        print("powermetrics: the stand-in knows only --samplers gpu_power", file=sys.stderr)
+        print("powermetrics: the stand-in knows only the gpu_power and thermal samplers",
+              file=sys.stderr)
         return 1
     interval = 5000
     if "-i" in args and args.index("-i") + 1 < len(args):

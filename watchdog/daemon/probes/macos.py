@@ -71,6 +71,17 @@ CPU_TIMES = struct.Struct("<QQ")  # ri_user_time, ri_system_time: right after th
 CPU_TIMES_OFFSET = 16
 
 
+def thermal_pressure(text: str) -> str | None:
+    """`powermetrics --samplers thermal`'s "Current pressure level: Moderate" (Nominal,
+    Moderate, Heavy, Trapping, Sleeping): said when above Nominal, else None."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "current pressure level":
+            level = value.strip()
+            return f"thermal pressure {level}" if level and level != "Nominal" else None
+    return None
+
+
 def rusage_runnable(buffer: bytes, timebase: tuple[int, int]) -> float:
     """ri_runnable_time of a struct rusage_info_v4, in seconds (`timebase`: the
     (numer, denom) of mach_timebase_info, nanoseconds per tick; 125/3 on Apple silicon)."""
@@ -87,7 +98,7 @@ def rusage_run_queue(buffer: bytes, timebase: tuple[int, int]) -> float:
     time on Apple silicon, as psutil reads them) comes off it."""
     numer, denom = timebase
     user, system = CPU_TIMES.unpack_from(buffer, CPU_TIMES_OFFSET)
-    return max(0.0, rusage_runnable(buffer, timebase) - (user + system) * numer / denom / 1e9)
+    return max(0.0, rusage_runnable(buffer, timebase) - float(user + system) * numer / denom / 1e9)
 
 
 def rusage_io(buffer: bytes) -> tuple[int, int]:
@@ -280,15 +291,25 @@ class MacProbe(Probe):
         return read_socket_queues(pid, self.libproc)
 
     def thermal(self) -> str | None:
-        pmset = self.tool("pmset")
-        if pmset is None:
+        """The node's thermal state: `pmset -g therm`'s CPU speed limit (Intel Macs; on
+        Apple silicon it prints only its notes, even while throttled), and the thermal
+        pressure Apple silicon does give (`powermetrics --samplers thermal`, root)."""
+        said = [self._run(["pmset"], "-g", "therm", parse=pmset_therm),
+                self._run(["powermetrics"], "--samplers", "thermal", "-n", "1", "-i", "1",
+                          parse=thermal_pressure)]
+        return "; ".join(s for s in said if s) or None
+
+    def _run(self, names: list[str], *args: str,
+             parse: Callable[[str], str | None]) -> str | None:
+        tool = self.tool(names[0])
+        if tool is None:
             return None
         try:
-            done = subprocess.run([*pmset, "-g", "therm"], capture_output=True, text=True,
-                                  timeout=2, check=False)
+            done = subprocess.run([*tool, *args], capture_output=True, text=True,
+                                  timeout=2, check=False, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return None
-        return pmset_therm(done.stdout)
+        return parse(done.stdout[:1 << 16]) if done.returncode == 0 else None
 
     def wired_bytes(self) -> int | None:
         try:
