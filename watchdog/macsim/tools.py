@@ -4,7 +4,7 @@ Run as `python -m watchdog.macsim.tools NAME ARGS...`: the macOS probe's command
 the tool (`MacProbe.tool`), so every caller that runs the real tool (the probe, the
 evidence) runs the stand-in the same way, as a process of its own.
 
-- `sample PID SECONDS`: the live rank's native stacks, read with gdb (hardened as the
+- `sample PID SECONDS [-file PATH]`: the live rank's native stacks, read with gdb (hardened as the
   daemon's own, watchdog/gdbstack.py) as often as fits in SECONDS (at least once),
   printed in `sample`'s report layout: the header, "Call graph:", one tree per thread
   headed `Thread_<id>` with the kernel's thread id (as on a Mac, not psutil's
@@ -181,7 +181,14 @@ def sample(args: list[str]) -> int:
         for read in reads:
             if tid in read:
                 read[tid] = list(GPU_STREAM)
-    sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
+    report = sample_report(pid, [r for r in reads if r], name, seconds)
+    if "-file" in args and args.index("-file") + 1 < len(args):
+        with open(args[args.index("-file") + 1], "w") as out:
+            out.write(report)
+        print(f"Sample analysis of process {pid} written to file "
+              f"{args[args.index('-file') + 1]}")
+        return 0
+    sys.stdout.write(report)
     return 0
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
+import os
 import struct
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -256,6 +259,12 @@ class MacProbe(Probe):
 
     name = "macos"
     gpu_clock = True  # MLX computes on the GPU: its time is read from ioreg
+    # `sample PID 1` samples for a second, then symbolicates every image: on the
+    # stand-in 1.7 s idle, 3.9 s at a load of 5-6 (gdb behind it), past the 3 s box a
+    # Linux gdb read gets, where every sample "read nothing" and no wedge was decided.
+    # A slow sampler must cost time, not the rule; a real Mac's is to be measured
+    # (docs/macos.md, `doctor --mac-check`).
+    stack_timeout = 5.0
 
     def __init__(self, ps: Any = psutil, libproc: Any = None,
                  tool: Callable[[str], list[str] | None] | None = None,
@@ -380,7 +389,19 @@ class MacProbe(Probe):
         command = self.stack_command(pid)
         if not command:
             return None
-        text = stack_tool_output(command, timeout, 8 << 20, f"sample on pid {pid}")
+        # The report to a file of our own (`-file`), read back and removed: no report
+        # is left behind, wherever `sample` would put one; stdout when the file is empty.
+        fd, path = tempfile.mkstemp(prefix="mlx-watchdog-sample-", suffix=".txt")
+        os.close(fd)
+        try:
+            text = stack_tool_output([*command, "-file", path], timeout, 8 << 20,
+                                     f"sample on pid {pid}")
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                report = f.read(8 << 20).decode("utf-8", "replace")
+                text = report or text
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         return {} if text is None else sample_stacks(text)
 
 

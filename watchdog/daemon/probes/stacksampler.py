@@ -182,12 +182,13 @@ class StackSampler:
         queues = self.queues.get(key)
         return queues is None or queues.since <= before.at
 
-    def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
+    def settle(self, keys: Iterable[Key], timeout: float | None = None) -> None:
         """Wait (at most `timeout`) until no sample of these ranks is under way: a response
         about to take them needs them out of our trace (its evidence asks a rank in
         tracing-stop for nothing, and its own sampler cannot attach beside ours)."""
         keys = set(keys)
-        until = time.monotonic() + timeout  # real time: a sample takes real time
+        box = self.probe.stack_timeout if timeout is None else timeout
+        until = time.monotonic() + box  # real time: a sample takes real time
         while keys & self.running and time.monotonic() < until:
             time.sleep(0.02)
 
@@ -210,7 +211,7 @@ class StackSampler:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
         gpu, why = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
         try:
-            stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+            stacks = self.probe.native_stacks(who.pid, self.probe.stack_timeout)
         except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
             return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu,
                           gpu_why=why)
