@@ -103,12 +103,14 @@ class Jobs:
         # Each rank's last asleep sample as read (frames.asleep): read once, judged at
         # every scan while the sampler holds a quiet rank.
         self.asleep_read: dict[Key, tuple[Stacks, frames.Reading]] = {}
+        self.unread: set[Key] = set()  # ranks whose threads could not be read, logged
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
         self.detector.forget(key)
         self.shown.pop(key, None)
         self.asleep_read.pop(key, None)
+        self.unread.discard(key)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -147,6 +149,10 @@ class Jobs:
                            for r, _ in members], wedged)
             for rank, sample in members:
                 rec = rank.record
+                if sample.threads_error and rank.key not in self.unread:
+                    self.unread.add(rank.key)  # said once; its status says it at every scan
+                    log.warning("job %s rank %s pid %s: %s", rec.job, rec.rank, rec.pid,
+                                sample.threads_error)
                 asleep, still, age = self._asleep(rank, now)
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,

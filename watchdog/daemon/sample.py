@@ -54,6 +54,9 @@ class ProcessSample:
     # bytes (macOS: ri_diskio counts none to a FIFO or a network mount, while every read
     # and write through a descriptor advances its offset); None where not read.
     offsets: int | None = None
+    # Why its threads could not be read, when none were ("": read, or none to read):
+    # every hang of such a rank waits for the blocked deadline, which is said.
+    threads_error: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ little-endian arm64) and returns what the real one returns.
     proc_pid_rusage(pid, RUSAGE_INFO_V4, buf)  struct rusage_info_v4 (296 bytes)
     proc_pidinfo(pid, PROC_PIDLISTTHREADS, 0, buf, size)  uint64 thread handles
     proc_pidinfo(pid, PROC_PIDTHREADINFO, handle, buf, size)  struct proc_threadinfo (112)
+    proc_pidinfo(pid, PROC_PIDLISTTHREADIDS, 0, buf, size)  uint64 thread ids
+    proc_pidinfo(pid, PROC_PIDTHREADID64INFO, id, buf, size)  struct proc_threadinfo
     proc_pidinfo(pid, PROC_PIDLISTFDS, 0, buf, size)  struct proc_fdinfo {int32 fd; uint32 type}
     proc_pidfdinfo(pid, fd, PROC_PIDFDSOCKETINFO, buf, size)  struct socket_fdinfo (792)
     proc_pidfdinfo(pid, fd, PROC_PIDFDVNODEINFO, buf, size)  struct vnode_fdinfo (176)
@@ -37,6 +39,7 @@ from watchdog.macsim import gpu
 
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 PROC_PIDLISTFDS, PROC_PIDTHREADINFO, PROC_PIDLISTTHREADS = 1, 5, 6
+PROC_PIDTHREADID64INFO, PROC_PIDLISTTHREADIDS = 15, 28
 PROC_PIDFDSOCKETINFO, PROC_PIDFDVNODEINFO = 3, 1
 # struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, fi_type,
 # fi_guardflags: 24 bytes), then vnode_info (152).
@@ -152,8 +155,11 @@ class LibProc:
             if flavor == PROC_PIDLISTTHREADS:
                 return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
                              size)
-            if flavor == PROC_PIDTHREADINFO:
+            if flavor == PROC_PIDTHREADINFO or flavor == PROC_PIDTHREADID64INFO:
                 return _fill(buffer, self.threadinfo(pid, arg), size)
+            if flavor == PROC_PIDLISTTHREADIDS:  # thread ids: the kernel's tids here
+                return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
+                             size)
             if flavor == PROC_PIDLISTFDS:
                 return _fill(buffer, b"".join(FDINFO.pack(fd, kind)
                                               for fd, kind in self.fds(pid)), size)

@@ -132,6 +132,51 @@ def test_rusage_and_threadinfo_from_the_live_process():
     assert user + system > 0  # this thread has run: nanoseconds, as pth_user_time
 
 
+def test_threads_through_libproc_have_the_ids_python_gives():
+    """PROC_PIDLISTTHREADIDS + PROC_PIDTHREADID64INFO: root reads them for any process,
+    in ns, with the ids threading.get_native_id() returns, whatever psutil's version."""
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        lib = libproc.LibProc()
+        found = macos.read_threads(os.getpid(), lib)
+        assert found is not None and found[0][0] == threading.get_native_id()
+        assert worker.native_id in {t for t, _, _ in found}
+        sample = macos.MacProbe(ps=psutil_mac, libproc=lib).sample(os.getpid())
+        assert sample is not None and sample.native_ids and sample.main_tid == os.getpid()
+        assert worker.native_id in dict(sample.threads) and sample.threads_error == ""
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_a_rank_whose_threads_cannot_be_read_is_said():
+    class Refused(libproc.LibProc):
+        def proc_pidinfo(self, *args):
+            return 0  # libproc refuses: as task_for_pid, or an older macOS
+
+    class NoThreads(psutil_mac.Process):
+        def threads(self):
+            raise psutil.AccessDenied(self.pid)
+
+    class Ps:
+        Process, NoSuchProcess, AccessDenied = NoThreads, psutil.NoSuchProcess, \
+            psutil.AccessDenied
+
+    sample = macos.MacProbe(ps=Ps, libproc=Refused()).sample(os.getpid())
+    assert sample is not None and sample.threads == () and not sample.native_ids
+    assert "threads could not be read" in sample.threads_error
+
+
+def test_sample_stacks_are_keyed_by_the_thread_ids_sample_prints():
+    report = ("Call graph:\n    5 Thread_4233561   DispatchQueue_1: com.apple.main-thread\n"
+              "    + 5 start  (in dyld) + 1  [0x1]\n    5 Thread_4233570\n"
+              "    + 5 thread_start  (in libsystem_pthread.dylib) + 8  [0x2]\n\n")
+    assert set(macos.sample_stacks(report)) == {4233561, 4233570}
+    assert set(macos.sample_stacks(report.replace("Thread_4233570", "worker"))) == {0, 1}
+
+
 def test_ri_runnable_time_read_in_seconds():
     assert 16 + 8 * libproc.RUSAGE_FIELDS.index("runnable_time") == macos.RUNNABLE_OFFSET
     assert macos.RUSAGE_V4_SIZE == libproc.RUSAGE_V4.size

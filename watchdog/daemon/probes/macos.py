@@ -7,6 +7,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import re
 import struct
 import subprocess
 import tempfile
@@ -205,6 +206,47 @@ def read_offsets(pid: int, libproc: Any = None) -> int | None:
     return None if infos is None else sum(map(file_offset, infos))
 
 
+# Threads through libproc, as root reads them for any process (no task_for_pid, which a
+# hardened-runtime or Apple-signed interpreter refuses even root; psutil <= 7.2 needs it):
+# proc_pidinfo(PROC_PIDLISTTHREADIDS) lists the thread ids (uint64: the ids
+# `threading.get_native_id()` returns), proc_pidinfo(PROC_PIDTHREADID64INFO, id) fills
+# each one's struct proc_threadinfo (pth_user_time, pth_system_time in ns first; xnu
+# bsd/sys/proc_info.h).
+PROC_PIDLISTTHREADIDS, PROC_PIDTHREADID64INFO = 28, 15
+THREADINFO_SIZE = 112
+THREAD_TIMES = struct.Struct("<QQ")
+MAX_THREADS = 4096
+
+
+def read_threads(pid: int, libproc: Any = None) -> list[tuple[int, int, int]] | None:
+    """(thread id, user ns, system ns) of each thread of the process, in the kernel's
+    order (the main thread first); None without libproc or when not permitted."""
+    lib = libproc if libproc is not None else _libproc()
+    if lib is None:
+        return None
+    listing = ctypes.create_string_buffer(8 * MAX_THREADS)
+    try:
+        filled = lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDLISTTHREADIDS),
+                                  ctypes.c_uint64(0), listing, ctypes.c_int(len(listing)))
+    except (AttributeError, OSError):
+        return None
+    if filled <= 0:
+        return None
+    ids = struct.unpack_from(f"<{min(filled, len(listing)) // 8}Q", listing.raw)
+    info = ctypes.create_string_buffer(THREADINFO_SIZE)
+    out = []
+    for tid in ids:
+        if not tid:
+            continue
+        if lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDTHREADID64INFO),
+                            ctypes.c_uint64(tid), info,
+                            ctypes.c_int(THREADINFO_SIZE)) < THREADINFO_SIZE:
+            continue  # ended meanwhile
+        user, system = THREAD_TIMES.unpack_from(info.raw, 0)
+        out.append((int(tid), int(user), int(system)))
+    return out
+
+
 def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
     """The process's disk I/O counters through proc_pid_rusage, or None (no libproc, or
     not permitted: another user's process without root)."""
@@ -253,9 +295,10 @@ def system_timebase() -> tuple[int, int] | None:
 
 
 class MacProbe(Probe):
-    """Thread ids from psutil here are positions in `task_threads` order, main
-    first (the inherited `main_thread`), not `threading.get_native_id()` values:
-    the record's table of Python threads cannot be matched (see docs/limits.md)."""
+    """Threads through libproc (read_threads): the kernel's ids, `threading.
+    get_native_id()`'s, matched against the record's table of Python threads and
+    `sample`'s `Thread_<id>`. Without libproc, psutil's: positions in `task_threads`
+    order, main first (the inherited `main_thread`), which match nothing."""
 
     name = "macos"
     gpu_clock = True  # MLX computes on the GPU: its time is read from ioreg
@@ -281,6 +324,16 @@ class MacProbe(Probe):
         sample = super().sample(pid)
         if sample is None:
             return None
+        threads = read_threads(pid, self.libproc)
+        if threads:  # the kernel's ids, whatever psutil's version gives (positions, ids)
+            sample = replace(sample, threads=tuple((t, (u + s) / 1e9) for t, u, s in threads),
+                             system=tuple((t, s / 1e9) for t, _, s in threads),
+                             main_tid=threads[0][0], native_ids=True)
+        elif not sample.threads:
+            sample = replace(sample, threads_error=(
+                "its threads could not be read (libproc's PROC_PIDLISTTHREADIDS refused, "
+                "psutil's threads() too: task_for_pid is refused for a hardened or "
+                "Apple-signed interpreter)"))
         # One proc_pid_rusage (v4) a scan: the disk bytes, the page-ins and the threads'
         # run-queue time (ri_runnable_time: macOS keeps no run-queue time per thread, so
         # a straggler's run queue is the process's, docs/limits.md).
@@ -410,7 +463,16 @@ def _system_tool(name: str) -> list[str] | None:
     return [path] if path else None
 
 
+_THREAD_ID = re.compile(r"^Thread_(\d+)")
+
+
 def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:
-    """Each thread of a `sample` report as its heaviest path, leaf first, by position."""
-    return {i: tuple(p.frame for p in reversed(t.path))
-            for i, t in enumerate(samplegraph.parse(text))}
+    """Each thread of a `sample` report as its heaviest path, leaf first, by its id
+    (`Thread_<id>`: the kernel's thread id, libproc's), or by position when a thread
+    line names none."""
+    threads = samplegraph.parse(text)
+    ids = [_THREAD_ID.match(t.thread) for t in threads]
+    if all(ids) and len({m.group(1) for m in ids if m}) == len(ids):
+        return {int(m.group(1)): tuple(p.frame for p in reversed(t.path))
+                for m, t in zip(ids, threads, strict=True) if m}
+    return {i: tuple(p.frame for p in reversed(t.path)) for i, t in enumerate(threads)}
