@@ -178,9 +178,6 @@ def saves(slow_seconds: float = 150.0, save_at: int = 20) -> None:
                 print(lines.get(name, f"  {name}: no result"), flush=True)
 
 
-if __name__ == "__main__":
-    main()
-
 
 def gpu(seconds: float = 120.0, unknown: bool = False) -> None:
     import os
@@ -243,3 +240,7 @@ def gpu(seconds: float = 120.0, unknown: bool = False) -> None:
                 cause = quiet[-1]["cause"] if quiet else "no incident"
                 print(f"  quiet hang: {end} ({cause}); load {os.getloadavg()[0]:.1f}",
                       flush=True)
+
+
+if __name__ == "__main__":
+    main()
