@@ -48,9 +48,12 @@ HOLD_LEAD = MAX_EVERY
 # scan: its stillness matters over tens of seconds (detector.QUIET_HANG_FOR, 10 s).
 QUIET_QUEUES_EVERY = 3.0
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
-# Two GPU time readings further apart than this say nothing of the GPU now (a sample of
-# an earlier late wait): the next reading starts afresh.
-GPU_SPAN = 2 * MAX_EVERY + SAMPLE_TIMEOUT
+# Two GPU time readings further apart than this are not compared (the next one starts
+# afresh). Any shorter span is safe both ways: flat over it, no GPU work ran in it (a
+# quiet rank is still asleep now: its verdict needs the wait quiet since); advancing,
+# it is held as computing for one more sample. A quiet job's samples are held back to
+# its deadline (HOLD_LEAD): its readings may be a deadline apart.
+GPU_SPAN = 600.0
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
