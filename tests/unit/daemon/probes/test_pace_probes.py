@@ -135,8 +135,8 @@ def test_apple_silicons_thermal_pressure_is_a_stragglers_cause(tmp_path: Path) -
     assert thermal_pressure("garbage") is None
     recorded = tmp_path / "pressure.txt"
     recorded.write_text(heavy)
-    tools = {"pmset": [sys.executable, "-c", f"print({PMSET_COOL!r}, end='')"],
-             "powermetrics": [sys.executable, "-c",
+    tools = {"/usr/bin/pmset": [sys.executable, "-c", f"print({PMSET_COOL!r}, end='')"],
+             "/usr/bin/powermetrics": [sys.executable, "-c",
                               f"import sys; sys.stdout.write(open({str(recorded)!r}).read())"]}
     probe = MacProbe(tool=tools.get)
     assert probe.thermal() == "thermal pressure Heavy"
