@@ -57,6 +57,12 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
     (up to ownwait.MAX_IO_HOLD). A save or load that moved no byte for the stuck window
     (`auto_floor`) holds nobody.
     """
+    traced = sorted(((r, v) for r, v in job if v.state == State.TRACED), key=lambda i: i[0])
+    if traced:
+        # A person at work on a rank of the job (a debugger, a profiler): held however
+        # long, unbounded; the job is judged afresh from the detach (jobs.traced_at).
+        r, v = traced[0]
+        return f"held: rank {r} is {v.reason} (a person at work, not a hang)"
     live = [(r, v) for r, v in job if v.state != State.STOPPED]
     bounded = past_bound(due, rules)
     for r, v in sorted(live, key=lambda item: item[0]):
@@ -131,6 +137,9 @@ def may_hold(due: Iterable[Rank], rules: Rules) -> bool:
 def peer_hold(view: PeerView | None, incident: Incident) -> str:
     """Why the peers' view holds the job (a rank there computing, or in a wait of its
     own not ahead of ours: the job's pace), or "" to act."""
+    traced = peer_traced(view)
+    if traced:
+        return traced
     busy = view.computing if view is not None else ()
     if busy:
         names = ", ".join(f"{b.rank} on {b.host}" for b in busy)
@@ -142,6 +151,16 @@ def peer_hold(view: PeerView | None, incident: Incident) -> str:
         h = pace[0]
         return f"held: rank {h.rank} on {h.host} is {h.what}"
     return ""
+
+
+def peer_traced(view: PeerView | None) -> str:
+    """Why the peers' view holds the job for a rank there a person traces (or whose
+    tracer let go less than its deadline ago), unbounded; "" when none."""
+    traced = view.traced if view is not None else ()
+    if not traced:
+        return ""
+    t = traced[0]
+    return f"held: rank {t.rank} on {t.host} is {t.what} (a person at work, not a hang)"
 
 
 # -- the recheck ---------------------------------------------------------------------

@@ -30,7 +30,7 @@ from watchdog.daemon.config import Live
 from watchdog.daemon.counters import Counters
 from watchdog.daemon.judge import frames, gpuwork, wedge
 from watchdog.daemon.judge.deadlines import Learned
-from watchdog.daemon.judge.detector import Detector
+from watchdog.daemon.judge.detector import Detector, foreign_tracer
 from watchdog.daemon.judge.stragglers import (
     CLEAR_SLOWDOWN,
     Scored,
@@ -103,6 +103,9 @@ class Jobs:
         # Each rank's last asleep sample as read (frames.asleep): read once, judged at
         # every scan while the sampler holds a quiet rank.
         self.asleep_read: dict[Key, tuple[Stacks, frames.Reading]] = {}
+        # Per job, the last scan (monotonic ns) that saw a rank of it traced by a person:
+        # its waits are judged from there (the detach), not from when they began.
+        self.traced_at: dict[JobKey, int] = {}
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
@@ -131,10 +134,20 @@ class Jobs:
         def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
             return self.stacks.tracing(rank.key, since)
         for rank, sample in live:
-            if sample.status == ProcStatus.TRACING_STOP and traced(rank):
+            if sample.tracer and (sample.tracer_own is True
+                                  or (sample.tracer_own is None and traced(rank))):
+                # Our own stack sampler (its gdb, its `sample`): not a person's tracer.
+                sample = replace(sample, tracer=0, tracer_name="")
+            if sample.status == ProcStatus.TRACING_STOP and traced(rank) \
+                    and not foreign_tracer(sample):
                 # Stopped by our own stack sample, for half a second: not a pause.
                 sample = replace(sample, status=ProcStatus.RUNNING)
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
+        for key, members in jobs.items():  # a job one of whose ranks a person traces
+            if any(foreign_tracer(sample) for _, sample in members):
+                self.traced_at[key] = now_ns
+        for key in [k for k in self.traced_at if k not in jobs]:
+            del self.traced_at[key]
         sampled: set[Key] = set()
         for members in jobs.values():
             seen = {rank.key: self._seen(rank, sample, now) for rank, sample in members}
@@ -152,7 +165,9 @@ class Jobs:
                                                 learn=not rank.escalating,
                                                 seen=seen[rank.key], wedge=wedged,
                                                 traced=traced(rank), asleep=asleep,
-                                                sockets_quiet=still, asleep_age=age)
+                                                sockets_quiet=still, asleep_age=age,
+                                                judged_from_ns=self.traced_at.get(
+                                                    (rec.uid, rec.job), 0))
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -211,7 +226,7 @@ class Jobs:
             rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
             waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
             op=f"{rec.op} ({rec.flight[-1].op if rec.flight else ''})",
-            stopped=sample.status in STOPPED_STATUSES, seen=seen,
+            stopped=sample.status in STOPPED_STATUSES or foreign_tracer(sample), seen=seen,
             quiet=now - queues.since if queues is not None and known else None,
             unread=queues.unread if queues is not None else 0, link=shown.data_link)
 

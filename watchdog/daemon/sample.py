@@ -54,6 +54,13 @@ class ProcessSample:
     # bytes (macOS: ri_diskio counts none to a FIFO or a network mount, while every read
     # and write through a descriptor advances its offset); None where not read.
     offsets: int | None = None
+    # Who traces the process (Linux: /proc/<pid>/status TracerPid; macOS: pbi_flags'
+    # PROC_FLAG_TRACED, the tracer then its parent, pbi_ppid): its pid, 0 for none, None
+    # when unknown; its name; and whether it is the reading process's own descendant (the
+    # daemon's stack sampler: gdb, `sample`), None when that could not be told.
+    tracer: int | None = None
+    tracer_name: str = ""
+    tracer_own: bool | None = None
 
 
 @dataclass(frozen=True)

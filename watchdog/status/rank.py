@@ -123,6 +123,13 @@ class RankStatus(Encodable):
     # "user_space_wait", "too_few_seconds", ...). No key while judged or unknown.
     pace_note: str | None = field(default=None, metadata=_on_wire(omit="none"))
     pace_unjudged: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    # While it is traced by anything but the daemon's own stack sampler (state `traced`):
+    # the tracer's pid and name (a debugger, a profiler). After the detach, the seconds
+    # since its job was last seen traced, while its job is judged afresh from the detach
+    # (its deadline not yet passed since). No key otherwise.
+    tracer_pid: int | None = field(default=None, metadata=_on_wire(omit="none"))
+    tracer: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    since_traced: float | None = field(default=None, metadata=_on_wire(omit="none"))
 
 
     @classmethod

@@ -218,4 +218,17 @@ def peer_view(view: JobView, unreachable: Sequence[str]) -> PeerView:
                         for r in theirs if r.computing is True),
         holding=tuple(HoldingRank(rank=r.rank, host=r.host, pid=r.pid, what=r.holding,
                                   collectives=r.collectives)
-                      for r in theirs if r.holding))
+                      for r in theirs if r.holding),
+        traced=tuple(HoldingRank(rank=r.rank, host=r.host, pid=r.pid,
+                                 what=_traced_what(r), collectives=r.collectives)
+                     for r in theirs if _traced_what(r)))
+
+
+def _traced_what(rank: RankStatus) -> str:
+    """A peer's rank a person traces, or whose tracer let go less than its deadline ago,
+    in words; "" otherwise."""
+    if rank.state == State.TRACED:
+        return f"traced by pid {rank.tracer_pid}" + (f" ({rank.tracer})" if rank.tracer else "")
+    if rank.since_traced is not None:
+        return f"judged afresh since its tracer let go {rank.since_traced:.0f}s ago"
+    return ""

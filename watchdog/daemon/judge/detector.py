@@ -49,7 +49,7 @@ from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
 from watchdog.states import STOPPED_STATUSES, FrameKind, Phase, State
 
-__all__ = ["NS", "Detector", "Track", "Verdict"]
+__all__ = ["NS", "Detector", "Track", "Verdict", "describe_tracer", "foreign_tracer"]
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32
@@ -125,6 +125,26 @@ class Verdict:
     # Its wait past the deadline with nothing spinning and nothing moving, nothing to
     # explain it (a quiet hang, ended as `quiet_hang`): what was seen, in words; "": not.
     quiet: str = ""
+    # Traced by a tracer not the daemon's own (state TRACED): its pid and name.
+    tracer: int = 0
+    tracer_name: str = ""
+    # Seconds since a rank of its job was last seen traced, while its waits are judged
+    # from that detach (`judged_from_ns`) and it is not yet past its deadline since; None
+    # otherwise.
+    since_traced: float | None = None
+
+
+def foreign_tracer(sample: ProcessSample) -> bool:
+    """Is the process traced by someone other than the reader's own descendants (the
+    daemon's stack sampler)? Its tracer unknown or not ours: yes."""
+    return bool(sample.tracer) and sample.tracer_own is not True
+
+
+def describe_tracer(sample: ProcessSample) -> str:
+    """The tracer in words: "pid 1234 (gdb)", "pid 1234", "an unknown tracer"."""
+    if not sample.tracer:
+        return "an unknown tracer"
+    return f"pid {sample.tracer}" + (f" ({sample.tracer_name})" if sample.tracer_name else "")
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -224,7 +244,7 @@ class Detector:
                 load: float = 1.0, learn: bool = True, seen: Reading | None = None,
                 wedge: Wedge | None = None, traced: bool = False,
                 asleep: Reading | None = None, sockets_quiet: float | None = None,
-                asleep_age: float = 0.0) -> Verdict:
+                asleep_age: float = 0.0, judged_from_ns: int = 0) -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -246,6 +266,9 @@ class Detector:
         (frames.asleep), `asleep_age` seconds ago; `sockets_quiet`: seconds its sockets'
         queues stood still (None: not read). With both, a wait past its deadline that
         nothing explains is a quiet hang (`_quiet`), ended only from a fresh sample.
+        `judged_from_ns`: when a tracer last let go of a rank of its job (a person's
+        debugger: states.TRACED); its wait and its time without progress count from
+        there, as if they began at the detach (0: never traced).
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -253,7 +276,8 @@ class Detector:
         tick = self._measure(record, sample, track, now_ns, load, traced)
         _note_progress(record, track, now_ns)
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
-        stopped = sample.status in STOPPED_STATUSES
+        traced_now = foreign_tracer(sample)
+        stopped = sample.status in STOPPED_STATUSES or traced_now
         if record.pace is not None:
             self._learn_pace(record, track, stopped or track.stopped or not learn)
         elif learn:
@@ -269,10 +293,14 @@ class Detector:
                     else 0.0)
         if wedge is not None and wedge_at:
             deadline = wedge_at
-        since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
+        since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
+                                                judged_from_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
-                                             track.first_ns)) / NS)
-        in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
+                                             track.first_ns, judged_from_ns)) / NS)
+        in_wait = (max(0.0, (now_ns - max(record.wait_since_ns, judged_from_ns)) / NS)
+                   if waiting else 0.0)
+        since_traced = ((now_ns - judged_from_ns) / NS
+                        if judged_from_ns and not traced_now else None)
         _stretch(record, sample, track, waiting, now_ns)
         computing = _computing_now(record, track, tick,
                                    measured and bool(sample.threads) and not traced, seen)
@@ -295,8 +323,17 @@ class Detector:
                 wedge_deadline=wedge_at, wedge=wedge if wedge_at else None,
                 seen=seen.what if seen else "", hot=track.hot,
                 seen_kind=seen.kind if seen else "",
-                quiet=quiet if state == State.STALLED else "")
+                quiet=quiet if state == State.STALLED else "",
+                tracer=(sample.tracer or 0) if state == State.TRACED else 0,
+                tracer_name=sample.tracer_name if state == State.TRACED else "",
+                since_traced=since_traced if since_traced is not None
+                and since_traced < deadline else None)
 
+        if traced_now:
+            # A person at work (a debugger, a profiler): its job is held while it lasts
+            # (holds.py), and judged afresh from the detach.
+            track.due_ticks = 0
+            return verdict(State.TRACED, f"traced by {describe_tracer(sample)}")
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
             return verdict(State.STOPPED, f"process is {sample.status}")

@@ -6,6 +6,7 @@ errors become `ProcessGone` or `ProbeError` here, so callers handle two cases.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Any
@@ -68,6 +69,22 @@ class Probe:
         main = self.main_thread(pid, [t.id for t in listed])
         return ProcessSample(pid, start_time, uid, status, threads, system, main,
                              self.native_ids, uids=uids)
+
+    def descends(self, pid: int, depth: int = 8) -> bool | None:
+        """Is `pid` a descendant of this process (the daemon's own stack sampler: its gdb,
+        its `sample`, and what those start)? None when its line could not be read to the
+        end (a tracer gone meanwhile)."""
+        me = os.getpid()
+        try:
+            for _ in range(depth):
+                if pid == me:
+                    return True
+                if pid <= 1:
+                    return False
+                pid = int(self.ps.Process(pid).ppid())
+        except (self.ps.NoSuchProcess, self.ps.AccessDenied, OSError):
+            return None
+        return False
 
     def wired_bytes(self) -> int | None:
         return None

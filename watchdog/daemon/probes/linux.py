@@ -360,17 +360,27 @@ class LinuxProbe(Probe):
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         if after != before:
             return None  # the pid was recycled mid-sample: ours is gone
-        uids, dumpable = self._credentials(pid)
+        uids, dumpable, tracer = self._credentials(pid)
         io = read_io(pid, self.proc)
         faults = read_major_faults(pid, self.proc)
         start_time = (sample.start_time if self.boot_time is None
                       else after / CLOCK_TICKS + self.boot_time())
         return replace(sample, start_time=start_time, start_ticks=after, demand=demand,
                        uids=uids or sample.uids, dumpable=dumpable, io=io,
-                       major_faults=faults)
+                       major_faults=faults, tracer=tracer,
+                       tracer_name=self._comm(tracer) if tracer else "",
+                       tracer_own=self.descends(tracer) if tracer else None)
 
-    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None]:
-        """(real, effective, saved, fs uids; dumpable) from /proc, or ((), None).
+    def _comm(self, pid: int) -> str:
+        try:
+            with open(f"{self.proc}/{pid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None, int | None]:
+        """(real, effective, saved, fs uids; dumpable; TracerPid) from /proc, or
+        ((), None, None).
 
         The kernel gives a process that is not dumpable /proc files owned by
         root (proc(5)): for a non-root process, that owner is its dumpable flag.
@@ -378,13 +388,16 @@ class LinuxProbe(Probe):
         try:
             with open(f"{self.proc}/{pid}/status") as f:
                 owner = os.fstat(f.fileno()).st_uid  # the files', not the folder's
-                line = next((ln for ln in f if ln.startswith("Uid:")), "")
-            uids = tuple(int(u) for u in line.split()[1:5])
+                lines = {ln.split(":", 1)[0]: ln for ln in f
+                         if ln.startswith(("Uid:", "TracerPid:"))}
+            uids = tuple(int(u) for u in lines.get("Uid", "").split()[1:5])
+            traced = lines.get("TracerPid", "").split()[1:2]
+            tracer = int(traced[0]) if traced else None
         except (OSError, ValueError):
-            return (), None
+            return (), None, None
         if len(uids) != 4:
-            return (), None
-        return uids, (owner == uids[0]) if uids[0] != 0 else True
+            return (), None, tracer
+        return uids, (owner == uids[0]) if uids[0] != 0 else True, tracer
 
     def wired_bytes(self) -> int | None:
         try:
