@@ -51,7 +51,14 @@ from watchdog.daemon.probes.stacksampler import (
 )
 from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.view import Shown
-from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, FrameKind, ProcStatus
+from watchdog.states import (
+    FINAL,
+    STOPPED_STATUSES,
+    WAITING_LONG,
+    FrameKind,
+    Phase,
+    ProcStatus,
+)
 from watchdog.status import NodeAnswer, Straggler
 
 log = logging.getLogger(__name__)
@@ -158,6 +165,7 @@ class Jobs:
                 log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
                           [(r.record.rank, seen[r.key], self.stacks.queues.get(r.key))
                            for r, _ in members], wedged)
+            present, where = self._present(members)
             for rank, sample in members:
                 rec = rank.record
                 asleep, still, age = self._asleep(rank, now)
@@ -167,7 +175,8 @@ class Jobs:
                                                 traced=traced(rank), asleep=asleep,
                                                 sockets_quiet=still, asleep_age=age,
                                                 judged_from_ns=self.traced_at.get(
-                                                    (rec.uid, rec.job), 0))
+                                                    (rec.uid, rec.job), 0),
+                                                seen_ranks=present, seen_where=where)
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -177,6 +186,26 @@ class Jobs:
             sampled |= self._sample_stacks(members, now)
         self.stacks.forget(sampled)
         return due
+
+    def _present(self, members: LiveRanks) -> tuple[frozenset[int] | None, str]:
+        """A job at bring-up: the ranks of it seen (its records here, and the peers' last
+        answers), and where it was looked; (None, "") when no rank of it is at bring-up."""
+        one = members[0][0].record
+        if not any(r.record.phase == Phase.INIT for r, _ in members):
+            return None, ""
+        present = {r.record.rank for r, _ in members}
+        where = "on this node"
+        answers = self.recent(REMOTE_FRESH) if self.live.peering.peers else None
+        if answers:
+            for answer in answers:
+                if answer.ok and answer.status is not None:
+                    present |= {r.rank for r in answer.status.ranks
+                                if r.job == one.job and r.uid == one.uid and r.rank is not None
+                                and r.state not in FINAL}
+            where = ("on this node or its peers" if all(a.ok for a in answers)
+                     and len(answers) == len(self.live.peering.peers)
+                     else "on this node or the peers that answered")
+        return frozenset(present), where
 
     def _seen(self, rank: Rank, sample: ProcessSample, now: float) -> frames.Reading | None:
         """What the rank's busy threads ran at its latest stack sample, if fresh. None

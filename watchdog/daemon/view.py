@@ -79,4 +79,5 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         tracer_pid=(verdict.tracer or None) if verdict else None,
         tracer=(verdict.tracer_name or None) if verdict and verdict.tracer else None,
         since_traced=(round(verdict.since_traced, 3)
-                      if verdict and verdict.since_traced is not None else None))
+                      if verdict and verdict.since_traced is not None else None),
+        awaiting=verdict.awaiting if verdict else None)

@@ -130,6 +130,9 @@ class RankStatus(Encodable):
     tracer_pid: int | None = field(default=None, metadata=_on_wire(omit="none"))
     tracer: str | None = field(default=None, metadata=_on_wire(omit="none"))
     since_traced: float | None = field(default=None, metadata=_on_wire(omit="none"))
+    # At bring-up (mx.distributed.init): the ranks of its job not seen yet (on this node,
+    # or the peers' answers), which it waits for; no key otherwise or while unknown.
+    awaiting: tuple[int, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
 
 
     @classmethod

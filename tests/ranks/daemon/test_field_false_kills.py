@@ -57,3 +57,30 @@ def test_incident_1_a_runner_under_a_tracer_is_held_then_judged_from_the_detach_
         inc = wait_for(daemon.incidents, 40, what="the stopped rank's job ended")[-1]
         assert inc["cause"] == "peer_stopped" and inc["culprit"]["pid"] == target, inc
         assert time.monotonic() - stopped_at >= 2
+
+
+def test_incident_5_a_late_peer_at_bring_up_is_waited_for_and_one_that_never_comes_is_named(
+        tmp_path, record_dir, state_dir):
+    """A ring whose rank 1 starts past half the bring-up bound (here 8 s) forms and runs,
+    rank 0 shown waiting for it meanwhile; a ring whose rank 1 never starts is ended at
+    the bound, cause `peer_never_joined` naming rank 1."""
+    with DaemonProc(record_dir, state_dir, init_deadline=8) as daemon:
+        late = RingJob(tmp_path, record_dir, 2, "loop").start(ranks=1)
+        never = RingJob(tmp_path, record_dir, 2, "loop").start(ranks=1)
+        try:
+            first = late.procs[0].pid
+            seen = wait_for(lambda: (r := daemon.ranks().get(first)) and r["state"] == "suspect"
+                            and r, 20, what="rank 0 past half its bring-up bound")
+            assert seen["awaiting"] == [1] and seen["phase"] == "init", seen
+            assert "waiting for rank 1 (not seen on this node)" in seen["reason"], seen
+            late.start_rank(1)
+            late.wait_running()
+            inc = wait_for(daemon.incidents, 30, what="the lone rank 0 ended")[-1]
+            assert inc["pids"] == [never.procs[0].pid], inc
+            assert inc["cause"] == "peer_never_joined", inc
+            assert inc["summary"].startswith("rank 1 never joined the group: rank 0 on "), inc
+            assert all(p.poll() is None for p in late.procs)
+            assert len(daemon.incidents()) == 1
+        finally:
+            late.stop()
+            never.stop()

@@ -132,6 +132,9 @@ class Verdict:
     # from that detach (`judged_from_ns`) and it is not yet past its deadline since; None
     # otherwise.
     since_traced: float | None = None
+    # At bring-up (mx.distributed.init): the ranks of its job not seen yet, which it may
+    # wait for (`None`: not at bring-up, or its world size unknown).
+    awaiting: tuple[int, ...] | None = None
 
 
 def foreign_tracer(sample: ProcessSample) -> bool:
@@ -244,7 +247,8 @@ class Detector:
                 load: float = 1.0, learn: bool = True, seen: Reading | None = None,
                 wedge: Wedge | None = None, traced: bool = False,
                 asleep: Reading | None = None, sockets_quiet: float | None = None,
-                asleep_age: float = 0.0, judged_from_ns: int = 0) -> Verdict:
+                asleep_age: float = 0.0, judged_from_ns: int = 0,
+                seen_ranks: frozenset[int] | None = None, seen_where: str = "") -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -269,6 +273,8 @@ class Detector:
         `judged_from_ns`: when a tracer last let go of a rank of its job (a person's
         debugger: states.TRACED); its wait and its time without progress count from
         there, as if they began at the detach (0: never traced).
+        `seen_ranks`: the ranks of its job seen (records here, and the peers' answers:
+        `seen_where` says where looked); a rank at bring-up waits for the others.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -327,7 +333,13 @@ class Detector:
                 tracer=(sample.tracer or 0) if state == State.TRACED else 0,
                 tracer_name=sample.tracer_name if state == State.TRACED else "",
                 since_traced=since_traced if since_traced is not None
-                and since_traced < deadline else None)
+                and since_traced < deadline else None,
+                awaiting=awaiting)
+
+        awaiting = None
+        if waiting and record.phase == Phase.INIT and seen_ranks is not None \
+                and record.world_size > 1:
+            awaiting = tuple(r for r in range(record.world_size) if r not in seen_ranks)
 
         if traced_now:
             # A person at work (a debugger, a profiler): its job is held while it lasts
@@ -341,6 +353,9 @@ class Detector:
             return verdict(State.IDLE, "inside hb.idle()")
         if not waiting:
             return self._outside(record, track, deadline, since_moved, verdict)
+        if record.phase == Phase.INIT:
+            return self._bringup(record, track, deadline, in_wait, awaiting, seen_where,
+                                 verdict)
         return self._in_wait(record, track, deadline, in_wait, own, quiet,
                              wedge is not None and bool(wedge_at), verdict,
                              quiet_fresh=asleep_age <= FRESH)
@@ -399,6 +414,32 @@ class Detector:
             reason = f"{what}, past the {deadline:g}s deadline, nothing spinning"
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
+
+    def _bringup(self, record: Record, track: Track, deadline: float, in_wait: float,
+                 awaiting: tuple[int, ...] | None, where: str,
+                 verdict: Callable[..., Verdict]) -> Verdict:
+        """A rank in mx.distributed.init: it waits for its peers to start and connect (a
+        late relaunch on a busy cluster), held up to the bring-up bound (`init_deadline`),
+        and ended there, spinning or not: a peer that never comes never will."""
+        if awaiting:
+            names = ", ".join(str(r) for r in awaiting)
+            whom = (f"rank{'s' if len(awaiting) > 1 else ''} {names} (not seen "
+                    f"{where or 'on this node'})")
+        elif awaiting is not None:
+            whom = "its peers to connect (every rank seen)"
+        else:
+            peers = record.world_size - 1
+            whom = f"its {peers} peer{'s' if peers != 1 else ''}" if peers > 0 else "its peers"
+        what = f"at bring-up (mx.distributed.init) for {in_wait:.1f}s, waiting for {whom}"
+        if in_wait < deadline / 2:
+            return verdict(State.RUNNING, f"{what}; bring-up bound {deadline:g}s")
+        if in_wait < deadline:
+            return verdict(State.SUSPECT, f"{what}, past half its {deadline:g}s bring-up bound")
+        spinning = len(track.busy) >= 2 and _median(track.busy) >= self.rules.spin_ratio
+        track.due_ticks += 1
+        return verdict(State.STALLED if spinning else State.BLOCKED,
+                       f"{what}, past its {deadline:g}s bring-up bound",
+                       act=track.due_ticks >= self.rules.confirm)
 
     def _quiet(self, record: Record, sample: ProcessSample, track: Track,
                asleep: Reading | None, sockets_quiet: float | None, in_wait: float,
