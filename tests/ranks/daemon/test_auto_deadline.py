@@ -87,7 +87,7 @@ def run_prefill(tmp_path, record_dir, state_dir, first: float, prefill: float):
     return {k: [r for r in v if r["phase"] == "wait"] for k, v in rows.items()}, took
 
 
-def test_a_long_first_step_then_a_prefill_as_long_after_short_steps(
+def test_incident_3_a_cold_first_step_then_a_prefill_as_long_after_short_steps(
         tmp_path, record_dir, state_dir):
     rows, took = run_prefill(tmp_path, record_dir, state_dir, first=3 * FLOOR,
                              prefill=3 * FLOOR)
@@ -100,7 +100,7 @@ def test_a_long_first_step_then_a_prefill_as_long_after_short_steps(
     assert learned and min(learned) >= 4 * took[0] * 0.9, (learned, took)
 
 
-def test_a_prefill_longer_than_anything_learned_is_held_not_killed(
+def test_incident_6_a_prefill_longer_than_anything_learned_is_held_not_killed(
         tmp_path, record_dir, state_dir):
     rows, took = run_prefill(tmp_path, record_dir, state_dir, first=0.5, prefill=4 * FLOOR)
     # The prefill ran on a learned deadline and outlasted it; the rule that a rank

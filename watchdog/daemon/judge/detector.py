@@ -135,6 +135,12 @@ class Verdict:
     # At bring-up (mx.distributed.init): the ranks of its job not seen yet, which it may
     # wait for (`None`: not at bring-up, or its world size unknown).
     awaiting: tuple[int, ...] | None = None
+    # Its wait is the first of its kind: the auto deadline has learned nothing of that
+    # kind yet (a cold prefill, a first step compiling, a load after a relaunch).
+    cold: bool = False
+    # Its latest stack sample (fresh) named compute frames (or GPU time advancing), not
+    # a guess from frames the table does not name: its work shows.
+    works: bool = False
 
 
 def foreign_tracer(sample: ProcessSample) -> bool:
@@ -294,6 +300,10 @@ class Detector:
         kind = kind_of(record.op) if waiting else NATIVE_KIND
         known = self._known(record, kind)
         deadline = deadline_for(record, rules, known)
+        # A first wait of its kind, on the learned deadline's fallback (nothing learned).
+        cold = (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
+                and rules.deadline is None
+                and (known is None or known.count < rules.auto_min_waits))
         wedge_at = (min(deadline, wedge_deadline(rules, known))
                     if waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
                     else 0.0)
@@ -334,7 +344,9 @@ class Detector:
                 tracer_name=sample.tracer_name if state == State.TRACED else "",
                 since_traced=since_traced if since_traced is not None
                 and since_traced < deadline else None,
-                awaiting=awaiting)
+                awaiting=awaiting, cold=cold,
+                works=seen is not None and seen.kind == FrameKind.COMPUTING
+                and not seen.guessed)
 
         awaiting = None
         if waiting and record.phase == Phase.INIT and seen_ranks is not None \
