@@ -176,7 +176,8 @@ class Jobs:
                                                 sockets_quiet=still, asleep_age=age,
                                                 judged_from_ns=self.traced_at.get(
                                                     (rec.uid, rec.job), 0),
-                                                seen_ranks=present, seen_where=where)
+                                                seen_ranks=present, seen_where=where,
+                                                gpu_behind=self._behind(rank, now))
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -186,6 +187,15 @@ class Jobs:
             sampled |= self._sample_stacks(members, now)
         self.stacks.forget(sampled)
         return due
+
+    def _behind(self, rank: Rank, now: float) -> str:
+        """What the rank's GPU work waits behind (another process's GPU work, macOS), at
+        its latest fresh sample; "" when nothing (judge/gpuwork.behind)."""
+        found = self.stacks.found.get(rank.key)
+        if found is None or not found.gpu_behind or now - found.at > wedge.FRESH:
+            return ""
+        return gpuwork.behind(found.gpu_behind, found.gpu_power,
+                              1000 * self.live.rules.gpu_spin_watts)
 
     def _present(self, members: LiveRanks) -> tuple[frozenset[int] | None, str]:
         """A job at bring-up: the ranks of it seen (its records here, and the peers' last
@@ -214,14 +224,25 @@ class Jobs:
         found = self.stacks.found.get(rank.key)
         if found is None or now - found.at > wedge.FRESH:
             return None
+        works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
+                                   1000 * self.live.rules.gpu_spin_watts)
+        if works:  # its GPU works: computing, whatever its threads did (or were read)
+            return frames.Reading(FrameKind.COMPUTING, frames.GPU_ADVANCES, gpu=True)
         if sample.native_ids and not found.busy and found.stacks:
             return None
         if found.stacks is None or found.error:
             return frames.Reading(FrameKind.UNKNOWN,
-                                  found.error or "no native stack could be read")
-        works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
-                                       1000 * self.live.rules.gpu_spin_watts)
-        return frames.classify(found.stacks, found.busy, rank.record.backend, works, flat)
+                                  found.error or "no native stack could be read",
+                                  gpu_unknown=self._gpu_unknown(found))
+        return frames.classify(found.stacks, found.busy, rank.record.backend, works, flat,
+                               unknown=self._gpu_unknown(found))
+
+    def _gpu_unknown(self, found: Stacks) -> str:
+        """Why the rank's GPU time is unknown where MLX computes on a GPU (macOS); ""
+        when it was read both times, or where no GPU time is kept (Linux)."""
+        if not self.probe.gpu_clock or found.gpu_moved is not None:
+            return ""
+        return found.gpu_why or "not read"
 
     def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None,
                                                        float]:
@@ -239,7 +260,8 @@ class Jobs:
             works, flat = gpuwork.read(found.gpu_moved, found.gpu_power,
                                        1000 * self.live.rules.gpu_spin_watts)
             read = self.asleep_read[rank.key] = (found, frames.asleep(
-                found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat))
+                found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat,
+                unknown=self._gpu_unknown(found)))
         return read[1], still, now - found.at
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,

@@ -80,4 +80,5 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         tracer=(verdict.tracer_name or None) if verdict and verdict.tracer else None,
         since_traced=(round(verdict.since_traced, 3)
                       if verdict and verdict.since_traced is not None else None),
-        awaiting=verdict.awaiting if verdict else None)
+        awaiting=verdict.awaiting if verdict else None,
+        waits_behind=(verdict.behind or None) if verdict else None)

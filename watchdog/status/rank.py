@@ -133,6 +133,9 @@ class RankStatus(Encodable):
     # At bring-up (mx.distributed.init): the ranks of its job not seen yet (on this node,
     # or the peers' answers), which it waits for; no key otherwise or while unknown.
     awaiting: tuple[int, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
+    # Its GPU time flat while another process's advances on a busy GPU (macOS): what its
+    # work waits behind ("pid 812 (python3.12)'s GPU work, GPU 99% resident at 9100 mW").
+    waits_behind: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
 
     @classmethod

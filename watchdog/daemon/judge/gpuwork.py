@@ -7,7 +7,8 @@ never a quiet hang and waits for `blocked_deadline`. The GPU's own figures tell 
 apart: fully resident at a power far below what a resident GPU doing work draws.
 
     resident (>= SPIN_RESIDENCY %) at under SPIN_MILLIWATTS: spins on nothing
-    anything else, or no reading: GPU time advancing is work (never end on a guess)
+    anything else, or no reading (none, or 0 W): GPU time advancing is work (never
+    end on a guess)
 
 A GPU at low residency and low power with its time advancing does a little work (a
 small model's decode step), and is left as computing. The thresholds come from
@@ -30,9 +31,11 @@ SPIN_MILLIWATTS = 5000.0  # under this while resident: a kernel that does no wor
 
 
 def spins_on_nothing(power: GpuPower | None, milliwatts: float = SPIN_MILLIWATTS) -> bool:
-    """#3830's signature: the GPU fully resident at a power no work draws."""
+    """#3830's signature: the GPU fully resident at a power no work draws. A power of
+    0 W is no reading (macOS 27 reports the CPU's as 0 W; an M5 Max's readings alternate
+    between 0 W and inflated values): never a GPU spinning on nothing."""
     return (power is not None and power.active_percent >= SPIN_RESIDENCY
-            and power.milliwatts < milliwatts)
+            and 0.0 < power.milliwatts < milliwatts)
 
 
 def gpu_works(gpu_moved: bool | None, power: GpuPower | None,
@@ -58,3 +61,24 @@ def read(gpu_moved: bool | None, power: GpuPower | None,
     if gpu_moved and works is False and power is not None:
         return False, f"GPU time advancing on nothing ({describe(power)})"
     return works, GPU_FLAT
+
+
+def behind(others: tuple[tuple[int, str], ...], power: GpuPower | None,
+           milliwatts: float = SPIN_MILLIWATTS) -> str:
+    """A rank whose own GPU time stands still while other processes' advances: what its
+    work waits behind, in words ("pid 812 (python3.12)'s GPU work, GPU 99% resident at
+    9100 mW"), or "" when that does not explain its wait. The GPU busy at working power
+    (at least `milliwatts`) with another's time advancing does: another job generating
+    or loading its weights on the same Mac (incident 2 of issue 55). A GPU read below
+    working power does not (their work is too little to hold ours up); a power not read
+    (not root, no powermetrics, 0 W) leaves it explained: never end a rank on a guess."""
+    if not others:
+        return ""
+    if power is not None and power.milliwatts > 0 and power.milliwatts < milliwatts:
+        return ""
+    pid, name = others[0]
+    who = f"pid {pid}" + (f" ({name})" if name else "")
+    more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+    how = (describe(power) if power is not None and power.milliwatts > 0
+           else "GPU power not read")
+    return f"{who}{more}'s GPU work, {how}"

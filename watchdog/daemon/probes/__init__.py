@@ -35,6 +35,9 @@ class Probe:
 
     name = "generic"
     native_ids = False  # see ProcessSample.native_ids
+    # Does MLX compute on a GPU here whose per-process time the probe reads (macOS)? Then
+    # a GPU time not read is unknown, never flat (judge/frames.py): no quiet hang on it.
+    gpu_clock = False
     # psutil, or a stand-in with its API (the simulated Mac's, watchdog/macsim).
     ps: Any = psutil
 
@@ -125,6 +128,17 @@ class Probe:
     def gpu_time(self, pid: int, timeout: float) -> int | None:
         """The process's accumulated GPU nanoseconds (macOS: IOKit's per-client
         `accumulatedGPUTime`); None when this platform cannot tell."""
+        return None
+
+    def gpu_reading(self, pid: int, timeout: float) -> tuple[int | None, str]:
+        """`gpu_time`, with why it is None in words ("" when read)."""
+        ns = self.gpu_time(pid, timeout)
+        return ns, "" if ns is not None else "not read on this platform"
+
+    def gpu_others(self, pid: int) -> dict[int, tuple[int, str]] | None:
+        """Every other process's accumulated GPU nanoseconds and name, by pid, from the
+        same reading as the last `gpu_reading` (macOS: one ioreg lists every Metal
+        client); None when this platform cannot tell or nothing was read yet."""
         return None
 
     def gpu_power(self, timeout: float) -> GpuPower | None:

@@ -266,6 +266,7 @@ class MacProbe(Probe):
     the record's table of Python threads cannot be matched (see docs/limits.md)."""
 
     name = "macos"
+    gpu_clock = True  # MLX computes on the GPU: its time is read from ioreg
 
     def __init__(self, ps: Any = psutil, libproc: Any = None,
                  tool: Callable[[str], list[str] | None] | None = None,
@@ -342,17 +343,42 @@ class MacProbe(Probe):
     def gpu_time(self, pid: int, timeout: float) -> int | None:
         """`ioreg`'s AGXDeviceUserClient entries of the process, their GPU time summed;
         None without ioreg or without a Metal client. Never run on hardware."""
+        return self.gpu_reading(pid, timeout)[0]
+
+    def gpu_reading(self, pid: int, timeout: float) -> tuple[int | None, str]:
+        """`gpu_time`, with why it could not be read ("" when it was): no ioreg, ioreg
+        timed out or failed, no client listed for the pid, or a client whose format
+        holds no `accumulatedGPUTime`."""
         ioreg = self.tool("ioreg")
         if not ioreg:
-            return None
+            return None, "no ioreg on this node"
         try:
             done = subprocess.run([*ioreg, "-r", "-c", "AGXDeviceUserClient", "-l", "-w0"],
                                   capture_output=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL, check=False)
-        except (subprocess.TimeoutExpired, OSError):
-            return None
+        except subprocess.TimeoutExpired:
+            return None, f"ioreg ran past its {timeout:g}s time box"
+        except OSError as err:
+            return None, f"ioreg did not run: {err}"
+        if done.returncode != 0:
+            return None, f"ioreg failed (exit {done.returncode})"
         text = done.stdout[:8 << 20].decode("utf-8", "replace")
-        return gputime.gpu_time_by_pid(text).get(pid)
+        found = gputime.gpu_time_by_pid(text)
+        names = gputime.client_names(text)
+        # Every Metal client's, for the GPU shared with another job (gpu_others).
+        self.gpu_table = {p: (ns, names.get(p, "")) for p, ns in found.items()}
+        if pid in found:
+            return found[pid], ""
+        if gputime.listed(text, pid):
+            return None, f"ioreg lists pid {pid} with no accumulatedGPUTime (a format not read)"
+        return None, f"ioreg lists no Metal client for pid {pid}"
+
+    def gpu_others(self, pid: int) -> dict[int, tuple[int, str]] | None:
+        """The other Metal clients' GPU time and name, from the last ioreg read."""
+        table = getattr(self, "gpu_table", None)
+        if table is None:
+            return None
+        return {p: entry for p, entry in table.items() if p != pid}
 
     def gpu_power(self, timeout: float) -> powermetrics.GpuPower | None:
         """One half-second sample of `powermetrics --samplers gpu_power` (root only; the

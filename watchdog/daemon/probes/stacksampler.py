@@ -48,6 +48,9 @@ HOLD_LEAD = MAX_EVERY
 # scan: its stillness matters over tens of seconds (detector.QUIET_HANG_FOR, 10 s).
 QUIET_QUEUES_EVERY = 3.0
 SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
+# Two GPU time readings further apart than this say nothing of the GPU now (a sample of
+# an earlier late wait): the next reading starts afresh.
+GPU_SPAN = 2 * MAX_EVERY + SAMPLE_TIMEOUT
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
@@ -78,6 +81,13 @@ class Stacks:
     gpu_ns: int | None = None  # its accumulated GPU time then (macOS); None: unknown
     gpu_moved: bool | None = None  # did it advance since the sample before; None: unknown
     gpu_power: GpuPower | None = None  # the GPU's residency and power when it advanced
+    gpu_why: str = ""  # why `gpu_moved` is None, in words (judge/frames.py: unknown)
+    # The other processes' GPU time and name by pid, read with its own (macOS); and,
+    # its own GPU time flat, those whose GPU time advanced since the sample before
+    # (most first: (pid, name)), the GPU's power then read: the GPU shared with another
+    # job (its work queued behind theirs).
+    gpu_others: dict[int, tuple[int, str]] | None = None
+    gpu_behind: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -145,11 +155,18 @@ class StackSampler:
         try:
             found = self.sample(who, busy)
             before = self.found.get(key)
-            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
+            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None \
+                    and found.at - before.at <= GPU_SPAN:
                 moved = found.gpu_ns > before.gpu_ns
-                # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
-                found = dataclasses.replace(found, gpu_moved=moved, gpu_power=(
-                    self.probe.gpu_power(SAMPLE_TIMEOUT) if moved else None))
+                behind = () if moved else _advanced(before.gpu_others, found.gpu_others)
+                # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)? Flat
+                # while others' advances: is the GPU busy with their work?
+                found = dataclasses.replace(found, gpu_moved=moved, gpu_behind=behind,
+                                            gpu_power=(self.probe.gpu_power(SAMPLE_TIMEOUT)
+                                                       if moved or behind else None))
+            elif found.gpu_ns is not None:  # one reading: flat or not needs two
+                found = dataclasses.replace(found, gpu_why="one reading so far (flat or "
+                                            "advancing needs two)")
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
                                if self.unchanged(key, before, found) else SAMPLE_EVERY)
             self.found[key] = found
@@ -200,18 +217,21 @@ class StackSampler:
             return Stacks(began, {}, busy, error="not sampled: not the rank's process")
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
-        gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
+        gpu, why = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
+        others = self.probe.gpu_others(who.pid) if gpu is not None else None
         try:
             stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
         except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
-            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu)
+            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu,
+                          gpu_why=why, gpu_others=others)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took
         if stacks is None:
-            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu,
+                          gpu_why=why, gpu_others=others)
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
-                      gpu)
+                      gpu, gpu_why=why, gpu_others=others)
 
     def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None,
                      every: float = 0.0) -> Queues:
@@ -240,3 +260,13 @@ class StackSampler:
             # under load: "dictionary changed size during iteration" failed the scan).
             for key in [k for k in list(table) if k not in keep]:
                 table.pop(key, None)
+
+
+def _advanced(before: dict[int, tuple[int, str]] | None,
+              now: dict[int, tuple[int, str]] | None) -> tuple[tuple[int, str], ...]:
+    """The processes whose GPU time advanced between two readings, most first."""
+    if not before or not now:
+        return ()
+    grew = sorted(((ns - before[p][0], p, name) for p, (ns, name) in now.items()
+                   if p in before and ns > before[p][0]), reverse=True)
+    return tuple((p, name) for _, p, name in grew)
