@@ -84,3 +84,26 @@ def test_works_is_a_fresh_sample_of_named_compute_frames_or_gpu_time_not_a_guess
     assert not observe(30.0, seen=Reading(FrameKind.COMPUTING, "unnamed", guessed=True)).works
     assert not observe(30.0, seen=Reading(FrameKind.WAITING, "in recv")).works
     assert not observe(30.0).works
+
+
+@pytest.mark.parametrize("op", ["load", "eval"])
+def test_incident_4_a_model_load_after_a_relaunch_reading_its_weights_is_held(op):
+    """exo fork, incident 4: fresh model loads killed at 46-49 s on two relaunches (17-27
+    of 46 layers loaded, the killed runner's memory still being reclaimed). A relaunch
+    starts from its workload's learning (a 60 s deadline from short evals); its load
+    reading its weights is never a quiet hang: `mx.load` (a wait of its own moving bytes)
+    is held however long, an `eval` of the weights to the blocked bound (900 s)."""
+    d = Detector(RULES, {f"{BASE.uid}:{BASE.job}": {op: Learned(longest=2.0, count=40)}})
+    got = []
+    for n, t in enumerate([0, 1, 30, 49, 61, 62, 90, 300, 899, 901, 902]):
+        s = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "running", ((1, 0.1 * t),),
+                          io=((1 << 20) * n, 0))  # a MiB of its weights read every scan
+        got.append(d.observe(dataclasses.replace(in_eval(), op=op), s,
+                             ORIGIN + round(t * NS)))
+    assert got[3].deadline == 60.0 and got[3].state == State.SUSPECT and not got[3].act
+    assert not any(v.act or v.quiet for v in got[:9]), [v.reason for v in got]
+    if op == "load":
+        assert all(v.state == State.SUSPECT and not v.act for v in got[4:])
+        assert "bytes moving" in got[-1].reason
+    else:
+        assert got[4].state == State.BLOCKED and got[-1].act  # the blocked bound

@@ -113,3 +113,17 @@ def test_a_rank_traced_on_a_peer_holds_ours_and_says_where():
     # On the wire: no key without a traced rank (an older peer's view reads the same).
     assert "traced" not in PeerView().to_json()
     assert PeerView.from_json(view.to_json()) == view
+
+
+def test_the_cluster_view_names_a_traced_rank_and_its_tracer_on_a_held_job():
+    from watchdog.daemon.judge.cluster import ReportedRank, judge_job
+    from watchdog.status import RankStatus
+
+    def rank(n: int, state: str, **more: object) -> ReportedRank:
+        return ReportedRank(f"h{n}", RankStatus(job="j", pid=100 + n, host=f"h{n}", uid=0,
+                                                rank=n, world_size=2, state=state,
+                                                phase="wait", **more))
+    view = judge_job("j", [rank(0, "running"),
+                           rank(1, "traced", tracer_pid=777, tracer="lldb")], [])
+    assert view.state.value == "healthy" and view.cause is None
+    assert view.evidence == "rank 1 on h1 is traced by pid 777 (lldb): the job is held"

@@ -129,7 +129,11 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     if ended:
         return replace(view, evidence=_ended_note(seen))
     if not hung and not unknown and not suspect:
-        return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]))
+        traced = [s for s in seen if _traced_what(s.rank)]
+        return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]),
+                       evidence=(f"rank {traced[0].rank.rank} on {traced[0].rank.host} is "
+                                 f"{_traced_what(traced[0].rank)}: the job is held"
+                                 if traced else ""))
     finding = cause.decide([s.rank for s in seen], missing, unreachable)
     # Who waits on the culprit: a stopped rank frozen inside its own wait is not one.
     waiters = [s for s in waiting if s.rank.state != State.STOPPED] or waiting
