@@ -127,3 +127,21 @@ def test_the_cluster_view_names_a_traced_rank_and_its_tracer_on_a_held_job():
                            rank(1, "traced", tracer_pid=777, tracer="lldb")], [])
     assert view.state.value == "healthy" and view.cause is None
     assert view.evidence == "rank 1 on h1 is traced by pid 777 (lldb): the job is held"
+
+
+def test_a_wait_that_spanned_a_trace_teaches_nothing_of_the_jobs_pace():
+    """Its peer under a debugger 150 s, a survivor's wait lasted as long: learned, it
+    would stretch the job's deadline to 4 x 150 s, and a SIGSTOP after the detach would
+    be caught at 600 s instead of at the floor."""
+    from watchdog.daemon.judge.deadlines import Learned, Rules
+
+    key = f"{BASE.uid}:{BASE.job}"
+    d = Detector(Rules(), {key: {"all_sum": Learned(longest=2.0, count=40)}})
+    for t in [0, 1, 50, 149, 150]:  # traced until 149 s
+        d.observe(waiting(), sample(t), at(t), judged_from_ns=at(min(t, 149)))
+    done = dataclasses.replace(BASE, waits_completed=BASE.waits_completed + 1,
+                               last_wait_ns=round(150.5 * NS), phase=Phase.RUNNING)
+    v = d.observe(done, sample(151), at(151), judged_from_ns=at(149))
+    assert d.learned[key]["all_sum"].longest == 2.0
+    nxt = d.observe(waiting(152), sample(153), at(153), judged_from_ns=at(149))
+    assert nxt.deadline == 60.0 and v.state == State.RUNNING

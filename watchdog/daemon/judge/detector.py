@@ -214,7 +214,8 @@ class Detector:
             found = found or known
         return found
 
-    def _learn(self, record: Record, track: Track, waiting: bool) -> None:
+    def _learn(self, record: Record, track: Track, waiting: bool,
+               spanned: float = float("inf")) -> None:
         """When a wait a scan saw in progress has ended, learn how long it took."""
         seen = track.seen_wait
         if seen is None:
@@ -226,12 +227,15 @@ class Detector:
         if record.waits_completed == completed + 1 and record.last_wait_ns > 0:
             lasted = max(lasted, record.last_wait_ns / NS)  # exactly that wait
         track.seen_wait = None
-        if record.waits_completed > completed:  # it returned: a legitimate duration
+        if record.waits_completed > completed and lasted < spanned:
+            # It returned: a legitimate duration, unless it spanned a person's trace of a
+            # rank of its job (began before the detach, `spanned` seconds ago).
             for learns in learning_keys(record):
                 self.learned.setdefault(learns, {}).setdefault(kind, Learned()).add(lasted)
                 self.changed.add(learns)
 
-    def _learn_pace(self, record: Record, track: Track, paused: bool) -> None:
+    def _learn_pace(self, record: Record, track: Track, paused: bool,
+                    spanned: float = float("inf")) -> None:
         """Learn from every wait the rank completed since the last tick (record v3):
         its pace table's new waits count for the job, and a longer longest raises
         the job's. Not the longest when `paused` (a rank stopped at this tick or the
@@ -252,7 +256,7 @@ class Detector:
             for key in keys:
                 learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
                 learned.count += max(0, waits - seen_waits)
-                if longest > seen_longest and not paused:
+                if longest > seen_longest and not paused and longest / NS < spanned:
                     learned.longest = max(learned.longest, longest / NS)
                 self.changed.add(key)
 
@@ -303,11 +307,14 @@ class Detector:
         _note_progress(record, track, now_ns)
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         traced_now = foreign_tracer(sample)
+        # A wait at least this long began before a person's tracer let go of a rank of
+        # the job: it lasted as long as the trace, which says nothing of the job's pace.
+        spanned = (now_ns - judged_from_ns) / NS if judged_from_ns else float("inf")
         stopped = sample.status in STOPPED_STATUSES or traced_now
         if record.pace is not None:
-            self._learn_pace(record, track, stopped or track.stopped or not learn)
+            self._learn_pace(record, track, stopped or track.stopped or not learn, spanned)
         elif learn:
-            self._learn(record, track, waiting)
+            self._learn(record, track, waiting, spanned)
         else:
             track.seen_wait = None
         track.stopped = stopped
