@@ -113,12 +113,14 @@ class Jobs:
         # Per job, the last scan (monotonic ns) that saw a rank of it traced by a person:
         # its waits are judged from there (the detach), not from when they began.
         self.traced_at: dict[JobKey, int] = {}
+        self.unread: set[Key] = set()  # ranks whose threads could not be read, logged
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
         self.detector.forget(key)
         self.shown.pop(key, None)
         self.asleep_read.pop(key, None)
+        self.unread.discard(key)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -168,6 +170,10 @@ class Jobs:
             present, where = self._present(members)
             for rank, sample in members:
                 rec = rank.record
+                if sample.threads_error and rank.key not in self.unread:
+                    self.unread.add(rank.key)  # said once; its status says it at every scan
+                    log.warning("job %s rank %s pid %s: %s", rec.job, rec.rank, rec.pid,
+                                sample.threads_error)
                 asleep, still, age = self._asleep(rank, now)
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,
@@ -323,6 +329,17 @@ class Jobs:
             return v is not None and v.seconds_in_wait > 0 and \
                 v.seconds_in_wait >= (v.wedge_deadline or v.deadline)
         if not any(late(r) for r, _ in members):
+            if self.probe.gpu_clock and any(
+                    r.verdict is not None and r.verdict.seconds_in_wait > 0
+                    and r.verdict.seconds_in_wait >= (r.verdict.wedge_deadline
+                                                      or r.verdict.deadline) / 2
+                    for r, _ in members):
+                for rank, sample in members:  # their GPU time read once ahead (macOS)
+                    rec = rank.record
+                    if not rank.escalating and sample.status not in STOPPED_STATUSES:
+                        self.stacks.prime(Identity(rec.pid, rec.start_time, rec.uid,
+                                                   rec.start_ticks), now)
+                return {r.key for r, _ in members}
             return set()
         # No thread busy in any rank of the job: no wedge to tell (it needs a spinning
         # thread), only a quiet hang to confirm at its deadline.

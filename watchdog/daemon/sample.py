@@ -61,6 +61,9 @@ class ProcessSample:
     tracer: int | None = None
     tracer_name: str = ""
     tracer_own: bool | None = None
+    # Why its threads could not be read, when none were ("": read, or none to read):
+    # every hang of such a rank waits for the blocked deadline, which is said.
+    threads_error: str = ""
 
 
 @dataclass(frozen=True)

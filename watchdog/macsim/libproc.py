@@ -8,6 +8,8 @@ little-endian arm64) and returns what the real one returns.
     proc_pid_rusage(pid, RUSAGE_INFO_V4, buf)  struct rusage_info_v4 (296 bytes)
     proc_pidinfo(pid, PROC_PIDLISTTHREADS, 0, buf, size)  uint64 thread handles
     proc_pidinfo(pid, PROC_PIDTHREADINFO, handle, buf, size)  struct proc_threadinfo (112)
+    proc_pidinfo(pid, PROC_PIDLISTTHREADIDS, 0, buf, size)  uint64 thread ids
+    proc_pidinfo(pid, PROC_PIDTHREADID64INFO, id, buf, size)  struct proc_threadinfo
     proc_pidinfo(pid, PROC_PIDLISTFDS, 0, buf, size)  struct proc_fdinfo {int32 fd; uint32 type}
     proc_pidinfo(pid, PROC_PIDTBSDINFO, 0, buf, size)  struct proc_bsdinfo (136)
     proc_pidfdinfo(pid, fd, PROC_PIDFDSOCKETINFO, buf, size)  struct socket_fdinfo (792)
@@ -15,7 +17,7 @@ little-endian arm64) and returns what the real one returns.
     mach_timebase_info()  (numer, denom) of mach absolute time: Apple silicon's 125/3
 
 Where Linux keeps no such count the stand-in guesses, and says so: ri_runnable_time is
-the threads' schedstat wait (time on a run queue); the disk bytes are /proc's
+the threads' schedstat run + wait (xnu counts running time as runnable); the disk bytes are /proc's
 read_bytes/write_bytes; a socket's `soi_so` (an opaque kernel address on a Mac) is
 its inode here; a file's fi_offset is /proc's fdinfo `pos`, but for a FIFO, where Linux
 keeps 0 and a Mac advances it with every byte (xnu's vn_write), the process's bytes read
@@ -47,6 +49,7 @@ PROC_PIDTBSDINFO = 3
 # pbi_nice; the start (tv_sec, tv_usec).
 BSDINFO = struct.Struct("<12I16s32s5Ii2Q")
 PROC_FLAG_TRACED = 0x2  # pbi_flags: P_LTRACED (xnu proc_info.c fill_bsdinfo)
+PROC_PIDTHREADID64INFO, PROC_PIDLISTTHREADIDS = 15, 28
 PROC_PIDFDSOCKETINFO, PROC_PIDFDVNODEINFO = 3, 1
 # struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, fi_type,
 # fi_guardflags: 24 bytes), then vnode_info (152).
@@ -143,7 +146,8 @@ class LibProc:
                 "resident_size": int(fields[21]) * os.sysconf("SC_PAGE_SIZE"),
                 "diskio_bytesread": io.get("read_bytes", 0),
                 "diskio_byteswritten": io.get("write_bytes", 0),
-                "runnable_time": abstime(sum(self._schedstat(pid, tid)[1]
+                # A Mac's ri_runnable_time: runnable including running (xnu thread.h).
+                "runnable_time": abstime(sum(sum(self._schedstat(pid, tid))
                                              for tid in self.tids(pid)))}
 
     # -- threads ----------------------------------------------------------
@@ -161,10 +165,13 @@ class LibProc:
             if flavor == PROC_PIDLISTTHREADS:
                 return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
                              size)
-            if flavor == PROC_PIDTHREADINFO:
+            if flavor == PROC_PIDTHREADINFO or flavor == PROC_PIDTHREADID64INFO:
                 return _fill(buffer, self.threadinfo(pid, arg), size)
             if flavor == PROC_PIDTBSDINFO:
                 return _fill(buffer, self.bsdinfo(pid), size)
+            if flavor == PROC_PIDLISTTHREADIDS:  # thread ids: the kernel's tids here
+                return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
+                             size)
             if flavor == PROC_PIDLISTFDS:
                 return _fill(buffer, b"".join(FDINFO.pack(fd, kind)
                                               for fd, kind in self.fds(pid)), size)

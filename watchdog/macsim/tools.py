@@ -4,7 +4,7 @@ Run as `python -m watchdog.macsim.tools NAME ARGS...`: the macOS probe's command
 the tool (`MacProbe.tool`), so every caller that runs the real tool (the probe, the
 evidence) runs the stand-in the same way, as a process of its own.
 
-- `sample PID SECONDS`: the live rank's native stacks, read with gdb (hardened as the
+- `sample PID SECONDS [-file PATH]`: the live rank's native stacks, read with gdb (hardened as the
   daemon's own, watchdog/gdbstack.py) as often as fits in SECONDS (at least once),
   printed in `sample`'s report layout: the header, "Call graph:", one tree per thread
   headed `Thread_<id>` with the kernel's thread id (as on a Mac, not psutil's
@@ -20,6 +20,8 @@ evidence) runs the stand-in the same way, as a process of its own.
 - `powermetrics --samplers gpu_power -n 1 -i MS`: the GPU's residency and power from
   every Metal process's GPU time over MS milliseconds (gpu.py; 0 mW in mode
   "zero-watts").
+- `powermetrics --samplers thermal`: "Current pressure level:" Nominal, or Moderate or
+  Heavy with Linux's cpufreq capping a core below its maximum.
 - `pmset -g therm`: the notes a Mac prints when nothing was recorded; with Linux's
   cpufreq capping a core below its maximum, the `CPU_Speed_Limit` block instead.
 """
@@ -179,7 +181,14 @@ def sample(args: list[str]) -> int:
         for read in reads:
             if tid in read:
                 read[tid] = list(GPU_STREAM)
-    sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
+    report = sample_report(pid, [r for r in reads if r], name, seconds)
+    if "-file" in args and args.index("-file") + 1 < len(args):
+        with open(args[args.index("-file") + 1], "w") as out:
+            out.write(report)
+        print(f"Sample analysis of process {pid} written to file "
+              f"{args[args.index('-file') + 1]}")
+        return 0
+    sys.stdout.write(report)
     return 0
 
 
@@ -221,8 +230,15 @@ def powermetrics(args: list[str]) -> int:
     if os.geteuid() != 0:
         print("powermetrics must be invoked as the superuser", file=sys.stderr)
         return 1
+    if "thermal" in args:  # Apple silicon's thermal pressure, from cpufreq's cap here
+        limit = cpufreq_limit()
+        level = ("Nominal" if limit is None or limit >= 100 else
+                 "Moderate" if limit >= 70 else "Heavy")
+        sys.stdout.write(f"**** Thermal pressure ****\n\nCurrent pressure level: {level}\n\n")
+        return 0
     if "gpu_power" not in args:
-        print("powermetrics: the stand-in knows only --samplers gpu_power", file=sys.stderr)
+        print("powermetrics: the stand-in knows only the gpu_power and thermal samplers",
+              file=sys.stderr)
         return 1
     interval = 5000
     if "-i" in args and args.index("-i") + 1 < len(args):

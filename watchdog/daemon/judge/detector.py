@@ -355,6 +355,8 @@ class Detector:
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
+            if sample.threads_error:  # every hang of it waits for the blocked deadline
+                reason = f"{reason}; {sample.threads_error}"
             return Verdict(
                 state=state, deadline=deadline, seconds_in_wait=seconds,
                 seconds_since_progress=since_progress, busiest_cpu=track.busiest, act=act,

@@ -38,6 +38,9 @@ class Probe:
     # Does MLX compute on a GPU here whose per-process time the probe reads (macOS)? Then
     # a GPU time not read is unknown, never flat (judge/frames.py): no quiet hang on it.
     gpu_clock = False
+    # Seconds one native stack sample may take (the stack sampler's box): gdb reads a
+    # rank in ~0.5 s.
+    stack_timeout = 3.0
     # psutil, or a stand-in with its API (the simulated Mac's, watchdog/macsim).
     ps: Any = psutil
 
