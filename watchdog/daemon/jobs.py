@@ -9,7 +9,8 @@ a moment ago, its ranks there, and has the detector judge each rank; a job one o
 ranks waits past its wedge deadline gets its ranks' native stacks sampled and their
 sockets read (probes/stacksampler.py), which the next scans judge by. `probe_links`
 probes the data path of every rank waiting long (probes/datalink.py), and `paces` scores
-each job's ranks and names its straggler (judge/pacing.py, judge/stragglers.py): shown, never acted on.
+each job's ranks and names its straggler (judge/pacing.py, judge/stragglers.py): shown,
+never acted on.
 
 What a rank shows that is no part of its lifecycle (its data link, its sockets, its
 pace, score and why) is kept here by rank (a `view.Shown`), read by `publish` and the

@@ -233,7 +233,7 @@ def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> N
 # The ladder's rooms, from the ground up: each imports only rooms before it (no circle,
 # no arrow up), the pure ones (ladder, wired, resume) none that signals or writes.
 LADDER_ROOMS = ("exo", "ladder", "wired", "resume", "workers", "evidence", "writes",
-                "teardown", "acting", "enforcer")
+                "teardown", "acting", "steps", "enforcer")
 PURE = {"exo", "ladder", "wired", "resume"}
 
 
@@ -251,4 +251,4 @@ def test_the_ladders_rooms_import_only_those_before_them() -> None:
             wrong += [f"{name}, pure, imports {u}" for u in used]
     assert wrong == []
     assert "act.resume" in next(
-        t for t in imports(PACKAGE / "daemon" / "act" / "enforcer.py") if "resume" in t)
+        t for t in imports(PACKAGE / "daemon" / "act" / "steps.py") if "resume" in t)
