@@ -56,6 +56,12 @@ SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_FRAME_CHARS = 256
 MAX_THREAD_FRAMES = 64
 MAX_SAMPLE_FRAMES = 4096
+# Two GPU time readings further apart than this are not compared (the next one starts
+# afresh). Any shorter span is safe both ways: flat over it, no GPU work ran in it (a
+# quiet rank is still asleep now: its verdict needs the wait quiet since); advancing,
+# it is held as computing for one more sample. A quiet job's samples are held back to
+# its deadline (HOLD_LEAD): its readings may be a deadline apart.
+GPU_SPAN = 600.0
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
@@ -108,6 +114,7 @@ class Stacks:
     # (None: unknown): the whole GPU's readings speak for this rank only as far as its
     # own time accounts for them (judge/gpuwork.py).
     gpu_share: float | None = None
+    gpu_why: str = ""  # why `gpu_moved` is None, in words (judge/frames.py: unknown)
 
 
 @dataclass
@@ -144,6 +151,9 @@ class StackSampler:
         self.queues: dict[Key, Queues] = {}
         self.ended: dict[Key, float] = {}  # when each rank's last sample ended
         self.every: dict[Key, float] = {}  # each rank's gap between samples (MAX_EVERY)
+        # Each rank's GPU time read ahead of its first sample (prime): (when, ns).
+        self.primed: dict[Key, tuple[float, int]] = {}
+        self.priming: set[Key] = set()
         self.taken = 0  # samples taken since start (status, benchmarks)
         self.seconds = 0.0  # their time in all
 
@@ -184,7 +194,11 @@ class StackSampler:
         try:
             found = self.sample(who, busy)
             before = self.found.get(key)
-            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
+            primed = self.primed.pop(key, None)
+            if (before is None or before.gpu_ns is None) and primed is not None:
+                before = Stacks(primed[0], None, (), gpu_ns=primed[1])  # its first reading
+            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None \
+                    and found.at - before.at <= GPU_SPAN:
                 moved = found.gpu_ns > before.gpu_ns
                 span = found.at - before.at
                 # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
@@ -194,8 +208,12 @@ class StackSampler:
                     found, gpu_moved=moved, gpu_power=self.probe.gpu_power(SAMPLE_TIMEOUT),
                     gpu_share=(found.gpu_ns - before.gpu_ns) / (span * 1e9) if span > 0
                     else None)
+            elif found.gpu_ns is not None:  # one reading: flat or not needs two
+                found = dataclasses.replace(found, gpu_why="one reading so far (flat or "
+                                            "advancing needs two)")
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
-                               if self.unchanged(key, before, found) else SAMPLE_EVERY)
+                               if self.unchanged(key, self.found.get(key), found)
+                               else SAMPLE_EVERY)
             self.found[key] = found
             if found.stacks is not None and not found.error.startswith("not sampled"):
                 self.ended[key] = self.clock()  # a sampler attached: the rank was held
@@ -206,6 +224,29 @@ class StackSampler:
         finally:
             self.owners.pop(key, None)
             self.running.discard(key)
+
+    def prime(self, who: Identity, now: float) -> None:
+        """A rank past half its wedge deadline, where MLX computes on a GPU (macOS): its
+        GPU time read once ahead (ioreg only, on a worker), so that its first stack
+        sample already tells flat from advancing (two readings), not one sample later."""
+        key = (who.pid, who.start_time)
+        fresh = key in self.primed and now - self.primed[key][0] < GPU_SPAN
+        if not self.probe.gpu_clock or fresh or key in self.priming \
+                or key in self.found or key in self.running:
+            return
+        self.priming.add(key)
+
+        def read() -> None:
+            try:
+                ns, _ = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
+                if ns is not None:
+                    self.primed[key] = (self.clock(), ns)
+            finally:
+                self.priming.discard(key)
+        try:
+            self.submit(read)
+        except RuntimeError:  # the executor is shut down: the daemon is stopping
+            self.priming.discard(key)
 
     def unchanged(self, key: Key, before: Stacks | None, found: Stacks) -> bool:
         """Whether a rank's new sample shows it as its sample before did, asleep: no thread
@@ -218,12 +259,13 @@ class StackSampler:
         queues = self.queues.get(key)
         return queues is None or queues.since <= before.at
 
-    def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
+    def settle(self, keys: Iterable[Key], timeout: float | None = None) -> None:
         """Wait (at most `timeout`) until no sample of these ranks is under way: a response
         about to take them needs them out of our trace (its evidence asks a rank in
         tracing-stop for nothing, and its own sampler cannot attach beside ours)."""
         keys = set(keys)
-        until = time.monotonic() + timeout  # real time: a sample takes real time
+        box = self.probe.stack_timeout if timeout is None else timeout
+        until = time.monotonic() + box  # real time: a sample takes real time
         while keys & self.running and time.monotonic() < until:
             time.sleep(0.02)
 
@@ -244,19 +286,21 @@ class StackSampler:
             return Stacks(began, {}, busy, error="not sampled: not the rank's process")
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
-        gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
+        gpu, why = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
         try:
-            stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+            stacks = self.probe.native_stacks(who.pid, self.probe.stack_timeout)
         except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
-            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu)
+            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu,
+                          gpu_why=why)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took
         if stacks is None:
-            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu,
+                          gpu_why=why)
         stacks = bounded(stacks, (*busy, who.pid))
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
-                      gpu)
+                      gpu, gpu_why=why)
 
     def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None,
                      every: float = 0.0) -> Queues:
@@ -285,7 +329,8 @@ class StackSampler:
     def forget(self, keep: Iterable[Key]) -> None:
         """Drop what is known of every rank but `keep` (those still sampled)."""
         keep = set(keep)
-        for table in (self.asked, self.found, self.queues, self.ended, self.every):
+        for table in (self.asked, self.found, self.queues, self.ended, self.every,
+                      self.primed):
             # A copy first: a worker's sample ending now writes `found` and `ended` (seen
             # under load: "dictionary changed size during iteration" failed the scan).
             for key in [k for k in list(table) if k not in keep]:
