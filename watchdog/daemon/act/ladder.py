@@ -42,20 +42,20 @@ class Outcome:
 
 
 class Step(enum.Enum):
-    """Where a response's ladder stands. Each step but the worker ones (`EVIDENCE`,
-    `FRAMES`) and the two it starts at is a wait with a deadline, checked by
-    `Enforcer.step` whenever it is called (each tick of the daemon's loop). What each
-    waits for follows its name."""
+    """Where a response's ladder stands (its value: what a log line says). Each step but
+    the worker ones (`EVIDENCE`, `FRAMES`) and the two it starts at is a wait with a
+    deadline, checked by `Enforcer.step` whenever it is called (each tick of the
+    daemon's loop). What each waits for, sends and goes to is its row of `STEPS`."""
 
-    BEGIN = "beginning"  # -: a verdict's; journaled, frozen, its evidence under way
-    RESUME = "resuming"  # -: at start, an earlier daemon's entry (act/resume.py)
-    EVIDENCE = "gathering evidence"  # the dumps (a worker), or the time box from the verdict
-    HOLD = "holding frozen"  # the moment the peers were told to end theirs (a fence's)
-    LEAVING = "leaving on its own error"  # those leaving gone, or the grace
-    TERM = "SIGTERM sent"  # every target gone, or the grace
-    KILL = "SIGKILL sent"  # every target gone, or the kill timeout
-    FRAMES = "reading the native dumps"  # the parse (a worker), or the evidence time box
-    SETTLE = "settling"  # wired memory back, or the settle time
+    BEGIN = "beginning"
+    RESUME = "resuming"
+    EVIDENCE = "gathering evidence"
+    HOLD = "holding frozen"
+    LEAVING = "leaving on its own error"
+    TERM = "SIGTERM sent"
+    KILL = "SIGKILL sent"
+    FRAMES = "reading the native dumps"
+    SETTLE = "settling"
     DONE = "done"
 
 
@@ -71,7 +71,8 @@ class Rung:
 
 # The ladder, step by step.
 STEPS: dict[Step, Rung] = {
-    Step.BEGIN: Rung("nothing: taken at once, from a verdict", ("SIGSTOP",), {
+    Step.BEGIN: Rung("nothing: taken at once, from a verdict (journaled, frozen, its "
+                     "evidence under way)", ("SIGSTOP",), {
         Step.DONE: "observe mode: nothing is signalled, not even the dump signal; the "
                    "incident closed",
         Step.EVIDENCE: "[j] the verdict, before the first signal; SIGSTOP to every "
@@ -92,7 +93,7 @@ STEPS: dict[Step, Rung] = {
     Step.EVIDENCE: Rung("the dumps (a worker), or the time box from the verdict", (), {
         Step.HOLD: "with or without the dumps: the kill never waits past the time box",
     }),
-    Step.HOLD: Rung("the moment the peers were told to end theirs (`term_at`)",
+    Step.HOLD: Rung("the moment the peers were told to end theirs (a fence's `term_at`)",
                     ("SIGTERM", "SIGCONT"), {
         Step.LEAVING: "[j] the round; a rank leaving on its own error gets the grace to "
                       "go, unsignalled",
