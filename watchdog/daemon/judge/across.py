@@ -25,13 +25,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from watchdog.daemon.judge.pacing import (
-    CLEAR_SLOWDOWN,
-    NAME_SLOWDOWN,
-    Named,
-    scored_ranks,
-    straggler_of,
-)
+from watchdog.daemon.judge.pacing import Named, named_after, scored_ranks, straggler_of
 from watchdog.states import Unjudged
 from watchdog.status import RankStatus, Straggler
 
@@ -85,24 +79,18 @@ class Across(Generic[J]):
         if not scored:  # a rank its node does not judge (yet): no judgement, a gap
             return Judged(straggler=self.held(key, now))
         scores = {(live[s.key].host, live[s.key].pid): s.score for s in scored}
-        held = self.named.get(key)
         if worst is None:
             self._clear(key)
             return Judged(scores)
         r = live[worst.key]
-        who: Where = (r.host, r.pid)
-        if held is not None and held.key == who:
-            if worst.slowdown < (CLEAR_SLOWDOWN if held.named else NAME_SLOWDOWN):
-                self._clear(key)
-                return Judged(scores)
-        elif worst.slowdown >= NAME_SLOWDOWN:
-            held = self.named[key] = Named(who, now)
-            self.last.pop(key, None)
-        else:
+        was = self.named.get(key)
+        held = named_after(was, (r.host, r.pid), worst.slowdown, now, self.sustain)
+        if held is None:
             self._clear(key)
             return Judged(scores)
-        if not held.named and now - held.since >= self.sustain:
-            held.named = True
+        if held is not was:  # a new one: the name last given is no longer its
+            self.last.pop(key, None)
+        self.named[key] = held
         if not held.named:
             return Judged(scores, forming=True)
         named = straggler_of(job, uid, r, worst)

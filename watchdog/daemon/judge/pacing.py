@@ -326,6 +326,25 @@ class Named(Generic[K]):
     named: bool = False
 
 
+def named_after(held: Named[K] | None, who: K, slowdown: float, now: float,
+                sustain: float) -> Named[K] | None:
+    """The hysteresis of a name, one judgement on: `who` the slowest rank now, `slowdown`
+    its figure, `held` the straggler as it stood (None: none). A rank stays clear (or
+    named) until its figure falls under `NAME_SLOWDOWN` (or `CLEAR_SLOWDOWN`); a new one
+    is clear from now once at `NAME_SLOWDOWN`, and named once clear for `sustain`
+    seconds. None: no straggler, or none clear."""
+    if held is not None and held.key == who:
+        if slowdown < (CLEAR_SLOWDOWN if held.named else NAME_SLOWDOWN):
+            return None
+    elif slowdown >= NAME_SLOWDOWN:
+        held = Named(who, now)
+    else:
+        return None
+    if not held.named and now - held.since >= sustain:
+        held.named = True
+    return held
+
+
 def window_pace(ticks: Sequence[Tick]) -> float | None:
     """A rank's collectives per second over its whole window, every interval counted: the
     job's own pace, as a clock on the wall reads it (its figures' `pace` leaves out the

@@ -26,7 +26,6 @@ from watchdog.daemon.judge.pacing import (
     CLEAR_SLOWDOWN,
     LONG_TICK,
     MIN_SECONDS,
-    NAME_SLOWDOWN,
     SHOW_SECONDS,
     SUSTAIN,
     TICK,
@@ -38,6 +37,7 @@ from watchdog.daemon.judge.pacing import (
     Tick,
     judge,
     measured,
+    named_after,
     slowest,
     summarise,
     tick,
@@ -171,18 +171,12 @@ class Stragglers(Generic[K, J]):
         # A rank off its core is named by the larger of the two figures: the wait
         # shares under-read a rank paging its memory back in (it waits too, asleep on
         # the disk), the job's measured pace does not.
-        figure = max(worst.estimate, slowed or 0.0)
-        if held is not None and mine:
-            if figure < (CLEAR_SLOWDOWN if held.named else NAME_SLOWDOWN):
-                self.jobs.pop(job, None)
-                return scored, None
-        elif figure >= NAME_SLOWDOWN:
-            held = self.jobs[job] = Named(worst.key, now)
-        else:
+        held = named_after(held, worst.key, max(worst.estimate, slowed or 0.0), now,
+                           self.sustain)
+        if held is None:
             self.jobs.pop(job, None)
             return scored, None
-        if not held.named and now - held.since >= self.sustain:
-            held.named = True
+        self.jobs[job] = held
         if not held.named:
             return scored, None
         slowed = self._measured(job, worst, scored, held.since)
