@@ -105,6 +105,19 @@ class Fenced(Word):
     PEER_DIED = "peer_died"  # a rank of the job here died: the job cannot finish
 
 
+class Unjudged(Word):
+    """Why a rank's pace is not judged against its job's (daemon/judge/pacing.py): the
+    code `/status` carries (`pace_unjudged`) and the metric's `reason` label."""
+
+    ALONE = "alone"  # no peer here: a single process, or the only rank of its job here
+    USER_SPACE_WAIT = "user_space_wait"  # its backend polls in user space: no wait share
+    IDLE = "idle"  # in hb.idle() most of the time
+    NO_COLLECTIVES = "no_collectives"  # none issued in the window
+    TOO_FEW_SECONDS = "too_few_seconds"  # its window not filled yet
+    SLEEPS = "sleeps"  # idle between steps most of the time (by design)
+    PEER_UNJUDGED = "peer_unjudged"  # another rank of its job is not judged yet
+
+
 class ProcStatus(Word):
     """A process's status as the OS reports it, in psutil's words (a test holds them
     to psutil's constants), so the judge reads a sample without importing psutil."""

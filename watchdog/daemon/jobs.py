@@ -9,7 +9,8 @@ a moment ago, its ranks there, and has the detector judge each rank; a job one o
 ranks waits past its wedge deadline gets its ranks' native stacks sampled and their
 sockets read (probes/stacksampler.py), which the next scans judge by. `probe_links`
 probes the data path of every rank waiting long (probes/datalink.py), and `paces` scores
-each job's ranks and names its straggler (judge/stragglers.py): shown, never acted on.
+each job's ranks and names its straggler (judge/pacing.py, judge/stragglers.py): shown,
+never acted on.
 
 What a rank shows that is no part of its lifecycle (its data link, its sockets, its
 pace, score and why) is kept here by rank (a `view.Shown`), read by `publish` and the
@@ -31,13 +32,8 @@ from watchdog.daemon.counters import Counters
 from watchdog.daemon.judge import across, frames, gpuwork, wedge
 from watchdog.daemon.judge.deadlines import Learned
 from watchdog.daemon.judge.detector import Detector, foreign_tracer
-from watchdog.daemon.judge.stragglers import (
-    CLEAR_SLOWDOWN,
-    Scored,
-    Stragglers,
-    summary,
-    why,
-)
+from watchdog.daemon.judge.pacing import CLEAR_SLOWDOWN, Scored, summary, why
+from watchdog.daemon.judge.stragglers import Figures, Stragglers
 from watchdog.daemon.lifecycle import Edge, Key, Rank, transition
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.datalink import PROBE_EVERY, QUIET_PROBE_EVERY, Prober
@@ -59,6 +55,7 @@ from watchdog.states import (
     FrameKind,
     Phase,
     ProcStatus,
+    Unjudged,
 )
 from watchdog.status import NodeAnswer, RankStatus, Straggler
 
@@ -104,10 +101,10 @@ class Jobs:
         self.sampling = ThreadPoolExecutor(max_workers=MAX_RUNNING, thread_name_prefix="stacks")
         self.stacks = StackSampler(probe, self.sampling.submit, clock.monotonic)
         # Each rank's last minute of work and each job's straggler (reported, never ended).
-        self.stragglers = Stragglers()
+        self.stragglers: Stragglers[Key, JobKey] = Stragglers()
         # A job whose only rank here is ripe, judged with its ranks on the peers
         # (judge/across.py); the seconds between the peers' asks it wants (None: none).
-        self.across = across.Across()
+        self.across: across.Across[JobKey] = across.Across()
         self.ask_peers_every: float | None = None
         self.slow: tuple[Straggler, ...] = ()
         self.thermal: tuple[float, str | None] = (-1e9, None)  # (asked at, answer)
@@ -426,15 +423,18 @@ class Jobs:
         for key in [k for k in self.stragglers.tracks if k not in seen]:
             self.stragglers.forget(key)
         self.stragglers.forget_jobs(jobs)
+        judged = {job: self.stragglers.judge_job(job, [r.key for r in ranks], now)
+                  for job, ranks in jobs.items()}
+        self._ask_thermal(now)
         slow = []
         for (uid, job), ranks in jobs.items():
-            by_key: dict[object, Rank] = {r.key: r for r in ranks}
-            scored, worst = self.stragglers.judge_job((uid, job), list(by_key), now)
+            scored, worst = judged[(uid, job)]
             # The rank the others wait for most, when it holds them back at all: the one
             # whose why is shown (the fast ranks' figures need none).
             lowest = min(scored, key=lambda s: (s.score, -s.excess), default=None)
             for r in ranks:
-                self._show_pace(r, lowest, now)
+                self._show_pace(r, lowest)
+            by_key = {r.key: r for r in ranks}
             if worst is None or worst.key not in by_key:
                 continue
             rec = by_key[worst.key].record
@@ -456,7 +456,7 @@ class Jobs:
                   if len(ranks) == 1 and ranks[0].record.world_size > 1}
         alone = {key: rank for key, rank in single.items()
                  if (f := self.stragglers.figures.get(rank.key)) is not None
-                 and f.unjudged == "alone"}
+                 and f.unjudged is Unjudged.ALONE}
         self.across.forget_jobs(single)
         peers = self.live.peering.peers
         self.ask_peers_every = across.ASK_EVERY if alone and peers else None
@@ -509,16 +509,23 @@ class Jobs:
             wait_share=round(pace.wait_share, 3) if pace and pace.wait_known else None,
             pace=round(pace.pace, 3) if pace else None,
             run_queue=round(pace.run_queue, 3) if pace else None,
-            active_share=round(pace.active, 3) if pace else None, pace_unjudged="alone")
+            active_share=round(pace.active, 3) if pace else None,
+            pace_unjudged=Unjudged.ALONE)
 
-    def _show_pace(self, r: Rank, lowest: Scored | None, now: float) -> None:
+    def _ask_thermal(self, now: float) -> None:
+        """The node's thermal state, asked at most every `THERMAL_EVERY` seconds (a
+        subprocess on macOS: rarely) and only while a rank's figures are shown with a
+        why it may belong to (judged, or judged elsewhere or unscored)."""
+        if now - self.thermal[0] < THERMAL_EVERY:
+            return
+        if any(_why_shown(f) and f.pace is not None for f in self.stragglers.figures.values()):
+            self.thermal = (now, self.probe.thermal())
+
+    def _show_pace(self, r: Rank, lowest: Scored[Key] | None) -> None:
         """One rank's pace as shown: its figures once known (on a busy machine too), and
         while not judged why, in words."""
         figures = self.stragglers.figures.get(r.key)
         pace = figures.pace if figures is not None else None
-        judged = figures is not None and figures.unjudged in (None, "alone", "user_space_wait")
-        if judged and pace is not None and now - self.thermal[0] >= THERMAL_EVERY:
-            self.thermal = (now, self.probe.thermal())  # a subprocess on macOS: rarely
         shown = self.shown.setdefault(r.key, Shown())
         shown.pace = pace
         shown.pace_score = figures.score if figures is not None else None
@@ -528,10 +535,17 @@ class Jobs:
                      and lowest.key == r.key and lowest.slowdown >= CLEAR_SLOWDOWN)
         # The only rank of its job here: the cluster view judges it, by this why; a
         # rank with no wait share (MPI, JACCL): the causes the node sees, unscored.
-        alone = figures is not None and figures.unjudged in ("alone", "user_space_wait")
+        alone = figures is not None and figures.unjudged in (Unjudged.ALONE,
+                                                             Unjudged.USER_SPACE_WAIT)
         shown.pace_why = (why(lowest.pace, self.thermal[1]) if held_back and lowest
                           else why(pace, self.thermal[1]) if alone and pace
                           else "" if pace is not None else None)
+
+
+def _why_shown(figures: Figures) -> bool:
+    """Are these figures shown with a why (judged, the only rank of its job here, or a
+    backend polling in user space)?"""
+    return figures.unjudged in (None, Unjudged.ALONE, Unjudged.USER_SPACE_WAIT)
 
 
 def _job_across(mine: RankStatus, uid: int, job: str,

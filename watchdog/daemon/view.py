@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.judge.stragglers import Pace
+from watchdog.daemon.judge.pacing import Pace
 from watchdog.record import Record
 from watchdog.states import Phase, State
 from watchdog.status import Expect, LastCollective, RankStatus

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import squeeze
 from tests.support.ranks import RingJob, wait_for
-from watchdog.daemon.judge import stragglers
+from watchdog.daemon.judge import pacing
 from watchdog.daemon.probes.linux import LinuxProbe
 
 pytestmark = [pytest.mark.ranks,
@@ -52,15 +52,15 @@ def test_a_rank_whose_dataset_does_not_fit_shows_memory_pressure(tmp_path):
                 at, before, collectives = began[r]
                 now, after = time.monotonic(), probe.sample(pid)
                 assert before is not None and after is not None
-                ticks.append(stragglers.tick(before, after, now - at,
+                ticks.append(pacing.tick(before, after, now - at,
                                              job.records()[r].collectives - collectives,
                                              now))
     fast, slow = ticks
-    assert slow.faults is not None and slow.faults / slow.seconds >= stragglers.FAULTS_CAUSE
-    assert fast.faults is not None and fast.faults / fast.seconds < stragglers.FAULTS_CAUSE
+    assert slow.faults is not None and slow.faults / slow.seconds >= pacing.FAULTS_CAUSE
+    assert fast.faults is not None and fast.faults / fast.seconds < pacing.FAULTS_CAUSE
     assert slow.active  # asleep on the disk, but not by design
-    pace = stragglers.summarise([slow])
+    pace = pacing.summarise([slow])
     assert pace is not None
-    cause = stragglers.why(pace)
+    cause = pacing.why(pace)
     assert cause.endswith("major faults/s (memory pressure)"), cause
-    assert "memory" not in stragglers.why(stragglers.summarise([fast]) or pace)
+    assert "memory" not in pacing.why(pacing.summarise([fast]) or pace)

@@ -17,7 +17,7 @@ from tests.support.ladders import complete, drive, respond
 from tests.unit.daemon.test_enforcer import GiB, _record, enforcer, incident
 from watchdog import record
 from watchdog.daemon.act.enforcer import Enforcer
-from watchdog.daemon.act.ladder import EDGES, GIVE_UP, Ladder, Step
+from watchdog.daemon.act.ladder import EDGES, GIVE_UP, STEPS, Ladder, Step
 from watchdog.daemon.store import pending
 
 ANY = "any"  # the table's "any step" row: a loop giving up on its ladder
@@ -101,6 +101,55 @@ def test_every_edge_the_table_names_is_taken_and_no_other(tmp_path: Path,
     assert taken - table == set(), "edges taken that the table does not name"
     assert table - taken == set(), "edges the table names that no ladder took"
     assert {source for source, _ in table} == {s.name for s in Step} - {"DONE"} | {ANY}
+
+
+class Sending(Enforcer):
+    """An enforcer that notes the signals each step's handler sends."""
+
+    sends: dict[str, set[str]]
+
+    def advance(self, ladder: Ladder, unfinished: str = "") -> bool:
+        before = ANY if unfinished else ladder.step.name
+        fake = self.signaller
+        assert isinstance(fake, FakeSignaller)
+        count = len(fake.sent)
+        moved = super().advance(ladder, unfinished)
+        self.sends.setdefault(before, set()).update(fake.names()[count:])
+        return moved
+
+
+def test_each_step_sends_only_the_signals_its_rung_names(tmp_path: Path,
+                                                         state_dir: Path) -> None:
+    """ladder.STEPS is the ladder read in one place: the signals a step's handler sends
+    are the ones its row names (the evidence's dump signals are the capture's, left out
+    here); given up on, a ladder sends only the thaw's SIGCONT."""
+    sends: dict[str, set[str]] = {}
+
+    def enf(fake: FakeSignaller, **kw) -> Sending:
+        plain, clock = enforcer(state_dir, fake, **kw)
+        made = Sending(plain.live, fake, plain.probe, clock=clock.now, sleep=clock.sleep,
+                       wall=clock.wall)
+        made.sends = sends
+        return made
+
+    stubborn = enf(FakeSignaller({2: DIES_ON_KILL}))
+    respond(stubborn, incident(targets=[target(2)]), [target(2)], baseline=GiB,
+            evidence=False)
+    own_error = leaving(tmp_path, 4)
+    respond(enf(FakeSignaller({4: DIES_ON_TERM, 3: DIES_ON_TERM})),
+            incident(targets=[own_error, target(3)]), [own_error, target(3)],
+            evidence=False)
+    held = enf(FakeSignaller({5: DIES_ON_TERM}))
+    ladder = held.begin(incident(targets=[target(5)]), [target(5)], evidence=False,
+                        term_at=held.clock() + 5.0)
+    held.close_unfinished(ladder, "its worker never returned")
+    resumer = enf(FakeSignaller({7: DIES_ON_TERM}))
+    complete(resumer, entry(resumer, [target(7)], GiB, action="ending"))
+    assert {"BEGIN", "HOLD", "LEAVING", "TERM", "RESUME", ANY} <= set(sends)
+    assert sends["TERM"] == {"SIGKILL"} and "SIGSTOP" in sends["BEGIN"]
+    for step, sent in sends.items():
+        allowed = {"SIGCONT"} if step == ANY else set(STEPS[Step[step]].sends)
+        assert sent <= allowed, (step, sent)
 
 
 def test_every_step_but_done_has_its_handler() -> None:
@@ -233,7 +282,7 @@ def test_what_resume_infers_from_an_entry_left_at_each_step(tmp_path: Path) -> N
 # The ladder's rooms, from the ground up: each imports only rooms before it (no circle,
 # no arrow up), the pure ones (ladder, wired, resume) none that signals or writes.
 LADDER_ROOMS = ("exo", "ladder", "wired", "resume", "workers", "evidence", "writes",
-                "teardown", "acting", "enforcer")
+                "teardown", "acting", "steps", "enforcer")
 PURE = {"exo", "ladder", "wired", "resume"}
 
 
@@ -251,4 +300,4 @@ def test_the_ladders_rooms_import_only_those_before_them() -> None:
             wrong += [f"{name}, pure, imports {u}" for u in used]
     assert wrong == []
     assert "act.resume" in next(
-        t for t in imports(PACKAGE / "daemon" / "act" / "enforcer.py") if "resume" in t)
+        t for t in imports(PACKAGE / "daemon" / "act" / "steps.py") if "resume" in t)

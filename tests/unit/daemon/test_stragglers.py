@@ -1,5 +1,5 @@
-"""The straggler judge (daemon/judge/stragglers.py), pure, on synthetic jobs: ranks in
-step, one slowed to half pace, ordinary jitter, mlx_lm.server's roles."""
+"""The straggler judge (daemon/judge/pacing.py, stragglers.py), pure, on synthetic jobs:
+ranks in step, one slowed to half pace, ordinary jitter, mlx_lm.server's roles."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from watchdog.daemon.judge import stragglers
-from watchdog.daemon.judge.stragglers import Pace, Stragglers, judge, summary, tick, why
+from watchdog.daemon.judge import pacing
+from watchdog.daemon.judge.pacing import Pace, judge, summary, tick, why
+from watchdog.daemon.judge.stragglers import Stragglers
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
 from watchdog.states import Phase
@@ -78,7 +79,7 @@ class Job:
         self.now = 100.0
         self.scan()
 
-    def scan(self) -> stragglers.Scored | None:
+    def scan(self) -> pacing.Scored | None:
         for r in self.ranks:
             self.judge.observe(r.rank, r.record(), r.sample(), self.now)
         _, worst = self.judge.judge_job("job", [r.rank for r in self.ranks], self.now)
@@ -86,7 +87,7 @@ class Job:
 
     def second(self, work: list[float], comm: float = 0.01, per_step: int = 4,
                jitter: float = 0.0, rng: random.Random | None = None,
-               queue: list[float] | None = None) -> stragglers.Scored | None:
+               queue: list[float] | None = None) -> pacing.Scored | None:
         """One second of a job in step: rank r needs work[r] s a step (jittered), each
         step takes the slowest one's time plus `comm`; the others poll meanwhile."""
         rng = rng or random.Random(0)
@@ -101,7 +102,7 @@ class Job:
         return self.scan()
 
 
-def run(job: Job, seconds: int, **kw: object) -> list[tuple[float, stragglers.Scored | None]]:
+def run(job: Job, seconds: int, **kw: object) -> list[tuple[float, pacing.Scored | None]]:
     return [(job.now, job.second(**kw)) for _ in range(seconds)]  # type: ignore[arg-type]
 
 
@@ -460,7 +461,7 @@ def test_a_user_space_backend_shows_its_pace_and_causes_never_a_score() -> None:
 
 
 def stopped_in_part(job: Job, seconds: int, step: float, fast_work: float,
-                    stopped: float) -> list[stragglers.Scored | None]:
+                    stopped: float) -> list[pacing.Scored | None]:
     """Rank 1 stopped `stopped` of the time (SIGSTOP in bursts), running otherwise: the
     job's steps take `step` s, of which rank 0 computes `fast_work` and polls the rest;
     rank 1 never waits. Every scan samples rank 1 stopped in that share of them."""
@@ -514,7 +515,7 @@ def test_a_stopped_rank_whose_job_keeps_its_healthy_pace_is_not_named() -> None:
     assert all(w is None for w in history)
     scored, _ = job.judge.judge_job("job", [0, 1], job.now)
     slow = {s.key: s for s in scored}[1]
-    assert slow.estimate >= 2 * stragglers.NAME_SLOWDOWN  # what the shares alone said
+    assert slow.estimate >= 2 * pacing.NAME_SLOWDOWN  # what the shares alone said
     assert job.judge.jobs["job"].named  # held, shown again once the job slows
 
 
@@ -561,7 +562,7 @@ def test_a_rank_paging_its_memory_back_in_is_at_work(faults: int, active: bool) 
                                 demand=((1, 0.1),), major_faults=100 + faults)
     t = tick(before, after, 2.0, 3, at=2.0)
     assert t.active is active
-    pace = stragglers.summarise([t], strict=False)
+    pace = pacing.summarise([t], strict=False)
     assert pace is not None
     assert ("(memory pressure)" in why(pace)) is active
 
@@ -596,7 +597,7 @@ def test_a_rank_paging_whose_wait_shares_under_read_it_is_named_by_the_jobs_pace
         job.now += 1.0
         named.append(job.scan())
     scored, _ = job.judge.judge_job("job", [0, 1], job.now)
-    assert {s.key: s for s in scored}[1].estimate < stragglers.NAME_SLOWDOWN
+    assert {s.key: s for s in scored}[1].estimate < pacing.NAME_SLOWDOWN
     first = next(n for n, w in enumerate(named) if w is not None)
     assert first <= 30, first
     worst = named[-1]

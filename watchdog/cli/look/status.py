@@ -15,7 +15,7 @@ from watchdog.cli import colour
 from watchdog.cli.colour import state as colour_of
 from watchdog.cli.exits import SetupError
 from watchdog.cli.options import DIR_ENV, Duration, deadline_option, dir_option, state_option
-from watchdog.states import ENDED, HUNG
+from watchdog.states import ENDED, HUNG, Unjudged
 from watchdog.status import RankStatus
 from watchdog.text import plural, printable
 
@@ -105,7 +105,7 @@ def pace_line(r: RankStatus) -> str | None:
     figures = []
     if r.pace is not None:
         figures.append(f"{r.pace:.2f} collectives/s")
-    if r.wait_share is not None and r.pace_unjudged != "user_space_wait":
+    if r.wait_share is not None and r.pace_unjudged != Unjudged.USER_SPACE_WAIT:
         figures.append(f"waits on its peers {r.wait_share:.0%}")
     if r.pace_score is not None:
         figures.append(f"score {r.pace_score:.2f}")

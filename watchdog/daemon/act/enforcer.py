@@ -8,16 +8,16 @@ without one, at once), and neither is waited for past its time box: the evidence
 counts from the verdict, so work queued behind another user's hung captures never
 delays the signals.
 
-Each step has one handler on `Enforcer` (`Enforcer.HANDLERS`): once the step is due it
-does what the step does and returns the step the ladder goes to (None while it waits:
-on a worker, a grace, a timeout, the settle). `Enforcer.advance` takes it, only along
-an edge of `ladder.EDGES`, and is the one place a ladder's step is set.
+A step is read in one place: ladder.py's `STEPS` says what each waits for, the
+signals it sends and where it goes; steps.py has its handler (`Enforcer.HANDLERS`), in
+the same order: once the step is due it does what the step does and returns the step
+the ladder goes to (None while it waits). `Enforcer.advance` takes it, only along an
+edge of the table, and is the one place a ladder's step is set.
 
-The rooms beside it: what the steps share, and the enforcer's means (acting.py); the
-signals and their order (teardown.py); what a restarted daemon makes of a journal's
-entry (resume.py, pure); the settle's verdict and the reboot flag (wired.py, pure); the
-journal's writes (writes.py); the evidence (evidence.py). Tests pass a fake signaller
-and a fake clock.
+The rooms beside it: the enforcer's means (acting.py); the signals and their order
+(teardown.py); what a restarted daemon makes of a journal's entry (resume.py, pure);
+the settle's verdict and the reboot flag (wired.py, pure); the journal's writes
+(writes.py); the evidence (evidence.py). Tests pass a fake signaller and a fake clock.
 """
 
 from __future__ import annotations
@@ -25,18 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from watchdog.daemon.act import resume as resuming
+from watchdog.daemon.act import steps
 from watchdog.daemon.act.acting import Acting
-from watchdog.daemon.act.exo import peer_delay
-from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step, may_go
-from watchdog.daemon.act.teardown import progressed
-from watchdog.daemon.act.wired import over
-from watchdog.daemon.act.workers import run_for
-from watchdog.daemon.signaller import Result, Target
+from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Asked, Ladder, Outcome, Step, may_go
+from watchdog.daemon.signaller import Target
 from watchdog.daemon.store import pending
-from watchdog.states import End, Mode
 from watchdog.status import Incident, PeerView
 
 log = logging.getLogger(__name__)
@@ -67,13 +62,13 @@ class Enforcer(Acting):
         fence told the peers to end theirs), never past the evidence's time box;
         `evidence_by` (monotonic) ends the evidence sooner (a fence's window: a fenced
         node takes what it can of its frozen ranks before the moment its fence names)."""
-        incident = replace(incident, signals=(), wired_before=self._wired(),
+        incident = replace(incident, signals=(), wired_before=self.wired(),
                            wired_baseline=baseline)
         if asked:
             incident = replace(incident, cluster=cluster)
-        ladder = Ladder(incident, list(targets), baseline, others_live, gather=evidence,
-                        verdict_at=verdict_at, term_at=0.0 if term_at is None else term_at,
-                        evidence_by=evidence_by)
+        ladder = Ladder(incident, list(targets), baseline, others_live,
+                        term_at=0.0 if term_at is None else term_at,
+                        asked=Asked(evidence, verdict_at, evidence_by))
         self.step(ladder)
         return ladder
 
@@ -94,7 +89,7 @@ class Enforcer(Acting):
         assert ladder.result is not None
         return ladder.result
 
-    # -- the ladder, step by step (ladder.EDGES) ---------------------------------------
+    # -- the ladder, step by step (ladder.STEPS) ---------------------------------------
 
     def step(self, ladder: Ladder) -> Outcome | None:
         """Take every step of the ladder that is due now; its outcome once done."""
@@ -110,7 +105,7 @@ class Enforcer(Acting):
         loop gives up waiting on it (`close_unfinished`). An edge not in the table
         raises (a bug: the response is then closed unfinished)."""
         if unfinished:
-            after: Step | None = self._unfinished(ladder, unfinished)
+            after: Step | None = steps.give_up(self, ladder, unfinished)
         elif ladder.step is Step.DONE:
             return False
         else:
@@ -123,170 +118,6 @@ class Enforcer(Acting):
         ladder.step = after
         return True
 
-    def _step_begin(self, ladder: Ladder, now: float) -> Step:
-        """Observe mode signals nothing, not even the stack-dump signal, and does not
-        ptrace: the thread CPU and flight recorder are the evidence."""
-        if self.settings.mode == Mode.OBSERVE:
-            ladder.incident = replace(ladder.incident, evidence=(), outcome={},
-                                      action="observed (mode observe: nothing signalled)")
-            return self._close(ladder, None)
-        incident = ladder.incident = replace(ladder.incident, action="ending")
-        self.write_ahead(ladder)  # the verdict, before the first signal (the freeze)
-        said = self.teardown.freeze(ladder)
-        ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent), freeze=said)
-        if ladder.sent:
-            self.write_ahead(ladder)
-        by = ladder.evidence_by  # a fence's window: the capture ends before it
-        ladder.work = run_for(self.executor, incident.uid or 0, self.capture, incident.id,
-                              list(ladder.targets), frozenset(t.pid for t in ladder.frozen),
-                              None if by is None else by - EVIDENCE_SLACK / 2
-                              ) if ladder.gather else None
-        # Read after the freeze and the capture's hand-over (at once without a worker).
-        ladder.until = (self.clock() if ladder.verdict_at is None else ladder.verdict_at) \
-            + self.settings.evidence_timeout + EVIDENCE_SLACK
-        if by is not None:
-            ladder.until = min(ladder.until, by)
-        # Never past the time box; a fenced exo job's by exo's stagger more (act/exo.py).
-        ladder.term_at = min(ladder.term_at, ladder.until + peer_delay(incident.job or ""))
-        return Step.EVIDENCE
-
-    def _step_resume(self, ladder: Ladder, now: float) -> Step:
-        """An earlier daemon's entry, acted on as resume.py's plan says."""
-        incident, targets = ladder.incident, ladder.targets
-        # A closed one's targets are not looked at: its writes alone are left.
-        identities = {} if incident.closed_at is not None else {
-            t.pid: self.signaller.identify(t) for t in targets}
-        plan = resuming.plan(
-            incident, targets, identities, fresh=self.wall() - incident.time < self.replay_within(),
-            enforce=self.settings.mode == Mode.ENFORCE,
-            progressed={t.pid for t in targets
-                        if identities.get(t.pid) == Result.OURS and progressed(incident, t)})
-        if plan.closed:  # all done but the journal line, or the flag
-            self.writes.reclose(incident, ladder.baseline)
-            ladder.result = Outcome(incident, {}, ())
-            return Step.DONE
-        log.warning("completing incident %s of job %s left unfinished by an earlier daemon",
-                    incident.id, incident.job)
-        ladder.incident = replace(incident, signals=incident.signals or (),
-                                  completed_at_start=self.wall())
-        ladder.outcome.update(plan.outcomes)
-        ladder.sent = list(ladder.incident.signals or ())
-        if plan.stale:
-            ladder.frozen = list(plan.stale)
-            self.teardown.thaw(ladder, "an earlier daemon froze it, and its verdict is not "
-                                       "acted on")
-            ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
-        ladder.frozen = list(plan.frozen)
-        if plan.live:  # from HOLD's round: a dead daemon's evidence time box is long past
-            ladder.incident = replace(ladder.incident, action="ended")
-            return self._signals(ladder, list(plan.live))
-        return self._decided(ladder)  # nothing to end: as a resumed KILL ends
-
-    def _step_evidence(self, ladder: Ladder, now: float) -> Step | None:
-        """The stack dumps in, or their time box over: HOLD either way."""
-        if ladder.working and now < ladder.until:
-            return None
-        files: tuple[str, ...] = ()
-        if ladder.working:  # queued behind others, or a capture past its own bound
-            assert ladder.work is not None
-            ladder.work.cancel()  # never run if still queued
-            why = (f"not gathered within {self.settings.evidence_timeout + EVIDENCE_SLACK:g}s"
-                   " of the verdict")
-            log.warning("evidence for incident %s %s; acting without it",
-                        ladder.incident.id, why)
-            ladder.incident = replace(ladder.incident, evidence_error=why)
-        elif ladder.work is not None:
-            try:
-                files = tuple(ladder.work.result())
-            except Exception as err:  # noqa: BLE001 - evidence is never worth a missed kill
-                log.error("gathering evidence for incident %s failed: %s",
-                          ladder.incident.id, err)
-                ladder.incident = replace(ladder.incident, evidence_error=str(err))
-        ladder.work = None
-        ladder.incident = replace(ladder.incident, evidence=files, action="ended")
-        return Step.HOLD
-
-    def _step_hold(self, ladder: Ladder, now: float) -> Step | None:
-        """Frozen until the moment the peers were told to end theirs: then the round."""
-        if now < ladder.term_at:
-            return None
-        return self._signals(ladder, ladder.targets)
-
-    def _step_leaving(self, ladder: Ladder, now: float) -> Step | None:
-        """Those leaving on their own error gone, or the grace over: the rest's round."""
-        ladder.left = [t for t in ladder.left if self.teardown.not_gone(t)]
-        if ladder.left and now < ladder.until:
-            return None
-        for target in ladder.ending:
-            if target not in ladder.left:
-                ladder.outcome[target.pid] = End.EXITED
-                log.info("pid %s (job %s rank %s) ended on its own error; not signalled",
-                         target.pid, target.job, target.rank)
-        return self._term(ladder, [t for t in ladder.live if t.pid not in ladder.outcome])
-
-    def _step_term(self, ladder: Ladder, now: float) -> Step | None:
-        """Every target gone, or the grace over: SIGKILL to those still there."""
-        ladder.left = [t for t in ladder.left if self.teardown.not_gone(t)]
-        if ladder.left and now < ladder.until:
-            return None
-        if ladder.left:  # SIGCONT and SIGTERM as sent, before the SIGKILLs
-            ladder.incident = replace(ladder.incident, signals=tuple(ladder.sent))
-            self.write_ahead(ladder)
-            self.teardown.kill(ladder)
-        ladder.until = self.clock() + self.settings.kill_timeout
-        return Step.KILL
-
-    def _step_kill(self, ladder: Ladder, now: float) -> Step | None:
-        """Every target gone, or the kill timeout over: each target's outcome."""
-        ladder.left = [t for t in ladder.left if self.teardown.not_gone(t)]
-        if ladder.left and now < ladder.until:
-            return None
-        return self._ended(ladder)
-
-    def _step_frames(self, ladder: Ladder, now: float) -> Step | None:
-        """The native dumps parsed, or their time box over: the outcome journaled, then
-        the settle."""
-        if ladder.working and now < ladder.until:
-            return None
-        assert ladder.work is not None
-        hot: list[Any] = []
-        if ladder.working:  # a parse queued behind others: the incident goes without
-            ladder.work.cancel()
-            log.warning("the native dumps of incident %s were not read within %.0fs; "
-                        "closing it without their hot frames", ladder.incident.id,
-                        self.settings.evidence_timeout)
-        else:
-            try:
-                hot = ladder.work.result()
-            except Exception as err:  # noqa: BLE001 - a parse never undoes a kill
-                log.error("reading the native dumps of incident %s failed: %s",
-                          ladder.incident.id, err)
-        ladder.work = None
-        if hot:
-            ladder.incident = replace(ladder.incident, native_hot=tuple(hot))
-        self.write_ahead(ladder)  # the outcome, before the settle (up to minutes)
-        return self._settle(ladder)
-
-    def _step_settle(self, ladder: Ladder, now: float) -> Step | None:
-        """Wired memory back, or the settle time over: the close."""
-        if now < ladder.next_probe:
-            return None
-        wired = self._wired()
-        if over(ladder.baseline, wired, self.settings.wired_threshold) and now < ladder.until:
-            ladder.next_probe = now + 0.25
-            return None
-        return self._settled(ladder, wired)
-
-    # Each step's handler. DONE has none (nothing follows it).
+    # Each step's handler (steps.py, in ladder.STEPS's order). DONE has none.
     HANDLERS: ClassVar[dict[Step, Callable[[Enforcer, Ladder, float], Step | None]]] = {
-        Step.BEGIN: _step_begin,
-        Step.RESUME: _step_resume,
-        Step.EVIDENCE: _step_evidence,
-        Step.HOLD: _step_hold,
-        Step.LEAVING: _step_leaving,
-        Step.TERM: _step_term,
-        Step.KILL: _step_kill,
-        Step.FRAMES: _step_frames,
-        Step.SETTLE: _step_settle,
-    }
-
+        **steps.HANDLERS}

@@ -12,7 +12,8 @@ is never left stopped: a response closed or resumed without its SIGTERM thaws it
 
 Every signal goes through a `Signaller` (signaller.py), which re-checks the process
 identity right before it signals, and is listed in the ladder's `sent`. The journal's
-writes between rounds are the enforcer's: these only signal and note.
+writes between rounds are the steps' (steps.py): these only signal and note, in the
+ladder's `round` (ladder.py), which no one else writes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Teardown:
         self.signaller, self.probe, self.wall = signaller, probe, wall
 
     def send(self, sent: list[SignalSent], target: Target, signum: int) -> Result:
+        """One signal through the signaller, listed in `sent` and logged; its result."""
         result = self.signaller.send(target, signum)
         sent.append(SignalSent(pid=target.pid, rank=target.rank,
                                signal=signal.Signals(signum).name, time=self.wall(),
@@ -49,8 +51,22 @@ class Teardown:
         return result
 
     def not_gone(self, target: Target) -> bool:
-        # A failed probe proves neither an end nor a survival: keep waiting on it.
+        """Not known to be gone: a failed probe proves neither an end nor a survival,
+        so it is waited on still."""
         return self.signaller.identify(target) in (Result.OURS, Result.UNKNOWN)
+
+    def still_there(self, ladder: Ladder) -> bool:
+        """Those of the round not known to be gone yet, looked at again; whether any are."""
+        ladder.round.left = [t for t in ladder.round.left if self.not_gone(t)]
+        return bool(ladder.round.left)
+
+    def resumed(self, ladder: Ladder, stale: list[Target], frozen: list[Target]) -> None:
+        """An earlier daemon's ladder taken over (resume.py's plan): those it froze for a
+        verdict no longer acted on thawed, and those it froze to end, frozen still."""
+        if stale:
+            ladder.round.frozen = list(stale)
+            self.thaw(ladder, "an earlier daemon froze it, and its verdict is not acted on")
+        ladder.round.frozen = list(frozen)
 
     def status(self, target: Target) -> str:
         """The process's status (psutil's words), "" when it cannot be sampled. Stopped
@@ -83,12 +99,12 @@ class Teardown:
                 # resumed by the ladder before its SIGTERM, not even for a dump.
                 notes.append(f"rank {target.rank} (pid {target.pid}) was stopped already")
             else:
-                ladder.frozen.append(target)
-        for target in ladder.frozen:
+                ladder.round.frozen.append(target)
+        for target in ladder.round.frozen:
             if UNINTERRUPTIBLE in (status[target.pid], self.status(target)):
                 notes.append(f"rank {target.rank} (pid {target.pid}) not frozen: in "
                              "uninterruptible sleep (it stops once it leaves it)")
-        count = len(ladder.frozen)
+        count = len(ladder.round.frozen)
         ladder.sent = sent
         return "; ".join(([f"{count} rank{'' if count == 1 else 's'} frozen"] if count else
                           [] if notes else ["nothing frozen"]) + notes)
@@ -96,24 +112,24 @@ class Teardown:
     def thaw(self, ladder: Ladder, why: str) -> None:
         """SIGCONT to every target frozen and not SIGTERMed (a response closed without
         its SIGTERM): never left stopped."""
-        for target in ladder.frozen:
+        for target in ladder.round.frozen:
             log.warning("thawing pid %s (job %s rank %s): %s", target.pid, target.job,
                         target.rank, why)
             self.send(ladder.sent, target, signal.SIGCONT)
-        ladder.frozen = []
+        ladder.round.frozen = []
 
     def leaving(self, ladder: Ladder, targets: list[Target]) -> bool:
         """The round's start: those of `targets` leaving on their own error (`ending`)
         get the grace to finish, unsignalled (thawed, if they reached their error after
         the freeze); whether there are any."""
-        ladder.live = list(targets)
-        ladder.ending = [t for t in targets if ending_itself(t)]
-        if not ladder.ending:
+        ladder.round.live = list(targets)
+        ladder.round.ending = [t for t in targets if ending_itself(t)]
+        if not ladder.round.ending:
             return False
-        for target in [t for t in ladder.frozen if t in ladder.ending]:
+        for target in [t for t in ladder.round.frozen if t in ladder.round.ending]:
             self.send(ladder.sent, target, signal.SIGCONT)
-        ladder.frozen = [t for t in ladder.frozen if t not in ladder.ending]
-        ladder.left = [t for t in ladder.ending if self.not_gone(t)]
+        ladder.round.frozen = [t for t in ladder.round.frozen if t not in ladder.round.ending]
+        ladder.round.left = [t for t in ladder.round.ending if self.not_gone(t)]
         return True
 
     def term(self, ladder: Ladder, targets: list[Target]) -> None:
@@ -124,20 +140,20 @@ class Teardown:
             result = self.send(ladder.sent, target, signal.SIGTERM)
             if result != Result.SENT:
                 ladder.outcome[target.pid] = end_of(result)
-        ladder.live = [t for t in targets if t.pid not in ladder.outcome]
+        ladder.round.live = [t for t in targets if t.pid not in ladder.outcome]
         for target in targets:
             # Gone already: it is ended. One frozen that the SIGTERM did not reach (its
             # identity unknown for a moment) is thawed if it can be: never left stopped.
-            if target in ladder.live or target in ladder.frozen:
+            if target in ladder.round.live or target in ladder.round.frozen:
                 self.send(ladder.sent, target, signal.SIGCONT)
-        ladder.frozen = []
-        ladder.left = [t for t in ladder.live if self.not_gone(t)]
+        ladder.round.frozen = []
+        ladder.round.left = [t for t in ladder.round.live if self.not_gone(t)]
 
     def kill(self, ladder: Ladder) -> None:
         """SIGKILL to those left after the grace."""
-        for target in ladder.left:
+        for target in ladder.round.left:
             self.send(ladder.sent, target, signal.SIGKILL)
-        ladder.left = [t for t in ladder.left if self.not_gone(t)]
+        ladder.round.left = [t for t in ladder.round.left if self.not_gone(t)]
 
 
 def ending_itself(target: Target) -> bool:

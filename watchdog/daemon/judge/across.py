@@ -4,7 +4,7 @@ A daemon that holds one rank of a job cannot score it: its pace means something 
 beside its peers'. With `peers` configured, the daemon lines up its rank's figures
 with those the peers publish (their `/status`, asked in the background every
 `ASK_EVERY` seconds while such a rank is ripe: act/peers.py), scored as `cluster status`
-scores them (`stragglers.scored_ranks`), and names the slowest with hysteresis: once
+scores them (`pacing.scored_ranks`), and names the slowest with hysteresis: once
 clear (`NAME_SLOWDOWN`) over `SUSTAIN` seconds of answers, until its slowdown falls
 under `CLEAR_SLOWDOWN`; the peers are asked every `ASK_FORMING` seconds while one
 forms, and while a peer's rank is about to be judged (`RIPENING`). Every node
@@ -21,17 +21,16 @@ the alert's `for: 10m` waits on. Shown, never acted on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from watchdog.daemon.judge.stragglers import (
-    CLEAR_SLOWDOWN,
-    NAME_SLOWDOWN,
-    Named,
-    scored_ranks,
-    straggler_of,
-)
+from watchdog.daemon.judge.pacing import Named, named_after, scored_ranks, straggler_of
+from watchdog.states import Unjudged
 from watchdog.status import RankStatus, Straggler
+
+J = TypeVar("J", bound=Hashable)  # what a job is known by: the daemon's (uid, job)
+Where = tuple[str | None, int | None]  # a rank across nodes: (host, pid)
 
 ASK_EVERY = 10.0  # seconds between the peers' asks while a job's only rank here is ripe
 ASK_FORMING = 3.0  # ...while a straggler is clear and not named yet (it needs fresh answers)
@@ -41,7 +40,7 @@ HOLD = 30.0  # seconds a named straggler stays named while its job cannot be jud
 # A peer's rank not judged for these reasons will be in seconds (its window filling):
 # the peers are asked at ASK_FORMING meanwhile. A rank that sleeps between steps or
 # polls in user space will not: asked at ASK_EVERY.
-RIPENING = frozenset({"too_few_seconds", "peer_unjudged"})
+RIPENING = frozenset({Unjudged.TOO_FEW_SECONDS, Unjudged.PEER_UNJUDGED})
 
 
 @dataclass(frozen=True)
@@ -49,20 +48,20 @@ class Judged:
     """One judgement of a job across nodes: each rank's score by (host, pid), the named
     straggler, and whether one is forming (clear, not named yet)."""
 
-    scores: dict[tuple[str | None, int | None], float] = field(default_factory=dict)
+    scores: dict[Where, float] = field(default_factory=dict)
     straggler: Straggler | None = None
     forming: bool = False
 
 
-class Across:
-    """Each job's straggler across nodes, named with hysteresis."""
+class Across(Generic[J]):
+    """Each job's straggler across nodes (by its key `J`), named with hysteresis."""
 
     def __init__(self, sustain: float = SUSTAIN, hold: float = HOLD) -> None:
         self.sustain, self.hold = sustain, hold
-        self.named: dict[object, Named] = {}
-        self.last: dict[object, tuple[Straggler, float]] = {}  # as last named, and when
+        self.named: dict[J, Named[Where]] = {}
+        self.last: dict[J, tuple[Straggler, float]] = {}  # as last named, and when
 
-    def held(self, key: object, now: float) -> Straggler | None:
+    def held(self, key: J, now: float) -> Straggler | None:
         """The job cannot be judged now (a rank short of its counted seconds, a peer's
         answer missing): its straggler as last named, for `hold` seconds."""
         last = self.last.get(key)
@@ -72,44 +71,38 @@ class Across:
             return None
         return last[0]
 
-    def judge(self, key: object, job: str, uid: int | None, ranks: Sequence[RankStatus],
+    def judge(self, key: J, job: str, uid: int | None, ranks: Sequence[RankStatus],
               now: float) -> Judged:
         """The job's ranks (every one, as their nodes report them) scored together, and
         its straggler once named; `key` names the job (its owner's uid with its id)."""
         live, scored, worst = scored_ranks(ranks)
         if not scored:  # a rank its node does not judge (yet): no judgement, a gap
             return Judged(straggler=self.held(key, now))
-        scores = {(live[s.key].host, live[s.key].pid): s.score for s in scored
-                  if isinstance(s.key, int)}
-        held = self.named.get(key)
-        if worst is None or not isinstance(worst.key, int):
+        scores = {(live[s.key].host, live[s.key].pid): s.score for s in scored}
+        if worst is None:
             self._clear(key)
             return Judged(scores)
         r = live[worst.key]
-        who = (r.host, r.pid)
-        if held is not None and held.key == who:
-            if worst.slowdown < (CLEAR_SLOWDOWN if held.named else NAME_SLOWDOWN):
-                self._clear(key)
-                return Judged(scores)
-        elif worst.slowdown >= NAME_SLOWDOWN:
-            held = self.named[key] = Named(who, now)
-            self.last.pop(key, None)
-        else:
+        was = self.named.get(key)
+        held = named_after(was, (r.host, r.pid), worst.slowdown, now, self.sustain)
+        if held is None:
             self._clear(key)
             return Judged(scores)
-        if not held.named and now - held.since >= self.sustain:
-            held.named = True
+        if held is not was:  # a new one: the name last given is no longer its
+            self.last.pop(key, None)
+        self.named[key] = held
         if not held.named:
             return Judged(scores, forming=True)
         named = straggler_of(job, uid, r, worst)
         self.last[key] = (named, now)
         return Judged(scores, named)
 
-    def _clear(self, key: object) -> None:
+    def _clear(self, key: J) -> None:
         self.named.pop(key, None)
         self.last.pop(key, None)
 
-    def forget_jobs(self, live: Iterable[object]) -> None:
+    def forget_jobs(self, live: Iterable[J]) -> None:
+        """Every job not in `live`: its straggler, named or forming."""
         keep = set(live)
         for key in [k for k in self.named if k not in keep]:
             del self.named[key]

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from watchdog import cause
-from watchdog.daemon.judge import stragglers
+from watchdog.daemon.judge import pacing
 from watchdog.record import MAX_WORLD_SIZE
 from watchdog.states import ENDED, HUNG, WAITING_PHASES, State
 from watchdog.status import (
@@ -151,7 +151,7 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     # A job held back by one rank: named whenever a node's daemon names it (or these
     # figures do), suspect or healthy, so every poll tells one story.
     straggler = None if hung or unknown else (
-        named or stragglers.from_ranks(job, uid, [s.rank for s in seen]))
+        named or pacing.from_ranks(job, uid, [s.rank for s in seen]))
     view = replace(view, straggler=straggler)
     if not hung and not unknown and not suspect:
         traced = [s for s in seen if _traced_what(s.rank)]

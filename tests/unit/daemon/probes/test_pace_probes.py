@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.daemon.judge.stragglers import Pace, why
+from watchdog.daemon.judge.pacing import Pace, why
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.linux import (
     LinuxProbe,
