@@ -101,7 +101,8 @@ class Daemon:
         self.wake = threading.Event()  # set by the exit watcher or a fence: scan now
         self.fences = Fences(self.live, self.host, self.peers, self.table, self.lock, self.wake)
         self.responses = Responses(self.live, self.enforcer, self.peers,
-                                   lambda: self.snapshot, lambda: self.wired.baseline)
+                                   lambda: self.snapshot, lambda: self.wired.baseline,
+                                   lambda: self.wired.held)
         self.exits = ExitWatcher(self.wake)
         # Room in the record directory for every user's next rank; why it is full
         # and nothing can free it ("" while there is room), published and alerted on.

@@ -71,10 +71,11 @@ class Acting:
             log.warning("wired memory probe failed: %s", err)
             return None
 
-    def held_wired(self) -> int | None:
-        """The wired memory live processes hold; None when it cannot be read (logged)."""
+    def held_wired(self, leaver: int | None = None) -> int | None:
+        """The wired memory live processes hold (not what `leaver`'s ended ranks left
+        behind); None when it cannot be read (logged)."""
         try:
-            return self.probe.held_wired_bytes()
+            return self.probe.held_wired_bytes(leaver)
         except (ProbeError, OSError) as err:
             log.warning("reading the wired memory live processes hold failed: %s", err)
             return None

@@ -52,7 +52,8 @@ class Enforcer(Acting):
               others_live: Callable[[], bool] = lambda: False,
               cluster: PeerView | None = None, evidence: bool = True,
               asked: bool = False, verdict_at: float | None = None,
-              term_at: float | None = None, evidence_by: float | None = None) -> Ladder:
+              term_at: float | None = None, evidence_by: float | None = None,
+              held_before: int | None = None) -> Ladder:
         """A response to one hung job: journaled, its evidence under way (or, in
         observe mode, closed at once). `cluster` is the peers' view when they were
         asked (`asked`); `evidence=False` skips stack dumps (a local death's orphans,
@@ -61,14 +62,17 @@ class Enforcer(Acting):
         frozen first; `term_at` (monotonic) holds the SIGTERMs until then (the moment a
         fence told the peers to end theirs), never past the evidence's time box;
         `evidence_by` (monotonic) ends the evidence sooner (a fence's window: a fenced
-        node takes what it can of its frozen ranks before the moment its fence names)."""
+        node takes what it can of its frozen ranks before the moment its fence names).
+        `held_before`: the wired memory live processes held with the node at rest, when
+        `baseline` was (the settle takes off only what they locked since)."""
         incident = replace(incident, signals=(), wired_before=self.wired(),
                            wired_baseline=baseline)
         if asked:
             incident = replace(incident, cluster=cluster)
         ladder = Ladder(incident, list(targets), baseline, others_live,
                         term_at=0.0 if term_at is None else term_at,
-                        asked=Asked(evidence, verdict_at, evidence_by))
+                        asked=Asked(evidence, verdict_at, evidence_by),
+                        held_before=held_before)
         self.step(ladder)
         return ladder
 

@@ -186,6 +186,9 @@ class Ladder:
     result: Outcome | None = None
     term_at: float = 0.0  # monotonic: no SIGTERM before (the moment the peers were told)
     asked: Asked = Asked()
+    # Wired memory live processes held with the node at rest (None: not read): the
+    # settle takes off only what they locked since (wired.py), never the node's own.
+    held_before: int | None = None
 
     @property
     def working(self) -> bool:

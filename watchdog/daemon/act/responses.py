@@ -104,9 +104,10 @@ class Responses:
 
     def __init__(self, settings: Settings | Live, enforcer: Enforcer, peers: Peers,
                  snapshot: Callable[[], NodeStatus],
-                 baseline: Callable[[], int | None]) -> None:
+                 baseline: Callable[[], int | None],
+                 held: Callable[[], int | None] = lambda: None) -> None:
         self.live, self.enforcer, self.peers = live(settings), enforcer, peers
-        self.snapshot, self.baseline = snapshot, baseline
+        self.snapshot, self.baseline, self.held = snapshot, baseline, held
         self.pending: list[Response] = []
 
     @property
@@ -182,6 +183,7 @@ class Responses:
                                               response.others_live, view,
                                               evidence=response.gather, asked=asked,
                                               verdict_at=response.verdict_at, term_at=term_at,
+                                              held_before=self.held(),
                                               # a fence's: its evidence by the moment named
                                               evidence_by=None if response.evidence
                                               else term_at)

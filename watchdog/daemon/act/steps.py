@@ -21,7 +21,7 @@ from watchdog.daemon.act.acting import Acting
 from watchdog.daemon.act.exo import peer_delay
 from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step
 from watchdog.daemon.act.teardown import progressed
-from watchdog.daemon.act.wired import over, settled
+from watchdog.daemon.act.wired import held_since, over, settled
 from watchdog.daemon.act.workers import run_for
 from watchdog.daemon.signaller import Result, Target
 from watchdog.states import End, Mode
@@ -295,7 +295,8 @@ def _settled(enf: Acting, ladder: Ladder, wired: int | None) -> Step:
     ladder.incident, flag = settled(
         ladder.incident, ladder.baseline, wired, ladder.outcome,
         threshold=enf.settings.wired_threshold, kill_timeout=enf.settings.kill_timeout,
-        others_live=ladder.others_live, wall=enf.wall(), held=enf.held_wired)
+        others_live=ladder.others_live, wall=enf.wall(),
+        held=lambda: held_since(enf.held_wired(ladder.incident.uid), ladder.held_before))
     return _close(enf, ladder, flag)
 
 

@@ -19,6 +19,15 @@ def over(baseline: int | None, wired: int | None, threshold: int) -> bool:
 HELD = "held by live processes"
 
 
+def held_since(now: int | None, before: int | None) -> int | None:
+    """What live processes locked since the response began (`before`, None: not read,
+    then all they hold now): only memory wired while the job was ended can be theirs
+    and not its leak; what they held already stands in the baseline as well."""
+    if now is None or before is None:
+        return now
+    return max(0, now - before)
+
+
 def wired_check(baseline: int | None, wired: int | None, threshold: int,
                 others_live: Callable[[], bool],
                 held: Callable[[], int | None] = lambda: None) -> WiredCheck:

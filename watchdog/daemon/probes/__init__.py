@@ -101,7 +101,7 @@ class Probe:
     def wired_bytes(self) -> int | None:
         return None
 
-    def held_wired_bytes(self) -> int | None:
+    def held_wired_bytes(self, leaver: int | None = None) -> int | None:
         """Bytes of wired memory live processes hold themselves, whoever owns them
         (Linux: what they lock, `mlock` or a locked SysV segment; macOS: each process's
         wired size), or None when this platform cannot tell. Memory a live process

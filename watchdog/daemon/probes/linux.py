@@ -290,9 +290,12 @@ def runnable_per_cpu(loadavg: str, cpus: int) -> float:
 SHM_LOCKED = 0o2000  # <linux/shm.h>: the segment's mode bit after shmctl(SHM_LOCK)
 
 
-def locked_bytes(proc: str = "/proc") -> int | None:
-    """Bytes live processes hold locked (their VmLck) plus locked SysV segments' resident
-    bytes; None when /proc cannot be listed."""
+def locked_bytes(proc: str = "/proc", leaver: int | None = None) -> int | None:
+    """Bytes live processes hold locked (their VmLck) plus the resident bytes of locked
+    SysV segments that are theirs: attached to a live process, or created by another uid
+    than `leaver` (the owner of the job just ended). A locked segment of that owner that
+    no process attaches any more is what its ranks left behind: the leak, not held.
+    None when /proc cannot be listed."""
     try:
         pids = [n for n in os.listdir(proc) if n.isdigit()]
     except OSError:
@@ -317,7 +320,9 @@ def locked_bytes(proc: str = "/proc") -> int | None:
     for line in lines:
         fields = line.split()
         try:
-            if len(fields) >= 15 and int(fields[2], 8) & SHM_LOCKED:
+            # key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss
+            left = int(fields[6]) == 0 and leaver is not None and int(fields[9]) == leaver
+            if len(fields) >= 15 and int(fields[2], 8) & SHM_LOCKED and not left:
                 total += int(fields[14])  # rss, bytes
         except ValueError:
             continue
@@ -472,12 +477,13 @@ class LinuxProbe(Probe):
         except (OSError, ValueError) as err:
             raise ProbeError(f"reading {self.proc}/meminfo: {err}") from err
 
-    def held_wired_bytes(self) -> int | None:
+    def held_wired_bytes(self, leaver: int | None = None) -> int | None:
         """Every live process's VmLck (mlock, mlockall: any user's, no privilege needed
         within RLIMIT_MEMLOCK) and every SysV segment locked with SHM_LOCK (it outlives
-        its processes: /proc/sysvipc/shm, mode bit SHM_LOCKED). Pages locked by several
+        its processes: /proc/sysvipc/shm, mode bit SHM_LOCKED) that a live process
+        attaches or another uid than `leaver` made (locked_bytes). Pages locked by several
         processes count once each: the sum may exceed what is wired (never a flag)."""
-        return locked_bytes(self.proc)
+        return locked_bytes(self.proc, leaver)
 
     def thermal(self) -> str | None:
         return read_thermal(self.sys_class)

@@ -451,7 +451,7 @@ class MacProbe(Probe):
         except (OSError, AttributeError) as err:
             raise ProbeError(f"reading wired memory: {err}") from err
 
-    def held_wired_bytes(self) -> int | None:
+    def held_wired_bytes(self, leaver: int | None = None) -> int | None:
         """Every live process's wired size (proc_pid_rusage's ri_wired_size: on Apple
         silicon a process's Metal buffers are wired in its own map), summed: what live
         processes hold is theirs, never the node's leak. None when no process could be
