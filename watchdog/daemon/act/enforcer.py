@@ -81,7 +81,7 @@ class Enforcer(Acting):
         (its `RESUME` step, taken at once; resume.py says what it infers from the
         entry, step by step)."""
         ladder = Ladder(entry.incident, list(entry.targets), entry.baseline, others_live,
-                        step=Step.RESUME, resumed=True)
+                        step=Step.RESUME, resumed=True, held_before=entry.held)
         self.advance(ladder)
         return ladder
 

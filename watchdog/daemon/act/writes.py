@@ -31,7 +31,7 @@ class Writes:
         reported and the kill goes on: a hung job must end whatever the disk does."""
         try:
             pending.write_ahead(self.state_dir(), ladder.incident, ladder.targets,
-                                ladder.baseline)
+                                ladder.baseline, ladder.held_before)
         except OSError as err:
             self.backlog.failures += 1
             log.error("cannot journal incident %s before acting (%s); acting anyway",

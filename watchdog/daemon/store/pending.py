@@ -51,15 +51,16 @@ class Entry:
     incident: Incident
     targets: tuple[Target, ...]
     baseline: int | None
+    held: int | None = None  # wired memory live processes held at rest (act/wired.py)
 
 
 def write_ahead(state_dir: str, incident: Incident, targets: list[Target],
-                baseline: int | None) -> None:
+                baseline: int | None, held: int | None = None) -> None:
     """The response as it stands, durably, before its next step; raises OSError."""
     os.makedirs(os.path.join(state_dir, PENDING), mode=0o700, exist_ok=True)
     journal.write_json_atomic(_path(state_dir, incident.id), {
         "incident": incident.to_json(), "targets": [asdict(t) for t in targets],
-        "baseline": baseline}, durable=True)
+        "baseline": baseline, "held": held}, durable=True)
 
 
 def path_of(state_dir: str, incident_id: str) -> str:
@@ -125,16 +126,20 @@ def unfinished(state_dir: str) -> list[Entry]:
                 entry = json.loads(f.read(4 << 20))
             targets = tuple(target_from_json(t) for t in entry["targets"])
             incident = Incident.from_json(entry["incident"])
-            baseline = entry.get("baseline")
+            baseline, held = entry.get("baseline"), entry.get("held")
         except OSError as err:
             log.error("unfinished response %s is unreadable (%s); left in place", path, err)
             continue
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             set_aside(path, err)
             continue
-        entries.append(Entry(incident, targets, baseline if isinstance(baseline, int)
-                             and not isinstance(baseline, bool) else None))
+        entries.append(Entry(incident, targets, _count(baseline), _count(held)))
     return entries
+
+
+def _count(value: object) -> int | None:
+    """A byte count read back from an entry, or None (absent, or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class Backlog:
