@@ -134,13 +134,13 @@ def test_a_trickle_the_queues_never_show_is_seen_moving_by_its_counters():
     worker.start()
     try:
         began = time.monotonic()
-        while time.monotonic() - began < 2.0:
+        while time.monotonic() - began < 3.0:
             now = time.monotonic()
             seen = exact.track_queues((1, 1.0), os.getpid(), now, "ring")
             blind = queues_only.track_queues((1, 1.0), os.getpid(), now, "ring")
             time.sleep(0.1)
-        assert now - seen.since < 1.0, "the counters saw the trickle move"
-        assert now - blind.since > 1.5, "the queues alone read it as still"
+        assert now - seen.since < 1.5, "the counters saw the trickle move"
+        assert now - blind.since > 2.5, "the queues alone read it as still"
     finally:
         stop.set()
         worker.join()
