@@ -9,6 +9,9 @@ Modes:
   fifo PATH     the same rounds for a moment, then one mx.load (a watched wait) of a .npy
                 array from the FIFO at PATH, which a test feeds slowly; prints
                 "loaded N" (N: the sum of its elements) and exits 0
+  long SECONDS  one long eval (matmuls sized to last SECONDS, more evals after it until
+                SECONDS have passed: a matmul's time swings with the machine's load),
+                then prints "long done" and exits 0
 Each prints "solo up" once its first rounds have run.
 """
 
@@ -66,6 +69,22 @@ print("solo up", flush=True)
 if MODE == "matmul":
     while True:
         one_round()
+elif MODE == "long":
+    import time
+
+    seconds = float(sys.argv[2])
+    a = mx.random.normal((256, 256), key=mx.random.key(0)) / 16
+    began = time.monotonic()
+    mx.eval((a @ a) @ a)
+    per = max((time.monotonic() - began) / 2, 1e-4)
+    n, began = max(1, int(seconds / per)), time.monotonic()
+    while time.monotonic() - began < seconds:
+        y = a
+        for _ in range(n):
+            y = (y @ a) / 16
+        mx.eval(y)
+        n = max(1, n // 8)
+    print("long done", flush=True)
 elif MODE == "fifo":
     with open(sys.argv[2], "rb") as fifo:
         loaded = mx.load(Stream(fifo), format="npy")

@@ -3,8 +3,9 @@
 A job is hung only when none of its ranks makes progress. Its due ranks are held
 instead of acted on while:
 
-- local: a rank of the job here computes, still makes progress, or is busy in a wait
-  of its own they wait for (a checkpoint being written: judge/ownwait.py)
+- local: a rank of the job here computes (its GPU time advancing too, or not read on a
+  Mac: it may), still makes progress, or is busy in a wait of its own they wait for (a
+  checkpoint being written: judge/ownwait.py)
   (`hold_reason`, applied by `hold` at every scan);
 - the peers' view: a rank of the job on another node computes, or is in a wait of its
   own not ahead of ours (`peer_hold`, asked by a response before its ladder begins);
@@ -68,6 +69,12 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
             return f"held: rank {r} is {what}"
     if bounded:
         return ""
+    # Its GPU time not read (macOS): its GPU may work while every CPU thread sleeps.
+    # Unknown is not flat: it holds as a computing rank does, up to the same bound.
+    unknown = [(r, v.gpu) for r, v in live if v.gpu.startswith("unknown")]
+    if unknown:
+        r, gpu = unknown[0]
+        return f"held: rank {r}'s GPU time is {gpu} (it may be computing)"
     busy = sorted(r for r, v in live if v.computing)
     if busy:
         names = ", ".join(str(r) for r in busy)

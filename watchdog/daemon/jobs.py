@@ -106,6 +106,7 @@ class Jobs:
         # Each rank's last sample's busy threads as read (frames.classify): read once
         # per sample and GPU reading, not at every scan (issue 57, item 6).
         self.seen_read: dict[Key, tuple[Stacks, tuple[bool | None, str], frames.Reading]] = {}
+        self.unread: set[Key] = set()  # ranks whose threads could not be read, logged
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
@@ -113,6 +114,7 @@ class Jobs:
         self.shown.pop(key, None)
         self.asleep_read.pop(key, None)
         self.seen_read.pop(key, None)
+        self.unread.discard(key)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -151,6 +153,10 @@ class Jobs:
                            for r, _ in members], wedged)
             for rank, sample in members:
                 rec = rank.record
+                if sample.threads_error and rank.key not in self.unread:
+                    self.unread.add(rank.key)  # said once; its status says it at every scan
+                    log.warning("job %s rank %s pid %s: %s", rec.job, rec.rank, rec.pid,
+                                sample.threads_error)
                 asleep, still, age = self._asleep(rank, now)
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,
@@ -174,18 +180,29 @@ class Jobs:
         found = self.stacks.found.get(rank.key)
         if found is None or now - found.at > wedge.FRESH:
             return None
+        gpu = gpuwork.read(found.gpu_moved, found.gpu_power,
+                           1000 * self.live.rules.gpu_spin_watts, found.gpu_share)
+        if gpu[0]:  # its GPU works: computing, whatever its threads did (or were read)
+            return frames.Reading(FrameKind.COMPUTING, frames.GPU_ADVANCES, gpu=True)
         if sample.native_ids and not found.busy and found.stacks:
             return None
         if found.stacks is None or found.error:
             return frames.Reading(FrameKind.UNKNOWN,
-                                  found.error or "no native stack could be read")
-        gpu = gpuwork.read(found.gpu_moved, found.gpu_power,
-                           1000 * self.live.rules.gpu_spin_watts, found.gpu_share)
+                                  found.error or "no native stack could be read",
+                                  gpu_unknown=self._gpu_unknown(found))
         read = self.seen_read.get(rank.key)
         if read is None or read[0] is not found or read[1] != gpu:
             read = self.seen_read[rank.key] = (found, gpu, frames.classify(
-                found.stacks, found.busy, rank.record.backend, *gpu))
+                found.stacks, found.busy, rank.record.backend, *gpu,
+                unknown=self._gpu_unknown(found)))
         return read[2]
+
+    def _gpu_unknown(self, found: Stacks) -> str:
+        """Why the rank's GPU time is unknown where MLX computes on a GPU (macOS); ""
+        when it was read both times, or where no GPU time is kept (Linux)."""
+        if not self.probe.gpu_clock or found.gpu_moved is not None:
+            return ""
+        return found.gpu_why or "not read"
 
     def _asleep(self, rank: Rank, now: float) -> tuple[frames.Reading | None, float | None,
                                                        float]:
@@ -204,7 +221,8 @@ class Jobs:
                                        1000 * self.live.rules.gpu_spin_watts,
                                        found.gpu_share)
             read = self.asleep_read[rank.key] = (found, frames.asleep(
-                found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat))
+                found.stacks, rank.record.backend, works, main=rank.record.pid, flat=flat,
+                unknown=self._gpu_unknown(found)))
         return read[1], still, now - found.at
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,

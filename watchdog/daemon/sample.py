@@ -58,6 +58,9 @@ class ProcessSample:
     # group (Linux: /proc/<tid> answers as a process does); 0 for a process. A record
     # names a process: one naming a thread is no rank.
     thread_of: int = 0
+    # Why its threads could not be read, when none were ("": read, or none to read):
+    # every hang of such a rank waits for the blocked deadline, which is said.
+    threads_error: str = ""
 
 
 @dataclass(frozen=True)

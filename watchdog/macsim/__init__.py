@@ -7,8 +7,9 @@ host.py imports this room (nothing else does, so a real Mac never loads it) for
 - the sources the real macOS probe (probes/macos.py) is handed by the probe factory
   (`probes.probe()`): psutil as macOS answers (psutil_mac.py), libproc's structures
   (libproc.py), and the tools it runs by their absolute paths, `/usr/bin/sample`,
-  `/usr/sbin/ioreg` and `/usr/bin/pmset` (`tool()`, tools.py: each path mapped to its
-  stand-in, nothing looked up on PATH);
+  `/usr/sbin/ioreg`, `/usr/bin/powermetrics` and `/usr/bin/pmset` (`tool()`, tools.py:
+  each path mapped to its stand-in, nothing looked up on PATH), MLX's compute thread
+  standing for the Mac's GPU (gpu.py: the rank labels it, `gpu.label`);
 - `kqueue_module()`: kqueue's NOTE_EXIT for the exit watcher (kqueue.py).
 
 Each stand-in reads the live Linux process but hands over only what macOS gives, in
@@ -23,22 +24,22 @@ import sys
 from types import ModuleType
 
 import watchdog
-from watchdog.macsim import kqueue, libproc, psutil_mac, tools
+from watchdog.macsim import gpu, kqueue, libproc, psutil_mac, tools
 
-__all__ = ["kqueue_module", "libproc", "psutil_mac", "tool"]
+__all__ = ["gpu", "kqueue_module", "libproc", "psutil_mac", "tool"]
 
 # The stand-in of each tool the macOS probe runs, by the tool's absolute path there
-# (probes/macos.TOOLS); powermetrics has none (the GPU is never read here).
+# (probes/macos.TOOLS).
 STAND_INS = {"/usr/bin/sample": "sample", "/usr/sbin/ioreg": "ioreg",
-             "/usr/bin/pmset": "pmset"}
+             "/usr/bin/powermetrics": "powermetrics", "/usr/bin/pmset": "pmset"}
 # The folder this package was imported from: the stand-ins import it from there alone.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(watchdog.__file__)))
 
 
 def tool(path: str) -> list[str] | None:
     """The command that runs the stand-in of the macOS tool at `path`
-    ("/usr/bin/sample", "/usr/sbin/ioreg", "/usr/bin/pmset"); None for a tool a Mac
-    does not have here.
+    ("/usr/bin/sample", "/usr/sbin/ioreg", "/usr/bin/powermetrics", "/usr/bin/pmset");
+    None for a tool a Mac does not have here.
 
     The stand-in is this package's own module, whatever the working directory and the
     environment: `-I` (no PYTHON* variable, no user site, neither the working

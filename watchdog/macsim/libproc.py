@@ -8,31 +8,38 @@ little-endian arm64) and returns what the real one returns.
     proc_pid_rusage(pid, RUSAGE_INFO_V4, buf)  struct rusage_info_v4 (296 bytes)
     proc_pidinfo(pid, PROC_PIDLISTTHREADS, 0, buf, size)  uint64 thread handles
     proc_pidinfo(pid, PROC_PIDTHREADINFO, handle, buf, size)  struct proc_threadinfo (112)
+    proc_pidinfo(pid, PROC_PIDLISTTHREADIDS, 0, buf, size)  uint64 thread ids
+    proc_pidinfo(pid, PROC_PIDTHREADID64INFO, id, buf, size)  struct proc_threadinfo
     proc_pidinfo(pid, PROC_PIDLISTFDS, 0, buf, size)  struct proc_fdinfo {int32 fd; uint32 type}
     proc_pidfdinfo(pid, fd, PROC_PIDFDSOCKETINFO, buf, size)  struct socket_fdinfo (792)
     proc_pidfdinfo(pid, fd, PROC_PIDFDVNODEINFO, buf, size)  struct vnode_fdinfo (176)
     mach_timebase_info()  (numer, denom) of mach absolute time: Apple silicon's 125/3
 
 Where Linux keeps no such count the stand-in guesses, and says so: ri_runnable_time is
-the threads' schedstat wait (time on a run queue); the disk bytes are /proc's
+the threads' schedstat run + wait (xnu counts running time as runnable); the disk bytes are /proc's
 read_bytes/write_bytes; a socket's `soi_so` (an opaque kernel address on a Mac) is
-its inode here; a file's fi_offset is /proc's fdinfo `pos`, which for a FIFO stays 0
-on Linux while a Mac advances it with every byte (xnu's vn_write), so a save into a
-FIFO reads as no byte moved here and moves on a Mac. Fields a Mac fills and the daemon
-does not read are left zero.
+its inode here; a file's fi_offset is /proc's fdinfo `pos`, but for a FIFO, where Linux
+keeps 0 and a Mac advances it with every byte (xnu's vn_write), the process's bytes read
+or written (/proc's rchar, wchar), which move with the FIFO's bytes (and its others).
+Fields a Mac fills and the daemon does not read are left zero.
 Failures return -1 or 0 as the real calls do (errno is not set: no caller reads it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
+import stat
 import struct
 from typing import Any
 
+from watchdog.macsim import gpu
+
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 PROC_PIDLISTFDS, PROC_PIDTHREADINFO, PROC_PIDLISTTHREADS = 1, 5, 6
+PROC_PIDTHREADID64INFO, PROC_PIDLISTTHREADIDS = 15, 28
 PROC_PIDFDSOCKETINFO, PROC_PIDFDVNODEINFO = 3, 1
 # struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, fi_type,
 # fi_guardflags: 24 bytes), then vnode_info (152).
@@ -118,20 +125,28 @@ class LibProc:
         fields = self._stat(f"{self.proc}/{pid}/stat")
         io = self._keyed(f"{self.proc}/{pid}/io")
         ns = 1e9 / self.tick
-        return {"user_time": abstime(int(fields[11]) * ns),
-                "system_time": abstime(int(fields[12]) * ns),
+        user, system = int(fields[11]), int(fields[12])
+        for tid in gpu.hidden(pid, self.proc):  # the Mac's GPU time is not its CPU time
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                task = self._stat(f"{self.proc}/{pid}/task/{tid}/stat")
+                user, system = user - int(task[11]), system - int(task[12])
+        return {"user_time": abstime(max(0, user) * ns),
+                "system_time": abstime(max(0, system) * ns),
                 "pageins": int(fields[9]),
                 "resident_size": int(fields[21]) * os.sysconf("SC_PAGE_SIZE"),
                 "diskio_bytesread": io.get("read_bytes", 0),
                 "diskio_byteswritten": io.get("write_bytes", 0),
-                "runnable_time": abstime(sum(self._schedstat(pid, tid)[1]
+                # A Mac's ri_runnable_time: runnable including running (xnu thread.h).
+                "runnable_time": abstime(sum(sum(self._schedstat(pid, tid))
                                              for tid in self.tids(pid)))}
 
     # -- threads ----------------------------------------------------------
 
     def tids(self, pid: int) -> list[int]:
         """Kernel thread ids in task order, main first (psutil_mac's positions)."""
-        ids = sorted(int(t) for t in os.listdir(f"{self.proc}/{pid}/task"))
+        gpu_threads = gpu.hidden(pid, self.proc)  # MLX's compute: the Mac's GPU (gpu.py)
+        ids = sorted(int(t) for t in os.listdir(f"{self.proc}/{pid}/task")
+                     if int(t) not in gpu_threads)
         return [t for t in ids if t == pid] + [t for t in ids if t != pid]
 
     def proc_pidinfo(self, pid: Any, flavor: Any, arg: Any, buffer: Any, size: Any) -> int:
@@ -140,8 +155,11 @@ class LibProc:
             if flavor == PROC_PIDLISTTHREADS:
                 return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
                              size)
-            if flavor == PROC_PIDTHREADINFO:
+            if flavor == PROC_PIDTHREADINFO or flavor == PROC_PIDTHREADID64INFO:
                 return _fill(buffer, self.threadinfo(pid, arg), size)
+            if flavor == PROC_PIDLISTTHREADIDS:  # thread ids: the kernel's tids here
+                return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
+                             size)
             if flavor == PROC_PIDLISTFDS:
                 return _fill(buffer, b"".join(FDINFO.pack(fd, kind)
                                               for fd, kind in self.fds(pid)), size)
@@ -216,9 +234,21 @@ class LibProc:
             pos, flags = int(fields["pos"]), int(fields["flags"], 8)
         except (KeyError, ValueError):
             return 0
+        with contextlib.suppress(OSError):
+            if stat.S_ISFIFO(os.stat(f"{self.proc}/{pid}/fd/{fd}").st_mode):
+                pos = self._fifo_offset(pid, flags & os.O_ACCMODE)
         data = bytearray(VNODE_FDINFO_SIZE)
         FILEINFO.pack_into(data, 0, (flags & os.O_ACCMODE) + 1, 0, pos)  # FFLAGS(oflags)
         return _fill(buffer, bytes(data), size)
+
+    def _fifo_offset(self, pid: int, mode: int) -> int:
+        """A FIFO's fi_offset as a Mac advances it (xnu vn_read/vn_write move it by every
+        byte through the descriptor), where Linux keeps 0: the process's bytes read
+        (rchar) or written (wchar) through any call, a guess that moves with the FIFO's
+        bytes and with the process's other reads and writes too."""
+        io = self._keyed(f"{self.proc}/{pid}/io")
+        read, written = io.get("rchar", 0), io.get("wchar", 0)
+        return {os.O_RDONLY: read, os.O_WRONLY: written}.get(mode, read + written)
 
     def tcp_rows(self, pid: int) -> dict[int, tuple[int, int, int, int, int, int]]:
         """inode -> (family, local port, foreign port, TSI_S state, tx, rx) from the

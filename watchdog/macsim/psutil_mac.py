@@ -10,6 +10,7 @@ What psutil's macOS backend (`_psosx`) gives, and nothing more:
   sources: `proc_stop` sets SSTOP, nothing sets SSLEEP; docs/macos.md);
 - uids are (real, effective, saved): no filesystem uid;
 - no `cpu_num`, no `io_counters`, no `num_ctx_switches` per thread;
+- MLX's compute thread is not among the threads: it stands for the Mac's GPU (gpu.py);
 - `virtual_memory()` has `wired` (macOS's wired pages; here the Linux kernel's
   Unevictable + Mlocked, the nearest it keeps).
 
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
+
+from watchdog.macsim import gpu
 
 NoSuchProcess = psutil.NoSuchProcess
 AccessDenied = psutil.AccessDenied
@@ -66,7 +69,8 @@ class Process:
         return puids(real, effective, saved)
 
     def threads(self) -> list[Any]:
-        listed = self._proc.threads()
+        gpu_threads = gpu.hidden(self.pid)  # MLX's compute: the Mac's GPU (gpu.py)
+        listed = [t for t in self._proc.threads() if t.id not in gpu_threads]
         main = [t for t in listed if t.id == self.pid]
         rest = [t for t in listed if t.id != self.pid]
         return [pthread(i + 1, t.user_time, t.system_time)
@@ -75,7 +79,8 @@ class Process:
     def kernel_tids(self) -> list[int]:
         """The stand-in's own key (no psutil call has it on a Mac): the kernel ids in
         `threads()`'s order, for the other stand-ins that read the same process."""
-        ids = [t.id for t in self._proc.threads()]
+        gpu_threads = gpu.hidden(self.pid)
+        ids = [t.id for t in self._proc.threads() if t.id not in gpu_threads]
         return [i for i in ids if i == self.pid] + [i for i in ids if i != self.pid]
 
     def name(self) -> str:

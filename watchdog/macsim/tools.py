@@ -4,7 +4,7 @@ Run as `python -m watchdog.macsim.tools NAME ARGS...`: the macOS probe's command
 the tool (`MacProbe.tool`), so every caller that runs the real tool (the probe, the
 evidence) runs the stand-in the same way, as a process of its own.
 
-- `sample PID SECONDS`: the live rank's native stacks, read with gdb (hardened as the
+- `sample PID SECONDS [-file PATH]`: the live rank's native stacks, read with gdb (hardened as the
   daemon's own, watchdog/gdbstack.py) as often as fits in SECONDS (at least once),
   printed in `sample`'s report layout: the header, "Call graph:", one tree per thread
   headed `Thread_<id>` with the kernel's thread id (as on a Mac, not psutil's
@@ -14,9 +14,14 @@ evidence) runs the stand-in the same way, as a process of its own.
   counts are gdb reads (a few), not 1 ms samples (about a thousand). A rank another
   gdb still holds (a sample before, killed at the daemon's time box, its gdb left to
   finish) is waited for, within OWN_BOX of the stand-in's start.
-- `ioreg -r -c AGXDeviceUserClient -l -w0`: no Metal client exists on this host (the
-  ranks run MLX on the CPU), so it prints what ioreg prints when nothing matches:
-  nothing. The GPU clock is never read in the simulation.
+- `ioreg -r -c AGXDeviceUserClient -l -w0`: one client per Metal process, its
+  `accumulatedGPUTime` the CPU time of MLX's compute thread, which stands for the GPU
+  (gpu.py, with its test modes: a rank not listed, a GPU spinning on nothing).
+- `powermetrics --samplers gpu_power -n 1 -i MS`: the GPU's residency and power from
+  every Metal process's GPU time over MS milliseconds (gpu.py; 0 mW in mode
+  "zero-watts").
+- `powermetrics --samplers thermal`: "Current pressure level:" Nominal, or Moderate or
+  Heavy with Linux's cpufreq capping a core below its maximum.
 - `pmset -g therm`: the notes a Mac prints when nothing was recorded; with Linux's
   cpufreq capping a core below its maximum, the `CPU_Speed_Limit` block instead.
 """
@@ -32,8 +37,9 @@ import time
 from typing import Any
 
 from watchdog import gdbstack, host, procstat
+from watchdog.macsim import gpu
 
-TOOLS = ("sample", "ioreg", "pmset")
+TOOLS = ("sample", "ioreg", "pmset", "powermetrics")
 _LIB = re.compile(r" from (\S+)")
 _ADDRESS = re.compile(r"^#\d+\s+(0x[0-9a-fA-F]+) in ")
 
@@ -74,6 +80,19 @@ def gdb_read(pid: int, wait_until: float = 0.0) -> dict[int, list[tuple[str, str
                             os.path.basename(lib.group(1)) if lib else "???",
                             address.group(1) if address else "0x0"))
     return {tid: list(reversed(frames)) for tid, frames in threads.items()}
+
+
+# A Mac's MLX GPU stream thread while its command buffer runs, root first: asleep.
+GPU_STREAM = (("thread_start", "libsystem_pthread.dylib", "0x1869f2b80"),
+              ("_pthread_start", "libsystem_pthread.dylib", "0x1869f7c0c"),
+              ("mlx::core::scheduler::StreamThread::thread_fn()", "libmlx.dylib",
+               "0x104c38a10"),
+              ("mlx::core::gpu::eval(mlx::core::array&)", "libmlx.dylib", "0x104d10f44"),
+              ("-[_MTLCommandBuffer waitUntilCompleted]", "Metal", "0x1911b7a08"),
+              ("std::__1::condition_variable::wait(std::__1::unique_lock<std::__1::mutex>&)",
+               "libc++.1.dylib", "0x186962f3c"),
+              ("_pthread_cond_wait", "libsystem_pthread.dylib", "0x1869f7fc4"),
+              ("__psynch_cvwait", "libsystem_kernel.dylib", "0x1869ba3cc"))
 
 
 def _traced(pid: int) -> bool:
@@ -158,7 +177,18 @@ def sample(args: list[str]) -> int:
     took = time.monotonic() - began
     while time.monotonic() + took < deadline:  # another read would not overrun
         reads.append(gdb_read(pid, deadline))
-    sys.stdout.write(sample_report(pid, [r for r in reads if r], name, seconds))
+    for tid in gpu.hidden(pid):  # MLX's compute thread: a Mac's GPU stream thread, parked
+        for read in reads:
+            if tid in read:
+                read[tid] = list(GPU_STREAM)
+    report = sample_report(pid, [r for r in reads if r], name, seconds)
+    if "-file" in args and args.index("-file") + 1 < len(args):
+        with open(args[args.index("-file") + 1], "w") as out:
+            out.write(report)
+        print(f"Sample analysis of process {pid} written to file "
+              f"{args[args.index('-file') + 1]}")
+        return 0
+    sys.stdout.write(report)
     return 0
 
 
@@ -192,7 +222,35 @@ def cpufreq_limit(root: str = "/sys/devices/system/cpu/cpu0/cpufreq") -> int | N
 
 
 def ioreg(args: list[str]) -> int:
-    return 0  # no AGXDeviceUserClient on this host: ioreg prints nothing
+    sys.stdout.write(gpu.ioreg_text())
+    return 0
+
+
+def powermetrics(args: list[str]) -> int:
+    if os.geteuid() != 0:
+        print("powermetrics must be invoked as the superuser", file=sys.stderr)
+        return 1
+    if "thermal" in args:  # Apple silicon's thermal pressure, from cpufreq's cap here
+        limit = cpufreq_limit()
+        level = ("Nominal" if limit is None or limit >= 100 else
+                 "Moderate" if limit >= 70 else "Heavy")
+        sys.stdout.write(f"**** Thermal pressure ****\n\nCurrent pressure level: {level}\n\n")
+        return 0
+    if "gpu_power" not in args:
+        print("powermetrics: the stand-in knows only the gpu_power and thermal samplers",
+              file=sys.stderr)
+        return 1
+    interval = 5000
+    if "-i" in args and args.index("-i") + 1 < len(args):
+        try:
+            interval = max(10, int(args[args.index("-i") + 1]))
+        except ValueError:
+            pass
+    began = time.monotonic()
+    residency, milliwatts = gpu.gpu_power(interval / 1000)
+    sys.stdout.write(gpu.powermetrics_text(residency, milliwatts,
+                                           1000 * (time.monotonic() - began)))
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -200,7 +258,8 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m watchdog.macsim.tools {{{','.join(TOOLS)}}} ...",
               file=sys.stderr)
         return 2
-    return {"sample": sample, "ioreg": ioreg, "pmset": pmset}[argv[0]](argv[1:])
+    return {"sample": sample, "ioreg": ioreg, "pmset": pmset,
+            "powermetrics": powermetrics}[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

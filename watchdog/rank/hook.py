@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from watchdog import record
+from watchdog import host, record
 from watchdog.procstat import read_start_ticks
 from watchdog.rank.dumps import close_dump, register_dump
 from watchdog.rank.dumps import forget_after_fork as _forget_dump_after_fork
@@ -135,6 +135,10 @@ def install(directory: str | None = None, job: str | None = None, *,
                     hb = Heartbeat(_open_now(directory, job))
                 hb.pinned_job = job
                 instrument(hb, mx)
+                if host.simulated():  # MLX's compute thread stands for the Mac's GPU
+                    from watchdog.macsim import gpu
+
+                    gpu.label(mx)
             except BaseException:
                 restore()
                 if hb is not None:

@@ -213,7 +213,13 @@ def check_probes() -> list[Line]:
     lines: list[Line] = []
     if not sample.threads:
         lines.append((WARN, f"platform probe {p.name} cannot read thread CPU times: a spinning "
-                            "wait cannot be told from a quiet one (run the daemon as root)"))
+                            "wait cannot be told from a quiet one (run the daemon as root)"
+                            + (f": {sample.threads_error}" if sample.threads_error else "")))
+    elif host.os_name() == host.DARWIN:
+        how = ("libproc (thread ids as threading.get_native_id() gives them)"
+               if sample.native_ids else "psutil only (thread ids are positions: libproc "
+               "refused)")
+        lines.append((OK if sample.native_ids else WARN, f"threads read through {how}"))
     if wired is None:
         lines.append((WARN, f"platform probe {p.name} has no wired-memory reading: leaks after "
                             "a kill will not be detected"))

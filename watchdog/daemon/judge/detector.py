@@ -34,8 +34,8 @@ from watchdog.daemon.judge.deadlines import (
     learning_keys,
     wedge_deadline,
 )
-from watchdog.daemon.judge.frames import Reading
-from watchdog.daemon.judge.ownwait import OwnWait
+from watchdog.daemon.judge.frames import GPU_ADVANCES, Reading
+from watchdog.daemon.judge.ownwait import SAVE_OPS, OwnWait
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
     QUIET_RATIO,
@@ -95,6 +95,7 @@ class Track:
     # current stretch, and when they last moved (ns; 0: not yet seen).
     io: tuple[int, int] | None = None
     offsets: int | None = None  # the open files' offsets (macOS): moving is bytes moving
+    offset_bytes: int = 0  # how far they moved forward over the current stretch
     io_base: tuple[int, int] | None = None
     io_moved_ns: int = 0
     hot: tuple[int, ...] = ()  # the threads busy over the last interval
@@ -125,6 +126,12 @@ class Verdict:
     # Its wait past the deadline with nothing spinning and nothing moving, nothing to
     # explain it (a quiet hang, ended as `quiet_hang`): what was seen, in words; "": not.
     quiet: str = ""
+    # Its GPU (macOS), at its latest fresh sample: GPU_WORKS, "unknown: <why>" (it may
+    # work: it holds its job, up to the blocked deadline), or "" (flat, or no GPU here).
+    gpu: str = ""
+
+
+GPU_WORKS = "advances"
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -276,6 +283,8 @@ class Detector:
         _stretch(record, sample, track, waiting, now_ns)
         computing = _computing_now(record, track, tick,
                                    measured and bool(sample.threads) and not traced, seen)
+        gpu = _gpu(seen, asleep if asleep_age <= FRESH else None) if waiting else ""
+        computing = computing or gpu == GPU_WORKS
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):
@@ -288,6 +297,8 @@ class Detector:
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
+            if sample.threads_error:  # every hang of it waits for the blocked deadline
+                reason = f"{reason}; {sample.threads_error}"
             return Verdict(
                 state=state, deadline=deadline, seconds_in_wait=seconds,
                 seconds_since_progress=since_progress, busiest_cpu=track.busiest, act=act,
@@ -295,7 +306,7 @@ class Detector:
                 wedge_deadline=wedge_at, wedge=wedge if wedge_at else None,
                 seen=seen.what if seen else "", hot=track.hot,
                 seen_kind=seen.kind if seen else "",
-                quiet=quiet if state == State.STALLED else "")
+                quiet=quiet if state == State.STALLED else "", gpu=gpu)
 
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
@@ -306,7 +317,7 @@ class Detector:
             return self._outside(record, track, deadline, since_moved, verdict)
         return self._in_wait(record, track, deadline, in_wait, own, quiet,
                              wedge is not None and bool(wedge_at), verdict,
-                             quiet_fresh=asleep_age <= FRESH)
+                             quiet_fresh=asleep_age <= FRESH, gpu=gpu)
 
     def _measure(self, record: Record, sample: ProcessSample, track: Track, now_ns: int,
                  load: float, traced: bool) -> ThreadTick:
@@ -324,7 +335,8 @@ class Detector:
 
     def _in_wait(self, record: Record, track: Track, deadline: float, in_wait: float,
                  own: OwnWait | None, quiet: str, wedged: bool,
-                 verdict: Callable[..., Verdict], quiet_fresh: bool = True) -> Verdict:
+                 verdict: Callable[..., Verdict], quiet_fresh: bool = True,
+                 gpu: str = "") -> Verdict:
         """A rank in a wait: running, suspect past half its deadline, and past it stalled
         (a thread spinning, or a quiet hang: acted on from a fresh sample only) or
         blocked (nothing spinning)."""
@@ -351,6 +363,13 @@ class Detector:
             if wedged:
                 reason = (f"{what}, past the {deadline:g}s deadline of a wedged collective, "
                           "one thread spinning")
+        elif gpu == GPU_WORKS:
+            # Every CPU thread asleep in the eval while the GPU works (macOS): computing,
+            # on every backend; held as a busy wait is, up to the blocked deadline.
+            bound = in_wait >= max(deadline, rules.blocked_deadline)
+            state, due = (State.BLOCKED if bound else State.SUSPECT), bound
+            reason = (f"{what}, past the {deadline:g}s deadline, nothing spinning but "
+                      f"{GPU_ADVANCES}")
         elif quiet:
             # Nothing spins, nothing moves, its threads sleep in the wait: a quiet hang
             # (mlx-lm #1834, exo #2173), ended at the deadline as a spinning one is.
@@ -360,6 +379,8 @@ class Detector:
             state = State.BLOCKED
             due = in_wait >= max(deadline, rules.blocked_deadline)
             reason = f"{what}, past the {deadline:g}s deadline, nothing spinning"
+            if gpu:  # unknown is not flat: no quiet hang, the blocked deadline stands
+                reason += f"; GPU time {gpu} (no quiet hang without it)"
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
 
@@ -399,6 +420,12 @@ class Detector:
         if sample.io is not None and track.io_base is not None:
             read = max(0, sample.io[0] - track.io_base[0])
             written = max(0, sample.io[1] - track.io_base[1])
+        if sample.offsets is not None:  # macOS: offsets moved are the save's bytes too
+            if record.op in SAVE_OPS:
+                written = max(written or 0, track.offset_bytes)
+            else:
+                read = max(read or 0, track.offset_bytes)
+        if read is not None or written is not None:
             # In an `hb.expect()` window the user's deadline is the wait's, silent or not.
             quiet = None if record.expect_seconds > 0 else max(
                 0.0, (now_ns - track.io_moved_ns) / NS)
@@ -462,12 +489,16 @@ def _stretch(record: Record, sample: ProcessSample, track: Track, waiting: bool,
         # Bytes are counted from here; a wait first seen already under way counts as
         # quiet since it began until the next sample shows its counters move.
         track.io_base = sample.io
+        track.offset_bytes = 0
         track.io_moved_ns = record.wait_since_ns if waiting else now_ns
     if sample.io is not None and track.io is not None and sample.io != track.io:
         track.io_moved_ns = now_ns
     if sample.offsets is not None and track.offsets is not None \
             and sample.offsets != track.offsets:
         track.io_moved_ns = now_ns
+        # Bytes read or written through the files (a FIFO's, a network mount's too, where
+        # a Mac's disk counters see none); a file closed takes its offset out of the sum.
+        track.offset_bytes += max(0, sample.offsets - track.offsets)
     if track.io_base is None:
         track.io_base = sample.io
     track.io, track.offsets = sample.io, sample.offsets
@@ -490,6 +521,8 @@ def _computing_now(record: Record, track: Track, tick: ThreadTick, counts: bool,
             track.native_busy.append(tick.native)
     computing = (_majority(track.computing) if len(track.computing) >= 2
                  else track.was_computing)
+    if seen is not None and seen.gpu and seen.kind == FrameKind.COMPUTING:
+        return True  # its GPU time advances: computing, on every backend, ring included
     if seen is not None and seen.kind == FrameKind.WAITING:
         return False  # what it runs, over where its time goes: it spins on nothing
     if seen is not None and seen.kind == FrameKind.COMPUTING and not seen.guessed \
@@ -501,6 +534,16 @@ def _computing_now(record: Record, track: Track, tick: ThreadTick, counts: bool,
         return True
     return computing
 
+
+
+def _gpu(seen: Reading | None, asleep: Reading | None) -> str:
+    """The rank's GPU at its latest fresh sample, read either way (busy threads, or none):
+    GPU_WORKS, "unknown: <why>", or "" (flat, or no GPU kept here)."""
+    if any(r is not None and r.gpu for r in (seen, asleep)):
+        return GPU_WORKS
+    why = next((r.gpu_unknown for r in (seen, asleep) if r is not None and r.gpu_unknown),
+               "")
+    return f"unknown: {why}" if why else ""
 
 
 def _computing(record: Record, tick: ThreadTick) -> bool:

@@ -31,6 +31,12 @@ class Reading:
     # on a guess"): the verdict then keeps today's per-backend rule (where the time
     # goes) rather than calling a rank computing that that rule does not.
     guessed: bool = False
+    # Computing because the process's GPU time advances (macOS): on every backend, ring
+    # included, such a rank computes (detector._computing_now), whatever its CPU threads do.
+    gpu: bool = False
+    # Why its GPU time could not be read, where a platform computes on a GPU (macOS): a
+    # rank whose GPU may work is never read as waiting on nothing (unknown is not flat).
+    gpu_unknown: str = ""
 
 
 # Memoized by name: a C++ name's parameter list is walked once per name, not at every
@@ -135,11 +141,17 @@ QUIET_WAIT_FRAMES: tuple[str, ...] = ("eval_impl", "condition_variable::wait", "
 
 
 GPU_FLAT = "GPU time flat"
+GPU_ADVANCES = "its GPU time advances (computing on the GPU)"
+
+
+def gpu_unknown(why: str) -> Reading:
+    """A rank on a GPU platform whose GPU time could not be read: it may compute."""
+    return Reading(FrameKind.UNKNOWN, f"GPU time unknown: {why}", gpu_unknown=why)
 
 
 def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
            gpu_moved: bool | None = None, main: int | None = None,
-           flat: str = GPU_FLAT) -> Reading:
+           flat: str = GPU_FLAT, unknown: str = "") -> Reading:
     """What a rank with no thread busy waits in, read from every thread's frames.
 
     Waiting when one of its threads sleeps in a wait the tables name (MLX's eval, an
@@ -147,9 +159,14 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
     (a checkpoint, a load: the wait explained); computing when one does, or when its GPU
     time advances (macOS); unknown when nothing was read or no thread is in a named wait.
     `flat`: the words for a GPU whose time does not count as work (`gpu_moved` False).
+    `unknown`: where the rank computes on a GPU (macOS), why its GPU time is not known
+    (`gpu_moved` None): it is then unknown whatever its threads wait in, never a quiet
+    hang (the GPU may be at work while every CPU thread sleeps in the eval).
     """
     if gpu_moved:
-        return Reading(FrameKind.COMPUTING, "its GPU time advances (computing on the GPU)")
+        return Reading(FrameKind.COMPUTING, GPU_ADVANCES, gpu=True)
+    if gpu_moved is None and unknown:
+        return gpu_unknown(unknown)
     if not stacks:
         return Reading(FrameKind.UNKNOWN, "no native stack could be read")
     waits = waiting_frames(backend) + QUIET_WAIT_FRAMES
@@ -176,7 +193,7 @@ def asleep(stacks: Mapping[int, Sequence[str]] | None, backend: str | None,
 
 def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
              backend: str | None, gpu_moved: bool | None = None,
-             flat: str = GPU_FLAT) -> Reading:
+             flat: str = GPU_FLAT, unknown: str = "") -> Reading:
     """What the rank's busy threads (`busy`: their ids, as the stacks name them) ran.
 
     Waiting only when every busy thread read spins in a wait frame; computing when
@@ -189,13 +206,18 @@ def classify(stacks: Mapping[int, Sequence[str]] | None, busy: Sequence[int],
     (macOS; None: unknown). Advancing, it computes on the GPU whatever its CPU threads
     spin in (a long prefill under MLX_METAL_FAST_SYNCH spins the CPU in
     `waitUntilSignaledValue`); flat, its waiting threads spin on nothing (said as
-    `flat`).
+    `flat`). `unknown`: where the rank computes on a GPU (macOS), why its GPU time is
+    not known: a thread spinning in a wait frame then says nothing (MLX_METAL_FAST_SYNCH
+    spins in `waitUntilSignaledValue` while the GPU works): unknown, not waiting.
     """
     if gpu_moved:
-        return Reading(FrameKind.COMPUTING, "its GPU time advances (computing on the GPU)")
+        return Reading(FrameKind.COMPUTING, GPU_ADVANCES, gpu=True)
     seen = _classify(stacks, busy, backend)
     if gpu_moved is False and seen.kind == FrameKind.WAITING:
         return Reading(FrameKind.WAITING, f"{seen.what}; {flat}")
+    if gpu_moved is None and unknown and seen.kind == FrameKind.WAITING:
+        return Reading(FrameKind.UNKNOWN, f"{seen.what}; GPU time unknown: {unknown}",
+                       gpu_unknown=unknown)
     return seen
 
 

@@ -7,7 +7,8 @@ never a quiet hang and waits for `blocked_deadline`. The GPU's own figures tell 
 apart: fully resident at a power far below what a resident GPU doing work draws.
 
     resident (>= SPIN_RESIDENCY %) at under SPIN_MILLIWATTS: spins on nothing
-    anything else, or no reading: GPU time advancing is work (never end on a guess)
+    anything else, or no reading (none, or 0 W): GPU time advancing is work (never
+    end on a guess)
 
 A GPU at low residency and low power with its time advancing does a little work (a
 small model's decode step), and is left as computing.
@@ -43,9 +44,12 @@ BUSY_RESIDENCY = 50.0
 def spins_on_nothing(power: GpuPower | None, milliwatts: float = SPIN_MILLIWATTS,
                      share: float | None = 1.0) -> bool:
     """#3830's signature: the GPU fully resident at a power no work draws, and the
-    rank's own GPU time (`share` of the time between its samples) accounting for it."""
+    rank's own GPU time (`share` of the time between its samples) accounting for it.
+    A power of 0 W is no reading (macOS 27 reports the CPU's as 0 W; an M5 Max's
+    readings alternate between 0 W and inflated values): never a GPU spinning on
+    nothing."""
     return (power is not None and power.active_percent >= SPIN_RESIDENCY
-            and power.milliwatts < milliwatts
+            and 0.0 < power.milliwatts < milliwatts
             and share is not None and share * 100 >= SPIN_RESIDENCY)
 
 

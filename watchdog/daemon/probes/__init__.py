@@ -34,6 +34,12 @@ class Probe:
 
     name = "generic"
     native_ids = False  # see ProcessSample.native_ids
+    # Does MLX compute on a GPU here whose per-process time the probe reads (macOS)? Then
+    # a GPU time not read is unknown, never flat (judge/frames.py): no quiet hang on it.
+    gpu_clock = False
+    # Seconds one native stack sample may take (the stack sampler's box): gdb reads a
+    # rank in ~0.5 s.
+    stack_timeout = 3.0
     # psutil, or a stand-in with its API (the simulated Mac's, watchdog/macsim).
     ps: Any = psutil
 
@@ -122,6 +128,11 @@ class Probe:
         """The process's accumulated GPU nanoseconds (macOS: IOKit's per-client
         `accumulatedGPUTime`); None when this platform cannot tell."""
         return None
+
+    def gpu_reading(self, pid: int, timeout: float) -> tuple[int | None, str]:
+        """`gpu_time`, with why it is None in words ("" when read)."""
+        ns = self.gpu_time(pid, timeout)
+        return ns, "" if ns is not None else "not read on this platform"
 
     def gpu_power(self, timeout: float) -> GpuPower | None:
         """The GPU's active residency and power over a short sample (macOS, root:

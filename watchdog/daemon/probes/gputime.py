@@ -24,12 +24,23 @@ MAX_CLIENTS = 4096
 
 
 def gpu_time_by_pid(text: str) -> dict[int, int]:
-    """Accumulated GPU nanoseconds per pid, over every client block that names its pid."""
+    """Accumulated GPU nanoseconds per pid, over every client block that names its pid
+    and holds at least one `accumulatedGPUTime` (a client with an empty `AppUsage`, one
+    that submitted nothing yet, counts 0 when another of its blocks reads; a pid none
+    of whose blocks holds one is not read: unknown, not 0)."""
     totals: dict[int, int] = {}
     for block in text.split("+-o ")[1:MAX_CLIENTS + 1]:
         creator = _CREATOR.search(block)
         if creator is None:
             continue
         pid = int(creator.group(1))
+        if "AppUsage" not in block:
+            continue
         totals[pid] = totals.get(pid, 0) + sum(int(n) for n in _GPU_NS.findall(block))
     return totals
+
+
+def listed(text: str, pid: int) -> bool:
+    """Does any client block name this pid as its creator?"""
+    return any((c := _CREATOR.search(block)) is not None and int(c.group(1)) == pid
+               for block in text.split("+-o ")[1:MAX_CLIENTS + 1])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import os
+import re
 import struct
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -73,6 +76,21 @@ def pmset_therm(text: str) -> str | None:
     return "; ".join(parts) or None
 
 
+CPU_TIMES = struct.Struct("<QQ")  # ri_user_time, ri_system_time: right after the uuid
+CPU_TIMES_OFFSET = 16
+
+
+def thermal_pressure(text: str) -> str | None:
+    """`powermetrics --samplers thermal`'s "Current pressure level: Moderate" (Nominal,
+    Moderate, Heavy, Trapping, Sleeping): said when above Nominal, else None."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "current pressure level":
+            level = value.strip()
+            return f"thermal pressure {level}" if level and level != "Nominal" else None
+    return None
+
+
 def rusage_runnable(buffer: bytes, timebase: tuple[int, int]) -> float:
     """ri_runnable_time of a struct rusage_info_v4, in seconds (`timebase`: the
     (numer, denom) of mach_timebase_info, nanoseconds per tick; 125/3 on Apple silicon)."""
@@ -80,6 +98,16 @@ def rusage_runnable(buffer: bytes, timebase: tuple[int, int]) -> float:
         raise ValueError("a short rusage_info_v4")
     numer, denom = timebase
     return float(RUNNABLE.unpack_from(buffer, RUNNABLE_OFFSET)[0] * numer / denom / 1e9)
+
+
+def rusage_run_queue(buffer: bytes, timebase: tuple[int, int]) -> float:
+    """The process's threads' time on a run queue, waiting for a core, in seconds:
+    ri_runnable_time counts running time too (xnu osfmk/kern/thread.h: "runnable
+    (including running)"), so its CPU time (ri_user_time + ri_system_time, mach absolute
+    time on Apple silicon, as psutil reads them) comes off it."""
+    numer, denom = timebase
+    user, system = CPU_TIMES.unpack_from(buffer, CPU_TIMES_OFFSET)
+    return max(0.0, rusage_runnable(buffer, timebase) - float(user + system) * numer / denom / 1e9)
 
 
 def rusage_io(buffer: bytes) -> tuple[int, int]:
@@ -183,6 +211,47 @@ def read_offsets(pid: int, libproc: Any = None) -> int | None:
     return None if infos is None else sum(map(file_offset, infos))
 
 
+# Threads through libproc, as root reads them for any process (no task_for_pid, which a
+# hardened-runtime or Apple-signed interpreter refuses even root; psutil <= 7.2 needs it):
+# proc_pidinfo(PROC_PIDLISTTHREADIDS) lists the thread ids (uint64: the ids
+# `threading.get_native_id()` returns), proc_pidinfo(PROC_PIDTHREADID64INFO, id) fills
+# each one's struct proc_threadinfo (pth_user_time, pth_system_time in ns first; xnu
+# bsd/sys/proc_info.h).
+PROC_PIDLISTTHREADIDS, PROC_PIDTHREADID64INFO = 28, 15
+THREADINFO_SIZE = 112
+THREAD_TIMES = struct.Struct("<QQ")
+MAX_THREADS = 4096
+
+
+def read_threads(pid: int, libproc: Any = None) -> list[tuple[int, int, int]] | None:
+    """(thread id, user ns, system ns) of each thread of the process, in the kernel's
+    order (the main thread first); None without libproc or when not permitted."""
+    lib = libproc if libproc is not None else _libproc()
+    if lib is None:
+        return None
+    listing = ctypes.create_string_buffer(8 * MAX_THREADS)
+    try:
+        filled = lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDLISTTHREADIDS),
+                                  ctypes.c_uint64(0), listing, ctypes.c_int(len(listing)))
+    except (AttributeError, OSError):
+        return None
+    if filled <= 0:
+        return None
+    ids = struct.unpack_from(f"<{min(filled, len(listing)) // 8}Q", listing.raw)
+    info = ctypes.create_string_buffer(THREADINFO_SIZE)
+    out = []
+    for tid in ids:
+        if not tid:
+            continue
+        if lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDTHREADID64INFO),
+                            ctypes.c_uint64(tid), info,
+                            ctypes.c_int(THREADINFO_SIZE)) < THREADINFO_SIZE:
+            continue  # ended meanwhile
+        user, system = THREAD_TIMES.unpack_from(info.raw, 0)
+        out.append((int(tid), int(user), int(system)))
+    return out
+
+
 def read_io(pid: int, libproc: Any = None) -> tuple[int, int] | None:
     """The process's disk I/O counters through proc_pid_rusage, or None (no libproc, or
     not permitted: another user's process without root)."""
@@ -231,11 +300,19 @@ def system_timebase() -> tuple[int, int] | None:
 
 
 class MacProbe(Probe):
-    """Thread ids from psutil here are positions in `task_threads` order, main
-    first (the inherited `main_thread`), not `threading.get_native_id()` values:
-    the record's table of Python threads cannot be matched (see docs/limits.md)."""
+    """Threads through libproc (read_threads): the kernel's ids, `threading.
+    get_native_id()`'s, matched against the record's table of Python threads and
+    `sample`'s `Thread_<id>`. Without libproc, psutil's: positions in `task_threads`
+    order, main first (the inherited `main_thread`), which match nothing."""
 
     name = "macos"
+    gpu_clock = True  # MLX computes on the GPU: its time is read from ioreg
+    # `sample PID 1` samples for a second, then symbolicates every image: on the
+    # stand-in 1.7 s idle, 3.9 s at a load of 5-6 (gdb behind it), past the 3 s box a
+    # Linux gdb read gets, where every sample "read nothing" and no wedge was decided.
+    # A slow sampler must cost time, not the rule; a real Mac's is to be measured
+    # (docs/macos.md, `doctor --mac-check`).
+    stack_timeout = 5.0
 
     def __init__(self, ps: Any = psutil, libproc: Any = None,
                  tool: Callable[[str], list[str] | None] | None = None,
@@ -252,6 +329,16 @@ class MacProbe(Probe):
         sample = super().sample(pid)
         if sample is None:
             return None
+        threads = read_threads(pid, self.libproc)
+        if threads:  # the kernel's ids, whatever psutil's version gives (positions, ids)
+            sample = replace(sample, threads=tuple((t, (u + s) / 1e9) for t, u, s in threads),
+                             system=tuple((t, s / 1e9) for t, _, s in threads),
+                             main_tid=threads[0][0], native_ids=True)
+        elif not sample.threads:
+            sample = replace(sample, threads_error=(
+                "its threads could not be read (libproc's PROC_PIDLISTTHREADIDS refused, "
+                "psutil's threads() too: task_for_pid is refused for a hardened or "
+                "Apple-signed interpreter)"))
         # One proc_pid_rusage (v4) a scan: the disk bytes, the page-ins and the threads'
         # run-queue time (ri_runnable_time: macOS keeps no run-queue time per thread, so
         # a straggler's run queue is the process's, docs/limits.md).
@@ -263,7 +350,7 @@ class MacProbe(Probe):
                            major_faults=read_pageins(pid, self.libproc), offsets=offsets)
         timebase = self.timebase()
         return replace(sample, io=rusage_io(raw), major_faults=rusage_pageins(raw),
-                       runnable=rusage_runnable(raw, timebase) if timebase else None,
+                       runnable=rusage_run_queue(raw, timebase) if timebase else None,
                        offsets=offsets)
 
     def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
@@ -271,15 +358,25 @@ class MacProbe(Probe):
         return read_socket_queues(pid, self.libproc)
 
     def thermal(self) -> str | None:
-        pmset = self.tool(TOOLS["pmset"])
-        if pmset is None:
+        """The node's thermal state: `pmset -g therm`'s CPU speed limit (Intel Macs; on
+        Apple silicon it prints only its notes, even while throttled), and the thermal
+        pressure Apple silicon does give (`powermetrics --samplers thermal`, root)."""
+        said = [self._run(TOOLS["pmset"], "-g", "therm", parse=pmset_therm),
+                self._run(TOOLS["powermetrics"], "--samplers", "thermal", "-n", "1", "-i", "1",
+                          parse=thermal_pressure)]
+        return "; ".join(s for s in said if s) or None
+
+    def _run(self, path: str, *args: str,
+             parse: Callable[[str], str | None]) -> str | None:
+        tool = self.tool(path)
+        if tool is None:
             return None
         try:
-            done = subprocess.run([*pmset, "-g", "therm"], capture_output=True, text=True,
-                                  timeout=2, check=False)
+            done = subprocess.run([*tool, *args], capture_output=True, text=True,
+                                  timeout=2, check=False, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return None
-        return pmset_therm(done.stdout)
+        return parse(done.stdout[:1 << 16]) if done.returncode == 0 else None
 
     def wired_bytes(self) -> int | None:
         try:
@@ -315,17 +412,32 @@ class MacProbe(Probe):
     def gpu_time(self, pid: int, timeout: float) -> int | None:
         """`ioreg`'s AGXDeviceUserClient entries of the process, their GPU time summed;
         None without ioreg or without a Metal client. Never run on hardware."""
+        return self.gpu_reading(pid, timeout)[0]
+
+    def gpu_reading(self, pid: int, timeout: float) -> tuple[int | None, str]:
+        """`gpu_time`, with why it could not be read ("" when it was): no ioreg, ioreg
+        timed out or failed, no client listed for the pid, or a client whose format
+        holds no `accumulatedGPUTime`."""
         ioreg = self.tool(TOOLS["ioreg"])
         if not ioreg:
-            return None
+            return None, "no ioreg on this node"
         try:
             done = subprocess.run([*ioreg, "-r", "-c", "AGXDeviceUserClient", "-l", "-w0"],
                                   capture_output=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL, check=False)
-        except (subprocess.TimeoutExpired, OSError):
-            return None
+        except subprocess.TimeoutExpired:
+            return None, f"ioreg ran past its {timeout:g}s time box"
+        except OSError as err:
+            return None, f"ioreg did not run: {err}"
+        if done.returncode != 0:
+            return None, f"ioreg failed (exit {done.returncode})"
         text = done.stdout[:8 << 20].decode("utf-8", "replace")
-        return gputime.gpu_time_by_pid(text).get(pid)
+        found = gputime.gpu_time_by_pid(text)
+        if pid in found:
+            return found[pid], ""
+        if gputime.listed(text, pid):
+            return None, f"ioreg lists pid {pid} with no accumulatedGPUTime (a format not read)"
+        return None, f"ioreg lists no Metal client for pid {pid}"
 
     def gpu_power(self, timeout: float) -> powermetrics.GpuPower | None:
         """One half-second sample of `powermetrics --samplers gpu_power` (root only; the
@@ -352,7 +464,19 @@ class MacProbe(Probe):
         command = self.stack_command(pid)
         if not command:
             return None
-        text = stack_tool_output(command, timeout, 8 << 20, f"sample on pid {pid}")
+        # The report to a file of our own (`-file`), read back and removed: no report
+        # is left behind, wherever `sample` would put one; stdout when the file is empty.
+        fd, path = tempfile.mkstemp(prefix="mlx-watchdog-sample-", suffix=".txt")
+        os.close(fd)
+        try:
+            text = stack_tool_output([*command, "-file", path], timeout, 8 << 20,
+                                     f"sample on pid {pid}")
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                report = f.read(8 << 20).decode("utf-8", "replace")
+                text = report or text
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         return {} if text is None else sample_stacks(text)
 
 
@@ -365,7 +489,16 @@ def system_tool(path: str) -> list[str] | None:
     return [path]
 
 
+_THREAD_ID = re.compile(r"^Thread_(\d+)")
+
+
 def sample_stacks(text: str) -> dict[int, tuple[str, ...]]:
-    """Each thread of a `sample` report as its heaviest path, leaf first, by position."""
-    return {i: tuple(p.frame for p in reversed(t.path))
-            for i, t in enumerate(samplegraph.parse(text))}
+    """Each thread of a `sample` report as its heaviest path, leaf first, by its id
+    (`Thread_<id>`: the kernel's thread id, libproc's), or by position when a thread
+    line names none."""
+    threads = samplegraph.parse(text)
+    ids = [_THREAD_ID.match(t.thread) for t in threads]
+    if all(ids) and len({m.group(1) for m in ids if m}) == len(ids):
+        return {int(m.group(1)): tuple(p.frame for p in reversed(t.path))
+                for m, t in zip(ids, threads, strict=True) if m}
+    return {i: tuple(p.frame for p in reversed(t.path)) for i, t in enumerate(threads)}

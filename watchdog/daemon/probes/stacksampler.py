@@ -56,6 +56,9 @@ SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_FRAME_CHARS = 256
 MAX_THREAD_FRAMES = 64
 MAX_SAMPLE_FRAMES = 4096
+# Two GPU time readings further apart than this say nothing of the GPU now (a sample of
+# an earlier late wait): the next reading starts afresh.
+GPU_SPAN = 2 * MAX_EVERY + SAMPLE_TIMEOUT
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
@@ -108,6 +111,7 @@ class Stacks:
     # (None: unknown): the whole GPU's readings speak for this rank only as far as its
     # own time accounts for them (judge/gpuwork.py).
     gpu_share: float | None = None
+    gpu_why: str = ""  # why `gpu_moved` is None, in words (judge/frames.py: unknown)
 
 
 @dataclass
@@ -184,7 +188,8 @@ class StackSampler:
         try:
             found = self.sample(who, busy)
             before = self.found.get(key)
-            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None:
+            if found.gpu_ns is not None and before is not None and before.gpu_ns is not None \
+                    and found.at - before.at <= GPU_SPAN:
                 moved = found.gpu_ns > before.gpu_ns
                 span = found.at - before.at
                 # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
@@ -194,6 +199,9 @@ class StackSampler:
                     found, gpu_moved=moved, gpu_power=self.probe.gpu_power(SAMPLE_TIMEOUT),
                     gpu_share=(found.gpu_ns - before.gpu_ns) / (span * 1e9) if span > 0
                     else None)
+            elif found.gpu_ns is not None:  # one reading: flat or not needs two
+                found = dataclasses.replace(found, gpu_why="one reading so far (flat or "
+                                            "advancing needs two)")
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
                                if self.unchanged(key, before, found) else SAMPLE_EVERY)
             self.found[key] = found
@@ -218,12 +226,13 @@ class StackSampler:
         queues = self.queues.get(key)
         return queues is None or queues.since <= before.at
 
-    def settle(self, keys: Iterable[Key], timeout: float = SAMPLE_TIMEOUT) -> None:
+    def settle(self, keys: Iterable[Key], timeout: float | None = None) -> None:
         """Wait (at most `timeout`) until no sample of these ranks is under way: a response
         about to take them needs them out of our trace (its evidence asks a rank in
         tracing-stop for nothing, and its own sampler cannot attach beside ours)."""
         keys = set(keys)
-        until = time.monotonic() + timeout  # real time: a sample takes real time
+        box = self.probe.stack_timeout if timeout is None else timeout
+        until = time.monotonic() + box  # real time: a sample takes real time
         while keys & self.running and time.monotonic() < until:
             time.sleep(0.02)
 
@@ -244,19 +253,21 @@ class StackSampler:
             return Stacks(began, {}, busy, error="not sampled: not the rank's process")
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
-        gpu = self.probe.gpu_time(who.pid, SAMPLE_TIMEOUT)
+        gpu, why = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
         try:
-            stacks = self.probe.native_stacks(who.pid, SAMPLE_TIMEOUT)
+            stacks = self.probe.native_stacks(who.pid, self.probe.stack_timeout)
         except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
-            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu)
+            return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu,
+                          gpu_why=why)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took
         if stacks is None:
-            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu)
+            return Stacks(began, None, busy, took, "no native stack sampler installed", gpu,
+                          gpu_why=why)
         stacks = bounded(stacks, (*busy, who.pid))
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
-                      gpu)
+                      gpu, gpu_why=why)
 
     def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None,
                      every: float = 0.0) -> Queues:

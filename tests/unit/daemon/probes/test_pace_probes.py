@@ -122,3 +122,23 @@ def test_a_throttled_macs_pmset_is_a_stragglers_cause(tmp_path: Path) -> None:
     recorded.write_text(PMSET_COOL)
     assert probe.thermal() is None
     assert MacProbe(tool=lambda name: None).thermal() is None  # no pmset: no cause
+
+
+def test_apple_silicons_thermal_pressure_is_a_stragglers_cause(tmp_path: Path) -> None:
+    """On Apple silicon `pmset -g therm` prints only its notes, even throttled: the
+    thermal pressure `powermetrics --samplers thermal` gives is read beside it."""
+    from watchdog.daemon.probes.macos import thermal_pressure
+
+    heavy = "**** Thermal pressure ****\n\nCurrent pressure level: Heavy\n\n"
+    assert thermal_pressure(heavy) == "thermal pressure Heavy"
+    assert thermal_pressure(heavy.replace("Heavy", "Nominal")) is None
+    assert thermal_pressure("garbage") is None
+    recorded = tmp_path / "pressure.txt"
+    recorded.write_text(heavy)
+    replay = f"import sys; sys.stdout.write(open({str(recorded)!r}).read())"
+    tools = {"/usr/bin/pmset": [sys.executable, "-c", f"print({PMSET_COOL!r}, end='')"],
+             "/usr/bin/powermetrics": [sys.executable, "-c", replay]}
+    probe = MacProbe(tool=tools.get)
+    assert probe.thermal() == "thermal pressure Heavy"
+    recorded.write_text(heavy.replace("Heavy", "Nominal"))
+    assert probe.thermal() is None
