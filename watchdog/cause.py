@@ -14,6 +14,8 @@ The decision table, first match wins (docs/operations.md has one section per cau
 | `peer_stopped`      | a rank of the job is stopped or traced (here or on a peer node)     |
 | `peer_dead`         | a rank of the job is gone while another waits                       |
 | `node_unreachable`  | a rank no node reports, and a node did not answer                   |
+| `peer_never_joined` | a rank waits at bring-up (mx.distributed.init) while ranks of its   |
+|                     | job are reported by no node: they never started (or never joined)   |
 | `data_link_down`    | every node answers, but a rank's probe of its peers' data path fails |
 | `mismatch`          | a rank waits while a peer is idle, or outside a wait and not computing, |
 |                     | or two ranks wait at the same collective number in different ops    |
@@ -58,6 +60,7 @@ class Cause(Word):
     LOCAL_BLOCKED = "local_blocked"
     UNKNOWN = "unknown"
     QUIET_HANG = "quiet_hang"  # the node's own judgement (detector), never the table's
+    PEER_NEVER_JOINED = "peer_never_joined"
 
 
 # In the vocabulary's order, not the table's (`decide`'s branches are): the metrics list
@@ -183,6 +186,15 @@ def decide(ranks: Sequence[RankStatus], missing: Sequence[int] = (),
         return Finding(Cause.NODE_UNREACHABLE, None,
                        f"rank {missing[0]} is behind unreachable node {nodes} (no answer); "
                        + _wait_note(waiting))
+    starting = [w for w in waiting if w.phase == Phase.INIT.label]
+    if starting and missing:
+        r = starting[0]
+        lasted = (f" for {r.seconds_in_wait:.0f}s" if r.seconds_in_wait is not None else "")
+        names = ", ".join(str(m) for m in missing)
+        return Finding(Cause.PEER_NEVER_JOINED, None,
+                       f"rank{'s' if len(missing) > 1 else ''} {names} never joined the "
+                       f"group: {who(r)} waited for {'them' if len(missing) > 1 else 'it'} "
+                       f"at bring-up (mx.distributed.init){lasted}")
     down = [r for r in ranks if Link.is_down(r.data_link)]
     if down:
         r = down[0]

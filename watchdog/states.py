@@ -64,7 +64,11 @@ class State(Word):
     SUSPECT = "suspect"  # in a wait past half the deadline
     STALLED = "stalled"  # in a wait past the deadline with one thread spinning
     BLOCKED = "blocked"  # in a wait past the deadline, nothing spinning
-    STOPPED = "stopped"  # SIGSTOPped or traced
+    STOPPED = "stopped"  # SIGSTOPped, no tracer: named the culprit, ended with its job
+    # A tracer other than the daemon's own sampler holds it (a debugger, a profiler: a
+    # person at work): its job is held for as long as it is traced, judged again from
+    # the detach.
+    TRACED = "traced"
     KILLED = "killed"  # the watchdog ended it
     UNKILLABLE = "unkillable"  # still present after SIGKILL and the kill timeout
     EXITED = "exited"  # gone on its own

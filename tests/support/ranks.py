@@ -75,19 +75,24 @@ class RingJob:
         self.prog = prog
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> RingJob:
+    def start(self, ranks: int | None = None) -> RingJob:
+        """Start the first `ranks` ranks (all by default; `start_rank` starts a late one)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        hostfile = self.workdir / f"hosts-{id(self)}.json"
-        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(self.size)]))
-        for rank in range(self.size):
-            env = base_env(self.record_dirs[rank], MLX_HOSTFILE=str(hostfile),
-                           MLX_RANK=str(rank), **self.extra_env)
-            log = open(self.workdir / f"rank{rank}-{id(self)}.log", "wb")  # noqa: SIM115
-            self.procs.append(subprocess.Popen(
-                [sys.executable, str(self.prog), self.mode, *self.args], env=env,
-                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir))
-            log.close()
+        self.hostfile = self.workdir / f"hosts-{id(self)}.json"
+        self.hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"]
+                                             for p in free_ports(self.size)]))
+        for rank in range(self.size if ranks is None else ranks):
+            self.start_rank(rank)
         return self
+
+    def start_rank(self, rank: int) -> None:
+        env = base_env(self.record_dirs[rank], MLX_HOSTFILE=str(self.hostfile),
+                       MLX_RANK=str(rank), **self.extra_env)
+        log = open(self.workdir / f"rank{rank}-{id(self)}.log", "wb")  # noqa: SIM115
+        self.procs.append(subprocess.Popen(
+            [sys.executable, str(self.prog), self.mode, *self.args], env=env,
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir))
+        log.close()
 
     @property
     def pids(self) -> list[int]:

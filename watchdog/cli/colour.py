@@ -13,7 +13,8 @@ import click
 # A hang and its aftermath in red, what may become one in yellow, health in green.
 COLOURS = {"stalled": "red", "blocked": "red", "unkillable": "red", "hung": "red",
            "unknown": "red", "killed": "magenta", "suspect": "yellow", "stopped": "yellow",
-           "abandoned": "yellow", "slow": "yellow", "running": "green", "healthy": "green"}
+           "traced": "yellow", "abandoned": "yellow", "slow": "yellow", "running": "green",
+           "healthy": "green"}
 
 
 def wanted(stream: TextIO | None = None) -> bool:

@@ -12,7 +12,10 @@ instead of acted on while:
 - recheck: a job a peer held is left alone for HOLD_RECHECK seconds, then asked about
   again, and shown held meanwhile (`peer_held`, `still_held`, `shown_held`);
 - bound: no hold outlasts the blocked deadline (`past_bound`), so a misread can delay
-  a verdict but never prevent it, but for a save or load still moving bytes.
+  a verdict but never prevent it, but for a save or load still moving bytes, a cold
+  first wait whose work shows at a fresh stack sample, and a person's tracer;
+- traced: a rank of the job a person traces (states.TRACED) holds it, however long,
+  here (`hold_reason`) and from a peer (`peer_traced`).
 """
 
 from __future__ import annotations
@@ -57,9 +60,31 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
     deadline, up to the same bound; or a save or load still moving bytes, however long
     (up to ownwait.MAX_IO_HOLD). A save or load that moved no byte for the stuck window
     (`auto_floor`) holds nobody.
+
+    A rank of the job traced by a person (states.TRACED) holds it, however long: only
+    its owner (or root) can trace it, so an owner holds nothing but his own job. A
+    cold first wait (nothing learned of its kind) is held past the bound too, while a
+    rank of the job shows its work at a fresh stack sample (`Verdict.works`).
     """
+    traced = sorted(((r, v) for r, v in job if v.state == State.TRACED), key=lambda i: i[0])
+    if traced:
+        # A person at work on a rank of the job (a debugger, a profiler): held however
+        # long, unbounded; the job is judged afresh from the detach (jobs.traced_at).
+        r, v = traced[0]
+        return f"held: rank {r} is {v.reason} (a person at work, not a hang)"
     live = [(r, v) for r, v in job if v.state != State.STOPPED]
     bounded = past_bound(due, rules)
+    if bounded and due.cold:
+        # A cold first step (nothing learned of its kind yet: a cold prefill, a first
+        # step compiling, a load right after a relaunch) may outlast every bound: held
+        # while its work shows at a fresh stack sample (compute frames named by the
+        # table, or GPU time advancing), never on a guess or the CPU split alone.
+        shown = sorted(r for r, v in live if v.computing and v.works)
+        if shown:
+            r = shown[0]
+            seen = next(v.seen for q, v in live if q == r)
+            return (f"held: rank {r} computes its first step of this kind (nothing learned "
+                    f"yet, a cold first step, not a hang)" + (f": {seen}" if seen else ""))
     for r, v in sorted(live, key=lambda item: item[0]):
         own = v.own
         if r == rank or own is None or v.collectives > due.collectives:
@@ -138,6 +163,9 @@ def may_hold(due: Iterable[Rank], rules: Rules) -> bool:
 def peer_hold(view: PeerView | None, incident: Incident) -> str:
     """Why the peers' view holds the job (a rank there computing, or in a wait of its
     own not ahead of ours: the job's pace), or "" to act."""
+    traced = peer_traced(view)
+    if traced:
+        return traced
     busy = view.computing if view is not None else ()
     if busy:
         names = ", ".join(f"{b.rank} on {b.host}" for b in busy)
@@ -149,6 +177,16 @@ def peer_hold(view: PeerView | None, incident: Incident) -> str:
         h = pace[0]
         return f"held: rank {h.rank} on {h.host} is {h.what}"
     return ""
+
+
+def peer_traced(view: PeerView | None) -> str:
+    """Why the peers' view holds the job for a rank there a person traces (or whose
+    tracer let go less than its deadline ago), unbounded; "" when none."""
+    traced = view.traced if view is not None else ()
+    if not traced:
+        return ""
+    t = traced[0]
+    return f"held: rank {t.rank} on {t.host} is {t.what} (a person at work, not a hang)"
 
 
 # -- the recheck ---------------------------------------------------------------------

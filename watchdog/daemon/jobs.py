@@ -30,7 +30,7 @@ from watchdog.daemon.config import Live
 from watchdog.daemon.counters import Counters
 from watchdog.daemon.judge import frames, gpuwork, wedge
 from watchdog.daemon.judge.deadlines import Learned
-from watchdog.daemon.judge.detector import Detector
+from watchdog.daemon.judge.detector import Detector, foreign_tracer
 from watchdog.daemon.judge.stragglers import (
     CLEAR_SLOWDOWN,
     Scored,
@@ -51,7 +51,14 @@ from watchdog.daemon.probes.stacksampler import (
 )
 from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.view import Shown
-from watchdog.states import FINAL, STOPPED_STATUSES, WAITING_LONG, FrameKind, ProcStatus
+from watchdog.states import (
+    FINAL,
+    STOPPED_STATUSES,
+    WAITING_LONG,
+    FrameKind,
+    Phase,
+    ProcStatus,
+)
 from watchdog.status import NodeAnswer, Straggler
 
 log = logging.getLogger(__name__)
@@ -107,6 +114,9 @@ class Jobs:
         # per sample and GPU reading, not at every scan (issue 57, item 6).
         self.seen_read: dict[Key, tuple[Stacks, tuple[bool | None, str], frames.Reading]] = {}
         self.unread: set[Key] = set()  # ranks whose threads could not be read, logged
+        # Per job, the last scan (monotonic ns) that saw a rank of it traced by a person:
+        # its waits are judged from there (the detach), not from when they began.
+        self.traced_at: dict[JobKey, int] = {}
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
@@ -137,10 +147,20 @@ class Jobs:
         def traced(rank: Rank) -> bool:  # by our stack sampler, since the last scan
             return self.stacks.tracing(rank.key, since)
         for rank, sample in live:
-            if sample.status == ProcStatus.TRACING_STOP and traced(rank):
+            if sample.tracer and (sample.tracer_own is True
+                                  or (sample.tracer_own is None and traced(rank))):
+                # Our own stack sampler (its gdb, its `sample`): not a person's tracer.
+                sample = replace(sample, tracer=0, tracer_name="")
+            if sample.status == ProcStatus.TRACING_STOP and traced(rank) \
+                    and not foreign_tracer(sample):
                 # Stopped by our own stack sample, for half a second: not a pause.
                 sample = replace(sample, status=ProcStatus.RUNNING)
             jobs.setdefault((rank.record.uid, rank.record.job), []).append((rank, sample))
+        for key, members in jobs.items():  # a job one of whose ranks a person traces
+            if any(foreign_tracer(sample) for _, sample in members):
+                self.traced_at[key] = now_ns
+        for key in [k for k in self.traced_at if k not in jobs]:
+            del self.traced_at[key]
         sampled: set[Key] = set()
         for members in jobs.values():
             seen = {rank.key: self._seen(rank, sample, now) for rank, sample in members}
@@ -151,6 +171,7 @@ class Jobs:
                 log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
                           [(r.record.rank, seen[r.key], self.stacks.queues.get(r.key))
                            for r, _ in members], wedged)
+            present, where = self._present(members)
             for rank, sample in members:
                 rec = rank.record
                 if sample.threads_error and rank.key not in self.unread:
@@ -162,7 +183,11 @@ class Jobs:
                                                 learn=not rank.escalating,
                                                 seen=seen[rank.key], wedge=wedged,
                                                 traced=traced(rank), asleep=asleep,
-                                                sockets_quiet=still, asleep_age=age)
+                                                sockets_quiet=still, asleep_age=age,
+                                                judged_from_ns=self.traced_at.get(
+                                                    (rec.uid, rec.job), 0),
+                                                seen_ranks=present, seen_where=where,
+                                                gpu_behind=self._behind(rank, now))
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -172,6 +197,35 @@ class Jobs:
             sampled |= self._sample_stacks(members, now)
         self.stacks.forget(sampled)
         return due
+
+    def _behind(self, rank: Rank, now: float) -> str:
+        """What the rank's GPU work waits behind (another process's GPU work, macOS), at
+        its latest fresh sample; "" when nothing (judge/gpuwork.behind)."""
+        found = self.stacks.found.get(rank.key)
+        if found is None or not found.gpu_behind or now - found.at > wedge.FRESH:
+            return ""
+        return gpuwork.behind(found.gpu_behind, found.gpu_power,
+                              1000 * self.live.rules.gpu_spin_watts)
+
+    def _present(self, members: LiveRanks) -> tuple[frozenset[int] | None, str]:
+        """A job at bring-up: the ranks of it seen (its records here, and the peers' last
+        answers), and where it was looked; (None, "") when no rank of it is at bring-up."""
+        one = members[0][0].record
+        if not any(r.record.phase == Phase.INIT for r, _ in members):
+            return None, ""
+        present = {r.record.rank for r, _ in members}
+        where = "on this node"
+        answers = self.recent(REMOTE_FRESH) if self.live.peering.peers else None
+        if answers:
+            for answer in answers:
+                if answer.ok and answer.status is not None:
+                    present |= {r.rank for r in answer.status.ranks
+                                if r.job == one.job and r.uid == one.uid and r.rank is not None
+                                and r.state not in FINAL}
+            where = ("on this node or its peers" if all(a.ok for a in answers)
+                     and len(answers) == len(self.live.peering.peers)
+                     else "on this node or the peers that answered")
+        return frozenset(present), where
 
     def _seen(self, rank: Rank, sample: ProcessSample, now: float) -> frames.Reading | None:
         """What the rank's busy threads ran at its latest stack sample, if fresh. None
@@ -238,7 +292,7 @@ class Jobs:
             rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
             waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
             op=f"{rec.op} ({rec.flight[-1].op if rec.flight else ''})",
-            stopped=sample.status in STOPPED_STATUSES, seen=seen,
+            stopped=sample.status in STOPPED_STATUSES or foreign_tracer(sample), seen=seen,
             quiet=now - queues.since if queues is not None and known else None,
             unread=queues.unread if queues is not None else 0, link=shown.data_link)
 

@@ -61,6 +61,13 @@ class ProcessSample:
     # Why its threads could not be read, when none were ("": read, or none to read):
     # every hang of such a rank waits for the blocked deadline, which is said.
     threads_error: str = ""
+    # Who traces the process (Linux: /proc/<pid>/status TracerPid; macOS: pbi_flags'
+    # PROC_FLAG_TRACED, the tracer then its parent, pbi_ppid): its pid, 0 for none, None
+    # when unknown; its name; and whether it is the reading process's own descendant (the
+    # daemon's stack sampler: gdb, `sample`), None when that could not be told.
+    tracer: int | None = None
+    tracer_name: str = ""
+    tracer_own: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -75,4 +75,10 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         pace_score=round(pace_score, 3) if pace_score is not None else None,
         run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why,
         active_share=round(pace.active, 3) if pace else None,
-        pace_note=pace_note, pace_unjudged=pace_unjudged)
+        pace_note=pace_note, pace_unjudged=pace_unjudged,
+        tracer_pid=(verdict.tracer or None) if verdict else None,
+        tracer=(verdict.tracer_name or None) if verdict and verdict.tracer else None,
+        since_traced=(round(verdict.since_traced, 3)
+                      if verdict and verdict.since_traced is not None else None),
+        awaiting=verdict.awaiting if verdict else None,
+        waits_behind=(verdict.behind or None) if verdict else None)

@@ -11,6 +11,7 @@ little-endian arm64) and returns what the real one returns.
     proc_pidinfo(pid, PROC_PIDLISTTHREADIDS, 0, buf, size)  uint64 thread ids
     proc_pidinfo(pid, PROC_PIDTHREADID64INFO, id, buf, size)  struct proc_threadinfo
     proc_pidinfo(pid, PROC_PIDLISTFDS, 0, buf, size)  struct proc_fdinfo {int32 fd; uint32 type}
+    proc_pidinfo(pid, PROC_PIDTBSDINFO, 0, buf, size)  struct proc_bsdinfo (136)
     proc_pidfdinfo(pid, fd, PROC_PIDFDSOCKETINFO, buf, size)  struct socket_fdinfo (792)
     proc_pidfdinfo(pid, fd, PROC_PIDFDVNODEINFO, buf, size)  struct vnode_fdinfo (176)
     mach_timebase_info()  (numer, denom) of mach absolute time: Apple silicon's 125/3
@@ -21,7 +22,10 @@ read_bytes/write_bytes; a socket's `soi_so` (an opaque kernel address on a Mac) 
 its inode here; a file's fi_offset is /proc's fdinfo `pos`, but for a FIFO, where Linux
 keeps 0 and a Mac advances it with every byte (xnu's vn_write), the process's bytes read
 or written (/proc's rchar, wchar), which move with the FIFO's bytes (and its others).
-Fields a Mac fills and the daemon does not read are left zero.
+Fields a Mac fills and the daemon does not read are left zero. A process traced (Linux's
+TracerPid) has PROC_FLAG_TRACED in pbi_flags and its tracer as pbi_ppid: xnu's
+ptrace(PT_ATTACH) reparents the traced process to its tracer (`proc_reparentlocked`)
+until the detach.
 Failures return -1 or 0 as the real calls do (errno is not set: no caller reads it).
 """
 
@@ -40,6 +44,12 @@ from watchdog.macsim import gpu
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 PROC_PIDLISTFDS, PROC_PIDTHREADINFO, PROC_PIDLISTTHREADS = 1, 5, 6
 PROC_PIDTHREADID64INFO, PROC_PIDLISTTHREADIDS = 15, 28
+PROC_PIDTBSDINFO = 3
+# struct proc_bsdinfo: pbi_flags, pbi_status, pbi_xstatus, pbi_pid, pbi_ppid, the uids
+# and gids, rfu_1; pbi_comm[16], pbi_name[32]; nfiles, pgid, pjobc, e_tdev, e_tpgid;
+# pbi_nice; the start (tv_sec, tv_usec).
+BSDINFO = struct.Struct("<12I16s32s5Ii2Q")
+PROC_FLAG_TRACED = 0x2  # pbi_flags: P_LTRACED (xnu proc_info.c fill_bsdinfo)
 PROC_PIDFDSOCKETINFO, PROC_PIDFDVNODEINFO = 3, 1
 # struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, fi_type,
 # fi_guardflags: 24 bytes), then vnode_info (152).
@@ -160,12 +170,29 @@ class LibProc:
             if flavor == PROC_PIDLISTTHREADIDS:  # thread ids: the kernel's tids here
                 return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
                              size)
+            if flavor == PROC_PIDTBSDINFO:
+                return _fill(buffer, self.bsdinfo(pid), size)
             if flavor == PROC_PIDLISTFDS:
                 return _fill(buffer, b"".join(FDINFO.pack(fd, kind)
                                               for fd, kind in self.fds(pid)), size)
         except (OSError, ValueError, IndexError):
             return 0
         return 0
+
+    def bsdinfo(self, pid: int) -> bytes:
+        """struct proc_bsdinfo: the flags (traced), pid, parent (the tracer while traced),
+        uids and name; the rest zero."""
+        status = {k: v for k, _, v in (line.partition(":") for line in
+                                       open(f"{self.proc}/{pid}/status"))}
+        tracer = int(status.get("TracerPid", "0").split()[0] or 0)
+        ppid = int(status.get("PPid", "0").split()[0] or 0)
+        uid = [int(u) for u in status.get("Uid", "0 0 0").split()[:3]]
+        gid = [int(g) for g in status.get("Gid", "0 0 0").split()[:3]]
+        with open(f"{self.proc}/{pid}/comm", "rb") as f:
+            comm = f.read().strip()[:15]
+        return BSDINFO.pack(PROC_FLAG_TRACED if tracer else 0, 2, 0, pid, tracer or ppid,
+                            uid[1], gid[1], uid[0], gid[0], uid[2], gid[2], 0, comm, comm,
+                            0, 0, 0, 0, 0, 0, 0, 0)
 
     def threadinfo(self, pid: int, tid: int) -> bytes:
         fields = self._stat(f"{self.proc}/{pid}/task/{tid}/stat")

@@ -208,6 +208,13 @@ def _unjudged(scrape: Scrape) -> Samples:
             yield (str(r.job), _uid(r), str(r.rank), str(r.pace_unjudged)), 1.0
 
 
+def _traced(scrape: Scrape) -> Samples:
+    """Each rank a person traces (state `traced`): 1, labelled with its tracer."""
+    for r in scrape.ranks:
+        if r.tracer_pid:
+            yield (str(r.job), _uid(r), str(r.rank), str(r.tracer_pid), str(r.tracer or "")), 1.0
+
+
 def _build_info(scrape: Scrape) -> Samples:
     return [((str(scrape.snap.version or ""), platform.python_version()), 1.0)]
 
@@ -249,6 +256,9 @@ FAMILIES: tuple[Family | Histogram, ...] = (
     Family("job_slowdown_ratio", "How much faster the job would run if its straggler (the "
            "rank label) kept the others' pace; only while one is named", GAUGE, RANK,
            _slowdowns),
+    Family("rank_traced", "1 while a tracer other than the daemon's stack sampler (a "
+           "debugger, a profiler) holds the rank: its job is held", GAUGE,
+           (*RANK, "tracer_pid", "tracer"), _traced),
     Family("rank_attempt", "Which launch of its job the rank belongs to "
            "(mlx-watchdog launch numbers them from 1)", GAUGE, RANK, per_rank("attempt")),
     Family("stalls", "Hangs acted on, by verdict and cause", COUNTER, ("verdict", "cause"),

@@ -152,6 +152,9 @@ class PeerView:
     unreachable: tuple[str, ...] = ()
     computing: tuple[ComputingRank, ...] = ()
     holding: tuple[HoldingRank, ...] = ()
+    # Ranks there a person traces (state `traced`), or whose tracer let go less than
+    # their deadline ago: the job is held, however long, and judged afresh from the detach.
+    traced: tuple[HoldingRank, ...] = field(default=(), metadata=_on_wire(omit="empty"))
     error: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
     def to_json(self) -> dict[str, Any]:

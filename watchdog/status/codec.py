@@ -75,7 +75,8 @@ def _obj(value: Any) -> dict[str, Any]:
 # left out), a nested type reads through its own `from_json`. What a class cannot do
 # without is checked by its `from_json` before the codec runs. A field's `metadata` may say:
 #   WIRE_SKIP: never a key of its own;   OMIT: "none" (no key while None or ABSENT) or
-#   "absent" (no key while ABSENT; null is a value);   READ: a function of the whole
+#   "absent" (no key while ABSENT; null is a value) or "empty" (no key while an empty
+#   list);   READ: a function of the whole
 #   object giving the field's value.
 
 WIRE_SKIP, OMIT, READ = "wire_skip", "omit", "read"
@@ -199,7 +200,7 @@ def encode(obj: Any) -> dict[str, Any]:
         if type(value) in _SCALARS:
             if value is not None or omit != "none":
                 out[name] = value
-        elif value is not ABSENT:
+        elif value is not ABSENT and not (omit == "empty" and not value):
             out[name] = _encode(value)
     return out
 

@@ -123,6 +123,19 @@ class RankStatus(Encodable):
     # "user_space_wait", "too_few_seconds", ...). No key while judged or unknown.
     pace_note: str | None = field(default=None, metadata=_on_wire(omit="none"))
     pace_unjudged: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    # While it is traced by anything but the daemon's own stack sampler (state `traced`):
+    # the tracer's pid and name (a debugger, a profiler). After the detach, the seconds
+    # since its job was last seen traced, while its job is judged afresh from the detach
+    # (its deadline not yet passed since). No key otherwise.
+    tracer_pid: int | None = field(default=None, metadata=_on_wire(omit="none"))
+    tracer: str | None = field(default=None, metadata=_on_wire(omit="none"))
+    since_traced: float | None = field(default=None, metadata=_on_wire(omit="none"))
+    # At bring-up (mx.distributed.init): the ranks of its job not seen yet (on this node,
+    # or the peers' answers), which it waits for; no key otherwise or while unknown.
+    awaiting: tuple[int, ...] | None = field(default=None, metadata=_on_wire(omit="none"))
+    # Its GPU time flat while another process's advances on a busy GPU (macOS): what its
+    # work waits behind ("pid 812 (python3.12)'s GPU work, GPU 99% resident at 9100 mW").
+    waits_behind: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
 
     @classmethod

@@ -89,7 +89,7 @@ def run_prefill(tmp_path, record_dir, state_dir, first: float, prefill: float,
     return {k: [r for r in v if r["phase"] == "wait"] for k, v in rows.items()}, took
 
 
-def test_a_long_first_step_then_a_prefill_as_long_after_short_steps(
+def test_incident_3_a_cold_first_step_then_a_prefill_as_long_after_short_steps(
         tmp_path, record_dir, state_dir):
     rows, took = run_prefill(tmp_path, record_dir, state_dir, first=3 * FLOOR,
                              prefill=3 * FLOOR)
@@ -105,7 +105,7 @@ def test_a_long_first_step_then_a_prefill_as_long_after_short_steps(
 @pytest.mark.parametrize("platform", [
     pytest.param({}, id="linux"),
     pytest.param({"MLX_WATCHDOG_SIMULATE": "macos"}, id="macos-simulated")])
-def test_a_prefill_longer_than_anything_learned_is_held_not_killed(
+def test_incident_6_a_prefill_longer_than_anything_learned_is_held_not_killed(
         tmp_path, record_dir, state_dir, platform):
     """On the simulated Mac (its GPU profile) both ranks compute the long step with every
     CPU thread asleep in the eval, then rank 0 waits in the all_sum while rank 1 computes

@@ -23,7 +23,7 @@ REC = Record(pid=10, start_time=1.7e9, uid=501, rank=0, world_size=2, dump_signa
              flight=())
 STALLED = Verdict(State.STALLED, 5.0, 7.0, 7.0, 1.0, True, "in all_sum for 7.0s")
 LIVE = [State.RUNNING, State.IDLE, State.SUSPECT, State.STALLED, State.BLOCKED, State.STOPPED,
-        State.ABANDONED]
+        State.TRACED, State.ABANDONED]
 
 
 def rank(state: State, escalating: bool = False) -> Rank:

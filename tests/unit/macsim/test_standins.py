@@ -374,6 +374,11 @@ def test_mlx_compute_stands_for_the_gpu(gpu_ranks):
         time.sleep(0.2)
     ns, why = probe.gpu_reading(gpu_ranks["unlisted"], 10)
     assert ns is None and f"no Metal client for pid {gpu_ranks['unlisted']}" in why
+    # Issue 55: the same ioreg lists the other processes' GPU time and name, which a
+    # rank whose own GPU time stands still may be waiting behind.
+    others = probe.gpu_others(gpu_ranks["spin"])
+    assert others is not None and work in others and gpu_ranks["spin"] not in others
+    assert others[work][0] > first and others[work][1].startswith("python"), others
     spin = probe.gpu_reading(gpu_ranks["spin"], 10)[0]
     time.sleep(0.3)
     assert (probe.gpu_reading(gpu_ranks["spin"], 10)[0] or 0) >= (spin or 0) + 250_000_000

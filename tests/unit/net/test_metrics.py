@@ -51,6 +51,7 @@ FAMILIES = {
     P + "rank_pace_collectives_per_second": "gauge",
     P + "rank_pace_unjudged": "gauge",
     P + "job_slowdown_ratio": "gauge",
+    P + "rank_traced": "gauge",
     P + "rank_attempt": "gauge",
     P + "stalls": "counter",
     P + "kills": "counter",
@@ -83,9 +84,10 @@ RANK_VALUES = {
     P + "rank_pace_collectives_per_second": "pace",
 }
 RANK_FAMILIES = {name for name in FAMILIES if name.startswith(P + "rank_")}
-# Labels a series may carry; pid and thread ids never (unbounded cardinality).
+# Labels a series may carry; pid and thread ids never (unbounded cardinality), but a
+# traced rank's tracer (one series per rank a person traces, only while traced).
 ALLOWED_LABELS = {"mlx_job", "uid", "rank", "state", "verdict", "cause", "signal", "le", "version",
-                  "python", "event", "mode", "reason"}
+                  "python", "event", "mode", "reason", "tracer_pid", "tracer"}
 
 
 UID = 501  # the ranks' owner: in every rank series and per-job count
@@ -166,8 +168,22 @@ def test_rank_series_carry_job_owner_and_rank_only():
         for s in families[name].samples:
             want = ({"mlx_job", "uid", "rank", "state"} if name == P + "rank_state"
                     else {"mlx_job", "uid", "rank", "reason"} if name == P + "rank_pace_unjudged"
+                    else {"mlx_job", "uid", "rank", "tracer_pid", "tracer"}
+                    if name == P + "rank_traced"
                     else {"mlx_job", "uid", "rank"})
             assert set(s.labels) == want, (s.name, s.labels)
+
+
+def test_a_traced_rank_is_exported_with_its_tracer_and_no_other_is():
+    """Issue 55: a rank a person's debugger holds shows state `traced` and its tracer."""
+    snap = snapshot(ranks=[rank("train", 0, "running"),
+                           rank("train", 1, "traced", tracer_pid=777, tracer="gdb")])
+    families = parse(snap)
+    traced = samples(families, P + "rank_traced")
+    assert traced == {(("mlx_job", "train"), ("rank", "1"), ("tracer", "gdb"),
+                       ("tracer_pid", "777"), ("uid", str(UID))): 1.0}
+    assert value(families, P + "rank_state", mlx_job="train", uid=str(UID), rank="1",
+                 state="traced") == 1
 
 
 def test_rank_values_come_from_the_snapshot():

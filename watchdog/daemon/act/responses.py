@@ -32,7 +32,7 @@ from watchdog.daemon.act.ladder import EVIDENCE_SLACK, Ladder, Outcome, Step
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import LadderSettings, Live, Settings, live
-from watchdog.daemon.holds import peer_hold
+from watchdog.daemon.holds import peer_hold, peer_traced
 from watchdog.daemon.lifecycle import Key
 from watchdog.daemon.signaller import Target
 from watchdog.states import Mode
@@ -215,7 +215,10 @@ class Responses:
             except Exception as err:  # noqa: BLE001 - the kill must not wait on peers
                 view = PeerView(error=str(err))
         response.asking = None
-        held = peer_hold(view, response.incident) if response.may_hold else ""
+        # Past every other excuse's bound, a person's tracer on a peer still holds the
+        # job (not when a peer fenced it: `evidence` is False then).
+        held = (peer_hold(view, response.incident) if response.may_hold
+                else peer_traced(view) if response.evidence else "")
         if held:
             return Outcome(response.incident, held=held)
         response.incident = with_view(response.incident, view)

@@ -129,7 +129,11 @@ def judge_job(job: str, ranks: Sequence[ReportedRank], unreachable: Sequence[str
     if ended:
         return replace(view, evidence=_ended_note(seen))
     if not hung and not unknown and not suspect:
-        return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]))
+        traced = [s for s in seen if _traced_what(s.rank)]
+        return replace(view, straggler=stragglers.from_ranks(job, uid, [s.rank for s in seen]),
+                       evidence=(f"rank {traced[0].rank.rank} on {traced[0].rank.host} is "
+                                 f"{_traced_what(traced[0].rank)}: the job is held"
+                                 if traced else ""))
     finding = cause.decide([s.rank for s in seen], missing, unreachable)
     # Who waits on the culprit: a stopped rank frozen inside its own wait is not one.
     waiters = [s for s in waiting if s.rank.state != State.STOPPED] or waiting
@@ -218,4 +222,17 @@ def peer_view(view: JobView, unreachable: Sequence[str]) -> PeerView:
                         for r in theirs if r.computing is True),
         holding=tuple(HoldingRank(rank=r.rank, host=r.host, pid=r.pid, what=r.holding,
                                   collectives=r.collectives)
-                      for r in theirs if r.holding))
+                      for r in theirs if r.holding),
+        traced=tuple(HoldingRank(rank=r.rank, host=r.host, pid=r.pid,
+                                 what=_traced_what(r), collectives=r.collectives)
+                     for r in theirs if _traced_what(r)))
+
+
+def _traced_what(rank: RankStatus) -> str:
+    """A peer's rank a person traces, or whose tracer let go less than its deadline ago,
+    in words; "" otherwise."""
+    if rank.state == State.TRACED:
+        return f"traced by pid {rank.tracer_pid}" + (f" ({rank.tracer})" if rank.tracer else "")
+    if rank.since_traced is not None:
+        return f"judged afresh since its tracer let go {rank.since_traced:.0f}s ago"
+    return ""

@@ -49,7 +49,7 @@ from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
 from watchdog.states import STOPPED_STATUSES, FrameKind, Phase, State
 
-__all__ = ["NS", "Detector", "Track", "Verdict"]
+__all__ = ["NS", "Detector", "Track", "Verdict", "describe_tracer", "foreign_tracer"]
 
 NS = 1_000_000_000
 BUSY_WINDOW = 32
@@ -126,12 +126,44 @@ class Verdict:
     # Its wait past the deadline with nothing spinning and nothing moving, nothing to
     # explain it (a quiet hang, ended as `quiet_hang`): what was seen, in words; "": not.
     quiet: str = ""
+    # Traced by a tracer not the daemon's own (state TRACED): its pid and name.
+    tracer: int = 0
+    tracer_name: str = ""
+    # Seconds since a rank of its job was last seen traced, while its waits are judged
+    # from that detach (`judged_from_ns`) and it is not yet past its deadline since; None
+    # otherwise.
+    since_traced: float | None = None
+    # At bring-up (mx.distributed.init): the ranks of its job not seen yet, which it may
+    # wait for (`None`: not at bring-up, or its world size unknown).
+    awaiting: tuple[int, ...] | None = None
+    # Its wait is the first of its kind: the auto deadline has learned nothing of that
+    # kind yet (a cold prefill, a first step compiling, a load after a relaunch).
+    cold: bool = False
+    # Its latest stack sample (fresh) named compute frames (or GPU time advancing), not
+    # a guess from frames the table does not name: its work shows.
+    works: bool = False
     # Its GPU (macOS), at its latest fresh sample: GPU_WORKS, "unknown: <why>" (it may
     # work: it holds its job, up to the blocked deadline), or "" (flat, or no GPU here).
     gpu: str = ""
+    # Its own GPU time flat while another process's advances on a GPU busy at working
+    # power (macOS): what its work waits behind, in words; "" otherwise.
+    behind: str = ""
 
 
 GPU_WORKS = "advances"
+
+
+def foreign_tracer(sample: ProcessSample) -> bool:
+    """Is the process traced by someone other than the reader's own descendants (the
+    daemon's stack sampler)? Its tracer unknown or not ours: yes."""
+    return bool(sample.tracer) and sample.tracer_own is not True
+
+
+def describe_tracer(sample: ProcessSample) -> str:
+    """The tracer in words: "pid 1234 (gdb)", "pid 1234", "an unknown tracer"."""
+    if not sample.tracer:
+        return "an unknown tracer"
+    return f"pid {sample.tracer}" + (f" ({sample.tracer_name})" if sample.tracer_name else "")
 
 
 def _majority(flags: deque[bool]) -> bool:
@@ -182,7 +214,8 @@ class Detector:
             found = found or known
         return found
 
-    def _learn(self, record: Record, track: Track, waiting: bool) -> None:
+    def _learn(self, record: Record, track: Track, waiting: bool,
+               spanned: float = float("inf")) -> None:
         """When a wait a scan saw in progress has ended, learn how long it took."""
         seen = track.seen_wait
         if seen is None:
@@ -194,12 +227,15 @@ class Detector:
         if record.waits_completed == completed + 1 and record.last_wait_ns > 0:
             lasted = max(lasted, record.last_wait_ns / NS)  # exactly that wait
         track.seen_wait = None
-        if record.waits_completed > completed:  # it returned: a legitimate duration
+        if record.waits_completed > completed and lasted < spanned:
+            # It returned: a legitimate duration, unless it spanned a person's trace of a
+            # rank of its job (began before the detach, `spanned` seconds ago).
             for learns in learning_keys(record):
                 self.learned.setdefault(learns, {}).setdefault(kind, Learned()).add(lasted)
                 self.changed.add(learns)
 
-    def _learn_pace(self, record: Record, track: Track, paused: bool) -> None:
+    def _learn_pace(self, record: Record, track: Track, paused: bool,
+                    spanned: float = float("inf")) -> None:
         """Learn from every wait the rank completed since the last tick (record v3):
         its pace table's new waits count for the job, and a longer longest raises
         the job's. Not the longest when `paused` (a rank stopped at this tick or the
@@ -220,7 +256,7 @@ class Detector:
             for key in keys:
                 learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
                 learned.count += max(0, waits - seen_waits)
-                if longest > seen_longest and not paused:
+                if longest > seen_longest and not paused and longest / NS < spanned:
                     learned.longest = max(learned.longest, longest / NS)
                 self.changed.add(key)
 
@@ -231,7 +267,9 @@ class Detector:
                 load: float = 1.0, learn: bool = True, seen: Reading | None = None,
                 wedge: Wedge | None = None, traced: bool = False,
                 asleep: Reading | None = None, sockets_quiet: float | None = None,
-                asleep_age: float = 0.0) -> Verdict:
+                asleep_age: float = 0.0, judged_from_ns: int = 0,
+                seen_ranks: frozenset[int] | None = None, seen_where: str = "",
+                gpu_behind: str = "") -> Verdict:
         """One tick for one live rank whose identity the caller has checked.
 
         `load` is the machine's runnable load per core (at least 1) over
@@ -253,6 +291,14 @@ class Detector:
         (frames.asleep), `asleep_age` seconds ago; `sockets_quiet`: seconds its sockets'
         queues stood still (None: not read). With both, a wait past its deadline that
         nothing explains is a quiet hang (`_quiet`), ended only from a fresh sample.
+        `judged_from_ns`: when a tracer last let go of a rank of its job (a person's
+        debugger: states.TRACED); its wait and its time without progress count from
+        there, as if they began at the detach (0: never traced).
+        `seen_ranks`: the ranks of its job seen (records here, and the peers' answers:
+        `seen_where` says where looked); a rank at bring-up waits for the others.
+        `gpu_behind`: its GPU time flat while another process's advances on a GPU busy
+        at working power (judge/gpuwork.behind): its wait is explained (slow, not hung),
+        never a quiet hang, and it holds its job as a rank computing does, to the bound.
         """
         rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
@@ -260,31 +306,43 @@ class Detector:
         tick = self._measure(record, sample, track, now_ns, load, traced)
         _note_progress(record, track, now_ns)
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
-        stopped = sample.status in STOPPED_STATUSES
+        traced_now = foreign_tracer(sample)
+        # A wait at least this long began before a person's tracer let go of a rank of
+        # the job: it lasted as long as the trace, which says nothing of the job's pace.
+        spanned = (now_ns - judged_from_ns) / NS if judged_from_ns else float("inf")
+        stopped = sample.status in STOPPED_STATUSES or traced_now
         if record.pace is not None:
-            self._learn_pace(record, track, stopped or track.stopped or not learn)
+            self._learn_pace(record, track, stopped or track.stopped or not learn, spanned)
         elif learn:
-            self._learn(record, track, waiting)
+            self._learn(record, track, waiting, spanned)
         else:
             track.seen_wait = None
         track.stopped = stopped
         kind = kind_of(record.op) if waiting else NATIVE_KIND
         known = self._known(record, kind)
         deadline = deadline_for(record, rules, known)
+        # A first wait of its kind, on the learned deadline's fallback (nothing learned).
+        cold = (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
+                and rules.deadline is None
+                and (known is None or known.count < rules.auto_min_waits))
         wedge_at = (min(deadline, wedge_deadline(rules, known))
                     if waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
                     else 0.0)
         if wedge is not None and wedge_at:
             deadline = wedge_at
-        since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns)) / NS)
+        since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
+                                                judged_from_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
-                                             track.first_ns)) / NS)
-        in_wait = max(0.0, (now_ns - record.wait_since_ns) / NS) if waiting else 0.0
+                                             track.first_ns, judged_from_ns)) / NS)
+        in_wait = (max(0.0, (now_ns - max(record.wait_since_ns, judged_from_ns)) / NS)
+                   if waiting else 0.0)
+        since_traced = ((now_ns - judged_from_ns) / NS
+                        if judged_from_ns and not traced_now else None)
         _stretch(record, sample, track, waiting, now_ns)
         computing = _computing_now(record, track, tick,
                                    measured and bool(sample.threads) and not traced, seen)
         gpu = _gpu(seen, asleep if asleep_age <= FRESH else None) if waiting else ""
-        computing = computing or gpu == GPU_WORKS
+        computing = computing or gpu == GPU_WORKS or (waiting and bool(gpu_behind))
         # Waits of init, idle or an expect() window are not the job's pace.
         if (waiting and record.pace is None and record.phase == Phase.WAIT
                 and record.expect_seconds == 0 and not stopped and learn):
@@ -293,7 +351,7 @@ class Detector:
         own = self._own(record, sample, track, in_wait, deadline, now_ns) \
             if in_collective else None
         quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns,
-                            asleep_age) if in_collective else ""
+                            asleep_age) if in_collective and not gpu_behind else ""
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
@@ -306,8 +364,25 @@ class Detector:
                 wedge_deadline=wedge_at, wedge=wedge if wedge_at else None,
                 seen=seen.what if seen else "", hot=track.hot,
                 seen_kind=seen.kind if seen else "",
-                quiet=quiet if state == State.STALLED else "", gpu=gpu)
+                quiet=quiet if state == State.STALLED else "", gpu=gpu,
+                tracer=(sample.tracer or 0) if state == State.TRACED else 0,
+                tracer_name=sample.tracer_name if state == State.TRACED else "",
+                since_traced=since_traced if since_traced is not None
+                and since_traced < deadline else None,
+                awaiting=awaiting, cold=cold, behind=gpu_behind if waiting else "",
+                works=(seen is not None and seen.kind == FrameKind.COMPUTING
+                       and not seen.guessed) or gpu == GPU_WORKS)
 
+        awaiting = None
+        if waiting and record.phase == Phase.INIT and seen_ranks is not None \
+                and record.world_size > 1:
+            awaiting = tuple(r for r in range(record.world_size) if r not in seen_ranks)
+
+        if traced_now:
+            # A person at work (a debugger, a profiler): its job is held while it lasts
+            # (holds.py), and judged afresh from the detach.
+            track.due_ticks = 0
+            return verdict(State.TRACED, f"traced by {describe_tracer(sample)}")
         if sample.status in STOPPED_STATUSES:
             track.due_ticks = 0
             return verdict(State.STOPPED, f"process is {sample.status}")
@@ -315,9 +390,12 @@ class Detector:
             return verdict(State.IDLE, "inside hb.idle()")
         if not waiting:
             return self._outside(record, track, deadline, since_moved, verdict)
+        if record.phase == Phase.INIT:
+            return self._bringup(record, track, deadline, in_wait, awaiting, seen_where,
+                                 verdict)
         return self._in_wait(record, track, deadline, in_wait, own, quiet,
                              wedge is not None and bool(wedge_at), verdict,
-                             quiet_fresh=asleep_age <= FRESH, gpu=gpu)
+                             quiet_fresh=asleep_age <= FRESH, gpu=gpu, behind=gpu_behind)
 
     def _measure(self, record: Record, sample: ProcessSample, track: Track, now_ns: int,
                  load: float, traced: bool) -> ThreadTick:
@@ -336,7 +414,7 @@ class Detector:
     def _in_wait(self, record: Record, track: Track, deadline: float, in_wait: float,
                  own: OwnWait | None, quiet: str, wedged: bool,
                  verdict: Callable[..., Verdict], quiet_fresh: bool = True,
-                 gpu: str = "") -> Verdict:
+                 gpu: str = "", behind: str = "") -> Verdict:
         """A rank in a wait: running, suspect past half its deadline, and past it stalled
         (a thread spinning, or a quiet hang: acted on from a fresh sample only) or
         blocked (nothing spinning)."""
@@ -346,7 +424,8 @@ class Detector:
         what = f"in {record.op or 'a wait'} for {in_wait:.1f}s"
         if in_wait < deadline:
             return verdict(State.SUSPECT, f"{what}, past half the {deadline:g}s deadline"
-                           + (f"; quiet: {quiet}" if quiet else ""))
+                           + (f"; quiet: {quiet}" if quiet else "")
+                           + (f"; its GPU work waits behind {behind}" if behind else ""))
         if own is not None and own.moving(rules.auto_floor):
             # A save or load still moving bytes is not stuck, however long it takes.
             track.due_ticks = 0
@@ -381,8 +460,36 @@ class Detector:
             reason = f"{what}, past the {deadline:g}s deadline, nothing spinning"
             if gpu:  # unknown is not flat: no quiet hang, the blocked deadline stands
                 reason += f"; GPU time {gpu} (no quiet hang without it)"
+            if behind:  # the GPU is another job's: slow, not hung
+                reason += f"; its GPU work waits behind {behind}"
         track.due_ticks = track.due_ticks + 1 if due else 0
         return verdict(state, reason, act=track.due_ticks >= rules.confirm)
+
+    def _bringup(self, record: Record, track: Track, deadline: float, in_wait: float,
+                 awaiting: tuple[int, ...] | None, where: str,
+                 verdict: Callable[..., Verdict]) -> Verdict:
+        """A rank in mx.distributed.init: it waits for its peers to start and connect (a
+        late relaunch on a busy cluster), held up to the bring-up bound (`init_deadline`),
+        and ended there, spinning or not: a peer that never comes never will."""
+        if awaiting:
+            names = ", ".join(str(r) for r in awaiting)
+            whom = (f"rank{'s' if len(awaiting) > 1 else ''} {names} (not seen "
+                    f"{where or 'on this node'})")
+        elif awaiting is not None:
+            whom = "its peers to connect (every rank seen)"
+        else:
+            peers = record.world_size - 1
+            whom = f"its {peers} peer{'s' if peers != 1 else ''}" if peers > 0 else "its peers"
+        what = f"at bring-up (mx.distributed.init) for {in_wait:.1f}s, waiting for {whom}"
+        if in_wait < deadline / 2:
+            return verdict(State.RUNNING, f"{what}; bring-up bound {deadline:g}s")
+        if in_wait < deadline:
+            return verdict(State.SUSPECT, f"{what}, past half its {deadline:g}s bring-up bound")
+        spinning = len(track.busy) >= 2 and _median(track.busy) >= self.rules.spin_ratio
+        track.due_ticks += 1
+        return verdict(State.STALLED if spinning else State.BLOCKED,
+                       f"{what}, past its {deadline:g}s bring-up bound",
+                       act=track.due_ticks >= self.rules.confirm)
 
     def _quiet(self, record: Record, sample: ProcessSample, track: Track,
                asleep: Reading | None, sockets_quiet: float | None, in_wait: float,

@@ -81,3 +81,24 @@ def read(gpu_moved: bool | None, power: GpuPower | None,
     if gpu_moved and works is False and power is not None:
         return False, f"GPU time advancing on nothing ({describe(power)})"
     return works, GPU_FLAT
+
+
+def behind(others: tuple[tuple[int, str], ...], power: GpuPower | None,
+           milliwatts: float = SPIN_MILLIWATTS) -> str:
+    """A rank whose own GPU time stands still while other processes' advances: what its
+    work waits behind, in words ("pid 812 (python3.12)'s GPU work, GPU 99% resident at
+    9100 mW"), or "" when that does not explain its wait. The GPU busy at working power
+    (at least `milliwatts`) with another's time advancing does: another job generating
+    or loading its weights on the same Mac (incident 2 of issue 55). A GPU read below
+    working power does not (their work is too little to hold ours up); a power not read
+    (not root, no powermetrics, 0 W) leaves it explained: never end a rank on a guess."""
+    if not others:
+        return ""
+    if power is not None and power.milliwatts > 0 and power.milliwatts < milliwatts:
+        return ""
+    pid, name = others[0]
+    who = f"pid {pid}" + (f" ({name})" if name else "")
+    more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+    how = (describe(power) if power is not None and power.milliwatts > 0
+           else "GPU power not read")
+    return f"{who}{more}'s GPU work, {how}"

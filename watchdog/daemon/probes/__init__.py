@@ -6,6 +6,7 @@ errors become `ProcessGone` or `ProbeError` here, so callers handle two cases.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Any
@@ -80,6 +81,21 @@ class Probe:
         record not watched yet may name any process): None when it is gone. Here the
         full sample; on Linux its start and credentials only, without its threads."""
         return self.sample(pid)
+    def descends(self, pid: int, depth: int = 8) -> bool | None:
+        """Is `pid` a descendant of this process (the daemon's own stack sampler: its gdb,
+        its `sample`, and what those start)? None when its line could not be read to the
+        end (a tracer gone meanwhile)."""
+        me = os.getpid()
+        try:
+            for _ in range(depth):
+                if pid == me:
+                    return True
+                if pid <= 1:
+                    return False
+                pid = int(self.ps.Process(pid).ppid())
+        except (self.ps.NoSuchProcess, self.ps.AccessDenied, OSError):
+            return None
+        return False
 
     def wired_bytes(self) -> int | None:
         return None
@@ -133,6 +149,12 @@ class Probe:
         """`gpu_time`, with why it is None in words ("" when read)."""
         ns = self.gpu_time(pid, timeout)
         return ns, "" if ns is not None else "not read on this platform"
+
+    def gpu_others(self, pid: int) -> dict[int, tuple[int, str]] | None:
+        """Every other process's accumulated GPU nanoseconds and name, by pid, from the
+        same reading as the last `gpu_reading` (macOS: one ioreg lists every Metal
+        client); None when this platform cannot tell or nothing was read yet."""
+        return None
 
     def gpu_power(self, timeout: float) -> GpuPower | None:
         """The GPU's active residency and power over a short sample (macOS, root:

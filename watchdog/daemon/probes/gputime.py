@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 _CREATOR = re.compile(r'"IOUserClientCreator" = "pid (\d+),')
+_CREATOR_NAME = re.compile(r'"IOUserClientCreator" = "pid (\d+), ([^"]*)"')
 _GPU_NS = re.compile(r'"accumulatedGPUTime"=(\d+)')
 MAX_CLIENTS = 4096
 
@@ -44,3 +45,9 @@ def listed(text: str, pid: int) -> bool:
     """Does any client block name this pid as its creator?"""
     return any((c := _CREATOR.search(block)) is not None and int(c.group(1)) == pid
                for block in text.split("+-o ")[1:MAX_CLIENTS + 1])
+
+
+def client_names(text: str) -> dict[int, str]:
+    """Each client's creator's name by pid, as ioreg prints it ("python3.12")."""
+    return {int(m.group(1)): m.group(2)[:64]
+            for m in _CREATOR_NAME.finditer(text[:8 << 20])}

@@ -389,7 +389,7 @@ class LinuxProbe(Probe):
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         # Read first: a pid naming a thread (not its group's leader) costs this one
         # read, not a sample of every thread of its process.
-        uids, dumpable, group = self._credentials(pid)
+        uids, dumpable, group, tracer = self._credentials(pid)
         if group and group != pid:
             return ProcessSample(pid, 0.0, uids[0] if uids else -1, "thread", (),
                                  start_ticks=before, thread_of=group)
@@ -412,7 +412,9 @@ class LinuxProbe(Probe):
                       else after / CLOCK_TICKS + self.boot_time())
         return replace(sample, start_time=start_time, start_ticks=after, demand=demand,
                        uids=uids or sample.uids, dumpable=dumpable, io=io,
-                       major_faults=faults)
+                       major_faults=faults, tracer=tracer,
+                       tracer_name=self._comm(tracer) if tracer else "",
+                       tracer_own=self.descends(tracer) if tracer else None)
 
     def glance(self, pid: int) -> ProcessSample | None:
         """Start ticks and credentials (/proc/<pid>/stat and status), no thread read:
@@ -424,34 +426,46 @@ class LinuxProbe(Probe):
             return None
         except (OSError, ValueError, IndexError) as err:
             raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
-        uids, dumpable, group = self._credentials(pid)
+        uids, dumpable, group, _ = self._credentials(pid)
         return ProcessSample(pid, 0.0, uids[0] if uids else -1, "", (), start_ticks=ticks,
                              uids=uids, dumpable=dumpable,
                              thread_of=group if group and group != pid else 0)
 
-    def _credentials(self, pid: int) -> tuple[tuple[int, ...], bool | None, int]:
-        """(real, effective, saved, fs uids; dumpable; thread group id) from /proc, or
-        ((), None, 0).
+    def _comm(self, pid: int) -> str:
+        try:
+            with open(f"{self.proc}/{pid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def _credentials(self, pid: int
+                     ) -> tuple[tuple[int, ...], bool | None, int, int | None]:
+        """(real, effective, saved, fs uids; dumpable; thread group id; TracerPid) from
+        /proc, or ((), None, 0, None).
 
         The kernel gives a process that is not dumpable /proc files owned by
         root (proc(5)): for a non-root process, that owner is its dumpable flag.
         """
-        group, line = 0, ""
+        group = 0
         try:
             with open(f"{self.proc}/{pid}/status") as f:
                 owner = os.fstat(f.fileno()).st_uid  # the files', not the folder's
+                lines: dict[str, str] = {}
                 for ln in f:
-                    if ln.startswith("Tgid:"):
-                        group = int(ln.split()[1])
-                    elif ln.startswith("Uid:"):
-                        line = ln
-                        break  # Tgid comes before Uid
-            uids = tuple(int(u) for u in line.split()[1:5])
-        except (OSError, ValueError, IndexError):
-            return (), None, 0
+                    if ln.startswith(("Tgid:", "TracerPid:", "Uid:")):
+                        lines[ln.split(":", 1)[0]] = ln
+                        if ln.startswith("Uid:"):
+                            break  # Tgid and TracerPid come before Uid
+            tgid = lines.get("Tgid", "").split()[1:2]
+            group = int(tgid[0]) if tgid else 0
+            uids = tuple(int(u) for u in lines.get("Uid", "").split()[1:5])
+            traced = lines.get("TracerPid", "").split()[1:2]
+            tracer = int(traced[0]) if traced else None
+        except (OSError, ValueError):
+            return (), None, 0, None
         if len(uids) != 4:
-            return (), None, group
-        return uids, (owner == uids[0]) if uids[0] != 0 else True, group
+            return (), None, group, tracer
+        return uids, (owner == uids[0]) if uids[0] != 0 else True, group, tracer
 
     def wired_bytes(self) -> int | None:
         try:

@@ -145,6 +145,42 @@ VNODE_FDINFO_SIZE = 176
 FILEINFO = struct.Struct("<IIq")
 
 
+# struct proc_bsdinfo (proc_pidinfo PROC_PIDTBSDINFO, 136 bytes): pbi_flags first,
+# pbi_ppid at 16, pbi_comm (16 bytes) at 48. PROC_FLAG_TRACED is set while a tracer holds
+# the process (P_LTRACED), and xnu's ptrace(PT_ATTACH) reparents it to its tracer
+# (`proc_reparentlocked`, the old parent kept in p_oppid) until the detach: pbi_ppid
+# is then the tracer (lldb's debugserver; a ptrace-attaching profiler).
+PROC_PIDTBSDINFO, BSDINFO_SIZE, PROC_FLAG_TRACED = 3, 136, 0x2
+BSD_HEAD = struct.Struct("<5I")
+BSD_COMM_OFFSET = 48
+
+
+def bsd_tracer(buffer: bytes) -> tuple[int, str]:
+    """(the tracer's pid, 0 when not traced; the process's pbi_comm) of a struct
+    proc_bsdinfo."""
+    if len(buffer) < BSDINFO_SIZE:
+        raise ValueError("a short proc_bsdinfo")
+    flags, _status, _xstatus, _pid, ppid = BSD_HEAD.unpack_from(buffer, 0)
+    comm = buffer[BSD_COMM_OFFSET:BSD_COMM_OFFSET + 16].split(b"\0", 1)[0]
+    return (int(ppid) if flags & PROC_FLAG_TRACED else 0), comm.decode("utf-8", "replace")
+
+
+def read_bsdinfo(pid: int, libproc: Any = None) -> tuple[int, str] | None:
+    """bsd_tracer of the process, or None when it cannot be read."""
+    lib = libproc if libproc is not None else _libproc()
+    if lib is None:
+        return None
+    info = ctypes.create_string_buffer(BSDINFO_SIZE)
+    try:
+        filled = lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDTBSDINFO),
+                                  ctypes.c_uint64(0), info, ctypes.c_int(BSDINFO_SIZE))
+    except (AttributeError, OSError):
+        return None
+    if filled < BSDINFO_SIZE:
+        return None
+    return bsd_tracer(info.raw)
+
+
 def socket_counts(buffer: bytes) -> tuple[int, int, int] | None:
     """(soi_so, soi_snd.sbi_cc, soi_rcv.sbi_cc) of a TCP socket's struct socket_fdinfo;
     None for another kind of socket."""
@@ -345,6 +381,7 @@ class MacProbe(Probe):
         # The disk counters see no byte to a FIFO or a network mount: the files' offsets do.
         raw = _rusage(pid, self.libproc, RUSAGE_INFO_V4)
         offsets = read_offsets(pid, self.libproc)
+        sample = self._traced(sample)
         if raw is None:
             return replace(sample, io=read_io(pid, self.libproc),
                            major_faults=read_pageins(pid, self.libproc), offsets=offsets)
@@ -352,6 +389,19 @@ class MacProbe(Probe):
         return replace(sample, io=rusage_io(raw), major_faults=rusage_pageins(raw),
                        runnable=rusage_run_queue(raw, timebase) if timebase else None,
                        offsets=offsets)
+
+    def _traced(self, sample: ProcessSample) -> ProcessSample:
+        """Its tracer (pbi_flags' PROC_FLAG_TRACED; the tracer is then its parent), named
+        by the tracer's own pbi_comm."""
+        read = read_bsdinfo(sample.pid, self.libproc)
+        if read is None:
+            return sample
+        tracer = read[0]
+        if not tracer:
+            return replace(sample, tracer=0)
+        theirs = read_bsdinfo(tracer, self.libproc)
+        return replace(sample, tracer=tracer, tracer_name=theirs[1] if theirs else "",
+                       tracer_own=self.descends(tracer))
 
     def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
         """Each TCP socket's (handle, bytes to send, bytes unread): soi_snd/soi_rcv."""
@@ -433,11 +483,21 @@ class MacProbe(Probe):
             return None, f"ioreg failed (exit {done.returncode})"
         text = done.stdout[:8 << 20].decode("utf-8", "replace")
         found = gputime.gpu_time_by_pid(text)
+        names = gputime.client_names(text)
+        # Every Metal client's, for the GPU shared with another job (gpu_others).
+        self.gpu_table = {p: (ns, names.get(p, "")) for p, ns in found.items()}
         if pid in found:
             return found[pid], ""
         if gputime.listed(text, pid):
             return None, f"ioreg lists pid {pid} with no accumulatedGPUTime (a format not read)"
         return None, f"ioreg lists no Metal client for pid {pid}"
+
+    def gpu_others(self, pid: int) -> dict[int, tuple[int, str]] | None:
+        """The other Metal clients' GPU time and name, from the last ioreg read."""
+        table = getattr(self, "gpu_table", None)
+        if table is None:
+            return None
+        return {p: entry for p, entry in table.items() if p != pid}
 
     def gpu_power(self, timeout: float) -> powermetrics.GpuPower | None:
         """One half-second sample of `powermetrics --samplers gpu_power` (root only; the

@@ -112,6 +112,12 @@ class Stacks:
     # own time accounts for them (judge/gpuwork.py).
     gpu_share: float | None = None
     gpu_why: str = ""  # why `gpu_moved` is None, in words (judge/frames.py: unknown)
+    # The other processes' GPU time and name by pid, read with its own (macOS); and,
+    # its own GPU time flat, those whose GPU time advanced since the sample before
+    # (most first: (pid, name)): the GPU shared with another job (its work queued
+    # behind theirs).
+    gpu_others: dict[int, tuple[int, str]] | None = None
+    gpu_behind: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -192,11 +198,14 @@ class StackSampler:
                     and found.at - before.at <= GPU_SPAN:
                 moved = found.gpu_ns > before.gpu_ns
                 span = found.at - before.at
+                behind = () if moved else _advanced(before.gpu_others, found.gpu_others)
                 # Advancing: is it work, or a kernel spinning on nothing (mlx #3830)?
                 # Flat: was the GPU busy with another's work meanwhile? The whole GPU's
-                # reading, with the share of it this rank's own time covers.
+                # reading, with the share of it this rank's own time covers, and the
+                # others whose GPU time advanced.
                 found = dataclasses.replace(
-                    found, gpu_moved=moved, gpu_power=self.probe.gpu_power(SAMPLE_TIMEOUT),
+                    found, gpu_moved=moved, gpu_behind=behind,
+                    gpu_power=self.probe.gpu_power(SAMPLE_TIMEOUT),
                     gpu_share=(found.gpu_ns - before.gpu_ns) / (span * 1e9) if span > 0
                     else None)
             elif found.gpu_ns is not None:  # one reading: flat or not needs two
@@ -254,20 +263,21 @@ class StackSampler:
         if now.status in STOPPED_STATUSES:
             return Stacks(began, {}, busy, error="not sampled: the process is stopped")
         gpu, why = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
+        others = self.probe.gpu_others(who.pid) if gpu is not None else None
         try:
             stacks = self.probe.native_stacks(who.pid, self.probe.stack_timeout)
         except ProbeError as err:  # e.g. a thread in uninterruptible sleep: not attached
             return Stacks(began, {}, busy, error=f"not sampled: {err}", gpu_ns=gpu,
-                          gpu_why=why)
+                          gpu_why=why, gpu_others=others)
         took = self.clock() - began
         self.taken += 1
         self.seconds += took
         if stacks is None:
             return Stacks(began, None, busy, took, "no native stack sampler installed", gpu,
-                          gpu_why=why)
+                          gpu_why=why, gpu_others=others)
         stacks = bounded(stacks, (*busy, who.pid))
         return Stacks(began, stacks, busy, took, "" if stacks else "the sample read nothing",
-                      gpu, gpu_why=why)
+                      gpu, gpu_why=why, gpu_others=others)
 
     def track_queues(self, key: Key, pid: int, now: float, backend: str | None = None,
                      every: float = 0.0) -> Queues:
@@ -301,3 +311,13 @@ class StackSampler:
             # under load: "dictionary changed size during iteration" failed the scan).
             for key in [k for k in list(table) if k not in keep]:
                 table.pop(key, None)
+
+
+def _advanced(before: dict[int, tuple[int, str]] | None,
+              now: dict[int, tuple[int, str]] | None) -> tuple[tuple[int, str], ...]:
+    """The processes whose GPU time advanced between two readings, most first."""
+    if not before or not now:
+        return ()
+    grew = sorted(((ns - before[p][0], p, name) for p, (ns, name) in now.items()
+                   if p in before and ns > before[p][0]), reverse=True)
+    return tuple((p, name) for _, p, name in grew)
