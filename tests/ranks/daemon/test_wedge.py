@@ -29,7 +29,7 @@ from tests.support.wedges import armed, build_shim
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
 
-WEDGE_WITHIN = 30.0  # seconds from the wedge to the ranks' end, at the defaults
+WEDGE_WITHIN = 10.0  # seconds from the wedge to the ranks' end, at the defaults (issue 58)
 
 
 @pytest.fixture(scope="module")
