@@ -396,8 +396,9 @@ class Jobs:
             v, rec = rank.verdict, rank.record
             if v is None or rank.escalating or rec.phase != Phase.WAIT \
                     or v.wedge_deadline <= 0 or v.seconds_in_wait < wedge.TRACK_AFTER \
-                    or sample.status in STOPPED_STATUSES or not bytes_on_sockets(rec.backend):
-                return set()
+                    or sample.status in STOPPED_STATUSES or foreign_tracer(sample) \
+                    or not bytes_on_sockets(rec.backend):
+                return set()  # a person's debugger on it: never a sample of ours
         numbers = [r.record.collectives for r, _ in members]
         ops = {(r.record.op, r.record.flight[-1].op if r.record.flight else "")
                for r, _ in members}
