@@ -116,7 +116,7 @@ class Settings:
     spin_ratio: float = 0.5
     confirm: int = 2
     wedge_floor: float = 15.0
-    wedge_floor_exact: float = 5.0
+    wedge_floor_exact: float = 4.0
     gpu_spin_watts: float = 5.0
     mode: Mode = Mode.ENFORCE
     kill_scope: KillScope = KillScope.JOB

@@ -104,7 +104,7 @@ def test_the_lower_floor_needs_the_ring_links_found_up():
 
 def test_an_exact_wedge_deadline_has_the_lower_floor():
     rules = Rules()
-    assert wedge_deadline(rules, None, exact=True) == 5.0
+    assert wedge_deadline(rules, None, exact=True) == 4.0
     assert wedge_deadline(rules, Learned(10.0, 500), exact=True) == 40.0
     # Never above wedge_floor, whatever the setting says.
     assert wedge_deadline(dataclasses.replace(rules, wedge_floor_exact=30.0), None,
@@ -177,8 +177,8 @@ def test_a_wedged_job_is_judged_at_the_wedge_deadline():
 
 def test_an_exact_wedge_is_judged_at_the_lower_floor():
     wedged = run(TICKS, seen=SPIN, wedge=Wedge("collective wedged: ...", 1, exact=True))
-    assert wedged[-1].deadline == 5.0 and wedged[-1].wedge_deadline == 5.0
-    assert [t for t, v in zip(TICKS, wedged, strict=True) if v.act][0] == 6.0
+    assert wedged[-1].deadline == 4.0 and wedged[-1].wedge_deadline == 4.0
+    assert [t for t, v in zip(TICKS, wedged, strict=True) if v.act][0] == 5.0
     # Without a wedge the shown wedge deadline stays today's (no early sampling on it).
     assert run(TICKS, seen=SPIN)[-1].wedge_deadline == 15.0
 

@@ -28,7 +28,7 @@ class Rules:
     confirm: int = 2  # ticks in a row a rank must be due before it is acted on
     wedge_floor: float = 15.0  # a wedged collective's deadline is never under this
     # ...nor under this when every rank's stillness was read from byte counters
-    wedge_floor_exact: float = 5.0
+    wedge_floor_exact: float = 4.0
     gpu_spin_watts: float = 5.0  # macOS: a resident GPU under this spins on nothing
 
 

@@ -40,7 +40,7 @@ FRESH = 10.0  # seconds a stack sample speaks for
 # scan (cheap: no stop of the rank); a job whose every rank's counters stood exactly
 # still for EARLY_STILL is sampled then (once a wait), not first at its wedge deadline:
 # by the time the sample is read, QUIET_FOR has passed.
-TRACK_AFTER = 1.0
+TRACK_AFTER = 0.5
 EARLY_STILL = 2.0
 
 
