@@ -78,6 +78,11 @@ ASK_AHEAD = 10.0
 # read nothing. A job whose sockets stand still for another reason (a peer computing)
 # is never sampled more than this ahead of its wedge deadline.
 EARLY_TRIES = 2
+# A job an early sample found healthy (the wait returned) is not sampled early again for
+# this long: a job whose every step has a long wait with its sockets still costs one
+# early sample per rank in EARLY_HOLD seconds (~0.2% of a rank's time), and a wedge in
+# that window is ended at the queue-based floor, as before issue 58.
+EARLY_HOLD = 300.0
 THERMAL_EVERY = 30.0  # seconds between two asks of the node's thermal state (macOS: a tool)
 
 
@@ -126,6 +131,7 @@ class Jobs:
         # is sampled once a wait ahead of its wedge deadline (`_track_early`).
         # (its wait_since_ns, asked at, samples asked in that wait)
         self.early: dict[Key, tuple[int, float, int]] = {}
+        self.early_held: dict[JobKey, float] = {}  # until when a job is not sampled early
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
@@ -389,6 +395,18 @@ class Jobs:
         long all_sum moving bytes is never still and never sampled early; a peer computing
         while the sockets stand still costs one sample a wait. The ranks tracked."""
         one = members[0][0].record
+        job = (one.uid, one.job)
+        for rank, _ in members:
+            early = self.early.get(rank.key)
+            if early is not None and early[0] != rank.record.wait_since_ns:
+                # The wait it was sampled early in returned: a healthy job whose sockets
+                # stand still while it works (a peer computing each step) is not
+                # sampled early again for EARLY_HOLD seconds.
+                del self.early[rank.key]
+                self.early_held[job] = now + EARLY_HOLD
+        if now < self.early_held.get(job, 0.0):
+            return set()
+        self.early_held.pop(job, None)
         if one.world_size < 2 or (len(members) < one.world_size
                                   and not self.live.peering.peers):
             return set()

@@ -41,7 +41,7 @@ FRESH = 10.0  # seconds a stack sample speaks for
 # still for EARLY_STILL is sampled then (once a wait), not first at its wedge deadline:
 # by the time the sample is read, QUIET_FOR has passed.
 TRACK_AFTER = 0.5
-EARLY_STILL = 2.0
+EARLY_STILL = 1.0
 
 
 @dataclass(frozen=True)
