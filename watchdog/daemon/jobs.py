@@ -468,7 +468,10 @@ class Jobs:
         # floor, which needs its link found up first).
         long = [r for r in ranks if r.state in WAITING_LONG
                 or (r.state not in FINAL and self.sampled_early(r))]
-        for r in long:
+        # Least lately asked first: with one probe under way per uid, a rank due again
+        # first in the list would take the uid's turn at every scan, and a rank after it
+        # never be probed (its wedge never at the exact floor, which needs its link up).
+        for r in sorted(long, key=lambda r: self.links.asked.get(r.key, float("-inf"))):
             busy = r.verdict is not None and bool(r.verdict.hot)
             self.links.ask(r.key, now, r.record.backend, r.record.uid,
                            PROBE_EVERY if busy else QUIET_PROBE_EVERY)
