@@ -7,6 +7,16 @@ each macOS source a stand-in of watchdog/macsim reading the live process.
     python -m benchmarks.macsim daemon_cost --counts 1 8 --seconds 30
     python -m benchmarks.macsim frozen
     python -m benchmarks.macsim saves
+    python -m benchmarks.macsim gpu [--seconds 120] [--unknown]
+
+`gpu` (issue 54): one daemon at its defaults, the GPU profile (MLX's compute stands for
+the GPU, every CPU thread asleep in the eval), at once: a single process computing
+SECONDS in one eval, a ring job whose rank 1 computes SECONDS while rank 0 waits in the
+all_sum, and a ring job parked in an all_sum (a quiet hang). The two computing jobs must
+end on their own with no incident, status saying their GPU time advances; the quiet hang
+is ended (seconds to its end). With --unknown, every rank's `ioreg` client is unlisted
+(GPU time unknown): the computing jobs are still held, and the quiet hang must be held
+too (said "GPU time unknown"), up to `blocked_deadline`.
 
 `frozen`: one daemon at its defaults; a ring job whose rank 1 is stopped for 40 s then
 resumed (it must survive), then one whose rank 1 stays stopped (seconds to its end).
@@ -33,7 +43,7 @@ from tests.support import lm_server, lm_train, netbed, ranks
 
 SIMULATED = {"MLX_WATCHDOG_SIMULATE": "macos"}
 BENCHMARKS = ("wedge", "daemon_cost", "stragglers", "throttled", "server_hang", "train_hang",
-              "frozen", "saves")
+              "frozen", "saves", "gpu")
 
 
 def simulated_env(original: Any) -> Any:
@@ -55,6 +65,10 @@ def main() -> None:
         frozen()
     elif name == "saves":
         saves()
+    elif name == "gpu":
+        seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) \
+            if "--seconds" in sys.argv else 120.0
+        gpu(seconds, "--unknown" in sys.argv)
     else:
         importlib.import_module(f"benchmarks.{name}").main()
 
@@ -162,6 +176,70 @@ def saves(slow_seconds: float = 150.0, save_at: int = 20) -> None:
                   flush=True)
             for name in ("slow", "stuck"):
                 print(lines.get(name, f"  {name}: no result"), flush=True)
+
+
+
+def gpu(seconds: float = 120.0, unknown: bool = False) -> None:
+    import os
+    import subprocess
+    import tempfile
+    import time
+
+    from tests.support import SUPPORT
+    from tests.support.lm_server import DefaultDaemon
+    from tests.support.ranks import RingJob, base_env, wait_for
+    from tests.support.wedges import armed, build_shim
+
+    mode = {"MLX_WATCHDOG_SIMULATE_GPU": "unlisted"} if unknown else {}
+    with tempfile.TemporaryDirectory(prefix="mlxwd-macsim-gpu-") as tmp:
+        root = Path(tmp)
+        (root / "records").mkdir()
+        shim = build_shim(root)
+        trigger = root / "park-now"
+        with DefaultDaemon(root / "records", root / "state") as daemon:
+            records = daemon.record_dir
+            with RingJob(root / "park", records, 2, "loop",
+                         env={**armed(shim, trigger, "park", "*"), **mode}) as parked, \
+                    RingJob(root / "peer", records, 2, "slowpeer", args=(str(seconds),),
+                            env=mode) as peer:
+                log = open(root / "solo.log", "wb")  # noqa: SIM115 - the process's own
+                solo = subprocess.Popen(
+                    [sys.executable, str(SUPPORT / "solo_prog.py"), "long", str(seconds)],
+                    stdout=log, stderr=subprocess.STDOUT,
+                    env=base_env(records, MLX_WATCHDOG="1", **mode))
+                parked.wait_running(collectives=50)
+                wait_for(lambda: "slowpeer:" in peer.log(1), 120, what="rank 1 computing")
+                trigger.touch()
+                began = time.monotonic()
+                said: dict[str, str] = {}
+                ended_at = None
+                while solo.poll() is None or any(p.poll() is None for p in peer.procs):
+                    ranks = daemon.ranks()
+                    for name, pid in (("solo", solo.pid), ("peer rank 1", peer.pids[1]),
+                                      ("peer rank 0", peer.pids[0]),
+                                      ("parked rank 0", parked.pids[0])):
+                        reason = (ranks.get(pid) or {}).get("reason") or ""
+                        if "GPU time" in reason or "held" in reason:
+                            said[name] = reason
+                    if ended_at is None and all(p.poll() is not None for p in parked.procs):
+                        ended_at = time.monotonic() - began
+                    time.sleep(1.0)
+                    if time.monotonic() - began > seconds + 240:
+                        break
+                took = time.monotonic() - began
+                incidents = daemon.incidents()
+                ours = [i for i in incidents if set(i["pids"]) & {solo.pid, *peer.pids}]
+                quiet = [i for i in incidents if set(i["pids"]) & set(parked.pids)]
+                print(f"  {'GPU time unknown (unlisted)' if unknown else 'GPU profile'}: "
+                      f"{seconds:.0f} s evals ran {took:.0f} s; solo exit {solo.returncode}, "
+                      f"peer exits {[p.returncode for p in peer.procs]}; incidents on them: "
+                      f"{len(ours)}", flush=True)
+                for name, reason in said.items():
+                    print(f"    {name}: {reason[:200]}", flush=True)
+                end = f"ended {ended_at:.1f} s after the park" if ended_at else "not ended"
+                cause = quiet[-1]["cause"] if quiet else "no incident"
+                print(f"  quiet hang: {end} ({cause}); load {os.getloadavg()[0]:.1f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 every module, a function's own included, read from the source and held to the rooms'
 rules: `cli` on top, then the launcher (`launch`), then `daemon`, then `net`, then the
 contracts; `rank` (with the public API that loads it) beside them, reading only the
-record, the states, the table of backends and `procstat.py`. The simulated Mac
+record, the states, the table of backends, `procstat.py` and `host.py`. The simulated Mac
 (`macsim`, docs/macos.md) sits on top of the daemon's probes and is imported by no one:
 host.py loads it by name, only when MLX_WATCHDOG_SIMULATE=macos."""
 
@@ -29,7 +29,10 @@ MAY_USE: dict[str, set[str]] = {
     "net": set(),
     "contracts": set(),
 }
-RANK_READS = {"record", "watchdog.states", "watchdog.backends", "watchdog.procstat"}
+# host.py too: a rank on the simulated Mac labels MLX's compute thread, its GPU (the
+# record reads it already, for the default directory).
+RANK_READS = {"record", "watchdog.states", "watchdog.backends", "watchdog.procstat",
+              "watchdog.host"}
 
 
 def module_name(path: Path) -> str:

@@ -366,7 +366,19 @@ class Jobs:
             return v is not None and v.seconds_in_wait > 0 and \
                 v.seconds_in_wait >= (v.wedge_deadline or v.deadline)
         if not any(late(r) for r, _ in members):
-            return self._track_early(members, now)
+            keys = self._track_early(members, now)
+            if self.probe.gpu_clock and any(
+                    r.verdict is not None and r.verdict.seconds_in_wait > 0
+                    and r.verdict.seconds_in_wait >= (r.verdict.wedge_deadline
+                                                      or r.verdict.deadline) / 2
+                    for r, _ in members):
+                for rank, sample in members:  # their GPU time read once ahead (macOS)
+                    rec = rank.record
+                    if not rank.escalating and sample.status not in STOPPED_STATUSES:
+                        self.stacks.prime(Identity(rec.pid, rec.start_time, rec.uid,
+                                                   rec.start_ticks), now)
+                keys |= {r.key for r, _ in members}
+            return keys
         # No thread busy in any rank of the job: no wedge to tell (it needs a spinning
         # thread), only a quiet hang to confirm at its deadline.
         quiet = not any(r.verdict is not None and r.verdict.hot for r, _ in members)

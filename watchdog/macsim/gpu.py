@@ -138,18 +138,19 @@ def _cpu_ns(pid: int, tids: Iterable[int], proc: str) -> int:
     return total
 
 
-def gpu_ns(pid: int, proc: str = "/proc") -> int | None:
+def gpu_ns(pid: int, proc: str = "/proc", work_only: bool = False) -> int | None:
     """The process's accumulated GPU nanoseconds as a Mac's ioreg would show them; None
     for a process that is not a Metal one (no labelled thread) or whose client is not
-    listed (mode "unlisted")."""
+    listed (mode "unlisted"). `work_only`: without a spinning kernel's time (the power
+    it draws is work's), listed or not."""
     tids = labelled(pid, proc)
     if not tids:
         return None
     found = modes(pid, proc)
-    if "unlisted" in found:
+    if "unlisted" in found and not work_only:
         return None
     ns = 0 if "cpu" in found else _cpu_ns(pid, tids, proc)
-    if "spin" in found:  # a kernel spinning: GPU time goes by with the wall clock
+    if "spin" in found and not work_only:  # a kernel spinning: GPU time goes by
         start = _start(pid, proc)
         ns += max(0, time.clock_gettime_ns(time.CLOCK_BOOTTIME)
                   - start * 1_000_000_000 // os.sysconf("SC_CLK_TCK"))
@@ -199,24 +200,24 @@ def gpu_power(interval: float, environ: dict[str, str] | os._Environ[str] = os.e
     """The whole GPU's (active residency %, power mW) over `interval` seconds, from
     every Metal process's GPU time."""
     pids = metal_pids(proc)
-    first = {pid: gpu_ns(pid, proc) for pid in pids}
+    first = {pid: gpu_ns(pid, proc, work_only=True) for pid in pids}
     began = time.monotonic_ns()
     time.sleep(interval)
     spent = time.monotonic_ns() - began
-    advanced = 0
+    advanced = 0  # real work's GPU time, every process's (a spinning kernel's apart)
     for pid in pids:
-        now = gpu_ns(pid, proc)
+        now = gpu_ns(pid, proc, work_only=True)
         if now is not None and first.get(pid) is not None:
             advanced += max(0, now - (first[pid] or 0))
     wide = {m.strip() for m in environ.get(MODES_VARIABLE, "").split(",")}
     for pid in pids:
         wide |= modes(pid, proc)
-    spinning = "spin" in wide
-    residency = 100.0 if spinning else max(IDLE_RESIDENCY,
-                                           min(100.0, 100.0 * advanced / max(1, spent)))
-    power = (SPIN_MILLIWATTS if spinning
-             else IDLE_MILLIWATTS + (WORK_MILLIWATTS - IDLE_MILLIWATTS) * residency / 100.0)
-    return residency, 0.0 if "zero-watts" in wide else power
+    working = max(IDLE_RESIDENCY, min(100.0, 100.0 * advanced / max(1, spent)))
+    power = IDLE_MILLIWATTS + (WORK_MILLIWATTS - IDLE_MILLIWATTS) * working / 100.0
+    if "spin" in wide:  # #3830: fully resident, the spin's power with any work's on top
+        working, power = 100.0, min(WORK_MILLIWATTS + SPIN_MILLIWATTS,
+                                    SPIN_MILLIWATTS + power - IDLE_MILLIWATTS)
+    return working, 0.0 if "zero-watts" in wide else power
 
 
 def powermetrics_text(residency: float, milliwatts: float, elapsed_ms: float) -> str:

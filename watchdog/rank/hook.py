@@ -136,9 +136,7 @@ def install(directory: str | None = None, job: str | None = None, *,
                 hb.pinned_job = job
                 instrument(hb, mx)
                 if host.simulated():  # MLX's compute thread stands for the Mac's GPU
-                    from watchdog.macsim import gpu
-
-                    gpu.label(mx)
+                    host.simulation().gpu.label(mx)
             except BaseException:
                 restore()
                 if hb is not None:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -150,3 +151,44 @@ def test_a_save_whose_offsets_move_holds_where_the_disk_counters_see_nothing():
     assert last.own is not None and last.own.moving(RULES.auto_floor), last.own
     assert last.own.written and last.own.written >= 4096 * 10, last.own
     assert "bytes moving" in last.reason and not any(v.act for v in verdicts), last.reason
+
+
+def test_a_listener_is_found_when_one_process_refuses_the_system_wide_listing(monkeypatch):
+    """psutil on macOS fails the whole net_connections() on one refused pid: each
+    process is then read in turn, the refused ones passed over."""
+    import socket
+    from types import SimpleNamespace
+
+    import psutil
+
+    from watchdog.daemon.probes import datalink
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    class Refusing:
+        @staticmethod
+        def net_connections(kind: str = "inet"):
+            raise psutil.AccessDenied(1)
+
+        @staticmethod
+        def pids():
+            return [1, os.getpid()]
+
+        class Process:
+            def __init__(self, pid: int) -> None:
+                self.pid = pid
+
+            def net_connections(self, kind: str = "inet"):
+                if self.pid == 1:
+                    raise psutil.AccessDenied(1)
+                return psutil.Process(self.pid).net_connections(kind=kind)
+
+            def uids(self):
+                return SimpleNamespace(real=os.getuid())
+
+    monkeypatch.setattr("watchdog.daemon.probes.platform_psutil", lambda: Refusing)
+    try:
+        assert datalink._psutil_listener_uid(("127.0.0.1", port)) == os.getuid()
+    finally:
+        server.close()

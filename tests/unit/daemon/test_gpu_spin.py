@@ -173,3 +173,20 @@ def test_gpu_spin_watts_0_turns_the_rule_off_and_a_lower_one_narrows_it():
     assert read(True, spinning, spinning.milliwatts)[0] is True  # not under it
     assert read(True, spinning, spinning.milliwatts + 1)[0] is False
     assert Settings().rules().gpu_spin_watts == SPIN_MILLIWATTS / 1000
+
+
+def test_a_gpu_time_read_ahead_tells_flat_from_advancing_at_the_first_sample():
+    """A rank past half its wedge deadline has its GPU time read once ahead (ioreg only):
+    its first stack sample already has two readings; without, it says why not."""
+    probe = GpuProbe(AT_WORK)
+    probe.gpu_clock = True  # type: ignore[misc]
+    s = StackSampler(probe, lambda fn: fn(), lambda: 1000.0)
+    who = Identity(40, 1.7e9, 501)
+    s.prime(who, 995.0)
+    s.ask(who, (), 1000.0)
+    found = s.found[(40, 1.7e9)]
+    assert found.gpu_moved is True and found.gpu_why == ""
+    cold = StackSampler(GpuProbe(AT_WORK), lambda fn: fn(), lambda: 1000.0)
+    cold.ask(who, (), 1000.0)
+    first = cold.found[(40, 1.7e9)]
+    assert first.gpu_moved is None and "one reading" in first.gpu_why

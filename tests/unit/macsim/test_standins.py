@@ -382,9 +382,10 @@ def test_mlx_compute_stands_for_the_gpu(gpu_ranks):
     spin = probe.gpu_reading(gpu_ranks["spin"], 10)[0]
     time.sleep(0.3)
     assert (probe.gpu_reading(gpu_ranks["spin"], 10)[0] or 0) >= (spin or 0) + 250_000_000
-    power = probe.gpu_power(10)  # a spinning rank here: the whole GPU spins (#3830)
+    power = probe.gpu_power(10)  # a spinning rank here: the whole GPU resident (#3830)
     assert power is not None and power.active_percent == 100.0
-    assert power.milliwatts == gpu.SPIN_MILLIWATTS
+    # the spin's 3 W, the working rank's power on top (a GPU shared with work)
+    assert power.milliwatts > gpu.SPIN_MILLIWATTS
     residency, watts = gpu.gpu_power(0.2, {gpu.MODES_VARIABLE: "zero-watts"})
     assert watts == 0.0  # macOS 27, an M5 Max: 0 mW, which the judge reads as no reading
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -269,17 +270,43 @@ def wait_healthy_cmd(node_: Any, state_dir: str, timeout: float | None, quiet: b
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: each check's name, level and message, and whether any "
                    "failed (for checking a fleet).")
+@click.option("--mac-check", is_flag=True,
+              help="On a Mac (run as root): start a small MLX job and measure what only "
+                   "the hardware tells (threads, sample, ioreg's GPU time, powermetrics, a "
+                   "save's bytes, wired memory), each beside what the daemon assumes.")
+@click.option("--report", "report_path", default=None, metavar="FILE",
+              help="With --mac-check: write the JSON report there.")
 @click.pass_obj
 def doctor(node_: Any, record_dir: str, state_dir: str, listen: str | None,
-           as_json: bool) -> None:
+           as_json: bool, mac_check: bool = False, report_path: str | None = None) -> None:
     """Check this node's setup and say what to fix.
 
     Its directories, the daemon on the port (and the directories it watches), this
     environment, the config file (the fence secret and who may read it) and each peer
     (resolves, answers, its clock, the secret). Exits 1 when a check failed: a bad
-    config, or no daemon answering on a node whose config or service says it runs one."""
-    from watchdog.cli.exits import OK, VERDICT
+    config, or no daemon answering on a node whose config or service says it runs one.
+    With --mac-check, a Mac's first hour instead (docs/macos.md)."""
+    from watchdog.cli.exits import OK, SETUP, VERDICT
     from watchdog.cli.node.doctor import named_checks
+
+    if mac_check:
+        from watchdog.cli.node.maccheck import run_check
+
+        try:
+            figures, report = run_check(report_path)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+            click.echo(printable(f"mlx-watchdog: {err}"), err=True)
+            sys.exit(SETUP)
+        if as_json:
+            click.echo(json.dumps(report, indent=1))
+        else:
+            click.echo(f"mac check on {report['platform']} ({report['python']})")
+            for f in figures:
+                click.echo(printable(f"[{f.level.upper():4}] {f.check}: {f.measured}  "
+                                     f"(the daemon assumes: {f.assumes})"))
+            if report_path:
+                click.echo(f"report: {report_path}")
+        sys.exit(OK if report["ok"] else VERDICT)
 
     # A bad config is a failed check, the rest run with its good keys: the one node a
     # fleet loop meant to diagnose still answers with JSON.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import psutil
 
@@ -111,18 +112,33 @@ def _psutil_listener_uid(address: tuple[str, int]) -> int | None:
 
     ps = platform_psutil()
     ip, port = address
-    try:
-        conns = ps.net_connections(kind="tcp")
+    try:  # (local address, status, pid) of every TCP connection
+        conns = [(c.laddr, c.status, c.pid) for c in ps.net_connections(kind="tcp")]
     except (psutil.Error, OSError):
-        return None
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port \
-                and c.laddr.ip in (ip, "0.0.0.0", "::") and c.pid:
+        # psutil on macOS lists every process's connections in turn and fails whole on
+        # the first it may not read: each process then, the refused ones passed over.
+        conns = []
+        for pid in _pids(ps):
             try:
-                return int(ps.Process(c.pid).uids().real)
+                conns += [(c.laddr, c.status, pid)
+                          for c in ps.Process(pid).net_connections(kind="tcp")]
+            except (psutil.Error, OSError):
+                continue
+    for laddr, status, pid in conns:
+        if status == psutil.CONN_LISTEN and laddr and laddr.port == port \
+                and laddr.ip in (ip, "0.0.0.0", "::") and pid:
+            try:
+                return int(ps.Process(pid).uids().real)
             except (psutil.Error, OSError):
                 return None
     return None
+
+
+def _pids(ps: Any) -> list[int]:
+    try:
+        return list(ps.pids())
+    except (psutil.Error, OSError):
+        return []
 
 
 def probe(pid: int, timeout: float,

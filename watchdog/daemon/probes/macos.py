@@ -135,7 +135,8 @@ FDINFO = struct.Struct("<iI")  # struct proc_fdinfo: proc_fd, proc_fdtype
 SOCKET_FDINFO_SIZE = 792
 SOI_SO, SOI_RCV_CC, SOI_SND_CC, SOI_KIND = 160, 208, 232, 256
 SOCKINFO_TCP = 2
-MAX_FDS = 4096
+MAX_FDS = 4096  # descriptors listed at first; a full listing is asked again, larger
+MAX_FDS_EVER = 1 << 18
 # struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, ...: 24 bytes)
 # then vnode_info (152); fi_offset is the descriptor's offset, which every read and
 # write through it advances (xnu vn_read/vn_write: `fg_offset += count - uio_resid`),
@@ -206,12 +207,17 @@ def _fdinfos(pid: int, lib: Any, kind: int, flavor: int, size: int) -> list[byte
     proc_pidinfo(PROC_PIDLISTFDS); None without libproc or when not permitted."""
     if lib is None:
         return None
-    listing = ctypes.create_string_buffer(FDINFO.size * MAX_FDS)
-    try:
-        filled = lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDLISTFDS),
-                                  ctypes.c_uint64(0), listing, ctypes.c_int(len(listing)))
-    except (AttributeError, OSError):
-        return None
+    room = MAX_FDS
+    while True:  # a process with more descriptors than the room: again, with more
+        listing = ctypes.create_string_buffer(FDINFO.size * room)
+        try:
+            filled = lib.proc_pidinfo(ctypes.c_int(pid), ctypes.c_int(PROC_PIDLISTFDS),
+                                      ctypes.c_uint64(0), listing, ctypes.c_int(len(listing)))
+        except (AttributeError, OSError):
+            return None
+        if filled < len(listing) or room >= MAX_FDS_EVER:
+            break
+        room *= 4
     if filled <= 0:
         return None
     out = []
@@ -322,14 +328,25 @@ class _Timebase(ctypes.Structure):
     _fields_ = [("numer", ctypes.c_uint32), ("denom", ctypes.c_uint32)]
 
 
+APPLE_SILICON_TIMEBASE = (125, 3)
+
+
 @functools.lru_cache(maxsize=1)
 def system_timebase() -> tuple[int, int] | None:
-    """mach_timebase_info's (numer, denom) from libSystem, or None where there is none."""
+    """mach_timebase_info's (numer, denom) from libSystem, or None where there is none.
+    An x86_64 Python under Rosetta is told 1/1 while the kernel's counters it reads
+    (proc_pid_rusage) stay in Apple silicon's ticks: 125/3 then."""
     try:
         lib = ctypes.CDLL(ctypes.util.find_library("System") or "/usr/lib/libSystem.B.dylib")
         info = _Timebase()
         if lib.mach_timebase_info(ctypes.byref(info)) != 0 or not info.denom:
             return None
+        translated = ctypes.c_int(0)
+        size = ctypes.c_size_t(ctypes.sizeof(translated))
+        if lib.sysctlbyname(b"sysctl.proc_translated", ctypes.byref(translated),
+                            ctypes.byref(size), None, ctypes.c_size_t(0)) == 0 \
+                and translated.value == 1:
+            return APPLE_SILICON_TIMEBASE
     except (AttributeError, OSError):
         return None
     return int(info.numer), int(info.denom)

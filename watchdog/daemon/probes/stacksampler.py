@@ -56,9 +56,12 @@ SAMPLE_TIMEOUT = 3.0  # seconds one sample may take (gdb reads a rank in ~0.5 s)
 MAX_FRAME_CHARS = 256
 MAX_THREAD_FRAMES = 64
 MAX_SAMPLE_FRAMES = 4096
-# Two GPU time readings further apart than this say nothing of the GPU now (a sample of
-# an earlier late wait): the next reading starts afresh.
-GPU_SPAN = 2 * MAX_EVERY + SAMPLE_TIMEOUT
+# Two GPU time readings further apart than this are not compared (the next one starts
+# afresh). Any shorter span is safe both ways: flat over it, no GPU work ran in it (a
+# quiet rank is still asleep now: its verdict needs the wait quiet since); advancing,
+# it is held as computing for one more sample. A quiet job's samples are held back to
+# its deadline (HOLD_LEAD): its readings may be a deadline apart.
+GPU_SPAN = 600.0
 MAX_RUNNING = 4  # samples under way at once, every rank together
 WANTING_FOR = 2 * SAMPLE_EVERY  # seconds an owner's last ask keeps its share of the slots
 
@@ -154,6 +157,9 @@ class StackSampler:
         self.queues: dict[Key, Queues] = {}
         self.ended: dict[Key, float] = {}  # when each rank's last sample ended
         self.every: dict[Key, float] = {}  # each rank's gap between samples (MAX_EVERY)
+        # Each rank's GPU time read ahead of its first sample (prime): (when, ns).
+        self.primed: dict[Key, tuple[float, int]] = {}
+        self.priming: set[Key] = set()
         self.taken = 0  # samples taken since start (status, benchmarks)
         self.seconds = 0.0  # their time in all
 
@@ -197,6 +203,9 @@ class StackSampler:
         try:
             found = self.sample(who, busy)
             before = self.found.get(key)
+            primed = self.primed.pop(key, None)
+            if (before is None or before.gpu_ns is None) and primed is not None:
+                before = Stacks(primed[0], None, (), gpu_ns=primed[1])  # its first reading
             if found.gpu_ns is not None and before is not None and before.gpu_ns is not None \
                     and found.at - before.at <= GPU_SPAN:
                 moved = found.gpu_ns > before.gpu_ns
@@ -215,7 +224,8 @@ class StackSampler:
                 found = dataclasses.replace(found, gpu_why="one reading so far (flat or "
                                             "advancing needs two)")
             self.every[key] = (min(MAX_EVERY, 2 * self.every.get(key, SAMPLE_EVERY))
-                               if self.unchanged(key, before, found) else SAMPLE_EVERY)
+                               if self.unchanged(key, self.found.get(key), found)
+                               else SAMPLE_EVERY)
             self.found[key] = found
             if found.stacks is not None and not found.error.startswith("not sampled"):
                 self.ended[key] = self.clock()  # a sampler attached: the rank was held
@@ -226,6 +236,29 @@ class StackSampler:
         finally:
             self.owners.pop(key, None)
             self.running.discard(key)
+
+    def prime(self, who: Identity, now: float) -> None:
+        """A rank past half its wedge deadline, where MLX computes on a GPU (macOS): its
+        GPU time read once ahead (ioreg only, on a worker), so that its first stack
+        sample already tells flat from advancing (two readings), not one sample later."""
+        key = (who.pid, who.start_time)
+        fresh = key in self.primed and now - self.primed[key][0] < GPU_SPAN
+        if not self.probe.gpu_clock or fresh or key in self.priming \
+                or key in self.found or key in self.running:
+            return
+        self.priming.add(key)
+
+        def read() -> None:
+            try:
+                ns, _ = self.probe.gpu_reading(who.pid, SAMPLE_TIMEOUT)
+                if ns is not None:
+                    self.primed[key] = (self.clock(), ns)
+            finally:
+                self.priming.discard(key)
+        try:
+            self.submit(read)
+        except RuntimeError:  # the executor is shut down: the daemon is stopping
+            self.priming.discard(key)
 
     def unchanged(self, key: Key, before: Stacks | None, found: Stacks) -> bool:
         """Whether a rank's new sample shows it as its sample before did, asleep: no thread
@@ -309,7 +342,8 @@ class StackSampler:
     def forget(self, keep: Iterable[Key]) -> None:
         """Drop what is known of every rank but `keep` (those still sampled)."""
         keep = set(keep)
-        for table in (self.asked, self.found, self.queues, self.ended, self.every):
+        for table in (self.asked, self.found, self.queues, self.ended, self.every,
+                      self.primed):
             # A copy first: a worker's sample ending now writes `found` and `ended` (seen
             # under load: "dictionary changed size during iteration" failed the scan).
             for key in [k for k in list(table) if k not in keep]:
