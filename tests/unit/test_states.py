@@ -41,7 +41,8 @@ def test_every_word_reads_as_its_value_wherever_it_goes():
         assert record.getMessage() == f"{text}={text}"
     assert [c.value for c in CAUSES] == ["peer_stopped", "peer_dead", "node_unreachable",
                                          "data_link_down", "collective_wedged", "mismatch",
-                                         "local_blocked", "unknown", "quiet_hang"]
+                                         "local_blocked", "unknown", "quiet_hang",
+                                         "peer_never_joined"]
 
 
 def test_process_statuses_are_psutils_words():

@@ -68,7 +68,7 @@ def test_a_tracer_the_reader_started_is_its_own(target):
 
 def test_a_persons_debugger_is_read_by_both_probes_and_gone_at_the_detach(target):
     # Started through a shell that exits: gdb is no descendant of ours (a person's).
-    subprocess.run(["sh", "-c", shlex.join(_gdb(target.pid, 2)) + " >/dev/null 2>&1 &"],
+    subprocess.run(["sh", "-c", shlex.join(_gdb(target.pid, 1)) + " >/dev/null 2>&1 &"],
                    check=True)
     tracer = _wait_traced(target.pid)
     linux = LinuxProbe().sample(target.pid)
