@@ -5,8 +5,10 @@ it (no setting but its directories, its address, its peer and the shared secret)
 Rank 1's ring worker is made to spin in user space on a socket that never delivers
 (tests/support/wedge_shim.c, LD_PRELOAD); rank 0 spins waiting on it. Neither daemon
 sees the whole job: each judges it from its own rank and the rank its peer publishes
-in `/status` (frames, sockets' quiet seconds and unread bytes: judge/wedge.py), and
-ends it at the wedge floor (15 s) instead of holding rank 1 as computing for 900 s.
+in `/status` (frames, sockets' quiet seconds, whether read from byte counters, and
+unread bytes: judge/wedge.py), and ends it within 15 s (issue 58: each rank sampled once
+its sockets' byte counters stood still, the exact wedge floor 4 s) instead of holding
+rank 1 as computing for 900 s.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from watchdog.daemon.judge import wedge
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
 
-WEDGE_WITHIN = 30.0  # seconds from the wedge to the ranks' end, at the defaults
+# Seconds from the wedge to the ranks' end, at the defaults: 9-11 s measured (issue 58:
+# benchmarks/wedge.py, docs/performance.md); the suite's bound leaves a loaded machine's
+# gdb room, and is still below the 20-25 s of the queue-based floor before.
+WEDGE_WITHIN = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def hosts(bed):
     bed.heal()
 
 
-def test_a_collective_wedged_across_hosts_is_ended_within_30s_at_the_defaults(
+def test_a_collective_wedged_across_hosts_is_ended_within_15s_at_the_defaults(
         hosts, shim, tmp_path):
     trigger = tmp_path / "wedge-now"
     daemons = hosts.start_daemons(fences=True, at_defaults=True)
@@ -65,6 +70,7 @@ def test_a_collective_wedged_across_hosts_is_ended_within_30s_at_the_defaults(
     assert decided, found
     for host, inc in decided:
         assert "collective wedged across nodes" in inc["summary"], inc["summary"]
+        assert "(byte counters)" in inc["summary"], inc["summary"]  # the exact floor
         if host is hosts.hosts[0]:
             assert f"rank 1 on {hosts.hosts[1].name} leaves" in inc["summary"], inc["summary"]
     assert took <= WEDGE_WITHIN, f"ended {took:.1f}s after the wedge: {found}"
@@ -106,6 +112,6 @@ def test_a_slow_link_on_which_bytes_still_move_is_never_a_wedge(hosts):
     quiet = [q for _, _, q, _ in shown if q is not None]
     assert quiet and max(quiet) < wedge.QUIET_FOR, quiet
     deadlines = {d for _, _, _, d in shown if d is not None}
-    assert deadlines and min(deadlines) >= 60.0, deadlines  # never the wedge's 15 s
+    assert deadlines and min(deadlines) >= 60.0, deadlines  # never the wedge's 4 or 15 s
     print(f"slow link: the all_sum took {took:.1f}s, no incident, quiet at most "
           f"{max(quiet):.1f}s")

@@ -116,6 +116,7 @@ class Settings:
     spin_ratio: float = 0.5
     confirm: int = 2
     wedge_floor: float = 15.0
+    wedge_floor_exact: float = 4.0
     gpu_spin_watts: float = 5.0
     mode: Mode = Mode.ENFORCE
     kill_scope: KillScope = KillScope.JOB
@@ -140,6 +141,7 @@ class Settings:
                      auto_fallback=self.auto_fallback, init_deadline=self.init_deadline,
                      blocked_deadline=self.blocked_deadline, spin_ratio=self.spin_ratio,
                      confirm=self.confirm, wedge_floor=self.wedge_floor,
+                     wedge_floor_exact=self.wedge_floor_exact,
                      gpu_spin_watts=self.gpu_spin_watts)
 
     @property
@@ -260,6 +262,9 @@ SPECS: dict[str, Spec] = {
     "wedge_floor": _seconds("a collective found wedged (every rank spinning in a wait frame, "
                             "no byte moving) is ended after max(this, auto_factor x its "
                             "longest completed wait)"),
+    "wedge_floor_exact": _seconds("the same when every rank's stillness was read from its "
+                                  "sockets' byte counters (Linux), spinning or parked "
+                                  "(never above wedge_floor)"),
     "gpu_spin_watts": Spec("macOS: a GPU at least 90% resident under this power spins on "
                            "nothing (mlx #3830): its GPU time is not work; 0: always work",
                            "number", "WATTS", low=0),

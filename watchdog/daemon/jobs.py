@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from watchdog.backends import bytes_on_sockets
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live
 from watchdog.daemon.counters import Counters
@@ -71,6 +72,15 @@ REMOTE_FRESH = 4.0
 # Seconds before a rank's deadline from which the peers are asked ahead (every 2 s):
 # answers fresh (act/peers.FRESH) whenever its verdict comes, confirming scans and all.
 ASK_AHEAD = 10.0
+# Early samples of one rank in one wait (`_track_early`): a second only when the first
+# read nothing. A job whose sockets stand still for another reason (a peer computing)
+# is never sampled more than this ahead of its wedge deadline.
+EARLY_TRIES = 2
+# A job an early sample found healthy (the wait returned) is not sampled early again for
+# this long: a job whose every step has a long wait with its sockets still costs one
+# early sample per rank in EARLY_HOLD seconds (~0.2% of a rank's time), and a wedge in
+# that window is ended at the queue-based floor, as before issue 58.
+EARLY_HOLD = 300.0
 THERMAL_EVERY = 30.0  # seconds between two asks of the node's thermal state (macOS: a tool)
 
 
@@ -115,10 +125,15 @@ class Jobs:
         # Each rank's last sample's busy threads as read (frames.classify): read once
         # per sample and GPU reading, not at every scan (issue 57, item 6).
         self.seen_read: dict[Key, tuple[Stacks, tuple[bool | None, str], frames.Reading]] = {}
+        self.unread: set[Key] = set()  # ranks whose threads could not be read, logged
         # Per job, the last scan (monotonic ns) that saw a rank of it traced by a person:
         # its waits are judged from there (the detach), not from when they began.
         self.traced_at: dict[JobKey, int] = {}
-        self.unread: set[Key] = set()  # ranks whose threads could not be read, logged
+        # Each rank's wait it was sampled early in, and when: a job exactly still
+        # is sampled once a wait ahead of its wedge deadline (`_track_early`).
+        # (its wait_since_ns, asked at, samples asked in that wait)
+        self.early: dict[Key, tuple[int, float, int]] = {}
+        self.early_held: dict[JobKey, float] = {}  # until when a job is not sampled early
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
@@ -127,6 +142,7 @@ class Jobs:
         self.asleep_read.pop(key, None)
         self.seen_read.pop(key, None)
         self.unread.discard(key)
+        self.early.pop(key, None)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -166,7 +182,8 @@ class Jobs:
         sampled: set[Key] = set()
         for members in jobs.values():
             seen = {rank.key: self._seen(rank, sample, now) for rank, sample in members}
-            mine = [self._member(r, s, seen[r.key], now) for r, s in members]
+            asleep_of = {rank.key: self._asleep(rank, now) for rank, _ in members}
+            mine = [self._member(r, s, seen[r.key], asleep_of[r.key], now) for r, s in members]
             wedged = wedge.decide(mine + self.remote_members(members[0][0], len(mine),
                                                              now_ns))
             if log.isEnabledFor(logging.DEBUG) and any(seen.values()):
@@ -180,7 +197,7 @@ class Jobs:
                     self.unread.add(rank.key)  # said once; its status says it at every scan
                     log.warning("job %s rank %s pid %s: %s", rec.job, rec.rank, rec.pid,
                                 sample.threads_error)
-                asleep, still, age = self._asleep(rank, now)
+                asleep, still, age = asleep_of[rank.key]
                 verdict = self.detector.observe(rec, sample, now_ns, load,
                                                 learn=not rank.escalating,
                                                 seen=seen[rank.key], wedge=wedged,
@@ -282,21 +299,32 @@ class Jobs:
         return read[1], still, now - found.at
 
     def _member(self, rank: Rank, sample: ProcessSample, seen: frames.Reading | None,
+                asleep: tuple[frames.Reading | None, float | None, float],
                 now: float) -> wedge.Member:
         rec = rank.record
         queues = self.stacks.queues.get(rank.key)
         known = queues is not None and queues.queues is not None
         shown = self.shown.setdefault(rank.key, Shown())
         # Published (/status) for a peer judging the job across nodes.
-        shown.sockets = (now - queues.since, queues.unread) if queues is not None and known \
-            else None
+        shown.sockets = ((now - queues.since, queues.unread, queues.exact)
+                         if queues is not None and known else None)
+        # Nothing busy, its fresh sample finds it parked in its backend's wait: a member
+        # as a spinning rank is (a quiet wedge), when its stillness is exact (wedge.py).
+        parked = (seen is None and asleep[0] is not None
+                  and asleep[0].kind == FrameKind.WAITING and asleep[2] <= wedge.FRESH
+                  and not (rank.verdict is not None and rank.verdict.hot))
+        if parked:
+            seen = asleep[0]
         return wedge.Member(
             rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
             waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
             op=f"{rec.op} ({rec.flight[-1].op if rec.flight else ''})",
             stopped=sample.status in STOPPED_STATUSES or foreign_tracer(sample), seen=seen,
             quiet=now - queues.since if queues is not None and known else None,
-            unread=queues.unread if queues is not None else 0, link=shown.data_link)
+            unread=queues.unread if queues is not None else 0, link=shown.data_link,
+            exact=wedge.exact_reading(queues is not None and known and queues.exact,
+                                      rec.backend, shown.data_link),
+            parked=parked)
 
     def remote_members(self, one: Rank, here: int, now_ns: int) -> list[wedge.Member]:
         """The job's ranks on the other nodes, as members, from every peer's answer to
@@ -340,6 +368,7 @@ class Jobs:
             return v is not None and v.seconds_in_wait > 0 and \
                 v.seconds_in_wait >= (v.wedge_deadline or v.deadline)
         if not any(late(r) for r, _ in members):
+            keys = self._track_early(members, now)
             if self.probe.gpu_clock and any(
                     r.verdict is not None and r.verdict.seconds_in_wait > 0
                     and r.verdict.seconds_in_wait >= (r.verdict.wedge_deadline
@@ -350,8 +379,8 @@ class Jobs:
                     if not rank.escalating and sample.status not in STOPPED_STATUSES:
                         self.stacks.prime(Identity(rec.pid, rec.start_time, rec.uid,
                                                    rec.start_ticks), now)
-                return {r.key for r, _ in members}
-            return set()
+                keys |= {r.key for r, _ in members}
+            return keys
         # No thread busy in any rank of the job: no wedge to tell (it needs a spinning
         # thread), only a quiet hang to confirm at its deadline.
         quiet = not any(r.verdict is not None and r.verdict.hot for r, _ in members)
@@ -371,6 +400,74 @@ class Jobs:
             keys.add(rank.key)
         return keys
 
+    def _track_early(self, members: LiveRanks, now: float) -> set[Key]:
+        """A job whose every rank here has waited wedge.TRACK_AFTER in the same collective
+        (or a ring neighbour's next): its sockets' byte counters read at every scan (no
+        stop of a rank). Exactly still for wedge.QUIET_FOR on every rank: each rank
+        sampled once in this wait, ahead of its wedge deadline, and its link probed, so
+        that a wedge is decided from that sample at `wedge_floor_exact`. A slow link or a
+        long all_sum moving bytes is never still and never sampled early; a peer computing
+        while the sockets stand still costs one sample a wait. The ranks tracked."""
+        one = members[0][0].record
+        job = (one.uid, one.job)
+        for rank, _ in members:
+            early = self.early.get(rank.key)
+            if early is not None and early[0] != rank.record.wait_since_ns:
+                # The wait it was sampled early in returned: a healthy job whose sockets
+                # stand still while it works (a peer computing each step) is not
+                # sampled early again for EARLY_HOLD seconds.
+                del self.early[rank.key]
+                self.early_held[job] = now + EARLY_HOLD
+        if now < self.early_held.get(job, 0.0):
+            return set()
+        self.early_held.pop(job, None)
+        if one.world_size < 2 or (len(members) < one.world_size
+                                  and not self.live.peering.peers):
+            return set()
+        for rank, sample in members:
+            v, rec = rank.verdict, rank.record
+            if v is None or rank.escalating or rec.phase != Phase.WAIT \
+                    or v.wedge_deadline <= 0 or v.seconds_in_wait < wedge.TRACK_AFTER \
+                    or sample.status in STOPPED_STATUSES or foreign_tracer(sample) \
+                    or not bytes_on_sockets(rec.backend):
+                return set()  # a person's debugger on it: never a sample of ours
+        numbers = [r.record.collectives for r, _ in members]
+        ops = {(r.record.op, r.record.flight[-1].op if r.record.flight else "")
+               for r, _ in members}
+        if max(numbers) - min(numbers) > 1 or len(ops) != 1:
+            return set()
+        still = True
+        for rank, _ in members:
+            rec = rank.record
+            queues = self.stacks.track_queues(rank.key, rec.pid, now, rec.backend)
+            still = still and queues.exact and queues.queues is not None \
+                and now - queues.since >= wedge.EARLY_STILL
+        if still:
+            for rank, sample in members:
+                rec = rank.record
+                tries = self.early[rank.key][2] if self.sampled_early(rank) else 0
+                if tries >= EARLY_TRIES or (tries and not self._early_failed(rank)):
+                    continue
+                assert rank.verdict is not None
+                busy = rank.verdict.hot if sample.native_ids else ()
+                if self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid,
+                                            rec.start_ticks), busy, now):
+                    self.early[rank.key] = (rec.wait_since_ns, now, tries + 1)
+        return {rank.key for rank, _ in members}
+
+    def sampled_early(self, rank: Rank) -> bool:
+        """Was the rank sampled early in its current wait (`_track_early`)?"""
+        early = self.early.get(rank.key)
+        return rank.record.wait_since_ns > 0 and early is not None \
+            and early[0] == rank.record.wait_since_ns
+
+    def _early_failed(self, rank: Rank) -> bool:
+        """Did its early sample read nothing (gdb past its time box on a loaded node)?
+        Then it may be asked once more (EARLY_TRIES), at the sampler's own pace."""
+        found = self.stacks.found.get(rank.key)
+        return found is not None and found.at >= self.early[rank.key][1] \
+            and (found.stacks is None or bool(found.error) or not found.stacks)
+
     def settle(self, keys: list[Key]) -> None:
         """Ranks a response takes: none left under our stack sampler's trace."""
         self.stacks.settle(keys)
@@ -381,8 +478,14 @@ class Jobs:
         """Ranks waiting long: their data path probed (shown). True when the peers should
         be asked ahead: a verdict may come, and its peers' answers must be ready by then."""
         ranks = list(ranks)
-        long = [r for r in ranks if r.state in WAITING_LONG]
-        for r in long:
+        # Past half a deadline, or sampled early (its wedge may be decided at the lower
+        # floor, which needs its link found up first).
+        long = [r for r in ranks if r.state in WAITING_LONG
+                or (r.state not in FINAL and self.sampled_early(r))]
+        # Least lately asked first: with one probe under way per uid, a rank due again
+        # first in the list would take the uid's turn at every scan, and a rank after it
+        # never be probed (its wedge never at the exact floor, which needs its link up).
+        for r in sorted(long, key=lambda r: self.links.asked.get(r.key, float("-inf"))):
             busy = r.verdict is not None and bool(r.verdict.hot)
             self.links.ask(r.key, now, r.record.backend, r.record.uid,
                            PROBE_EVERY if busy else QUIET_PROBE_EVERY)
@@ -402,6 +505,7 @@ class Jobs:
         wedging = any(r.verdict is not None and r.verdict.wedge_deadline > 0
                       and r.verdict.seconds_in_wait >= r.verdict.wedge_deadline / 2
                       and bool(r.verdict.hot) and r.state not in FINAL for r in ranks)
+        wedging = wedging or any(r.state not in FINAL and self.sampled_early(r) for r in ranks)
         return bool(self.live.peering.peers) and (soon or wedging)
 
     def paces(self, live: LiveRanks, now: float) -> None:

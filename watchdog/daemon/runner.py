@@ -89,6 +89,7 @@ def raise_nofile() -> str:
 RELOADABLE = frozenset({
     "mode", "kill_scope", "interval", "deadline", "auto_factor", "auto_floor", "auto_min_waits",
     "auto_fallback", "init_deadline", "blocked_deadline", "spin_ratio", "confirm", "wedge_floor",
+    "wedge_floor_exact",
     "grace",
     "kill_timeout", "wired_threshold", "settle", "retention", "peers", "peer_timeout",
     "secret"})

@@ -20,8 +20,9 @@ class Shown:
     # Its peers' data path as last probed while it waited long (probes/datalink.py).
     data_link: str | None = None
     # While its sockets are tracked (probes/stacksampler.py): (seconds their queues stood
-    # still, bytes received and not read), published for a peer's wedge (judge/wedge.py).
-    sockets: tuple[float, int] | None = None
+    # still, bytes received and not read, read from byte counters), published for a
+    # peer's wedge (judge/wedge.py).
+    sockets: tuple[float, int, bool] | None = None
     # Its last minute's figures and its score against the job's other ranks
     # (judge/stragglers.py); why it is slow; why it is not judged, in words and as a code.
     pace: Pace | None = None
@@ -47,7 +48,7 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
                 pace: Pace | None = None, pace_score: float | None = None,
                 pace_why: str | None = None, pace_note: str | None = None,
                 pace_unjudged: str | None = None,
-                sockets: tuple[float, int] | None = None) -> RankStatus:
+                sockets: tuple[float, int, bool] | None = None) -> RankStatus:
     return RankStatus(
         pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
         world_size=record.world_size, attempt=attempt, backend=record.backend,
@@ -69,6 +70,7 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         frames_kind=(verdict.seen_kind or None) if verdict else None,
         quiet_seconds=round(sockets[0], 3) if sockets else None,
         unread_bytes=sockets[1] if sockets else None,
+        quiet_exact=sockets[2] if sockets else None,
         holding=(verdict.own.holding() or None) if verdict and verdict.own else None,
         wait_share=round(pace.wait_share, 3) if pace and pace.wait_known else None,
         pace=round(pace.pace, 3) if pace else None,

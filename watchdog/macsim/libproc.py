@@ -43,13 +43,13 @@ from watchdog.macsim import gpu
 
 RUSAGE_INFO_V2, RUSAGE_INFO_V4 = 2, 4
 PROC_PIDLISTFDS, PROC_PIDTHREADINFO, PROC_PIDLISTTHREADS = 1, 5, 6
+PROC_PIDTHREADID64INFO, PROC_PIDLISTTHREADIDS = 15, 28
 PROC_PIDTBSDINFO = 3
 # struct proc_bsdinfo: pbi_flags, pbi_status, pbi_xstatus, pbi_pid, pbi_ppid, the uids
 # and gids, rfu_1; pbi_comm[16], pbi_name[32]; nfiles, pgid, pjobc, e_tdev, e_tpgid;
 # pbi_nice; the start (tv_sec, tv_usec).
 BSDINFO = struct.Struct("<12I16s32s5Ii2Q")
 PROC_FLAG_TRACED = 0x2  # pbi_flags: P_LTRACED (xnu proc_info.c fill_bsdinfo)
-PROC_PIDTHREADID64INFO, PROC_PIDLISTTHREADIDS = 15, 28
 PROC_PIDFDSOCKETINFO, PROC_PIDFDVNODEINFO = 3, 1
 # struct vnode_fdinfo: proc_fileinfo (fi_openflags, fi_status, fi_offset, fi_type,
 # fi_guardflags: 24 bytes), then vnode_info (152).
@@ -167,11 +167,11 @@ class LibProc:
                              size)
             if flavor == PROC_PIDTHREADINFO or flavor == PROC_PIDTHREADID64INFO:
                 return _fill(buffer, self.threadinfo(pid, arg), size)
-            if flavor == PROC_PIDTBSDINFO:
-                return _fill(buffer, self.bsdinfo(pid), size)
             if flavor == PROC_PIDLISTTHREADIDS:  # thread ids: the kernel's tids here
                 return _fill(buffer, b"".join(struct.pack("<Q", t) for t in self.tids(pid)),
                              size)
+            if flavor == PROC_PIDTBSDINFO:
+                return _fill(buffer, self.bsdinfo(pid), size)
             if flavor == PROC_PIDLISTFDS:
                 return _fill(buffer, b"".join(FDINFO.pack(fd, kind)
                                               for fd, kind in self.fds(pid)), size)

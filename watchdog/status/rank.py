@@ -105,6 +105,9 @@ class RankStatus(Encodable):
     frames_kind: str | None = field(default=None, metadata=_on_wire(omit="none"))
     quiet_seconds: float | None = field(default=None, metadata=_on_wire(omit="none"))
     unread_bytes: int | None = field(default=None, metadata=_on_wire(omit="none"))
+    # Whether `quiet_seconds` was read from each socket's byte counters (exact), not the
+    # queues alone (issue 58: the lower wedge floor needs every rank's exact).
+    quiet_exact: bool | None = field(default=None, metadata=_on_wire(omit="none"))
     # Over the last minute of its work (daemon/judge/stragglers.py): the share of its
     # time spent waiting on its peers, its collectives per second, its score against
     # the job's other ranks (1: the job's pace, lower: slower), the share of the time

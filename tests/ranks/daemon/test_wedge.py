@@ -1,5 +1,6 @@
-"""A wedged collective is ended within 30 s at the default settings; a slow peer never
-(real ring ranks, the real daemon as a user runs it: no setting but its directories).
+"""A wedged collective is ended within 15 s at the default settings (9-11 s measured); a
+slow peer never (real ring ranks, the real daemon as a user runs it: no setting but its
+directories).
 
 The wedge is injected by tests/support/wedge_shim.c (LD_PRELOAD, compiled here with cc):
 once a file appears, rank 1's every recv() answers EAGAIN without reading, so its ring
@@ -7,7 +8,8 @@ worker spins on a socket that never delivers (in user space, or through a real
 zero-byte recv() in the kernel), rank 0 spins waiting on it, and nothing moves.
 Today's rule alone read rank 1's user-space spin as computing and held the job for the
 blocked deadline (900 s); its stack says it spins in SocketThread::worker -> recv, so
-it holds nobody and the job is ended at the wedge floor (15 s).
+it holds nobody and the job is ended at the exact wedge floor (4 s: issue 58, every
+rank's sockets' byte counters still, each rank sampled once they stood still 2 s).
 
 The look-alike: rank 1 computes a long CPU matmul chain while rank 0 waits in the
 all_sum: its stack says sgemm, the job is held and finishes.
@@ -29,7 +31,10 @@ from tests.support.wedges import armed, build_shim
 pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
                                                     reason="no gdb to sample stacks")]
 
-WEDGE_WITHIN = 30.0  # seconds from the wedge to the ranks' end, at the defaults
+# Seconds from the wedge to the ranks' end, at the defaults: 9-11 s measured (issue 58:
+# benchmarks/wedge.py, docs/performance.md); the suite's bound leaves a loaded machine's
+# gdb room, and is still below the 20-25 s of the queue-based floor before.
+WEDGE_WITHIN = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +53,7 @@ def bed(tmp_path_factory):
         yield daemon
 
 
-def test_a_ring_worker_spinning_on_a_dead_socket_is_ended_within_30s(tmp_path, shim, bed):
+def test_a_ring_worker_spinning_on_a_dead_socket_is_ended_within_15s(tmp_path, shim, bed):
     """Both variants at once, each its own job under the one daemon: a worker spinning
     in user space, and one spinning through the kernel (the suite's time: one wait)."""
     with contextlib.ExitStack() as stack:
@@ -81,6 +86,9 @@ def test_a_ring_worker_spinning_on_a_dead_socket_is_ended_within_30s(tmp_path, s
             assert inc["cause"] == "collective_wedged", inc
             assert inc["culprit"]["rank"] == 1 and inc["culprit"]["pid"] == job.pids[1], inc
             assert "SocketThread::worker" in inc["summary"], inc["summary"]
+            # Decided on byte counters, at the exact floor (issue 58).
+            assert "(byte counters)" in inc["summary"], inc["summary"]
+            assert "past the 4s deadline of a wedged collective" in inc["reason"], inc
             assert torn_down(inc["outcome"]), inc["outcome"]
             assert took[mode] <= WEDGE_WITHIN, f"ended {took[mode]:.1f}s after the wedge: {inc}"
             print(f"wedge ({mode}) ended {took[mode]:.1f}s after it began")

@@ -10,7 +10,7 @@ import pytest
 from watchdog.daemon.judge.deadlines import Learned, Rules, wedge_deadline
 from watchdog.daemon.judge.detector import NS, Detector
 from watchdog.daemon.judge.frames import Reading
-from watchdog.daemon.judge.wedge import QUIET_FOR, Member, Wedge, decide
+from watchdog.daemon.judge.wedge import QUIET_FOR, Member, Wedge, decide, exact_reading
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
 from watchdog.states import FrameKind, Phase, State
@@ -67,6 +67,48 @@ def test_the_wedge_deadline_is_the_learned_one_without_its_floor():
     assert wedge_deadline(rules, Learned(0.01, 500)) == 15.0
     assert wedge_deadline(rules, Learned(10.0, 500)) == 40.0
     assert wedge_deadline(dataclasses.replace(rules, wedge_floor=5.0), Learned(0.5, 50)) == 5.0
+
+
+PARKED = Reading(FrameKind.WAITING, "main thread waits in array::wait -> futex_wait")
+
+
+def test_a_wedge_read_from_byte_counters_on_every_rank_is_exact():
+    assert decide([member(0, exact=True), member(1, exact=True)]).exact  # type: ignore[union-attr]
+    found = decide([member(0, exact=True), member(1)])  # one rank's queues alone
+    assert found is not None and not found.exact
+
+
+def test_a_rank_parked_in_its_wait_is_a_member_only_on_exact_readings():
+    """Issue 58: spinning or asleep is not what makes a wedge; on queues alone a parked
+    job keeps the quiet hang's rule (its 60 s floor)."""
+    parked = [member(0, seen=PARKED, parked=True, exact=True),
+              member(1, seen=PARKED, parked=True, exact=True)]
+    found = decide(parked)
+    assert found is not None and found.exact and "array::wait" in found.note
+    assert decide([dataclasses.replace(parked[0], exact=False), parked[1]]) is None
+    # Asleep but a peer computing, or one collective too far: no wedge, as spinning.
+    assert decide([parked[0], member(1, seen=WORK, exact=True)]) is None
+    assert decide([parked[0], dataclasses.replace(parked[1], collectives=12)]) is None
+
+
+def test_the_lower_floor_needs_the_ring_links_found_up():
+    """A 30 s link blip keeps the counters still too: until the probe says up, the
+    wedge floor is today's."""
+    assert exact_reading(True, "ring", "up")
+    assert not exact_reading(True, "ring", None)
+    assert not exact_reading(True, "ring", "down 10.0.0.2:5000 (econnrefused)")
+    assert not exact_reading(True, "ring", "not probed: timed out")
+    assert not exact_reading(False, "ring", "up")
+    assert exact_reading(True, "mpi", "not probed: the mpi backend")  # MPI: no probe
+
+
+def test_an_exact_wedge_deadline_has_the_lower_floor():
+    rules = Rules()
+    assert wedge_deadline(rules, None, exact=True) == 4.0
+    assert wedge_deadline(rules, Learned(10.0, 500), exact=True) == 40.0
+    # Never above wedge_floor, whatever the setting says.
+    assert wedge_deadline(dataclasses.replace(rules, wedge_floor_exact=30.0), None,
+                          exact=True) == 15.0
 
 
 # -- the detector ---------------------------------------------------------------------
@@ -131,6 +173,14 @@ def test_a_wedged_job_is_judged_at_the_wedge_deadline():
     assert wedged[-1].wedge is not None and "wedged collective" in wedged[-1].reason
     # Acted on at the second due scan past 15 s, not before.
     assert [t for t, v in zip(TICKS, wedged, strict=True) if v.act][0] == 16.0
+
+
+def test_an_exact_wedge_is_judged_at_the_lower_floor():
+    wedged = run(TICKS, seen=SPIN, wedge=Wedge("collective wedged: ...", 1, exact=True))
+    assert wedged[-1].deadline == 4.0 and wedged[-1].wedge_deadline == 4.0
+    assert [t for t, v in zip(TICKS, wedged, strict=True) if v.act][0] == 5.0
+    # Without a wedge the shown wedge deadline stays today's (no early sampling on it).
+    assert run(TICKS, seen=SPIN)[-1].wedge_deadline == 15.0
 
 
 def test_an_expect_window_has_no_wedge_deadline():

@@ -78,9 +78,9 @@ REC = Record(
 def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, False, "r", seen=SPIN,
                       seen_kind=FrameKind.WAITING)
-    shown = rank_status(REC, State.STALLED, verdict, sockets=(4.25, 64))
-    assert (shown.frames, shown.frames_kind, shown.quiet_seconds, shown.unread_bytes) == \
-        (SPIN, "waiting", 4.25, 64)
+    shown = rank_status(REC, State.STALLED, verdict, sockets=(4.25, 64, True))
+    assert (shown.frames, shown.frames_kind, shown.quiet_seconds, shown.unread_bytes,
+            shown.quiet_exact) == (SPIN, "waiting", 4.25, 64, True)
     unsampled = rank_status(REC, State.STALLED, dataclasses.replace(verdict, seen="",
                                                                     seen_kind=""))
     assert unsampled.frames_kind is None and unsampled.quiet_seconds is None
@@ -89,6 +89,13 @@ def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     assert member is not None
     assert (member.op, member.seen, member.quiet, member.unread, member.host) == \
         ("eval (all_sum)", frames.Reading(FrameKind.WAITING, SPIN), 4.25, 64, "host-a")
+    # Exact on the peer's counters only once its ring link was probed up (issue 58).
+    assert not member.exact
+    linked = dataclasses.replace(RankStatus.from_json(shown.to_json()), data_link="up")
+    found = remote(linked, "host-a", NOW)
+    assert found is not None and found.exact
+    queues = dataclasses.replace(linked, quiet_exact=False)
+    assert not remote(queues, "host-a", NOW).exact  # type: ignore[union-attr]
 
 
 # -- decide with remote members ---------------------------------------------------------

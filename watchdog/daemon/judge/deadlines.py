@@ -27,6 +27,8 @@ class Rules:
     spin_ratio: float = 0.5  # a thread using this share of a core or more is spinning
     confirm: int = 2  # ticks in a row a rank must be due before it is acted on
     wedge_floor: float = 15.0  # a wedged collective's deadline is never under this
+    # ...nor under this when every rank's stillness was read from byte counters
+    wedge_floor_exact: float = 4.0
     gpu_spin_watts: float = 5.0  # macOS: a resident GPU under this spins on nothing
 
 
@@ -79,12 +81,14 @@ def deadline_for(record: Record, rules: Rules, learned: Learned | None = None) -
     return max(rules.auto_floor, rules.auto_factor * learned.longest)
 
 
-def wedge_deadline(rules: Rules, learned: Learned | None) -> float:
+def wedge_deadline(rules: Rules, learned: Learned | None, exact: bool = False) -> float:
     """The deadline of a wait in a collective found wedged (judge/wedge.py): the learned
     one without its floor, max(wedge_floor, factor x the longest completed wait of
-    that kind); the floor alone before any wait of that kind completed."""
+    that kind); the floor alone before any wait of that kind completed. `exact`: every
+    rank's stillness was read from byte counters, and `wedge_floor_exact` is the floor."""
     longest = learned.longest if learned is not None else 0.0
-    return max(rules.wedge_floor, rules.auto_factor * longest)
+    floor = min(rules.wedge_floor, rules.wedge_floor_exact) if exact else rules.wedge_floor
+    return max(floor, rules.auto_factor * longest)
 
 
 def job_key(record: Record) -> str:

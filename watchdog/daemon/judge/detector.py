@@ -325,7 +325,8 @@ class Detector:
         cold = (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
                 and rules.deadline is None
                 and (known is None or known.count < rules.auto_min_waits))
-        wedge_at = (min(deadline, wedge_deadline(rules, known))
+        wedge_at = (min(deadline, wedge_deadline(rules, known,
+                                                 wedge is not None and wedge.exact))
                     if waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
                     else 0.0)
         if wedge is not None and wedge_at:

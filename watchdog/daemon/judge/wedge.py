@@ -12,6 +12,12 @@ link down, or bytes moving), a slow peer (a rank computing) and a checkpoint (a 
 a wait of its own, outside the collective) each fail one condition and keep today's
 rules.
 
+Spinning or asleep is not what makes a wedge (issue 58): a rank with no thread busy whose
+sample finds every thread parked in its backend's wait (frames.asleep) is a member as a
+spinning one is, but only when every rank's stillness was read from byte counters
+(`exact`: probes/tcpdiag.py); on queues alone a parked job keeps the quiet hang's rule.
+A wedge whose every rank's stillness is exact is ended at the lower `wedge_floor_exact`.
+
 The culprit is the rank with bytes received and not read while its busy thread spins
 (it stopped reading its socket), with its host when on a peer; with none, no one rank
 is named. A rank on a peer lacking any fact (an old peer, nothing sampled there yet) is
@@ -23,12 +29,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from watchdog.backends import links_probed
 from watchdog.daemon.judge.frames import Reading
 from watchdog.states import FrameKind, Link, Phase, State
 from watchdog.status import RankStatus
 
 QUIET_FOR = 3.0  # seconds the job's sockets' queues must stand still
 FRESH = 10.0  # seconds a stack sample speaks for
+# A rank in a collective's wait this long has its sockets' byte counters read at every
+# scan (cheap: no stop of the rank); a job whose every rank's counters stood exactly
+# still for EARLY_STILL is sampled then (once a wait), not first at its wedge deadline:
+# by the time the sample is read, QUIET_FOR has passed.
+TRACK_AFTER = 0.5
+EARLY_STILL = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,10 @@ class Member:
     unread: int = 0  # bytes received in its sockets and not read
     link: str | None = None  # its data-link probe ("up", "down ...", ...)
     host: str | None = None  # the peer it lives on; None: this node
+    # Its stillness read from each socket's byte counters, not the queues alone.
+    exact: bool = False
+    # Seen with no thread busy, every thread parked in its backend's wait (frames.asleep).
+    parked: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,17 @@ class Wedge:
     note: str
     culprit: int | None = None
     culprit_host: str | None = None  # its host when on a peer
+    # Every rank's stillness read from byte counters: the lower floor applies.
+    exact: bool = False
+
+
+def exact_reading(quiet_exact: bool, backend: str | None, link: str | None) -> bool:
+    """Whether a rank's stillness is exact enough for the lower floor: read from byte
+    counters, and, where the backend's links are probed (ring), its link found up (a link
+    blip keeps the counters still too: the probe must have answered before the lower floor
+    applies)."""
+    return quiet_exact and (not links_probed(backend)
+                            or (link or "").split(" ", 1)[0] == Link.UP.value)
 
 
 def waited_op(current_op: str, last_op: str) -> str:
@@ -85,7 +113,8 @@ def remote(rank: RankStatus, host: str, now_ns: int) -> Member | None:
         waiting_since_ns=max(1, now_ns - int(in_wait * 1e9)) if in_wait > 0 else 0,
         collectives=rank.collectives, op=waited_op(op, last or ""),
         stopped=rank.state == State.STOPPED, seen=seen, quiet=rank.quiet_seconds,
-        unread=rank.unread_bytes or 0, link=rank.data_link, host=host)
+        unread=rank.unread_bytes or 0, link=rank.data_link, host=host,
+        exact=exact_reading(bool(rank.quiet_exact), rank.backend, rank.data_link))
 
 
 def decide(members: Sequence[Member]) -> Wedge | None:
@@ -107,6 +136,9 @@ def decide(members: Sequence[Member]) -> Wedge | None:
         return None
     if any(m.quiet is None or m.quiet < QUIET_FOR for m in members):
         return None
+    exact = all(m.exact for m in members)
+    if any(m.parked for m in members) and not exact:
+        return None  # asleep on queues alone: the quiet hang's rule, not the wedge's
     if any(Link.is_down(m.link) for m in members):
         return None
     ordered = sorted(members, key=lambda m: m.rank)
@@ -117,9 +149,11 @@ def decide(members: Sequence[Member]) -> Wedge | None:
     head = (f"{_named(culprit)} leaves {culprit.unread} B unread in its sockets; "
             if culprit else "")
     nodes = " across nodes" if any(m.host for m in members) else ""
+    read = " (byte counters)" if exact else ""
     return Wedge(f"collective wedged{nodes}: {head}{seen}; no byte moved on the job's "
-                 f"sockets for {quiet:.0f}s, no rank stopped, every link answering",
-                 culprit.rank if culprit else None, culprit.host if culprit else None)
+                 f"sockets for {quiet:.0f}s{read}, no rank stopped, every link answering",
+                 culprit.rank if culprit else None, culprit.host if culprit else None,
+                 exact=exact)
 
 
 def _named(m: Member) -> str:

@@ -1,15 +1,15 @@
 """A bounded sampler of ranks' native stacks, and of their sockets' queues.
 
 Asked by the loop only for the ranks of a job one of whose ranks has waited past its
-wedge deadline (judge/wedge.py): a healthy job is never sampled. At most one sample
-per rank every SAMPLE_EVERY seconds, one under way per rank and MAX_RUNNING in all, on
-the daemon's workers, shared out between the ranks' owners (`share`: another user's
-ranks cannot starve a job's wedge of its samples); each time-boxed (SAMPLE_TIMEOUT),
-after the rank's identity (pid, start, every uid, dumpable) and its state (not
-stopped: a stopped rank is a pause, and tracing it would wake nobody) are checked
-again. The probe never leaves a
-stop of its own behind (a rank with a thread in uninterruptible sleep is not sampled:
-probes/linux.py). What it read is kept
+wedge deadline (judge/wedge.py), or once a wait for a job whose sockets' byte counters
+stood exactly still (daemon/jobs.py, `_track_early`): a healthy job is never sampled. At
+most one sample per rank every SAMPLE_EVERY seconds, one under way per rank and
+MAX_RUNNING in all, on the daemon's workers, shared out between the ranks' owners
+(`share`: another user's ranks cannot starve a job's wedge of its samples); each
+time-boxed (SAMPLE_TIMEOUT), after the rank's identity (pid, start, every uid, dumpable) and
+its state (not stopped: a stopped rank is a pause, and tracing it would wake nobody) are
+checked again. The probe never leaves a stop of its own behind (a rank with a thread in
+uninterruptible sleep is not sampled: probes/linux.py). What it read is kept
 raw (thread id -> frames, leaf first): the judge classifies it.
 
 The sockets' queues (bytes queued to send, received and not read) are read at every
@@ -117,8 +117,8 @@ class Stacks:
     gpu_why: str = ""  # why `gpu_moved` is None, in words (judge/frames.py: unknown)
     # The other processes' GPU time and name by pid, read with its own (macOS); and,
     # its own GPU time flat, those whose GPU time advanced since the sample before
-    # (most first: (pid, name)), the GPU's power then read: the GPU shared with another
-    # job (its work queued behind theirs).
+    # (most first: (pid, name)): the GPU shared with another job (its work queued
+    # behind theirs).
     gpu_others: dict[int, tuple[int, str]] | None = None
     gpu_behind: tuple[tuple[int, str], ...] = ()
 
@@ -164,20 +164,21 @@ class StackSampler:
         self.seconds = 0.0  # their time in all
 
     def ask(self, who: Identity, busy: tuple[int, ...], now: float,
-            hold_until: float = 0.0) -> None:
+            hold_until: float = 0.0) -> bool:
         """Sample this rank's stacks on a worker, unless one was taken or asked lately,
         or its owner holds its share of the slots already. `hold_until`: a rank asleep
-        and unchanged (at its longest gap) is not sampled again before then."""
+        and unchanged (at its longest gap) is not sampled again before then. True when
+        a sample was set going."""
         key = (who.pid, who.start_time)
         gap = self.every.get(key, SAMPLE_EVERY)
         if now - self.asked.get(key, -MAX_EVERY) < gap or (gap >= MAX_EVERY
                                                            and now < hold_until):
-            return
+            return False
         self.wanting[who.uid] = now
         if key in self.running or len(self.running) >= MAX_RUNNING:
-            return
+            return False
         if sum(uid == who.uid for uid in self.owners.values()) >= self.share(now):
-            return
+            return False
         self.asked[key] = now
         self.running.add(key)
         self.owners[key] = who.uid
@@ -186,6 +187,8 @@ class StackSampler:
         except RuntimeError:  # the executor is shut down: the daemon is stopping
             self.running.discard(key)
             self.owners.pop(key, None)
+            return False
+        return True
 
     def share(self, now: float) -> int:
         """The slots one owner may hold at once: MAX_RUNNING shared out between the

@@ -1,0 +1,116 @@
+"""The early sample (issue 58, daemon/jobs.py `_track_early`): a job whose every rank
+waits in the same collective has its sockets' byte counters read at every scan; only
+once they stood exactly still is each rank sampled, once a wait, and a job found healthy
+so is not sampled early again for EARLY_HOLD. Pure: a probe that hands over counters, a
+sampler whose asks are recorded, no process."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from watchdog.daemon.clock import Clock
+from watchdog.daemon.config import Live, Settings
+from watchdog.daemon.counters import Counters
+from watchdog.daemon.jobs import EARLY_HOLD, Jobs
+from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.wedge import EARLY_STILL
+from watchdog.daemon.lifecycle import Rank
+from watchdog.daemon.probes import Probe
+from watchdog.daemon.sample import ProcessSample
+from watchdog.record import Collective, Record
+from watchdog.states import Phase, State
+
+REC = Record(
+    pid=4242, start_time=1.7e9, uid=501, rank=0, world_size=2, dump_signal=0, status=0,
+    host="host-a", job="j", backend="ring", seq=2, collectives=10, waits_entered=10,
+    waits_completed=9, steps=0, phase=Phase.WAIT, op="eval", phase_since_ns=1,
+    wait_since_ns=1, last_progress_ns=1, last_wait_ns=0, max_wait_ns=0,
+    expect_seconds=0.0, expect_since_ns=0, expect_reason="",
+    flight=(Collective(number=10, op="all_sum", dtype="float32", nbytes=64, issued_ns=1),),
+)
+
+
+class Counting(Probe):
+    """Each pid's one TCP socket: queues empty, byte counters as the test sets them."""
+
+    native_ids = True
+
+    def __init__(self) -> None:
+        self.moved: dict[int, int] = {}
+
+    def socket_queues(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        return ((pid, 0, 0),)
+
+    def socket_counters(self, pid: int) -> tuple[tuple[int, int, int], ...] | None:
+        return ((pid, self.moved.get(pid, 0), 0),)
+
+
+def job(wait_since_ns: int = 1, in_wait: float = 2.0, backend: str = "ring"):
+    members = []
+    for rank in (0, 1):
+        rec = dataclasses.replace(REC, pid=4242 + rank, rank=rank, backend=backend,
+                                  wait_since_ns=wait_since_ns)
+        verdict = Verdict(State.RUNNING, 60.0, in_wait, in_wait, 1.0, False, "r",
+                          wedge_deadline=15.0, hot=(7,))
+        sample = ProcessSample(rec.pid, rec.start_time, rec.uid, "running", ((7, 1.0),),
+                               native_ids=True)
+        members.append((Rank(path=f"r{rank}", record=rec, verdict=verdict), sample))
+    return members
+
+
+def jobs_with(probe: Probe) -> tuple[Jobs, list[int]]:
+    jobs = Jobs(Live(Settings()), probe, Clock(), "host-a", {}, lambda _: None,
+                Counters.zeroed())
+    asked: list[int] = []
+
+    def ask(who, busy, now, hold_until=0.0) -> bool:
+        asked.append(who.pid)
+        return True
+    jobs.stacks.ask = ask  # type: ignore[method-assign]
+    return jobs, asked
+
+
+def test_a_job_moving_bytes_is_never_sampled_early():
+    """A slow link or a long all_sum: its counters move at every scan."""
+    probe = Counting()
+    jobs, asked = jobs_with(probe)
+    try:
+        for t in range(20):
+            for pid in (4242, 4243):
+                probe.moved[pid] = t * 1448
+            members = job()
+            # Tracked (its counters read at every scan), never asked a sample.
+            assert jobs._track_early(members, float(t)) == {r.key for r, _ in members}
+        assert asked == []
+    finally:
+        jobs.shutdown()
+
+
+def test_a_still_job_is_sampled_once_a_wait_then_held_once_the_wait_returns():
+    jobs, asked = jobs_with(Counting())
+    try:
+        for t in range(10):  # counters still from the first read
+            jobs._track_early(job(), float(t))
+        assert sorted(asked) == [4242, 4243]  # once each, at EARLY_STILL of stillness
+        # The wait returned (a peer computing each step): the next long still wait of
+        # the job is not sampled early for EARLY_HOLD seconds.
+        for t in range(10, 20):
+            jobs._track_early(job(wait_since_ns=2), float(t))
+        assert sorted(asked) == [4242, 4243]
+        later = 10.0 + EARLY_HOLD + EARLY_STILL + 2
+        for t in range(4):
+            jobs._track_early(job(wait_since_ns=3), later + t)
+        assert sorted(asked) == [4242, 4242, 4243, 4243]
+    finally:
+        jobs.shutdown()
+
+
+def test_no_early_sample_before_the_wait_is_long_or_where_sockets_carry_no_bytes():
+    for members in (job(in_wait=0.2), job(backend="jaccl")):
+        jobs, asked = jobs_with(Counting())
+        try:
+            for t in range(10):
+                assert jobs._track_early(members, float(t)) == set()
+            assert asked == []
+        finally:
+            jobs.shutdown()
