@@ -75,7 +75,10 @@ ASK_AHEAD = 10.0
 # Early samples of one rank in one wait (`_track_early`): a second only when the first
 # read nothing. A job whose sockets stand still for another reason (a peer computing)
 # is never sampled more than this ahead of its wedge deadline.
-EARLY_TRIES = 2
+EARLY_TRIES = 3
+# Two samples of one wait this far apart, both reading the rank in its backend's wait,
+# before its stillness counts as exact (the lower wedge floor): no single sample decides.
+TWICE_APART = 1.0
 # A job an early sample found healthy (the wait returned) is not sampled early again for
 # this long: a job whose every step has a long wait with its sockets still costs one
 # early sample per rank in EARLY_HOLD seconds (~0.2% of a rank's time), and a wedge in
@@ -134,6 +137,8 @@ class Jobs:
         # (its wait_since_ns, asked at, samples asked in that wait)
         self.early: dict[Key, tuple[int, float, int]] = {}
         self.early_held: dict[JobKey, float] = {}  # until when a job is not sampled early
+        # Each rank's first sample read waiting in its current wait: (wait_since_ns, at).
+        self.twice: dict[Key, tuple[int, float]] = {}
 
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
@@ -143,6 +148,7 @@ class Jobs:
         self.seen_read.pop(key, None)
         self.unread.discard(key)
         self.early.pop(key, None)
+        self.twice.pop(key, None)
 
     def links_of(self) -> Mapping[Key, str | None]:
         """Each rank's data link as last probed (the incident's cause reads it)."""
@@ -305,9 +311,6 @@ class Jobs:
         queues = self.stacks.queues.get(rank.key)
         known = queues is not None and queues.queues is not None
         shown = self.shown.setdefault(rank.key, Shown())
-        # Published (/status) for a peer judging the job across nodes.
-        shown.sockets = ((now - queues.since, queues.unread, queues.exact)
-                         if queues is not None and known else None)
         # Nothing busy, its fresh sample finds it parked in its backend's wait: a member
         # as a spinning rank is (a quiet wedge), when its stillness is exact (wedge.py).
         parked = (seen is None and asleep[0] is not None
@@ -315,6 +318,12 @@ class Jobs:
                   and not (rank.verdict is not None and rank.verdict.hot))
         if parked:
             seen = asleep[0]
+        # Exact only on byte counters and two samples of this wait read in its backend's
+        # wait, TWICE_APART apart: no single sample decides a wedge at the lower floor.
+        exact = queues is not None and known and queues.exact and self._read_twice(rank, seen)
+        # Published (/status) for a peer judging the job across nodes.
+        shown.sockets = ((now - queues.since, queues.unread, exact)
+                         if queues is not None and known else None)
         return wedge.Member(
             rank=rec.rank, world_size=rec.world_size, phase=rec.phase,
             waiting_since_ns=rec.wait_since_ns, collectives=rec.collectives,
@@ -322,9 +331,20 @@ class Jobs:
             stopped=sample.status in STOPPED_STATUSES or foreign_tracer(sample), seen=seen,
             quiet=now - queues.since if queues is not None and known else None,
             unread=queues.unread if queues is not None else 0, link=shown.data_link,
-            exact=wedge.exact_reading(queues is not None and known and queues.exact,
-                                      rec.backend, shown.data_link),
-            parked=parked)
+            exact=wedge.exact_reading(exact, rec.backend, shown.data_link), parked=parked)
+
+    def _read_twice(self, rank: Rank, seen: frames.Reading | None) -> bool:
+        """Have two stack samples taken in the rank's current wait, TWICE_APART apart or
+        more, both read it in its backend's wait (and none between read anything else)?"""
+        rec, found = rank.record, self.stacks.found.get(rank.key)
+        if seen is None or seen.kind != FrameKind.WAITING or found is None \
+                or rec.wait_since_ns <= 0 or found.at * 1e9 < rec.wait_since_ns:
+            self.twice.pop(rank.key, None)
+            return False
+        first = self.twice.get(rank.key)
+        if first is None or first[0] != rec.wait_since_ns:
+            first = self.twice[rank.key] = (rec.wait_since_ns, found.at)
+        return found.at - first[1] >= TWICE_APART
 
     def remote_members(self, one: Rank, here: int, now_ns: int) -> list[wedge.Member]:
         """The job's ranks on the other nodes, as members, from every peer's answer to
@@ -446,12 +466,12 @@ class Jobs:
             for rank, sample in members:
                 rec = rank.record
                 tries = self.early[rank.key][2] if self.sampled_early(rank) else 0
-                if tries >= EARLY_TRIES or (tries and not self._early_failed(rank)):
+                if tries >= EARLY_TRIES or (tries and not self._early_again(rank, now)):
                     continue
                 assert rank.verdict is not None
                 busy = rank.verdict.hot if sample.native_ids else ()
                 if self.stacks.ask(Identity(rec.pid, rec.start_time, rec.uid,
-                                            rec.start_ticks), busy, now):
+                                            rec.start_ticks), busy, now, every=TWICE_APART):
                     self.early[rank.key] = (rec.wait_since_ns, now, tries + 1)
         return {rank.key for rank, _ in members}
 
@@ -461,12 +481,19 @@ class Jobs:
         return rank.record.wait_since_ns > 0 and early is not None \
             and early[0] == rank.record.wait_since_ns
 
-    def _early_failed(self, rank: Rank) -> bool:
-        """Did its early sample read nothing (gdb past its time box on a loaded node)?
-        Then it may be asked once more (EARLY_TRIES), at the sampler's own pace."""
+    def _early_again(self, rank: Rank, now: float) -> bool:
+        """Is the rank sampled early once more in this wait (EARLY_TRIES in all)? When its
+        last early sample is in and read nothing (gdb past its time box on a loaded node),
+        or read it waiting with no second sample TWICE_APART after a first (`_read_twice`);
+        never after one that read it doing anything else."""
         found = self.stacks.found.get(rank.key)
-        return found is not None and found.at >= self.early[rank.key][1] \
-            and (found.stacks is None or bool(found.error) or not found.stacks)
+        if found is None or found.at < self.early[rank.key][1]:
+            return False  # the last one asked is not in yet
+        if found.stacks is None or bool(found.error) or not found.stacks:
+            return True
+        first = self.twice.get(rank.key)
+        return first is not None and first[0] == rank.record.wait_since_ns \
+            and found.at - first[1] < TWICE_APART <= now - found.at
 
     def settle(self, keys: list[Key]) -> None:
         """Ranks a response takes: none left under our stack sampler's trace."""

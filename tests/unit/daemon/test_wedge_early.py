@@ -11,14 +11,16 @@ import dataclasses
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live, Settings
 from watchdog.daemon.counters import Counters
-from watchdog.daemon.jobs import EARLY_HOLD, Jobs
+from watchdog.daemon.jobs import EARLY_HOLD, EARLY_TRIES, TWICE_APART, Jobs
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.frames import Reading
 from watchdog.daemon.judge.wedge import EARLY_STILL
 from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.probes import Probe
+from watchdog.daemon.probes.stacksampler import Stacks
 from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Collective, Record
-from watchdog.states import Phase, State
+from watchdog.states import FrameKind, Phase, State
 
 REC = Record(
     pid=4242, start_time=1.7e9, uid=501, rank=0, world_size=2, dump_signal=0, status=0,
@@ -63,7 +65,7 @@ def jobs_with(probe: Probe) -> tuple[Jobs, list[int]]:
                 Counters.zeroed())
     asked: list[int] = []
 
-    def ask(who, busy, now, hold_until=0.0) -> bool:
+    def ask(who, busy, now, hold_until=0.0, every=None) -> bool:
         asked.append(who.pid)
         return True
     jobs.stacks.ask = ask  # type: ignore[method-assign]
@@ -114,3 +116,60 @@ def test_no_early_sample_before_the_wait_is_long_or_where_sockets_carry_no_bytes
             assert asked == []
         finally:
             jobs.shutdown()
+
+
+WAITING = Reading(FrameKind.WAITING, "ring worker in recv")
+COMPUTING = Reading(FrameKind.COMPUTING, "sgemm")
+
+
+def test_no_single_sample_makes_a_still_job_exact_two_a_second_apart_do():
+    """The lower floor needs two samples of the wait, TWICE_APART apart, both reading the
+    rank in its backend's wait: the second is asked early once the first read it so; a
+    first that read it computing asks none and makes nothing exact."""
+    jobs, asked = jobs_with(Counting())
+    try:
+        members = job(wait_since_ns=1)
+        rank = members[0][0]
+        for t in range(3):
+            jobs._track_early(members, float(t))
+        assert asked.count(4242) == 1
+        # The first sample (at 2.0 s) reads it waiting: exact? not yet.
+        jobs.stacks.found[rank.key] = Stacks(at=2.0, stacks={7: ("recv",)}, busy=(7,))
+        assert not jobs._read_twice(rank, WAITING)
+        jobs._track_early(members, 2.5)  # under TWICE_APART after it: not asked again
+        assert asked.count(4242) == 1
+        jobs._track_early(members, 2.0 + TWICE_APART)
+        assert asked.count(4242) == 2
+        # The second, TWICE_APART later, reads it waiting too: now exact.
+        jobs.stacks.found[rank.key] = Stacks(at=2.0 + TWICE_APART, stacks={7: ("recv",)},
+                                             busy=(7,))
+        assert jobs._read_twice(rank, WAITING)
+        jobs._track_early(members, 5.0)  # read twice: no more asks
+        assert asked.count(4242) == 2
+        # A sample reading anything else in between starts it over.
+        jobs.stacks.found[rank.key] = Stacks(at=6.0, stacks={7: ("sgemm",)}, busy=(7,))
+        assert not jobs._read_twice(rank, COMPUTING)
+        jobs.stacks.found[rank.key] = Stacks(at=7.0, stacks={7: ("recv",)}, busy=(7,))
+        assert not jobs._read_twice(rank, WAITING)
+        # A sample taken before the wait began never counts for it.
+        later = job(wait_since_ns=int(8e9))[0][0]
+        jobs.stacks.found[later.key] = Stacks(at=7.5, stacks={7: ("recv",)}, busy=(7,))
+        assert not jobs._read_twice(later, WAITING)
+    finally:
+        jobs.shutdown()
+
+
+def test_a_first_early_sample_reading_a_rank_computing_asks_no_second():
+    jobs, asked = jobs_with(Counting())
+    try:
+        members = job(wait_since_ns=1)
+        rank = members[0][0]
+        for t in range(3):
+            jobs._track_early(members, float(t))
+        jobs.stacks.found[rank.key] = Stacks(at=2.0, stacks={7: ("sgemm",)}, busy=(7,))
+        assert not jobs._read_twice(rank, COMPUTING)
+        for t in range(3, 3 + 3 * EARLY_TRIES):
+            jobs._track_early(members, float(t))
+        assert asked.count(4242) == 1
+    finally:
+        jobs.shutdown()

@@ -164,13 +164,14 @@ class StackSampler:
         self.seconds = 0.0  # their time in all
 
     def ask(self, who: Identity, busy: tuple[int, ...], now: float,
-            hold_until: float = 0.0) -> bool:
-        """Sample this rank's stacks on a worker, unless one was taken or asked lately,
+            hold_until: float = 0.0, every: float | None = None) -> bool:
+        """Sample this rank's stacks on a worker, unless one was taken or asked lately
+        (within its gap, or `every` seconds when given: an early sample's second look),
         or its owner holds its share of the slots already. `hold_until`: a rank asleep
         and unchanged (at its longest gap) is not sampled again before then. True when
         a sample was set going."""
         key = (who.pid, who.start_time)
-        gap = self.every.get(key, SAMPLE_EVERY)
+        gap = self.every.get(key, SAMPLE_EVERY) if every is None else every
         if now - self.asked.get(key, -MAX_EVERY) < gap or (gap >= MAX_EVERY
                                                            and now < hold_until):
             return False
