@@ -243,7 +243,7 @@ class Heartbeat:
     def publish_threads(self) -> None:
         """Publish the native ids of this process's Python threads (main excluded).
 
-        The daemon's backstop (docs/architecture.md) needs to know which of the
+        The daemon's backstop (docs/judging.md) needs to know which of the
         process's threads run Python: one of them computing at 100% is the
         user's work, while a spinning thread that is not one of them is MLX's.
         Called at install and after each `threading.Thread.start`, never on the
