@@ -72,6 +72,7 @@ class OwnWait:
         return self.holds(self.window)
 
     def describe(self) -> str:
+        """The wait in words, as a hold names it (`writing a checkpoint (...)`)."""
         seconds = f"{self.seconds:.0f} s"
         if self.op in SAVE_OPS:
             return (f"writing a checkpoint ({self.op}, {seconds}, "
