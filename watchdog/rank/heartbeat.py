@@ -135,6 +135,7 @@ class Heartbeat:
 
     @property
     def path(self) -> str | None:
+        """The record's path, None while it is not open."""
         return self._writer.path if self._writer is not None else None
 
     collectives = property(lambda self: self._threads.totals()[0])
@@ -144,6 +145,7 @@ class Heartbeat:
 
     @property
     def phase(self) -> Phase:
+        """The rank's phase now: idle, waiting (any thread in a wait) or running."""
         if self._idle_depth:
             return Phase.IDLE
         return Phase.WAIT if self._threads.totals()[2] else Phase.RUNNING
