@@ -23,9 +23,11 @@ class _InstallAfter(importlib.abc.Loader):
         self._inner = inner
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        """Create the module as the wrapped loader would."""
         return self._inner.create_module(spec)  # type: ignore[no-any-return]
 
     def exec_module(self, module: ModuleType) -> None:
+        """Run the module, then install the hook lazily on it (never failing the import)."""
         self._inner.exec_module(module)
         try:
             from watchdog.rank.hook import install
@@ -39,6 +41,7 @@ class MlxCoreFinder(importlib.abc.MetaPathFinder):
     """A one-shot import hook: when `mlx.core` is first imported, the hook is installed
     on it (`MLX_WATCHDOG=1`: zero-code), and the finder takes itself off the path."""
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        """`mlx.core`'s spec, its loader installing the hook (once); None for others."""
         if name != TARGET:
             return None
         sys.meta_path.remove(self)  # one shot: only the first import needs us

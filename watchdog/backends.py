@@ -126,11 +126,13 @@ def first(env: Env, *names: str) -> str:
 
 
 def number(env: Env, *names: str) -> int | None:
+    """The first of `names` set in `env`, as an int; None when unset or not a number."""
     raw = first(env, *names)
     return int(raw) if raw.isdigit() else None
 
 
 def read(path: str) -> str | None:
+    """A launch file's text (at most `READ_LIMIT` bytes), or None when it cannot be read."""
     try:
         with open(path, "rb") as f:
             return f.read(READ_LIMIT).decode("utf-8", "replace")
@@ -139,6 +141,7 @@ def read(path: str) -> str | None:
 
 
 def parse_json(text: str | None) -> Any:
+    """`text` parsed as JSON, or None when there is none or it is not JSON."""
     if text is None:
         return None
     try:
@@ -162,6 +165,7 @@ def split_address(address: str) -> tuple[str, str]:
 
 
 def mlx_world_size(env: Env) -> int:
+    """`MLX_WORLD_SIZE` as an int, 0 when unset or not a number."""
     size = env.get("MLX_WORLD_SIZE", "")
     return int(size) if size.isdigit() else 0
 
@@ -208,10 +212,12 @@ def _ring_parts(env: Env, ppid: int | None) -> list[str]:
 
 
 def devices_path(env: Env) -> str:
+    """The JACCL device file's path named by the environment ("" when unset)."""
     return first(env, "JACCL_IBV_DEVICES", "MLX_IBV_DEVICES")
 
 
 def coordinator(env: Env) -> str:
+    """The JACCL coordinator's address named by the environment ("" when unset)."""
     return first(env, "JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR")
 
 
@@ -380,6 +386,7 @@ def bytes_on_sockets(name: str | None) -> bool:
 
 
 def links_probed(name: str | None) -> bool:
+    """Whether the backend named may have its data links probed (False for an unknown one)."""
     backend = by_name(name)
     return backend is not None and backend.links_probed
 

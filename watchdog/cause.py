@@ -128,6 +128,7 @@ def replaces(view: str | None, cause: str | None) -> bool:
 
 
 def size(nbytes: int | None) -> str:
+    """A byte count as a person reads it (`16 MiB`, `512 B`); "" when unknown."""
     if nbytes is None:
         return ""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -149,6 +150,7 @@ def where(rank: RankStatus) -> str:
 
 
 def who(rank: RankStatus) -> str:
+    """The rank named as a person reads it: rank, host and pid."""
     return text.who(rank.rank, rank.host, rank.pid)
 
 

@@ -19,6 +19,7 @@ class Phase(enum.IntEnum):
 
     @property
     def label(self) -> str:
+        """The phase's name as records and `status` show it (`wait`, `idle`, ...)."""
         return self.name.lower()
 
 

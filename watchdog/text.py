@@ -44,4 +44,5 @@ class OneLineFormatter(logging.Formatter):
     """Log lines with control characters escaped; tracebacks stay as they are."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        """The log line with every field made printable on one line."""
         return printable(super().formatMessage(record))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command line (`mlx-watchdog`), importing the commands only now."""
     from watchdog.cli.commands import main as run
 
     run(argv)

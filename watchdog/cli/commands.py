@@ -62,6 +62,7 @@ for command in COMMANDS:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command line and turn every error into one line and its exit code."""
     try:
         code = cli.main(args=argv, prog_name="mlx-watchdog", standalone_mode=False)
     except click.exceptions.Abort:

@@ -25,6 +25,7 @@ class Commands(click.Group):
     (click cuts them at the terminal's width with "...")."""
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands with each one's whole first sentence, not click's cut one."""
         rows = [(name, command.get_short_help_str(limit=200))
                 for name in self.list_commands(ctx)
                 if (command := self.get_command(ctx, name)) is not None and not command.hidden]
@@ -66,6 +67,7 @@ class Node:
 
     @property
     def settings(self) -> Settings:
+        """The node's settings from its config file, read once (defaults when unreadable)."""
         if self._settings is None:
             from watchdog.daemon.config import load
 
@@ -128,6 +130,7 @@ class SettingType(click.ParamType):  # type: ignore[type-arg]
         self.name = "|".join(self.spec.choices) or self.spec.unit or "TEXT"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        """The flag's value checked by the config file's rule, or a usage error naming it."""
         from watchdog.daemon.config import coerce
 
         try:
@@ -143,6 +146,7 @@ class SettingType(click.ParamType):  # type: ignore[type-arg]
         return value if checked is None else checked
 
     def shell_complete(self, ctx: Any, param: Any, incomplete: str) -> list[Any]:
+        """Completions for the setting: its choices, a directory, or `auto`."""
         from click.shell_completion import CompletionItem
 
         if self.spec.choices:
@@ -197,6 +201,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
         self.low = low
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        """The value in seconds (a number, or 500ms, 90s, 2m), or a usage error."""
         from watchdog.daemon.config import parse_duration
 
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -25,6 +25,7 @@ def parse(raw: str | None) -> int | None:
 
 
 def attempt_of(pid: int) -> int | None:
+    """The attempt number in the process's environment; None when unknown or unreadable."""
     from watchdog.daemon.probes import platform_psutil
 
     ps = platform_psutil()

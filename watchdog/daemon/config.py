@@ -146,9 +146,11 @@ class Settings:
 
     @property
     def listen_address(self) -> tuple[str, int]:
+        """`listen` as (host, port)."""
         return parse_listen(self.listen)
 
     def ladder(self) -> LadderSettings:
+        """The enforcer's and the responses' view of these settings."""
         return LadderSettings(state_dir=self.state_dir, mode=self.mode,
                               evidence_timeout=self.evidence_timeout, grace=self.grace,
                               kill_timeout=self.kill_timeout, settle=self.settle,
@@ -156,6 +158,7 @@ class Settings:
                               peer_timeout=self.peer_timeout)
 
     def peering(self) -> PeerSettings:
+        """The peers', fences' and data-link probe's view of these settings."""
         return PeerSettings(peers=self.peers, peer_timeout=self.peer_timeout,
                             secret=self.secret, state_dir=self.state_dir,
                             evidence_timeout=self.evidence_timeout)
@@ -197,22 +200,27 @@ class Live:
 
     @property
     def settings(self) -> Settings:
+        """The settings in force; assigning new ones swaps every view at once."""
         return self._views[0]
 
     @settings.setter
     def settings(self, settings: Settings) -> None:
+        """The settings in force; assigning new ones swaps every view at once."""
         self._views = (settings, settings.ladder(), settings.peering(), settings.rules())
 
     @property
     def ladder(self) -> LadderSettings:
+        """The ladder's view of the settings in force."""
         return self._views[1]
 
     @property
     def peering(self) -> PeerSettings:
+        """The peers' view of the settings in force."""
         return self._views[2]
 
     @property
     def rules(self) -> Rules:
+        """The detector's rules from the settings in force."""
         return self._views[3]
 
 
@@ -313,6 +321,7 @@ KEYS = {*DAEMON_KEYS, *LAUNCH_KEYS}  # the file's keys: the daemon's and launch'
 
 
 def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` as (host, port), brackets off an IPv6 host; a `ConfigError` otherwise."""
     host, sep, port = text.rpartition(":")
     if (not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535
             or any(c.isspace() or c == "," for c in host)):
@@ -510,6 +519,7 @@ def _check(s: Settings | LaunchSettings) -> None:
 
 
 def load_file(path: str) -> dict[str, Any]:
+    """The TOML file's table, or a `ConfigError` in one sentence."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -577,6 +587,7 @@ def _file_values(path: str | None) -> dict[str, Any]:
 
 
 def load(path: str | None, overrides: dict[str, Any]) -> Settings:
+    """The daemon's settings: defaults, then the file (if any), then `overrides`, checked."""
     return build(_file_values(path), overrides)
 
 
@@ -608,6 +619,7 @@ def salvage(path: str) -> tuple[Settings, list[str]]:
 
 
 def load_launch(path: str | None, overrides: dict[str, Any]) -> LaunchSettings:
+    """`launch`'s settings: defaults, then the file (if any), then `overrides`, checked."""
     return build_launch(_file_values(path), overrides)
 
 

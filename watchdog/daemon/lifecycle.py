@@ -105,13 +105,16 @@ class Rank:
 
     @property
     def key(self) -> Key:
+        """The rank's key in the table: its pid and start time."""
         return (self.record.pid, self.record.start_time)
 
     @property
     def live(self) -> bool:
+        """Whether the rank has not reached a final state."""
         return self.state not in FINAL
 
     def target(self) -> Target:
+        """What the signaller needs to signal this rank: identity, dump signal, files."""
         rec = self.record
         return Target(rec.pid, rec.start_time, rec.uid, rec.job, rec.rank, rec.dump_signal,
                       record.stacks_path(self.path), rec.start_ticks, self.path)

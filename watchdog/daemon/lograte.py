@@ -42,6 +42,7 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Whether to log a record: a warning past its burst within the window is only counted."""
         if record.levelno != logging.WARNING or record.exc_info:
             return True  # see the module's docstring; a traceback is never left out
         kind = (record.name, record.levelno, str(record.msg))
@@ -113,6 +114,7 @@ class RotatingStream(logging.StreamHandler):  # type: ignore[type-arg]
             self.path = None
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Write the record, and every so often rotate the file when it grew too big."""
         super().emit(record)
         self._since += 1
         if self.path is not None and self._since >= self.CHECK_EVERY:

@@ -57,6 +57,7 @@ def _free(directory: str) -> tuple[int, int]:
 
 
 def reserve_for(size: int) -> int:
+    """The free space to keep on a file system of `size` bytes."""
     return max(256 << 10, min(RESERVE_BYTES, size // 8))
 
 

@@ -87,6 +87,7 @@ class Signaller:
         return self.identify(target) == Result.OURS
 
     def send(self, target: Target, signum: int) -> Result:
+        """Send `signum` to the target if it still is that process; what it came to."""
         pidfd = -1
         if hasattr(os, "pidfd_open"):
             # A pidfd pins the process: once the identity is checked through it,

@@ -95,6 +95,7 @@ class RankTable:
     # -- the ranks ---------------------------------------------------------------
 
     def live(self) -> Iterator[Rank]:
+        """The ranks not in a final state."""
         return (r for r in self.ranks.values() if r.state not in FINAL)
 
     def job(self, uid: int, job: str) -> list[Rank]:
@@ -112,6 +113,7 @@ class RankTable:
         return live
 
     def take_deaths(self) -> list[Death]:
+        """The deaths seen since the last call, handed over once."""
         deaths, self.deaths = self.deaths, []
         return deaths
 
@@ -261,6 +263,7 @@ class RankTable:
         return {**self.records.unusable(limit), **transient}, len(bad) + len(transient)
 
     def report_invalid(self, path: str, why: str, st: os.stat_result | None) -> None:
+        """Note an unusable record: shown in the snapshot, counted and logged once per file."""
         self.invalid[path] = why
         seen = (path, st.st_mtime_ns if st else 0, st.st_size if st else 0)
         if seen not in self._invalid_seen:

@@ -32,6 +32,7 @@ def signal_tree(child: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def isatty(fd: int) -> bool:
+    """Whether `fd` is a terminal (False when it is closed)."""
     try:
         return os.isatty(fd)
     except OSError:
@@ -87,6 +88,7 @@ class InterruptTracebacks:
         self.held = None
 
     def close(self) -> None:
+        """Flush what is held, and say how many interrupt tracebacks were left out."""
         if self.held and self.interrupt:
             self.dropped += 1
         elif self.held:
@@ -97,6 +99,7 @@ class InterruptTracebacks:
                        "traceback(s) of mlx.launch and its ranks not shown\n".encode())
 
     def write(self, data: bytes) -> None:
+        """Write to our stderr; a stderr gone is ignored, so the child's pipe keeps draining."""
         try:
             self.out.write(data)
             self.out.flush()

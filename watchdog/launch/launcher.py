@@ -24,6 +24,7 @@ class LauncherError(Exception):
 
 
 def new_job_id(now: float | None = None) -> str:
+    """A fresh job id for one launch: `launch-<UTC time>-<8 hex digits>`."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
     return f"launch-{stamp}-{uuid.uuid4().hex[:8]}"
 

@@ -82,10 +82,12 @@ class Attempt:
             self.exits.append((int(match.group(1)), int(code) if code is not None else None))
 
     def see_progress(self, waits: int, steps: int) -> None:
+        """Keep the most completed waits and steps the attempt's ranks showed."""
         self.waits, self.steps = max(self.waits, waits), max(self.steps, steps)
 
 
 def ending_of(attempt: Attempt) -> Ending:
+    """How the attempt ended, from its facts (interrupt, incident, mlx.launch's lines)."""
     if attempt.interrupted:
         return Ending.INTERRUPTED
     if attempt.launcher_code == 0 and not attempt.exits and not _ended_by(attempt.incident):
@@ -145,6 +147,7 @@ def describe(attempt: Attempt, ending: Ending) -> str:
 
 
 def exit_code(ending: Ending, interrupted: int = 0) -> int:
+    """`launch`'s exit code for an ending (128 + the signal when interrupted)."""
     if ending is Ending.INTERRUPTED:
         return 128 + interrupted
     return {Ending.CLEAN: EXIT_OK, Ending.FAILED: EXIT_RANKS_FAILED,

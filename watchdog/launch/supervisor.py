@@ -60,6 +60,7 @@ class Plan:
 
 
 def say(message: str) -> None:
+    """Print one line of the launcher's on stderr, made safe."""
     sys.stderr.write(f"mlx-watchdog: {printable(message)}\n")
     sys.stderr.flush()
 
@@ -81,6 +82,7 @@ class Supervisor:
     # -- the journal -----------------------------------------------------------
 
     def record(self, event: str, attempt: int, **facts: Any) -> None:
+        """Append an event of the attempt to the launch journal (a failure is said, not raised)."""
         entry = LaunchEvent(time=time.time(), host=socket.gethostname(), uid=os.getuid(),
                             job=self.plan.job, attempt=attempt, event=event, **facts)
         try:
@@ -117,6 +119,7 @@ class Supervisor:
     # -- one attempt -----------------------------------------------------------
 
     def argv(self, number: int) -> list[str]:
+        """The `mlx.launch` command of attempt `number`: the job id, the directory, the attempt."""
         ours = [] if self.plan.job_given else ["--env", f"MLX_WATCHDOG_JOB={self.plan.job}"]
         # The ranks publish where this node's daemon watches (the config's `dir`), on
         # every host (ssh forwards none of our environment; --env reaches each rank).
@@ -155,6 +158,7 @@ class Supervisor:
         return hung, float(snap.scan_monotonic or 0.0)
 
     def run_attempt(self, number: int) -> relaunch.Attempt:
+        """Run one attempt to its end and gather its facts."""
         attempt = relaunch.Attempt(number=number, started=time.time())
         # mlx.launch polls its stdin and, at end of file (/dev/null under a service, a
         # script's redirect), spins a core on it for the whole run: unless stdin is a
@@ -223,6 +227,7 @@ class Supervisor:
     # -- the attempts ----------------------------------------------------------
 
     def run(self) -> int:
+        """Run attempts until one ends for good; returns `launch`'s exit code."""
         s = self.plan.launch
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -54,6 +54,7 @@ class _Received:
         self._data = data
 
     def makefile(self, *_args: object, **_kwargs: object) -> io.BytesIO:
+        """The answer's bytes as a file, for `http.client` to parse."""
         return io.BytesIO(self._data)
 
 

@@ -75,6 +75,7 @@ class FenceRejected(Exception):
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The fence's HMAC-SHA256 over its timestamp and body, in hex."""
     return hmac.new(secret.encode(), timestamp.encode("utf-8", "surrogatepass") + b"." + body,
                     hashlib.sha256).hexdigest()
 

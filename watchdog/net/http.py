@@ -65,6 +65,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # a client that sends half a request must not hold a thread forever
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        """Log the request at debug level only."""
         log.debug("http %s: " + format, self.client_address[0], *args)
 
     def _read_head(self) -> bytes | None:
@@ -125,6 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802
+        """Answer `/metrics`, `/status` (signed over a nonce), `/healthz` and a job's health."""
         path = self.path.split("?", 1)[0]
         try:
             if path == "/metrics":
@@ -234,6 +236,7 @@ class _Server(ThreadingHTTPServer):
         self._tokens -= 1.0
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve a configured peer on its own slots, anyone else on the shared ones."""
         if client_address and client_address[0] in self.peer_hosts:
             with self._open_lock:
                 ours = len(self.peer_open) < PEER_CONNECTIONS
@@ -258,6 +261,7 @@ class _Server(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve the request, then free its slot."""
         try:
             super().process_request_thread(request, client_address)
         finally:

@@ -91,6 +91,7 @@ class Family:
     samples: Callable[[Scrape], Samples | None]
 
     def build(self, scrape: Scrape, job_label: str) -> Metric | None:
+        """The family with this scrape's samples, None when the snapshot has no value."""
         samples = self.samples(scrape)
         if samples is None:
             return None
@@ -112,6 +113,7 @@ class Histogram:
     buckets: Callable[[Scrape], tuple[list[tuple[str, float]], float] | None]
 
     def build(self, scrape: Scrape, job_label: str) -> Metric | None:
+        """The histogram from this scrape's buckets, None when the snapshot has none."""
         read = self.buckets(scrape)
         if read is None:
             return None
@@ -312,6 +314,7 @@ class SnapshotCollector:
         self._families = families
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, built from the latest snapshot at this scrape."""
         snap = self._snapshot()
         scrape = Scrape(snap, _one_per_label(snap.ranks))
         for family in self._families:

@@ -14,6 +14,7 @@ from watchdog.rank import launchenv
 
 
 def warn(message: str) -> None:
+    """Tell the user one line on stderr (a stderr gone is ignored)."""
     try:
         sys.stderr.write(f"mlx-watchdog: {message}\n")
     except Exception:  # noqa: BLE001, S110 - stderr itself is gone; nothing left to tell
@@ -21,6 +22,7 @@ def warn(message: str) -> None:
 
 
 def record_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The record directory a rank publishes to: `MLX_WATCHDOG_DIR`, else the default."""
     return env.get("MLX_WATCHDOG_DIR") or record.DEFAULT_DIR
 
 
@@ -47,10 +49,12 @@ def workload() -> str:
 
 
 def env_rank_size(env: Mapping[str, str]) -> tuple[int, int]:
+    """The rank and world size the launch environment gives (-1 and 0 when unknown)."""
     return launchenv.rank(env), launchenv.world_size(env)
 
 
 def guess_backend(env: Mapping[str, str]) -> str:
+    """The backend the launch environment names ("" when none is recognised)."""
     return launchenv.backend(env)
 
 

@@ -135,6 +135,7 @@ class Heartbeat:
 
     @property
     def path(self) -> str | None:
+        """The record's path, None while it is not open."""
         return self._writer.path if self._writer is not None else None
 
     collectives = property(lambda self: self._threads.totals()[0])
@@ -144,6 +145,7 @@ class Heartbeat:
 
     @property
     def phase(self) -> Phase:
+        """The rank's phase now: idle, waiting (any thread in a wait) or running."""
         if self._idle_depth:
             return Phase.IDLE
         return Phase.WAIT if self._threads.totals()[2] else Phase.RUNNING
@@ -243,7 +245,7 @@ class Heartbeat:
     def publish_threads(self) -> None:
         """Publish the native ids of this process's Python threads (main excluded).
 
-        The daemon's backstop (docs/architecture.md) needs to know which of the
+        The daemon's backstop (docs/judging.md) needs to know which of the
         process's threads run Python: one of them computing at 100% is the
         user's work, while a spinning thread that is not one of them is MLX's.
         Called at install and after each `threading.Thread.start`, never on the

@@ -201,6 +201,7 @@ def uninstall() -> None:
 
 
 def current() -> Heartbeat | None:
+    """The installed hook's `Heartbeat`, None when not installed."""
     return _current
 
 

@@ -74,11 +74,13 @@ def exo_instance(env: Env) -> str:
 
 
 def backend(env: Env) -> str:
+    """The backend recognised from the launch environment ("" when none is)."""
     found = backends.recognise(env)
     return found.name if found else ""
 
 
 def rank(env: Env) -> int:
+    """The rank the launch environment gives, -1 when it gives none."""
     found = backends.recognise(env)
     number = backends.number(env, *(found.rank_from if found else backends.DEFAULT_RANK_FROM))
     return -1 if number is None else number

@@ -84,6 +84,7 @@ def wrap_wait(hb: Heartbeat, original: Any, op: int, name: str = "") -> Any:
 
 
 def wrap_collective(hb: Heartbeat, original: Any, op: int) -> Any:
+    """`original` wrapped to count each call as a collective issued (not a wait)."""
     issued = hb.collective
 
     @functools.wraps(original)

@@ -344,6 +344,7 @@ class Record:
 
     @property
     def closed(self) -> bool:
+        """Whether the record says other than open: closed, left on an error, or abandoned."""
         return self.status != STATUS_OPEN
 
 

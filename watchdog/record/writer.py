@@ -98,6 +98,7 @@ class RecordWriter:
 
     def set_identity(self, *, rank: int, world_size: int, backend: str | None = None,
                      job: str | None = None) -> None:
+        """Write the rank's group identity (rank, size, backend, job) under the seqlock."""
         ident = self._identity
         if backend is not None:
             ident["backend"] = backend
@@ -115,11 +116,13 @@ class RecordWriter:
 
     # The seqlock of the identity and cold words; nested calls keep `seq` odd.
     def begin(self) -> None:
+        """Open a seqlock write (nested writes keep the word odd)."""
         if not self._depth:
             self.words[W_SEQ] += 1
         self._depth += 1
 
     def end(self) -> None:
+        """Close a seqlock write: the word even again after the outermost."""
         self._depth -= 1
         if not self._depth:
             self.words[W_SEQ] += 1
@@ -138,6 +141,7 @@ class RecordWriter:
         THREADS.pack_into(self._map, THREADS_OFFSET, head, *ids)
 
     def write_expect(self, seconds: float, since_ns: int, reason: str) -> None:
+        """Write the `hb.expect` window: its seconds, start and reason (48 bytes at most)."""
         EXPECT.pack_into(self._map, EXPECT_OFFSET, seconds, since_ns, encode_text(reason, 48))
 
     def close(self, status: int, *, remove: bool = True) -> None:

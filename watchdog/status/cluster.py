@@ -42,6 +42,7 @@ class ReportedRank:
     rank: RankStatus
 
     def to_json(self) -> dict[str, Any]:
+        """The rank's JSON with the node that reported it."""
         return {**self.rank.to_json(), "node": self.node}
 
     @classmethod
@@ -78,6 +79,7 @@ class JobCulprit(Encodable):
 
     @classmethod
     def from_json(cls, data: Any) -> JobCulprit | None:
+        """The culprit read from JSON; None for anything but a non-empty object."""
         return decode(cls, data) if isinstance(data, dict) and data else None
 
 
@@ -158,8 +160,10 @@ class PeerView:
     error: str | None = field(default=None, metadata=_on_wire(omit="none"))
 
     def to_json(self) -> dict[str, Any]:
+        """The view's JSON, or only its error when the peers could not be asked."""
         return {"error": self.error} if self.error is not None else encode(self)
 
     @classmethod
     def from_json(cls, data: Any) -> PeerView | None:
+        """The view read from JSON; None for anything but an object."""
         return decode(cls, data) if isinstance(data, dict) else None

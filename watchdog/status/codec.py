@@ -226,6 +226,7 @@ class Encodable:
     """A contract type whose JSON the codec writes from its fields alone."""
 
     def to_json(self) -> dict[str, Any]:
+        """The value's JSON object, derived from its fields."""
         return encode(self)
 
 
@@ -235,6 +236,7 @@ class Decodable(Encodable):
 
     @classmethod
     def from_json(cls: type[D], data: Any) -> D:
+        """The value read from untrusted JSON, field by field."""
         return decode(cls, data)
 
 

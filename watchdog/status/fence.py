@@ -26,6 +26,7 @@ class Culprit(Encodable):
 
     @classmethod
     def from_json(cls, data: Any) -> Culprit | None:
+        """The culprit read from JSON; None for anything but a non-empty object."""
         return decode(cls, data) if isinstance(data, dict) and data else None
 
 

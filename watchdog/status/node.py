@@ -93,6 +93,7 @@ class RebootFlag(Encodable):
 
     @classmethod
     def from_json(cls, data: Any) -> RebootFlag | None:
+        """The flag read from JSON; None for anything but an object."""
         return decode(cls, data) if isinstance(data, dict) else None
 
 
@@ -142,6 +143,7 @@ class NodeStatus:
         skip=True, read=lambda data: "scan_monotonic" in data))
 
     def to_json(self) -> dict[str, Any]:
+        """The snapshot's JSON: whole once the daemon has scanned, its head alone before."""
         full = encode(self)
         return full if self.scanned else {name: full[name] for name in _SHORT}
 

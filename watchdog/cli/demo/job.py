@@ -42,6 +42,7 @@ class _Rank:
 
     @property
     def pid(self) -> int:
+        """The rank process's pid."""
         return self.proc.pid
 
 
@@ -65,6 +66,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 def tail(path: str, lines: int = 8) -> str:
+    """The last `lines` lines of a log file ("" when it cannot be read)."""
     try:
         with open(path, "rb") as f:
             text = f.read()[-8192:].decode("utf-8", "replace")
@@ -81,6 +83,7 @@ def last_error(path: str) -> str:
 
 
 def describe_exit(code: int) -> str:
+    """A process's exit code in words: the signal that ended it, or its code."""
     if code < 0:
         try:
             return f"ended by {signal.Signals(-code).name}"
@@ -118,12 +121,15 @@ class DemoJob:
     # -- output ----------------------------------------------------------------
 
     def now(self) -> float:
+        """Seconds since the demo began."""
         return time.monotonic() - self.t0
 
     def say(self, message: str) -> None:
+        """Print a line of the story, stamped with the demo's time."""
         self.echo(f"[{self.now():4.1f}s] {message}")
 
     def note(self, message: str) -> None:
+        """Print an indented line explaining the one before."""
         self.echo(f"        {message}")
 
     # -- processes ---------------------------------------------------------------
@@ -147,6 +153,7 @@ class DemoJob:
                                     stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
 
     def status(self) -> NodeStatus | None:
+        """The demo daemon's snapshot, or None while it has published none that is fresh."""
         from watchdog.daemon.store.snapshot import daemon_status
 
         return daemon_status(self.state_dir)
@@ -161,9 +168,11 @@ class DemoJob:
         return out
 
     def daemon_alive(self) -> bool:
+        """Whether the demo's daemon still runs."""
         return self.daemon is not None and self.daemon.poll() is None
 
     def start_daemon(self) -> bool:
+        """Start the demo's daemon on its scratch directories; False when it did not come up."""
         argv = [sys.executable, "-m", "watchdog.cli", "run",
                 "--dir", self.record_dir, "--state-dir", self.state_dir,
                 "--interval", f"{INTERVAL:g}", "--deadline", f"{self.deadline:g}",
@@ -205,6 +214,7 @@ class DemoJob:
             self.say(f"started rank {n} (pid {proc.pid})")
 
     def start_ranks(self) -> bool:
+        """Launch the ranks (again, once, if one dies at start); False if they never all step."""
         for attempt in (1, 2):
             self._launch_ranks()
             until = time.monotonic() + RANKS_START_TIMEOUT
@@ -252,6 +262,7 @@ class DemoJob:
         return ended
 
     def cleanup(self) -> None:
+        """End every rank and the daemon the demo started."""
         ended = self._end_ranks(self.ranks + self.retired)
         if ended:
             self.say(f"cleanup: killed leftover ranks (pids {', '.join(map(str, ended))})")

@@ -26,6 +26,7 @@ PAUSE = 0.01  # seconds of "work" between collectives: keeps 3 ranks light on 2 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one demo rank: a checked ring all_sum per step; off script, rank 0 waits in a recv."""
     parser = argparse.ArgumentParser(prog="watchdog.cli.demo.rank")
     parser.add_argument("--trigger", help="mismatch fault: rank 0 goes off script once "
                         "this file exists")

@@ -75,6 +75,7 @@ def incident_lines(inc: Incident, state_dir: str, t0_wall: float) -> list[str]:
     return out
 
 def culprit(inc: Incident) -> str:
+    """The incident's culprit in one line: the one it names, else the ranks past their deadline."""
     named = inc.culprit
     if named is not None:
         return f"rank {named.rank} pid {named.pid}: {named.reason}"

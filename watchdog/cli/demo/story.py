@@ -64,6 +64,7 @@ class Demo(DemoJob):
     # -- phases ------------------------------------------------------------------
 
     def progress_line(self, seen: dict[int, RankStatus]) -> str:
+        """Each rank's step and state in one line, as the daemon shows them."""
         parts = []
         for r in self.ranks:
             info = seen.get(r.rank)
@@ -85,6 +86,7 @@ class Demo(DemoJob):
         return min((s.steps or 0 for s in seen.values()), default=0)
 
     def inject(self, result: _Result) -> None:
+        """Inject the chosen fault into a rank and say what it stands for."""
         result.fault_at = self.now()
         if self.fault == "stop":
             victim = self.ranks[1]
@@ -115,6 +117,7 @@ class Demo(DemoJob):
             self.note("outside MLX). Rank 0 waits in that recv forever.")
 
     def state_line(self, seen: dict[int, RankStatus]) -> str:
+        """Each rank's state in one line, with its wait and busiest thread while it waits."""
         parts = []
         for r in self.ranks:
             info = seen.get(r.rank)
@@ -193,6 +196,7 @@ class Demo(DemoJob):
     # -- the outcome ---------------------------------------------------------------
 
     def judge(self, result: _Result, reached: bool) -> bool:
+        """Print the incidents and the summary; True when the demo went as expected."""
         incidents = read_incidents(self.state_dir)
         for inc in incidents:
             for line in incident_lines(inc, self.state_dir, self.t0_wall):
@@ -279,6 +283,7 @@ class Demo(DemoJob):
     # -- the whole run -----------------------------------------------------------------
 
     def run(self) -> int:
+        """Run the whole demo; returns its exit code (0 as expected, 1 otherwise)."""
         self.echo(f"mlx-watchdog demo: {self.size} MLX ring ranks on 127.0.0.1, fault "
                   f"'{self.fault}', deadline {self.deadline:g}s")
         self.echo(f"scratch directory {self.tmp} "

@@ -167,6 +167,7 @@ def record_of(directory: str, pid: int) -> tuple[Record, str] | None:
 
 
 def describe(rec: Record, path: str = "") -> Inspection:
+    """The record read as `inspect` shows it, its ages counted from now."""
     now = time.monotonic_ns()
     return Inspection(
         pid=rec.pid, host=rec.host, job=rec.job, rank=rec.rank,
@@ -203,6 +204,7 @@ def _user(uid: int) -> str:
 
 
 def render_text(info: Inspection) -> str:
+    """`inspect`'s text: the rank's identity, phase, wait, counters and recent collectives."""
     c = info.counters
     lines = [
         f"pid {info.pid} on {info.host}: job {info.job} rank "

@@ -36,11 +36,13 @@ HTTP_TIMEOUT = 2.0
 
 
 def check_about() -> list[Line]:
+    """One line naming this mlx-watchdog, its Python and the platform."""
     return [(OK, f"mlx-watchdog {__version__}, Python {sys.version.split()[0]} "
                  f"({sys.executable}) on {sys.platform}, platform {host.platform_label()}")]
 
 
 def check_record(record_dir: str) -> list[Line]:
+    """The record directory: present, safe, and the one the ranks here would use."""
     from watchdog.rank.hook import record_dir as rank_record_dir
 
     lines: list[Line] = []
@@ -75,6 +77,7 @@ def check_record(record_dir: str) -> list[Line]:
 
 
 def check_state(state_dir: str) -> list[Line]:
+    """The state directory: present, safe and writable."""
     if not os.path.lexists(state_dir):
         return [(FAIL, f"state directory {state_dir} does not exist: the daemon creates it "
                        f"when it starts (mlx-watchdog run --state-dir {state_dir}); or "
@@ -200,6 +203,7 @@ def check_versions(state_dir: str) -> list[Line]:
 
 
 def check_probes() -> list[Line]:
+    """The platform probe: can it sample this process and read wired memory."""
     from watchdog.daemon.probes import ProbeError, probe
 
     p = probe()
@@ -259,6 +263,7 @@ def check_service() -> list[Line]:
 
 
 def check_reboot_flag(state_dir: str) -> list[Line]:
+    """Whether this node is flagged for reboot, and why."""
     if not os.path.isdir(state_dir):
         # No directory, no flag file: but that proves nothing about this node.
         return [(WARN, f"cannot tell whether this node is flagged for reboot: the state "
@@ -275,6 +280,7 @@ def check_reboot_flag(state_dir: str) -> list[Line]:
 
 def run_checks(record_dir: str, state_dir: str, listen: str,
                config_path: str | None = None, settings: Settings | None = None) -> list[Line]:
+    """Every check of `doctor`, as (level, message) lines."""
     return [(level, message) for _, level, message in
             named_checks(record_dir, state_dir, listen, config_path, settings)]
 

@@ -36,6 +36,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 def check_instrumentation() -> list[Line]:
+    """Whether the rank side imports here, its hot path, and MLX beside it."""
     lines: list[Line] = []
     try:
         importlib.import_module("watchdog.rank.hook")
@@ -121,6 +122,7 @@ def _site_dirs() -> list[str]:
 
 
 def check_pth() -> list[Line]:
+    """Whether the `.pth` that `MLX_WATCHDOG=1` needs is installed and is this version's."""
     import watchdog
 
     # The one this version ships, beside the package (it looked beside the CLI's
@@ -151,6 +153,7 @@ def check_pth() -> list[Line]:
 
 
 def check_dump_signal() -> list[Line]:
+    """Whether ranks started here dump their stacks on a signal the daemon sends."""
     from watchdog.daemon.signaller import DUMP_SIGNALS
     from watchdog.rank.hook import dump_signal_from_env
 
@@ -176,6 +179,7 @@ def check_dump_signal() -> list[Line]:
 
 
 def check_evidence_tools() -> list[Line]:
+    """The native stack sampler the evidence would use here, and whether it may attach."""
     from watchdog.daemon.probes import probe
 
     command = probe().stack_command(os.getpid())

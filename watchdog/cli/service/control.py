@@ -51,12 +51,14 @@ def deactivation_commands(kind: str, path: str) -> list[list[str]]:
 
 
 def restart_command(kind: str, path: str) -> list[str]:
+    """The command that restarts the installed service of `kind`."""
     if checked_kind(kind) == "launchd":
         return ["launchctl", "kickstart", "-k", service_target()]
     return ["systemctl", "restart", os.path.basename(path)]
 
 
 def shell_line(argv: list[str]) -> str:
+    """`argv` as one line a shell would run unchanged."""
     return " ".join(shlex.quote(arg) for arg in argv)
 
 

@@ -147,6 +147,7 @@ def shutdown_seconds() -> int:
 
 
 def checked_kind(kind: str) -> str:
+    """`kind` when it is a known service kind, else a `ServiceError`."""
     if kind not in KINDS:
         raise ServiceError(f"unknown service kind {kind!r}: expected 'launchd' or 'systemd'")
     return kind

@@ -31,6 +31,7 @@ FLIGHT_TAIL = 8  # collectives of each due rank's flight recorder in an incident
 
 
 def culprit_of(host: str, rank: Rank, why: str) -> Culprit:
+    """The rank named as the incident's culprit, with why."""
     return Culprit(host=host, rank=rank.record.rank, pid=rank.record.pid,
                    state=rank.state.value, reason=why)
 
@@ -65,6 +66,7 @@ def death_culprit(host: str, rank: Rank, how: str) -> Culprit:
 
 
 def incident_rank(rank: Rank) -> IncidentRank:
+    """A rank as the incident lists it: identity, state, wait and counters at the verdict."""
     v = rank.verdict
     return IncidentRank(pid=rank.record.pid, rank=rank.record.rank, state=rank.state.value,
                         phase=rank.record.phase.label, op=rank.record.op,
@@ -75,12 +77,14 @@ def incident_rank(rank: Rank) -> IncidentRank:
 
 
 def verdict_of(due: list[Rank], fenced: Fence | None) -> str:
+    """The incident's verdict: the fence's kind, else stalled if any due rank is, else blocked."""
     if fenced is not None:
         return Fenced.PEER_DIED if fenced.local else Fenced.FENCED
     return State.STALLED if any(r.state == State.STALLED for r in due) else State.BLOCKED
 
 
 def reason_of(worst: Rank, fenced: Fence | None) -> str:
+    """The incident's reason: the worst rank's, or what the fence said and who sent it."""
     if fenced is None:
         return worst.reason
     if fenced.local:

@@ -56,6 +56,7 @@ def wired_check(baseline: int | None, wired: int | None, threshold: int,
 
 
 def wired_after(incident: Incident) -> int | None:
+    """The node's wired bytes after the settle, None while unread."""
     return None if incident.wired_after is ABSENT else incident.wired_after
 
 

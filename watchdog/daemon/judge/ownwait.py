@@ -4,7 +4,7 @@ it, and how that is told.
 
 The ranks that wait in collective #N wait for the one that has not issued #N; while that
 one is busy in a wait of its own within that wait's own deadline, or moving bytes (its
-I/O counters), it is the job's pace, not a hang (docs/architecture.md, "A rank in a wait
+I/O counters), it is the job's pace, not a hang (docs/judging.md, "A rank in a wait
 of its own"). Storage that never answers moves no byte: a `save*` or `load` quiet for
 the stuck window (the `auto_floor`, 60 s at the defaults) holds nobody any more.
 """
@@ -72,6 +72,7 @@ class OwnWait:
         return self.holds(self.window)
 
     def describe(self) -> str:
+        """The wait in words, as a hold names it (`writing a checkpoint (...)`)."""
         seconds = f"{self.seconds:.0f} s"
         if self.op in SAVE_OPS:
             return (f"writing a checkpoint ({self.op}, {seconds}, "

@@ -14,7 +14,7 @@ QUIET_RATIO = 0.1  # a Python thread under this share of a core is not running P
 # the machine with its peers' spinning threads and often gets less than half a core.
 WORK_RATIO = 0.25
 # A busy thread spending less than this share of its CPU in the kernel computes;
-# a ring rank polling a peer spends ~85% there (docs/architecture.md).
+# a ring rank polling a peer spends ~85% there (docs/judging.md).
 KERNEL_SHARE = 0.3
 # Which backends' waits on a peer poll in the kernel: watchdog/backends.py (Spin).
 

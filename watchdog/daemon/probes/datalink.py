@@ -71,6 +71,7 @@ def connect(address: tuple[str, int], timeout: float) -> str:
 
 
 def os_error(err: OSError) -> str:
+    """An OS error as the probe reports it: its errno's name in lower case (`econnrefused`)."""
     return (errno.errorcode.get(err.errno, str(err.errno)) if err.errno else str(err)).lower()
 
 
@@ -201,6 +202,7 @@ class Prober:
 
     def ask(self, key: tuple[int, float], now: float, backend: str = "ring",
             uid: int | None = None, every: float = PROBE_EVERY) -> None:
+        """Probe the rank's link on a worker, unless probed lately, under way or over a bound."""
         if now - self.asked.get(key, -every) < every:
             return
         if key in self.running or len(self.running) >= MAX_RUNNING:

@@ -77,6 +77,7 @@ class ExitWatcher:
         self._changed: tuple[int, int] | None = None
 
     def available(self) -> bool:
+        """Whether this OS lets the watcher wait on exits (kqueue or pidfd)."""
         return self._kq is not None or hasattr(os, "pidfd_open")
 
     def watch(self, pids: set[int] | dict[int, list[int]]) -> None:
@@ -97,15 +98,18 @@ class ExitWatcher:
                 pass  # full (it wakes anyway) or closed (it has stopped)
 
     def start(self) -> None:
+        """Start the watcher's thread, where the OS allows one."""
         if self.available():
             self._thread = threading.Thread(target=self._run, name="exits", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
+        """Ask the watcher's thread to end, waking it."""
         self._stop.set()
         self._poke()
 
     def join(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the watcher's thread to end."""
         if self._thread is not None:
             self._thread.join(timeout)
 

@@ -53,6 +53,7 @@ def major_faults(stat: str) -> int:
 
 
 def read_major_faults(pid: int, proc: str = "/proc") -> int | None:
+    """The process's major faults so far (`/proc/<pid>/stat`), None when unreadable."""
     try:
         with open(f"{proc}/{pid}/stat") as f:
             return major_faults(f.read())
@@ -471,6 +472,7 @@ class LinuxProbe(Probe):
         return uids, (owner == uids[0]) if uids[0] != 0 else True, group, tracer
 
     def wired_bytes(self) -> int | None:
+        """The node's `Unevictable` memory in bytes; a `ProbeError` when meminfo is unreadable."""
         try:
             with open(f"{self.proc}/meminfo") as f:
                 return unevictable_bytes(f.read())
@@ -486,6 +488,7 @@ class LinuxProbe(Probe):
         return locked_bytes(self.proc, leaver)
 
     def thermal(self) -> str | None:
+        """The first thermal zone past its passive trip point (throttling), else None."""
         return read_thermal(self.sys_class)
 
     def load_per_cpu(self) -> float:

@@ -446,6 +446,7 @@ class MacProbe(Probe):
         return parse(done.stdout[:1 << 16]) if done.returncode == 0 else None
 
     def wired_bytes(self) -> int | None:
+        """The node's wired memory in bytes; a `ProbeError` when it cannot be read."""
         try:
             return int(self.ps.virtual_memory().wired)  # type: ignore[attr-defined]
         except (OSError, AttributeError) as err:
@@ -469,11 +470,13 @@ class MacProbe(Probe):
         return total if read else None
 
     def stack_command(self, pid: int) -> list[str] | None:
+        """`sample PID 1` by its absolute path, or None where there is no `sample`."""
         sample = self.tool(TOOLS["sample"])
         # `sample PID 1`: one second of samples of every thread, to stdout.
         return [*sample, str(pid), "1"] if sample else None
 
     def hot_frames(self, text: str) -> list[HotThread] | None:
+        """`sample`'s report parsed: each thread's hot frames ([] without a call graph)."""
         return samplegraph.parse(text)
 
     def gpu_time(self, pid: int, timeout: float) -> int | None:

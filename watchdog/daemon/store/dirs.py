@@ -44,6 +44,7 @@ def _checked_dir(path: str, what: str) -> os.stat_result:
 
 
 def check_record_dir(path: str) -> None:
+    """Raise `UnsafeDirectory` unless the record directory is safe (sticky if others write)."""
     st = _checked_dir(path, "record directory")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         raise UnsafeDirectory(f"record directory {path} is writable by others without the "
@@ -52,6 +53,7 @@ def check_record_dir(path: str) -> None:
 
 
 def check_state_dir(path: str) -> None:
+    """Raise `UnsafeDirectory` unless only its owner writes the state directory, parents safe."""
     st = _checked_dir(path, "state directory")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirectory(f"state directory {path} is writable by others "

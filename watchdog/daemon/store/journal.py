@@ -120,6 +120,7 @@ def write_json_atomic(path: str, data: Any, durable: bool = False) -> None:
 
 
 def append_incident(state_dir: str, incident: dict[str, Any]) -> None:
+    """Append the incident as one line in one write, synced; a torn line is cut back off."""
     line = (json.dumps(incident, sort_keys=True, default=str) + "\n").encode()
     fd = open_regular(os.path.join(state_dir, INCIDENTS),
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -203,6 +204,7 @@ def set_reboot_flag(state_dir: str, reason: str | RebootReason, **figures: Any
 
 
 def clear_reboot_flag(state_dir: str) -> bool:
+    """Remove the reboot flag; False when there was none."""
     try:
         os.unlink(os.path.join(state_dir, REBOOT_FLAG))
     except FileNotFoundError:

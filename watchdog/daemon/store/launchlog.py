@@ -76,6 +76,7 @@ class Counts:
         self._counts = dict.fromkeys(COUNTED, 0)
 
     def get(self) -> dict[str, int]:
+        """The launch journal's counts by event, read again only when the file changed."""
         try:
             st = os.stat(self.path)
         except OSError:

@@ -119,6 +119,7 @@ def _encoded(learned: dict[str, dict[str, Learned]], updated: dict[str, float]) 
 
 def save(state_dir: str, learned: dict[str, dict[str, Learned]],
          updated: dict[str, float]) -> None:
+    """Write what auto learned, atomically, the oldest jobs left out until it fits."""
     # Never a file the loader would refuse: the oldest jobs go until it fits
     # (job ids and kinds are text anyone may choose, up to the record's bounds).
     while learned and _encoded(learned, updated) > MAX_BYTES:

@@ -159,6 +159,7 @@ class Backlog:
         self._lock = threading.Lock()
 
     def add(self, incident: Incident | None, flag: RebootReason | None) -> None:
+        """Hold an unwritten incident or reboot reason, and try to write the backlog now."""
         with self._lock:
             if flag is not None:
                 self.flags.append(flag)
