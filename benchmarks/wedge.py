@@ -215,7 +215,10 @@ def lookalike_run(base: Path, seconds: float, backend: str = "ring") -> tuple[in
         while not job.gone():
             seen = (daemon.ranks().get(job.pids[1]) or {}).get("frames") or seen
             time.sleep(0.5)
-        return len(daemon.incidents()), len(samples(daemon)), seen
+        found = daemon.incidents()
+        for inc in found:  # what a false incident was taken for, to find why
+            print(f"  lookalike incident: {inc.get('cause')}: {inc.get('summary')}")
+        return len(found), len(samples(daemon)), seen
 
 
 def main() -> None:
