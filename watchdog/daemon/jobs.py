@@ -72,9 +72,10 @@ REMOTE_FRESH = 4.0
 # Seconds before a rank's deadline from which the peers are asked ahead (every 2 s):
 # answers fresh (act/peers.FRESH) whenever its verdict comes, confirming scans and all.
 ASK_AHEAD = 10.0
-# Early samples of one rank in one wait (`_track_early`): a second only when the first
-# read nothing. A job whose sockets stand still for another reason (a peer computing)
-# is never sampled more than this ahead of its wedge deadline.
+# Early samples of one rank in one wait (`_track_early`): a second TWICE_APART after a
+# first that read it waiting, another when one read nothing. A job whose sockets stand
+# still for another reason (a peer computing) is never sampled more than this ahead of
+# its wedge deadline.
 EARLY_TRIES = 3
 # Two samples of one wait this far apart, both reading the rank in its backend's wait,
 # before its stillness counts as exact (the lower wedge floor): no single sample decides.
@@ -423,11 +424,12 @@ class Jobs:
     def _track_early(self, members: LiveRanks, now: float) -> set[Key]:
         """A job whose every rank here has waited wedge.TRACK_AFTER in the same collective
         (or a ring neighbour's next): its sockets' byte counters read at every scan (no
-        stop of a rank). Exactly still for wedge.QUIET_FOR on every rank: each rank
-        sampled once in this wait, ahead of its wedge deadline, and its link probed, so
-        that a wedge is decided from that sample at `wedge_floor_exact`. A slow link or a
-        long all_sum moving bytes is never still and never sampled early; a peer computing
-        while the sockets stand still costs one sample a wait. The ranks tracked."""
+        stop of a rank). Exactly still for wedge.EARLY_STILL on every rank: each rank
+        sampled in this wait, ahead of its wedge deadline, twice TWICE_APART apart
+        (`_early_again`), and its link probed, so that a wedge is decided from the two at
+        `wedge_floor_exact`. A slow link or a long all_sum moving bytes is never still and
+        never sampled early; a peer computing while the sockets stand still costs at most
+        two samples a wait. The ranks tracked."""
         one = members[0][0].record
         job = (one.uid, one.job)
         for rank, _ in members:
