@@ -31,6 +31,7 @@ DARWIN, LINUX, OTHER = "darwin", "linux", "other"
 
 
 def detect(platform: str) -> str:
+    """The OS a `sys.platform` value names: DARWIN, LINUX or OTHER."""
     if platform == "darwin":
         return DARWIN
     if platform.startswith("linux"):

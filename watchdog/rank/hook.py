@@ -204,6 +204,7 @@ def uninstall() -> None:
 
 
 def current() -> Heartbeat | None:
+    """This process's heartbeat (`install()`'s), or None before it."""
     return _current
 
 

@@ -175,6 +175,7 @@ class Detector:
 
     @property
     def rules(self) -> Rules:
+        """The rules now (read afresh at each use when given as a callable)."""
         return self._rules if isinstance(self._rules, Rules) else self._rules()
 
     def forget(self, key: tuple[int, float]) -> None:

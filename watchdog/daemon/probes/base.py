@@ -100,6 +100,8 @@ class Probe:
         return False
 
     def wired_bytes(self) -> int | None:
+        """The node's wired memory in bytes; None when this platform cannot tell
+        (ProbeError when it should and could not)."""
         return None
 
     def held_wired_bytes(self, leaver: int | None = None) -> int | None:

@@ -119,6 +119,8 @@ def _encoded(learned: dict[str, dict[str, Learned]], updated: dict[str, float]) 
 
 def save(state_dir: str, learned: dict[str, dict[str, Learned]],
          updated: dict[str, float]) -> None:
+    """Write what was `learned` (with when each key was `updated`) to the state dir's
+    file, atomically."""
     # Never a file the loader would refuse: the oldest jobs go until it fits
     # (job ids and kinds are text anyone may choose, up to the record's bounds).
     while learned and _encoded(learned, updated) > MAX_BYTES:
