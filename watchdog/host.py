@@ -8,10 +8,12 @@ this module, so it uses the stdlib only.
 
 `MLX_WATCHDOG_SIMULATE=macos` (read once, here) is a test aid: on Linux the daemon,
 the CLI and the ranks then take their macOS path whole, every macOS source replaced
-by a stand-in of `watchdog/macsim/` (imported from here only, and only then), and
-every default path put under `MLX_WATCHDOG_SIMULATE_ROOT` (default
-/tmp/mlx-watchdog-macsim). `platform_label()` says "macos (simulated)" so no one
-mistakes such a run for a real one (docs/macos.md).
+by a stand-in of `watchdog/macsim/` (loaded where the platform is chosen,
+`probes.simulation()`, and by a rank's hook for its GPU's label, only then and after
+`check_simulation()`; this module imports none of it), and every default path put
+under `MLX_WATCHDOG_SIMULATE_ROOT` (default /tmp/mlx-watchdog-macsim).
+`platform_label()` says "macos (simulated)" so no one mistakes such a run for a real
+one (docs/macos.md).
 
 As root the simulation runs only in a test root it owns (`simulation_refused`): its
 root and the folder the package is imported from, each with every folder above it,
@@ -24,12 +26,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, replace
-from types import ModuleType
 
 DARWIN, LINUX, OTHER = "darwin", "linux", "other"
 
 
 def detect(platform: str) -> str:
+    """The OS a `sys.platform` value names: DARWIN, LINUX or OTHER."""
     if platform == "darwin":
         return DARWIN
     if platform.startswith("linux"):
@@ -81,6 +83,7 @@ _DEFAULTS = {
 
 
 def os_name() -> str:
+    """This OS: DARWIN (the simulated Mac too), LINUX or OTHER."""
     return OS
 
 
@@ -142,15 +145,13 @@ def simulation_refused(euid: int | None = None) -> str | None:
     return None
 
 
-def simulation() -> ModuleType:
-    """The simulated Mac's stand-ins (watchdog/macsim); only when `simulated()`, and
-    never as root outside a test root it owns (SimulationRefused)."""
-    import importlib
-
+def check_simulation() -> None:
+    """Raise SimulationRefused when the simulated Mac may not run here
+    (`simulation_refused`): whoever loads its stand-ins (the probes' choice of
+    platform, a rank's hook) calls this first, and only when `simulated()`."""
     refused = simulation_refused()
     if refused:
         raise SimulationRefused(refused)
-    return importlib.import_module("watchdog.macsim")
 
 
 def _rooted(defaults: Defaults) -> Defaults:

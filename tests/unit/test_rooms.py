@@ -1,10 +1,12 @@
-"""Imports only point down (docs/architecture.md, "The parts"): every `watchdog` import in
-every module, a function's own included, read from the source and held to the rooms'
-rules: `cli` on top, then the launcher (`launch`), then `daemon`, then `net`, then the
-contracts; `rank` (with the public API that loads it) beside them, reading only the
-record, the states, the table of backends, `procstat.py` and `host.py`. The simulated Mac
-(`macsim`, docs/macos.md) sits on top of the daemon's probes and is imported by no one:
-host.py loads it by name, only when MLX_WATCHDOG_SIMULATE=macos."""
+"""Imports only point down (docs/architecture.md, "The parts"), and no module reaches
+itself: every `watchdog` import in every module, a function's own included, and every load
+by name (`importlib.import_module("watchdog...")`, `__import__("watchdog...")`), read from
+the source and held to the rooms' rules: `cli` on top, then the launcher (`launch`), then
+`daemon`, then `net`, then the contracts; `rank` (with the public API that loads it) beside
+them, reading only the record, the states, the table of backends, `procstat.py` and
+`host.py`. The simulated Mac (`macsim`, docs/macos.md) stands on the contracts alone: the
+probes load it where they choose the platform, a rank on it its GPU's label
+(`macsim.gpu`), only when MLX_WATCHDOG_SIMULATE=macos."""
 
 from __future__ import annotations
 
@@ -22,17 +24,21 @@ RANK_API = ("watchdog", "watchdog._autoload")
 
 # What each room may import besides itself and the contracts (every other top-level module).
 MAY_USE: dict[str, set[str]] = {
-    "macsim": {"daemon", "net"},
+    "macsim": set(),
     "cli": {"launch", "daemon", "net", "rank"},
     "launch": {"daemon", "net"},
-    "daemon": {"net"},
+    "daemon": {"net", "macsim"},
     "net": set(),
     "contracts": set(),
 }
 # host.py too: a rank on the simulated Mac labels MLX's compute thread, its GPU (the
-# record reads it already, for the default directory).
+# record reads it already, for the default directory), with the simulated Mac's `gpu`.
 RANK_READS = {"record", "watchdog.states", "watchdog.backends", "watchdog.procstat",
-              "watchdog.host"}
+              "watchdog.host", "watchdog.macsim.gpu"}
+# Who loads the simulated Mac: the probes' choice of platform, and a rank's hook.
+MACSIM_LOADERS = {"watchdog.daemon.probes", "watchdog.rank.hook"}
+# The calls that load a module by name, its name their first argument.
+LOADS_BY_NAME = {"import_module", "__import__"}
 
 
 def module_name(path: Path) -> str:
@@ -42,8 +48,30 @@ def module_name(path: Path) -> str:
 
 def imports(path: Path) -> Iterator[str]:
     """Every watchdog module a file imports (`from watchdog import host` is `watchdog.host`)."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
+    return imports_in(path.read_text(encoding="utf-8"))
+
+
+def loaded_by_name(node: ast.AST) -> str | None:
+    """The module a call loads by name (`importlib.import_module("watchdog.macsim")`,
+    `import_module(...)`, `__import__(...)`), when its name is written out; else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = node.args[0]
+    if name in LOADS_BY_NAME and isinstance(first, ast.Constant) \
+            and isinstance(first.value, str):
+        return first.value
+    return None
+
+
+def imports_in(source: str) -> Iterator[str]:
+    """Every watchdog module some source imports, or loads by a name written out."""
+    for node in ast.walk(ast.parse(source)):
+        loaded = loaded_by_name(node)
+        if loaded is not None and loaded.startswith("watchdog"):
+            yield loaded
+        elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names if a.name.startswith("watchdog"))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
                 and node.module.startswith("watchdog"):
@@ -80,6 +108,78 @@ def test_imports_only_point_down() -> None:
             if not ok:
                 wrong.append(f"{module} ({here}) imports {target} ({there})")
     assert wrong == []
+
+
+def circles(modules: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of two modules or more that import each other in a loop (the strongly
+    connected parts of the graph, Tarjan's), each import's target taken as the module it
+    names or, for a name inside one (`watchdog.host.LINUX`), that module."""
+    def resolved(target: str) -> str | None:
+        while target not in modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        return target if target in modules else None
+
+    edges = {m: {t for t in map(resolved, targets) if t is not None and t != m}
+             for m, targets in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in edges[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in edges:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_reaches_itself() -> None:
+    """0 circles: no module imports (or loads by name) one that, by any path of imports,
+    a function's own and loads by name included, imports it back."""
+    assert circles(graph()) == []
+
+
+def test_the_simulated_mac_is_loaded_where_the_platform_is_chosen() -> None:
+    """The probes' choice of platform loads the simulated Mac, and a rank's hook its GPU's
+    label; nothing else does, and it imports only the contracts (never host.py's loader
+    again: host.py imports nothing of it)."""
+    modules = graph()
+    loaders = {m for m, targets in modules.items() if room(m) != "macsim"
+               and any(room(t, importer=False) == "macsim" for t in targets)}
+    assert loaders == MACSIM_LOADERS
+    assert {room(t, importer=False) for m, targets in modules.items() if room(m) == "macsim"
+            for t in targets} <= {"macsim", "contracts"}
+
+
+def test_a_load_by_name_and_a_circle_are_seen() -> None:
+    """The test itself: a module loaded by a name written out is an arrow, as an import
+    is; a loop of two modules, or of four through a package, is a circle."""
+    source = ("import importlib\n"
+              "def f():\n"
+              "    importlib.import_module('watchdog.macsim')\n"
+              "    __import__('watchdog.daemon.loop')\n"
+              "    importlib.import_module(name)\n")
+    assert set(imports_in(source)) == {"watchdog.macsim", "watchdog.daemon.loop"}
+    assert circles({"a": {"b.X"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    four = {"host": {"macsim"}, "macsim": {"macsim.tools"}, "macsim.tools": {"procstat"},
+            "procstat": {"host.LINUX"}}
+    assert circles(four) == [sorted(four)]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_launcher_is_a_room_of_its_own_and_its_command_is_thin() -> None:

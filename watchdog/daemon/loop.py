@@ -152,7 +152,7 @@ class Daemon:
         self.jobs.paces(found.live, now)  # shown only: after the responses began
         if self.jobs.ask_peers_every is not None:  # a job judged with its peers' ranks
             self.peers.prefetch(self.jobs.ask_peers_every)
-        self.learned.keep(self.jobs.detector, self.clock.wall())
+        self.learned.keep(self.jobs.detector.auto, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
             trouble.append(f"cannot list {self.settings.dir}")
@@ -356,7 +356,7 @@ class Daemon:
         journal.remove_pointer(self.settings.dir)
         notify("STOPPING=1")
         with self.lock:
-            self.learned.keep(self.jobs.detector, self.clock.wall(), force=True)
+            self.learned.keep(self.jobs.detector.auto, self.clock.wall(), force=True)
             # A fence answered 202 is begun; a response under way ends its ladder first
             # (what a stop cuts short, the next daemon completes from the journal).
             self._begin_fences()

@@ -1,8 +1,11 @@
 """The simulated Mac: the macOS path run whole on Linux, each macOS source a stand-in.
 
 A test aid (docs/macos.md). `MLX_WATCHDOG_SIMULATE=macos`, read once by
-`watchdog/host.py`, makes the daemon, the CLI and the ranks take their macOS path:
-host.py imports this room (nothing else does, so a real Mac never loads it) for
+`watchdog/host.py`, makes the daemon, the CLI and the ranks take their macOS path. The
+probes load this room where they choose the platform (`probes.simulation()`), and a
+rank's hook its `gpu` alone, only then (so a real Mac never loads it). It imports
+nothing of the daemon's, only the contracts below it (`host.py`, `procstat.py`,
+`gdbstack.py`), so it stands low (tests/unit/test_rooms.py). It hands over
 
 - the sources the real macOS probe (probes/macos.py) is handed by the probe factory
   (`probes.probe()`): psutil as macOS answers (psutil_mac.py), libproc's structures
@@ -23,7 +26,6 @@ import os
 import sys
 from types import ModuleType
 
-import watchdog
 from watchdog.macsim import gpu, kqueue, libproc, psutil_mac, tools
 
 __all__ = ["gpu", "kqueue_module", "libproc", "psutil_mac", "tool"]
@@ -32,8 +34,9 @@ __all__ = ["gpu", "kqueue_module", "libproc", "psutil_mac", "tool"]
 # (probes/macos.TOOLS).
 STAND_INS = {"/usr/bin/sample": "sample", "/usr/sbin/ioreg": "ioreg",
              "/usr/bin/pmset": "pmset", "/usr/bin/powermetrics": "powermetrics"}
-# The folder this package was imported from: the stand-ins import it from there alone.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(watchdog.__file__)))
+# The folder the `watchdog` package was imported from (this room's grandparent): the
+# stand-ins import it from there alone.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tool(path: str) -> list[str] | None:

@@ -37,6 +37,9 @@ class kqueue:  # noqa: N801 - the name select gives it
 
     def control(self, changes: list[Any] | None, max_events: int,
                 timeout: float | None = None) -> list[kevent]:
+        """kqueue.control: register each EVFILT_PROC change (a pid gone already is
+        an EV_ERROR event, ESRCH), then wait up to `timeout` seconds for at most
+        `max_events` exits, each reported once (NOTE_EXIT, EV_ONESHOT)."""
         if self.closed:
             raise ValueError("I/O operation on closed kqueue object")
         events: list[kevent] = []
@@ -65,6 +68,7 @@ class kqueue:  # noqa: N801 - the name select gives it
         return events
 
     def close(self) -> None:
+        """Close every pidfd held; the kqueue is closed."""
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

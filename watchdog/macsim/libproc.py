@@ -107,6 +107,7 @@ def _fill(buffer: Any, data: bytes, size: int | None = None) -> int:
 
 
 def abstime(nanoseconds: float) -> int:
+    """`nanoseconds` in mach absolute time units (the timebase's ticks)."""
     numer, denom = TIMEBASE
     return int(nanoseconds * denom / numer)
 
@@ -121,6 +122,8 @@ class LibProc:
     # -- rusage -----------------------------------------------------------
 
     def proc_pid_rusage(self, pid: Any, flavor: Any, buffer: Any) -> int:
+        """libproc's call: `rusage_info_v2`/`v4` of `pid` into `buffer`; 0, or -1
+        for another flavor or a process gone."""
         pid, flavor = _value(pid), _value(flavor)
         if flavor not in (RUSAGE_INFO_V2, RUSAGE_INFO_V4):
             return -1
@@ -160,6 +163,9 @@ class LibProc:
         return [t for t in ids if t == pid] + [t for t in ids if t != pid]
 
     def proc_pidinfo(self, pid: Any, flavor: Any, arg: Any, buffer: Any, size: Any) -> int:
+        """libproc's call: the `flavor` asked of `pid` (its threads, a thread's info,
+        its file descriptors, its BSD info) into `buffer`; the bytes written, 0 when
+        nothing could be read."""
         pid, flavor, arg, size = _value(pid), _value(flavor), _value(arg), _value(size)
         try:
             if flavor == PROC_PIDLISTTHREADS:
@@ -217,6 +223,8 @@ class LibProc:
         return out
 
     def proc_pidfdinfo(self, pid: Any, fd: Any, flavor: Any, buffer: Any, size: Any) -> int:
+        """libproc's call: a socket's or a vnode's info of `pid`'s `fd` into
+        `buffer`; the bytes written, 0 for another kind or nothing read."""
         pid, fd, flavor, size = _value(pid), _value(fd), _value(flavor), _value(size)
         if flavor == PROC_PIDFDVNODEINFO and size >= VNODE_FDINFO_SIZE:
             return self._vnode_fdinfo(pid, fd, buffer, size)
@@ -299,6 +307,7 @@ class LibProc:
 
     @staticmethod
     def mach_timebase_info() -> tuple[int, int]:
+        """The mach timebase (numer, denom): Apple silicon's 125/3."""
         return TIMEBASE
 
     # -- /proc --------------------------------------------------------------

@@ -136,7 +136,10 @@ def install(directory: str | None = None, job: str | None = None, *,
                 hb.pinned_job = job
                 instrument(hb, mx)
                 if host.simulated():  # MLX's compute thread stands for the Mac's GPU
-                    host.simulation().gpu.label(mx)
+                    host.check_simulation()
+                    from watchdog.macsim import gpu
+
+                    gpu.label(mx)
             except BaseException:
                 restore()
                 if hb is not None:

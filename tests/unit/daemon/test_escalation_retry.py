@@ -250,7 +250,7 @@ def test_a_wait_the_rank_ends_under_its_response_is_not_learned(stubborn) -> Non
     daemon.scan()
     (rank,) = daemon.ranks.values()
     assert rank.escalating and rank.record.waits_completed == 5
-    learned = daemon.jobs.detector.learned[f"{os.getuid()}:j"]["eval"]
+    learned = daemon.jobs.detector.auto.learned[f"{os.getuid()}:j"]["eval"]
     assert learned.count == 5 and learned.longest < 6.0, learned
 
 

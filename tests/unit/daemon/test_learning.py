@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.daemon.judge.deadlines import Learned, Rules
+from watchdog.daemon.judge.deadlines import (
+    AutoDeadline,
+    Learned,
+    RankWaits,
+    Rules,
+    WaitDeadline,
+)
 from watchdog.daemon.judge.detector import NS, Detector
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.store import learning
@@ -95,7 +101,7 @@ def test_every_completed_wait_teaches_the_pace_not_only_those_a_scan_sees():
     for _ in range(5):  # five scans, ten 3 ms evals between each
         rank.complete("eval", 0.003, count=10)
         rank.observe()
-    assert detector.learned[JOB]["eval"].count == 50
+    assert detector.auto.learned[JOB]["eval"].count == 50
     assert rank.deadline_of("eval") == AUTO.auto_floor  # 4 x 3 ms is under the floor
     assert rank.deadline_of("item") == AUTO.auto_fallback  # a kind never seen
 
@@ -109,8 +115,8 @@ def test_the_pace_table_learns_the_longest_and_counts_each_wait_once():
         rank.complete("async_eval", 0.01, count=5)  # ...then short ones (eval's kind)
         rank.observe()
         rank.observe()  # a scan with nothing new adds nothing
-    assert detector.learned[JOB]["eval"].count == 16
-    assert detector.learned[JOB]["eval"].longest == pytest.approx(4.0)
+    assert detector.auto.learned[JOB]["eval"].count == 16
+    assert detector.auto.learned[JOB]["eval"].longest == pytest.approx(4.0)
     assert rank.deadline_of("eval") == pytest.approx(16.0)
 
 
@@ -124,10 +130,10 @@ def test_a_wait_that_spanned_a_stop_counts_but_does_not_stretch_the_pace():
     rank.observe(status="stopped")
     rank.complete("eval", 600.0)  # the wait the stop was in ends after SIGCONT
     rank.observe()
-    assert detector.learned[JOB]["eval"].count == 11
-    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+    assert detector.auto.learned[JOB]["eval"].count == 11
+    assert detector.auto.learned[JOB]["eval"].longest == pytest.approx(0.5)
     rank.observe()  # the record's longest is still the stop's: never learned later either
-    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+    assert detector.auto.learned[JOB]["eval"].longest == pytest.approx(0.5)
 
 
 def test_a_wait_ended_under_a_response_counts_but_does_not_stretch_the_pace():
@@ -140,14 +146,14 @@ def test_a_wait_ended_under_a_response_counts_but_does_not_stretch_the_pace():
     rank.observe()
     rank.complete("eval", 61.0)
     rank.observe(learn=False)
-    assert detector.learned[JOB]["eval"].count == 11
+    assert detector.auto.learned[JOB]["eval"].count == 11
     workload = f"{BASE.uid}:w:w1:{BASE.world_size}"
-    assert detector.learned[workload]["eval"].longest == pytest.approx(0.5)
+    assert detector.auto.learned[workload]["eval"].longest == pytest.approx(0.5)
     rank.observe()  # released (the peer was only slow): the hang's wait is not learned late
-    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+    assert detector.auto.learned[JOB]["eval"].longest == pytest.approx(0.5)
     rank.complete("eval", 0.5, count=4)  # the job's own waits count again
     rank.observe()
-    assert detector.learned[JOB]["eval"].count == 15
+    assert detector.auto.learned[JOB]["eval"].count == 15
 
 
 def test_a_wait_seen_under_a_response_is_not_learned_from_an_older_record():
@@ -167,7 +173,7 @@ def test_a_wait_seen_under_a_response_is_not_learned_from_an_older_record():
                                    last_wait_ns=61 * NS)
     rank.observe(learn=False)
     rank.observe()
-    assert detector.learned[JOB]["eval"].longest == pytest.approx(0.5)
+    assert detector.auto.learned[JOB]["eval"].longest == pytest.approx(0.5)
 
 
 def test_paced_ranks_of_one_job_learn_together_and_another_owner_apart():
@@ -179,9 +185,9 @@ def test_paced_ranks_of_one_job_learn_together_and_another_owner_apart():
     stranger.complete("item", 50.0, count=10)
     for rank in (one, two, stranger):
         rank.observe()
-    assert detector.learned[JOB]["item"].count == 4
-    assert detector.learned[JOB]["item"].longest == pytest.approx(3.0)
-    assert detector.learned[f"502:{BASE.job}"]["item"].longest == pytest.approx(50.0)
+    assert detector.auto.learned[JOB]["item"].count == 4
+    assert detector.auto.learned[JOB]["item"].longest == pytest.approx(3.0)
+    assert detector.auto.learned[f"502:{BASE.job}"]["item"].longest == pytest.approx(50.0)
 
 
 def test_tiny_waits_never_seen_teach_nothing_and_a_long_eval_is_not_judged_at_the_floor():
@@ -217,7 +223,7 @@ def test_the_exact_duration_comes_from_the_record_when_one_wait_ended():
     rank = Rank(Detector(AUTO))
     for _ in range(3):
         rank.wait("eval", 5.0)  # seen at 2.5 s; the record says 5 s
-    assert rank.detector.learned[JOB]["eval"] == Learned(5.0, 3)
+    assert rank.detector.auto.learned[JOB]["eval"] == Learned(5.0, 3)
 
 
 def test_a_long_first_step_then_short_ones_keeps_the_long_one():
@@ -251,7 +257,7 @@ def test_waits_that_are_not_the_jobs_pace_are_not_learned(extra):
     rank = Rank(Detector(AUTO))
     for _ in range(3):
         rank.wait("eval", 50.0, **extra)
-    assert JOB not in rank.detector.learned
+    assert JOB not in rank.detector.auto.learned
 
 
 def test_a_wait_that_never_returned_teaches_nothing():
@@ -260,7 +266,7 @@ def test_a_wait_that_never_returned_teaches_nothing():
     rank.wait("eval", 80.0, returns=False)  # the hang itself, then the rank is gone
     rank.rec = dataclasses.replace(rank.rec, phase=Phase.RUNNING, wait_since_ns=0)
     rank.observe()
-    assert JOB not in detector.learned
+    assert JOB not in detector.auto.learned
 
 
 def test_a_hang_is_still_caught_after_learning():
@@ -283,7 +289,30 @@ def test_the_backstop_uses_every_kind_together():
     rank.wait("eval", 10.0)
     rank.wait("item", 1.0)
     rank.wait("item", 1.0)
-    assert detector._known(rank.rec, "native") == Learned(10.0, 3)
+    assert detector.auto.known(rank.rec, "native") == Learned(10.0, 3)
+
+
+def test_the_auto_deadline_learns_and_answers_without_a_detector():
+    """The learning is one object (judge/deadlines.AutoDeadline): a wait a scan saw in
+    progress is learned when it returns; the deadlines follow, the fallback and cold
+    until enough waits of the kind, then factor x the longest over the floor, the wedge's
+    under it; a wait that spanned a person's trace is not learned."""
+    auto, rank = AutoDeadline(lambda: AUTO), RankWaits()
+    for n in range(3):
+        waiting = dataclasses.replace(BASE, phase=Phase.WAIT, op="eval", waits_completed=n,
+                                      wait_since_ns=ORIGIN + n * 10 * NS)
+        if n == 0:
+            assert auto.deadline(waiting, True) == WaitDeadline(100.0, 15.0, cold=True)
+        auto.learn(waiting, rank, True, False, True, in_wait=1.0)
+        returned = dataclasses.replace(BASE, waits_completed=n + 1, last_wait_ns=2 * NS)
+        auto.learn(returned, rank, False, False, True, in_wait=0.0)
+    assert auto.learned[JOB]["eval"] == Learned(2.0, 3) and auto.changed == {JOB}
+    assert auto.deadline(waiting, True) == WaitDeadline(8.0, 8.0, cold=False)
+    assert auto.deadline(returned, False).deadline == 8.0  # the backstop: every kind
+    auto.learn(waiting, rank, True, False, True, in_wait=1.0)
+    traced = dataclasses.replace(BASE, waits_completed=3, last_wait_ns=30 * NS)
+    auto.learn(traced, rank, False, False, True, in_wait=0.0, spanned=20.0)
+    assert auto.learned[JOB]["eval"] == Learned(2.0, 3)
 
 
 # -- kept across restarts --------------------------------------------------------
@@ -353,5 +382,5 @@ def test_a_workload_learned_by_one_user_never_sets_another_users_deadline():
     victim = PacedRank(detector, pid=4400, job="c", workload="wsame")
     victim.observe()
     assert victim.deadline_of("eval") == AUTO.auto_fallback
-    assert set(detector.learned) >= {"502:w:wsame:2", "503:w:wsame:2"}
-    assert not any(key.startswith(f"{BASE.uid}:w:") for key in detector.learned)
+    assert set(detector.auto.learned) >= {"502:w:wsame:2", "503:w:wsame:2"}
+    assert not any(key.startswith(f"{BASE.uid}:w:") for key in detector.auto.learned)

@@ -142,6 +142,6 @@ def test_a_wait_that_spanned_a_trace_teaches_nothing_of_the_jobs_pace():
     done = dataclasses.replace(BASE, waits_completed=BASE.waits_completed + 1,
                                last_wait_ns=round(150.5 * NS), phase=Phase.RUNNING)
     v = d.observe(done, sample(151), at(151), judged_from_ns=at(149))
-    assert d.learned[key]["all_sum"].longest == 2.0
+    assert d.auto.learned[key]["all_sum"].longest == 2.0
     nxt = d.observe(waiting(152), sample(153), at(153), judged_from_ns=at(149))
     assert nxt.deadline == 60.0 and v.state == State.RUNNING

@@ -25,15 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from watchdog.backends import spins_in_kernel
-from watchdog.daemon.judge.deadlines import (
-    NATIVE_KIND,
-    Learned,
-    Rules,
-    deadline_for,
-    kind_of,
-    learning_keys,
-    wedge_deadline,
-)
+from watchdog.daemon.judge.deadlines import NS, AutoDeadline, Learned, RankWaits, Rules
 from watchdog.daemon.judge.frames import GPU_ADVANCES, Reading
 from watchdog.daemon.judge.ownwait import SAVE_OPS, OwnWait
 from watchdog.daemon.judge.threads import (
@@ -51,7 +43,6 @@ from watchdog.states import STOPPED_STATUSES, FrameKind, Phase, State
 
 __all__ = ["NS", "Detector", "Track", "Verdict", "describe_tracer", "foreign_tracer"]
 
-NS = 1_000_000_000
 BUSY_WINDOW = 32
 # Seconds nothing must move (the process's bytes read and written, its sockets' queues)
 # for a quiet wait to count as a hang: a checkpoint or a load moves bytes within this.
@@ -78,13 +69,7 @@ class Track:
     moved_ns: int = 0
     first_ns: int = 0  # when the detector first saw this rank
     was_computing: bool = False  # the previous stretch's computing flag
-    # The wait a scan last saw in progress: (kind, waits completed when it began,
-    # seconds it had lasted then), or None; learned from when it ends (a record
-    # without a pace table: v1, v2).
-    seen_wait: tuple[str, int, float] | None = None
-    # Per kind, the rank's pace table as last learned from: (waits, longest ns).
-    paced: dict[str, tuple[int, int]] = field(default_factory=dict)
-    stopped: bool = False  # the previous sample found the process stopped
+    waits: RankWaits = field(default_factory=RankWaits)  # what the auto deadline learns from
     # Per tick of the current stretch (one wait, or one spell without progress
     # outside a wait): did it look like computing; the busiest Python and
     # non-Python threads' shares (load-scaled).
@@ -177,90 +162,24 @@ def _median(values: deque[float]) -> float:
 
 class Detector:
     """Judges each live rank at each scan (`observe`, pure but for its per-rank
-    `Track` memory) and learns each job's pace of waits, kind by kind."""
+    `Track` memory); its `auto` deadline learns each job's pace of waits, kind by kind."""
 
     def __init__(self, rules: Rules | Callable[[], Rules],
                  learned: dict[str, dict[str, Learned]] | None = None) -> None:
-        # The rules, or where to read them at each use (the daemon's settings holder:
-        # a reload reaches the next judgement).
+        """`rules`: the rules, or where to read them at each use (the daemon's settings
+        holder: a reload reaches the next judgement); `learned`: what the auto deadline
+        learned before (the daemon keeps it across restarts, state dir)."""
         self._rules = rules
         self.tracks: dict[tuple[int, float], Track] = {}
-        # Per job ("<uid>:<job>": a job is its owner's) and kind of wait, shared by
-        # the job's ranks; the daemon keeps it across restarts (state dir).
-        self.learned: dict[str, dict[str, Learned]] = learned if learned is not None else {}
-        self.changed: set[str] = set()  # jobs whose learning moved since the caller looked
+        self.auto = AutoDeadline(lambda: self.rules, learned)
 
     @property
     def rules(self) -> Rules:
+        """The rules now (read afresh at each use when given as a callable)."""
         return self._rules if isinstance(self._rules, Rules) else self._rules()
 
-    def _known(self, record: Record, kind: str) -> Learned | None:
-        """What the job has shown of this kind of wait, or, until it has shown enough,
-        what its workload showed in earlier jobs (a relaunch under a new id). A call
-        outside any known wait (the backstop) is some wait nobody listed: every kind
-        together."""
-        found: Learned | None = None
-        for key in learning_keys(record):
-            job = self.learned.get(key, {})
-            if kind != NATIVE_KIND:
-                known = job.get(kind)
-            elif job:
-                known = Learned(max(k.longest for k in job.values()),
-                                sum(k.count for k in job.values()))
-            else:
-                known = None
-            if known is not None and known.count >= self.rules.auto_min_waits:
-                return known
-            found = found or known
-        return found
-
-    def _learn(self, record: Record, track: Track, waiting: bool,
-               spanned: float = float("inf")) -> None:
-        """When a wait a scan saw in progress has ended, learn how long it took."""
-        seen = track.seen_wait
-        if seen is None:
-            return
-        kind, completed, lasted = seen
-        key = (record.wait_since_ns, record.waits_completed) if waiting else None
-        if key == track.wait_key and waiting:
-            return  # still the same wait
-        if record.waits_completed == completed + 1 and record.last_wait_ns > 0:
-            lasted = max(lasted, record.last_wait_ns / NS)  # exactly that wait
-        track.seen_wait = None
-        if record.waits_completed > completed and lasted < spanned:
-            # It returned: a legitimate duration, unless it spanned a person's trace of a
-            # rank of its job (began before the detach, `spanned` seconds ago).
-            for learns in learning_keys(record):
-                self.learned.setdefault(learns, {}).setdefault(kind, Learned()).add(lasted)
-                self.changed.add(learns)
-
-    def _learn_pace(self, record: Record, track: Track, paused: bool,
-                    spanned: float = float("inf")) -> None:
-        """Learn from every wait the rank completed since the last tick (record v3):
-        its pace table's new waits count for the job, and a longer longest raises
-        the job's. Not the longest when `paused` (a rank stopped at this tick or the
-        one before, or under a response): a wait that spanned a SIGSTOP, a
-        debugger's pause or a hang lasted as long as the pause, which says nothing
-        of the job's pace (its count still does)."""
-        kinds: dict[str, tuple[int, int]] = {}
-        for pace in record.pace or ():
-            kind = kind_of(pace.op)
-            waits, longest = kinds.get(kind, (0, 0))
-            kinds[kind] = (waits + pace.waits, max(longest, pace.longest_ns))
-        keys = learning_keys(record)
-        for kind, (waits, longest) in kinds.items():
-            seen_waits, seen_longest = track.paced.get(kind, (0, 0))
-            if waits <= seen_waits and longest <= seen_longest:
-                continue
-            track.paced[kind] = (max(waits, seen_waits), max(longest, seen_longest))
-            for key in keys:
-                learned = self.learned.setdefault(key, {}).setdefault(kind, Learned())
-                learned.count += max(0, waits - seen_waits)
-                if longest > seen_longest and not paused and longest / NS < spanned:
-                    learned.longest = max(learned.longest, longest / NS)
-                self.changed.add(key)
-
     def forget(self, key: tuple[int, float]) -> None:
+        """Drop what was remembered of a rank (`key`: its pid and start time)."""
         self.tracks.pop(key, None)
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
@@ -300,7 +219,6 @@ class Detector:
         at working power (judge/gpuwork.behind): its wait is explained (slow, not hung),
         never a quiet hang, and it holds its job as a rank computing does, to the bound.
         """
-        rules = self.rules
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
         measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
         tick = self._measure(record, sample, track, now_ns, load, traced)
@@ -311,32 +229,17 @@ class Detector:
         # the job: it lasted as long as the trace, which says nothing of the job's pace.
         spanned = (now_ns - judged_from_ns) / NS if judged_from_ns else float("inf")
         stopped = sample.status in STOPPED_STATUSES or traced_now
-        if record.pace is not None:
-            self._learn_pace(record, track, stopped or track.stopped or not learn, spanned)
-        elif learn:
-            self._learn(record, track, waiting, spanned)
-        else:
-            track.seen_wait = None
-        track.stopped = stopped
-        kind = kind_of(record.op) if waiting else NATIVE_KIND
-        known = self._known(record, kind)
-        deadline = deadline_for(record, rules, known)
-        # A first wait of its kind, on the learned deadline's fallback (nothing learned).
-        cold = (waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
-                and rules.deadline is None
-                and (known is None or known.count < rules.auto_min_waits))
-        wedge_at = (min(deadline, wedge_deadline(rules, known,
-                                                 wedge is not None and wedge.exact))
-                    if waiting and record.phase == Phase.WAIT and record.expect_seconds == 0
-                    else 0.0)
+        in_wait = (max(0.0, (now_ns - max(record.wait_since_ns, judged_from_ns)) / NS)
+                   if waiting else 0.0)
+        self.auto.learn(record, track.waits, waiting, stopped, learn, in_wait, spanned)
+        due = self.auto.deadline(record, waiting, wedge is not None and wedge.exact)
+        deadline, wedge_at, cold = due.deadline, due.wedge, due.cold
         if wedge is not None and wedge_at:
             deadline = wedge_at
         since_progress = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                                 judged_from_ns)) / NS)
         since_moved = max(0.0, (now_ns - max(record.last_progress_ns, track.moved_ns,
                                              track.first_ns, judged_from_ns)) / NS)
-        in_wait = (max(0.0, (now_ns - max(record.wait_since_ns, judged_from_ns)) / NS)
-                   if waiting else 0.0)
         since_traced = ((now_ns - judged_from_ns) / NS
                         if judged_from_ns and not traced_now else None)
         _stretch(record, sample, track, waiting, now_ns)
@@ -344,10 +247,6 @@ class Detector:
                                    measured and bool(sample.threads) and not traced, seen)
         gpu = _gpu(seen, asleep if asleep_age <= FRESH else None) if waiting else ""
         computing = computing or gpu == GPU_WORKS or (waiting and bool(gpu_behind))
-        # Waits of init, idle or an expect() window are not the job's pace.
-        if (waiting and record.pace is None and record.phase == Phase.WAIT
-                and record.expect_seconds == 0 and not stopped and learn):
-            track.seen_wait = (kind, record.waits_completed, in_wait)
         in_collective = waiting and record.phase == Phase.WAIT and not stopped
         own = self._own(record, sample, track, in_wait, deadline, now_ns) \
             if in_collective else None

@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 from watchdog import host
+from watchdog.daemon.probes import simulation
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.2  # how soon a change of the watched set takes effect (kqueue), or a
@@ -66,7 +67,7 @@ class ExitWatcher:
         self.wake = wake
         self._kq = kq
         if kq is None and host.simulated():
-            self._kq = host.simulation().kqueue_module()
+            self._kq = simulation().kqueue_module()
         elif kq is None and host.os_name() == host.DARWIN and hasattr(select, "kqueue"):
             self._kq = select
         self._wanted: frozenset[int] = frozenset()

@@ -13,13 +13,13 @@ from dataclasses import replace
 import psutil
 
 from watchdog import gdbstack
-from watchdog.daemon.probes import (
+from watchdog.daemon.probes import tcpdiag
+from watchdog.daemon.probes.base import (
     Probe,
     ProbeError,
     ProcessSample,
     find_tool,
     stack_tool_output,
-    tcpdiag,
 )
 from watchdog.procstat import read_start_ticks
 

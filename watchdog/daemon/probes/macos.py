@@ -17,15 +17,8 @@ from typing import Any
 
 import psutil
 
-from watchdog.daemon.probes import (
-    Probe,
-    ProbeError,
-    ProcessSample,
-    gputime,
-    powermetrics,
-    samplegraph,
-    stack_tool_output,
-)
+from watchdog.daemon.probes import gputime, powermetrics, samplegraph
+from watchdog.daemon.probes.base import Probe, ProbeError, ProcessSample, stack_tool_output
 from watchdog.status import HotThread
 
 # The tools the probe runs, by their absolute paths on macOS: never looked up on PATH.

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from watchdog.daemon.judge.deadlines import Learned
+from watchdog.daemon.judge.deadlines import AutoDeadline, Learned
 from watchdog.daemon.store.journal import write_json_atomic
 from watchdog.files import open_regular
 
@@ -147,19 +147,20 @@ class Keeper:
         self.clock = clock  # the daemon's monotonic clock: writes at most every SAVE_EVERY
         self.saved: float | None = None  # when it last wrote (never yet: None)
 
-    def keep(self, detector: Any, wall: float, force: bool = False) -> None:
-        """After a scan (or at stop, `force`): what `detector` learned, to the file."""
-        for job in detector.changed:
+    def keep(self, auto: AutoDeadline, wall: float, force: bool = False) -> None:
+        """After a scan (or at stop, `force`): what the `auto` deadline learned, to the
+        file."""
+        for job in auto.changed:
             self.learned_at[job] = wall
-        if not detector.changed and not force:
+        if not auto.changed and not force:
             return
         now = self.clock()
         if not force and self.saved is not None and now - self.saved < SAVE_EVERY:
             return
-        detector.changed = set()
-        prune(detector.learned, self.learned_at, wall)
+        auto.changed = set()
+        prune(auto.learned, self.learned_at, wall)
         self.saved = now
         try:
-            save(self.state_dir, detector.learned, self.learned_at)
+            save(self.state_dir, auto.learned, self.learned_at)
         except OSError as err:
             log.warning("cannot write %s: %s", FILE, err)
