@@ -15,7 +15,8 @@ other as its peer and a shared secret); neither daemon sees the whole job, each 
 it from its rank and the one its peer publishes. `--slowlink S` (with `--hosts`): the
 look-alike of a wedge across hosts, a link shaped to 1 Mbit/s (tc tbf) on which bytes
 still move, both ranks inside 3 MiB all_sums (~25-30 s each) one after another for at
-least S seconds; incidents counted, and whether either daemon ever judged the wedge.
+least S seconds (`--mib M`: each all_sum M MiB, ~8.5 s per MiB); incidents counted, and
+whether either daemon ever judged the wedge.
 `--blip S` (with `--hosts`): host 1's link down for S seconds under a ring loop, then up:
 the job must resume (TCP's retransmission, no error) with no incident; the seconds from
 the link's return to the next collective, and whether either daemon judged the wedge.
@@ -28,6 +29,7 @@ reads; the look-alike's rank 1 computes in Python for S seconds.
     python -m benchmarks.wedge --backend mpi --runs 2 --healthy 60 --lookalike 60
     python -m benchmarks.wedge --hosts --runs 3 --healthy 0
     python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --slowlink 120
+    python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --slowlink 200 --mib 32
     python -m benchmarks.wedge --hosts --runs 0 --healthy 0 --blip 30
 """
 
@@ -131,17 +133,19 @@ def bed_run(bed: Bed, shim: Path, mode: str) -> tuple[float, str, object, list[f
         bed.stop_all()
 
 
-def slowlink_run(bed: Bed, seconds: float) -> tuple[list[float], int, int, float, int]:
-    """All_sums over a 1 Mbit/s link for `seconds` and more: (each one's seconds,
-    incidents, wedge deadlines seen, the longest quiet seen, samples)."""
-    rounds = max(1, math.ceil(seconds / 25.0))
+def slowlink_run(bed: Bed, seconds: float, mib: int = 3) -> tuple[list[float], int, int,
+                                                                   float, int]:
+    """All_sums of `mib` MiB over a 1 Mbit/s link for `seconds` and more: (each one's
+    seconds, incidents, wedge deadlines seen, the longest quiet seen, samples)."""
+    each = 8.5 * mib  # seconds one all_sum takes at 1 Mbit/s (3 MiB: ~25 s)
+    rounds = max(1, math.ceil(seconds / each))
     try:
         for host in bed.hosts:
             host.throttle("1mbit")
         daemons = bed.start_daemons(fences=True, at_defaults=True)
-        job = bed.ring("bigsum", "3", "200", str(rounds))
+        job = bed.ring("bigsum", str(mib), "200", str(rounds))
         wedged, quiet = 0, 0.0
-        until = time.monotonic() + 60 + 60 * rounds
+        until = time.monotonic() + 60 + 2.4 * each * rounds
         while not job.gone() and time.monotonic() < until:
             for daemon, pid in zip(daemons, job.pids, strict=True):
                 r = daemon.ranks().get(pid) or {}
@@ -231,6 +235,8 @@ def main() -> None:
     parser.add_argument("--lookalike", type=float, default=0.0)
     parser.add_argument("--hosts", action="store_true",
                         help="the wedge across the two-host bed (root)")
+    parser.add_argument("--mib", type=int, default=3,
+                        help="the size of each all_sum over the slow link, MiB")
     parser.add_argument("--slowlink", type=float, default=0.0,
                         help="with --hosts: S seconds of all_sums over a 1 Mbit/s link")
     parser.add_argument("--blip", type=float, default=0.0,
@@ -265,7 +271,8 @@ def main() -> None:
                 print(f"  {mode:8} median {statistics.median(took):5.1f} s over {len(took)} "
                       f"runs (min {min(took):.1f}, max {max(took):.1f})", flush=True)
             if bed is not None and args.slowlink > 0:
-                took, incidents, wedged, quiet, taken = slowlink_run(bed, args.slowlink)
+                took, incidents, wedged, quiet, taken = slowlink_run(bed, args.slowlink,
+                                                                  args.mib)
                 print(f"  slowlink {sum(took):.0f} s of all_sums over 1 Mbit/s "
                       f"({', '.join(f'{t:.1f}' for t in took)} s each): {incidents} "
                       f"incidents, wedge judged {wedged} times, quiet at most {quiet:.1f} s, "
