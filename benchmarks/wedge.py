@@ -153,6 +153,10 @@ def slowlink_run(bed: Bed, seconds: float, mib: int = 3) -> tuple[list[float], i
                 wedged += r.get("deadline_seconds") in WEDGE_FLOORS
             time.sleep(0.5)
         took = [float(t) for t in re.findall(r"bigsum done ([0-9.]+)", job.log(0))]
+        for inc in (i for d in daemons for i in d.incidents()):
+            print(f"  slowlink incident: {inc.get('cause')}: {inc.get('summary')}")
+        if not took:
+            print("  rank 0's log ends:", job.log(0)[-600:])
         return (took, sum(len(d.incidents()) for d in daemons), wedged, quiet,
                 sum(len(samples(d)) for d in daemons))
     finally:

@@ -15,7 +15,11 @@ instead of acted on while:
   a verdict but never prevent it, but for a save or load still moving bytes, a cold
   first wait whose work shows at a fresh stack sample, and a person's tracer;
 - traced: a rank of the job a person traces (states.TRACED) holds it, however long,
-  here (`hold_reason`) and from a peer (`peer_traced`).
+  here (`hold_reason`) and from a peer (`peer_traced`);
+- a transfer: every rank of the job here in a collective's wait with bytes moving on
+  its sockets (byte counters, a socket open at two reads: a long all_sum over a slow
+  link) holds it past the bound, up to ownwait.MAX_IO_HOLD (`flowing`). One rank's
+  other sockets moving (a server's clients) while another's stand still holds nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterable
 
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.ownwait import MAX_IO_HOLD
 from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.states import FINAL, State
 from watchdog.status import Incident, PeerView
@@ -32,6 +37,11 @@ from watchdog.status import Incident, PeerView
 log = logging.getLogger(__name__)
 
 HOLD_RECHECK = 5.0  # seconds before a job held by a computing peer node is asked about again
+# Bytes moved on a rank's sockets this recently: a transfer under way (`flowing`). A link
+# at 1 Mbit/s moves them every second or so; a waiting rank's sockets are read every 3 s
+# with nothing busy (stacksampler.QUIET_QUEUES_EVERY). A transfer that stops is acted on
+# this much later.
+FLOW_WITHIN = 8.0
 
 Jobs = dict[tuple[int, str], list[Rank]]  # (uid, job) -> its due ranks
 
@@ -73,6 +83,9 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
         r, v = traced[0]
         return f"held: rank {r} is {v.reason} (a person at work, not a hang)"
     live = [(r, v) for r, v in job if v.state != State.STOPPED]
+    transfer = flowing(due, job)
+    if transfer:
+        return transfer
     bounded = past_bound(due, rules)
     if bounded and due.cold:
         # A cold first step (nothing learned of its kind yet: a cold prefill, a first
@@ -119,6 +132,21 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
                 f"{'are' if len(moving) > 1 else 'is'} still making progress "
                 "(a slow peer, not a hang)")
     return ""
+
+
+def flowing(due: Verdict, job: list[tuple[int, Verdict]]) -> str:
+    """Why a transfer under way holds the job, or "": every rank of it here (none
+    stopped) in a collective's wait with bytes moved on its sockets within FLOW_WITHIN,
+    up to MAX_IO_HOLD of the wait. Bytes move only while the collective does: a
+    peer dead, frozen or cut off stops them within a socket buffer's worth."""
+    if due.seconds_in_wait >= MAX_IO_HOLD or not job:
+        return ""
+    if any(v.state == State.STOPPED or v.wedge_deadline <= 0 or v.flowing is None
+           or v.flowing >= FLOW_WITHIN for _, v in job):
+        return ""
+    names = ", ".join(str(r) for r, _ in sorted(job, key=lambda i: i[0]))
+    return (f"held: bytes move on the sockets of rank{'s' if len(job) > 1 else ''} {names} "
+            "(a long transfer, not a hang)")
 
 
 def hold(due: Jobs, ranks: Iterable[Rank], rules: Rules, now: float) -> Jobs:

@@ -77,6 +77,9 @@ ASK_AHEAD = 10.0
 # still for another reason (a peer computing) is never sampled more than this ahead of
 # its wedge deadline.
 EARLY_TRIES = 3
+# A rank's byte counters read this lately speak for a transfer under way (holds.py):
+# a waiting rank with nothing busy has them read every 3 s (QUIET_QUEUES_EVERY).
+FLOW_FRESH = 5.0
 # Two samples of one wait this far apart, both reading the rank in its backend's wait,
 # before its stillness counts as exact (the lower wedge floor): no single sample decides.
 TWICE_APART = 1.0
@@ -214,6 +217,9 @@ class Jobs:
                                                     (rec.uid, rec.job), 0),
                                                 seen_ranks=present, seen_where=where,
                                                 gpu_behind=self._behind(rank, now))
+                flowing = self._flowing(rank, now)
+                if flowing is not None:
+                    verdict = replace(verdict, flowing=flowing)
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
                 transition(rank, edge, now, verdict=verdict)
@@ -223,6 +229,15 @@ class Jobs:
             sampled |= self._sample_stacks(members, now)
         self.stacks.forget(sampled)
         return due
+
+    def _flowing(self, rank: Rank, now: float) -> float | None:
+        """Seconds since bytes last moved on a socket of the rank open at two reads in a
+        row, when its counters (exact) were read lately; None otherwise (holds.py)."""
+        queues = self.stacks.queues.get(rank.key)
+        if queues is None or not queues.exact or queues.flowed is None \
+                or now - queues.read_at > FLOW_FRESH:
+            return None
+        return now - queues.flowed
 
     def _behind(self, rank: Rank, now: float) -> str:
         """What the rank's GPU work waits behind (another process's GPU work, macOS), at

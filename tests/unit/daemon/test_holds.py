@@ -1,14 +1,26 @@
 """The hold rule's parts outside the local judgement (test_own_wait.py and
-test_detector_backstop.py cover `hold_reason`): the peers' view, the recheck, the bound."""
+test_detector_backstop.py cover `hold_reason`): the peers' view, the recheck, the bound,
+and a transfer under way (`flowing`)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from watchdog.daemon.holds import HOLD_RECHECK, past_bound, peer_held, peer_hold, shown_held
+from watchdog.daemon.holds import (
+    FLOW_WITHIN,
+    HOLD_RECHECK,
+    flowing,
+    hold_reason,
+    past_bound,
+    peer_held,
+    peer_hold,
+    shown_held,
+)
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.ownwait import MAX_IO_HOLD
 from watchdog.daemon.lifecycle import Edge, Rank, transition
+from watchdog.daemon.probes.stacksampler import StackSampler
 from watchdog.record import Record
 from watchdog.states import Phase, State
 from watchdog.status import PeerView
@@ -61,3 +73,51 @@ def test_a_peer_hold_lasts_its_recheck_and_stays_shown_while_the_peers_are_asked
     transition(rank, Edge.JUDGED, 4.0, verdict=stalled)
     shown_held(rank, 2.0 + 3 * HOLD_RECHECK)  # long after: the verdict's state stands
     assert rank.state == State.STALLED
+
+
+def test_a_transfer_on_every_rank_holds_past_the_bound_a_server_s_clients_do_not():
+    """Every rank of the job here in a collective's wait with bytes moving on its
+    sockets (a 32 MB all_sum over a slow link): held, past the blocked deadline, up to
+    MAX_IO_HOLD. One rank's sockets still (wedged), a rank stopped, a reading too old,
+    no counters, or outside a collective's wait: nothing held by it."""
+    rules = Rules(blocked_deadline=30.0)
+
+    def waiting(seconds: float = 100.0, flowing: float | None = 1.0,
+                state: State = State.STALLED, wedge: float = 15.0) -> Verdict:
+        return Verdict(state, 60.0, seconds, seconds, 1.0, True, "in all_sum",
+                       wedge_deadline=wedge, flowing=flowing)
+
+    both = [(0, waiting()), (1, waiting(flowing=FLOW_WITHIN - 0.5))]
+    why = hold_reason(both[0][1], both, rules, 0)
+    assert why == "held: bytes move on the sockets of ranks 0, 1 (a long transfer, not a hang)"
+    assert past_bound(both[0][1], rules)  # held past the blocked deadline
+    assert flowing(waiting(MAX_IO_HOLD), both) == ""
+    for other in (waiting(flowing=None), waiting(flowing=FLOW_WITHIN),
+                  waiting(state=State.STOPPED), waiting(wedge=0.0)):
+        job = [(0, waiting()), (1, other)]
+        assert flowing(job[0][1], job) == "", other
+        assert hold_reason(job[0][1], job, rules, 0) == "", other
+
+
+def test_the_sampler_sees_a_transfer_only_on_a_socket_open_at_two_reads():
+    """`Queues.flowed`: bytes grew on a socket seen at the read before; a new socket
+    (a client's connection) moving bytes is no transfer of the job's."""
+    counters = {"now": ((11, 100, 100),)}
+
+    class Probe:
+        def socket_queues(self, pid):
+            return ((11, 0, 0),)
+
+        def socket_counters(self, pid):
+            return counters["now"]
+
+    sampler = StackSampler(Probe(), lambda fn: None)  # type: ignore[arg-type]
+    key = (1, 1.0)
+    assert sampler.track_queues(key, 1, 0.0, "ring").flowed is None
+    counters["now"] = ((11, 100, 100), (12, 0, 5000))  # a new socket, bytes on it
+    assert sampler.track_queues(key, 1, 1.0, "ring").flowed is None
+    counters["now"] = ((11, 1548, 100), (12, 0, 5000))  # the old one moves
+    assert sampler.track_queues(key, 1, 2.0, "ring").flowed == 2.0
+    counters["now"] = ((11, 1548, 100), (12, 0, 5000))  # still: when it last moved stands
+    q = sampler.track_queues(key, 1, 3.0, "ring")
+    assert q.flowed == 2.0 and q.since == 2.0

@@ -133,6 +133,10 @@ class Verdict:
     # Its own GPU time flat while another process's advances on a GPU busy at working
     # power (macOS): what its work waits behind, in words; "" otherwise.
     behind: str = ""
+    # Seconds since bytes last moved on a socket of its that was open at the read before
+    # (byte counters: exact), read at a recent scan; None: not read so (no counters, or
+    # not read lately). A transfer under way (holds.py), set by the caller (jobs.py).
+    flowing: float | None = None
 
 
 GPU_WORKS = "advances"

@@ -136,6 +136,9 @@ class Queues:
     # every socket: then "still since" is exact (a slow link moves them at any rate);
     # None: the queues alone say it, and a slow transfer's may read the same twice.
     counters: tuple[tuple[int, int, int], ...] | None = None
+    # When bytes last moved on a socket seen at two reads in a row (its counters grew):
+    # a transfer under way. A socket first seen (a client's new connection) is not one.
+    flowed: float | None = None
 
     @property
     def exact(self) -> bool:
@@ -331,8 +334,14 @@ class StackSampler:
             queues = counters = None
         moved = last is None or queues is None or last.queues != queues or (
             counters is not None and last.counters is not None and last.counters != counters)
+        flowed = last.flowed if last is not None else None
+        if counters is not None and last is not None and last.counters is not None:
+            before = {inode: (acked, got) for inode, acked, got in last.counters}
+            if any(inode in before and (acked, got) != before[inode]
+                   for inode, acked, got in counters):
+                flowed = now
         if moved or last is None:
-            last = self.queues[key] = Queues(queues, now, counters=counters)
+            last = self.queues[key] = Queues(queues, now, counters=counters, flowed=flowed)
         else:
             last.counters = counters  # known from now on, or no longer (the queues say)
         last.unread = sum(rx for _, _, rx in queues or ())
