@@ -10,7 +10,7 @@ import pytest
 from tests.unit.daemon.test_detector import BASE, NS, ORIGIN, RULES
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.frames import Reading, asleep
-from watchdog.daemon.judge.wedge import FRESH
+from watchdog.daemon.judge.sighting import FRESH
 from watchdog.daemon.probes import ProcessSample
 from watchdog.states import FrameKind, Phase, State
 

@@ -35,7 +35,7 @@ SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
 # A rank asleep and unchanged (no thread busy, the same frames as its sample before, its
 # sockets' queues still since then: a quiet hang waiting toward its deadline, whose
 # verdict only needs confirming) is sampled less often: the gap doubles, up to this. A
-# sample speaks for judge/wedge.FRESH (10 s): this, a scan and a sample's time box stay
+# sample speaks for judge/sighting.FRESH (10 s): this, a scan and a sample's time box stay
 # within it, so a fresh one is there when the deadline comes.
 MAX_EVERY = 6.0
 # Past that, a rank of a job with no thread busy anywhere (a quiet hang, or a long quiet
