@@ -1,4 +1,4 @@
-"""The early sample (issue 58, daemon/jobs.py `_track_early`): a job whose every rank
+"""The early sample (issue 58, daemon/early.py `Early.track`): a job whose every rank
 waits in the same collective has its sockets' byte counters read at every scan; only
 once they stood exactly still is each rank sampled, once a wait, and a job found healthy
 so is not sampled early again for EARLY_HOLD. Pure: a probe that hands over counters, a
@@ -11,7 +11,8 @@ import dataclasses
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live, Settings
 from watchdog.daemon.counters import Counters
-from watchdog.daemon.jobs import EARLY_HOLD, Jobs
+from watchdog.daemon.early import EARLY_HOLD
+from watchdog.daemon.jobs import Jobs
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.wedge import EARLY_STILL
 from watchdog.daemon.lifecycle import Rank
@@ -80,7 +81,7 @@ def test_a_job_moving_bytes_is_never_sampled_early():
                 probe.moved[pid] = t * 1448
             members = job()
             # Tracked (its counters read at every scan), never asked a sample.
-            assert jobs._track_early(members, float(t)) == {r.key for r, _ in members}
+            assert jobs.early.track(members, float(t)) == {r.key for r, _ in members}
         assert asked == []
     finally:
         jobs.shutdown()
@@ -90,16 +91,16 @@ def test_a_still_job_is_sampled_once_a_wait_then_held_once_the_wait_returns():
     jobs, asked = jobs_with(Counting())
     try:
         for t in range(10):  # counters still from the first read
-            jobs._track_early(job(), float(t))
+            jobs.early.track(job(), float(t))
         assert sorted(asked) == [4242, 4243]  # once each, at EARLY_STILL of stillness
         # The wait returned (a peer computing each step): the next long still wait of
         # the job is not sampled early for EARLY_HOLD seconds.
         for t in range(10, 20):
-            jobs._track_early(job(wait_since_ns=2), float(t))
+            jobs.early.track(job(wait_since_ns=2), float(t))
         assert sorted(asked) == [4242, 4243]
         later = 10.0 + EARLY_HOLD + EARLY_STILL + 2
         for t in range(4):
-            jobs._track_early(job(wait_since_ns=3), later + t)
+            jobs.early.track(job(wait_since_ns=3), later + t)
         assert sorted(asked) == [4242, 4242, 4243, 4243]
     finally:
         jobs.shutdown()
@@ -110,7 +111,7 @@ def test_no_early_sample_before_the_wait_is_long_or_where_sockets_carry_no_bytes
         jobs, asked = jobs_with(Counting())
         try:
             for t in range(10):
-                assert jobs._track_early(members, float(t)) == set()
+                assert jobs.early.track(members, float(t)) == set()
             assert asked == []
         finally:
             jobs.shutdown()
