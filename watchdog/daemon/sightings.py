@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from watchdog.daemon.config import Live
 from watchdog.daemon.judge import frames, gpuwork, wedge
 from watchdog.daemon.judge.detector import foreign_tracer
-from watchdog.daemon.judge.sighting import Sighting, Sockets
+from watchdog.daemon.judge.sighting import Sighting, Sockets, fresh
 from watchdog.daemon.lifecycle import Key, Rank
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.stacksampler import Stacks, StackSampler
@@ -62,21 +62,21 @@ class Sightings:
         queues = self.stacks.queues.get(rank.key)
         sockets = (Sockets(now - queues.since, queues.unread, queues.exact)
                    if queues is not None and queues.queues is not None else None)
-        sighting = replace(job, age=now - found.at if found is not None else None,
-                           sockets=sockets, link=link, traced=traced, early=early)
         if found is None:
-            return sighting
-        fresh = sighting.fresh
-        seen = self._seen(rank, sample, found, read) if fresh else None
+            return replace(job, sockets=sockets, link=link, traced=traced, early=early)
+        age = now - found.at
+        recent = fresh(age)  # the one freshness rule (`Sighting.fresh`)
+        seen = self._seen(rank, sample, found, read) if recent else None
         asleep = None if found.busy or found.error else self._asleep(rank, found, read)
         # Nothing busy, its fresh sample finds it parked in its backend's wait: a member
         # as a spinning rank is (a quiet wedge), when its stillness is exact (wedge.py).
         parked = (seen is None and asleep is not None and asleep.kind == FrameKind.WAITING
-                  and fresh and not (rank.verdict is not None and rank.verdict.hot))
+                  and recent and not (rank.verdict is not None and rank.verdict.hot))
         behind = (gpuwork.behind(found.gpu_behind, found.gpu_power,
                                  1000 * self.live.rules.gpu_spin_watts)
-                  if fresh and found.gpu_behind else "")
-        return replace(sighting, seen=seen, asleep=asleep, parked=parked, behind=behind)
+                  if recent and found.gpu_behind else "")
+        return replace(job, age=age, seen=seen, asleep=asleep, behind=behind,
+                       sockets=sockets, link=link, traced=traced, parked=parked, early=early)
 
     def _seen(self, rank: Rank, sample: ProcessSample, found: Stacks,
               read: _Read) -> frames.Reading | None:

@@ -18,6 +18,12 @@ FRESH = 10.0  # seconds a stack sample speaks for
 GPU_WORKS = "advances"  # `Sighting.gpu` of a rank whose GPU time advances on work
 
 
+def fresh(age: float | None) -> bool:
+    """The freshness rule: does a stack sample `age` seconds old (None: none) still speak
+    for its rank?"""
+    return age is not None and age <= FRESH
+
+
 class Sockets(NamedTuple):
     """A rank's sockets while the stack sampler tracks them: the seconds their queues
     stood still, the bytes received and not read, and whether that stillness was read
@@ -70,7 +76,7 @@ class Sighting:
     @property
     def fresh(self) -> bool:
         """Does its latest stack sample still speak for it (at most FRESH seconds old)?"""
-        return self.age is not None and self.age <= FRESH
+        return fresh(self.age)
 
     @property
     def gpu(self) -> str:
