@@ -149,22 +149,22 @@ class Jobs:
             present, where = self._present(members)
             job = Sighting(load=load, judged_from_ns=self.traced_at.get(key, 0),
                            present=present, where=where)
-            seen = {r.key: self.sightings.of(r, s, now, job, traced=traced(r),
+            sights = {r.key: self.sightings.of(r, s, now, job, traced=traced(r),
                                              link=self._shown(r.key).data_link,
                                              early=self.early.asked(r))
                     for r, s in members}
             for rank, _ in members:  # published (/status) for a peer judging the job
-                self.shown[rank.key].sockets = seen[rank.key].sockets
-            mine = [member(r, s, seen[r.key]) for r, s in members]
+                self.shown[rank.key].sockets = sights[rank.key].sockets
+            mine = [member(r, s, sights[r.key]) for r, s in members]
             wedged = wedge.decide(mine + self.remote_members(members[0][0], len(mine),
                                                              now_ns))
-            if log.isEnabledFor(logging.DEBUG) and any(s.seen for s in seen.values()):
+            if log.isEnabledFor(logging.DEBUG) and any(s.seen for s in sights.values()):
                 log.debug("job %s: %s; wedged: %s", members[0][0].record.job,
-                          [(r.record.rank, seen[r.key].seen, self.stacks.queues.get(r.key))
+                          [(r.record.rank, sights[r.key].seen, self.stacks.queues.get(r.key))
                            for r, _ in members], wedged)
             for rank, sample in members:
                 rec = rank.record
-                verdict = self.detector.observe(rec, sample, now_ns, seen[rank.key], wedged,
+                verdict = self.detector.observe(rec, sample, now_ns, sights[rank.key], wedged,
                                                 learn=not rank.escalating)
                 # Judged while a response has it: its verdict shown fresh, its state kept.
                 edge = Edge.REJUDGED if rank.escalating else Edge.JUDGED
