@@ -2,7 +2,7 @@
 
 Asked by the loop only for the ranks of a job one of whose ranks has waited past its
 wedge deadline (judge/wedge.py), or once a wait for a job whose sockets' byte counters
-stood exactly still (daemon/jobs.py, `_track_early`): a healthy job is never sampled. At
+stood exactly still (daemon/early.py): a healthy job is never sampled. At
 most one sample per rank every SAMPLE_EVERY seconds, one under way per rank and
 MAX_RUNNING in all, on the daemon's workers, shared out between the ranks' owners
 (`share`: another user's ranks cannot starve a job's wedge of its samples); each
