@@ -3,8 +3,8 @@ published figures (daemon/judge/across.py, daemon/paces.py's `_job_across`): pur
 
 from __future__ import annotations
 
-from watchdog.daemon.paces import _job_across
 from watchdog.daemon.judge.across import SUSTAIN, Across
+from watchdog.daemon.paces import _job_across
 from watchdog.status import NodeAnswer, NodeStatus, RankStatus
 
 
