@@ -152,7 +152,6 @@ class Verdict:
     behind: str = ""
 
 
-
 def foreign_tracer(sample: ProcessSample) -> bool:
     """Is the process traced by someone other than the reader's own descendants (the
     daemon's stack sampler)? Its tracer unknown or not ours: yes."""
