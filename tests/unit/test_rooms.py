@@ -216,6 +216,7 @@ DAEMON_FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(floor) for floor in 
     {"config", "view", "observation", "attempts", "wired"},  # settings; a rank as shown; ...
     {"signaller"},  # the one class that signals
     {"store", "lifecycle"},  # the daemon's files; a rank's lifecycle
+    {"sightings", "early", "paces"},  # what a scan saw of a rank; its early samples; paces
     {"holds", "table", "jobs", "publish", "roomkeeper"},  # a scan's parts
     {"act"},  # the responses
     {"fences", "outcomes"},  # fences in, and orphans; what a finished response did

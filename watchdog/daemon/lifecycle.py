@@ -50,11 +50,13 @@ from dataclasses import dataclass
 
 from watchdog import record
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.signaller import Target
 from watchdog.record import Record
 from watchdog.states import FINAL, State
 
 Key = tuple[int, float]  # a rank: (pid, start time), its identity wherever it is kept
+JobKey = tuple[int, str]  # (uid, job): a job is its owner's
 
 
 class Edge(enum.Enum):
@@ -118,6 +120,9 @@ class Rank:
         rec = self.record
         return Target(rec.pid, rec.start_time, rec.uid, rec.job, rec.rank, rec.dump_signal,
                       record.stacks_path(self.path), rec.start_ticks, self.path)
+
+
+LiveRanks = list[tuple[Rank, ProcessSample]]  # a scan's live ranks, each with its sample
 
 
 def _live_idle(rank: Rank) -> bool:

@@ -149,9 +149,9 @@ class Daemon:
             self._escalate(uid, job, ranks)
         for ending, ranks in self.fences.orphaned(now):
             self._escalate(ending.uid, ending.job, ranks, fenced=ending.fence)
-        self.jobs.paces(found.live, now)  # shown only: after the responses began
-        if self.jobs.ask_peers_every is not None:  # a job judged with its peers' ranks
-            self.peers.prefetch(self.jobs.ask_peers_every)
+        self.jobs.paces.judge(found.live, now)  # shown only: after the responses began
+        if self.jobs.paces.ask_peers_every is not None:  # a job judged with its peers' ranks
+            self.peers.prefetch(self.jobs.paces.ask_peers_every)
         self.learned.keep(self.jobs.detector.auto, self.clock.wall())
         trouble = found.trouble
         if not self.table.records.listed:
@@ -288,7 +288,7 @@ class Daemon:
             invalid=invalid, invalid_count=invalid_count,
             launches=self.launches.get(), backlog=self.enforcer.backlog.state(),
             causes=self.responses.causes(), shown=self.jobs.shown,
-            record_dir_full=self.room_full, stragglers=self.jobs.slow)
+            record_dir_full=self.room_full, stragglers=self.jobs.paces.slow)
         # Each job's health for a load balancer (net/health.py): a rank a response has
         # (judging the peers' view, or ending it) is no healthy rank.
         ending = {key[0] for key in self.responses.causes()}

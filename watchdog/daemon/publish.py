@@ -13,7 +13,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.counters import SCAN_BUCKETS, Counters
 from watchdog.daemon.lifecycle import Key, Rank
 from watchdog.daemon.store import journal
-from watchdog.daemon.view import Shown, rank_status
+from watchdog.daemon.view import NOTHING, Shown, rank_status
 from watchdog.host import platform_label
 from watchdog.status import NodeStatus, RankStatus, RebootFlag, Straggler, Unwritten
 
@@ -24,15 +24,9 @@ log = logging.getLogger(__name__)
 INVALID_LISTED = 100  # unusable files named in /status; all are counted
 
 
-NOTHING = Shown()  # a rank nothing was found of yet
-
-
 def _status(r: Rank, cause: str | None, shown: Shown) -> RankStatus:
-    return rank_status(r.record, r.state, r.verdict, reason=r.reason, attempt=r.attempt,
-                       data_link=shown.data_link, cause=cause, pace=shown.pace,
-                       pace_score=shown.pace_score, pace_why=shown.pace_why,
-                       pace_note=shown.pace_note, pace_unjudged=shown.pace_unjudged,
-                       sockets=shown.sockets)
+    return rank_status(r.record, r.state, r.verdict, shown, reason=r.reason,
+                       attempt=r.attempt, cause=cause)
 
 
 def snapshot(*, host: str, settings: Settings, ranks: Iterable[Rank], counters: Counters,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.pacing import Pace
+from watchdog.daemon.judge.sighting import Sockets
 from watchdog.record import Record
 from watchdog.states import Phase, State
 from watchdog.status import Expect, LastCollective, RankStatus
@@ -19,10 +20,9 @@ class Shown:
 
     # Its peers' data path as last probed while it waited long (probes/datalink.py).
     data_link: str | None = None
-    # While its sockets are tracked (probes/stacksampler.py): (seconds their queues stood
-    # still, bytes received and not read, read from byte counters), published for a
-    # peer's wedge (judge/wedge.py).
-    sockets: tuple[float, int, bool] | None = None
+    # While its sockets are tracked (probes/stacksampler.py), as the scan saw them
+    # (judge/sighting.py), published for a peer's wedge (judge/wedge.py).
+    sockets: Sockets | None = None
     # Its last minute's figures and its score against the job's other ranks
     # (judge/stragglers.py); why it is slow; why it is not judged, in words and as a code.
     pace: Pace | None = None
@@ -42,13 +42,16 @@ def current_op(record: Record) -> str:
     return f"{record.op} ({last.op} #{last.number})"
 
 
-def rank_status(record: Record, state: State, verdict: Verdict | None, *,
-                reason: str = "", source: str = "daemon", attempt: int | None = None,
-                data_link: str | None = None, cause: str | None = None,
-                pace: Pace | None = None, pace_score: float | None = None,
-                pace_why: str | None = None, pace_note: str | None = None,
-                pace_unjudged: str | None = None,
-                sockets: tuple[float, int, bool] | None = None) -> RankStatus:
+NOTHING = Shown()  # a rank nothing was found of yet (never written)
+
+
+def rank_status(record: Record, state: State, verdict: Verdict | None,
+                shown: Shown = NOTHING, *, reason: str = "", attempt: int | None = None,
+                cause: str | None = None) -> RankStatus:
+    """The rank as the daemon shows it: its record, state and verdict (its `reason` said
+    instead of the verdict's when given), what else the scan found of it (`shown`), the
+    launch it belongs to (`attempt`) and the cause of the incident acting on it."""
+    sockets, pace = shown.sockets, shown.pace
     return RankStatus(
         pid=record.pid, host=record.host, job=record.job, uid=record.uid, rank=record.rank,
         world_size=record.world_size, attempt=attempt, backend=record.backend,
@@ -65,19 +68,19 @@ def rank_status(record: Record, state: State, verdict: Verdict | None, *,
         expect=(Expect(record.expect_seconds, record.expect_reason)
                 if record.expect_seconds > 0 else None),
         reason=reason or (verdict.reason if verdict else ""),
-        source=source, data_link=data_link, cause=cause,
+        source="daemon", data_link=shown.data_link, cause=cause,
         frames=(verdict.seen or None) if verdict else None,
         frames_kind=(verdict.seen_kind or None) if verdict else None,
-        quiet_seconds=round(sockets[0], 3) if sockets else None,
-        unread_bytes=sockets[1] if sockets else None,
-        quiet_exact=sockets[2] if sockets else None,
+        quiet_seconds=round(sockets.still, 3) if sockets else None,
+        unread_bytes=sockets.unread if sockets else None,
+        quiet_exact=sockets.exact if sockets else None,
         holding=(verdict.own.holding() or None) if verdict and verdict.own else None,
         wait_share=round(pace.wait_share, 3) if pace and pace.wait_known else None,
         pace=round(pace.pace, 3) if pace else None,
-        pace_score=round(pace_score, 3) if pace_score is not None else None,
-        run_queue=round(pace.run_queue, 3) if pace else None, pace_why=pace_why,
+        pace_score=round(shown.pace_score, 3) if shown.pace_score is not None else None,
+        run_queue=round(pace.run_queue, 3) if pace else None, pace_why=shown.pace_why,
         active_share=round(pace.active, 3) if pace else None,
-        pace_note=pace_note, pace_unjudged=pace_unjudged,
+        pace_note=shown.pace_note, pace_unjudged=shown.pace_unjudged,
         tracer_pid=(verdict.tracer or None) if verdict else None,
         tracer=(verdict.tracer_name or None) if verdict and verdict.tracer else None,
         since_traced=(round(verdict.since_traced, 3)

@@ -1,10 +1,10 @@
 """A job whose ranks sit one per node, judged by a daemon from its rank and the peers'
-published figures (daemon/judge/across.py, daemon/jobs.py's `_job_across`): pure."""
+published figures (daemon/judge/across.py, daemon/paces.py's `_job_across`): pure."""
 
 from __future__ import annotations
 
-from watchdog.daemon.jobs import _job_across
 from watchdog.daemon.judge.across import SUSTAIN, Across
+from watchdog.daemon.paces import _job_across
 from watchdog.status import NodeAnswer, NodeStatus, RankStatus
 
 

@@ -16,6 +16,7 @@ from tests.unit.daemon.test_detector import BASE, NS, ORIGIN
 from watchdog import cause
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Detector
+from watchdog.daemon.judge.sighting import Sighting
 from watchdog.daemon.probes import ProcessSample
 from watchdog.states import Phase, State
 from watchdog.status import RankStatus
@@ -36,8 +37,8 @@ def judge(times: list[float], spin: float = 0.0, seen: frozenset[int] | None = N
     for t in times:
         s = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "sleeping",
                           ((1, 0.01 * t), (2, spin * t)))
-        out.append(d.observe(at_init(world), s, ORIGIN + round(t * NS), seen_ranks=seen,
-                             seen_where=where))
+        out.append(d.observe(at_init(world), s, ORIGIN + round(t * NS),
+                             Sighting(present=seen, where=where)))
     return out
 
 

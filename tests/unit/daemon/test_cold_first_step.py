@@ -17,6 +17,7 @@ from watchdog.daemon.holds import hold_reason
 from watchdog.daemon.judge.deadlines import Learned, Rules
 from watchdog.daemon.judge.detector import Detector, Verdict
 from watchdog.daemon.judge.frames import Reading
+from watchdog.daemon.judge.sighting import Sighting
 from watchdog.daemon.probes import ProcessSample
 from watchdog.states import FrameKind, Phase, State
 
@@ -34,7 +35,7 @@ def observe(t: float, learned: dict | None = None, seen: Reading | None = None) 
     s = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "running", ((1, 0.0), (2, 0.0)))
     d.observe(in_eval(), s, ORIGIN)
     s = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "running", ((1, t), (2, 0.0)))
-    return d.observe(in_eval(), s, ORIGIN + round(t * NS), seen=seen)
+    return d.observe(in_eval(), s, ORIGIN + round(t * NS), Sighting(seen=seen))
 
 
 def test_incident_3_a_cold_prefill_47s_into_its_first_chunk_is_not_judged():

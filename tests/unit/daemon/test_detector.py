@@ -15,6 +15,7 @@ import pytest
 
 from watchdog.daemon.judge.deadlines import Learned, Rules, deadline_for
 from watchdog.daemon.judge.detector import NS, Detector
+from watchdog.daemon.judge.sighting import Sighting
 from watchdog.daemon.judge.threads import busiest_ratio
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
@@ -94,7 +95,7 @@ def run(ticks: list[Tick], rules: Rules = RULES, origin: int = ORIGIN,
         sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, tick.status, threads,
                                demand=demand)
         verdicts.append(detector.observe(tick.record(origin), sample,
-                                         origin + round(tick.at * NS), tick.load))
+                                         origin + round(tick.at * NS), Sighting(load=tick.load)))
     return verdicts
 
 

@@ -20,6 +20,7 @@ from watchdog.daemon.holds import hold_reason
 from watchdog.daemon.judge.detector import GPU_WORKS, Detector, Track, _computing_now
 from watchdog.daemon.judge.frames import Reading, asleep, classify, gpu_unknown
 from watchdog.daemon.judge.gpuwork import gpu_works, read, spins_on_nothing
+from watchdog.daemon.judge.sighting import Sighting, Sockets
 from watchdog.daemon.judge.threads import ThreadTick
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.sample import GpuPower
@@ -86,8 +87,8 @@ def judge(reading: Reading, seconds: int = 40, spin: float = 0.0) -> list:
     for t in range(seconds + 1):
         sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "sleeping",
                                ((1, 0.001 * t), (2, spin * t)), io=(100, 50))
-        out.append(detector.observe(record, sample, ORIGIN + t * NS, asleep=reading,
-                                    sockets_quiet=float(t)))
+        out.append(detector.observe(record, sample, ORIGIN + t * NS, Sighting(
+            asleep=reading, sockets=Sockets(float(t), 0, False), age=0.0)))
     return out
 
 

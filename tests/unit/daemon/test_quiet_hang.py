@@ -10,7 +10,7 @@ import pytest
 from tests.unit.daemon.test_detector import BASE, NS, ORIGIN, RULES
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.frames import Reading, asleep
-from watchdog.daemon.judge.wedge import FRESH
+from watchdog.daemon.judge.sighting import FRESH, Sighting, Sockets
 from watchdog.daemon.probes import ProcessSample
 from watchdog.states import FrameKind, Phase, State
 
@@ -63,9 +63,9 @@ def judge(io_moves: bool = False, sockets: float | None = 30.0, seen: Reading | 
                                ((1, 0.001 * t), (2, spin * t)),
                                io=(100 + (t if io_moves else 0), 50),
                                offsets=None if offsets is None else 7 + (t if offsets else 0))
-        verdicts.append(detector.observe(record, sample, ORIGIN + t * NS, asleep=seen,
-                                         sockets_quiet=sockets,
-                                         asleep_age=0.0 if sampled is None else t - sampled))
+        read = Sockets(sockets, 0, False) if sockets is not None else None
+        verdicts.append(detector.observe(record, sample, ORIGIN + t * NS, Sighting(
+            asleep=seen, sockets=read, age=0.0 if sampled is None else t - sampled)))
     return verdicts
 
 
@@ -87,7 +87,8 @@ def test_status_says_quiet_while_the_wait_runs_toward_a_longer_deadline():
     for t in range(0, 50, 5):
         sample = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "sleeping", ((1, 0.0),),
                                io=(100, 50))
-        v = detector.observe(record, sample, ORIGIN + t * NS, asleep=QUIET, sockets_quiet=t)
+        v = detector.observe(record, sample, ORIGIN + t * NS,
+                             Sighting(asleep=QUIET, sockets=Sockets(t, 0, False), age=0.0))
         said.append((v.state, "quiet:" in v.reason, v.act))
     assert (State.SUSPECT, True, False) in said and not any(act for *_, act in said)
 

@@ -19,6 +19,7 @@ from watchdog.daemon.judge import gpuwork
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Detector
 from watchdog.daemon.judge.frames import Reading
+from watchdog.daemon.judge.sighting import Sighting, Sockets
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.stacksampler import _advanced
 from watchdog.daemon.sample import GpuPower
@@ -61,8 +62,8 @@ def quiet_wait(behind: str) -> list:
     for t in [0, 1, 6, 11, 12, 13, 31, 32]:
         s = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "running", ((1, 0.0),),
                           io=(10, 10))
-        out.append(d.observe(rec, s, ORIGIN + round(t * NS), asleep=asleep,
-                             sockets_quiet=float(t), gpu_behind=behind))
+        out.append(d.observe(rec, s, ORIGIN + round(t * NS), Sighting(
+            asleep=asleep, sockets=Sockets(float(t), 0, False), age=0.0, behind=behind)))
     return out
 
 
@@ -95,7 +96,7 @@ def test_a_rank_starved_of_cores_by_another_users_work_computes_and_holds_its_jo
         s = ProcessSample(BASE.pid, BASE.start_time, BASE.uid, "running",
                           ((1, 0.0), (2, 0.25 * t)), system=((1, 0.0), (2, 0.0)),
                           demand=((1, 0.0), (2, 1.0 * t)))
-        verdicts.append(d.observe(rec, s, ORIGIN + t * NS, load=1.0))
+        verdicts.append(d.observe(rec, s, ORIGIN + t * NS, Sighting(load=1.0)))
     assert verdicts[-1].computing
     peer = dataclasses.replace(verdicts[-1], state=State.STALLED, computing=False)
     assert "is computing" in hold_reason(peer, [(0, peer), (1, verdicts[-1])], RULES, 0)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from tests.unit.daemon.test_detector import BASE, NS, ORIGIN, RULES
 from watchdog.daemon.holds import hold_reason, peer_hold, peer_traced
 from watchdog.daemon.judge.detector import Detector, Verdict, foreign_tracer
+from watchdog.daemon.judge.sighting import Sighting
 from watchdog.daemon.probes import ProcessSample
 from watchdog.states import Phase, State
 from watchdog.status import HoldingRank, PeerView
@@ -70,7 +71,7 @@ def test_a_survivors_wait_is_judged_from_the_detach():
     states = []
     for t in [0, 1, 2, 150, 151, 152, 155, 156, 160.5, 161, 162]:
         v = d.observe(waiting(), sample(t), at(t),
-                      judged_from_ns=detach if t >= 150 else at(t))
+                      Sighting(judged_from_ns=detach if t >= 150 else at(t)))
         states.append((t, v.state, v.act, round(v.seconds_in_wait)))
     assert [s for s in states if s[0] < 155] == [
         (0, State.RUNNING, False, 0), (1, State.RUNNING, False, 0),
@@ -83,9 +84,9 @@ def test_a_survivors_wait_is_judged_from_the_detach():
 
 def test_since_traced_is_shown_until_the_deadline_passes_after_the_detach():
     d = Detector(RULES)
-    v = d.observe(waiting(), sample(100), at(100), judged_from_ns=at(95))
+    v = d.observe(waiting(), sample(100), at(100), Sighting(judged_from_ns=at(95)))
     assert v.since_traced == 5.0
-    v = d.observe(waiting(), sample(120), at(120), judged_from_ns=at(95))
+    v = d.observe(waiting(), sample(120), at(120), Sighting(judged_from_ns=at(95)))
     assert v.since_traced is None  # past the 10 s deadline since: judged as any wait
 
 
@@ -138,10 +139,10 @@ def test_a_wait_that_spanned_a_trace_teaches_nothing_of_the_jobs_pace():
     key = f"{BASE.uid}:{BASE.job}"
     d = Detector(Rules(), {key: {"all_sum": Learned(longest=2.0, count=40)}})
     for t in [0, 1, 50, 149, 150]:  # traced until 149 s
-        d.observe(waiting(), sample(t), at(t), judged_from_ns=at(min(t, 149)))
+        d.observe(waiting(), sample(t), at(t), Sighting(judged_from_ns=at(min(t, 149))))
     done = dataclasses.replace(BASE, waits_completed=BASE.waits_completed + 1,
                                last_wait_ns=round(150.5 * NS), phase=Phase.RUNNING)
-    v = d.observe(done, sample(151), at(151), judged_from_ns=at(149))
+    v = d.observe(done, sample(151), at(151), Sighting(judged_from_ns=at(149)))
     assert d.auto.learned[key]["all_sum"].longest == 2.0
-    nxt = d.observe(waiting(152), sample(153), at(153), judged_from_ns=at(149))
+    nxt = d.observe(waiting(152), sample(153), at(153), Sighting(judged_from_ns=at(149)))
     assert nxt.deadline == 60.0 and v.state == State.RUNNING

@@ -10,6 +10,7 @@ import pytest
 from watchdog.daemon.judge.deadlines import Learned, Rules, wedge_deadline
 from watchdog.daemon.judge.detector import NS, Detector
 from watchdog.daemon.judge.frames import Reading
+from watchdog.daemon.judge.sighting import Sighting
 from watchdog.daemon.judge.wedge import QUIET_FOR, Member, Wedge, decide, exact_reading
 from watchdog.daemon.probes import ProcessSample
 from watchdog.record import Record
@@ -138,8 +139,8 @@ def run(seconds: list[float], backend: str = "ring", user: bool = True,
     for t in seconds:
         cpu, system = ((2, t),), ((2, 0.0 if user else 0.9 * t),)
         sample = ProcessSample(rec.pid, rec.start_time, rec.uid, "running", cpu, system)
-        out.append(detector.observe(rec, sample, ORIGIN + round(t * NS), seen=seen,
-                                    wedge=wedge))
+        out.append(detector.observe(rec, sample, ORIGIN + round(t * NS), Sighting(seen=seen),
+                                    wedge))
     return out
 
 
@@ -199,7 +200,7 @@ def test_an_interval_the_sampler_held_the_rank_stopped_is_not_counted():
             cpu += 0.1 if held else 1.0
             sample = ProcessSample(4242, 1.7e9, 501, "running", ((2, cpu),), ((2, 0.0),))
             found = detector.observe(WAITING_REC, sample, ORIGIN + round(t * NS),
-                                     traced=held)
+                                     Sighting(traced=held))
         return found
 
     assert last(traced=False).busiest_cpu == pytest.approx(1.0)

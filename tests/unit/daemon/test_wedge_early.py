@@ -1,6 +1,6 @@
-"""The early sample (issue 58, daemon/jobs.py `_track_early`): a job whose every rank
+"""The early sample (issue 58, daemon/early.py `Early.track`): a job whose every rank
 waits in the same collective has its sockets' byte counters read at every scan; only
-once they stood exactly still is each rank sampled, once a wait, and a job found healthy
+once they stood exactly still is each rank sampled, twice a wait, and a job found healthy
 so is not sampled early again for EARLY_HOLD. Pure: a probe that hands over counters, a
 sampler whose asks are recorded, no process."""
 
@@ -11,14 +11,17 @@ import dataclasses
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live, Settings
 from watchdog.daemon.counters import Counters
-from watchdog.daemon.jobs import EARLY_HOLD, EARLY_TRIES, TWICE_APART, Jobs
+from watchdog.daemon.early import EARLY_HOLD, EARLY_TRIES
+from watchdog.daemon.jobs import Jobs
 from watchdog.daemon.judge.detector import Verdict
 from watchdog.daemon.judge.frames import Reading
+from watchdog.daemon.judge.sighting import TWICE_APART
 from watchdog.daemon.judge.wedge import EARLY_STILL
 from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.stacksampler import Stacks
 from watchdog.daemon.sample import ProcessSample
+from watchdog.daemon.sightings import Sightings, _Read
 from watchdog.record import Collective, Record
 from watchdog.states import FrameKind, Phase, State
 
@@ -82,7 +85,7 @@ def test_a_job_moving_bytes_is_never_sampled_early():
                 probe.moved[pid] = t * 1448
             members = job()
             # Tracked (its counters read at every scan), never asked a sample.
-            assert jobs._track_early(members, float(t)) == {r.key for r, _ in members}
+            assert jobs.early.track(members, float(t)) == {r.key for r, _ in members}
         assert asked == []
     finally:
         jobs.shutdown()
@@ -92,16 +95,16 @@ def test_a_still_job_is_sampled_once_a_wait_then_held_once_the_wait_returns():
     jobs, asked = jobs_with(Counting())
     try:
         for t in range(10):  # counters still from the first read
-            jobs._track_early(job(), float(t))
+            jobs.early.track(job(), float(t))
         assert sorted(asked) == [4242, 4243]  # once each, at EARLY_STILL of stillness
         # The wait returned (a peer computing each step): the next long still wait of
         # the job is not sampled early for EARLY_HOLD seconds.
         for t in range(10, 20):
-            jobs._track_early(job(wait_since_ns=2), float(t))
+            jobs.early.track(job(wait_since_ns=2), float(t))
         assert sorted(asked) == [4242, 4243]
         later = 10.0 + EARLY_HOLD + EARLY_STILL + 2
         for t in range(4):
-            jobs._track_early(job(wait_since_ns=3), later + t)
+            jobs.early.track(job(wait_since_ns=3), later + t)
         assert sorted(asked) == [4242, 4242, 4243, 4243]
     finally:
         jobs.shutdown()
@@ -112,7 +115,7 @@ def test_no_early_sample_before_the_wait_is_long_or_where_sockets_carry_no_bytes
         jobs, asked = jobs_with(Counting())
         try:
             for t in range(10):
-                assert jobs._track_early(members, float(t)) == set()
+                assert jobs.early.track(members, float(t)) == set()
             assert asked == []
         finally:
             jobs.shutdown()
@@ -122,39 +125,39 @@ WAITING = Reading(FrameKind.WAITING, "ring worker in recv")
 COMPUTING = Reading(FrameKind.COMPUTING, "sgemm")
 
 
+def sampled(jobs: Jobs, rank: Rank, at: float, reading: Reading) -> bool:
+    """A sample of the rank taken at `at` and read as `reading`: is it now read twice?"""
+    found = jobs.stacks.found[rank.key] = Stacks(at=at, stacks={7: ("frame",)}, busy=(7,))
+    return Sightings._twice(rank, found, jobs.sightings.read.setdefault(rank.key, _Read()),
+                            reading)
+
+
 def test_no_single_sample_makes_a_still_job_exact_two_a_second_apart_do():
     """The lower floor needs two samples of the wait, TWICE_APART apart, both reading the
-    rank in its backend's wait: the second is asked early once the first read it so; a
-    first that read it computing asks none and makes nothing exact."""
+    rank in its backend's wait: the second is asked early once the first read it so."""
     jobs, asked = jobs_with(Counting())
     try:
         members = job(wait_since_ns=1)
         rank = members[0][0]
         for t in range(3):
-            jobs._track_early(members, float(t))
+            jobs.early.track(members, float(t))
         assert asked.count(4242) == 1
-        # The first sample (at 2.0 s) reads it waiting: exact? not yet.
-        jobs.stacks.found[rank.key] = Stacks(at=2.0, stacks={7: ("recv",)}, busy=(7,))
-        assert not jobs._read_twice(rank, WAITING)
-        jobs._track_early(members, 2.5)  # under TWICE_APART after it: not asked again
+        assert not sampled(jobs, rank, 2.0, WAITING)  # the first reads it waiting: not yet
+        assert jobs.sightings.first_waiting(rank) == 2.0
+        jobs.early.track(members, 2.5)  # under TWICE_APART after it: not asked again
         assert asked.count(4242) == 1
-        jobs._track_early(members, 2.0 + TWICE_APART)
+        jobs.early.track(members, 2.0 + TWICE_APART)
         assert asked.count(4242) == 2
-        # The second, TWICE_APART later, reads it waiting too: now exact.
-        jobs.stacks.found[rank.key] = Stacks(at=2.0 + TWICE_APART, stacks={7: ("recv",)},
-                                             busy=(7,))
-        assert jobs._read_twice(rank, WAITING)
-        jobs._track_early(members, 5.0)  # read twice: no more asks
+        assert sampled(jobs, rank, 2.0 + TWICE_APART, WAITING)  # the second: now exact
+        jobs.early.track(members, 5.0)  # read twice: no more asks
         assert asked.count(4242) == 2
         # A sample reading anything else in between starts it over.
-        jobs.stacks.found[rank.key] = Stacks(at=6.0, stacks={7: ("sgemm",)}, busy=(7,))
-        assert not jobs._read_twice(rank, COMPUTING)
-        jobs.stacks.found[rank.key] = Stacks(at=7.0, stacks={7: ("recv",)}, busy=(7,))
-        assert not jobs._read_twice(rank, WAITING)
+        assert not sampled(jobs, rank, 6.0, COMPUTING)
+        assert not sampled(jobs, rank, 7.0, WAITING)
         # A sample taken before the wait began never counts for it.
         later = job(wait_since_ns=int(8e9))[0][0]
-        jobs.stacks.found[later.key] = Stacks(at=7.5, stacks={7: ("recv",)}, busy=(7,))
-        assert not jobs._read_twice(later, WAITING)
+        assert not sampled(jobs, later, 7.5, WAITING)
+        assert jobs.sightings.first_waiting(later) is None
     finally:
         jobs.shutdown()
 
@@ -165,11 +168,10 @@ def test_a_first_early_sample_reading_a_rank_computing_asks_no_second():
         members = job(wait_since_ns=1)
         rank = members[0][0]
         for t in range(3):
-            jobs._track_early(members, float(t))
-        jobs.stacks.found[rank.key] = Stacks(at=2.0, stacks={7: ("sgemm",)}, busy=(7,))
-        assert not jobs._read_twice(rank, COMPUTING)
+            jobs.early.track(members, float(t))
+        assert not sampled(jobs, rank, 2.0, COMPUTING)
         for t in range(3, 3 + 3 * EARLY_TRIES):
-            jobs._track_early(members, float(t))
+            jobs.early.track(members, float(t))
         assert asked.count(4242) == 1
     finally:
         jobs.shutdown()

@@ -16,10 +16,11 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.jobs import ASK_AHEAD, REMOTE_FRESH
 from watchdog.daemon.judge import frames
 from watchdog.daemon.judge.detector import Verdict
+from watchdog.daemon.judge.sighting import Sockets
 from watchdog.daemon.judge.wedge import QUIET_FOR, Member, decide, remote
 from watchdog.daemon.lifecycle import Rank
 from watchdog.daemon.loop import Daemon
-from watchdog.daemon.view import rank_status
+from watchdog.daemon.view import Shown, rank_status
 from watchdog.record import Collective, Record, read_path
 from watchdog.states import FrameKind, Phase, State
 from watchdog.status import LastCollective, NodeAnswer, NodeStatus, PeerView, RankStatus
@@ -78,7 +79,7 @@ REC = Record(
 def test_the_daemon_publishes_the_sample_s_kind_and_the_sockets_it_tracks():
     verdict = Verdict(State.STALLED, 15.0, 18.0, 18.0, 1.0, False, "r", seen=SPIN,
                       seen_kind=FrameKind.WAITING)
-    shown = rank_status(REC, State.STALLED, verdict, sockets=(4.25, 64, True))
+    shown = rank_status(REC, State.STALLED, verdict, Shown(sockets=Sockets(4.25, 64, True)))
     assert (shown.frames, shown.frames_kind, shown.quiet_seconds, shown.unread_bytes,
             shown.quiet_exact) == (SPIN, "waiting", 4.25, 64, True)
     unsampled = rank_status(REC, State.STALLED, dataclasses.replace(verdict, seen="",

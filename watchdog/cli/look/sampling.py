@@ -8,10 +8,12 @@ and never signals anything.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from watchdog.daemon.attempts import attempt_of
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Detector, Verdict
+from watchdog.daemon.judge.sighting import Sighting
 from watchdog.daemon.observation import Presence, observe
 from watchdog.daemon.probes import Probe, ProbeError, probe
 from watchdog.daemon.recdir import read_dir, read_record
@@ -59,7 +61,7 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
             live.append(rec)
             paths[rec.pid] = path
     verdicts: dict[int, Verdict] = {}
-    load = probe_.load_per_cpu()
+    seen = Sighting(load=probe_.load_per_cpu())  # no stack sampled here: the load alone
     for round_ in range(SAMPLES):
         if round_:
             time.sleep(pause)
@@ -70,14 +72,14 @@ def sample_ranks(directory: str, rules: Rules, pause: float = 0.2,
                 sample = None
             if sample is not None:
                 verdicts[rec.pid] = detector.observe(_fresh(paths[rec.pid], rec), sample,
-                                                     time.monotonic_ns(), load)
+                                                     time.monotonic_ns(), seen)
     for rec in live:
         verdict = verdicts.get(rec.pid)
         state = verdict.state if verdict else State.EXITED
         found.append((_fresh(paths[rec.pid], rec), state, verdict, ""))
     found.sort(key=lambda f: (f[0].job, f[0].rank, f[0].pid))
-    return [rank_status(r, s, v, reason=why, source="sampled", attempt=attempt_of(r.pid))
-            for r, s, v, why in found], invalid
+    return [replace(rank_status(r, s, v, reason=why, attempt=attempt_of(r.pid)),
+                    source="sampled") for r, s, v, why in found], invalid
 
 
 def _fresh(path: str, rec: Record) -> Record:

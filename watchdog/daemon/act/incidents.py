@@ -14,7 +14,7 @@ from watchdog import cause
 from watchdog.cause import CAUSES, Cause
 from watchdog.daemon.judge.wedge import Wedge
 from watchdog.daemon.lifecycle import Key, Rank
-from watchdog.daemon.view import rank_status
+from watchdog.daemon.view import Shown, rank_status
 from watchdog.states import Fenced, State
 from watchdog.status import (
     Culprit,
@@ -98,8 +98,8 @@ def local_finding(local: list[Rank],
     data link as last probed (`links`); the others reported by no one (no peers asked),
     which decides nothing by itself."""
     links = links or {}
-    shown = [rank_status(r.record, r.state, r.verdict, reason=r.reason,
-                         data_link=links.get(r.key)) for r in local]
+    shown = [rank_status(r.record, r.state, r.verdict, Shown(data_link=links.get(r.key)),
+                         reason=r.reason) for r in local]
     world = max((r.record.world_size for r in local), default=0)
     here = {r.record.rank for r in local}
     return cause.decide(shown, [i for i in range(world) if i not in here])

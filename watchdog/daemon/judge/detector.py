@@ -28,6 +28,7 @@ from watchdog.backends import spins_in_kernel
 from watchdog.daemon.judge.deadlines import NS, AutoDeadline, Learned, RankWaits, Rules
 from watchdog.daemon.judge.frames import GPU_ADVANCES, Reading
 from watchdog.daemon.judge.ownwait import SAVE_OPS, OwnWait
+from watchdog.daemon.judge.sighting import GPU_WORKS, NOTHING, Sighting
 from watchdog.daemon.judge.threads import (
     KERNEL_SHARE,
     QUIET_RATIO,
@@ -36,12 +37,13 @@ from watchdog.daemon.judge.threads import (
     python_threads,
     thread_tick,
 )
-from watchdog.daemon.judge.wedge import FRESH, Wedge
+from watchdog.daemon.judge.wedge import Wedge
 from watchdog.daemon.sample import ProcessSample
 from watchdog.record import Record
 from watchdog.states import STOPPED_STATUSES, FrameKind, Phase, State
 
-__all__ = ["NS", "Detector", "Track", "Verdict", "describe_tracer", "foreign_tracer"]
+__all__ = ["GPU_WORKS", "NS", "Detector", "Track", "Verdict", "describe_tracer",
+           "foreign_tracer"]
 
 BUSY_WINDOW = 32
 # Seconds nothing must move (the process's bytes read and written, its sockets' queues)
@@ -135,11 +137,8 @@ class Verdict:
     behind: str = ""
     # Seconds since bytes last moved on a socket of its that was open at the read before
     # (byte counters: exact), read at a recent scan; None: not read so (no counters, or
-    # not read lately). A transfer under way (holds.py), set by the caller (jobs.py).
+    # not read lately): `Sighting.flowing`. A transfer under way (holds.py).
     flowing: float | None = None
-
-
-GPU_WORKS = "advances"
 
 
 def foreign_tracer(sample: ProcessSample) -> bool:
@@ -187,45 +186,34 @@ class Detector:
         self.tracks.pop(key, None)
 
     def observe(self, record: Record, sample: ProcessSample, now_ns: int,
-                load: float = 1.0, learn: bool = True, seen: Reading | None = None,
-                wedge: Wedge | None = None, traced: bool = False,
-                asleep: Reading | None = None, sockets_quiet: float | None = None,
-                asleep_age: float = 0.0, judged_from_ns: int = 0,
-                seen_ranks: frozenset[int] | None = None, seen_where: str = "",
-                gpu_behind: str = "") -> Verdict:
-        """One tick for one live rank whose identity the caller has checked.
-
-        `load` is the machine's runnable load per core (at least 1) over
-        this tick: on an oversubscribed machine a spinning thread gets only
-        1/load of a core, so what it got is scaled up by it.
+                sighting: Sighting = NOTHING, wedge: Wedge | None = None,
+                learn: bool = True) -> Verdict:
+        """One tick for one live rank whose identity the caller has checked, with what
+        the scan saw of it (judge/sighting.py: its `load` scales what a thread got).
 
         `learn` False: the rank is under a response (its hang acted on, or a peer's
         fence). A wait it ends now (its frozen peer resumed by the response's
         SIGCONT) lasted as long as the hang, which is not the job's pace: it counts,
         and never stretches the deadline of the job or of its relaunch.
 
-        `seen` is what its busy threads ran at a fresh stack sample (judge/frames.py):
-        spinning in a wait frame it is not computing, in compute frames it is, on
-        every backend; unknown (or no sample) leaves the per-backend rule. `wedge` is
-        its job's wedge (judge/wedge.py): its wait is then judged at the wedge deadline.
-        `traced`: the daemon's stack sampler stopped it during this interval (gdb
-        holds it ~0.5 s): what its threads used then says nothing, and is not counted.
-        `asleep`: what its threads wait in at its last sample taken with none busy
-        (frames.asleep), `asleep_age` seconds ago; `sockets_quiet`: seconds its sockets'
-        queues stood still (None: not read). With both, a wait past its deadline that
+        Its `seen` (busy threads at a fresh stack sample, judge/frames.py): spinning in a
+        wait frame it is not computing, in compute frames it is, on every backend;
+        unknown (or no sample) leaves the per-backend rule. `wedge` is its job's wedge
+        (judge/wedge.py): its wait is then judged at the wedge deadline. `traced`: what
+        its threads used while our sampler held it says nothing, and is not counted.
+        Its `asleep` frames with its sockets' stillness: a wait past its deadline that
         nothing explains is a quiet hang (`_quiet`), ended only from a fresh sample.
-        `judged_from_ns`: when a tracer last let go of a rank of its job (a person's
-        debugger: states.TRACED); its wait and its time without progress count from
-        there, as if they began at the detach (0: never traced).
-        `seen_ranks`: the ranks of its job seen (records here, and the peers' answers:
-        `seen_where` says where looked); a rank at bring-up waits for the others.
-        `gpu_behind`: its GPU time flat while another process's advances on a GPU busy
-        at working power (judge/gpuwork.behind): its wait is explained (slow, not hung),
-        never a quiet hang, and it holds its job as a rank computing does, to the bound.
+        `judged_from_ns`: its wait and its time without progress count from a person's
+        tracer's detach, as if they began there (0: never traced). `present`: a rank at
+        bring-up waits for the ranks not seen. `behind`: its wait is explained (slow,
+        not hung), never a quiet hang, and it holds its job as a rank computing does,
+        to the bound.
         """
+        traced, judged_from_ns = sighting.traced, sighting.judged_from_ns
+        seen, gpu_behind = sighting.seen, sighting.behind
         track = self.tracks.setdefault((record.pid, record.start_time), Track())
         measured = track.cpu_at_ns is not None  # the first sample has no interval to measure
-        tick = self._measure(record, sample, track, now_ns, load, traced)
+        tick = self._measure(record, sample, track, now_ns, sighting.load, traced)
         _note_progress(record, track, now_ns)
         waiting = record.phase in (Phase.WAIT, Phase.INIT) and record.wait_since_ns > 0
         traced_now = foreign_tracer(sample)
@@ -249,13 +237,13 @@ class Detector:
         _stretch(record, sample, track, waiting, now_ns)
         computing = _computing_now(record, track, tick,
                                    measured and bool(sample.threads) and not traced, seen)
-        gpu = _gpu(seen, asleep if asleep_age <= FRESH else None) if waiting else ""
+        gpu = sighting.gpu if waiting else ""
         computing = computing or gpu == GPU_WORKS or (waiting and bool(gpu_behind))
         in_collective = waiting and record.phase == Phase.WAIT and not stopped
         own = self._own(record, sample, track, in_wait, deadline, now_ns) \
             if in_collective else None
-        quiet = self._quiet(record, sample, track, asleep, sockets_quiet, in_wait, now_ns,
-                            asleep_age) if in_collective and not gpu_behind else ""
+        quiet = self._quiet(record, sample, track, sighting, in_wait, now_ns) \
+            if in_collective and not gpu_behind else ""
 
         def verdict(state: State, reason: str, act: bool = False,
                     seconds: float = in_wait, busy: bool = computing) -> Verdict:
@@ -274,13 +262,15 @@ class Detector:
                 since_traced=since_traced if since_traced is not None
                 and since_traced < deadline else None,
                 awaiting=awaiting, cold=cold, behind=gpu_behind if waiting else "",
+                flowing=sighting.flowing if waiting else None,
                 works=(seen is not None and seen.kind == FrameKind.COMPUTING
                        and not seen.guessed) or gpu == GPU_WORKS)
 
         awaiting = None
-        if waiting and record.phase == Phase.INIT and seen_ranks is not None \
+        if waiting and record.phase == Phase.INIT and sighting.present is not None \
                 and record.world_size > 1:
-            awaiting = tuple(r for r in range(record.world_size) if r not in seen_ranks)
+            awaiting = tuple(r for r in range(record.world_size)
+                             if r not in sighting.present)
 
         if traced_now:
             # A person at work (a debugger, a profiler): its job is held while it lasts
@@ -295,11 +285,11 @@ class Detector:
         if not waiting:
             return self._outside(record, track, deadline, since_moved, verdict)
         if record.phase == Phase.INIT:
-            return self._bringup(record, track, deadline, in_wait, awaiting, seen_where,
+            return self._bringup(record, track, deadline, in_wait, awaiting, sighting.where,
                                  verdict)
         return self._in_wait(record, track, deadline, in_wait, own, quiet,
                              wedge is not None and bool(wedge_at), verdict,
-                             quiet_fresh=asleep_age <= FRESH, gpu=gpu, behind=gpu_behind)
+                             quiet_fresh=sighting.fresh, gpu=gpu, behind=gpu_behind)
 
     def _measure(self, record: Record, sample: ProcessSample, track: Track, now_ns: int,
                  load: float, traced: bool) -> ThreadTick:
@@ -396,14 +386,15 @@ class Detector:
                        act=track.due_ticks >= self.rules.confirm)
 
     def _quiet(self, record: Record, sample: ProcessSample, track: Track,
-               asleep: Reading | None, sockets_quiet: float | None, in_wait: float,
-               now_ns: int, asleep_age: float = 0.0) -> str:
+               sighting: Sighting, in_wait: float, now_ns: int) -> str:
         """A quiet hang, in words ("" when anything explains the wait or it cannot be
         told): no thread busy, its threads asleep in a wait the tables name and none in
         a file read or write (frames.asleep), no byte read or written by the process and
         none moving on its sockets for QUIET_HANG_FOR seconds (a process of one rank has
-        no sockets to read), outside an `hb.expect()` window. A sample older than FRESH
+        no sockets to read), outside an `hb.expect()` window. A sample no longer fresh
         still speaks for the rank while nothing moved since it was taken."""
+        asleep = sighting.asleep
+        sockets_quiet = sighting.sockets.still if sighting.sockets is not None else None
         if asleep is None or asleep.kind != FrameKind.WAITING or record.expect_seconds > 0:
             return ""
         if track.hot or (len(track.busy) >= 1 and _median(track.busy) >= self.rules.spin_ratio):
@@ -415,7 +406,7 @@ class Detector:
             return ""  # its sockets were not read (the peers' bytes may be moving)
         still = min(io_quiet, sockets_quiet if sockets_quiet is not None else io_quiet,
                     in_wait)
-        if still < QUIET_HANG_FOR or (asleep_age > FRESH and still < asleep_age):
+        if still < QUIET_HANG_FOR or (not sighting.fresh and still < (sighting.age or 0.0)):
             return ""
         return (f"{asleep.what}; no thread busy; nothing read, written or sent for "
                 f"{still:.0f}s")
@@ -545,16 +536,6 @@ def _computing_now(record: Record, track: Track, tick: ThreadTick, counts: bool,
         return True
     return computing
 
-
-
-def _gpu(seen: Reading | None, asleep: Reading | None) -> str:
-    """The rank's GPU at its latest fresh sample, read either way (busy threads, or none):
-    GPU_WORKS, "unknown: <why>", or "" (flat, or no GPU kept here)."""
-    if any(r is not None and r.gpu for r in (seen, asleep)):
-        return GPU_WORKS
-    why = next((r.gpu_unknown for r in (seen, asleep) if r is not None and r.gpu_unknown),
-               "")
-    return f"unknown: {why}" if why else ""
 
 
 def _computing(record: Record, tick: ThreadTick) -> bool:

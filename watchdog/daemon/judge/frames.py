@@ -70,7 +70,7 @@ def matches(frame: str, pattern: str) -> bool:
 # Memoized by (frame, table): a sample's frames are each matched against a table once,
 # whatever their number (issue 57, item 6: the memo by (frame, entry) thrashed under
 # 64 threads of 62 distinct names, 6.6-9.4 s a classification here). A sample is
-# classified once (daemon/jobs.py), its frames bounded (stacksampler.bounded).
+# classified once (daemon/sightings.py), its frames bounded (stacksampler.bounded).
 @functools.lru_cache(maxsize=1 << 15)  # names of 256 characters: ~10 MiB at most
 def in_table(frame: str, table: tuple[str, ...]) -> bool:
     """Does any entry of `table` name this frame?"""

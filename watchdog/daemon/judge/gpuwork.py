@@ -26,7 +26,7 @@ and 23-29 mW, GPUs under inference at 99-100% and 8.5-9.5 W, #3830's report at 1
 ~3 W. They were never checked against a Mac here (docs/macos.md says what to check in
 a Mac's first hour). The stack sampler reads the GPU's power when a rank's GPU time
 advanced since its sample before (probes/stacksampler.py), and the judge reads each
-sample through `read` (daemon/jobs.py).
+sample through `read` (daemon/sightings.py).
 """
 
 from __future__ import annotations

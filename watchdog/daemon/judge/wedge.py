@@ -35,7 +35,6 @@ from watchdog.states import FrameKind, Link, Phase, State
 from watchdog.status import RankStatus
 
 QUIET_FOR = 3.0  # seconds the job's sockets' queues must stand still
-FRESH = 10.0  # seconds a stack sample speaks for
 # A rank in a collective's wait this long has its sockets' byte counters read at every
 # scan (cheap: no stop of the rank); a job whose every rank's counters stood exactly
 # still for EARLY_STILL is sampled then (once a wait), not first at its wedge deadline:

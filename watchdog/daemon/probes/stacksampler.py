@@ -2,7 +2,7 @@
 
 Asked by the loop only for the ranks of a job one of whose ranks has waited past its
 wedge deadline (judge/wedge.py), or once a wait for a job whose sockets' byte counters
-stood exactly still (daemon/jobs.py, `_track_early`): a healthy job is never sampled. At
+stood exactly still (daemon/early.py): a healthy job is never sampled. At
 most one sample per rank every SAMPLE_EVERY seconds, one under way per rank and
 MAX_RUNNING in all, on the daemon's workers, shared out between the ranks' owners
 (`share`: another user's ranks cannot starve a job's wedge of its samples); each
@@ -35,7 +35,7 @@ SAMPLE_EVERY = 3.0  # seconds between two samples of one rank
 # A rank asleep and unchanged (no thread busy, the same frames as its sample before, its
 # sockets' queues still since then: a quiet hang waiting toward its deadline, whose
 # verdict only needs confirming) is sampled less often: the gap doubles, up to this. A
-# sample speaks for judge/wedge.FRESH (10 s): this, a scan and a sample's time box stay
+# sample speaks for judge/sighting.FRESH (10 s): this, a scan and a sample's time box stay
 # within it, so a fresh one is there when the deadline comes.
 MAX_EVERY = 6.0
 # Past that, a rank of a job with no thread busy anywhere (a quiet hang, or a long quiet

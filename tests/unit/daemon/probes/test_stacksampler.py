@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support.fakes import FakeProbe, process_sample
-from watchdog.daemon.judge.wedge import FRESH
+from watchdog.daemon.judge.sighting import FRESH
 from watchdog.daemon.probes import ProcessSample
 from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
 from watchdog.daemon.probes.stacksampler import (
