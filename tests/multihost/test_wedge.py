@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.ranks, pytest.mark.skipif(shutil.which("gdb") is None,
 # benchmarks/wedge.py, docs/performance.md); the suite's bound leaves a loaded machine's
 # gdb room, and is still below the 20-25 s of the queue-based floor before.
 WEDGE_WITHIN = 15.0
+# The auto floor the slow-link test lowers to under its transfer (above wedge_floor, 15 s).
+FLOOR = 16.0
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +83,20 @@ def test_a_collective_wedged_across_hosts_is_ended_within_15s_at_the_defaults(
 def test_a_slow_link_on_which_bytes_still_move_is_never_a_wedge(hosts):
     """The look-alike: both ranks inside one large all_sum for tens of seconds over a
     link shaped to 1 Mbit/s (tc tbf on each host's end), each busy thread spinning in
-    the ring's wait, both daemons at their defaults. Bytes move, so no queue stands
-    still for QUIET_FOR seconds: the wedge is never decided (no rank's deadline drops
-    to the wedge's), nobody is ended, and the all_sum completes."""
+    the ring's wait, both daemons at their defaults but the auto floor, lowered under
+    the transfer's length (a 32 MiB all_sum at 1 Mbit/s outlasts the default's 60 s the
+    same way). Bytes move, so no queue stands still for QUIET_FOR seconds: the wedge is
+    never decided (no rank's deadline drops to the wedge's); past its learned deadline
+    each rank is held for the transfer (its byte counters growing), nobody is ended, and
+    the all_sum completes."""
     for host in hosts.hosts:
         host.throttle("1mbit")
-    daemons = hosts.start_daemons(fences=True, at_defaults=True)
+    daemons = hosts.start_daemons(fences=True, at_defaults=True, auto_floor=FLOOR)
     job = hosts.ring("bigsum", "4")  # 4 MiB each way: ~34 s at 1 Mbit/s
     wait_for(lambda: all("bigsum start" in job.log(r) for r in (0, 1)), 90,
              what="both ranks in the large all_sum")
     shown: list[tuple[int, str | None, float | None, float | None]] = []
+    held: set[int] = set()  # ranks shown held for the transfer past their deadline
     began = time.monotonic()
     while not job.gone():
         for rank, (daemon, pid) in enumerate(zip(daemons, job.pids, strict=True)):
@@ -98,6 +104,8 @@ def test_a_slow_link_on_which_bytes_still_move_is_never_a_wedge(hosts):
             if r.get("phase") == "wait":
                 shown.append((rank, r.get("frames_kind"), r.get("quiet_seconds"),
                               r.get("deadline_seconds")))
+                if "held: bytes move on the sockets" in (r.get("reason") or ""):
+                    held.add(rank)
         assert time.monotonic() - began < 150, "the large all_sum never finished"
         time.sleep(0.5)
     assert [p.returncode for p in job.procs] == [0, 0], job.log(0) + job.log(1)
@@ -112,6 +120,7 @@ def test_a_slow_link_on_which_bytes_still_move_is_never_a_wedge(hosts):
     quiet = [q for _, _, q, _ in shown if q is not None]
     assert quiet and max(quiet) < wedge.QUIET_FOR, quiet
     deadlines = {d for _, _, _, d in shown if d is not None}
-    assert deadlines and min(deadlines) >= 60.0, deadlines  # never the wedge's 4 or 15 s
+    assert deadlines and min(deadlines) >= FLOOR, deadlines  # never the wedge's 4 s
+    assert took > FLOOR + 5 and held == {0, 1}, (took, held)
     print(f"slow link: the all_sum took {took:.1f}s, no incident, quiet at most "
           f"{max(quiet):.1f}s")

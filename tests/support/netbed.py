@@ -92,7 +92,8 @@ class Host:
                    **options: object) -> DaemonProc:
         """A fresh daemon (new record and state directories) for this host: the bed's
         short timings, or (`at_defaults`) every setting at its default but the
-        directories, the address, the peers and the secret, as an operator runs it.
+        directories, the address, the peers and the secret, as an operator runs it, and
+        the `options` given (a test lowering one default to prove a mechanism).
         `self_peer`: its own address among its peers (one file for every node);
         `secret`: another node's, to prove a mismatch."""
         run = self.root / f"run{self.bed.next_id()}"
@@ -105,7 +106,9 @@ class Host:
         daemon = DaemonProc(run / "records", run / "state", *args, **settings)
         if at_defaults:
             daemon.argv = [*daemon.argv[:daemon.argv.index("--log-level") + 2], *args,
-                           "--listen", self.endpoint]
+                           "--listen", self.endpoint,
+                           *(a for k, v in options.items()
+                             for a in (f"--{k.replace('_', '-')}", str(v)))]
         daemon.argv = self.wrap(daemon.argv)
         self.daemon = daemon
         return daemon
