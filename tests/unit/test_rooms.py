@@ -211,7 +211,8 @@ def test_the_rules_catch_an_import_up() -> None:
 # Inside daemon/, bottom up (docs/architecture.md, "The parts"): each part (a module, or a
 # package such as judge/) imports only parts on floors below its own. A new part gets a floor.
 DAEMON_FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(floor) for floor in (
-    {"sample", "clock", "counters", "recdir", "lograte"},  # data, the clock, what is counted
+    {"sample", "clock", "counters", "recdir", "lograte", "values"},  # data, the clock, what
+    # is counted, a setting's text read
     {"probes", "judge"},  # the OS seam; the pure judgement
     {"config", "view", "observation", "attempts", "wired"},  # settings; a rank as shown; ...
     {"signaller"},  # the one class that signals
@@ -258,3 +259,22 @@ def test_the_daemon_s_floors_catch_an_import_up() -> None:
     assert daemon_part("watchdog.daemon") is None and daemon_part("watchdog.status") is None
     assert floor_of("judge") < floor_of("jobs") < floor_of("loop")
     assert floor_of("sample") < floor_of("probes") and floor_of("sample") < floor_of("judge")
+
+
+MAX_MODULE_LINES = 600  # a module longer is two
+MAX_CLASS_LINES = 300  # a class longer owns too much
+
+
+def test_no_module_over_600_lines_and_no_class_over_300() -> None:
+    """The house's size bars (issue 59): a room that grows past them is split."""
+    long_modules, long_classes = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        if source.count("\n") > MAX_MODULE_LINES:
+            long_modules.append((module_name(path), source.count("\n")))
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None \
+                    and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long_classes.append((module_name(path), node.name,
+                                     node.end_lineno - node.lineno + 1))
+    assert long_modules == [] and long_classes == [], (long_modules, long_classes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from watchdog import __version__
@@ -113,11 +114,8 @@ class Daemon:
 
     @property
     def settings(self) -> Settings:
+        """The settings now (`live`'s: a reload replaces them there, `apply_settings`)."""
         return self.live.settings
-
-    @settings.setter
-    def settings(self, settings: Settings) -> None:
-        self.live.settings = settings
 
     # -- one tick --------------------------------------------------------------
 
@@ -175,11 +173,7 @@ class Daemon:
                   fenced: Fence | None = None, incident_id: str = "") -> None:
         local = self.table.job(uid, job)
         due = [r for r in due if r.record.uid == uid]
-        # A fence names its ranks (a peer's: every live one of the job; a local death's:
-        # those alive with the dead rank), the verdict the job's or the due ones.
-        named = {r.key for r in due}
-        targets = ([r for r in local if r.key in named] if fenced is not None else
-                   local if self.settings.kill_scope == KillScope.JOB else due)
+        targets = _targets(local, due, fenced, self.settings.kill_scope)
         if not targets:
             return
         incident = new_incident(
@@ -200,11 +194,7 @@ class Daemon:
             transition(rank, Edge.ESCALATED, now, wait=(rec.wait_since_ns, rec.waits_completed)
                        if rank.key in acted else None)
         keys = [r.key for r in targets]
-        others = [r for r in self.ranks.values() if r.key not in keys]
-
-        def others_live() -> bool:
-            return any(r.state not in FINAL for r in others)
-
+        others_live = _live_beside(dict(self.ranks), keys)  # the ranks beside it now
         may_hold = fenced is None and holds.may_hold(due, self.jobs.detector.rules)
         self.jobs.settle(keys)  # no rank of it still under our stack sampler's trace
         # A peer's fence holds its ranks frozen until the moment it names: their
@@ -263,12 +253,8 @@ class Daemon:
         for entry in pending.unfinished(self.settings.state_dir):
             keys = [(t.pid, t.start_time) for t in entry.targets]
             self.table.replaying.update(keys)
-
-            def others_live(keys: list[Key] = keys) -> bool:
-                return any(r.state not in FINAL for k, r in self.ranks.items() if k not in keys)
-
             try:
-                ladder = self.enforcer.resume(entry, others_live)
+                ladder = self.enforcer.resume(entry, _live_beside(self.ranks, keys))
             except Exception as err:  # noqa: BLE001 - a bad entry never stops a start
                 self.table.replaying.difference_update(keys)
                 pending.set_aside(pending.path_of(self.settings.state_dir, entry.incident.id),
@@ -365,6 +351,22 @@ class Daemon:
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.jobs.shutdown()
         log.info("stopped")
+
+
+def _targets(local: list[Rank], due: list[Rank], fenced: Fence | None,
+             scope: KillScope) -> list[Rank]:
+    """The ranks a response ends: a fence's own (a peer's: every live one of the job; a
+    local death's: those alive with the dead rank), else the job's or the due ones."""
+    named = {r.key for r in due}
+    if fenced is not None:
+        return [r for r in local if r.key in named]
+    return local if scope == KillScope.JOB else due
+
+
+def _live_beside(ranks: dict[Key, Rank], keys: list[Key]) -> Callable[[], bool]:
+    """Whether any rank of `ranks` but those of `keys` is live, asked when a response
+    settles (the node's wired memory is compared only with nothing else running)."""
+    return lambda: any(r.state not in FINAL for k, r in ranks.items() if k not in keys)
 
 
 def _announce(settings: Settings) -> None:

@@ -213,7 +213,7 @@ def test_the_grace_is_a_step_the_loop_takes_not_a_sleeping_worker(stubborn) -> N
 @pytest.mark.slow
 def test_a_stopping_daemon_steps_its_ladders_to_their_end(stubborn) -> None:
     daemon, signaller, clock, probe, _ = stubborn
-    daemon.settings = dataclasses.replace(daemon.settings, grace=3.0)  # every part reads it
+    daemon.live.settings = dataclasses.replace(daemon.settings, grace=3.0)  # every part reads it
     runner = threading.Thread(target=daemon.run)
     runner.start()
     try:

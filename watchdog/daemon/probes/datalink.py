@@ -90,7 +90,7 @@ def listeners() -> Callable[[tuple[str, int]], int | None]:
     from watchdog import host
 
     if host.os_name() == host.LINUX and not host.simulated():
-        from watchdog.daemon.probes.linux import tcp_listener_uid
+        from watchdog.daemon.probes.tcptables import tcp_listener_uid
 
         texts = []
         for table in ("tcp", "tcp6"):

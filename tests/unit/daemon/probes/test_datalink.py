@@ -151,7 +151,7 @@ def test_another_users_listener_with_a_full_queue_is_no_evidence_of_a_down_link(
 
 
 def test_the_listener_s_uid_is_read_from_the_tcp_tables_rows():
-    from watchdog.daemon.probes.linux import tcp_listener_uid
+    from watchdog.daemon.probes.tcptables import tcp_listener_uid
 
     header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt"
               "   uid  timeout inode\n")

@@ -16,7 +16,7 @@ import pytest
 from tests.support.fakes import FakeProbe, process_sample
 from watchdog.daemon.judge.sighting import FRESH
 from watchdog.daemon.probes import ProcessSample
-from watchdog.daemon.probes.linux import LinuxProbe, tcp_queues
+from watchdog.daemon.probes.linux import LinuxProbe
 from watchdog.daemon.probes.stacksampler import (
     HOLD_LEAD,
     MAX_EVERY,
@@ -26,6 +26,7 @@ from watchdog.daemon.probes.stacksampler import (
     Identity,
     StackSampler,
 )
+from watchdog.daemon.probes.tcptables import tcp_queues
 
 STACKS = {7: ("__libc_recv", "SocketThread::worker()")}
 
