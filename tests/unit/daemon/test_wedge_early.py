@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tests.unit.daemon.test_wedge_remote import REC as REMOTE_REC
 from watchdog.daemon.clock import Clock
 from watchdog.daemon.config import Live, Settings
 from watchdog.daemon.counters import Counters
@@ -22,17 +23,11 @@ from watchdog.daemon.probes import Probe
 from watchdog.daemon.probes.stacksampler import Stacks
 from watchdog.daemon.sample import ProcessSample
 from watchdog.daemon.sightings import Sightings, _Read
-from watchdog.record import Collective, Record
-from watchdog.states import FrameKind, Phase, State
+from watchdog.record import Collective
+from watchdog.states import FrameKind, State
 
-REC = Record(
-    pid=4242, start_time=1.7e9, uid=501, rank=0, world_size=2, dump_signal=0, status=0,
-    host="host-a", job="j", backend="ring", seq=2, collectives=10, waits_entered=10,
-    waits_completed=9, steps=0, phase=Phase.WAIT, op="eval", phase_since_ns=1,
-    wait_since_ns=1, last_progress_ns=1, last_wait_ns=0, max_wait_ns=0,
-    expect_seconds=0.0, expect_since_ns=0, expect_reason="",
-    flight=(Collective(number=10, op="all_sum", dtype="float32", nbytes=64, issued_ns=1),),
-)
+REC = dataclasses.replace(REMOTE_REC, flight=(Collective(
+    number=10, op="all_sum", dtype="float32", nbytes=64, issued_ns=1),))
 
 
 class Counting(Probe):
@@ -132,16 +127,21 @@ def sampled(jobs: Jobs, rank: Rank, at: float, reading: Reading) -> bool:
                             reading)
 
 
+def asked_once(jobs: Jobs, asked: list[int]) -> tuple[list, Rank]:
+    """A still job tracked 3 s: its rank 0 asked its first early sample, once."""
+    members = job(wait_since_ns=1)
+    for t in range(3):
+        jobs.early.track(members, float(t))
+    assert asked.count(4242) == 1
+    return members, members[0][0]
+
+
 def test_no_single_sample_makes_a_still_job_exact_two_a_second_apart_do():
     """The lower floor needs two samples of the wait, TWICE_APART apart, both reading the
     rank in its backend's wait: the second is asked early once the first read it so."""
     jobs, asked = jobs_with(Counting())
     try:
-        members = job(wait_since_ns=1)
-        rank = members[0][0]
-        for t in range(3):
-            jobs.early.track(members, float(t))
-        assert asked.count(4242) == 1
+        members, rank = asked_once(jobs, asked)
         assert not sampled(jobs, rank, 2.0, WAITING)  # the first reads it waiting: not yet
         assert jobs.sightings.first_waiting(rank) == 2.0
         jobs.early.track(members, 2.5)  # under TWICE_APART after it: not asked again
@@ -165,10 +165,7 @@ def test_no_single_sample_makes_a_still_job_exact_two_a_second_apart_do():
 def test_a_first_early_sample_reading_a_rank_computing_asks_no_second():
     jobs, asked = jobs_with(Counting())
     try:
-        members = job(wait_since_ns=1)
-        rank = members[0][0]
-        for t in range(3):
-            jobs.early.track(members, float(t))
+        members, rank = asked_once(jobs, asked)
         assert not sampled(jobs, rank, 2.0, COMPUTING)
         for t in range(3, 3 + 3 * EARLY_TRIES):
             jobs.early.track(members, float(t))
