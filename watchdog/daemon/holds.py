@@ -18,8 +18,8 @@ instead of acted on while:
   here (`hold_reason`) and from a peer (`peer_traced`);
 - a transfer: every rank of the job here in a collective's wait with bytes moving on
   its sockets (byte counters, a socket open at two reads: a long all_sum over a slow
-  link) holds it past the bound, up to ownwait.MAX_IO_HOLD (`flowing`). One rank's
-  other sockets moving (a server's clients) while another's stand still holds nothing.
+  link) holds it up to the bound (`flowing`). One rank's other sockets moving (a
+  server's clients) while another's stand still holds nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from collections.abc import Iterable
 
 from watchdog.daemon.judge.deadlines import Rules
 from watchdog.daemon.judge.detector import Verdict
-from watchdog.daemon.judge.ownwait import MAX_IO_HOLD
 from watchdog.daemon.lifecycle import Edge, Rank, transition
 from watchdog.states import FINAL, State
 from watchdog.status import Incident, PeerView
@@ -83,10 +82,10 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
         r, v = traced[0]
         return f"held: rank {r} is {v.reason} (a person at work, not a hang)"
     live = [(r, v) for r, v in job if v.state != State.STOPPED]
-    transfer = flowing(due, job)
+    bounded = past_bound(due, rules)
+    transfer = "" if bounded else flowing(due, job)
     if transfer:
         return transfer
-    bounded = past_bound(due, rules)
     if bounded and due.cold:
         # A cold first step (nothing learned of its kind yet: a cold prefill, a first
         # step compiling, a load right after a relaunch) may outlast every bound: held
@@ -136,10 +135,12 @@ def hold_reason(due: Verdict, job: list[tuple[int, Verdict]], rules: Rules,
 
 def flowing(due: Verdict, job: list[tuple[int, Verdict]]) -> str:
     """Why a transfer under way holds the job, or "": every rank of it here (none
-    stopped) in a collective's wait with bytes moved on its sockets within FLOW_WITHIN,
-    up to MAX_IO_HOLD of the wait. Bytes move only while the collective does: a
-    peer dead, frozen or cut off stops them within a socket buffer's worth."""
-    if due.seconds_in_wait >= MAX_IO_HOLD or not job:
+    stopped) in a collective's wait with bytes moved on its sockets within FLOW_WITHIN.
+    Bytes move on the collective's sockets only while it does (a peer dead, frozen or cut
+    off stops them within a socket buffer's worth), but a rank's other connections (a
+    client, a logger) may move too: the hold is bounded like the computing peer's, by
+    the blocked deadline (`hold_reason`), never past it."""
+    if not job:
         return ""
     if any(v.state == State.STOPPED or v.wedge_deadline <= 0 or v.flowing is None
            or v.flowing >= FLOW_WITHIN for _, v in job):
