@@ -324,12 +324,9 @@ class LinuxProbe(Probe):
         """psutil's sample and each thread's demand (schedstat), plus the start in
         ticks read before and after them: a pid recycled in between is caught
         instead of mixing two processes."""
-        try:
-            before = read_start_ticks(pid, self.proc)
-        except FileNotFoundError:
+        before = self._start_ticks(pid)
+        if before is None:
             return None
-        except (OSError, ValueError, IndexError) as err:
-            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         # Read first: a pid naming a thread (not its group's leader) costs this one
         # read, not a sample of every thread of its process.
         uids, dumpable, group, tracer = self._credentials(pid)
@@ -341,12 +338,9 @@ class LinuxProbe(Probe):
             return None
         # Between the two reads of the start: a pid recycled meanwhile is caught.
         demand = read_demand(pid, [tid for tid, _ in sample.threads], self.proc)
-        try:
-            after = read_start_ticks(pid, self.proc)
-        except FileNotFoundError:
+        after = self._start_ticks(pid)
+        if after is None:
             return None
-        except (OSError, ValueError, IndexError) as err:
-            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         if after != before:
             return None  # the pid was recycled mid-sample: ours is gone
         io = read_io(pid, self.proc)
@@ -363,16 +357,23 @@ class LinuxProbe(Probe):
         """Start ticks and credentials (/proc/<pid>/stat and status), no thread read:
         enough to tell a record of another process, or of a thread, for two reads.
         Credentials unread leave uids () (no verdict: the caller samples)."""
-        try:
-            ticks = read_start_ticks(pid, self.proc)
-        except FileNotFoundError:
+        ticks = self._start_ticks(pid)
+        if ticks is None:
             return None
-        except (OSError, ValueError, IndexError) as err:
-            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
         uids, dumpable, group, _ = self._credentials(pid)
         return ProcessSample(pid, 0.0, uids[0] if uids else -1, "", (), start_ticks=ticks,
                              uids=uids, dumpable=dumpable,
                              thread_of=group if group and group != pid else 0)
+
+    def _start_ticks(self, pid: int) -> int | None:
+        """The pid's start ticks; None when it is gone, the read included: a process
+        that exits between the open and the read answers ESRCH, not ENOENT."""
+        try:
+            return read_start_ticks(pid, self.proc)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except (OSError, ValueError, IndexError) as err:
+            raise ProbeError(f"reading {self.proc}/{pid}/stat: {err}") from err
 
     def _comm(self, pid: int) -> str:
         try:

@@ -204,3 +204,33 @@ def test_the_settle_takes_off_only_what_live_processes_locked_since_the_node_was
     said = wired_check(1000 * mib, 1048 * mib, 16 * mib, lambda: False,
                        lambda: held_since(48 * mib, 0))
     assert said.wired_check == HELD
+
+
+@pytest.mark.parametrize("read", ["sample", "glance"])
+def test_a_process_that_ends_between_the_open_and_the_read_is_gone_not_a_failure(
+        monkeypatch, read):
+    # CI saw it: a rank exiting while sampled answers ESRCH on its open stat file; that
+    # is "gone" (a quiet exit), not a probe failure logged as a WARNING for a person.
+    from watchdog import procstat
+    from watchdog.daemon.probes import linux
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ended = []
+
+    def ends_mid_read(pid, proc="/proc"):
+        with open(f"{proc}/{pid}/stat") as f:
+            child.kill()
+            child.wait()
+            try:
+                return procstat.start_ticks(f.read())
+            except ProcessLookupError:
+                ended.append(pid)  # the kernel's own ESRCH, not a made-up one
+                raise
+
+    monkeypatch.setattr(linux, "read_start_ticks", ends_mid_read)
+    try:
+        assert getattr(LinuxProbe(), read)(child.pid) is None
+        assert ended == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
