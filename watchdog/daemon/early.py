@@ -8,7 +8,8 @@ seconds.
 
 `Early` keeps, per rank, the wait it was sampled early in, and per job, until when it is
 not sampled early again; the stack sampler (probes/stacksampler.py) takes the samples.
-What a scan saw of it reaches the judge as `Sighting.early` (daemon/sightings.py).
+What the samples read reaches the judge through the rank's sighting (daemon/sightings.py):
+two of the same wait a second apart make its stillness exact.
 """
 
 from __future__ import annotations
@@ -54,10 +55,6 @@ class Early:
     def forget(self, key: Key) -> None:
         """A rank the table forgot: nothing of it kept here."""
         self.early.pop(key, None)
-
-    def asked(self, rank: Rank) -> int:
-        """The samples asked early in the rank's current wait (0: none)."""
-        return self.early[rank.key][2] if self.sampled_early(rank) else 0
 
     def track(self, members: LiveRanks, now: float) -> set[Key]:
         """A job whose every rank here has waited wedge.TRACK_AFTER in the same collective

@@ -151,8 +151,7 @@ class Jobs:
             job = Sighting(load=load, judged_from_ns=self.traced_at.get(key, 0),
                            present=present, where=where)
             sights = {r.key: self.sightings.of(r, s, now, job, traced=traced(r),
-                                             link=self._shown(r.key).data_link,
-                                             early=self.early.asked(r))
+                                             link=self._shown(r.key).data_link)
                     for r, s in members}
             for rank, _ in members:  # published (/status) for a peer judging the job
                 self.shown[rank.key].sockets = sights[rank.key].sockets

@@ -1,7 +1,7 @@
 """What one scan saw of each rank, built in one place (`Sightings.of`) as one frozen
 `judge.sighting.Sighting`, from the stack sampler's state (the rank's latest native stack
 sample, its sockets' queues and byte counters: probes/stacksampler.py) and the probers'
-(its data link, its early samples, whether our sampler held it), with one freshness rule
+(its data link, whether our sampler held it), with one freshness rule
 (`Sighting.fresh`); and the wedge's member built from it (`member`, judge/wedge.py).
 
 A sample's threads are read once (frames.classify, frames.asleep), not at every scan
@@ -56,7 +56,7 @@ class Sightings:
         self.read.pop(key, None)
 
     def of(self, rank: Rank, sample: ProcessSample, now: float, job: Sighting, *,
-           traced: bool, link: str | None, early: int) -> Sighting:
+           traced: bool, link: str | None) -> Sighting:
         """What the scan saw of the rank at `now` (monotonic seconds), `job` holding what
         it saw of the rank's job (the load, a person's trace, the ranks at bring-up)."""
         read = self.read.setdefault(rank.key, _Read())
@@ -75,7 +75,7 @@ class Sightings:
                    if queues is not None and queues.queues is not None else None)
         if found is None:
             return replace(job, sockets=sockets and sockets._replace(exact=False),
-                           link=link, traced=traced, early=early, flowing=flowing)
+                           link=link, traced=traced, flowing=flowing)
         age = now - found.at
         recent = fresh(age)  # the one freshness rule (`Sighting.fresh`)
         seen = self._seen(rank, sample, found, read) if recent else None
@@ -94,7 +94,7 @@ class Sightings:
         if sockets is not None and not twice:
             sockets = sockets._replace(exact=False)
         return replace(job, age=age, seen=seen, asleep=asleep, behind=behind,
-                       sockets=sockets, link=link, traced=traced, parked=parked, early=early,
+                       sockets=sockets, link=link, traced=traced, parked=parked,
                        flowing=flowing)
 
     def first_waiting(self, rank: Rank) -> float | None:

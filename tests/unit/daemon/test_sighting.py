@@ -42,7 +42,7 @@ def sighted(found: Stacks | None, now: float, hot: tuple[int, ...] = (),
                            native_ids=True)
     sightings = Sightings(Live(Settings()), FakeProbe(), stacks)
     return sightings, rank, sample, sightings.of(rank, sample, now, JOB, traced=True,
-                                                 link=link, early=1)
+                                                 link=link)
 
 
 def test_a_rank_parked_at_a_fresh_sample_is_a_wedge_member_its_stale_sample_is_not():
@@ -53,13 +53,12 @@ def test_a_rank_parked_at_a_fresh_sample_is_a_wedge_member_its_stale_sample_is_n
     assert once.parked and once.sockets == Sockets(FRESH + 5.0, 64, False)
     # A second, a second later, reads it parked too: now exact.
     sightings.stacks.found[rank.key] = dataclasses.replace(asleep, at=101.0)
-    seen = sightings.of(rank, sample, 100.0 + FRESH, JOB, traced=True, link="up", early=1)
+    seen = sightings.of(rank, sample, 100.0 + FRESH, JOB, traced=True, link="up")
     assert seen.fresh and seen.seen is None and seen.parked
     assert seen.asleep is not None and seen.asleep.kind == FrameKind.WAITING
     assert seen.sockets == Sockets(FRESH + 5.0, 64, True)
     # What the job gave it, and what the probers found, ride along unchanged.
-    assert (seen.load, seen.judged_from_ns, seen.traced, seen.link, seen.early) == \
-        (2.0, 5, True, "up", 1)
+    assert (seen.load, seen.judged_from_ns, seen.traced, seen.link) == (2.0, 5, True, "up")
     one = member(rank, sample, seen)
     assert one.parked and one.seen is seen.asleep and one.exact and one.unread == 64
     assert one.quiet == FRESH + 5.0 and not one.stopped
@@ -86,7 +85,7 @@ def test_busy_threads_are_read_once_per_sample_and_forgotten_with_the_rank():
     sightings, rank, sample, first = sighted(spinning, 101.0)
     assert first.seen is not None and first.seen.kind == FrameKind.WAITING
     assert first.asleep is None and not first.parked and first.age == pytest.approx(1.0)
-    again = sightings.of(rank, sample, 102.0, JOB, traced=False, link=None, early=0)
+    again = sightings.of(rank, sample, 102.0, JOB, traced=False, link=None)
     assert again.seen is first.seen  # the same reading: not classified again
     sightings.forget(rank.key)
     assert rank.key not in sightings.read

@@ -73,9 +73,6 @@ class Sighting:
     # Nothing busy, its fresh sample finds it parked in its backend's wait: a wedge's
     # member as a spinning rank is, when its job's stillness is exact (wedge.py).
     parked: bool = False
-    # Stack samples asked early in its current wait (daemon/early.py): its job's sockets
-    # stood exactly still ahead of its wedge deadline.
-    early: int = 0
     # Seconds since bytes last moved on a socket of its open at two reads in a row (byte
     # counters, read lately); None: not read so. A transfer under way (holds.py).
     flowing: float | None = None
