@@ -296,15 +296,17 @@ class Bed:
             pass
 
     def stop_all(self) -> None:
-        """End every process the bed started (daemons, ranks), by pid."""
-        for proc in reversed(self.procs):
-            if proc.poll() is None and any(h.daemon and h.daemon.proc is proc
-                                           for h in self.hosts):
-                proc.send_signal(signal.SIGTERM)
+        """End every process the bed started (daemons, ranks), by pid: the daemons by
+        SIGTERM (5 s to go), then whatever is left at once (nothing else was asked to)."""
+        daemons = [proc for proc in self.procs if proc.poll() is None and any(
+            h.daemon and h.daemon.proc is proc for h in self.hosts)]
+        for proc in daemons:
+            proc.send_signal(signal.SIGTERM)
         until = time.monotonic() + 5
-        for proc in self.procs:
+        for proc in daemons:
             while proc.poll() is None and time.monotonic() < until:
                 time.sleep(0.05)
+        for proc in self.procs:
             self.end_process(proc)
         self.procs.clear()
 
