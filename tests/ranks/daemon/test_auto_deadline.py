@@ -102,14 +102,14 @@ def test_incident_3_a_cold_first_step_then_a_prefill_as_long_after_short_steps(
     assert learned and min(learned) >= 4 * took[0] * 0.9, (learned, took)
 
 
-@pytest.mark.parametrize("platform", [
-    pytest.param({}, id="linux"),
-    pytest.param({"MLX_WATCHDOG_SIMULATE": "macos"}, id="macos-simulated")])
 def test_incident_6_a_prefill_longer_than_anything_learned_is_held_not_killed(
-        tmp_path, record_dir, state_dir, platform):
+        tmp_path, record_dir, state_dir):
     """On the simulated Mac (its GPU profile) both ranks compute the long step with every
     CPU thread asleep in the eval, then rank 0 waits in the all_sum while rank 1 computes
-    on: only their GPU time advancing tells it from a quiet hang."""
+    on: only their GPU time advancing tells it from a quiet hang. (On Linux a peer
+    computing on the CPU holds its job: test_slow_peer, test_wedge's matmul chain; the
+    Mac's case is the hard one, nothing on its CPU moves.)"""
+    platform = {"MLX_WATCHDOG_SIMULATE": "macos"}
     rows, took = run_prefill(tmp_path, record_dir, state_dir, first=0.5, prefill=4 * FLOOR,
                              platform=platform)
     # The prefill ran on a learned deadline and outlasted it; the rule that a rank
@@ -117,7 +117,5 @@ def test_incident_6_a_prefill_longer_than_anything_learned_is_held_not_killed(
     late = [r for r in rows["prefill"] if r["deadline_seconds"] < 600
             and r["seconds_in_wait"] > r["deadline_seconds"]]
     assert late, rows["prefill"][-4:]
-    assert any(r["state"] == "suspect" and "held" in r["reason"] for r in late) or any(
-        r["state"] == "suspect" and "GPU time advances" in r["reason"] for r in late), late
-    if platform:
-        assert any("GPU time advances" in r["reason"] for r in late), late
+    assert any(r["state"] == "suspect" and "GPU time advances" in r["reason"]
+               for r in late), late
