@@ -24,7 +24,7 @@ from watchdog.daemon.config import (
 from watchdog.daemon.lograte import RepeatFilter, RotatingStream
 from watchdog.daemon.loop import Daemon
 from watchdog.daemon.store import dirs, journal
-from watchdog.net.http import serve, set_peers
+from watchdog.net.http import serve, set_peers, shut
 from watchdog.net.notify import watchdog_interval
 from watchdog.text import OneLineFormatter
 
@@ -268,5 +268,5 @@ def run_daemon(settings: Settings, log_level: str = "info", *, config_path: str 
     try:
         daemon.run()
     finally:
-        server.shutdown()
+        shut(server)
         os.close(lock_fd)

@@ -318,3 +318,24 @@ def serve(address: tuple[str, int], snapshot: Snapshot,
                               name="http", daemon=True)
     thread.start()
     return server
+
+
+def shut(server: ThreadingHTTPServer) -> None:
+    """Stop serving now. `shutdown` alone waits for the serving loop's next poll (half a
+    second: every daemon's stop paid it); a connection of our own wakes the loop at once.
+    One made before the loop saw the request to stop is answered as any idle one is."""
+    closer = threading.Thread(target=server.shutdown, name="http-shutdown", daemon=True)
+    closer.start()
+    host, port = server.server_address[:2]
+    wake = (str(host) if host not in ("", "0.0.0.0") else "127.0.0.1", port)
+    for _ in range(10):
+        try:
+            socket.create_connection(wake, timeout=0.1).close()
+        except OSError:
+            pass  # refused or unreachable: the poll's timeout ends it anyway
+        closer.join(0.05)
+        if not closer.is_alive():
+            break
+    closer.join()
+    server.server_close()
+

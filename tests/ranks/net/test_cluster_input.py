@@ -20,6 +20,7 @@ from tests.support.ranks import REPO, base_env
 from tests.unit.net.test_cluster_input import MALFORMED, rank
 from watchdog.daemon.act.peers import Peers
 from watchdog.daemon.config import Settings
+from watchdog.net.http import shut
 from watchdog.status import ComputingRank, NodeStatus
 
 
@@ -49,8 +50,7 @@ def peer() -> Iterator[str]:
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
     finally:
-        server.shutdown()
-        server.server_close()
+        shut(server)
 
 
 @pytest.mark.ranks

@@ -12,7 +12,7 @@ from watchdog.cli.commands import cli
 from watchdog.cli.node import doctor, doctor_env
 from watchdog.cli.node.doctor import run_checks
 from watchdog.daemon.store import journal
-from watchdog.net.http import serve
+from watchdog.net.http import serve, shut
 
 
 @pytest.fixture
@@ -37,8 +37,7 @@ def daemon_http():
     try:
         yield f"127.0.0.1:{server.server_address[1]}", health
     finally:
-        server.shutdown()
-        server.server_close()
+        shut(server)
 
 
 def closed_port() -> str:

@@ -17,7 +17,7 @@ from watchdog.cli.commands import cli
 from watchdog.cli.node import doctor_fleet
 from watchdog.cli.node.doctor_fleet import check_config, check_peers, check_watches
 from watchdog.daemon.config import Settings
-from watchdog.net.http import serve
+from watchdog.net.http import serve, shut
 from watchdog.status import NodeStatus
 
 
@@ -32,8 +32,7 @@ def node_http(tmp_path):
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
     finally:
-        server.shutdown()
-        server.server_close()
+        shut(server)
 
 
 @pytest.mark.slow
@@ -134,8 +133,7 @@ def test_a_hostile_peer_s_words_reach_the_terminal_escaped(tmp_path):
         cfg.write_text(f'[watchdog]\nlisten = "{peer}"\npeers = ["{peer}"]\n')
         output = CliRunner().invoke(cli, ["--config", str(cfg), "doctor"]).output
     finally:
-        server.shutdown()
-        server.server_close()
+        shut(server)
     assert "\\x1b]0;pwned\\x07" in output or "\\u202e" in output, output
     for line in output.splitlines():
         assert line.isprintable(), repr(line)
@@ -173,8 +171,7 @@ def test_doctor_proves_the_secret_only_from_a_proof_and_hands_out_nothing_signed
         peer = f"127.0.0.1:{server.server_address[1]}"
         level, message = doctor_fleet.check_secret(peer, Settings(secret="s" * 24))
     finally:
-        server.shutdown()
-        server.server_close()
+        shut(server)
     assert "secrets match" not in message, message
     assert level == ("warn" if b"ending" in answer else "fail"), message
     assert len(seen) == 1 and fence.SIGNATURE not in seen[0] and fence.CHALLENGE in seen[0]

@@ -22,6 +22,7 @@ from watchdog.daemon.act.ladder import Step
 from watchdog.daemon.config import Settings
 from watchdog.daemon.loop import Daemon
 from watchdog.net import fence
+from watchdog.net.http import shut
 from watchdog.status import Fence
 
 SECRET = "correct horse battery staple"
@@ -99,8 +100,7 @@ def test_the_fence_goes_out_at_the_verdict_not_after_the_ladder(tmp_path, record
             assert (sent["uid"], sent["job"]) == (0, "j")
             assert under_way, "the fence waited on the ladder"
     finally:
-        peer.shutdown()
-        peer.server_close()
+        shut(peer)
         daemon.executor.shutdown()
 
 

@@ -99,5 +99,4 @@ def test_served_with_the_reason_in_a_small_json_body():
         assert http_get(url + "/jobs/nope/health")[0] == 404
         assert http_get(url + "/jobs/serve")[0] == 404
     finally:
-        server.shutdown()
-        server.server_close()
+        httpd.shut(server)

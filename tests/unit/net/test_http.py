@@ -55,8 +55,21 @@ def endpoint():
     try:
         yield f"http://{host}:{port}", state
     finally:
-        server.shutdown()
-        server.server_close()
+        httpd.shut(server)
+
+
+def test_shut_stops_serving_at_once_not_at_the_loops_next_poll():
+    # A daemon's stop paid the serving loop's half-second poll (`shutdown` waits for it);
+    # `shut` wakes the loop: a restart by launchd or systemd is not held by it.
+    server = httpd.serve(("127.0.0.1", 0), lambda: NodeStatus(host="h"), lambda: True)
+    host, port = server.server_address[:2]
+    assert http_get(f"http://{host}:{port}/healthz")[0] == 200
+    time.sleep(0.1)  # the loop is in its poll
+    began = time.monotonic()
+    httpd.shut(server)
+    assert time.monotonic() - began < 0.3
+    with pytest.raises(OSError):
+        socket.create_connection((host, port), timeout=1).close()
 
 
 @pytest.mark.slow

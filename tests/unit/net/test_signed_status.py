@@ -55,8 +55,7 @@ def test_a_peer_with_the_secret_signs_and_its_answer_counts() -> None:
         assert answer.ok and answer.status is not None, answer.error
         assert len(answer.status.ranks[0].frames or "") == MAX_TEXT  # cut, not 4 MiB
     finally:
-        server.shutdown()
-        server.server_close()
+        httpd.shut(server)
 
 
 @pytest.mark.parametrize("liar", ["unsigned", "other secret", "replayed"])
@@ -87,8 +86,7 @@ def test_a_lying_peer_is_no_answer(liar: str) -> None:
         assert not gathered.ok
     finally:
         for server in servers:
-            server.shutdown()
-            server.server_close()
+            httpd.shut(server)
 
 
 def test_every_string_read_through_the_contract_is_cut() -> None:
