@@ -30,11 +30,18 @@ def _traced_by(pid: int) -> int:
         return int(next(ln for ln in f if ln.startswith("TracerPid:")).split()[1])
 
 
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        return next(ln for ln in f if ln.startswith("State:")).split()[1] == "t"
+
+
 def _wait_traced(pid: int, timeout: float = 15.0) -> int:
+    """The tracer's pid once it holds `pid` stopped: TracerPid is set at the attach, the
+    stop lands a moment later (a read between the two sees the rank running)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         tracer = _traced_by(pid)
-        if tracer:
+        if tracer and _stopped(pid):
             return tracer
         time.sleep(0.05)
     raise AssertionError("gdb never attached")
@@ -68,7 +75,7 @@ def test_a_tracer_the_reader_started_is_its_own(target):
 
 def test_a_persons_debugger_is_read_by_both_probes_and_gone_at_the_detach(target):
     # Started through a shell that exits: gdb is no descendant of ours (a person's).
-    subprocess.run(["sh", "-c", shlex.join(_gdb(target.pid, 1)) + " >/dev/null 2>&1 &"],
+    subprocess.run(["sh", "-c", shlex.join(_gdb(target.pid, 3)) + " >/dev/null 2>&1 &"],
                    check=True)
     tracer = _wait_traced(target.pid)
     linux = LinuxProbe().sample(target.pid)
