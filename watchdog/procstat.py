@@ -42,3 +42,33 @@ def wall_start(ticks: int) -> float | None:
         return None
     booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
     return booted + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def locked_by_uid(proc: str = "/proc") -> dict[int, int] | None:
+    """Bytes each real uid's live processes hold locked (their VmLck), from every
+    /proc/<pid>/status; None when /proc cannot be listed (macOS)."""
+    try:
+        pids = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return None
+    held: dict[int, int] = {}
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/status", "rb") as f:
+                text = f.read(8192)
+        except OSError:
+            continue  # gone meanwhile
+        uid, locked = _field(text, b"\nUid:"), _field(text, b"\nVmLck:")
+        if uid is not None and locked:
+            held[uid] = held.get(uid, 0) + locked * 1024
+    return held
+
+
+def _field(text: bytes, name: bytes) -> int | None:
+    """The first number after `name` in a /proc status text, or None."""
+    at = text.find(name)
+    if at < 0:
+        return None
+    fields = text[at + len(name):text.find(b"\n", at + 1)].split()
+    return int(fields[0]) if fields and fields[0].isdigit() else None
+

@@ -34,6 +34,7 @@ from watchdog.daemon.config import Settings
 from watchdog.daemon.store import journal
 from watchdog.daemon.store.snapshot import daemon_status
 from watchdog.net import cluster
+from watchdog.procstat import locked_by_uid
 from watchdog.states import ENDED
 from watchdog.text import printable
 
@@ -77,26 +78,8 @@ def wired_now() -> int | None:
 def locked_by_others(uid: int, proc: str = "/proc") -> int | None:
     """Bytes other uids' processes hold locked (their VmLck, Linux), or None where
     that cannot be read (no /proc: macOS)."""
-    try:
-        pids = [n for n in os.listdir(proc) if n.isdigit()]
-    except OSError:
-        return None
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        owner, locked = None, 0
-        for line in text.splitlines():
-            if line.startswith("Uid:"):
-                owner = int(line.split()[1])
-            elif line.startswith("VmLck:"):
-                locked = int(line.split()[1]) * 1024
-        if owner is not None and owner != uid:
-            total += locked
-    return total
+    by_uid = locked_by_uid(proc)
+    return None if by_uid is None else sum(n for owner, n in by_uid.items() if owner != uid)
 
 
 def _excused(over: int, threshold: int, others_live: bool) -> str | None:

@@ -21,7 +21,7 @@ from watchdog.daemon.probes.base import (
     stack_tool_output,
 )
 from watchdog.daemon.probes.tcptables import socket_inodes, tcp_queues
-from watchdog.procstat import read_start_ticks
+from watchdog.procstat import locked_by_uid, read_start_ticks
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -234,22 +234,10 @@ def locked_bytes(proc: str = "/proc", leaver: int | None = None) -> int | None:
     than `leaver` (the owner of the job just ended). A locked segment of that owner that
     no process attaches any more is what its ranks left behind: the leak, not held.
     None when /proc cannot be listed."""
-    try:
-        pids = [n for n in os.listdir(proc) if n.isdigit()]
-    except OSError:
+    by_uid = locked_by_uid(proc)
+    if by_uid is None:
         return None
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"{proc}/{pid}/status", "rb") as f:
-                text = f.read(8192)
-        except OSError:
-            continue  # gone meanwhile
-        at = text.find(b"\nVmLck:")
-        if at >= 0:
-            fields = text[at + 8:text.find(b"\n", at + 1)].split()
-            if fields and fields[0].isdigit():
-                total += int(fields[0]) * 1024
+    total = sum(by_uid.values())
     try:
         with open(f"{proc}/sysvipc/shm", "rb") as f:
             lines = f.read(1 << 20).splitlines()[1:]

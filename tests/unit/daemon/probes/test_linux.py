@@ -234,3 +234,22 @@ def test_a_process_that_ends_between_the_open_and_the_read_is_gone_not_a_failure
     finally:
         child.kill()
         child.wait()
+
+
+def test_locked_memory_by_owner_is_one_walk_for_the_node_and_the_launch_gate(tmp_path):
+    # The daemon's settle (locked_bytes: every owner) and the launch's gate
+    # (locked_by_others: every owner but the caller) read the same walk.
+    from watchdog.launch.health import locked_by_others
+    from watchdog.procstat import locked_by_uid
+
+    for pid, uid, kib in (("10", 1, 8192), ("11", 2, 1024), ("12", 1, 0), ("13", 2, 2048)):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "status").write_text(
+            f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nVmLck:\t{kib} kB\n")
+    (tmp_path / "14").mkdir()  # a kernel thread's: no VmLck line
+    (tmp_path / "14" / "status").write_text("Name:\tkthreadd\nUid:\t0\t0\t0\t0\n")
+    assert locked_by_uid(str(tmp_path)) == {1: 8 << 20, 2: 3 << 20}
+    assert locked_by_others(1, str(tmp_path)) == 3 << 20
+    assert locked_by_others(2, str(tmp_path)) == 8 << 20
+    assert locked_by_uid(str(tmp_path / "none")) is None
+    assert locked_by_others(1, str(tmp_path / "none")) is None
